@@ -1,0 +1,24 @@
+// CRC32C (Castagnoli), the checksum every stored chunk carries. Uses the SSE4.2 crc32
+// instruction when the CPU has it, a slicing table otherwise; both give the same values.
+//
+// Thread-safety: pure functions.
+#ifndef KVTIER_STORAGE_CRC32C_H_
+#define KVTIER_STORAGE_CRC32C_H_
+
+#include <cstddef>
+#include <cstdint>
+#include "absl/strings/string_view.h"
+
+namespace kvtier::crc32c {
+
+// Extends `crc` (the CRC32C of the bytes before) over `data`. Extend(0, x) == Value(x).
+uint32_t Extend(uint32_t crc, const void* data, size_t n);
+inline uint32_t Value(const void* data, size_t n) { return Extend(0, data, n); }
+inline uint32_t Value(absl::string_view s) { return Extend(0, s.data(), s.size()); }
+
+// True when the hardware path is in use (for logs and benchmarks).
+bool IsHardwareAccelerated();
+
+}  // namespace kvtier::crc32c
+
+#endif  // KVTIER_STORAGE_CRC32C_H_

@@ -1,0 +1,235 @@
+#include "storage/host_pool.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace kvtier {
+
+absl::Status HostPoolOptions::Validate() const {
+  if (absl::Status s = arena.Validate(); !s.ok()) return s;
+  if (!(max_pinned_fraction > 0.0 && max_pinned_fraction <= 1.0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_pinned_fraction must be in (0, 1], got ", max_pinned_fraction));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<HostPool>> HostPool::Create(
+    HostPoolOptions options, std::unique_ptr<EvictionPolicy> policy) {
+  if (absl::Status s = options.Validate(); !s.ok()) return s;
+  auto arena = SlotArena::Create(options.arena);
+  if (!arena.ok()) return arena.status();
+  return std::unique_ptr<HostPool>(
+      new HostPool(std::move(options), *std::move(arena), std::move(policy)));
+}
+
+HostPool::HostPool(HostPoolOptions options, std::unique_ptr<SlotArena> arena,
+                   std::unique_ptr<EvictionPolicy> policy)
+    : options_(std::move(options)), arena_(std::move(arena)), policy_(std::move(policy)) {}
+
+HostPool::~HostPool() {
+  absl::MutexLock lock(&mu_);
+  index_.clear();
+}
+
+bool HostPool::Evictable(const Entry& e) const {
+  // use_count() == 1 means only the index holds the chunk. New references are made only
+  // under mu_, and readers drop theirs without it, so the count can only fall while we
+  // hold the lock: a chunk seen unreferenced here stays unreferenced.
+  return !e.dirty && !e.flushing && !IsPinned(e) && e.data.use_count() == 1;
+}
+
+void HostPool::EraseLocked(const ChunkId& id) {
+  auto it = index_.find(id);
+  if (it == index_.end()) return;
+  if (it->second.dirty) --dirty_count_;
+  chunk_bytes_ -= it->second.meta.size;
+  policy_->OnRemove(id);
+  index_.erase(it);
+}
+
+absl::StatusOr<std::shared_ptr<PoolChunk>> HostPool::Allocate(uint64_t size) {
+  const size_t need = arena_->SlotsFor(size);
+  if (need > arena_->num_slots()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "chunk of ", size, " bytes is larger than the host pool (", capacity_bytes(), ")"));
+  }
+  // Evicted entries' slots return to the arena when their PoolChunk dies, which happens
+  // when `victims` is destroyed after the lock is released (the arena has its own lock).
+  std::vector<std::shared_ptr<PoolChunk>> victims;
+  {
+    absl::MutexLock lock(&mu_);
+    uint64_t freed = 0;
+    while (arena_->free_slots() + freed < need) {
+      std::optional<ChunkId> victim = policy_->PickVictim([this](const ChunkId& id) {
+        mu_.AssertHeld();
+        auto it = index_.find(id);
+        return it != index_.end() && Evictable(it->second);
+      });
+      if (!victim) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "host pool full: need ", need, " slots for a ", size,
+            "-byte chunk; the rest are pinned, being read, not yet written to SSD, or in "
+            "puts in flight"));
+      }
+      auto it = index_.find(*victim);
+      freed += it->second.data->slot_count();
+      victims.push_back(it->second.data);
+      EraseLocked(*victim);
+      ++evictions_;
+    }
+  }
+  victims.clear();
+  // Between releasing the victims and taking slots another thread may have taken them;
+  // Take then fails cleanly and the caller sees ResourceExhausted (it may retry).
+  auto slots = arena_->Take(need);
+  if (!slots.ok()) return slots.status();
+  return std::make_shared<PoolChunk>(arena_.get(), *std::move(slots), size);
+}
+
+bool HostPool::Insert(const ChunkId& id, std::shared_ptr<PoolChunk> data,
+                      const ChunkMeta& meta, bool dirty) {
+  absl::MutexLock lock(&mu_);
+  auto [it, inserted] = index_.try_emplace(id);
+  if (!inserted) return false;
+  it->second.data = std::move(data);
+  it->second.meta = meta;
+  it->second.dirty = dirty;
+  chunk_bytes_ += meta.size;
+  if (dirty) {
+    ++dirty_count_;
+    dirty_order_.push_back(id);
+  }
+  policy_->OnInsert(id);
+  return true;
+}
+
+std::optional<HostPool::Hit> HostPool::Find(const ChunkId& id) {
+  absl::MutexLock lock(&mu_);
+  auto it = index_.find(id);
+  if (it == index_.end()) {
+    ++misses_;
+    return std::nullopt;
+  }
+  ++hits_;
+  policy_->OnAccess(id);
+  return Hit{it->second.data, it->second.meta};
+}
+
+bool HostPool::Contains(const ChunkId& id) const {
+  absl::MutexLock lock(&mu_);
+  return index_.contains(id);
+}
+
+absl::Status HostPool::Pin(const ChunkId& id, absl::Time until) {
+  absl::MutexLock lock(&mu_);
+  auto it = index_.find(id);
+  if (it == index_.end()) return absl::NotFoundError("chunk not in the host pool");
+  if (!IsPinned(it->second)) {
+    uint64_t pinned = 0;
+    for (const auto& [_, e] : index_) {
+      if (IsPinned(e)) pinned += e.data->slot_count() * arena_->slot_bytes();
+    }
+    const uint64_t limit =
+        static_cast<uint64_t>(options_.max_pinned_fraction * capacity_bytes());
+    if (pinned + it->second.data->slot_count() * arena_->slot_bytes() > limit) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "pinning would exceed max_pinned_fraction (", options_.max_pinned_fraction,
+          " of the host pool); unpin something first"));
+    }
+  }
+  it->second.pinned_until = std::max(it->second.pinned_until, until);
+  return absl::OkStatus();
+}
+
+bool HostPool::Unpin(const ChunkId& id) {
+  absl::MutexLock lock(&mu_);
+  auto it = index_.find(id);
+  if (it == index_.end() || !IsPinned(it->second)) return false;
+  it->second.pinned_until = absl::InfinitePast();
+  return true;
+}
+
+bool HostPool::Remove(const ChunkId& id) {
+  std::shared_ptr<PoolChunk> keep;  // Released after the lock.
+  absl::MutexLock lock(&mu_);
+  auto it = index_.find(id);
+  if (it == index_.end()) return false;
+  keep = it->second.data;
+  EraseLocked(id);
+  return true;
+}
+
+uint64_t HostPool::RemoveNamespace(uint64_t ns) {
+  std::vector<std::shared_ptr<PoolChunk>> keep;
+  absl::MutexLock lock(&mu_);
+  std::vector<ChunkId> ids;
+  for (const auto& [id, e] : index_) {
+    if (id.ns == ns) ids.push_back(id);
+  }
+  for (const ChunkId& id : ids) {
+    keep.push_back(index_[id].data);
+    EraseLocked(id);
+  }
+  return ids.size();
+}
+
+std::optional<HostPool::DirtyChunk> HostPool::TakeDirty() {
+  absl::MutexLock lock(&mu_);
+  while (!dirty_order_.empty()) {
+    ChunkId id = dirty_order_.front();
+    dirty_order_.pop_front();
+    auto it = index_.find(id);
+    if (it == index_.end() || !it->second.dirty || it->second.flushing) continue;
+    it->second.flushing = true;
+    return DirtyChunk{id, it->second.data, it->second.meta};
+  }
+  return std::nullopt;
+}
+
+bool HostPool::FinishFlush(const ChunkId& id, bool written) {
+  absl::MutexLock lock(&mu_);
+  auto it = index_.find(id);
+  if (it == index_.end() || !it->second.flushing) return false;
+  it->second.flushing = false;
+  if (written) {
+    it->second.dirty = false;
+    --dirty_count_;
+  } else {
+    dirty_order_.push_back(id);
+  }
+  return true;
+}
+
+void HostPool::DropFlushing(const ChunkId& id) {
+  std::shared_ptr<PoolChunk> keep;
+  absl::MutexLock lock(&mu_);
+  auto it = index_.find(id);
+  if (it == index_.end()) return;
+  keep = it->second.data;
+  EraseLocked(id);
+  ++evictions_;
+}
+
+uint64_t HostPool::dirty_count() const {
+  absl::MutexLock lock(&mu_);
+  return dirty_count_;
+}
+
+HostPoolStats HostPool::GetStats() const {
+  absl::MutexLock lock(&mu_);
+  HostPoolStats s;
+  s.capacity_bytes = capacity_bytes();
+  s.used_bytes = (arena_->num_slots() - arena_->free_slots()) * arena_->slot_bytes();
+  s.chunk_bytes = chunk_bytes_;
+  s.chunks = index_.size();
+  for (const auto& [_, e] : index_) {
+    if (IsPinned(e)) s.pinned_bytes += e.meta.size;
+  }
+  s.dirty_chunks = dirty_count_;
+  s.hits = hits_;
+  s.misses = misses_;
+  s.evictions = evictions_;
+  return s;
+}
+
+}  // namespace kvtier

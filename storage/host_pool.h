@@ -1,0 +1,138 @@
+// HostPool: the host-RAM tier (L1). An index from ChunkId to the chunk's slots in a
+// SlotArena, pinning, dirty tracking for write-back, and eviction through an
+// EvictionPolicy. A chunk is evictable when it is clean (its bytes are on SSD, or there
+// is no SSD tier), not pinned, and no reader holds it.
+//
+// Thread-safety: every method is thread-safe (one mutex). Returned PoolChunk pointers
+// stay valid while held, even after the chunk leaves the index.
+#ifndef KVTIER_STORAGE_HOST_POOL_H_
+#define KVTIER_STORAGE_HOST_POOL_H_
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <optional>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "storage/chunk_id.h"
+#include "storage/eviction_policy.h"
+#include "storage/pool_chunk.h"
+#include "storage/slot_arena.h"
+
+namespace kvtier {
+
+struct HostPoolOptions {
+  SlotArenaOptions arena;
+  // Largest share of the pool that pinned chunks may hold, in (0, 1]. Keeps pins from
+  // starving puts.
+  double max_pinned_fraction = 0.5;
+  // Clock for pin expiry; tests inject a fake one.
+  std::function<absl::Time()> now = [] { return absl::Now(); };
+
+  absl::Status Validate() const;
+};
+
+struct HostPoolStats {
+  uint64_t capacity_bytes = 0;
+  uint64_t used_bytes = 0;     // Slots taken, including puts in flight.
+  uint64_t chunk_bytes = 0;    // Payload bytes of indexed chunks.
+  uint64_t chunks = 0;
+  uint64_t pinned_bytes = 0;
+  uint64_t dirty_chunks = 0;
+  uint64_t hits = 0;
+  uint64_t misses = 0;
+  uint64_t evictions = 0;
+};
+
+class HostPool {
+ public:
+  static absl::StatusOr<std::unique_ptr<HostPool>> Create(
+      HostPoolOptions options, std::unique_ptr<EvictionPolicy> policy);
+  ~HostPool();
+
+  // Space for a chunk of `size` bytes, evicting evictable chunks as needed. The space is
+  // not indexed until Insert. Returns: Ok, ResourceExhausted (what is left is pinned,
+  // dirty or being read), InvalidArgument (larger than the whole pool).
+  absl::StatusOr<std::shared_ptr<PoolChunk>> Allocate(uint64_t size);
+
+  // Indexes a filled chunk. Returns false (and leaves the index alone) if `id` is
+  // already present: puts are idempotent.
+  bool Insert(const ChunkId& id, std::shared_ptr<PoolChunk> data, const ChunkMeta& meta,
+              bool dirty);
+
+  struct Hit {
+    std::shared_ptr<PoolChunk> data;
+    ChunkMeta meta;
+  };
+  // Looks a chunk up and marks it used; counts a hit or a miss.
+  std::optional<Hit> Find(const ChunkId& id);
+  // Presence without touching recency or counters.
+  bool Contains(const ChunkId& id) const;
+
+  // Pins until `until` (absl::InfiniteFuture() for no expiry). Returns: Ok, NotFound,
+  // ResourceExhausted (would exceed max_pinned_fraction).
+  absl::Status Pin(const ChunkId& id, absl::Time until);
+  // Returns true if the chunk was pinned.
+  bool Unpin(const ChunkId& id);
+  // Returns true if the chunk was indexed.
+  bool Remove(const ChunkId& id);
+  uint64_t RemoveNamespace(uint64_t ns);
+
+  // Write-back: hands out the oldest dirty chunk not already being flushed and marks it
+  // flushing. The caller writes it to SSD, then calls FinishFlush.
+  struct DirtyChunk {
+    ChunkId id;
+    std::shared_ptr<PoolChunk> data;
+    ChunkMeta meta;
+  };
+  std::optional<DirtyChunk> TakeDirty();
+  // `written`: the SSD write succeeded; the chunk becomes clean. Otherwise it stays
+  // dirty and is handed out again later. Returns false if the chunk left the index
+  // while it was being flushed (deleted or cleared): the caller then removes the copy
+  // it just wrote, so a deleted chunk does not come back from SSD.
+  bool FinishFlush(const ChunkId& id, bool written);
+  // Drops a dirty chunk whose flush failed and that must make room anyway.
+  void DropFlushing(const ChunkId& id);
+  uint64_t dirty_count() const;
+
+  HostPoolStats GetStats() const;
+  uint64_t capacity_bytes() const { return arena_->capacity_bytes(); }
+
+ private:
+  struct Entry {
+    std::shared_ptr<PoolChunk> data;
+    ChunkMeta meta;
+    bool dirty = false;
+    bool flushing = false;
+    absl::Time pinned_until = absl::InfinitePast();
+  };
+
+  HostPool(HostPoolOptions options, std::unique_ptr<SlotArena> arena,
+           std::unique_ptr<EvictionPolicy> policy);
+  bool IsPinned(const Entry& e) const { return e.pinned_until > options_.now(); }
+  bool Evictable(const Entry& e) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void EraseLocked(const ChunkId& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const HostPoolOptions options_;
+  // Declared before the index: entries hold PoolChunks that release into the arena.
+  const std::unique_ptr<SlotArena> arena_;
+  mutable absl::Mutex mu_;
+  std::unique_ptr<EvictionPolicy> policy_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<ChunkId, Entry> index_ ABSL_GUARDED_BY(mu_);
+  // Dirty chunks in insertion order; may hold ids that are no longer dirty (skipped).
+  std::deque<ChunkId> dirty_order_ ABSL_GUARDED_BY(mu_);
+  uint64_t dirty_count_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t chunk_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t hits_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t misses_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t evictions_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace kvtier
+
+#endif  // KVTIER_STORAGE_HOST_POOL_H_

@@ -1,0 +1,49 @@
+// PoolChunk: one chunk's bytes in the host-RAM pool, as a list of arena slots. It owns
+// its slots and gives them back to the arena when destroyed, so a reader holding a
+// std::shared_ptr<PoolChunk> keeps the bytes alive even if the chunk is evicted or
+// deleted meanwhile.
+//
+// Thread-safety: filled by one writer (Write) before it is published; after that it is
+// immutable and any number of threads may read it.
+#ifndef KVTIER_STORAGE_POOL_CHUNK_H_
+#define KVTIER_STORAGE_POOL_CHUNK_H_
+
+#include <cstdint>
+#include "absl/strings/string_view.h"
+#include <vector>
+
+#include "absl/functional/function_ref.h"
+#include "storage/slot_arena.h"
+
+namespace kvtier {
+
+class PoolChunk {
+ public:
+  // `arena` must outlive this object.
+  PoolChunk(SlotArena* arena, std::vector<uint32_t> slots, uint64_t size);
+  ~PoolChunk();
+  PoolChunk(const PoolChunk&) = delete;
+  PoolChunk& operator=(const PoolChunk&) = delete;
+
+  uint64_t size() const { return size_; }
+  uint64_t slot_count() const { return slots_.size(); }
+
+  // Copies `data` to [offset, offset + data.size()); the caller keeps it within size().
+  void Write(uint64_t offset, absl::string_view data);
+  // Calls `fn` with consecutive pieces covering [offset, offset + len), each within one
+  // slot; the pieces point into the pool (no copy).
+  void ForEachPiece(uint64_t offset, uint64_t len,
+                    absl::FunctionRef<void(absl::string_view)> fn) const;
+  // Copies [offset, offset + len) to `out`.
+  void CopyOut(uint64_t offset, uint64_t len, char* out) const;
+  uint32_t Crc32c() const;
+
+ private:
+  SlotArena* const arena_;
+  const std::vector<uint32_t> slots_;
+  const uint64_t size_;
+};
+
+}  // namespace kvtier
+
+#endif  // KVTIER_STORAGE_POOL_CHUNK_H_

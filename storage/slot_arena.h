@@ -1,0 +1,70 @@
+// SlotArena: the host-RAM pool's memory. One anonymous mapping made at start-up, cut into
+// fixed-size slots. A chunk occupies ceil(size / slot_bytes) slots that need not be
+// contiguous, so one arena serves every layout's chunk size with no per-size-class
+// rebalancing, at a cost of at most one partly used slot per chunk. Memory use never
+// exceeds capacity_bytes, whatever the load, because nothing else allocates chunk bytes.
+//
+// Thread-safety: Take and Release are thread-safe. Slot memory is owned by whoever
+// took the slot; the arena never touches it.
+#ifndef KVTIER_STORAGE_SLOT_ARENA_H_
+#define KVTIER_STORAGE_SLOT_ARENA_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
+
+namespace kvtier {
+
+struct SlotArenaOptions {
+  // Total bytes of the arena; rounded down to a whole number of slots. Must hold at
+  // least one slot.
+  uint64_t capacity_bytes = 1ull << 30;
+  // Bytes per slot; a multiple of 4096. 1 MiB keeps the per-chunk waste small for
+  // 2-256 MiB chunks and the slot table small (1024 entries per GiB).
+  uint64_t slot_bytes = 1ull << 20;
+  // mlock() the arena so the kernel never swaps chunk bytes out. Needs CAP_IPC_LOCK or
+  // a large enough RLIMIT_MEMLOCK; failure is a start-up error when set.
+  bool lock_memory = false;
+
+  absl::Status Validate() const;
+};
+
+class SlotArena {
+ public:
+  static absl::StatusOr<std::unique_ptr<SlotArena>> Create(const SlotArenaOptions& options);
+  ~SlotArena();
+  SlotArena(const SlotArena&) = delete;
+  SlotArena& operator=(const SlotArena&) = delete;
+
+  // Takes `n` free slots, all or none. Returns: Ok, ResourceExhausted.
+  absl::StatusOr<std::vector<uint32_t>> Take(size_t n);
+  void Release(absl::Span<const uint32_t> slots);
+
+  char* SlotData(uint32_t slot) const { return base_ + uint64_t{slot} * slot_bytes_; }
+  uint64_t slot_bytes() const { return slot_bytes_; }
+  uint64_t num_slots() const { return num_slots_; }
+  uint64_t capacity_bytes() const { return num_slots_ * slot_bytes_; }
+  uint64_t free_slots() const;
+  size_t SlotsFor(uint64_t bytes) const { return (bytes + slot_bytes_ - 1) / slot_bytes_; }
+
+ private:
+  SlotArena(char* base, uint64_t mapped_bytes, uint64_t slot_bytes, uint64_t num_slots);
+
+  char* const base_;
+  const uint64_t mapped_bytes_;
+  const uint64_t slot_bytes_;
+  const uint64_t num_slots_;
+  mutable absl::Mutex mu_;
+  // LIFO free list: recently freed slots are still warm in the page tables and caches.
+  std::vector<uint32_t> free_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace kvtier
+
+#endif  // KVTIER_STORAGE_SLOT_ARENA_H_

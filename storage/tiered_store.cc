@@ -1,0 +1,361 @@
+#include "storage/tiered_store.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "storage/crc32c.h"
+#include "storage/log.h"
+#include "storage/lru_policy.h"
+
+namespace kvtier {
+namespace {
+
+std::vector<absl::string_view> Pieces(const PoolChunk& chunk) {
+  std::vector<absl::string_view> parts;
+  parts.reserve(chunk.slot_count());
+  chunk.ForEachPiece(0, chunk.size(), [&parts](absl::string_view p) { parts.push_back(p); });
+  return parts;
+}
+
+}  // namespace
+
+const char* WriteModeName(WriteMode mode) {
+  switch (mode) {
+    case WriteMode::kWriteBack: return "write-back";
+    case WriteMode::kWriteThrough: return "write-through";
+    case WriteMode::kRamOnly: return "ram-only";
+  }
+  return "unknown";
+}
+
+absl::StatusOr<WriteMode> ParseWriteMode(absl::string_view name) {
+  if (name == "write-back") return WriteMode::kWriteBack;
+  if (name == "write-through") return WriteMode::kWriteThrough;
+  if (name == "ram-only") return WriteMode::kRamOnly;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "write_mode must be write-back, write-through or ram-only, got '", name, "'"));
+}
+
+absl::Status TieredStoreOptions::Validate() const {
+  if (absl::Status s = ram.Validate(); !s.ok()) return s;
+  if (write_mode != WriteMode::kRamOnly) {
+    if (absl::Status s = ssd.Validate(); !s.ok()) return s;
+  }
+  if (max_chunk_bytes == 0) {
+    return absl::InvalidArgumentError("max_chunk_size must be greater than zero");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ChunkWriter::Append(absl::string_view bytes) {
+  if (bytes.size() > data_->size() - received_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "frame data runs past the chunk's end: chunk is ", data_->size(),
+        " bytes, frame covers [", received_, ", ", received_ + bytes.size(), ")"));
+  }
+  data_->Write(received_, bytes);
+  crc_ = crc32c::Extend(crc_, bytes.data(), bytes.size());
+  received_ += bytes.size();
+  return absl::OkStatus();
+}
+
+void ChunkView::ForEachPiece(uint64_t offset, uint64_t len,
+                             absl::FunctionRef<void(absl::string_view)> fn) const {
+  if (pool_) {
+    pool_->ForEachPiece(offset, len, fn);
+  } else {
+    fn(absl::string_view(*buf_).substr(offset, len));
+  }
+}
+
+absl::StatusOr<std::unique_ptr<TieredStore>> TieredStore::Open(TieredStoreOptions options) {
+  if (absl::Status s = options.Validate(); !s.ok()) return s;
+  std::unique_ptr<TieredStore> store(new TieredStore(std::move(options)));
+  auto ram = HostPool::Create(store->options_.ram, std::make_unique<LruPolicy>());
+  if (!ram.ok()) return ram.status();
+  store->ram_ = *std::move(ram);
+  if (store->options_.write_mode != WriteMode::kRamOnly) {
+    auto ssd = SsdTier::Open(store->options_.ssd);
+    if (!ssd.ok()) return ssd.status();
+    store->ssd_ = *std::move(ssd);
+    if (absl::Status s = store->LoadLayouts(); !s.ok()) return s;
+  }
+  if (store->options_.write_mode == WriteMode::kWriteBack) {
+    store->flusher_ = std::thread([s = store.get()] { s->FlusherLoop(); });
+  }
+  return store;
+}
+
+TieredStore::TieredStore(TieredStoreOptions options) : options_(std::move(options)) {}
+
+TieredStore::~TieredStore() {
+  if (absl::Status s = Close(); !s.ok()) LogWarning("tiered store: close: ", s.message());
+}
+
+absl::Status TieredStore::LoadLayouts() {
+  auto rows = ssd_->LoadLayouts();
+  if (!rows.ok()) return rows.status();
+  absl::MutexLock lock(&layouts_mu_);
+  for (auto& [ns, encoding] : *rows) {
+    auto layout = LayoutSpec::FromCanonicalEncoding(encoding);
+    if (!layout.ok() || layout->NamespaceId() != ns) {
+      LogWarning("tiered store: skipping an unreadable stored layout for namespace ",
+                 absl::StrFormat("%016x", ns));
+      continue;
+    }
+    layouts_[ns] = *std::move(layout);
+  }
+  LogInfo("tiered store: ", layouts_.size(), " layouts recovered");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<TieredStore::Registered> TieredStore::RegisterLayout(const LayoutSpec& layout) {
+  if (absl::Status s = layout.Validate(); !s.ok()) return s;
+  const uint64_t bytes = layout.ChunkBytes();
+  const uint64_t limit = std::min(options_.max_chunk_bytes, ram_->capacity_bytes());
+  if (bytes > limit) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "layout's chunk is ", bytes, " bytes, more than this daemon accepts (", limit,
+        " = min(max_chunk_size, ram_capacity)); use fewer tokens_per_chunk"));
+  }
+  Registered out{layout.NamespaceId(), bytes, false};
+  {
+    absl::MutexLock lock(&layouts_mu_);
+    if (auto it = layouts_.find(out.namespace_id); it != layouts_.end()) {
+      out.already_registered = true;
+      return out;
+    }
+  }
+  if (has_ssd()) {
+    if (absl::Status s = ssd_->SaveLayout(out.namespace_id, layout.CanonicalEncoding());
+        !s.ok()) {
+      return s;
+    }
+  }
+  absl::MutexLock lock(&layouts_mu_);
+  out.already_registered = !layouts_.try_emplace(out.namespace_id, layout).second;
+  return out;
+}
+
+absl::StatusOr<LayoutSpec> TieredStore::FindLayout(uint64_t ns) const {
+  absl::MutexLock lock(&layouts_mu_);
+  auto it = layouts_.find(ns);
+  if (it == layouts_.end()) {
+    return absl::NotFoundError(absl::StrFormat(
+        "namespace_id %016x is not registered; call RegisterLayout first", ns));
+  }
+  return it->second;
+}
+
+absl::StatusOr<std::shared_ptr<PoolChunk>> TieredStore::AllocateRam(uint64_t size) {
+  // Dirty chunks being flushed by the flusher cannot be taken here; give it up to about
+  // a second to finish before reporting the pool full.
+  for (int attempt = 0;; ++attempt) {
+    auto chunk = ram_->Allocate(size);
+    if (chunk.ok() || !absl::IsResourceExhausted(chunk.status()) || !has_ssd()) return chunk;
+    if (FlushOne(/*demotion=*/true)) continue;
+    if (ram_->dirty_count() == 0 || attempt >= 200) return chunk;
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+}
+
+absl::StatusOr<std::unique_ptr<ChunkWriter>> TieredStore::BeginPut(const ChunkId& id,
+                                                                   uint32_t token_count) {
+  auto layout = FindLayout(id.ns);
+  if (!layout.ok()) return layout.status();
+  if (Locate(id) != Tier::kNone) return nullptr;
+  auto chunk = AllocateRam(layout->ChunkBytes());
+  if (!chunk.ok()) return chunk.status();
+  return std::make_unique<ChunkWriter>(id, token_count, *std::move(chunk));
+}
+
+absl::Status TieredStore::CommitPut(std::unique_ptr<ChunkWriter> writer, uint32_t crc32c) {
+  if (writer->received_ != writer->size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "chunk incomplete: received ", writer->received_, " of ", writer->size(), " bytes"));
+  }
+  if (writer->crc_ != crc32c) {
+    put_checksum_failures_.fetch_add(1, std::memory_order_relaxed);
+    return absl::DataLossError(absl::StrFormat(
+        "chunk %s: payload CRC32C is %08x but the frame says %08x; nothing stored, "
+        "resend the chunk",
+        writer->id_.key.ToHex(), writer->crc_, crc32c));
+  }
+  const ChunkMeta meta{writer->size(), crc32c, writer->token_count_, 0};
+  switch (options_.write_mode) {
+    case WriteMode::kWriteThrough: {
+      const auto parts = Pieces(*writer->data_);
+      if (absl::Status s = ssd_->Put(writer->id_, meta, parts); !s.ok()) return s;
+      ram_->Insert(writer->id_, std::move(writer->data_), meta, /*dirty=*/false);
+      break;
+    }
+    case WriteMode::kWriteBack: {
+      if (ram_->Insert(writer->id_, std::move(writer->data_), meta, /*dirty=*/true)) {
+        absl::MutexLock lock(&flusher_mu_);
+        work_ = true;
+      }
+      break;
+    }
+    case WriteMode::kRamOnly:
+      ram_->Insert(writer->id_, std::move(writer->data_), meta, /*dirty=*/false);
+      break;
+  }
+  return absl::OkStatus();
+}
+
+bool TieredStore::FlushOne(bool demotion) {
+  std::optional<HostPool::DirtyChunk> d = ram_->TakeDirty();
+  if (!d) return false;
+  const auto parts = Pieces(*d->data);
+  absl::Status s = ssd_->Put(d->id, d->meta, parts);
+  if (s.ok()) {
+    if (demotion) demotions_.fetch_add(1, std::memory_order_relaxed);
+    if (!ram_->FinishFlush(d->id, /*written=*/true)) {
+      // Deleted while we wrote it: do not let it come back from SSD.
+      ssd_->Delete(d->id).IgnoreError();  // Best effort; a leftover is only a stale hit.
+    }
+    return true;
+  }
+  if (demotion) {
+    // The room is needed now and the SSD will not take the chunk: a cache may lose it.
+    demotion_failures_.fetch_add(1, std::memory_order_relaxed);
+    LogWarning("tiered store: demotion of ", d->id.DebugString(),
+               " failed, dropping it from RAM: ", s.message());
+    ram_->DropFlushing(d->id);
+    return true;
+  }
+  LogWarning("tiered store: write-back of ", d->id.DebugString(), " failed, will retry: ",
+             s.message());
+  ram_->FinishFlush(d->id, /*written=*/false);
+  return false;
+}
+
+void TieredStore::FlusherLoop() {
+  for (;;) {
+    {
+      absl::MutexLock lock(&flusher_mu_);
+      // Wakes on new dirty chunks, at stop, and every second to retry failed writes.
+      flusher_mu_.AwaitWithTimeout(absl::Condition(
+                                       +[](TieredStore* s) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+                                         return s->stopping_ || s->work_;
+                                       },
+                                       this),
+                                   absl::Seconds(1));
+      if (stopping_) return;
+      work_ = false;
+    }
+    while (FlushOne(/*demotion=*/false)) {
+    }
+    if (ssd_) ssd_->ExpireOld();
+  }
+}
+
+Tier TieredStore::Locate(const ChunkId& id) const {
+  if (ram_->Contains(id)) return Tier::kRam;
+  if (has_ssd() && ssd_->Contains(id)) return Tier::kSsd;
+  return Tier::kNone;
+}
+
+absl::StatusOr<ChunkView> TieredStore::Read(const ChunkId& id) {
+  ChunkView view;
+  if (auto hit = ram_->Find(id)) {
+    view.meta_ = hit->meta;
+    view.tier_ = Tier::kRam;
+    view.pool_ = std::move(hit->data);
+    return view;
+  }
+  if (!has_ssd()) return absl::NotFoundError("chunk not cached");
+  auto chunk = ssd_->Get(id);
+  if (!chunk.ok()) return chunk.status();
+  view.meta_ = chunk->meta;
+  view.tier_ = Tier::kSsd;
+  // Promote when there is room without demoting anything: a read must not cascade
+  // into SSD writes. Otherwise serve straight from the SSD buffer.
+  auto room = ram_->Allocate(chunk->meta.size);
+  if (room.ok()) {
+    (*room)->Write(0, chunk->data);
+    if (ram_->Insert(id, *room, chunk->meta, /*dirty=*/false)) {
+      promotions_.fetch_add(1, std::memory_order_relaxed);
+    }
+    view.pool_ = *std::move(room);
+  } else {
+    view.buf_ = std::make_shared<std::string>(std::move(chunk->data));
+  }
+  return view;
+}
+
+absl::Status TieredStore::Pin(const ChunkId& id, absl::Duration ttl) {
+  if (!ram_->Contains(id)) {
+    if (!has_ssd() || !ssd_->Contains(id)) return absl::NotFoundError("chunk not cached");
+    auto view = Read(id);  // Promotes.
+    if (!view.ok()) return view.status();
+    if (!ram_->Contains(id)) {
+      return absl::ResourceExhaustedError("no room in the host pool to pin this chunk");
+    }
+  }
+  const absl::Time until =
+      ttl > absl::ZeroDuration() ? absl::Now() + ttl : absl::InfiniteFuture();
+  return ram_->Pin(id, until);
+}
+
+bool TieredStore::Unpin(const ChunkId& id) { return ram_->Unpin(id); }
+
+absl::StatusOr<bool> TieredStore::Delete(const ChunkId& id) {
+  bool present = ram_->Remove(id);
+  if (has_ssd()) {
+    auto on_ssd = ssd_->Delete(id);
+    if (!on_ssd.ok()) return on_ssd.status();
+    present = present || *on_ssd;
+  }
+  return present;
+}
+
+absl::StatusOr<uint64_t> TieredStore::Clear(uint64_t ns) {
+  // A chunk in both tiers counts once: count the SSD's, plus RAM-only (dirty) ones.
+  const uint64_t in_ram = ram_->RemoveNamespace(ns);
+  if (!has_ssd()) return in_ram;
+  auto on_ssd = ssd_->DeleteNamespace(ns);
+  if (!on_ssd.ok()) return on_ssd.status();
+  return std::max(in_ram, *on_ssd);
+}
+
+TieredStoreStats TieredStore::GetStats() const {
+  TieredStoreStats s;
+  s.ram = ram_->GetStats();
+  if (has_ssd()) s.ssd = ssd_->GetStats();
+  {
+    absl::MutexLock lock(&layouts_mu_);
+    s.namespaces = layouts_.size();
+  }
+  s.promotions = promotions_.load(std::memory_order_relaxed);
+  s.demotions = demotions_.load(std::memory_order_relaxed);
+  s.demotion_failures = demotion_failures_.load(std::memory_order_relaxed);
+  s.writeback_queue_depth = s.ram.dirty_chunks;
+  s.checksum_failures =
+      put_checksum_failures_.load(std::memory_order_relaxed) + s.ssd.checksum_failures;
+  return s;
+}
+
+absl::Status TieredStore::Close() {
+  {
+    absl::MutexLock lock(&flusher_mu_);
+    if (closed_) return absl::OkStatus();
+    closed_ = true;
+    stopping_ = true;
+  }
+  if (flusher_.joinable()) flusher_.join();
+  if (!has_ssd()) return absl::OkStatus();
+  uint64_t flushed = 0;
+  while (FlushOne(/*demotion=*/false)) ++flushed;
+  const uint64_t left = ram_->dirty_count();
+  if (flushed > 0 || left > 0) {
+    LogInfo("tiered store: flushed ", flushed, " write-back chunks at close; ", left,
+            " could not be written");
+  }
+  absl::Status s = ssd_->Flush();
+  if (left > 0 && s.ok()) {
+    s = absl::UnavailableError(absl::StrCat(left, " dirty chunks could not be written to SSD"));
+  }
+  return s;
+}
+
+}  // namespace kvtier

@@ -1,0 +1,184 @@
+// TieredStore: the host-RAM pool in front of the SSD tier, and the registry of layouts.
+// This is the one storage object the server talks to.
+//
+// Write modes:
+//  - write-back (default): a put is acknowledged once in RAM; a flusher thread writes
+//    it to SSD in the background. Evicting a chunk not yet on SSD writes it first
+//    (demotion).
+//  - write-through: a put is acknowledged only after it is on SSD as well.
+//  - ram-only: no SSD tier; eviction drops chunks.
+// A read that misses RAM and hits SSD promotes the chunk into RAM when there is room.
+//
+// Visibility: a chunk is indexed (and so visible to Lookup and Get) only in CommitPut,
+// after all its bytes arrived and their CRC32C matched. An abandoned ChunkWriter gives
+// its slots back and leaves nothing.
+//
+// Thread-safety: all methods are thread-safe. One background thread (the flusher) in
+// write-back mode; it is stopped by Close() or the destructor.
+#ifndef KVTIER_STORAGE_TIERED_STORE_H_
+#define KVTIER_STORAGE_TIERED_STORE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/functional/function_ref.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "storage/chunk_id.h"
+#include "storage/host_pool.h"
+#include "storage/layout_spec.h"
+#include "storage/ssd_tier.h"
+
+namespace kvtier {
+
+enum class WriteMode { kWriteBack, kWriteThrough, kRamOnly };
+const char* WriteModeName(WriteMode mode);
+// Parses "write-back", "write-through" or "ram-only". Returns: Ok, InvalidArgument.
+absl::StatusOr<WriteMode> ParseWriteMode(absl::string_view name);
+
+struct TieredStoreOptions {
+  HostPoolOptions ram;
+  SsdTierOptions ssd;  // Unused in ram-only mode.
+  WriteMode write_mode = WriteMode::kWriteBack;
+  // Largest chunk a layout may have (bytes); also bounded by the RAM pool's size.
+  uint64_t max_chunk_bytes = 512ull << 20;
+
+  absl::Status Validate() const;
+};
+
+struct TieredStoreStats {
+  HostPoolStats ram;
+  SsdTierStats ssd;  // Zero in ram-only mode.
+  uint64_t namespaces = 0;
+  uint64_t promotions = 0;
+  uint64_t demotions = 0;
+  uint64_t demotion_failures = 0;
+  uint64_t writeback_queue_depth = 0;
+  uint64_t checksum_failures = 0;  // Put payloads that failed theirs, plus SSD's.
+};
+
+// Receives one chunk's bytes during a put. Not thread-safe: one stream fills it.
+class ChunkWriter {
+ public:
+  ChunkWriter(ChunkId id, uint32_t token_count, std::shared_ptr<PoolChunk> data)
+      : id_(id), token_count_(token_count), data_(std::move(data)) {}
+
+  const ChunkId& id() const { return id_; }
+  uint64_t size() const { return data_->size(); }
+  uint64_t received() const { return received_; }
+  uint32_t token_count() const { return token_count_; }
+  // Appends the next bytes. Returns: Ok, InvalidArgument (past the chunk's end).
+  absl::Status Append(absl::string_view bytes);
+
+ private:
+  friend class TieredStore;
+  ChunkId id_;
+  uint32_t token_count_;
+  std::shared_ptr<PoolChunk> data_;
+  uint64_t received_ = 0;
+  uint32_t crc_ = 0;  // CRC32C of the bytes so far, computed as they arrive.
+};
+
+// A chunk being read: its bytes stay valid while this object lives.
+class ChunkView {
+ public:
+  const ChunkMeta& meta() const { return meta_; }
+  Tier tier() const { return tier_; }
+  // Calls `fn` on consecutive pieces of [offset, offset + len), no copies.
+  void ForEachPiece(uint64_t offset, uint64_t len,
+                    absl::FunctionRef<void(absl::string_view)> fn) const;
+
+ private:
+  friend class TieredStore;
+  ChunkMeta meta_;
+  Tier tier_ = Tier::kNone;
+  std::shared_ptr<PoolChunk> pool_;   // Set when served from RAM.
+  std::shared_ptr<std::string> buf_;  // Set when served straight from SSD.
+};
+
+class TieredStore {
+ public:
+  static absl::StatusOr<std::unique_ptr<TieredStore>> Open(TieredStoreOptions options);
+  ~TieredStore();
+
+  // Layouts. Register validates the layout and persists it (when an SSD tier exists).
+  // Returns: Ok, InvalidArgument, FailedPrecondition (chunk larger than allowed),
+  // Unavailable.
+  struct Registered {
+    uint64_t namespace_id = 0;
+    uint64_t chunk_bytes = 0;
+    bool already_registered = false;
+  };
+  absl::StatusOr<Registered> RegisterLayout(const LayoutSpec& layout);
+  // Returns: Ok, NotFound.
+  absl::StatusOr<LayoutSpec> FindLayout(uint64_t ns) const;
+
+  // Starts a put. Returns a writer, or nullptr when the chunk is already stored (the
+  // caller drains and discards its bytes). Returns: Ok, NotFound (namespace),
+  // ResourceExhausted (no room in RAM).
+  absl::StatusOr<std::unique_ptr<ChunkWriter>> BeginPut(const ChunkId& id,
+                                                        uint32_t token_count);
+  // Verifies and publishes a fully received chunk. Returns: Ok, InvalidArgument
+  // (incomplete), DataLoss (CRC32C mismatch: nothing stored), ResourceExhausted or
+  // Unavailable (write-through SSD write failed: nothing stored).
+  absl::Status CommitPut(std::unique_ptr<ChunkWriter> writer, uint32_t crc32c);
+
+  Tier Locate(const ChunkId& id) const;
+  // Returns: Ok, NotFound, DataLoss (failed its checksum on SSD; deleted), Unavailable.
+  absl::StatusOr<ChunkView> Read(const ChunkId& id);
+
+  // Pins in RAM (promoting from SSD first). Returns: Ok, NotFound, ResourceExhausted.
+  absl::Status Pin(const ChunkId& id, absl::Duration ttl);
+  bool Unpin(const ChunkId& id);
+  // Returns whether the chunk was present anywhere. Errors: Unavailable.
+  absl::StatusOr<bool> Delete(const ChunkId& id);
+  absl::StatusOr<uint64_t> Clear(uint64_t ns);
+
+  TieredStoreStats GetStats() const;
+  WriteMode write_mode() const { return options_.write_mode; }
+
+  // Stops the flusher after writing every dirty chunk to SSD, then flushes RocksDB.
+  // Idempotent. Returns the first error met (the remaining work is still attempted).
+  absl::Status Close();
+
+ private:
+  explicit TieredStore(TieredStoreOptions options);
+  absl::Status LoadLayouts();
+  // Writes one dirty chunk to SSD. Returns false if there was none.
+  bool FlushOne(bool demotion);
+  void FlusherLoop();
+  // RAM for a chunk, demoting dirty chunks to SSD if that is what it takes.
+  absl::StatusOr<std::shared_ptr<PoolChunk>> AllocateRam(uint64_t size);
+  bool has_ssd() const { return ssd_ != nullptr; }
+
+  const TieredStoreOptions options_;
+  std::unique_ptr<HostPool> ram_;
+  std::unique_ptr<SsdTier> ssd_;  // Null in ram-only mode.
+
+  mutable absl::Mutex layouts_mu_;
+  absl::flat_hash_map<uint64_t, LayoutSpec> layouts_ ABSL_GUARDED_BY(layouts_mu_);
+
+  std::atomic<uint64_t> promotions_{0};
+  std::atomic<uint64_t> demotions_{0};
+  std::atomic<uint64_t> demotion_failures_{0};
+  std::atomic<uint64_t> put_checksum_failures_{0};
+
+  absl::Mutex flusher_mu_;
+  bool stopping_ ABSL_GUARDED_BY(flusher_mu_) = false;
+  bool work_ ABSL_GUARDED_BY(flusher_mu_) = false;  // New dirty chunks to flush.
+  bool closed_ ABSL_GUARDED_BY(flusher_mu_) = false;
+  std::thread flusher_;
+};
+
+}  // namespace kvtier
+
+#endif  // KVTIER_STORAGE_TIERED_STORE_H_
