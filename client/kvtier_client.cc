@@ -1,0 +1,495 @@
+#include "client/kvtier_client.h"
+
+#include <algorithm>
+#include <utility>
+
+#include <grpcpp/create_channel.h>
+#include <grpcpp/security/credentials.h>
+#include <grpcpp/support/channel_arguments.h>
+
+#include "absl/functional/function_ref.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "client/layout_convert.h"
+#include "storage/crc32c.h"
+
+namespace kvtier {
+namespace {
+
+// Room left in a message for a PutFrame's fields other than `data` (namespace id, key,
+// offset, crc32c, token_count and the tags/lengths: under 64 bytes); generous so that a
+// future field never pushes a full frame over the limit.
+constexpr int kFrameOverheadBytes = 4096;
+
+void AddKeys(absl::Span<const ChunkKey> keys,
+             google::protobuf::RepeatedPtrField<std::string>* out) {
+  out->Reserve(static_cast<int>(keys.size()));
+  for (const ChunkKey& k : keys) out->Add(k.ToByteString());
+}
+
+// One unary RPC with the client's deadline.
+template <typename Req, typename Resp>
+absl::StatusOr<Resp> CallUnary(
+    const KvTierClient& client,
+    grpc::Status (v1::KvCache::Stub::*method)(grpc::ClientContext*, const Req&, Resp*),
+    const Req& request) {
+  grpc::ClientContext ctx;
+  client.PrepareContext(&ctx);
+  Resp response;
+  grpc::Status status = (client.stub()->*method)(&ctx, request, &response);
+  if (!status.ok()) return FromGrpcStatus(status);
+  return response;
+}
+
+// Checks a Get stream against the protocol as frames arrive: keys answered once each,
+// in request order; each found key's frames contiguous from offset 0 up to total_bytes,
+// the last one flagged; and, for whole-chunk reads, the CRC32C of the bytes received.
+// Not thread-safe; one per stream.
+class GetFrameChecker {
+ public:
+  GetFrameChecker(absl::Span<const ChunkKey> keys, bool whole_chunks)
+      : keys_(keys), whole_chunks_(whole_chunks) {}
+
+  // Returns: Ok, Internal (protocol violation), DataLoss (CRC mismatch on the last frame
+  // of a key).
+  absl::Status Check(const v1::GetFrame& frame) {
+    const uint32_t index = frame.key_index();
+    if (!in_key_) {
+      if (next_ >= keys_.size()) {
+        return Violation(absl::StrCat("a frame for key_index ", index, " after all ",
+                                      keys_.size(), " keys were answered"));
+      }
+      if (index != next_) {
+        return Violation(
+            absl::StrCat("a frame for key_index ", index, " when ", next_, " was due"));
+      }
+      if (!frame.found()) {
+        if (!frame.data().empty()) {
+          return Violation(absl::StrCat("data with found = false for key_index ", index));
+        }
+        ++next_;
+        return absl::OkStatus();
+      }
+      in_key_ = true;
+      total_ = frame.total_bytes();
+      expected_crc_ = frame.crc32c();
+      received_ = 0;
+      crc_ = 0;
+    } else if (index != next_) {
+      return Violation(absl::StrCat("a frame for key_index ", index, " while key_index ",
+                                    next_, " had ", received_, " of ", total_, " bytes"));
+    }
+    const uint64_t n = frame.data().size();
+    if (frame.offset() != received_) {
+      return Violation(absl::StrCat("offset ", frame.offset(), " for key_index ", index,
+                                    ", expected ", received_));
+    }
+    if (n > total_ - received_) {
+      return Violation(absl::StrCat("more than total_bytes (", total_,
+                                    ") for key_index ", index));
+    }
+    received_ += n;
+    if (whole_chunks_) crc_ = crc32c::Extend(crc_, frame.data().data(), n);
+    if (frame.last()) {
+      if (received_ != total_) {
+        return Violation(absl::StrCat("last frame for key_index ", index, " after ",
+                                      received_, " of ", total_, " bytes"));
+      }
+      if (whole_chunks_ && crc_ != expected_crc_) {
+        return absl::DataLossError(absl::StrFormat(
+            "Get: chunk %s (key_index %u) failed its CRC32C: server says %08x, the %u "
+            "bytes received give %08x",
+            keys_[index].ToHex(), index, expected_crc_, received_, crc_));
+      }
+      in_key_ = false;
+      ++next_;
+    }
+    return absl::OkStatus();
+  }
+
+  // Call once the server ended the stream with Ok. Returns: Ok, Internal (keys left
+  // unanswered).
+  absl::Status Finish() const {
+    if (in_key_ || next_ != keys_.size()) {
+      return Violation(absl::StrCat("end of stream after ", next_, " of ", keys_.size(),
+                                    " keys", in_key_ ? " (one cut short)" : ""));
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  static absl::Status Violation(absl::string_view what) {
+    return absl::InternalError(absl::StrCat("Get: server protocol violation: ", what));
+  }
+
+  const absl::Span<const ChunkKey> keys_;
+  const bool whole_chunks_;
+  uint32_t next_ = 0;       // Index of the key being (or next to be) answered.
+  bool in_key_ = false;     // Key next_ is found and some of its frames arrived.
+  uint64_t total_ = 0;      // total_bytes of key next_.
+  uint64_t received_ = 0;   // Bytes of key next_ so far.
+  uint32_t expected_crc_ = 0;
+  uint32_t crc_ = 0;        // CRC32C of those bytes (whole-chunk reads only).
+};
+
+}  // namespace
+
+absl::Status FromGrpcStatus(const grpc::Status& status) {
+  if (status.ok()) return absl::OkStatus();
+  // grpc::StatusCode and absl::StatusCode share the canonical code numbers.
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                      status.error_message());
+}
+
+std::string TierLabel(v1::Tier tier) {
+  switch (tier) {
+    case v1::TIER_UNSPECIFIED:
+      return "absent";
+    case v1::TIER_GPU:
+      return "gpu";
+    case v1::TIER_RAM:
+      return "ram";
+    case v1::TIER_SSD:
+      return "ssd";
+    default:
+      break;
+  }
+  return absl::StrCat("tier(", static_cast<int>(tier), ")");
+}
+
+absl::Status ClientOptions::Validate() const {
+  if (max_message_bytes <= kFrameOverheadBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_message_bytes must be greater than ", kFrameOverheadBytes));
+  }
+  if (max_frame_bytes == 0) {
+    return absl::InvalidArgumentError("max_frame_bytes must be >= 1");
+  }
+  if (uint64_t{max_frame_bytes} + kFrameOverheadBytes > uint64_t(max_message_bytes)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_frame_bytes (", max_frame_bytes, ") must leave ", kFrameOverheadBytes,
+        " bytes of room within max_message_bytes (", max_message_bytes, ")"));
+  }
+  if (rpc_deadline <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("rpc_deadline must be positive");
+  }
+  if (connect_timeout < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("connect_timeout must not be negative");
+  }
+  return absl::OkStatus();
+}
+
+KvTierClient::KvTierClient(std::string target, ClientOptions options,
+                           std::shared_ptr<grpc::Channel> channel)
+    : target_(std::move(target)),
+      options_(std::move(options)),
+      channel_(std::move(channel)),
+      stub_(v1::KvCache::NewStub(channel_)) {}
+
+absl::StatusOr<std::unique_ptr<KvTierClient>> KvTierClient::Connect(
+    const std::string& target, ClientOptions options) {
+  if (target.empty()) return absl::InvalidArgumentError("target is empty");
+  if (absl::Status s = options.Validate(); !s.ok()) return s;
+  grpc::ChannelArguments args;
+  args.SetMaxSendMessageSize(options.max_message_bytes);
+  args.SetMaxReceiveMessageSize(options.max_message_bytes);
+  std::shared_ptr<grpc::Channel> channel =
+      grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+  if (channel == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("cannot create a channel to ", target));
+  }
+  if (options.connect_timeout > absl::ZeroDuration() &&
+      !channel->WaitForConnected(absl::ToChronoTime(absl::Now() + options.connect_timeout))) {
+    return absl::UnavailableError(absl::StrCat("kvtierd at ", target, " not reachable within ",
+                                               absl::FormatDuration(options.connect_timeout)));
+  }
+  return std::unique_ptr<KvTierClient>(
+      new KvTierClient(target, std::move(options), std::move(channel)));
+}
+
+void KvTierClient::PrepareContext(grpc::ClientContext* ctx) const {
+  // absl::ToChronoTime maps InfiniteFuture to time_point::max(), which gRPC reads as
+  // "no deadline".
+  ctx->set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_deadline));
+}
+
+absl::StatusOr<RegisterResult> KvTierClient::RegisterLayout(const LayoutSpec& layout) {
+  if (absl::Status s = layout.Validate(); !s.ok()) return s;
+  v1::RegisterLayoutRequest request;
+  *request.mutable_layout() = LayoutToProto(layout);
+  absl::StatusOr<v1::RegisterLayoutResponse> response =
+      CallUnary(*this, &v1::KvCache::Stub::RegisterLayout, request);
+  if (!response.ok()) return response.status();
+  // Keys are computed client-side from the namespace id, so a disagreement here would
+  // silently make every lookup miss: refuse it loudly.
+  if (response->namespace_id() != layout.NamespaceId() ||
+      response->chunk_bytes() != layout.ChunkBytes()) {
+    return absl::InternalError(absl::StrFormat(
+        "RegisterLayout: server says namespace %016x with %u-byte chunks, the client "
+        "computes %016x with %u-byte chunks",
+        response->namespace_id(), response->chunk_bytes(), layout.NamespaceId(),
+        layout.ChunkBytes()));
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    chunk_bytes_[response->namespace_id()] = response->chunk_bytes();
+  }
+  return RegisterResult{response->namespace_id(), response->chunk_bytes(),
+                        response->already_registered()};
+}
+
+absl::StatusOr<LookupResult> KvTierClient::Lookup(uint64_t namespace_id,
+                                                  absl::Span<const ChunkKey> keys) {
+  v1::LookupRequest request;
+  request.set_namespace_id(namespace_id);
+  AddKeys(keys, request.mutable_keys());
+  absl::StatusOr<v1::LookupResponse> response =
+      CallUnary(*this, &v1::KvCache::Stub::Lookup, request);
+  if (!response.ok()) return response.status();
+  if (static_cast<size_t>(response->tiers_size()) != keys.size()) {
+    return absl::InternalError(absl::StrCat("Lookup: server returned ",
+                                            response->tiers_size(), " tiers for ",
+                                            keys.size(), " keys"));
+  }
+  LookupResult result;
+  result.tiers.reserve(keys.size());
+  for (int t : response->tiers()) result.tiers.push_back(static_cast<v1::Tier>(t));
+  result.prefix_hits = response->prefix_hits();
+  return result;
+}
+
+absl::StatusOr<PutResult> KvTierClient::Put(uint64_t namespace_id,
+                                            absl::Span<const ChunkToPut> chunks,
+                                            const ProgressCallback& progress) {
+  std::optional<uint64_t> chunk_bytes;
+  {
+    absl::MutexLock lock(&mu_);
+    if (auto it = chunk_bytes_.find(namespace_id); it != chunk_bytes_.end()) {
+      chunk_bytes = it->second;
+    }
+  }
+  uint64_t total = 0;
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    const uint64_t size = chunks[i].data.size();
+    if (size == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("Put: chunk ", i, " (", chunks[i].key.ToHex(), ") is empty"));
+    }
+    if (chunk_bytes.has_value() && size != *chunk_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Put: chunk ", i, " (", chunks[i].key.ToHex(), ") has ", size,
+          " bytes; the payload size of namespace ",
+          absl::Hex(namespace_id, absl::kZeroPad16), " is ", *chunk_bytes));
+    }
+    total += size;
+  }
+  if (chunks.empty()) return PutResult{};
+
+  grpc::ClientContext ctx;
+  PrepareContext(&ctx);
+  v1::PutResponse response;
+  std::unique_ptr<grpc::ClientWriter<v1::PutFrame>> writer = stub_->Put(&ctx, &response);
+
+  // One frame object reused for the whole stream, so its data buffer is allocated once.
+  v1::PutFrame frame;
+  frame.set_namespace_id(namespace_id);
+  const uint64_t max_frame = options_.max_frame_bytes;
+  uint64_t sent = 0;
+  bool broken = false;  // Write failed: the server ended the stream; Finish says why.
+  for (const ChunkToPut& chunk : chunks) {
+    frame.set_key(chunk.key.ToByteString());
+    frame.set_token_count(chunk.token_count);
+    const uint64_t size = chunk.data.size();
+    uint32_t crc = 0;
+    for (uint64_t offset = 0; offset < size;) {
+      const uint64_t n = std::min(max_frame, size - offset);
+      const char* p = chunk.data.data() + offset;
+      frame.set_offset(offset);
+      frame.mutable_data()->assign(p, n);
+      crc = crc32c::Extend(crc, p, n);
+      offset += n;
+      if (offset == size) {
+        frame.set_crc32c(crc);
+      } else {
+        frame.clear_crc32c();
+      }
+      if (!writer->Write(frame)) {
+        broken = true;
+        break;
+      }
+      sent += n;
+      if (progress) progress(sent, total);
+    }
+    if (broken) break;
+  }
+  // A failed WritesDone means the stream is already broken; Finish reports the cause.
+  if (!broken) broken = !writer->WritesDone();
+  grpc::Status status = writer->Finish();
+  if (!status.ok()) return FromGrpcStatus(status);
+  if (broken) {
+    return absl::InternalError(absl::StrCat("Put: the server closed the stream after ", sent,
+                                            " of ", total, " bytes without an error"));
+  }
+  return PutResult{response.chunks_stored(), response.chunks_already_present(),
+                   response.bytes_received()};
+}
+
+namespace {
+
+// The stream loop shared by Get and GetStream. `on_frame` may take the frame's data
+// (the frame is reused for the next Read).
+absl::Status RunGetStream(const KvTierClient& client, uint64_t namespace_id,
+                          absl::Span<const ChunkKey> keys,
+                          std::optional<LayerRange> layers,
+                          absl::FunctionRef<absl::Status(uint32_t, v1::GetFrame&)> on_frame) {
+  if (layers.has_value() && layers->end <= layers->begin) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Get: layer_range [", layers->begin, ", ", layers->end, ") is empty"));
+  }
+  if (keys.empty()) return absl::OkStatus();
+  v1::GetRequest request;
+  request.set_namespace_id(namespace_id);
+  AddKeys(keys, request.mutable_keys());
+  if (layers.has_value()) {
+    request.mutable_layer_range()->set_begin(layers->begin);
+    request.mutable_layer_range()->set_end(layers->end);
+  }
+  request.set_max_frame_bytes(client.options().max_frame_bytes);
+
+  grpc::ClientContext ctx;
+  client.PrepareContext(&ctx);
+  std::unique_ptr<grpc::ClientReader<v1::GetFrame>> reader =
+      client.stub()->Get(&ctx, request);
+  GetFrameChecker checker(keys, /*whole_chunks=*/!layers.has_value());
+  v1::GetFrame frame;
+  absl::Status client_error;
+  while (reader->Read(&frame)) {
+    client_error = checker.Check(frame);
+    if (client_error.ok()) client_error = on_frame(frame.key_index(), frame);
+    if (!client_error.ok()) break;
+  }
+  if (!client_error.ok()) {
+    ctx.TryCancel();
+    while (reader->Read(&frame)) {
+    }
+    // Ends CANCELLED (or with a server error racing the cancel); client_error is the
+    // cause the caller needs.
+    FromGrpcStatus(reader->Finish()).IgnoreError();
+    return client_error;
+  }
+  if (grpc::Status status = reader->Finish(); !status.ok()) return FromGrpcStatus(status);
+  return checker.Finish();
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<GotChunk>> KvTierClient::Get(uint64_t namespace_id,
+                                                        absl::Span<const ChunkKey> keys,
+                                                        std::optional<LayerRange> layers,
+                                                        const ProgressCallback& progress) {
+  std::vector<GotChunk> out(keys.size());
+  // Progress bookkeeping: the total is the sizes of keys already started plus, for the
+  // keys not yet answered, the size of the first chunk received (all chunks of a
+  // namespace, or of one layer range, have the same size).
+  int64_t current = -1;         // key_index of the previous frame.
+  uint64_t started = 0;         // Keys answered or being answered.
+  uint64_t known_total = 0;     // Bytes of the found keys among them.
+  uint64_t per_chunk = 0;       // total_bytes of the first found key.
+  uint64_t done = 0;
+  absl::Status status = RunGetStream(
+      *this, namespace_id, keys, layers,
+      [&](uint32_t index, v1::GetFrame& frame) -> absl::Status {
+        GotChunk& got = out[index];
+        if (index != current) {  // The checker guarantees indices only grow.
+          current = index;
+          ++started;
+          got.found = frame.found();
+          if (got.found) {
+            got.crc32c = frame.crc32c();
+            got.token_count = frame.token_count();
+            got.tier = frame.tier();
+            known_total += frame.total_bytes();
+            if (per_chunk == 0) per_chunk = frame.total_bytes();
+            if (!frame.last()) got.data.reserve(frame.total_bytes());
+          }
+        }
+        // A missing key shrinks the estimated total, so report it too: the last call
+        // then always has done == total.
+        if (!got.found) {
+          if (progress) progress(done, known_total + (keys.size() - started) * per_chunk);
+          return absl::OkStatus();
+        }
+        done += frame.data().size();
+        if (got.data.empty() && frame.last()) {
+          got.data = std::move(*frame.mutable_data());  // Single-frame chunk: no copy.
+        } else {
+          got.data.append(frame.data());
+        }
+        if (frame.last()) got.crc_verified = !layers.has_value();
+        if (progress) progress(done, known_total + (keys.size() - started) * per_chunk);
+        return absl::OkStatus();
+      });
+  if (!status.ok()) return status;
+  return out;
+}
+
+absl::Status KvTierClient::GetStream(uint64_t namespace_id, absl::Span<const ChunkKey> keys,
+                                     std::optional<LayerRange> layers,
+                                     const GetFrameCallback& on_frame) {
+  if (!on_frame) return absl::InvalidArgumentError("GetStream: on_frame is empty");
+  return RunGetStream(*this, namespace_id, keys, layers,
+                      [&](uint32_t index, v1::GetFrame& frame) {
+                        return on_frame(index, frame);
+                      });
+}
+
+absl::StatusOr<PinResult> KvTierClient::Pin(uint64_t namespace_id,
+                                            absl::Span<const ChunkKey> keys,
+                                            uint32_t ttl_seconds) {
+  v1::PinRequest request;
+  request.set_namespace_id(namespace_id);
+  AddKeys(keys, request.mutable_keys());
+  request.set_ttl_seconds(ttl_seconds);
+  absl::StatusOr<v1::PinResponse> response =
+      CallUnary(*this, &v1::KvCache::Stub::Pin, request);
+  if (!response.ok()) return response.status();
+  return PinResult{response->pinned(), response->not_found()};
+}
+
+absl::StatusOr<uint32_t> KvTierClient::Unpin(uint64_t namespace_id,
+                                             absl::Span<const ChunkKey> keys) {
+  v1::UnpinRequest request;
+  request.set_namespace_id(namespace_id);
+  AddKeys(keys, request.mutable_keys());
+  absl::StatusOr<v1::UnpinResponse> response =
+      CallUnary(*this, &v1::KvCache::Stub::Unpin, request);
+  if (!response.ok()) return response.status();
+  return response->unpinned();
+}
+
+absl::StatusOr<uint32_t> KvTierClient::Delete(uint64_t namespace_id,
+                                              absl::Span<const ChunkKey> keys) {
+  v1::DeleteRequest request;
+  request.set_namespace_id(namespace_id);
+  AddKeys(keys, request.mutable_keys());
+  absl::StatusOr<v1::DeleteResponse> response =
+      CallUnary(*this, &v1::KvCache::Stub::Delete, request);
+  if (!response.ok()) return response.status();
+  return response->deleted();
+}
+
+absl::StatusOr<uint64_t> KvTierClient::Clear(uint64_t namespace_id) {
+  v1::ClearRequest request;
+  request.set_namespace_id(namespace_id);
+  absl::StatusOr<v1::ClearResponse> response =
+      CallUnary(*this, &v1::KvCache::Stub::Clear, request);
+  if (!response.ok()) return response.status();
+  return response->chunks_removed();
+}
+
+absl::StatusOr<v1::StatsResponse> KvTierClient::Stats() {
+  return CallUnary(*this, &v1::KvCache::Stub::Stats, v1::StatsRequest());
+}
+
+}  // namespace kvtier

@@ -1,0 +1,230 @@
+// KvTierClient: the C++ client of kvtierd (service kvtier.v1.KvCache). This is the only
+// header an application includes; the wire contract is proto/kvtier/v1/kvtier.proto.
+//
+// Threading model: thread-safe. A client holds one gRPC channel and stub, both
+// thread-safe, and one small mutex-guarded map (the chunk size of each namespace this
+// client registered), so any number of threads may call any methods concurrently (each
+// call is its own RPC; gRPC multiplexes them over the channel). Every method is synchronous: it returns when its RPC has finished. Callbacks
+// (Put progress, Get frames) run on the calling thread, inside the call, in stream
+// order, and never after the method returned.
+//
+// Lifetimes: data passed in (ChunkToPut::data, key spans) is only read during the call;
+// no copy outlives it.
+//
+// Errors: server errors keep their gRPC code and message (see the "Errors" section of
+// the proto for what each code asks the caller to do). Errors the client detects
+// itself: InvalidArgument (bad arguments, nothing sent), DataLoss (a received chunk
+// failed its CRC32C), Internal (the server broke the protocol, e.g. a Get frame out of
+// order), DeadlineExceeded (ClientOptions::rpc_deadline passed).
+#ifndef KVTIER_CLIENT_KVTIER_CLIENT_H_
+#define KVTIER_CLIENT_KVTIER_CLIENT_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <grpcpp/channel.h>
+#include <grpcpp/client_context.h>
+#include <grpcpp/support/status.h>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "kvtier/v1/kvtier.grpc.pb.h"
+#include "storage/chunk_key.h"
+#include "storage/layout_spec.h"
+
+namespace kvtier {
+
+// Short lower-case name of a tier: "absent", "gpu", "ram", "ssd", or "tier(N)".
+std::string TierLabel(v1::Tier tier);
+
+struct ClientOptions {
+  // Payload bytes per PutFrame, and the per-frame cap asked of the server in Get.
+  // Must be >= 1 and leave room for a frame's header within max_message_bytes.
+  // 4 MiB: large enough that per-frame overhead is negligible, small enough that a
+  // frame never waits long behind HTTP/2 flow control.
+  uint32_t max_frame_bytes = 4u << 20;
+  // Deadline of each RPC, measured from its start. A whole Put or Get stream is one RPC,
+  // so this also bounds the largest transfer; raise it for multi-GiB batches.
+  absl::Duration rpc_deadline = absl::Seconds(60);
+  // gRPC's limit on one message, sent or received (bytes). 64 MiB, well above a frame.
+  int max_message_bytes = 64 << 20;
+  // If > 0, Connect() waits this long for the channel to be ready and fails with
+  // Unavailable otherwise. 0: connect lazily; the first RPC reports an unreachable
+  // daemon (Unavailable).
+  absl::Duration connect_timeout = absl::ZeroDuration();
+
+  // Returns: Ok, InvalidArgument naming the bad field.
+  absl::Status Validate() const;
+};
+
+struct RegisterResult {
+  uint64_t namespace_id = 0;
+  uint64_t chunk_bytes = 0;
+  bool already_registered = false;
+};
+
+struct LookupResult {
+  std::vector<v1::Tier> tiers;   // One per key, in request order; TIER_UNSPECIFIED: absent.
+  uint32_t prefix_hits = 0;  // Leading keys present.
+};
+
+struct ChunkToPut {
+  ChunkKey key;
+  absl::string_view data;    // The whole chunk: exactly the namespace's chunk_bytes.
+  uint32_t token_count = 0;  // Informational (tokens_per_chunk for a full chunk).
+};
+
+struct PutResult {
+  uint32_t stored = 0;           // Chunks newly stored.
+  uint32_t already_present = 0;  // Chunks the server already had.
+  uint64_t bytes = 0;            // Payload bytes the server received.
+};
+
+// A half-open layer range [begin, end), end exclusive.
+struct LayerRange {
+  uint32_t begin = 0;
+  uint32_t end = 0;
+};
+
+struct GotChunk {
+  bool found = false;
+  std::string data;           // The chunk, or its requested layer range.
+  uint32_t crc32c = 0;        // CRC32C of the whole chunk, as stored.
+  uint32_t token_count = 0;   // As given at Put.
+  v1::Tier tier = v1::TIER_UNSPECIFIED;  // Tier the server read it from.
+  // True when `data` is the whole chunk and matched crc32c. A layer-range read cannot be
+  // checked (the CRC covers the whole chunk) and leaves this false.
+  bool crc_verified = false;
+};
+
+struct PinResult {
+  uint32_t pinned = 0;
+  uint32_t not_found = 0;
+};
+
+// Called as a transfer progresses: payload bytes sent (Put) or received (Get) so far,
+// and the total expected. For Get the total is an estimate until the stream ends: it
+// assumes every chunk not yet seen has the size of the first one received.
+using ProgressCallback = std::function<void(uint64_t bytes_done, uint64_t bytes_total)>;
+
+// Receives each frame of a Get stream, after the client checked it (key order,
+// contiguous offsets, sizes; for a whole-chunk read, the CRC32C once the last frame is
+// in). `key_index` indexes the keys passed to GetStream; indices only grow, and every
+// key gets at least one frame. The first frame with a given key_index carries found,
+// total_bytes, crc32c, token_count and tier; a key with found = false gets no other.
+// A key's bytes are complete (and, for whole chunks, verified) when the frame with
+// last = true arrives; if the stream fails before that, discard what was received for
+// that key. The frame is only valid during the call. Returning non-Ok cancels the
+// stream and GetStream returns that status.
+using GetFrameCallback =
+    std::function<absl::Status(uint32_t key_index, const v1::GetFrame& frame)>;
+
+class KvTierClient {
+ public:
+  // Creates a client for `target` (a gRPC target such as "127.0.0.1:50051" or
+  // "unix:/run/kvtier.sock"), over an insecure channel.
+  // Returns: Ok, InvalidArgument (bad options or empty target), Unavailable (only with
+  // options.connect_timeout > 0: not ready in time).
+  static absl::StatusOr<std::unique_ptr<KvTierClient>> Connect(const std::string& target,
+                                                               ClientOptions options = {});
+
+  KvTierClient(const KvTierClient&) = delete;
+  KvTierClient& operator=(const KvTierClient&) = delete;
+
+  // Registers `layout` (idempotent). The client validates it first and checks that the
+  // server's namespace id and chunk size agree with its own computation.
+  // Returns: Ok, InvalidArgument, FailedPrecondition (e.g. chunk larger than the server
+  // allows), Unavailable, Internal (server and client disagree on the namespace id or
+  // chunk size).
+  absl::StatusOr<RegisterResult> RegisterLayout(const LayoutSpec& layout);
+
+  // Where each key lives, and the prefix hit length.
+  // Returns: Ok, InvalidArgument, NotFound (namespace), Unavailable, Internal.
+  absl::StatusOr<LookupResult> Lookup(uint64_t namespace_id,
+                                      absl::Span<const ChunkKey> keys);
+
+  // Stores `chunks` in one Put stream, each cut into frames of max_frame_bytes, the last
+  // frame of each carrying the CRC32C of the whole chunk. `progress`, if set, is called
+  // after every frame. Chunks that completed before an error stay stored. An empty
+  // `chunks` returns a zero result without contacting the server. If this client
+  // registered the namespace, chunk sizes are checked before anything is sent;
+  // otherwise the server checks them.
+  // Returns: Ok, InvalidArgument (e.g. an empty chunk, or a size other than the
+  // namespace's chunk_bytes), NotFound, ResourceExhausted, Unavailable,
+  // DeadlineExceeded.
+  absl::StatusOr<PutResult> Put(uint64_t namespace_id, absl::Span<const ChunkToPut> chunks,
+                                const ProgressCallback& progress = nullptr);
+
+  // Reads `keys`, optionally only `layers` of each, into memory: one GotChunk per key,
+  // in order; an absent key is a GotChunk with found = false, not an error. Whole
+  // chunks are CRC32C-checked. Empty `keys`: empty result, no RPC.
+  // Returns: Ok, InvalidArgument, NotFound (namespace), DataLoss (a chunk failed its
+  // checksum on the server, which deleted it, or in transit), Unavailable, Internal.
+  absl::StatusOr<std::vector<GotChunk>> Get(uint64_t namespace_id,
+                                            absl::Span<const ChunkKey> keys,
+                                            std::optional<LayerRange> layers = std::nullopt,
+                                            const ProgressCallback& progress = nullptr);
+
+  // Streaming Get: hands each frame to `on_frame` as it arrives, so a caller can write
+  // chunks to their destination without holding them all. Same checks and codes as
+  // Get(), plus whatever `on_frame` returns.
+  absl::Status GetStream(uint64_t namespace_id, absl::Span<const ChunkKey> keys,
+                         std::optional<LayerRange> layers,
+                         const GetFrameCallback& on_frame);
+
+  // Pins keys in the RAM tier for `ttl_seconds` (0: until Unpin).
+  // Returns: Ok, InvalidArgument, NotFound (namespace), ResourceExhausted, Unavailable.
+  absl::StatusOr<PinResult> Pin(uint64_t namespace_id, absl::Span<const ChunkKey> keys,
+                                uint32_t ttl_seconds);
+  // Returns the number of keys that were pinned. Codes as Pin, less ResourceExhausted.
+  absl::StatusOr<uint32_t> Unpin(uint64_t namespace_id, absl::Span<const ChunkKey> keys);
+  // Returns the number of keys that were present. Codes as Unpin.
+  absl::StatusOr<uint32_t> Delete(uint64_t namespace_id, absl::Span<const ChunkKey> keys);
+  // Removes every chunk of the namespace (the layout stays registered); returns how many.
+  // Returns: Ok, NotFound, Unavailable.
+  absl::StatusOr<uint64_t> Clear(uint64_t namespace_id);
+  // Returns: Ok, Unavailable.
+  absl::StatusOr<v1::StatsResponse> Stats();
+
+  // Raw access for tests that need to send what this class never would (malformed
+  // frames, bad key lengths). Use PrepareContext() to get the same deadline.
+  v1::KvCache::Stub* stub() const { return stub_.get(); }
+  // Sets `ctx`'s deadline to now + options().rpc_deadline.
+  void PrepareContext(grpc::ClientContext* ctx) const;
+  const ClientOptions& options() const { return options_; }
+  const std::string& target() const { return target_; }
+
+ private:
+  KvTierClient(std::string target, ClientOptions options,
+               std::shared_ptr<grpc::Channel> channel);
+
+  const std::string target_;
+  const ClientOptions options_;
+  // The stub also holds a reference to the channel; keeping one here makes the
+  // channel's lifetime visibly the client's.
+  const std::shared_ptr<grpc::Channel> channel_;
+  const std::unique_ptr<v1::KvCache::Stub> stub_;
+
+  // chunk_bytes of every namespace RegisterLayout succeeded for, so Put can reject a
+  // wrong-sized chunk before streaming it. Never shrinks: a layout's chunk size is
+  // fixed by its namespace id.
+  absl::Mutex mu_;
+  absl::flat_hash_map<uint64_t, uint64_t> chunk_bytes_ ABSL_GUARDED_BY(mu_);
+};
+
+// The one mapping from grpc::Status to absl::Status: same code number, same message.
+absl::Status FromGrpcStatus(const grpc::Status& status);
+
+}  // namespace kvtier
+
+#endif  // KVTIER_CLIENT_KVTIER_CLIENT_H_

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Installs the Debian packages kvtier needs to build, test and run, if any is missing.
+# Sourced by start.sh and test.sh; safe to run again (it installs nothing twice).
+set -euo pipefail
+
+KVTIER_BUILD_PACKAGES=(
+  build-essential cmake pkg-config ccache
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  libabsl-dev librocksdb-dev prometheus-cpp-dev libxxhash-dev libtomlplusplus-dev
+  libsystemd-dev libgtest-dev
+)
+
+kvtier_install_deps() {
+  local missing=()
+  for p in "${KVTIER_BUILD_PACKAGES[@]}" "$@"; do
+    if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+      missing+=("$p")
+    fi
+  done
+  if [ ${#missing[@]} -eq 0 ]; then
+    return 0
+  fi
+  echo "kvtier: installing ${missing[*]}" >&2
+  local sudo=()
+  if [ "$(id -u)" -ne 0 ]; then sudo=(sudo); fi
+  "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+  "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
+}
+
+# Configures and builds into $1 (default: build) with every core.
+kvtier_build() {
+  local dir="${1:-build}"
+  cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=Release >/dev/null
+  cmake --build "$dir" -j"$(nproc)"
+}

@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Installs what is missing, builds, and runs the whole test suite (unit and integration;
+# tests labelled `gpu` skip themselves on a machine without a GPU).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/deps.sh
+kvtier_install_deps
+kvtier_build build
+cd build
+ctest --output-on-failure -j"$(nproc)" --timeout 600

@@ -1,0 +1,350 @@
+#include "server/daemon_config.h"
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <string_view>
+
+#include <toml++/toml.h>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_replace.h"
+#include "absl/strings/strip.h"
+
+namespace kvtier {
+namespace {
+
+struct Option {
+  const char* name;
+  const char* help;
+  bool is_bool;
+  std::function<absl::Status(DaemonConfig&, absl::string_view)> set;
+  std::function<std::string(const DaemonConfig&)> get;
+};
+
+absl::Status BadValue(absl::string_view name, absl::string_view value, absl::string_view why) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("option ", name, ": bad value '", value, "': ", why));
+}
+
+Option SizeOption(const char* name, const char* help, uint64_t DaemonConfig::*field) {
+  return {name, help, false,
+          [name, field](DaemonConfig& c, absl::string_view v) -> absl::Status {
+            auto bytes = ParseByteSize(v);
+            if (!bytes.ok()) return BadValue(name, v, bytes.status().message());
+            c.*field = *bytes;
+            return absl::OkStatus();
+          },
+          [field](const DaemonConfig& c) { return FormatBytes(c.*field); }};
+}
+
+Option StringOption(const char* name, const char* help, std::string DaemonConfig::*field) {
+  return {name, help, false,
+          [field](DaemonConfig& c, absl::string_view v) {
+            c.*field = std::string(v);
+            return absl::OkStatus();
+          },
+          [field](const DaemonConfig& c) { return c.*field; }};
+}
+
+Option BoolOption(const char* name, const char* help, bool DaemonConfig::*field) {
+  return {name, help, true,
+          [name, field](DaemonConfig& c, absl::string_view v) -> absl::Status {
+            if (!absl::SimpleAtob(v, &(c.*field))) return BadValue(name, v, "not a boolean");
+            return absl::OkStatus();
+          },
+          [field](const DaemonConfig& c) { return std::string(c.*field ? "true" : "false"); }};
+}
+
+Option DurationOption(const char* name, const char* help, absl::Duration DaemonConfig::*field) {
+  return {name, help, false,
+          [name, field](DaemonConfig& c, absl::string_view v) -> absl::Status {
+            if (!absl::ParseDuration(v, &(c.*field))) {
+              return BadValue(name, v, "not a duration (e.g. 30s, 5m, 24h, 0)");
+            }
+            return absl::OkStatus();
+          },
+          [field](const DaemonConfig& c) { return absl::FormatDuration(c.*field); }};
+}
+
+const std::vector<Option>& Options() {
+  static const auto* options = new std::vector<Option>{
+      StringOption("listen", "gRPC listen address host:port (port 0 picks a free one)",
+                   &DaemonConfig::listen),
+      StringOption("data_dir", "data directory; RocksDB lives in <data_dir>/ssd",
+                   &DaemonConfig::data_dir),
+      SizeOption("ram_capacity", "host-RAM pool size", &DaemonConfig::ram_capacity),
+      SizeOption("ram_slot_size", "host-RAM pool slot size (multiple of 4KiB)",
+                 &DaemonConfig::ram_slot_size),
+      BoolOption("lock_memory", "mlock the host-RAM pool", &DaemonConfig::lock_memory),
+      {"max_pinned_fraction", "largest share of the RAM pool pinned chunks may hold", false,
+       [](DaemonConfig& c, absl::string_view v) -> absl::Status {
+         if (!absl::SimpleAtod(v, &c.max_pinned_fraction)) {
+           return BadValue("max_pinned_fraction", v, "not a number");
+         }
+         return absl::OkStatus();
+       },
+       [](const DaemonConfig& c) { return absl::StrCat(c.max_pinned_fraction); }},
+      SizeOption("ssd_capacity", "SSD tier capacity (payload bytes)",
+                 &DaemonConfig::ssd_capacity),
+      DurationOption("ssd_ttl", "drop SSD chunks older than this; 0 keeps them",
+                     &DaemonConfig::ssd_ttl),
+      BoolOption("ssd_sync_writes", "fsync the RocksDB WAL on every put",
+                 &DaemonConfig::ssd_sync_writes),
+      SizeOption("ssd_write_buffer", "RocksDB memtable budget", &DaemonConfig::ssd_write_buffer),
+      StringOption("write_mode", "write-back | write-through | ram-only",
+                   &DaemonConfig::write_mode),
+      SizeOption("max_frame_size", "largest data field of one Put/Get frame",
+                 &DaemonConfig::max_frame_size),
+      {"max_keys_per_request", "most keys in one Lookup/Get/Pin/Unpin/Delete", false,
+       [](DaemonConfig& c, absl::string_view v) -> absl::Status {
+         if (!absl::SimpleAtoi(v, &c.max_keys_per_request)) {
+           return BadValue("max_keys_per_request", v, "not an unsigned integer");
+         }
+         return absl::OkStatus();
+       },
+       [](const DaemonConfig& c) { return absl::StrCat(c.max_keys_per_request); }},
+      SizeOption("max_chunk_size", "largest chunk a registered layout may have",
+                 &DaemonConfig::max_chunk_size),
+      DurationOption("shutdown_grace", "time in-flight RPCs get at shutdown",
+                     &DaemonConfig::shutdown_grace),
+      StringOption("log_level", "debug | info | warn | error", &DaemonConfig::log_level),
+      StringOption("port_file", "write the bound gRPC port to this file (for supervisors)",
+                   &DaemonConfig::port_file),
+  };
+  return *options;
+}
+
+const Option* FindOption(absl::string_view name) {
+  const std::string normalized = absl::StrReplaceAll(name, {{"-", "_"}});
+  for (const Option& o : Options()) {
+    if (normalized == o.name) return &o;
+  }
+  return nullptr;
+}
+
+absl::StatusOr<std::string> ReadFile(const std::string& path) {
+  FILE* f = std::fopen(path.c_str(), "rb");
+  if (f == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("option config: cannot read '", path, "': ", std::strerror(errno)));
+  }
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
+  std::fclose(f);
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<uint64_t> ParseByteSize(absl::string_view text) {
+  std::string s = absl::AsciiStrToLower(absl::StripAsciiWhitespace(text));
+  size_t split = 0;
+  while (split < s.size() && (absl::ascii_isdigit(s[split]) || s[split] == '.')) ++split;
+  double value;
+  if (split == 0 || !absl::SimpleAtod(s.substr(0, split), &value)) {
+    return absl::InvalidArgumentError("expected a size like 512MiB, 4GiB or 1048576");
+  }
+  std::string unit(absl::StripAsciiWhitespace(s.substr(split)));
+  static const std::pair<const char*, uint64_t> kUnits[] = {
+      {"", 1},           {"b", 1},
+      {"k", 1ull << 10}, {"kb", 1000},          {"kib", 1ull << 10},
+      {"m", 1ull << 20}, {"mb", 1000000},       {"mib", 1ull << 20},
+      {"g", 1ull << 30}, {"gb", 1000000000ull}, {"gib", 1ull << 30},
+      {"t", 1ull << 40}, {"tb", 1000000000000ull}, {"tib", 1ull << 40},
+  };
+  for (const auto& [name, mult] : kUnits) {
+    if (unit == name) {
+      const double bytes = value * static_cast<double>(mult);
+      if (bytes > 9.2e18) return absl::InvalidArgumentError("size too large");
+      return static_cast<uint64_t>(bytes);
+    }
+  }
+  return absl::InvalidArgumentError(absl::StrCat("unknown size unit '", unit, "'"));
+}
+
+std::string FormatBytes(uint64_t bytes) {
+  static const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  uint64_t v = bytes;
+  while (u < 4 && v >= 1024 && v % 1024 == 0) {
+    v /= 1024;
+    ++u;
+  }
+  return absl::StrCat(v, kUnits[u]);
+}
+
+absl::Status DaemonConfig::Validate() const {
+  if (listen.empty() || listen.find(':') == std::string::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("option listen: expected host:port, got '", listen, "'"));
+  }
+  if (data_dir.empty()) return absl::InvalidArgumentError("option data_dir: must not be empty");
+  if (max_frame_size < 4096 || max_frame_size > (64ull << 20)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "option max_frame_size: must be between 4KiB and 64MiB, got ", max_frame_size));
+  }
+  if (max_keys_per_request == 0) {
+    return absl::InvalidArgumentError("option max_keys_per_request: must be at least 1");
+  }
+  if (shutdown_grace < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("option shutdown_grace: must not be negative");
+  }
+  if (log_level != "debug" && log_level != "info" && log_level != "warn" &&
+      log_level != "error") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "option log_level: must be debug, info, warn or error, got '", log_level, "'"));
+  }
+  auto store = ToStoreOptions();
+  if (!store.ok()) return store.status();
+  absl::Status s = store->Validate();
+  if (!s.ok()) return absl::InvalidArgumentError(absl::StrCat("option ", s.message()));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<TieredStoreOptions> DaemonConfig::ToStoreOptions() const {
+  TieredStoreOptions o;
+  auto mode = ParseWriteMode(write_mode);
+  if (!mode.ok()) return absl::InvalidArgumentError(absl::StrCat("option ", mode.status().message()));
+  o.write_mode = *mode;
+  o.ram.arena.capacity_bytes = ram_capacity;
+  o.ram.arena.slot_bytes = ram_slot_size;
+  o.ram.arena.lock_memory = lock_memory;
+  o.ram.max_pinned_fraction = max_pinned_fraction;
+  o.ssd.path = data_dir + "/ssd";
+  o.ssd.capacity_bytes = ssd_capacity;
+  o.ssd.ttl = ssd_ttl;
+  o.ssd.sync_writes = ssd_sync_writes;
+  o.ssd.write_buffer_bytes = ssd_write_buffer;
+  o.max_chunk_bytes = max_chunk_size;
+  return o;
+}
+
+std::string DaemonConfig::Describe() const {
+  std::string out;
+  for (const Option& o : Options()) absl::StrAppend(&out, o.name, "=", o.get(*this), " ");
+  if (!out.empty()) out.pop_back();
+  return out;
+}
+
+absl::Status ApplyToml(absl::string_view toml_text, absl::string_view source_name,
+                       DaemonConfig& config) {
+  toml::table table;
+  try {
+    table = toml::parse(std::string_view(toml_text.data(), toml_text.size()),
+                        std::string_view(source_name.data(), source_name.size()));
+  } catch (const toml::parse_error& e) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "config %s: line %d: %s", source_name, e.source().begin.line, e.description()));
+  }
+  for (const auto& [key, node] : table) {
+    const Option* option = FindOption(std::string(key.str()));
+    if (option == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("config ", source_name, ": unknown option '", std::string(key.str()), "'"));
+    }
+    std::string value;
+    if (auto s = node.value<std::string>()) {
+      value = *s;
+    } else if (auto b = node.value_exact<bool>()) {
+      value = *b ? "true" : "false";
+    } else if (auto i = node.value_exact<int64_t>()) {
+      value = absl::StrCat(*i);
+    } else if (auto d = node.value_exact<double>()) {
+      value = absl::StrCat(*d);
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "config ", source_name, ": option ", option->name,
+          " must be a string, number or boolean"));
+    }
+    if (absl::Status s = option->set(config, value); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("config ", source_name, ": ", s.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ParsedArgs> ParseDaemonArgs(const std::vector<std::string>& args) {
+  ParsedArgs out;
+  // Pass 1 finds --config so that flags override the file whatever their order.
+  std::vector<std::pair<const Option*, std::string>> flags;
+  std::string config_path;
+  for (size_t i = 0; i < args.size(); ++i) {
+    absl::string_view arg = args[i];
+    if (arg == "--help" || arg == "-h") {
+      out.help_requested = true;
+      continue;
+    }
+    if (arg == "--version") {
+      out.version_requested = true;
+      continue;
+    }
+    if (!absl::ConsumePrefix(&arg, "--")) {
+      return absl::InvalidArgumentError(absl::StrCat("unexpected argument '", arg, "'"));
+    }
+    std::string name(arg), value;
+    bool has_value = false;
+    if (size_t eq = name.find('='); eq != std::string::npos) {
+      value = name.substr(eq + 1);
+      name = name.substr(0, eq);
+      has_value = true;
+    }
+    if (name == "config") {
+      if (!has_value) {
+        if (i + 1 >= args.size()) return absl::InvalidArgumentError("flag --config needs a file");
+        value = args[++i];
+      }
+      config_path = value;
+      continue;
+    }
+    const Option* option = FindOption(name);
+    if (option == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("unknown flag --", name, " (see --help)"));
+    }
+    if (!has_value) {
+      if (option->is_bool && (i + 1 >= args.size() || args[i + 1].rfind("--", 0) == 0)) {
+        value = "true";
+      } else if (i + 1 < args.size()) {
+        value = args[++i];
+      } else {
+        return absl::InvalidArgumentError(absl::StrCat("flag --", name, " needs a value"));
+      }
+    }
+    flags.emplace_back(option, value);
+  }
+  if (!config_path.empty()) {
+    auto text = ReadFile(config_path);
+    if (!text.ok()) return text.status();
+    if (absl::Status s = ApplyToml(*text, config_path, out.config); !s.ok()) return s;
+  }
+  for (const auto& [option, value] : flags) {
+    if (absl::Status s = option->set(out.config, value); !s.ok()) return s;
+  }
+  return out;
+}
+
+std::string DaemonUsage() {
+  std::string out =
+      "usage: kvtierd [--config FILE] [--OPTION=VALUE ...]\n\n"
+      "Serves KV-cache chunks from a host-RAM pool and RocksDB over gRPC.\n"
+      "Every option can be set in the TOML file (option = value) or as a flag;\n"
+      "flags win. Sizes take KiB/MiB/GiB suffixes, durations s/m/h.\n\noptions:\n";
+  const DaemonConfig defaults;
+  for (const Option& o : Options()) {
+    absl::StrAppend(&out, absl::StrFormat("  --%-22s %s (default: %s)\n",
+                                          absl::StrReplaceAll(o.name, {{"_", "-"}}), o.help,
+                                          o.get(defaults).empty() ? "\"\"" : o.get(defaults)));
+  }
+  absl::StrAppend(&out, "  --config FILE            read options from a TOML file\n",
+                  "  --help, --version\n");
+  return out;
+}
+
+}  // namespace kvtier

@@ -1,0 +1,69 @@
+// DaemonConfig: every kvtierd option, its default, and how it is read. Options come from
+// embedded defaults, then the TOML file given with --config, then command-line flags
+// (--name=value or --name value; dashes and underscores are interchangeable). Every
+// option can be given both ways. Validate() runs once at start-up and names the bad
+// option.
+//
+// Thread-safety: a value type, built once in main().
+#ifndef KVTIER_SERVER_DAEMON_CONFIG_H_
+#define KVTIER_SERVER_DAEMON_CONFIG_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "storage/log.h"
+#include "storage/tiered_store.h"
+
+namespace kvtier {
+
+struct DaemonConfig {
+  std::string listen = "127.0.0.1:50051";  // gRPC address, host:port; port 0 picks one.
+  std::string data_dir = "./var/kvtier";   // RocksDB lives in <data_dir>/ssd.
+  uint64_t ram_capacity = 1ull << 30;      // Host-RAM pool, bytes.
+  uint64_t ram_slot_size = 1ull << 20;     // Pool slot, bytes.
+  bool lock_memory = false;                // mlock the pool.
+  double max_pinned_fraction = 0.5;        // Share of the pool pins may hold.
+  uint64_t ssd_capacity = 16ull << 30;     // SSD tier payload bytes.
+  absl::Duration ssd_ttl = absl::ZeroDuration();  // Zero: no expiry.
+  bool ssd_sync_writes = false;            // fsync the WAL per put.
+  uint64_t ssd_write_buffer = 64ull << 20; // RocksDB memtable budget, bytes.
+  std::string write_mode = "write-back";   // write-back | write-through | ram-only.
+  uint64_t max_frame_size = 4ull << 20;    // Largest data field of one frame, bytes.
+  uint32_t max_keys_per_request = 4096;    // Keys in one Lookup/Get/Pin/Delete.
+  uint64_t max_chunk_size = 512ull << 20;  // Largest chunk a layout may have, bytes.
+  absl::Duration shutdown_grace = absl::Seconds(30);  // In-flight RPCs get this long.
+  std::string log_level = "info";          // debug | info | warn | error.
+  std::string port_file;                   // If set, the bound gRPC port is written here.
+
+  absl::Status Validate() const;
+  // The storage options these settings imply.
+  absl::StatusOr<TieredStoreOptions> ToStoreOptions() const;
+  // One "name = value" line per option, for the start-up log.
+  std::string Describe() const;
+};
+
+// Parses argv (without argv[0]). Returns InvalidArgument naming the bad flag, option or
+// value. `--help` and `--version` are reported through `help_requested` /
+// `version_requested` with an Ok config.
+struct ParsedArgs {
+  DaemonConfig config;
+  bool help_requested = false;
+  bool version_requested = false;
+};
+absl::StatusOr<ParsedArgs> ParseDaemonArgs(const std::vector<std::string>& args);
+// Applies a TOML document's keys over `config`. Returns InvalidArgument naming the key.
+absl::Status ApplyToml(absl::string_view toml_text, absl::string_view source_name,
+                       DaemonConfig& config);
+std::string DaemonUsage();
+
+// "4MiB", "1GiB", "512k", "1048576" -> bytes. Returns InvalidArgument.
+absl::StatusOr<uint64_t> ParseByteSize(absl::string_view text);
+std::string FormatBytes(uint64_t bytes);
+
+}  // namespace kvtier
+
+#endif  // KVTIER_SERVER_DAEMON_CONFIG_H_

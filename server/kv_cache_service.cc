@@ -1,0 +1,338 @@
+#include "server/kv_cache_service.h"
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "server/status_util.h"
+#include "client/layout_convert.h"
+
+namespace kvtier {
+namespace {
+
+using google::protobuf::RepeatedPtrField;
+
+// Parses and bounds a request's keys. Errors: InvalidArgument naming the bad key.
+absl::StatusOr<std::vector<ChunkId>> ParseKeys(uint64_t ns, const RepeatedPtrField<std::string>& keys,
+                                               uint32_t max_keys) {
+  if (keys.size() > static_cast<int>(max_keys)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "keys: ", keys.size(), " keys in one request, more than max_keys_per_request (",
+        max_keys, "); split the request"));
+  }
+  std::vector<ChunkId> ids;
+  ids.reserve(keys.size());
+  for (int i = 0; i < keys.size(); ++i) {
+    auto key = ChunkKey::FromBytes(keys[i]);
+    if (!key.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("keys[", i, "]: ", key.status().message()));
+    }
+    ids.push_back(ChunkId{ns, *key});
+  }
+  return ids;
+}
+
+v1::Tier ToProtoTier(Tier t) { return static_cast<v1::Tier>(static_cast<int>(t)); }
+
+// Checks that `ns` is registered and returns its layout. Errors: NotFound.
+absl::StatusOr<LayoutSpec> RequireNamespace(TieredStore* store, uint64_t ns) {
+  return store->FindLayout(ns);
+}
+
+}  // namespace
+
+KvCacheService::KvCacheService(TieredStore* store, ServiceLimits limits, std::string version)
+    : store_(store), limits_(limits), version_(std::move(version)) {}
+
+grpc::Status KvCacheService::RegisterLayout(grpc::ServerContext*,
+                                            const v1::RegisterLayoutRequest* req,
+                                            v1::RegisterLayoutResponse* resp) {
+  if (!req->has_layout()) {
+    return ToGrpcStatus(absl::InvalidArgumentError("layout: required"));
+  }
+  auto spec = LayoutFromProto(req->layout());
+  if (!spec.ok()) return ToGrpcStatus(spec.status());
+  auto registered = store_->RegisterLayout(*spec);
+  if (!registered.ok()) return ToGrpcStatus(registered.status());
+  resp->set_namespace_id(registered->namespace_id);
+  resp->set_chunk_bytes(registered->chunk_bytes);
+  resp->set_already_registered(registered->already_registered);
+  return grpc::Status::OK;
+}
+
+grpc::Status KvCacheService::Lookup(grpc::ServerContext*, const v1::LookupRequest* req,
+                                    v1::LookupResponse* resp) {
+  if (auto l = RequireNamespace(store_, req->namespace_id()); !l.ok()) {
+    return ToGrpcStatus(l.status());
+  }
+  auto ids = ParseKeys(req->namespace_id(), req->keys(), limits_.max_keys_per_request);
+  if (!ids.ok()) return ToGrpcStatus(ids.status());
+  bool prefix = true;
+  uint32_t hits = 0;
+  for (const ChunkId& id : *ids) {
+    const Tier tier = store_->Locate(id);
+    resp->add_tiers(ToProtoTier(tier));
+    prefix = prefix && tier != Tier::kNone;
+    if (prefix) ++hits;
+  }
+  resp->set_prefix_hits(hits);
+  return grpc::Status::OK;
+}
+
+grpc::Status KvCacheService::Put(grpc::ServerContext* ctx,
+                                 grpc::ServerReader<v1::PutFrame>* reader,
+                                 v1::PutResponse* resp) {
+  // State of the chunk being received. `writer` is null while draining a chunk that is
+  // already stored (idempotent put) or between chunks; dropping it releases its RAM.
+  bool in_chunk = false;
+  ChunkId current;
+  uint64_t chunk_bytes = 0;
+  uint64_t received = 0;
+  std::unique_ptr<ChunkWriter> writer;
+
+  auto fail = [&](absl::Status s) {
+    return ToGrpcStatus(absl::Status(
+        s.code(), absl::StrCat(s.message(), " [", resp->chunks_stored(),
+                               " chunks stored by this stream before the error; the chunk "
+                               "in progress was not stored]")));
+  };
+
+  v1::PutFrame frame;
+  while (reader->Read(&frame)) {
+    const std::string& data = frame.data();
+    if (data.empty() || data.size() > limits_.max_frame_bytes) {
+      return fail(absl::InvalidArgumentError(absl::StrCat(
+          "data: frame carries ", data.size(), " bytes; must be 1 to max_frame_size (",
+          limits_.max_frame_bytes, ")")));
+    }
+    auto key = ChunkKey::FromBytes(frame.key());
+    if (!key.ok()) return fail(absl::InvalidArgumentError(absl::StrCat("key: ", key.status().message())));
+    const ChunkId id{frame.namespace_id(), *key};
+
+    if (!in_chunk) {
+      if (frame.offset() != 0) {
+        return fail(absl::InvalidArgumentError(absl::StrCat(
+            "offset: frame out of order: first frame of chunk ", key->ToHex(),
+            " has offset ", frame.offset(), ", expected 0")));
+      }
+      auto layout = RequireNamespace(store_, id.ns);
+      if (!layout.ok()) return fail(layout.status());
+      auto w = store_->BeginPut(id, frame.token_count());
+      if (!w.ok()) return fail(w.status());
+      // A null writer means the chunk is already stored: its frames are drained.
+      writer = *std::move(w);
+      in_chunk = true;
+      current = id;
+      chunk_bytes = layout->ChunkBytes();
+      received = 0;
+    } else if (!(id == current)) {
+      return fail(absl::InvalidArgumentError(absl::StrCat(
+          "key: frame for chunk ", key->ToHex(), " arrived before chunk ",
+          current.key.ToHex(), " was complete (", received, " of ", chunk_bytes,
+          " bytes); frames of different chunks may not interleave")));
+    } else if (frame.offset() != received) {
+      return fail(absl::InvalidArgumentError(absl::StrCat(
+          "offset: frame out of order for chunk ", key->ToHex(), ": offset ",
+          frame.offset(), ", expected ", received)));
+    }
+    if (data.size() > chunk_bytes - received) {
+      return fail(absl::InvalidArgumentError(absl::StrCat(
+          "data: payload size wrong: chunk ", key->ToHex(), " must be exactly ", chunk_bytes,
+          " bytes for this namespace's layout; this frame would bring it to ",
+          received + data.size())));
+    }
+    if (writer) {
+      if (absl::Status s = writer->Append(data); !s.ok()) return fail(s);
+    }
+    received += data.size();
+    resp->set_bytes_received(resp->bytes_received() + data.size());
+    if (received < chunk_bytes) continue;
+
+    // The chunk is complete.
+    if (!frame.has_crc32c()) {
+      return fail(absl::InvalidArgumentError(absl::StrCat(
+          "crc32c: required on the frame that completes chunk ", key->ToHex())));
+    }
+    if (writer) {
+      if (absl::Status s = store_->CommitPut(std::move(writer), frame.crc32c()); !s.ok()) {
+        return fail(s);
+      }
+      resp->set_chunks_stored(resp->chunks_stored() + 1);
+    } else {
+      resp->set_chunks_already_present(resp->chunks_already_present() + 1);
+    }
+    in_chunk = false;
+  }
+  if (ctx->IsCancelled()) {
+    return fail(absl::CancelledError("put stream cancelled by the client"));
+  }
+  if (in_chunk) {
+    return fail(absl::InvalidArgumentError(absl::StrCat(
+        "data: payload size wrong: stream ended with chunk ", current.key.ToHex(), " at ",
+        received, " of ", chunk_bytes, " bytes")));
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status KvCacheService::Get(grpc::ServerContext* ctx, const v1::GetRequest* req,
+                                 grpc::ServerWriter<v1::GetFrame>* writer) {
+  auto layout = RequireNamespace(store_, req->namespace_id());
+  if (!layout.ok()) return ToGrpcStatus(layout.status());
+  auto ids = ParseKeys(req->namespace_id(), req->keys(), limits_.max_keys_per_request);
+  if (!ids.ok()) return ToGrpcStatus(ids.status());
+  uint32_t first_layer = 0, end_layer = layout->num_layers;
+  if (req->has_layer_range()) {
+    first_layer = req->layer_range().begin();
+    end_layer = req->layer_range().end();
+    if (first_layer >= end_layer || end_layer > layout->num_layers) {
+      return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
+          "layer_range: [", first_layer, ", ", end_layer, ") is not a non-empty range within [0, ",
+          layout->num_layers, ")")));
+    }
+  }
+  uint64_t frame_bytes = limits_.max_frame_bytes;
+  if (req->max_frame_bytes() > 0) frame_bytes = std::min<uint64_t>(frame_bytes, req->max_frame_bytes());
+
+  v1::GetFrame frame;
+  for (size_t i = 0; i < ids->size(); ++i) {
+    if (ctx->IsCancelled()) return ToGrpcStatus(absl::CancelledError("get cancelled by the client"));
+    auto view = store_->Read((*ids)[i]);
+    frame.Clear();
+    frame.set_key_index(static_cast<uint32_t>(i));
+    if (absl::IsNotFound(view.status())) {
+      frame.set_found(false);
+      frame.set_last(true);
+      if (!writer->Write(frame)) return ToGrpcStatus(absl::CancelledError("client went away"));
+      continue;
+    }
+    if (!view.ok()) {
+      return ToGrpcStatus(absl::Status(
+          view.status().code(), absl::StrCat("keys[", i, "]: ", view.status().message())));
+    }
+    const uint64_t layer_bytes = view->meta().size / layout->num_layers;
+    const uint64_t begin = uint64_t{first_layer} * layer_bytes;
+    const uint64_t end = uint64_t{end_layer} * layer_bytes;
+    for (uint64_t off = begin; off < end;) {
+      const uint64_t n = std::min(frame_bytes, end - off);
+      frame.Clear();
+      frame.set_key_index(static_cast<uint32_t>(i));
+      frame.set_found(true);
+      frame.set_offset(off - begin);
+      if (off == begin) {
+        frame.set_total_bytes(end - begin);
+        frame.set_crc32c(view->meta().crc32c);
+        frame.set_token_count(view->meta().token_count);
+        frame.set_tier(ToProtoTier(view->tier()));
+      }
+      std::string* data = frame.mutable_data();
+      data->resize(n);
+      char* out = data->data();
+      view->ForEachPiece(off, n, [&out](absl::string_view piece) {
+        std::memcpy(out, piece.data(), piece.size());
+        out += piece.size();
+      });
+      off += n;
+      frame.set_last(off == end);
+      if (!writer->Write(frame)) return ToGrpcStatus(absl::CancelledError("client went away"));
+    }
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status KvCacheService::Pin(grpc::ServerContext*, const v1::PinRequest* req,
+                                 v1::PinResponse* resp) {
+  if (auto l = RequireNamespace(store_, req->namespace_id()); !l.ok()) {
+    return ToGrpcStatus(l.status());
+  }
+  auto ids = ParseKeys(req->namespace_id(), req->keys(), limits_.max_keys_per_request);
+  if (!ids.ok()) return ToGrpcStatus(ids.status());
+  for (size_t i = 0; i < ids->size(); ++i) {
+    absl::Status s = store_->Pin((*ids)[i], absl::Seconds(req->ttl_seconds()));
+    if (absl::IsNotFound(s)) {
+      resp->set_not_found(resp->not_found() + 1);
+    } else if (!s.ok()) {
+      return ToGrpcStatus(absl::Status(
+          s.code(), absl::StrCat("keys[", i, "]: ", s.message(), " (", resp->pinned(),
+                                 " keys before it were pinned)")));
+    } else {
+      resp->set_pinned(resp->pinned() + 1);
+    }
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status KvCacheService::Unpin(grpc::ServerContext*, const v1::UnpinRequest* req,
+                                   v1::UnpinResponse* resp) {
+  if (auto l = RequireNamespace(store_, req->namespace_id()); !l.ok()) {
+    return ToGrpcStatus(l.status());
+  }
+  auto ids = ParseKeys(req->namespace_id(), req->keys(), limits_.max_keys_per_request);
+  if (!ids.ok()) return ToGrpcStatus(ids.status());
+  for (const ChunkId& id : *ids) {
+    if (store_->Unpin(id)) resp->set_unpinned(resp->unpinned() + 1);
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status KvCacheService::Delete(grpc::ServerContext*, const v1::DeleteRequest* req,
+                                    v1::DeleteResponse* resp) {
+  if (auto l = RequireNamespace(store_, req->namespace_id()); !l.ok()) {
+    return ToGrpcStatus(l.status());
+  }
+  auto ids = ParseKeys(req->namespace_id(), req->keys(), limits_.max_keys_per_request);
+  if (!ids.ok()) return ToGrpcStatus(ids.status());
+  for (const ChunkId& id : *ids) {
+    auto deleted = store_->Delete(id);
+    if (!deleted.ok()) return ToGrpcStatus(deleted.status());
+    if (*deleted) resp->set_deleted(resp->deleted() + 1);
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status KvCacheService::Clear(grpc::ServerContext*, const v1::ClearRequest* req,
+                                   v1::ClearResponse* resp) {
+  if (auto l = RequireNamespace(store_, req->namespace_id()); !l.ok()) {
+    return ToGrpcStatus(l.status());
+  }
+  auto removed = store_->Clear(req->namespace_id());
+  if (!removed.ok()) return ToGrpcStatus(removed.status());
+  resp->set_chunks_removed(*removed);
+  return grpc::Status::OK;
+}
+
+grpc::Status KvCacheService::Stats(grpc::ServerContext*, const v1::StatsRequest*,
+                                   v1::StatsResponse* resp) {
+  const TieredStoreStats s = store_->GetStats();
+  auto* ram = resp->add_tiers();
+  ram->set_tier(v1::TIER_RAM);
+  ram->set_capacity_bytes(s.ram.capacity_bytes);
+  ram->set_used_bytes(s.ram.used_bytes);
+  ram->set_chunks(s.ram.chunks);
+  ram->set_hits(s.ram.hits);
+  ram->set_misses(s.ram.misses);
+  ram->set_evictions(s.ram.evictions);
+  ram->set_pinned_bytes(s.ram.pinned_bytes);
+  if (store_->write_mode() != WriteMode::kRamOnly) {
+    auto* ssd = resp->add_tiers();
+    ssd->set_tier(v1::TIER_SSD);
+    ssd->set_capacity_bytes(s.ssd.capacity_bytes);
+    ssd->set_used_bytes(s.ssd.used_bytes);
+    ssd->set_chunks(s.ssd.chunks);
+    ssd->set_hits(s.ssd.hits);
+    ssd->set_misses(s.ssd.misses);
+    ssd->set_evictions(s.ssd.evictions + s.ssd.expirations);
+  }
+  resp->set_namespaces(s.namespaces);
+  resp->set_promotions(s.promotions);
+  resp->set_demotions(s.demotions);
+  resp->set_checksum_failures(s.checksum_failures);
+  resp->set_writeback_queue_depth(s.writeback_queue_depth);
+  resp->set_write_mode(WriteModeName(store_->write_mode()));
+  resp->set_uptime_seconds(static_cast<uint64_t>(absl::ToInt64Seconds(absl::Now() - started_)));
+  resp->set_version(version_);
+  return grpc::Status::OK;
+}
+
+}  // namespace kvtier

@@ -1,0 +1,58 @@
+// KvCacheService: the kvtier.v1.KvCache gRPC service on top of a TieredStore. Checks
+// every request against the configured limits, maps storage errors to gRPC codes in
+// one place (status_util), and never lets a partial chunk become visible.
+//
+// Thread-safety: gRPC's synchronous server calls the handlers on its thread pool, any
+// number at once; the service keeps no per-call state outside the handler's stack and
+// the store is thread-safe.
+#ifndef KVTIER_SERVER_KV_CACHE_SERVICE_H_
+#define KVTIER_SERVER_KV_CACHE_SERVICE_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/time/time.h"
+#include "kvtier/v1/kvtier.grpc.pb.h"
+#include "storage/tiered_store.h"
+
+namespace kvtier {
+
+struct ServiceLimits {
+  uint64_t max_frame_bytes = 4ull << 20;   // Largest data field in a frame.
+  uint32_t max_keys_per_request = 4096;    // Keys in one unary or Get request.
+};
+
+class KvCacheService final : public v1::KvCache::Service {
+ public:
+  // `store` must outlive the service.
+  KvCacheService(TieredStore* store, ServiceLimits limits, std::string version);
+
+  grpc::Status RegisterLayout(grpc::ServerContext* ctx, const v1::RegisterLayoutRequest* req,
+                              v1::RegisterLayoutResponse* resp) override;
+  grpc::Status Lookup(grpc::ServerContext* ctx, const v1::LookupRequest* req,
+                      v1::LookupResponse* resp) override;
+  grpc::Status Put(grpc::ServerContext* ctx, grpc::ServerReader<v1::PutFrame>* reader,
+                   v1::PutResponse* resp) override;
+  grpc::Status Get(grpc::ServerContext* ctx, const v1::GetRequest* req,
+                   grpc::ServerWriter<v1::GetFrame>* writer) override;
+  grpc::Status Pin(grpc::ServerContext* ctx, const v1::PinRequest* req,
+                   v1::PinResponse* resp) override;
+  grpc::Status Unpin(grpc::ServerContext* ctx, const v1::UnpinRequest* req,
+                     v1::UnpinResponse* resp) override;
+  grpc::Status Delete(grpc::ServerContext* ctx, const v1::DeleteRequest* req,
+                      v1::DeleteResponse* resp) override;
+  grpc::Status Clear(grpc::ServerContext* ctx, const v1::ClearRequest* req,
+                     v1::ClearResponse* resp) override;
+  grpc::Status Stats(grpc::ServerContext* ctx, const v1::StatsRequest* req,
+                     v1::StatsResponse* resp) override;
+
+ private:
+  TieredStore* const store_;
+  const ServiceLimits limits_;
+  const std::string version_;
+  const absl::Time started_ = absl::Now();
+};
+
+}  // namespace kvtier
+
+#endif  // KVTIER_SERVER_KV_CACHE_SERVICE_H_

@@ -1,0 +1,165 @@
+// kvtierd: the kvtier daemon. Parses options, opens the tiered store (recovering the
+// SSD tier's index), serves kvtier.v1.KvCache, grpc.health.v1.Health and server
+// reflection, and shuts down gracefully on SIGTERM/SIGINT: health goes NOT_SERVING,
+// in-flight RPCs get shutdown_grace to finish, write-back chunks are flushed to SSD and
+// RocksDB is closed.
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <pthread.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "server/daemon_config.h"
+#include "server/kv_cache_service.h"
+#include "storage/crc32c.h"
+#include "storage/log.h"
+#include "storage/tiered_store.h"
+
+#ifndef KVTIER_VERSION
+#define KVTIER_VERSION "dev"
+#endif
+
+namespace kvtier {
+namespace {
+
+LogLevel ParseLogLevel(const std::string& s) {
+  if (s == "debug") return LogLevel::kDebug;
+  if (s == "warn") return LogLevel::kWarning;
+  if (s == "error") return LogLevel::kError;
+  return LogLevel::kInfo;
+}
+
+absl::Status WritePortFile(const std::string& path, int port) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << port << "\n";
+    if (!out.good()) return absl::UnavailableError(absl::StrCat("port_file: cannot write ", tmp));
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) return absl::UnavailableError(absl::StrCat("port_file: ", ec.message()));
+  return absl::OkStatus();
+}
+
+int Run(const DaemonConfig& config, const sigset_t& signals) {
+  SetMinLogLevel(ParseLogLevel(config.log_level));
+  LogInfo("kvtierd ", KVTIER_VERSION, " starting: ", config.Describe());
+  LogInfo("GPU staging tier: off (this build has no GPU tier; RAM and SSD serve all reads)");
+  LogInfo("CRC32C: ", crc32c::IsHardwareAccelerated() ? "SSE4.2" : "software");
+
+
+  auto store_options = config.ToStoreOptions();
+  if (!store_options.ok()) {
+    LogError(store_options.status().message());
+    return 2;
+  }
+  if (store_options->write_mode != WriteMode::kRamOnly) {
+    std::error_code ec;
+    std::filesystem::create_directories(store_options->ssd.path, ec);
+    if (ec) {
+      LogError("data_dir: cannot create ", store_options->ssd.path, ": ", ec.message());
+      return 1;
+    }
+  } else {
+    LogWarning("write_mode=ram-only: no SSD tier; chunks are lost on restart");
+  }
+  auto store = TieredStore::Open(*std::move(store_options));
+  if (!store.ok()) {
+    LogError("cannot open the store: ", store.status().message());
+    return 1;
+  }
+
+  ServiceLimits limits;
+  limits.max_frame_bytes = config.max_frame_size;
+  limits.max_keys_per_request = config.max_keys_per_request;
+  KvCacheService service(store->get(), limits, KVTIER_VERSION);
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(config.listen, grpc::InsecureServerCredentials(), &port);
+  // A frame is the data plus a few dozen bytes of framing; leave 1 MiB of slack.
+  const int max_message = static_cast<int>(config.max_frame_size + (1 << 20));
+  builder.SetMaxReceiveMessageSize(max_message);
+  builder.SetMaxSendMessageSize(max_message);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || port == 0) {
+    LogError("listen: cannot bind ", config.listen, " (in use, or not a valid host:port)");
+    return 1;
+  }
+  auto* health = server->GetHealthCheckService();
+  health->SetServingStatus(true);
+  if (!config.port_file.empty()) {
+    if (absl::Status s = WritePortFile(config.port_file, port); !s.ok()) {
+      LogError(s.message());
+      server->Shutdown();
+      return 1;
+    }
+  }
+  const std::string host = config.listen.substr(0, config.listen.rfind(':'));
+  LogInfo("serving kvtier.v1.KvCache on ", host, ":", port);
+
+  int sig = 0;
+  sigwait(&signals, &sig);
+  LogInfo("received ", sig == SIGTERM ? "SIGTERM" : "SIGINT", ": shutting down (grace ",
+          absl::FormatDuration(config.shutdown_grace), ")");
+  health->SetServingStatus(false);
+  server->Shutdown(std::chrono::system_clock::now() +
+                   absl::ToChronoSeconds(config.shutdown_grace));
+  server->Wait();
+  LogInfo("RPCs drained; flushing the store");
+  absl::Status closed = (*store)->Close();
+  store->reset();
+  if (!closed.ok()) {
+    LogError("shutdown: ", closed.message());
+    return 1;
+  }
+  LogInfo("stopped cleanly");
+  return 0;
+}
+
+}  // namespace
+}  // namespace kvtier
+
+int main(int argc, char** argv) {
+  // SIGTERM and SIGINT are taken synchronously by sigwait in Run(). Block them first
+  // thing, before any library can start a thread, so that every thread inherits the
+  // mask and no thread dies of the default action.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  std::vector<std::string> args(argv + 1, argv + argc);
+  auto parsed = kvtier::ParseDaemonArgs(args);
+  if (!parsed.ok()) {
+    std::fprintf(stderr, "kvtierd: %s\n", std::string(parsed.status().message()).c_str());
+    return 2;
+  }
+  if (parsed->help_requested) {
+    std::fputs(kvtier::DaemonUsage().c_str(), stdout);
+    return 0;
+  }
+  if (parsed->version_requested) {
+    std::printf("kvtierd %s\n", KVTIER_VERSION);
+    return 0;
+  }
+  if (absl::Status s = parsed->config.Validate(); !s.ok()) {
+    std::fprintf(stderr, "kvtierd: %s\n", std::string(s.message()).c_str());
+    return 2;
+  }
+  return kvtier::Run(parsed->config, signals);
+}

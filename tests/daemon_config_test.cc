@@ -1,0 +1,106 @@
+#include "server/daemon_config.h"
+
+#include <fstream>
+#include <sstream>
+
+#include "gtest/gtest.h"
+
+namespace kvtier {
+namespace {
+
+TEST(ParseByteSizeTest, UnitsAndErrors) {
+  EXPECT_EQ(*ParseByteSize("1048576"), 1048576u);
+  EXPECT_EQ(*ParseByteSize("4MiB"), 4u << 20);
+  EXPECT_EQ(*ParseByteSize("1GiB"), 1ull << 30);
+  EXPECT_EQ(*ParseByteSize("512k"), 512u << 10);
+  EXPECT_EQ(*ParseByteSize("2 GB"), 2000000000u);
+  EXPECT_EQ(*ParseByteSize("1.5GiB"), 3ull << 29);
+  EXPECT_FALSE(ParseByteSize("lots").ok());
+  EXPECT_FALSE(ParseByteSize("12 parsecs").ok());
+  EXPECT_FALSE(ParseByteSize("").ok());
+  EXPECT_EQ(FormatBytes(4u << 20), "4MiB");
+  EXPECT_EQ(FormatBytes(1000), "1000B");
+}
+
+TEST(DaemonConfigTest, DefaultsValidate) {
+  EXPECT_TRUE(DaemonConfig{}.Validate().ok());
+  EXPECT_EQ(DaemonConfig{}.listen, "127.0.0.1:50051");
+  EXPECT_EQ(DaemonConfig{}.data_dir, "./var/kvtier");
+}
+
+TEST(DaemonConfigTest, ShippedExampleConfigMatchesEmbeddedDefaults) {
+  std::ifstream in(KVTIER_SOURCE_DIR "/deploy/kvtierd.toml");
+  ASSERT_TRUE(in.good());
+  std::stringstream text;
+  text << in.rdbuf();
+  DaemonConfig c;
+  c.listen = "changed";
+  ASSERT_TRUE(ApplyToml(text.str(), "kvtierd.toml", c).ok());
+  EXPECT_EQ(c.Describe(), DaemonConfig{}.Describe());
+}
+
+TEST(DaemonConfigTest, FlagsOverrideFileWhateverTheOrder) {
+  const std::string path = ::testing::TempDir() + "/override.toml";
+  std::ofstream(path) << "ram_capacity = \"2GiB\"\nwrite_mode = \"ram-only\"\n"
+                         "max_keys_per_request = 16\nlock_memory = true\n";
+  auto parsed = ParseDaemonArgs({"--ram-capacity=3GiB", "--config", path, "--data-dir", "/x"});
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->config.ram_capacity, 3ull << 30);
+  EXPECT_EQ(parsed->config.write_mode, "ram-only");
+  EXPECT_EQ(parsed->config.max_keys_per_request, 16u);
+  EXPECT_TRUE(parsed->config.lock_memory);
+  EXPECT_EQ(parsed->config.data_dir, "/x");
+}
+
+TEST(DaemonConfigTest, BoolFlagsAndDashes) {
+  auto parsed = ParseDaemonArgs({"--lock-memory", "--ssd_sync_writes=false", "--ssd-ttl=24h"});
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_TRUE(parsed->config.lock_memory);
+  EXPECT_FALSE(parsed->config.ssd_sync_writes);
+  EXPECT_EQ(parsed->config.ssd_ttl, absl::Hours(24));
+}
+
+TEST(DaemonConfigTest, ErrorsNameTheOption) {
+  auto unknown = ParseDaemonArgs({"--ram-capacty=1GiB"});
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_NE(unknown.status().message().find("ram-capacty"), std::string::npos);
+
+  auto bad_value = ParseDaemonArgs({"--ssd-ttl=soon"});
+  ASSERT_FALSE(bad_value.ok());
+  EXPECT_NE(bad_value.status().message().find("ssd_ttl"), std::string::npos);
+
+  auto missing = ParseDaemonArgs({"--listen"});
+  EXPECT_FALSE(missing.ok());
+
+  DaemonConfig c;
+  EXPECT_FALSE(ApplyToml("ram_capacity = [1, 2]", "x.toml", c).ok());
+  absl::Status syntax = ApplyToml("ram_capacity = ", "x.toml", c);
+  ASSERT_FALSE(syntax.ok());
+  EXPECT_NE(syntax.message().find("line 1"), std::string::npos) << syntax.message();
+
+  struct Case {
+    void (*mutate)(DaemonConfig&);
+    const char* option;
+  } cases[] = {
+      {[](DaemonConfig& c) { c.listen = "nohostport"; }, "listen"},
+      {[](DaemonConfig& c) { c.ram_slot_size = 1000; }, "ram_slot_size"},
+      {[](DaemonConfig& c) { c.ram_capacity = 1; }, "ram_capacity"},
+      {[](DaemonConfig& c) { c.ssd_capacity = 0; }, "ssd_capacity"},
+      {[](DaemonConfig& c) { c.write_mode = "sometimes"; }, "write_mode"},
+      {[](DaemonConfig& c) { c.max_frame_size = 10; }, "max_frame_size"},
+      {[](DaemonConfig& c) { c.max_keys_per_request = 0; }, "max_keys_per_request"},
+      {[](DaemonConfig& c) { c.max_pinned_fraction = 1.5; }, "max_pinned_fraction"},
+      {[](DaemonConfig& c) { c.log_level = "loud"; }, "log_level"},
+      {[](DaemonConfig& c) { c.ssd_write_buffer = 1024; }, "ssd_write_buffer"},
+  };
+  for (const Case& k : cases) {
+    DaemonConfig bad;
+    k.mutate(bad);
+    absl::Status s = bad.Validate();
+    ASSERT_FALSE(s.ok()) << k.option;
+    EXPECT_NE(s.message().find(k.option), std::string::npos) << k.option << ": " << s.message();
+  }
+}
+
+}  // namespace
+}  // namespace kvtier

@@ -1,0 +1,252 @@
+// Integration tests: a real kvtierd on port 0 with a temp data dir, driven through the
+// C++ client (and the raw stub where a test must send what the client never would).
+#include <signal.h>
+
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "client/kvtier_client.h"
+#include "gtest/gtest.h"
+#include "storage/crc32c.h"
+#include "tests/support/daemon_process.h"
+#include "tests/support/test_data.h"
+
+namespace kvtier {
+namespace {
+
+using testing::DaemonProcess;
+using testing::KeyOf;
+using testing::LayoutOfMiB;
+using testing::MakeTempDir;
+using testing::PatternBytes;
+
+class DaemonTest : public ::testing::Test {
+ protected:
+  void StartDaemon(std::vector<std::string> args = {}) {
+    if (data_dir_.empty()) data_dir_ = MakeTempDir("kvtierd");
+    auto d = DaemonProcess::Start(data_dir_, std::move(args));
+    ASSERT_TRUE(d.ok()) << d.status();
+    daemon_.emplace(*std::move(d));
+    auto c = KvTierClient::Connect(daemon_->target());
+    ASSERT_TRUE(c.ok()) << c.status();
+    client_ = *std::move(c);
+  }
+
+  void StopDaemon() {
+    client_.reset();
+    auto code = daemon_->Terminate();
+    ASSERT_TRUE(code.ok()) << code.status();
+    EXPECT_EQ(*code, 0) << daemon_->ReadLog();
+    daemon_.reset();
+  }
+
+  uint64_t Register(uint32_t chunk_mib) {
+    auto r = client_->RegisterLayout(LayoutOfMiB(chunk_mib));
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? r->namespace_id : 0;
+  }
+
+  absl::Status PutOne(uint64_t ns, uint64_t i, size_t bytes) {
+    const std::string data = PatternBytes(i, bytes);
+    ChunkToPut c{KeyOf(i), data, 256};
+    auto r = client_->Put(ns, {&c, 1});
+    return r.status();
+  }
+
+  uint64_t RamUsedBytes() {
+    auto s = client_->Stats();
+    EXPECT_TRUE(s.ok()) << s.status();
+    for (const auto& t : s->tiers()) {
+      if (t.tier() == v1::TIER_RAM) return t.used_bytes();
+    }
+    return 0;
+  }
+
+  std::string data_dir_;
+  std::optional<DaemonProcess> daemon_;
+  std::unique_ptr<KvTierClient> client_;
+};
+
+TEST_F(DaemonTest, PutsAndGets32MiBChunksByteIdentical) {
+  StartDaemon({"--ram-capacity=256MiB"});
+  const uint64_t ns = Register(32);
+  const std::string a = PatternBytes(1, 32 << 20), b = PatternBytes(2, 32 << 20);
+  std::vector<ChunkToPut> chunks = {{KeyOf(1), a, 256}, {KeyOf(2), b, 256}};
+  auto put = client_->Put(ns, chunks);
+  ASSERT_TRUE(put.ok()) << put.status();
+  EXPECT_EQ(put->stored, 2u);
+
+  std::vector<ChunkKey> keys = {KeyOf(1), KeyOf(2), KeyOf(3)};
+  auto lookup = client_->Lookup(ns, keys);
+  ASSERT_TRUE(lookup.ok()) << lookup.status();
+  EXPECT_EQ(lookup->prefix_hits, 2u);
+  EXPECT_EQ(lookup->tiers[0], v1::TIER_RAM);
+  EXPECT_EQ(lookup->tiers[2], v1::TIER_UNSPECIFIED);
+
+  auto got = client_->Get(ns, keys);
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(got->size(), 3u);
+  EXPECT_TRUE((*got)[0].found);
+  EXPECT_TRUE((*got)[0].data == a);
+  EXPECT_TRUE((*got)[1].data == b);
+  EXPECT_TRUE((*got)[0].crc_verified);
+  EXPECT_FALSE((*got)[2].found);
+
+  // A layer range returns exactly those layers' bytes (1 MiB per layer here).
+  std::vector<ChunkKey> one = {KeyOf(2)};
+  auto layers = client_->Get(ns, one, LayerRange{3, 7});
+  ASSERT_TRUE(layers.ok()) << layers.status();
+  EXPECT_TRUE((*layers)[0].data == b.substr(3 << 20, 4 << 20));
+
+  // Idempotent put.
+  auto again = client_->Put(ns, chunks);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->stored, 0u);
+  EXPECT_EQ(again->already_present, 2u);
+}
+
+TEST_F(DaemonTest, RestartServesSsdResidentChunks) {
+  StartDaemon({"--write-mode=write-back", "--ram-capacity=64MiB"});
+  const uint64_t ns = Register(4);
+  for (uint64_t i = 0; i < 8; ++i) ASSERT_TRUE(PutOne(ns, i, 4 << 20).ok());
+  StopDaemon();  // Graceful: flushes write-back to SSD.
+
+  StartDaemon({"--write-mode=write-back", "--ram-capacity=64MiB"});
+  std::vector<ChunkKey> keys;
+  for (uint64_t i = 0; i < 8; ++i) keys.push_back(KeyOf(i));
+  auto lookup = client_->Lookup(ns, keys);  // The layout survived the restart too.
+  ASSERT_TRUE(lookup.ok()) << lookup.status();
+  EXPECT_EQ(lookup->prefix_hits, 8u);
+  for (auto t : lookup->tiers) EXPECT_EQ(t, v1::TIER_SSD);
+  auto got = client_->Get(ns, keys);
+  ASSERT_TRUE(got.ok()) << got.status();
+  for (uint64_t i = 0; i < 8; ++i) {
+    EXPECT_EQ((*got)[i].tier, v1::TIER_SSD);
+    EXPECT_TRUE((*got)[i].data == PatternBytes(i, 4 << 20)) << i;
+  }
+  // Read once: promoted to RAM.
+  auto stats = client_->Stats();
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ(stats->promotions(), 8u);
+  auto again = client_->Lookup(ns, keys);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->tiers[0], v1::TIER_RAM);
+}
+
+TEST_F(DaemonTest, KillNineUnderWriteThroughLosesNoAcknowledgedChunk) {
+  StartDaemon({"--write-mode=write-through", "--ram-capacity=64MiB"});
+  const uint64_t ns = Register(2);
+  std::atomic<uint64_t> acked{0};
+  std::atomic<bool> stop{false};
+  std::mutex mu;
+  std::vector<uint64_t> acked_ids;
+  std::vector<std::thread> writers;
+  for (int w = 0; w < 4; ++w) {
+    writers.emplace_back([&, w] {
+      auto c = KvTierClient::Connect(daemon_->target());
+      if (!c.ok()) return;
+      for (uint64_t i = w * 100000; !stop.load(); ++i) {
+        const std::string data = PatternBytes(i, 2 << 20);
+        ChunkToPut chunk{KeyOf(i), data, 256};
+        if (!(*c)->Put(ns, {&chunk, 1}).ok()) return;  // The daemon died mid-put.
+        std::lock_guard<std::mutex> lock(mu);
+        acked_ids.push_back(i);
+        acked.fetch_add(1);
+      }
+    });
+  }
+  while (acked.load() < 40) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  daemon_->Kill();  // SIGKILL while puts are in flight.
+  stop = true;
+  for (auto& t : writers) t.join();
+  daemon_.reset();
+
+  StartDaemon({"--write-mode=write-through", "--ram-capacity=64MiB"});
+  std::vector<ChunkKey> keys;
+  for (uint64_t i : acked_ids) keys.push_back(KeyOf(i));
+  ASSERT_GE(keys.size(), 40u);
+  for (size_t at = 0; at < keys.size(); at += 16) {
+    auto part = absl::MakeConstSpan(keys).subspan(at, 16);
+    auto got = client_->Get(ns, part);
+    ASSERT_TRUE(got.ok()) << got.status();
+    for (size_t j = 0; j < part.size(); ++j) {
+      ASSERT_TRUE((*got)[j].found) << "acknowledged chunk " << acked_ids[at + j] << " lost";
+      EXPECT_TRUE((*got)[j].data == PatternBytes(acked_ids[at + j], 2 << 20));
+    }
+  }
+}
+
+TEST_F(DaemonTest, SixteenConcurrentClientsMixPutsAndGets) {
+  StartDaemon({"--ram-capacity=256MiB"});  // Room for all 192 chunks: none evicted.
+  const uint64_t ns = Register(1);
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 16; ++t) {
+    threads.emplace_back([&, t] {
+      auto c = KvTierClient::Connect(daemon_->target());
+      if (!c.ok()) {
+        failures++;
+        return;
+      }
+      for (int i = 0; i < 12; ++i) {
+        const uint64_t id = t * 1000 + i;
+        const std::string data = PatternBytes(id, 1 << 20);
+        ChunkToPut chunk{KeyOf(id), data, 256};
+        if (!(*c)->Put(ns, {&chunk, 1}).ok()) failures++;
+        // Read back own chunk and one of another client's (may or may not exist yet).
+        std::vector<ChunkKey> keys = {KeyOf(id), KeyOf(((t + 1) % 16) * 1000 + i)};
+        auto got = (*c)->Get(ns, keys);
+        if (!got.ok() || !(*got)[0].found || (*got)[0].data != data) failures++;
+        if (got.ok() && (*got)[1].found &&
+            (*got)[1].data != PatternBytes(((t + 1) % 16) * 1000 + i, 1 << 20)) {
+          failures++;
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(failures.load(), 0);
+  auto stats = client_->Stats();
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ(stats->tiers(0).chunks(), 16u * 12u);
+}
+
+TEST_F(DaemonTest, SigtermStopsCleanly) {
+  StartDaemon();
+  const uint64_t ns = Register(1);
+  ASSERT_TRUE(PutOne(ns, 1, 1 << 20).ok());
+  client_.reset();
+  auto code = daemon_->Terminate();
+  ASSERT_TRUE(code.ok());
+  EXPECT_EQ(*code, 0);
+  EXPECT_NE(daemon_->ReadLog().find("stopped cleanly"), std::string::npos);
+  daemon_.reset();
+}
+
+TEST(DaemonConfigTest, BadOptionStopsStartupNamingIt) {
+  auto r = testing::RunCommand({KVTIERD_PATH, "--ram-capacity=lots"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.output.find("ram_capacity"), std::string::npos) << r.output;
+
+  auto r2 = testing::RunCommand({KVTIERD_PATH, "--write-mode=sometimes"});
+  EXPECT_EQ(r2.exit_code, 2);
+  EXPECT_NE(r2.output.find("write_mode"), std::string::npos) << r2.output;
+
+  const std::string dir = MakeTempDir("cfg");
+  const std::string cfg = dir + "/kvtierd.toml";
+  std::ofstream(cfg) << "listen = \"127.0.0.1:0\"\nram_capasity = \"1GiB\"\n";
+  auto r3 = testing::RunCommand({KVTIERD_PATH, "--config", cfg});
+  EXPECT_EQ(r3.exit_code, 2);
+  EXPECT_NE(r3.output.find("ram_capasity"), std::string::npos) << r3.output;
+
+  auto r4 = testing::RunCommand({KVTIERD_PATH, "--listen=127.0.0.1:0", "--ram-slot-size=1000"});
+  EXPECT_EQ(r4.exit_code, 2);
+  EXPECT_NE(r4.output.find("ram_slot_size"), std::string::npos) << r4.output;
+}
+
+}  // namespace
+}  // namespace kvtier

@@ -1,0 +1,185 @@
+#include "tests/support/daemon_process.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+
+namespace kvtier::testing {
+namespace {
+
+std::string ReadWholeFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+absl::StatusOr<uint64_t> ProcStatusKb(pid_t pid, const std::string& field) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(field + ":", 0) == 0) {
+      absl::string_view v(line);
+      v.remove_prefix(field.size() + 1);
+      v = absl::StripAsciiWhitespace(v);
+      absl::ConsumeSuffix(&v, " kB");
+      uint64_t kb;
+      if (absl::SimpleAtoi(v, &kb)) return kb * 1024;
+    }
+  }
+  return absl::NotFoundError(absl::StrCat(field, " not in /proc/", pid, "/status"));
+}
+
+}  // namespace
+
+std::string MakeTempDir(const std::string& prefix) {
+  static std::atomic<int> counter{0};
+  const char* base = std::getenv("TEST_TMPDIR");
+  std::string root = base ? base : std::filesystem::temp_directory_path().string();
+  std::string templ = absl::StrCat(root, "/", prefix, "-", getpid(), "-", counter++, "-XXXXXX");
+  std::vector<char> buf(templ.begin(), templ.end());
+  buf.push_back('\0');
+  if (mkdtemp(buf.data()) == nullptr) return "";
+  return std::string(buf.data());
+}
+
+absl::StatusOr<DaemonProcess> DaemonProcess::Start(const std::string& data_dir,
+                                                   std::vector<std::string> extra_args) {
+  std::filesystem::create_directories(data_dir);
+  const std::string port_file = data_dir + "/kvtierd.port";
+  std::filesystem::remove(port_file);
+  DaemonProcess d;
+  d.log_path_ = data_dir + ".log";
+  std::vector<std::string> args = {KVTIERD_PATH, "--listen=127.0.0.1:0",
+                                   "--data-dir=" + data_dir, "--port-file=" + port_file};
+  args.insert(args.end(), extra_args.begin(), extra_args.end());
+  pid_t pid = fork();
+  if (pid < 0) return absl::UnavailableError(absl::StrCat("fork: ", std::strerror(errno)));
+  if (pid == 0) {
+    int fd = open(d.log_path_.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    if (fd >= 0) {
+      dup2(fd, STDERR_FILENO);
+      dup2(fd, STDOUT_FILENO);
+    }
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  d.pid_ = pid;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (std::chrono::steady_clock::now() < deadline) {
+    int status;
+    if (waitpid(pid, &status, WNOHANG) == pid) {
+      d.pid_ = -1;
+      return absl::UnavailableError(absl::StrCat("kvtierd exited during start-up (status ",
+                                                 status, "): ", ReadWholeFile(d.log_path_)));
+    }
+    std::string text = ReadWholeFile(port_file);
+    int port;
+    if (!text.empty() && absl::SimpleAtoi(absl::StripAsciiWhitespace(text), &port) && port > 0) {
+      d.port_ = port;
+      return d;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return absl::UnavailableError("kvtierd did not write its port file within 30 s: " +
+                                ReadWholeFile(d.log_path_));
+}
+
+DaemonProcess::DaemonProcess(DaemonProcess&& other) noexcept
+    : pid_(other.pid_), port_(other.port_), log_path_(std::move(other.log_path_)) {
+  other.pid_ = -1;
+}
+
+DaemonProcess& DaemonProcess::operator=(DaemonProcess&& other) noexcept {
+  if (this != &other) {
+    Kill();
+    pid_ = other.pid_;
+    port_ = other.port_;
+    log_path_ = std::move(other.log_path_);
+    other.pid_ = -1;
+  }
+  return *this;
+}
+
+DaemonProcess::~DaemonProcess() { Kill(); }
+
+std::string DaemonProcess::ReadLog() const { return ReadWholeFile(log_path_); }
+
+absl::StatusOr<int> DaemonProcess::Terminate(int timeout_seconds) {
+  if (pid_ < 0) return absl::FailedPreconditionError("not running");
+  kill(pid_, SIGTERM);
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::seconds(timeout_seconds);
+  while (std::chrono::steady_clock::now() < deadline) {
+    int status;
+    if (waitpid(pid_, &status, WNOHANG) == pid_) {
+      pid_ = -1;
+      if (WIFEXITED(status)) return WEXITSTATUS(status);
+      return 128 + WTERMSIG(status);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return absl::DeadlineExceededError("kvtierd did not exit after SIGTERM");
+}
+
+void DaemonProcess::Kill() {
+  if (pid_ < 0) return;
+  kill(pid_, SIGKILL);
+  int status;
+  waitpid(pid_, &status, 0);
+  pid_ = -1;
+}
+
+absl::StatusOr<uint64_t> DaemonProcess::ResidentBytes() const {
+  return ProcStatusKb(pid_, "VmRSS");
+}
+absl::StatusOr<uint64_t> DaemonProcess::PeakResidentBytes() const {
+  return ProcStatusKb(pid_, "VmHWM");
+}
+
+CommandResult RunCommand(const std::vector<std::string>& argv) {
+  CommandResult result;
+  int pipefd[2];
+  if (pipe(pipefd) != 0) return result;
+  pid_t pid = fork();
+  if (pid == 0) {
+    dup2(pipefd[1], STDOUT_FILENO);
+    dup2(pipefd[1], STDERR_FILENO);
+    close(pipefd[0]);
+    close(pipefd[1]);
+    std::vector<char*> args;
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    execv(args[0], args.data());
+    _exit(127);
+  }
+  close(pipefd[1]);
+  char buf[4096];
+  ssize_t n;
+  while ((n = read(pipefd[0], buf, sizeof buf)) > 0) result.output.append(buf, n);
+  close(pipefd[0]);
+  int status;
+  waitpid(pid, &status, 0);
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return result;
+}
+
+}  // namespace kvtier::testing
