@@ -30,7 +30,7 @@ struct DaemonConfig {
   uint64_t ssd_capacity = 16ull << 30;     // SSD tier payload bytes.
   absl::Duration ssd_ttl = absl::ZeroDuration();  // Zero: no expiry.
   bool ssd_sync_writes = false;            // fsync the WAL per put.
-  uint64_t ssd_write_buffer = 64ull << 20; // RocksDB memtable budget, bytes.
+  uint64_t ssd_write_buffer = 32ull << 20; // RocksDB memtable budget, bytes.
   std::string write_mode = "write-back";   // write-back | write-through | ram-only.
   uint64_t max_frame_size = 4ull << 20;    // Largest data field of one frame, bytes.
   uint32_t max_keys_per_request = 4096;    // Keys in one Lookup/Get/Pin/Delete.

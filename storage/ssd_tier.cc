@@ -78,6 +78,32 @@ absl::Status Unavailable(absl::string_view what, const rocksdb::Status& s) {
 
 std::string SsdRowKey(const ChunkId& id) { return Be64(id.ns) + id.key.ToByteString(); }
 
+namespace {
+
+std::string SegmentKey(const std::string& row, uint32_t segment) {
+  std::string key = row;
+  for (int i = 3; i >= 0; --i) key.push_back(static_cast<char>((segment >> (8 * i)) & 0xff));
+  return key;
+}
+
+}  // namespace
+
+uint32_t SsdTier::SegmentCount(uint64_t size) const {
+  return static_cast<uint32_t>((size + options_.segment_bytes - 1) / options_.segment_bytes);
+}
+
+void SsdTier::AddDeletes(rocksdb::WriteBatch& batch, const std::string& row,
+                         uint64_t size) const {
+  batch.Delete(meta_cf_, row);
+  if (size == 0) {
+    batch.DeleteRange(data_cf_, SegmentKey(row, 0), row + std::string(5, '\xff'));
+    return;
+  }
+  for (uint32_t i = 0, n = SegmentCount(size); i < n; ++i) {
+    batch.Delete(data_cf_, SegmentKey(row, i));
+  }
+}
+
 absl::Status SsdTierOptions::Validate() const {
   if (path.empty()) return absl::InvalidArgumentError("data_dir must not be empty");
   if (capacity_bytes == 0) {
@@ -88,6 +114,9 @@ absl::Status SsdTierOptions::Validate() const {
   }
   if (write_buffer_bytes < (4ull << 20)) {
     return absl::InvalidArgumentError("ssd_write_buffer must be at least 4 MiB");
+  }
+  if (segment_bytes < (64ull << 10)) {
+    return absl::InvalidArgumentError("ssd segment_bytes must be at least 64 KiB");
   }
   return absl::OkStatus();
 }
@@ -130,6 +159,7 @@ absl::StatusOr<std::unique_ptr<SsdTier>> SsdTier::Open(SsdTierOptions options) {
       {"meta", small},
       {"data", data},
       {"layouts", small},
+      {"pending", small},
   };
   std::vector<rocksdb::ColumnFamilyHandle*> handles;
   rocksdb::DB* raw = nullptr;
@@ -154,7 +184,8 @@ SsdTier::SsdTier(SsdTierOptions options, std::unique_ptr<rocksdb::Env> env,
       handles_(std::move(handles)),
       meta_cf_(handles_[1]),
       data_cf_(handles_[2]),
-      layouts_cf_(handles_[3]) {}
+      layouts_cf_(handles_[3]),
+      pending_cf_(handles_[4]) {}
 
 SsdTier::~SsdTier() {
   for (auto* h : handles_) {
@@ -191,13 +222,13 @@ absl::Status SsdTier::RebuildIndex() {
   std::sort(found.begin(), found.end(), [](const Found& a, const Found& b) {
     return a.entry.written_at < b.entry.written_at;
   });
-  std::vector<ChunkId> drop;
+  std::vector<std::pair<ChunkId, uint64_t>> drop;  // With their sizes.
   uint64_t expired = 0;
   {
     absl::MutexLock lock(&mu_);
     for (const Found& f : found) {
       if (ExpiredLocked(f.entry)) {
-        drop.push_back(f.id);
+        drop.emplace_back(f.id, f.entry.size);
         ++expired;
         continue;
       }
@@ -208,20 +239,36 @@ absl::Status SsdTier::RebuildIndex() {
     // A smaller capacity than last run: drop the oldest until it fits.
     while (used_bytes_ > options_.capacity_bytes) {
       auto victim = lru_.PickVictim([](const ChunkId&) { return true; });
-      drop.push_back(*victim);
+      drop.emplace_back(*victim, index_[*victim].size);
       ForgetLocked(*victim);
       ++counters_.evictions;
     }
   }
   rocksdb::WriteBatch batch;
-  for (const std::string& row : bad_rows) {
-    batch.Delete(meta_cf_, row);
-    batch.Delete(data_cf_, row);
+  for (const std::string& row : bad_rows) AddDeletes(batch, row, 0);
+  for (const auto& [id, size] : drop) AddDeletes(batch, SsdRowKey(id), size);
+  // Puts cut off by a crash: their segments may be on disk, their meta row is not.
+  uint64_t abandoned = 0;
+  std::unique_ptr<rocksdb::Iterator> pit(db_->NewIterator(rocksdb::ReadOptions(), pending_cf_));
+  for (pit->SeekToFirst(); pit->Valid(); pit->Next()) {
+    const std::string row = pit->key().ToString();
+    const uint64_t size =
+        pit->value().size() == 8 ? GetLe(absl::string_view(pit->value().data(), 8), 0, 8) : 0;
+    ChunkId id;
+    const bool committed = ParseRowKey(row, id) && [&] {
+      absl::MutexLock lock(&mu_);
+      return index_.contains(id);
+    }();
+    if (!committed) {
+      AddDeletes(batch, row, size);
+      ++abandoned;
+    }
+    batch.Delete(pending_cf_, row);
   }
-  for (const ChunkId& id : drop) {
-    const std::string row = SsdRowKey(id);
-    batch.Delete(meta_cf_, row);
-    batch.Delete(data_cf_, row);
+  if (!pit->status().ok()) return Unavailable("scanning pending puts at start-up", pit->status());
+  pit.reset();
+  if (abandoned > 0) {
+    LogWarning("SSD tier: removed ", abandoned, " chunks whose put was cut off by a crash");
   }
   if (batch.Count() > 0) {
     rocksdb::Status s = db_->Write(rocksdb::WriteOptions(), &batch);
@@ -269,10 +316,17 @@ absl::Status SsdTier::MapWriteError(const rocksdb::Status& s, absl::string_view 
 
 absl::Status SsdTier::Put(const ChunkId& id, const ChunkMeta& meta,
                           absl::Span<const absl::string_view> parts) {
-  std::vector<ChunkId> victims;
+  std::vector<std::pair<ChunkId, IndexEntry>> victims;
   {
     absl::MutexLock lock(&mu_);
-    if (index_.contains(id)) return absl::OkStatus();
+    if (auto it = index_.find(id); it != index_.end()) {
+      if (!ExpiredLocked(it->second)) return absl::OkStatus();
+      // Past its TTL but not swept yet: this put replaces it (the batch below
+      // overwrites both rows), so the chunk is stored afresh rather than acknowledged
+      // and then hidden as expired.
+      ForgetLocked(id);
+      ++counters_.expirations;
+    }
     if (meta.size > options_.capacity_bytes) {
       return absl::InvalidArgumentError(absl::StrCat(
           "chunk of ", meta.size, " bytes exceeds ssd_capacity (", options_.capacity_bytes,
@@ -281,30 +335,73 @@ absl::Status SsdTier::Put(const ChunkId& id, const ChunkMeta& meta,
     while (used_bytes_ + reserved_bytes_ + meta.size > options_.capacity_bytes) {
       auto victim = lru_.PickVictim([](const ChunkId&) { return true; });
       if (!victim) break;  // The rest is reserved by puts in flight; let RocksDB decide.
-      victims.push_back(*victim);
+      victims.emplace_back(*victim, index_[*victim]);
       ForgetLocked(*victim);
       ++counters_.evictions;
     }
     reserved_bytes_ += meta.size;
   }
+  // One chunk write at a time: RocksDB queues concurrent writers behind one WAL anyway,
+  // so letting N writers build their batches at once only multiplies memory outside the
+  // RAM pool by N.
+  absl::MutexLock write_lock(&write_mu_);
   const std::string row = SsdRowKey(id);
-  rocksdb::WriteBatch batch;
-  for (const ChunkId& v : victims) {
-    const std::string vrow = SsdRowKey(v);
-    batch.Delete(meta_cf_, vrow);
-    batch.Delete(data_cf_, vrow);
-  }
   const absl::Time now = options_.now();
-  batch.Put(meta_cf_, row, EncodeMeta(meta, now));
-  std::vector<rocksdb::Slice> slices;
-  slices.reserve(parts.size());
-  for (absl::string_view p : parts) slices.emplace_back(p.data(), p.size());
-  rocksdb::Slice key_slice(row);
-  batch.Put(data_cf_, rocksdb::SliceParts(&key_slice, 1),
-            rocksdb::SliceParts(slices.data(), static_cast<int>(slices.size())));
   rocksdb::WriteOptions wo;
   wo.sync = options_.sync_writes;
-  rocksdb::Status s = db_->Write(wo, &batch);
+
+  // Step 1: evictions and the pending marker, atomically.
+  rocksdb::WriteBatch start_batch;
+  for (const auto& [v, e] : victims) AddDeletes(start_batch, SsdRowKey(v), e.size);
+  std::string size_le;
+  PutLe(size_le, meta.size, 8);
+  start_batch.Put(pending_cf_, row, size_le);
+  rocksdb::Status s = db_->Write(wo, &start_batch);
+  const bool victims_gone = s.ok();
+
+  // Step 2: the segments. A segment's bytes may span several of `parts`.
+  size_t part = 0, part_off = 0;
+  std::vector<rocksdb::Slice> slices;
+  for (uint32_t seg = 0, n = SegmentCount(meta.size); s.ok() && seg < n; ++seg) {
+    uint64_t want = std::min<uint64_t>(options_.segment_bytes,
+                                       meta.size - uint64_t{seg} * options_.segment_bytes);
+    slices.clear();
+    while (want > 0 && part < parts.size()) {
+      const uint64_t take = std::min<uint64_t>(want, parts[part].size() - part_off);
+      slices.emplace_back(parts[part].data() + part_off, take);
+      want -= take;
+      part_off += take;
+      if (part_off == parts[part].size()) {
+        ++part;
+        part_off = 0;
+      }
+    }
+    if (want > 0) {
+      s = rocksdb::Status::InvalidArgument("payload parts shorter than meta.size");
+      break;
+    }
+    const std::string seg_key = SegmentKey(row, seg);
+    rocksdb::Slice key_slice(seg_key);
+    rocksdb::WriteBatch seg_batch;
+    seg_batch.Put(data_cf_, rocksdb::SliceParts(&key_slice, 1),
+                  rocksdb::SliceParts(slices.data(), static_cast<int>(slices.size())));
+    s = db_->Write(rocksdb::WriteOptions(), &seg_batch);
+  }
+
+  // Step 3: the commit record.
+  if (s.ok()) {
+    rocksdb::WriteBatch commit;
+    commit.Put(meta_cf_, row, EncodeMeta(meta, now));
+    commit.Delete(pending_cf_, row);
+    s = db_->Write(wo, &commit);
+  }
+  if (!s.ok() && victims_gone) {
+    // Best effort; whatever is left stays marked pending and is removed at start-up.
+    rocksdb::WriteBatch undo;
+    AddDeletes(undo, row, meta.size);
+    undo.Delete(pending_cf_, row);
+    db_->Write(rocksdb::WriteOptions(), &undo).PermitUncheckedError();
+  }
   {
     absl::MutexLock lock(&mu_);
     reserved_bytes_ -= meta.size;
@@ -312,6 +409,18 @@ absl::Status SsdTier::Put(const ChunkId& id, const ChunkMeta& meta,
       index_[id] = IndexEntry{meta.size, now};
       lru_.OnInsert(id);
       used_bytes_ += meta.size;
+    }
+    if (!victims_gone) {
+      // Step 1 was not applied, so the victims' rows are still there: put them back
+      // in the index rather than lose them to a put that stored nothing. (They return
+      // as most recently used; the LRU has no way to insert at the cold end.)
+      for (const auto& [v, e] : victims) {
+        if (index_.contains(v)) continue;  // Stored again meanwhile.
+        index_[v] = e;
+        lru_.OnInsert(v);
+        used_bytes_ += e.size;
+        --counters_.evictions;
+      }
     }
   }
   if (!s.ok()) return MapWriteError(s, "writing a chunk");
@@ -330,8 +439,7 @@ absl::StatusOr<SsdTier::Chunk> SsdTier::Get(const ChunkId& id) {
     if (ExpiredLocked(it->second)) {
       expired = true;
       ++counters_.misses;
-      ++counters_.expirations;
-      ForgetLocked(id);
+      ++counters_.expirations;  // DeleteChunk below forgets it (and knows its size).
     } else {
       lru_.OnAccess(id);
     }
@@ -348,20 +456,30 @@ absl::StatusOr<SsdTier::Chunk> SsdTier::Get(const ChunkId& id) {
   rocksdb::ReadOptions ro;
   ro.verify_checksums = true;
   rocksdb::Status s = db_->Get(ro, meta_cf_, row, &meta_bytes);
-  if (s.ok()) s = db_->Get(ro, data_cf_, row, &chunk.data);
   if (s.IsNotFound()) {
     absl::MutexLock lock(&mu_);
     ForgetLocked(id);
     ++counters_.misses;
     return absl::NotFoundError("chunk not on SSD");
   }
-  bool corrupt = s.IsCorruption();
-  if (!s.ok() && !corrupt) return Unavailable("reading a chunk", s);
-  if (!corrupt) {
-    corrupt = !DecodeMeta(meta_bytes, chunk.meta, written_at) ||
-              chunk.data.size() != chunk.meta.size ||
-              crc32c::Value(chunk.data) != chunk.meta.crc32c;
+  bool corrupt = s.IsCorruption() ||
+                 (s.ok() && !DecodeMeta(meta_bytes, chunk.meta, written_at));
+  if (s.ok() && !corrupt) {
+    chunk.data.reserve(chunk.meta.size);
+    rocksdb::PinnableSlice segment;
+    uint32_t crc = 0;
+    for (uint32_t seg = 0, n = SegmentCount(chunk.meta.size); seg < n; ++seg) {
+      segment.Reset();
+      s = db_->Get(ro, data_cf_, SegmentKey(row, seg), &segment);
+      if (!s.ok()) break;
+      crc = crc32c::Extend(crc, segment.data(), segment.size());
+      chunk.data.append(segment.data(), segment.size());
+    }
+    // A committed chunk with a missing segment is as corrupt as one with a bad byte.
+    corrupt = s.IsCorruption() || s.IsNotFound() ||
+              (s.ok() && (chunk.data.size() != chunk.meta.size || crc != chunk.meta.crc32c));
   }
+  if (!s.ok() && !corrupt) return Unavailable("reading a chunk", s);
   if (corrupt) {
     {
       absl::MutexLock lock(&mu_);
@@ -390,14 +508,14 @@ bool SsdTier::Contains(const ChunkId& id) const {
 }
 
 absl::Status SsdTier::DeleteChunk(const ChunkId& id) {
+  uint64_t size = 0;  // Unknown if no longer indexed: every segment goes.
   {
     absl::MutexLock lock(&mu_);
+    if (auto it = index_.find(id); it != index_.end()) size = it->second.size;
     ForgetLocked(id);
   }
-  const std::string row = SsdRowKey(id);
   rocksdb::WriteBatch batch;
-  batch.Delete(meta_cf_, row);
-  batch.Delete(data_cf_, row);
+  AddDeletes(batch, SsdRowKey(id), size);
   rocksdb::Status s = db_->Write(rocksdb::WriteOptions(), &batch);
   if (!s.ok()) return MapWriteError(s, "deleting a chunk");
   return absl::OkStatus();
@@ -415,20 +533,16 @@ absl::StatusOr<bool> SsdTier::Delete(const ChunkId& id) {
 }
 
 absl::StatusOr<uint64_t> SsdTier::DeleteNamespace(uint64_t ns) {
-  std::vector<ChunkId> ids;
+  std::vector<std::pair<ChunkId, uint64_t>> ids;  // With their sizes.
   {
     absl::MutexLock lock(&mu_);
-    for (const auto& [id, _] : index_) {
-      if (id.ns == ns) ids.push_back(id);
+    for (const auto& [id, e] : index_) {
+      if (id.ns == ns) ids.emplace_back(id, e.size);
     }
-    for (const ChunkId& id : ids) ForgetLocked(id);
+    for (const auto& [id, _] : ids) ForgetLocked(id);
   }
   rocksdb::WriteBatch batch;
-  for (const ChunkId& id : ids) {
-    const std::string row = SsdRowKey(id);
-    batch.Delete(meta_cf_, row);
-    batch.Delete(data_cf_, row);
-  }
+  for (const auto& [id, size] : ids) AddDeletes(batch, SsdRowKey(id), size);
   if (batch.Count() > 0) {
     rocksdb::Status s = db_->Write(rocksdb::WriteOptions(), &batch);
     if (!s.ok()) return MapWriteError(s, "clearing a namespace");

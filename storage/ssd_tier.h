@@ -1,10 +1,16 @@
 // SsdTier: the SSD tier (L2) on RocksDB. Payloads go to a BlobDB-enabled column family
-// ("data") so 2-256 MiB values are written once into blob files instead of being
-// rewritten by compaction; a small "meta" column family holds each chunk's size, CRC32C,
-// token count and write time, written in the same batch as the payload so the two never
-// disagree. At open, the in-memory index (what is here, how big, recency) is rebuilt by
-// scanning "meta" only. A third column family, "layouts", keeps registered layouts so
-// namespaces survive restarts with their chunks.
+// ("data") so they are written once into blob files instead of being rewritten by
+// compaction. A chunk is stored as segments of segment_bytes (rows <row key><be32 i>), so
+// that neither a write batch nor a memtable ever holds a whole 32-256 MiB chunk: the
+// memory the SSD tier needs outside the RAM pool stays at about the memtable budget plus
+// one segment, whatever the chunk size.
+//
+// A put is three steps: a marker in "pending", the segments, then one batch that writes
+// the chunk's "meta" row (size, CRC32C, token count, write time) and deletes the marker.
+// The meta row is the commit record: a chunk without one does not exist. After a crash,
+// start-up deletes the segments of every chunk still marked pending. The in-memory index
+// (what is here, how big, recency) is rebuilt by scanning "meta" only. A fourth column
+// family, "layouts", keeps registered layouts so namespaces survive restarts.
 //
 // Every read is verified against the stored CRC32C; a chunk that fails is deleted,
 // counted and reported as DataLoss, never returned. Capacity (payload bytes) is bounded:
@@ -31,6 +37,7 @@
 #include "absl/types/span.h"
 #include "rocksdb/db.h"
 #include "rocksdb/file_system.h"
+#include "rocksdb/write_batch.h"
 #include "storage/chunk_id.h"
 #include "storage/lru_policy.h"
 
@@ -49,9 +56,11 @@ struct SsdTierOptions {
   bool sync_writes = false;
   // Values at least this large go to blob files.
   uint64_t blob_min_bytes = 4096;
+  // Chunks are stored in segments of this many bytes (>= 64 KiB).
+  uint64_t segment_bytes = 4ull << 20;
   // Memtable budget across column families (bytes). Payloads pass through the memtable
   // before they reach a blob file, so this is also the SSD tier's RAM overhead.
-  uint64_t write_buffer_bytes = 64ull << 20;
+  uint64_t write_buffer_bytes = 32ull << 20;
   // Filesystem to use; null means the real one. Tests inject faults here.
   std::shared_ptr<rocksdb::FileSystem> file_system;
   // Clock for TTL; tests inject a fake one.
@@ -120,6 +129,10 @@ class SsdTier {
   bool ExpiredLocked(const IndexEntry& e) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Deletes from RocksDB and the index. Errors: Unavailable.
   absl::Status DeleteChunk(const ChunkId& id);
+  // Adds the deletes of a chunk's rows to `batch`. size 0: unknown, delete every
+  // possible segment with a range tombstone.
+  void AddDeletes(rocksdb::WriteBatch& batch, const std::string& row, uint64_t size) const;
+  uint32_t SegmentCount(uint64_t size) const;
   void ForgetLocked(const ChunkId& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status MapWriteError(const rocksdb::Status& s, absl::string_view what);
 
@@ -127,12 +140,16 @@ class SsdTier {
   // Wraps options_.file_system when set; must outlive db_.
   std::unique_ptr<rocksdb::Env> env_;
   std::unique_ptr<rocksdb::DB> db_;
-  // Order: default, meta, data, layouts. Owned; destroyed before db_.
+  // Order: default, meta, data, layouts, pending. Owned; destroyed before db_.
   std::vector<rocksdb::ColumnFamilyHandle*> handles_;
   rocksdb::ColumnFamilyHandle* meta_cf_;
   rocksdb::ColumnFamilyHandle* data_cf_;
   rocksdb::ColumnFamilyHandle* layouts_cf_;
+  rocksdb::ColumnFamilyHandle* pending_cf_;
 
+  // Serializes chunk writes (see Put). Never held together with mu_ in the other order:
+  // Put takes write_mu_ after releasing mu_, and takes mu_ inside it.
+  absl::Mutex write_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   mutable absl::Mutex mu_;
   absl::flat_hash_map<ChunkId, IndexEntry> index_ ABSL_GUARDED_BY(mu_);
   LruPolicy lru_ ABSL_GUARDED_BY(mu_);

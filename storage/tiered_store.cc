@@ -292,8 +292,10 @@ absl::Status TieredStore::Pin(const ChunkId& id, absl::Duration ttl) {
       return absl::ResourceExhaustedError("no room in the host pool to pin this chunk");
     }
   }
+  // The pool judges expiry by its own clock (options_.ram.now), so the deadline must
+  // be on that clock too.
   const absl::Time until =
-      ttl > absl::ZeroDuration() ? absl::Now() + ttl : absl::InfiniteFuture();
+      ttl > absl::ZeroDuration() ? options_.ram.now() + ttl : absl::InfiniteFuture();
   return ram_->Pin(id, until);
 }
 
