@@ -1,0 +1,147 @@
+// The `kvtier` CLI against a real kvtierd: register, put and get files, lookup, stats,
+// keys, and its error paths.
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "gtest/gtest.h"
+#include "storage/chunk_key.h"
+#include "tests/support/daemon_process.h"
+#include "tests/support/test_data.h"
+
+namespace kvtier {
+namespace {
+
+using testing::RunCommand;
+
+class CliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = testing::MakeTempDir("kvtier-cli");
+    auto d = testing::DaemonProcess::Start(dir_ + "/data", {"--ram-capacity=64MiB"});
+    ASSERT_TRUE(d.ok()) << d.status();
+    daemon_.emplace(*std::move(d));
+  }
+
+  testing::CommandResult Cli(std::vector<std::string> args) {
+    args.insert(args.begin(), {KVTIER_CLI_PATH, "--target", daemon_->target()});
+    return RunCommand(args);
+  }
+
+  std::string WriteFile(const std::string& name, const std::string& bytes) {
+    const std::string path = dir_ + "/" + name;
+    std::ofstream(path, std::ios::binary) << bytes;
+    return path;
+  }
+
+  static std::string ReadFile(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  }
+
+  // Registers the 2 MiB layout and returns its namespace id as printed.
+  std::string Register() {
+    auto r = Cli({"register", "--model-id", "cli-model", "--dtype", "fp16", "--layers", "2",
+                  "--kv-heads", "8", "--head-dim", "128", "--tokens-per-chunk", "256"});
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    for (absl::string_view line : absl::StrSplit(r.output, '\n')) {
+      if (absl::ConsumePrefix(&line, "namespace_id")) {
+        return std::string(absl::StripAsciiWhitespace(line));
+      }
+    }
+    ADD_FAILURE() << "no namespace_id line in: " << r.output;
+    return "";
+  }
+
+  std::string dir_;
+  std::optional<testing::DaemonProcess> daemon_;
+};
+
+TEST_F(CliTest, RegisterPutLookupGetStats) {
+  const std::string ns = Register();
+  ASSERT_EQ(ns.size(), 16u);
+  // The CLI's namespace id is the one the key scheme defines.
+  LayoutSpec l = testing::LayoutOfMiB(2, "cli-model");
+  l.model_revision = "";
+  char expected[17];
+  std::snprintf(expected, sizeof expected, "%016lx", l.NamespaceId());
+  EXPECT_EQ(ns, expected);
+
+  const std::string key = testing::KeyOf(5).ToHex();
+  const std::string payload = testing::PatternBytes(5, 2 << 20);
+  const std::string in = WriteFile("chunk.bin", payload);
+  auto put = Cli({"put", "--namespace", ns, key + "=" + in});
+  ASSERT_EQ(put.exit_code, 0) << put.output;
+  EXPECT_NE(put.output.find("1 stored"), std::string::npos) << put.output;
+
+  auto lookup = Cli({"lookup", "--namespace", ns, key, testing::KeyOf(6).ToHex()});
+  ASSERT_EQ(lookup.exit_code, 0) << lookup.output;
+  EXPECT_NE(lookup.output.find("ram"), std::string::npos) << lookup.output;
+  EXPECT_NE(lookup.output.find("absent"), std::string::npos) << lookup.output;
+
+  const std::string out = dir_ + "/out.bin";
+  auto get = Cli({"get", "--namespace", ns, key + "=" + out});
+  ASSERT_EQ(get.exit_code, 0) << get.output;
+  EXPECT_TRUE(ReadFile(out) == payload);
+
+  const std::string layer = dir_ + "/layer1.bin";
+  auto get_layer = Cli({"get", "--namespace", ns, "--layers", "1:2", key + "=" + layer});
+  ASSERT_EQ(get_layer.exit_code, 0) << get_layer.output;
+  EXPECT_TRUE(ReadFile(layer) == payload.substr(1 << 20));
+
+  auto stats = Cli({"stats"});
+  ASSERT_EQ(stats.exit_code, 0) << stats.output;
+  EXPECT_NE(stats.output.find("ram"), std::string::npos) << stats.output;
+  EXPECT_NE(stats.output.find("ssd"), std::string::npos) << stats.output;
+  EXPECT_NE(stats.output.find("write-back"), std::string::npos) << stats.output;
+
+  auto del = Cli({"delete", "--namespace", ns, key});
+  ASSERT_EQ(del.exit_code, 0) << del.output;
+  auto missing = Cli({"get", "--namespace", ns, key + "=" + dir_ + "/gone.bin"});
+  EXPECT_EQ(missing.exit_code, 1) << missing.output;
+  EXPECT_FALSE(std::filesystem::exists(dir_ + "/gone.bin"));
+}
+
+TEST_F(CliTest, ErrorsAreClearAndExitNonZero) {
+  const std::string ns = Register();
+  const std::string key = testing::KeyOf(1).ToHex();
+  const std::string small = WriteFile("small.bin", std::string(1000, 'x'));
+  auto wrong_size = Cli({"put", "--namespace", ns, key + "=" + small});
+  EXPECT_EQ(wrong_size.exit_code, 1) << wrong_size.output;
+
+  auto unknown_ns = Cli({"lookup", "--namespace", "00000000000000ab", key});
+  EXPECT_EQ(unknown_ns.exit_code, 1) << unknown_ns.output;
+  EXPECT_NE(unknown_ns.output.find("NOT_FOUND"), std::string::npos) << unknown_ns.output;
+
+  auto bad_key = Cli({"lookup", "--namespace", ns, "nothex"});
+  EXPECT_EQ(bad_key.exit_code, 2) << bad_key.output;
+
+  auto usage = Cli({"frobnicate"});
+  EXPECT_EQ(usage.exit_code, 2) << usage.output;
+}
+
+TEST_F(CliTest, KeysMatchTheKeyScheme) {
+  const std::string ns = Register();
+  std::string tokens;
+  std::vector<uint32_t> ids;
+  for (uint32_t t = 0; t < 600; ++t) {
+    ids.push_back(t * 7 + 1);
+    tokens += std::to_string(t * 7 + 1) + " ";
+  }
+  const std::string file = WriteFile("tokens.txt", tokens);
+  auto r = RunCommand({KVTIER_CLI_PATH, "keys", "--namespace", ns, "--tokens-per-chunk", "256",
+                       "--tokens-file", file});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  uint64_t ns_id = std::stoull(ns, nullptr, 16);
+  auto keys = ComputeChunkKeys(ns_id, ids, 256);
+  ASSERT_EQ(keys.size(), 2u);  // 600 tokens: two full chunks, the rest is not cached.
+  EXPECT_NE(r.output.find(keys[0].ToHex()), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(keys[1].ToHex()), std::string::npos) << r.output;
+}
+
+}  // namespace
+}  // namespace kvtier

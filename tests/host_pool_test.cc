@@ -1,0 +1,684 @@
+// HostPool (with its SlotArena and PoolChunk): slot accounting, eviction of clean LRU
+// chunks only, pins and their expiry on an injected clock, write-back bookkeeping, and
+// the capacity bound under a randomized load.
+#include "storage/host_pool.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "storage/crc32c.h"
+#include "storage/lru_policy.h"
+
+namespace kvtier {
+namespace {
+
+constexpr uint64_t kSlot = 64 << 10;    // 64 KiB
+constexpr uint64_t kSlots = 16;         // 1 MiB pool
+constexpr uint64_t kChunk = 4 * kSlot;  // Four chunks fill the pool.
+
+// A clock that moves only when the test says so.
+class FakeClock {
+ public:
+  absl::Time Now() const {
+    absl::MutexLock lock(&mu_);
+    return now_;
+  }
+  void Advance(absl::Duration d) {
+    absl::MutexLock lock(&mu_);
+    now_ += d;
+  }
+  std::function<absl::Time()> AsFunction() {
+    return [this] { return Now(); };
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  absl::Time now_ ABSL_GUARDED_BY(mu_) = absl::FromUnixSeconds(1700000000);
+};
+
+ChunkId Id(uint64_t n, uint64_t ns = 1) { return ChunkId{ns, ChunkKey{n, n * 31 + 7}}; }
+
+std::string Pattern(const ChunkId& id, uint64_t size) {
+  std::string s(size, '\0');
+  uint64_t x = id.key.hi * 0x9e3779b97f4a7c15ull + id.ns;
+  for (char& c : s) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    c = static_cast<char>(x);
+  }
+  return s;
+}
+
+class HostPoolTest : public ::testing::Test {
+ protected:
+  void SetUp() override { pool_ = MakePool(0.5); }
+
+  std::unique_ptr<HostPool> MakePool(double max_pinned_fraction, uint64_t slots = kSlots) {
+    HostPoolOptions o;
+    o.arena.capacity_bytes = slots * kSlot;
+    o.arena.slot_bytes = kSlot;
+    o.max_pinned_fraction = max_pinned_fraction;
+    o.now = clock_.AsFunction();
+    auto pool = HostPool::Create(o, std::make_unique<LruPolicy>());
+    EXPECT_TRUE(pool.ok()) << pool.status();
+    return pool.ok() ? *std::move(pool) : nullptr;
+  }
+
+  // Allocates, fills with the id's pattern and inserts. Fails the test on error.
+  void Put(const ChunkId& id, uint64_t size = kChunk, bool dirty = false,
+           HostPool* pool = nullptr) {
+    if (pool == nullptr) pool = pool_.get();
+    auto chunk = pool->Allocate(size);
+    ASSERT_TRUE(chunk.ok()) << chunk.status();
+    const std::string bytes = Pattern(id, size);
+    (*chunk)->Write(0, bytes);
+    ASSERT_TRUE(pool->Insert(id, *chunk, ChunkMeta{size, crc32c::Value(bytes), 16, 0}, dirty));
+  }
+
+  FakeClock clock_;
+  std::unique_ptr<HostPool> pool_;
+};
+
+TEST(HostPoolOptionsTest, ValidateNamesTheBadOption) {
+  HostPoolOptions o;
+  o.arena.capacity_bytes = 1 << 20;
+  o.arena.slot_bytes = 64 << 10;
+  EXPECT_TRUE(o.Validate().ok());
+
+  HostPoolOptions bad = o;
+  bad.arena.slot_bytes = 1000;
+  EXPECT_EQ(bad.Validate().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.Validate().message().find("ram_slot_size"), std::string::npos);
+  bad = o;
+  bad.arena.slot_bytes = 0;
+  EXPECT_EQ(bad.Validate().code(), absl::StatusCode::kInvalidArgument);
+  bad = o;
+  bad.arena.capacity_bytes = 4096;
+  EXPECT_NE(bad.Validate().message().find("ram_capacity"), std::string::npos);
+  for (double f : {0.0, -0.1, 1.01}) {
+    bad = o;
+    bad.max_pinned_fraction = f;
+    EXPECT_NE(bad.Validate().message().find("max_pinned_fraction"), std::string::npos) << f;
+  }
+  bad = o;
+  bad.max_pinned_fraction = 0.0;
+  EXPECT_EQ(HostPool::Create(bad, std::make_unique<LruPolicy>()).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(SlotArenaTest, TakeIsAllOrNothing) {
+  SlotArenaOptions o;
+  o.capacity_bytes = 4 * 4096 + 100;  // Rounded down to four slots.
+  o.slot_bytes = 4096;
+  auto arena = SlotArena::Create(o);
+  ASSERT_TRUE(arena.ok()) << arena.status();
+  EXPECT_EQ((*arena)->num_slots(), 4u);
+  EXPECT_EQ((*arena)->capacity_bytes(), 4u * 4096);
+  EXPECT_EQ((*arena)->SlotsFor(0), 0u);
+  EXPECT_EQ((*arena)->SlotsFor(1), 1u);
+  EXPECT_EQ((*arena)->SlotsFor(4096), 1u);
+  EXPECT_EQ((*arena)->SlotsFor(4097), 2u);
+  auto three = (*arena)->Take(3);
+  ASSERT_TRUE(three.ok());
+  EXPECT_EQ((*arena)->free_slots(), 1u);
+  EXPECT_EQ((*arena)->Take(2).status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ((*arena)->free_slots(), 1u) << "a failed Take takes nothing";
+  (*arena)->Release(*three);
+  EXPECT_EQ((*arena)->free_slots(), 4u);
+  // Distinct slots, each inside the mapping.
+  auto all = (*arena)->Take(4);
+  ASSERT_TRUE(all.ok());
+  std::vector<uint32_t> sorted = *all;
+  std::sort(sorted.begin(), sorted.end());
+  EXPECT_EQ(sorted, (std::vector<uint32_t>{0, 1, 2, 3}));
+  (*arena)->Release(*all);
+}
+
+TEST_F(HostPoolTest, SlotAccounting) {
+  HostPoolStats s = pool_->GetStats();
+  EXPECT_EQ(s.capacity_bytes, kSlots * kSlot);
+  EXPECT_EQ(pool_->capacity_bytes(), kSlots * kSlot);
+  EXPECT_EQ(s.used_bytes, 0u);
+  EXPECT_EQ(s.chunks, 0u);
+
+  // 100 KiB takes two 64 KiB slots; the space counts as used before it is indexed.
+  auto chunk = pool_->Allocate(100 << 10);
+  ASSERT_TRUE(chunk.ok()) << chunk.status();
+  EXPECT_EQ((*chunk)->slot_count(), 2u);
+  EXPECT_EQ((*chunk)->size(), 100u << 10);
+  s = pool_->GetStats();
+  EXPECT_EQ(s.used_bytes, 2 * kSlot);
+  EXPECT_EQ(s.chunks, 0u);
+  EXPECT_EQ(s.chunk_bytes, 0u);
+
+  // A put that is abandoned gives its slots back.
+  chunk->reset();
+  EXPECT_EQ(pool_->GetStats().used_bytes, 0u);
+
+  Put(Id(1), 100 << 10);
+  s = pool_->GetStats();
+  EXPECT_EQ(s.used_bytes, 2 * kSlot);
+  EXPECT_EQ(s.chunk_bytes, 100u << 10);
+  EXPECT_EQ(s.chunks, 1u);
+
+  EXPECT_TRUE(pool_->Remove(Id(1)));
+  EXPECT_FALSE(pool_->Remove(Id(1)));
+  s = pool_->GetStats();
+  EXPECT_EQ(s.used_bytes, 0u);
+  EXPECT_EQ(s.chunk_bytes, 0u);
+  EXPECT_EQ(s.chunks, 0u);
+}
+
+TEST_F(HostPoolTest, LargerThanThePoolIsInvalid) {
+  EXPECT_EQ(pool_->Allocate(kSlots * kSlot + 1).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  auto whole = pool_->Allocate(kSlots * kSlot);
+  EXPECT_TRUE(whole.ok()) << whole.status();
+}
+
+TEST_F(HostPoolTest, BytesSurviveAcrossSlotBoundaries) {
+  const uint64_t size = 3 * kSlot + 12345;
+  auto chunk = pool_->Allocate(size);
+  ASSERT_TRUE(chunk.ok());
+  const std::string bytes = Pattern(Id(5), size);
+  // Written in uneven pieces that straddle slots.
+  uint64_t at = 0;
+  for (uint64_t step = 7777; at < size; step = step * 3 % 100003 + 1) {
+    const uint64_t n = std::min(step, size - at);
+    (*chunk)->Write(at, absl::string_view(bytes).substr(at, n));
+    at += n;
+  }
+  std::string out(size, '\0');
+  (*chunk)->CopyOut(0, size, out.data());
+  EXPECT_TRUE(out == bytes);
+  EXPECT_EQ((*chunk)->Crc32c(), crc32c::Value(bytes));
+  // A range inside, by pieces that each stay within one slot.
+  std::string mid;
+  size_t pieces = 0;
+  (*chunk)->ForEachPiece(kSlot - 10, kSlot + 20, [&](absl::string_view p) {
+    EXPECT_LE(p.size(), kSlot);
+    mid.append(p.data(), p.size());
+    ++pieces;
+  });
+  EXPECT_EQ(pieces, 3u);
+  EXPECT_TRUE(mid == bytes.substr(kSlot - 10, kSlot + 20));
+}
+
+TEST_F(HostPoolTest, AllocateEvictsLeastRecentlyUsedCleanChunks) {
+  for (uint64_t i = 1; i <= 4; ++i) Put(Id(i));
+  EXPECT_EQ(pool_->GetStats().used_bytes, kSlots * kSlot);
+  // Touch 1 so that 2 is the coldest.
+  ASSERT_TRUE(pool_->Find(Id(1)).has_value());
+  Put(Id(5));
+  EXPECT_TRUE(pool_->Contains(Id(1)));
+  EXPECT_FALSE(pool_->Contains(Id(2)));
+  EXPECT_TRUE(pool_->Contains(Id(3)));
+  EXPECT_EQ(pool_->GetStats().evictions, 1u);
+  // A chunk twice as big evicts the next two coldest.
+  Put(Id(6), 2 * kChunk);
+  EXPECT_FALSE(pool_->Contains(Id(3)));
+  EXPECT_FALSE(pool_->Contains(Id(4)));
+  EXPECT_TRUE(pool_->Contains(Id(1)));
+  EXPECT_TRUE(pool_->Contains(Id(5)));
+  HostPoolStats s = pool_->GetStats();
+  EXPECT_EQ(s.evictions, 3u);
+  EXPECT_EQ(s.chunks, 3u);
+  EXPECT_EQ(s.used_bytes, kSlots * kSlot);
+  // The survivors' bytes are intact.
+  for (uint64_t i : {1, 5, 6}) {
+    auto hit = pool_->Find(Id(i));
+    ASSERT_TRUE(hit.has_value());
+    EXPECT_EQ(hit->data->Crc32c(), hit->meta.crc32c) << i;
+  }
+}
+
+TEST_F(HostPoolTest, NeverEvictsPinnedChunks) {
+  pool_ = MakePool(1.0);
+  for (uint64_t i = 1; i <= 4; ++i) Put(Id(i));
+  for (uint64_t i = 1; i <= 4; ++i) ASSERT_TRUE(pool_->Pin(Id(i), absl::InfiniteFuture()).ok());
+  EXPECT_EQ(pool_->GetStats().pinned_bytes, 4 * kChunk);
+  EXPECT_EQ(pool_->Allocate(kSlot).status().code(), absl::StatusCode::kResourceExhausted);
+  for (uint64_t i = 1; i <= 4; ++i) EXPECT_TRUE(pool_->Contains(Id(i)));
+  EXPECT_EQ(pool_->GetStats().evictions, 0u);
+  // Unpinning the hottest makes it, and only it, the victim.
+  ASSERT_TRUE(pool_->Find(Id(3)).has_value());
+  EXPECT_TRUE(pool_->Unpin(Id(3)));
+  EXPECT_FALSE(pool_->Unpin(Id(3)));
+  Put(Id(9));
+  EXPECT_FALSE(pool_->Contains(Id(3)));
+  EXPECT_TRUE(pool_->Contains(Id(1)));
+}
+
+TEST_F(HostPoolTest, NeverEvictsDirtyChunks) {
+  for (uint64_t i = 1; i <= 4; ++i) Put(Id(i), kChunk, /*dirty=*/true);
+  EXPECT_EQ(pool_->GetStats().dirty_chunks, 4u);
+  EXPECT_EQ(pool_->dirty_count(), 4u);
+  EXPECT_EQ(pool_->Allocate(kSlot).status().code(), absl::StatusCode::kResourceExhausted);
+  for (uint64_t i = 1; i <= 4; ++i) EXPECT_TRUE(pool_->Contains(Id(i)));
+  // Being flushed is not enough; once written it becomes evictable.
+  auto d = pool_->TakeDirty();
+  ASSERT_TRUE(d.has_value());
+  EXPECT_EQ(d->id, Id(1));
+  EXPECT_EQ(pool_->Allocate(kSlot).status().code(), absl::StatusCode::kResourceExhausted);
+  const ChunkId flushed = d->id;
+  d.reset();  // The flusher drops its reference after writing.
+  EXPECT_TRUE(pool_->FinishFlush(flushed, /*written=*/true));
+  EXPECT_EQ(pool_->dirty_count(), 3u);
+  auto room = pool_->Allocate(kSlot);
+  ASSERT_TRUE(room.ok()) << room.status();
+  EXPECT_FALSE(pool_->Contains(Id(1)));
+}
+
+TEST_F(HostPoolTest, NeverEvictsChunksHeldByAReader) {
+  for (uint64_t i = 1; i <= 4; ++i) Put(Id(i));
+  std::vector<HostPool::Hit> readers;
+  for (uint64_t i = 1; i <= 4; ++i) {
+    auto hit = pool_->Find(Id(i));
+    ASSERT_TRUE(hit.has_value());
+    readers.push_back(*std::move(hit));
+  }
+  EXPECT_EQ(pool_->Allocate(kSlot).status().code(), absl::StatusCode::kResourceExhausted);
+  // The reader of chunk 2 finishes: 2 is now the only evictable one, though 1 is colder.
+  readers.erase(readers.begin() + 1);
+  auto room = pool_->Allocate(kChunk);
+  ASSERT_TRUE(room.ok()) << room.status();
+  EXPECT_TRUE(pool_->Contains(Id(1)));
+  EXPECT_FALSE(pool_->Contains(Id(2)));
+  readers.clear();
+}
+
+TEST_F(HostPoolTest, PutsInFlightHoldTheirSlots) {
+  auto a = pool_->Allocate(8 * kSlot);
+  auto b = pool_->Allocate(8 * kSlot);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(pool_->Allocate(kSlot).status().code(), absl::StatusCode::kResourceExhausted);
+  a->reset();
+  EXPECT_TRUE(pool_->Allocate(8 * kSlot).ok());
+}
+
+TEST_F(HostPoolTest, AReaderKeepsBytesOfARemovedChunk) {
+  Put(Id(1));
+  auto hit = pool_->Find(Id(1));
+  ASSERT_TRUE(hit.has_value());
+  EXPECT_TRUE(pool_->Remove(Id(1)));
+  EXPECT_FALSE(pool_->Contains(Id(1)));
+  // Still counted as used, and still the right bytes.
+  EXPECT_EQ(pool_->GetStats().used_bytes, kChunk);
+  EXPECT_EQ(pool_->GetStats().chunk_bytes, 0u);
+  EXPECT_EQ(hit->data->Crc32c(), hit->meta.crc32c);
+  hit.reset();
+  EXPECT_EQ(pool_->GetStats().used_bytes, 0u);
+}
+
+TEST_F(HostPoolTest, PinExpiresOnTheInjectedClock) {
+  pool_ = MakePool(1.0);
+  for (uint64_t i = 1; i <= 4; ++i) Put(Id(i));
+  for (uint64_t i = 1; i <= 4; ++i) {
+    ASSERT_TRUE(pool_->Pin(Id(i), clock_.Now() + absl::Seconds(10 * i)).ok());
+  }
+  EXPECT_EQ(pool_->GetStats().pinned_bytes, 4 * kChunk);
+  EXPECT_EQ(pool_->Allocate(kSlot).status().code(), absl::StatusCode::kResourceExhausted);
+  clock_.Advance(absl::Seconds(10));  // Pin of 1 ends exactly now.
+  EXPECT_EQ(pool_->GetStats().pinned_bytes, 3 * kChunk);
+  EXPECT_FALSE(pool_->Unpin(Id(1))) << "an expired pin is no pin";
+  Put(Id(5));
+  EXPECT_FALSE(pool_->Contains(Id(1)));
+  EXPECT_TRUE(pool_->Contains(Id(2)));
+  // At t+30 the pins of 2 and 3 have ended too; 2 is the coldest of them.
+  clock_.Advance(absl::Seconds(20));
+  EXPECT_EQ(pool_->GetStats().pinned_bytes, kChunk);
+  Put(Id(6));
+  EXPECT_FALSE(pool_->Contains(Id(2)));
+  EXPECT_TRUE(pool_->Contains(Id(3)));
+  EXPECT_TRUE(pool_->Contains(Id(4)));
+}
+
+TEST_F(HostPoolTest, PinCanOnlyBeExtended) {
+  pool_ = MakePool(1.0, 4);
+  Put(Id(1));
+  ASSERT_TRUE(pool_->Pin(Id(1), clock_.Now() + absl::Seconds(100)).ok());
+  ASSERT_TRUE(pool_->Pin(Id(1), clock_.Now() + absl::Seconds(5)).ok());
+  clock_.Advance(absl::Seconds(50));
+  EXPECT_EQ(pool_->Allocate(kSlot).status().code(), absl::StatusCode::kResourceExhausted);
+  clock_.Advance(absl::Seconds(51));
+  EXPECT_TRUE(pool_->Allocate(kSlot).ok());
+}
+
+TEST_F(HostPoolTest, MaxPinnedFraction) {
+  // Half of 16 slots: two 4-slot chunks may be pinned.
+  for (uint64_t i = 1; i <= 4; ++i) Put(Id(i));
+  EXPECT_EQ(pool_->Pin(Id(9), absl::InfiniteFuture()).code(), absl::StatusCode::kNotFound);
+  ASSERT_TRUE(pool_->Pin(Id(1), absl::InfiniteFuture()).ok());
+  ASSERT_TRUE(pool_->Pin(Id(2), clock_.Now() + absl::Seconds(30)).ok());
+  const absl::Status third = pool_->Pin(Id(3), absl::InfiniteFuture());
+  EXPECT_EQ(third.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(third.message().find("max_pinned_fraction"), std::string::npos) << third;
+  // Re-pinning a pinned chunk does not count it twice.
+  EXPECT_TRUE(pool_->Pin(Id(1), absl::InfiniteFuture()).ok());
+  // An expired pin no longer counts.
+  clock_.Advance(absl::Seconds(31));
+  EXPECT_TRUE(pool_->Pin(Id(3), absl::InfiniteFuture()).ok());
+  EXPECT_EQ(pool_->Pin(Id(4), absl::InfiniteFuture()).code(), absl::StatusCode::kResourceExhausted);
+  // Nor does an unpinned one.
+  EXPECT_TRUE(pool_->Unpin(Id(1)));
+  EXPECT_TRUE(pool_->Pin(Id(4), absl::InfiniteFuture()).ok());
+  // So the pool always has room for puts: with max pins in place, a chunk still fits.
+  auto room = pool_->Allocate(2 * kChunk);
+  EXPECT_TRUE(room.ok()) << room.status();
+}
+
+TEST_F(HostPoolTest, InsertIsIdempotent) {
+  Put(Id(1));
+  auto dup = pool_->Allocate(kChunk);
+  ASSERT_TRUE(dup.ok());
+  (*dup)->Write(0, std::string(kChunk, 'x'));
+  EXPECT_FALSE(pool_->Insert(Id(1), *dup, ChunkMeta{kChunk, 0, 0, 0}, /*dirty=*/true));
+  dup->reset();
+  HostPoolStats s = pool_->GetStats();
+  EXPECT_EQ(s.chunks, 1u);
+  EXPECT_EQ(s.chunk_bytes, kChunk);
+  EXPECT_EQ(s.dirty_chunks, 0u) << "the rejected copy's dirty flag must not leak";
+  EXPECT_EQ(s.used_bytes, kChunk) << "the rejected copy's slots are free again";
+  auto hit = pool_->Find(Id(1));
+  ASSERT_TRUE(hit.has_value());
+  EXPECT_EQ(hit->data->Crc32c(), crc32c::Value(Pattern(Id(1), kChunk)));
+  EXPECT_EQ(hit->meta.crc32c, crc32c::Value(Pattern(Id(1), kChunk)));
+  EXPECT_EQ(hit->meta.token_count, 16u);
+}
+
+TEST_F(HostPoolTest, FindCountsHitsAndMissesContainsDoesNot) {
+  Put(Id(1));
+  EXPECT_TRUE(pool_->Contains(Id(1)));
+  EXPECT_FALSE(pool_->Contains(Id(2)));
+  EXPECT_EQ(pool_->GetStats().hits, 0u);
+  EXPECT_EQ(pool_->GetStats().misses, 0u);
+  EXPECT_TRUE(pool_->Find(Id(1)).has_value());
+  EXPECT_FALSE(pool_->Find(Id(2)).has_value());
+  EXPECT_FALSE(pool_->Find(Id(1, /*ns=*/2)).has_value());
+  EXPECT_EQ(pool_->GetStats().hits, 1u);
+  EXPECT_EQ(pool_->GetStats().misses, 2u);
+}
+
+TEST_F(HostPoolTest, ContainsDoesNotRefreshRecency) {
+  for (uint64_t i = 1; i <= 4; ++i) Put(Id(i));
+  EXPECT_TRUE(pool_->Contains(Id(1)));
+  Put(Id(5));
+  EXPECT_FALSE(pool_->Contains(Id(1)));
+}
+
+TEST_F(HostPoolTest, WriteBackBookkeeping) {
+  Put(Id(1), kChunk, /*dirty=*/true);
+  Put(Id(2), kChunk, /*dirty=*/true);
+  Put(Id(3), kChunk, /*dirty=*/false);
+  Put(Id(4), kChunk, /*dirty=*/true);
+  EXPECT_EQ(pool_->dirty_count(), 3u);
+
+  // Oldest dirty first; clean chunks are never handed out.
+  auto d1 = pool_->TakeDirty();
+  auto d2 = pool_->TakeDirty();
+  auto d4 = pool_->TakeDirty();
+  ASSERT_TRUE(d1 && d2 && d4);
+  EXPECT_EQ(d1->id, Id(1));
+  EXPECT_EQ(d2->id, Id(2));
+  EXPECT_EQ(d4->id, Id(4));
+  EXPECT_FALSE(pool_->TakeDirty().has_value()) << "all dirty chunks are being flushed";
+  EXPECT_EQ(d1->data->Crc32c(), d1->meta.crc32c);
+  EXPECT_EQ(d1->meta.size, kChunk);
+  EXPECT_EQ(pool_->dirty_count(), 3u) << "flushing chunks are still dirty";
+
+  // 1 was written: clean.
+  d1.reset();
+  EXPECT_TRUE(pool_->FinishFlush(Id(1), /*written=*/true));
+  EXPECT_EQ(pool_->dirty_count(), 2u);
+  EXPECT_FALSE(pool_->FinishFlush(Id(1), /*written=*/true)) << "not being flushed";
+
+  // 2 failed: handed out again later.
+  d2.reset();
+  EXPECT_TRUE(pool_->FinishFlush(Id(2), /*written=*/false));
+  EXPECT_EQ(pool_->dirty_count(), 2u);
+  auto again = pool_->TakeDirty();
+  ASSERT_TRUE(again.has_value());
+  EXPECT_EQ(again->id, Id(2));
+  again.reset();
+
+  // 4 was deleted while being flushed: FinishFlush says so, so the flusher can undo
+  // its SSD write.
+  d4.reset();
+  EXPECT_TRUE(pool_->Remove(Id(4)));
+  EXPECT_FALSE(pool_->FinishFlush(Id(4), /*written=*/true));
+  EXPECT_EQ(pool_->dirty_count(), 1u);
+
+  // 2's flush failed again and the room is needed: DropFlushing removes it.
+  const uint64_t evictions = pool_->GetStats().evictions;
+  pool_->DropFlushing(Id(2));
+  EXPECT_FALSE(pool_->Contains(Id(2)));
+  EXPECT_EQ(pool_->dirty_count(), 0u);
+  EXPECT_EQ(pool_->GetStats().evictions, evictions + 1);
+  EXPECT_FALSE(pool_->TakeDirty().has_value());
+  pool_->DropFlushing(Id(2));  // Gone already: no effect.
+  EXPECT_EQ(pool_->GetStats().evictions, evictions + 1);
+  EXPECT_EQ(pool_->GetStats().chunks, 2u);  // 1 and 3.
+}
+
+TEST_F(HostPoolTest, ReinsertAfterRemoveWhileFlushingIsFlushedAgain) {
+  Put(Id(1), kChunk, /*dirty=*/true);
+  auto d = pool_->TakeDirty();
+  ASSERT_TRUE(d.has_value());
+  d.reset();
+  EXPECT_TRUE(pool_->Remove(Id(1)));
+  Put(Id(1), kChunk, /*dirty=*/true);
+  // The old flush finishing must not mark the new copy clean.
+  EXPECT_FALSE(pool_->FinishFlush(Id(1), /*written=*/true));
+  EXPECT_EQ(pool_->dirty_count(), 1u);
+  auto next = pool_->TakeDirty();
+  ASSERT_TRUE(next.has_value());
+  EXPECT_EQ(next->id, Id(1));
+  EXPECT_FALSE(pool_->TakeDirty().has_value());
+}
+
+TEST_F(HostPoolTest, RemoveNamespace) {
+  Put(Id(1, 1), kSlot, /*dirty=*/true);
+  Put(Id(2, 1), kSlot);
+  Put(Id(3, 1), kSlot);
+  Put(Id(1, 2), kSlot, /*dirty=*/true);
+  Put(Id(2, 2), kSlot);
+  EXPECT_EQ(pool_->RemoveNamespace(1), 3u);
+  EXPECT_EQ(pool_->RemoveNamespace(1), 0u);
+  EXPECT_EQ(pool_->RemoveNamespace(3), 0u);
+  EXPECT_FALSE(pool_->Contains(Id(1, 1)));
+  EXPECT_FALSE(pool_->Contains(Id(2, 1)));
+  EXPECT_TRUE(pool_->Contains(Id(1, 2)));
+  EXPECT_TRUE(pool_->Contains(Id(2, 2)));
+  HostPoolStats s = pool_->GetStats();
+  EXPECT_EQ(s.chunks, 2u);
+  EXPECT_EQ(s.chunk_bytes, 2 * kSlot);
+  EXPECT_EQ(s.used_bytes, 2 * kSlot);
+  EXPECT_EQ(s.dirty_chunks, 1u);
+  auto d = pool_->TakeDirty();
+  ASSERT_TRUE(d.has_value());
+  EXPECT_EQ(d->id, Id(1, 2));
+}
+
+// Random operations from one thread, against a model of what the index must hold:
+// memory never exceeds capacity, every indexed chunk keeps its bytes, and the stats
+// agree with the model.
+TEST_F(HostPoolTest, RandomizedLoadStaysWithinCapacity) {
+  pool_ = MakePool(0.25, 32);
+  const uint64_t capacity = 32 * kSlot;
+  std::mt19937_64 rng(12345);
+  std::vector<HostPool::Hit> readers;
+  std::vector<std::shared_ptr<PoolChunk>> in_flight;
+  std::vector<HostPool::DirtyChunk> flushing;
+  uint64_t inserted = 0, exhausted = 0;
+  for (int step = 0; step < 20000; ++step) {
+    const ChunkId id = Id(rng() % 64, 1 + rng() % 2);
+    switch (rng() % 10) {
+      case 0:
+      case 1:
+      case 2: {  // Put, sometimes left in flight.
+        const uint64_t size = 1 + rng() % (6 * kSlot);
+        auto chunk = pool_->Allocate(size);
+        if (!chunk.ok()) {
+          ASSERT_EQ(chunk.status().code(), absl::StatusCode::kResourceExhausted);
+          ++exhausted;
+          break;
+        }
+        const std::string bytes = Pattern(id, size);
+        (*chunk)->Write(0, bytes);
+        if (rng() % 8 == 0) {
+          in_flight.push_back(*chunk);
+          break;
+        }
+        if (pool_->Insert(id, *chunk, ChunkMeta{size, crc32c::Value(bytes), 0, 0},
+                          /*dirty=*/rng() % 3 == 0)) {
+          ++inserted;
+        }
+        break;
+      }
+      case 3:
+      case 4: {  // Read, sometimes holding on.
+        auto hit = pool_->Find(id);
+        if (hit) {
+          ASSERT_EQ(hit->data->size(), hit->meta.size);
+          ASSERT_EQ(hit->data->Crc32c(), hit->meta.crc32c) << "bytes of a live chunk changed";
+          if (rng() % 3 == 0) readers.push_back(*std::move(hit));
+        }
+        break;
+      }
+      case 5:
+        if (rng() % 2) {
+          // ResourceExhausted past max_pinned_fraction is part of the load.
+          pool_->Pin(id, clock_.Now() + absl::Seconds(rng() % 20)).IgnoreError();
+        } else {
+          pool_->Unpin(id);
+        }
+        break;
+      case 6:
+        if (rng() % 4 == 0) {
+          pool_->RemoveNamespace(id.ns);
+        } else {
+          pool_->Remove(id);
+        }
+        break;
+      case 7:  // Write-back.
+        if (auto d = pool_->TakeDirty()) flushing.push_back(*std::move(d));
+        if (!flushing.empty() && rng() % 2) {
+          const size_t i = rng() % flushing.size();
+          const ChunkId fid = flushing[i].id;
+          flushing.erase(flushing.begin() + i);
+          switch (rng() % 3) {
+            case 0:
+              pool_->FinishFlush(fid, true);
+              break;
+            case 1:
+              pool_->FinishFlush(fid, false);
+              break;
+            case 2:
+              pool_->DropFlushing(fid);
+              break;
+          }
+        }
+        break;
+      case 8:  // Readers and abandoned puts let go.
+        if (!readers.empty()) readers.erase(readers.begin() + rng() % readers.size());
+        if (!in_flight.empty() && rng() % 2) {
+          in_flight.erase(in_flight.begin() + rng() % in_flight.size());
+        }
+        break;
+      case 9:
+        clock_.Advance(absl::Seconds(1));
+        break;
+    }
+    const HostPoolStats s = pool_->GetStats();
+    ASSERT_LE(s.used_bytes, capacity) << "step " << step;
+    ASSERT_LE(s.chunk_bytes, s.used_bytes) << "step " << step;
+    ASSERT_LE(s.pinned_bytes, s.chunk_bytes) << "step " << step;
+    ASSERT_LE(s.dirty_chunks, s.chunks) << "step " << step;
+  }
+  EXPECT_GT(inserted, 1000u);
+  EXPECT_GT(exhausted, 0u) << "the load never filled the pool; the test is too gentle";
+  EXPECT_GT(pool_->GetStats().evictions, 100u);
+  // Everything let go: only indexed chunks hold slots, and the payload bytes fit them.
+  for (auto& f : flushing) pool_->FinishFlush(f.id, true);
+  flushing.clear();
+  readers.clear();
+  in_flight.clear();
+  const HostPoolStats s = pool_->GetStats();
+  EXPECT_LE(s.used_bytes, capacity);
+  EXPECT_GE(s.used_bytes, s.chunk_bytes);
+  EXPECT_LE(s.used_bytes, s.chunk_bytes + s.chunks * (kSlot - 1))
+      << "at most one partly used slot per chunk";
+}
+
+// The same from several threads at once; an observer checks the bound meanwhile.
+TEST_F(HostPoolTest, ConcurrentLoadStaysWithinCapacity) {
+  pool_ = MakePool(0.25, 32);
+  const uint64_t capacity = 32 * kSlot;
+  std::atomic<bool> stop{false};
+  std::atomic<uint64_t> violations{0}, corrupt{0};
+  std::thread observer([&] {
+    while (!stop.load()) {
+      if (pool_->GetStats().used_bytes > capacity) violations.fetch_add(1);
+    }
+  });
+  std::vector<std::thread> workers;
+  for (int t = 0; t < 4; ++t) {
+    workers.emplace_back([&, t] {
+      std::mt19937_64 rng(1000 + t);
+      std::vector<HostPool::Hit> held;
+      for (int step = 0; step < 4000; ++step) {
+        const ChunkId id = Id(rng() % 48, 1);
+        switch (rng() % 5) {
+          case 0:
+          case 1: {
+            const uint64_t size = 1 + rng() % (5 * kSlot);
+            auto chunk = pool_->Allocate(size);
+            if (!chunk.ok()) break;
+            const std::string bytes = Pattern(id, size);
+            (*chunk)->Write(0, bytes);
+            pool_->Insert(id, *chunk, ChunkMeta{size, crc32c::Value(bytes), 0, 0}, rng() % 4 == 0);
+            break;
+          }
+          case 2:
+            if (auto hit = pool_->Find(id)) {
+              if (hit->data->Crc32c() != hit->meta.crc32c) corrupt.fetch_add(1);
+              if (rng() % 4 == 0) held.push_back(*std::move(hit));
+            }
+            if (held.size() > 3) held.erase(held.begin());
+            break;
+          case 3:
+            if (auto d = pool_->TakeDirty()) {
+              const ChunkId did = d->id;
+              d.reset();
+              pool_->FinishFlush(did, rng() % 2);
+            }
+            break;
+          case 4:
+            pool_->Remove(id);
+            break;
+        }
+      }
+    });
+  }
+  for (auto& w : workers) w.join();
+  stop.store(true);
+  observer.join();
+  EXPECT_EQ(violations.load(), 0u);
+  EXPECT_EQ(corrupt.load(), 0u);
+  const HostPoolStats s = pool_->GetStats();
+  EXPECT_LE(s.used_bytes, capacity);
+  EXPECT_GE(s.used_bytes, s.chunk_bytes);
+}
+
+}  // namespace
+}  // namespace kvtier

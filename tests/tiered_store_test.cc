@@ -1,0 +1,812 @@
+// TieredStore: puts and reads in every write mode, visibility rules (checksum,
+// completeness, abandoned writers), write-back (flusher, demotion, eviction), promotion
+// from SSD, pins, deletes racing write-back, and recovery after a restart. Real RocksDB in
+// a temp dir; FaultInjectionFs slows or fails the SSD where a test needs it.
+#include "storage/tiered_store.h"
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "storage/crc32c.h"
+#include "storage/log.h"
+#include "tests/support/fault_injection_fs.h"
+
+namespace kvtier {
+
+// Test output names the write mode instead of dumping its bytes (found by ADL, so it
+// lives in WriteMode's namespace).
+void PrintTo(WriteMode mode, std::ostream* os) { *os << WriteModeName(mode); }
+
+namespace {
+
+using ::kvtier::testing::FaultInjectionFs;
+
+constexpr uint64_t kMiB = 1 << 20;
+constexpr uint64_t kChunkBytes = kMiB;  // From SmallLayout().
+constexpr uint64_t kRamChunks = 8;      // The RAM pool holds this many chunks.
+
+class FakeClock {
+ public:
+  absl::Time Now() const {
+    absl::MutexLock lock(&mu_);
+    return now_;
+  }
+  void Advance(absl::Duration d) {
+    absl::MutexLock lock(&mu_);
+    now_ += d;
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  absl::Time now_ ABSL_GUARDED_BY(mu_) = absl::FromUnixSeconds(1700000000);
+};
+
+class TempDir {
+ public:
+  TempDir() {
+    std::string tmpl = ::testing::TempDir() + "kvtier_store_XXXXXX";
+    if (mkdtemp(tmpl.data()) == nullptr) ADD_FAILURE() << "mkdtemp failed: " << tmpl;
+    path_ = tmpl;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+// 4 layers * 2 (K, V) * 2 heads * 128 dims * 256 tokens * 2 bytes = 1 MiB per chunk.
+LayoutSpec SmallLayout(absl::string_view model = "test/small-model") {
+  LayoutSpec l;
+  l.model_id = std::string(model);
+  l.model_revision = "r1";
+  l.dtype = LayoutSpec::DType::kFloat16;
+  l.num_layers = 4;
+  l.num_kv_heads = 2;
+  l.head_dim = 128;
+  l.tokens_per_chunk = 256;
+  l.key_position = LayoutSpec::KeyPosition::kPostRope;
+  return l;
+}
+
+std::string Payload(const ChunkId& id, uint64_t size) {
+  std::string s(size, '\0');
+  uint64_t x = id.key.hi ^ id.key.lo ^ 0x243f6a8885a308d3ull;
+  for (size_t i = 0; i + 8 <= size; i += 8) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    std::memcpy(&s[i], &x, 8);
+  }
+  return s;
+}
+
+std::string ReadAll(const ChunkView& view) {
+  std::string out;
+  out.reserve(view.meta().size);
+  view.ForEachPiece(0, view.meta().size,
+                    [&](absl::string_view p) { out.append(p.data(), p.size()); });
+  return out;
+}
+
+// Polls `done` until it holds or `timeout` passes; returns whether it held.
+bool WaitFor(const std::function<bool()>& done, absl::Duration timeout = absl::Seconds(20)) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (!done()) {
+    if (absl::Now() > deadline) return false;
+    absl::SleepFor(absl::Milliseconds(2));
+  }
+  return true;
+}
+
+class TieredStoreTestBase : public ::testing::Test {
+ protected:
+  void SetUp() override { SetMinLogLevel(LogLevel::kError); }
+  void TearDown() override { store_.reset(); }
+
+  TieredStoreOptions Options(WriteMode mode) {
+    TieredStoreOptions o;
+    o.write_mode = mode;
+    o.ram.arena.capacity_bytes = kRamChunks * kChunkBytes;
+    o.ram.arena.slot_bytes = 64 << 10;
+    o.ram.now = [this] { return clock_.Now(); };
+    o.ssd.path = dir_.path() + "/db";
+    o.ssd.capacity_bytes = 256 * kMiB;
+    o.ssd.write_buffer_bytes = 16 * kMiB;
+    o.ssd.file_system = fs_;
+    o.max_chunk_bytes = 4 * kMiB;
+    return o;
+  }
+
+  void Open(WriteMode mode) { OpenWith(Options(mode)); }
+  void OpenWith(const TieredStoreOptions& o) {
+    store_.reset();
+    options_ = o;
+    auto s = TieredStore::Open(o);
+    ASSERT_TRUE(s.ok()) << s.status();
+    store_ = *std::move(s);
+  }
+  // Closes and opens again on the same directory.
+  void Reopen() {
+    ASSERT_TRUE(store_->Close().ok());
+    OpenWith(options_);
+  }
+
+  uint64_t Register(const LayoutSpec& layout = SmallLayout()) {
+    auto r = store_->RegisterLayout(layout);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? r->namespace_id : 0;
+  }
+
+  ChunkId Id(uint64_t n) const { return ChunkId{ns_, ChunkKey{0x5eed000000000000ull | n, n}}; }
+
+  // A whole put: BeginPut, frames of `frame` bytes, CommitPut with the right CRC.
+  absl::Status Put(const ChunkId& id, uint64_t frame = 100000) {
+    auto w = store_->BeginPut(id, 256);
+    if (!w.ok()) return w.status();
+    if (*w == nullptr) return absl::AlreadyExistsError("BeginPut says present");
+    const std::string data = Payload(id, (*w)->size());
+    for (uint64_t at = 0; at < data.size(); at += frame) {
+      if (absl::Status s = (*w)->Append(absl::string_view(data).substr(at, frame)); !s.ok()) {
+        return s;
+      }
+    }
+    return store_->CommitPut(*std::move(w), crc32c::Value(data));
+  }
+  void PutOk(const ChunkId& id) { ASSERT_TRUE(Put(id).ok()) << id.DebugString(); }
+
+  // In write-back mode, waits until the flusher has written every dirty chunk. A
+  // chunk deleted while its write-back is in flight can show on SSD for a moment
+  // before the flusher undoes its write (see DeleteDuringWriteBackDoesNotResurrect);
+  // tests that check absence right after a delete settle first.
+  void Settle() {
+    if (store_->write_mode() != WriteMode::kWriteBack) return;
+    ASSERT_TRUE(WaitFor([&] { return store_->GetStats().writeback_queue_depth == 0; }));
+  }
+
+  // Read succeeds, from `tier` unless kNone, with exactly the bytes put.
+  void ExpectReadable(const ChunkId& id, Tier tier = Tier::kNone) {
+    auto v = store_->Read(id);
+    ASSERT_TRUE(v.ok()) << id.DebugString() << ": " << v.status();
+    if (tier != Tier::kNone) {
+      EXPECT_EQ(v->tier(), tier) << id.DebugString();
+    }
+    const std::string want = Payload(id, kChunkBytes);
+    EXPECT_EQ(v->meta().size, kChunkBytes);
+    EXPECT_EQ(v->meta().crc32c, crc32c::Value(want));
+    EXPECT_EQ(v->meta().token_count, 256u);
+    EXPECT_TRUE(ReadAll(*v) == want) << id.DebugString() << ": bytes differ";
+  }
+
+  TempDir dir_;
+  FakeClock clock_;
+  std::shared_ptr<FaultInjectionFs> fs_ = std::make_shared<FaultInjectionFs>(/*seed=*/7);
+  TieredStoreOptions options_;
+  std::unique_ptr<TieredStore> store_;
+  uint64_t ns_ = 0;
+};
+
+// ---------------------------------------------------------------------------------
+// Options and layouts.
+
+TEST(WriteModeTest, ParseAndName) {
+  for (WriteMode m : {WriteMode::kWriteBack, WriteMode::kWriteThrough, WriteMode::kRamOnly}) {
+    auto parsed = ParseWriteMode(WriteModeName(m));
+    ASSERT_TRUE(parsed.ok());
+    EXPECT_EQ(*parsed, m);
+  }
+  const auto bad = ParseWriteMode("writeback");
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(bad.status().message(), "write_mode")) << bad.status();
+}
+
+class TieredStoreOptionsTest : public TieredStoreTestBase {};
+
+TEST_F(TieredStoreOptionsTest, ValidateNamesTheBadOption) {
+  EXPECT_TRUE(Options(WriteMode::kWriteBack).Validate().ok());
+  TieredStoreOptions o = Options(WriteMode::kWriteBack);
+  o.ssd.path.clear();
+  EXPECT_TRUE(absl::StrContains(o.Validate().message(), "data_dir")) << o.Validate();
+  EXPECT_EQ(TieredStore::Open(o).status().code(), absl::StatusCode::kInvalidArgument);
+  // RAM-only does not need an SSD.
+  o.write_mode = WriteMode::kRamOnly;
+  EXPECT_TRUE(o.Validate().ok()) << o.Validate();
+  o = Options(WriteMode::kWriteThrough);
+  o.max_chunk_bytes = 0;
+  EXPECT_TRUE(absl::StrContains(o.Validate().message(), "max_chunk_size")) << o.Validate();
+  o = Options(WriteMode::kWriteThrough);
+  o.ram.arena.slot_bytes = 1000;
+  EXPECT_TRUE(absl::StrContains(o.Validate().message(), "ram_slot_size")) << o.Validate();
+}
+
+class TieredStoreLayoutTest : public TieredStoreTestBase {
+ protected:
+  void SetUp() override {
+    TieredStoreTestBase::SetUp();
+    Open(WriteMode::kWriteBack);
+  }
+};
+
+TEST_F(TieredStoreLayoutTest, RegisterIsIdempotent) {
+  const LayoutSpec layout = SmallLayout();
+  auto first = store_->RegisterLayout(layout);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->namespace_id, layout.NamespaceId());
+  EXPECT_EQ(first->chunk_bytes, kChunkBytes);
+  EXPECT_FALSE(first->already_registered);
+  auto again = store_->RegisterLayout(layout);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->namespace_id, first->namespace_id);
+  EXPECT_TRUE(again->already_registered);
+  auto found = store_->FindLayout(first->namespace_id);
+  ASSERT_TRUE(found.ok());
+  EXPECT_EQ(*found, layout);
+  EXPECT_EQ(store_->GetStats().namespaces, 1u);
+  EXPECT_EQ(store_->FindLayout(first->namespace_id + 1).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+TEST_F(TieredStoreLayoutTest, RejectsBadLayouts) {
+  LayoutSpec bad = SmallLayout();
+  bad.head_dim = 0;
+  auto r = store_->RegisterLayout(bad);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(r.status().message(), "head_dim")) << r.status();
+  bad = SmallLayout();
+  bad.tp_world_size = 2;
+  bad.tp_rank = 2;
+  EXPECT_EQ(store_->RegisterLayout(bad).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(store_->GetStats().namespaces, 0u);
+}
+
+TEST_F(TieredStoreLayoutTest, RejectsChunksTooBig) {
+  // 8 MiB: over max_chunk_bytes (4 MiB) though it would fit in RAM (8 MiB).
+  LayoutSpec big = SmallLayout();
+  big.tokens_per_chunk = 2048;
+  ASSERT_EQ(big.ChunkBytes(), 8 * kMiB);
+  auto r = store_->RegisterLayout(big);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition) << r.status();
+  // Exactly the limit is fine.
+  LayoutSpec at_limit = SmallLayout("test/at-limit");
+  at_limit.tokens_per_chunk = 1024;
+  ASSERT_EQ(at_limit.ChunkBytes(), 4 * kMiB);
+  EXPECT_TRUE(store_->RegisterLayout(at_limit).ok());
+
+  // Bounded by RAM as well: a 16 MiB max with an 8 MiB pool still refuses 16 MiB.
+  TieredStoreOptions o = Options(WriteMode::kRamOnly);
+  o.max_chunk_bytes = 64 * kMiB;
+  OpenWith(o);
+  LayoutSpec huge = SmallLayout();
+  huge.tokens_per_chunk = 4096;
+  ASSERT_EQ(huge.ChunkBytes(), 16 * kMiB);
+  EXPECT_EQ(store_->RegisterLayout(huge).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(store_->GetStats().namespaces, 0u);
+}
+
+TEST_F(TieredStoreLayoutTest, PutNeedsARegisteredNamespace) {
+  auto w = store_->BeginPut(ChunkId{12345, ChunkKey{1, 2}}, 256);
+  EXPECT_EQ(w.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(store_->GetStats().ram.used_bytes, 0u);
+}
+
+// ---------------------------------------------------------------------------------
+// Behaviour common to every write mode.
+
+class TieredStoreModeTest : public TieredStoreTestBase,
+                            public ::testing::WithParamInterface<WriteMode> {
+ protected:
+  void SetUp() override {
+    TieredStoreTestBase::SetUp();
+    Open(GetParam());
+    ns_ = Register();
+  }
+};
+
+INSTANTIATE_TEST_SUITE_P(AllModes, TieredStoreModeTest,
+                         ::testing::Values(WriteMode::kWriteBack, WriteMode::kWriteThrough,
+                                           WriteMode::kRamOnly),
+                         [](const auto& info) {
+                           std::string name = WriteModeName(info.param);
+                           name.erase(std::remove(name.begin(), name.end(), '-'), name.end());
+                           return name;
+                         });
+
+TEST_P(TieredStoreModeTest, PutThenReadIsByteIdentical) {
+  EXPECT_EQ(store_->Locate(Id(1)), Tier::kNone);
+  for (uint64_t frame : {uint64_t{1} << 20, uint64_t{100000}, uint64_t{4093}}) {
+    const ChunkId id = Id(frame);
+    ASSERT_TRUE(Put(id, frame).ok()) << "frame " << frame;
+    EXPECT_EQ(store_->Locate(id), Tier::kRam);
+    ExpectReadable(id, Tier::kRam);
+  }
+  // One layer's range, as a layer-wise fetch reads it.
+  auto v = store_->Read(Id(4093));
+  ASSERT_TRUE(v.ok());
+  const uint64_t layer = SmallLayout().LayerBytes();
+  std::string layer2;
+  v->ForEachPiece(2 * layer, layer,
+                  [&](absl::string_view p) { layer2.append(p.data(), p.size()); });
+  EXPECT_TRUE(layer2 == Payload(Id(4093), kChunkBytes).substr(2 * layer, layer));
+  const TieredStoreStats s = store_->GetStats();
+  EXPECT_EQ(s.ram.chunks, 3u);
+  EXPECT_EQ(s.ram.chunk_bytes, 3 * kChunkBytes);
+  EXPECT_EQ(s.checksum_failures, 0u);
+}
+
+TEST_P(TieredStoreModeTest, CrcMismatchIsDataLossAndStoresNothing) {
+  auto w = store_->BeginPut(Id(1), 256);
+  ASSERT_TRUE(w.ok() && *w != nullptr);
+  const std::string data = Payload(Id(1), kChunkBytes);
+  ASSERT_TRUE((*w)->Append(data).ok());
+  const absl::Status s = store_->CommitPut(*std::move(w), crc32c::Value(data) ^ 1);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_EQ(store_->Locate(Id(1)), Tier::kNone);
+  EXPECT_EQ(store_->Read(Id(1)).status().code(), absl::StatusCode::kNotFound);
+  TieredStoreStats stats = store_->GetStats();
+  EXPECT_EQ(stats.checksum_failures, 1u);
+  EXPECT_EQ(stats.ram.used_bytes, 0u) << "the rejected chunk's RAM is free again";
+  EXPECT_EQ(stats.ram.chunks, 0u);
+  EXPECT_EQ(stats.ssd.chunks, 0u);
+  // Resending it correctly works.
+  PutOk(Id(1));
+  ExpectReadable(Id(1));
+}
+
+TEST_P(TieredStoreModeTest, IncompleteChunkIsRejected) {
+  auto w = store_->BeginPut(Id(1), 256);
+  ASSERT_TRUE(w.ok() && *w != nullptr);
+  EXPECT_EQ((*w)->size(), kChunkBytes);
+  const std::string data = Payload(Id(1), kChunkBytes);
+  ASSERT_TRUE((*w)->Append(absl::string_view(data).substr(0, kChunkBytes - 1)).ok());
+  EXPECT_EQ((*w)->received(), kChunkBytes - 1);
+  // Two bytes where one is left: refused, nothing written.
+  EXPECT_EQ((*w)->Append("xy").code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*w)->received(), kChunkBytes - 1);
+  const absl::Status s = store_->CommitPut(*std::move(w), crc32c::Value(data));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "incomplete")) << s;
+  EXPECT_EQ(store_->Locate(Id(1)), Tier::kNone);
+  EXPECT_EQ(store_->GetStats().ram.used_bytes, 0u);
+}
+
+TEST_P(TieredStoreModeTest, AbandonedWriterLeavesNothingAndFreesRam) {
+  {
+    auto w = store_->BeginPut(Id(1), 256);
+    ASSERT_TRUE(w.ok() && *w != nullptr);
+    ASSERT_TRUE((*w)->Append(Payload(Id(1), kChunkBytes / 2)).ok());
+    EXPECT_EQ(store_->GetStats().ram.used_bytes, kChunkBytes) << "RAM held while in flight";
+    EXPECT_EQ(store_->Locate(Id(1)), Tier::kNone) << "not visible before commit";
+  }
+  EXPECT_EQ(store_->GetStats().ram.used_bytes, 0u);
+  EXPECT_EQ(store_->Locate(Id(1)), Tier::kNone);
+  EXPECT_EQ(store_->Read(Id(1)).status().code(), absl::StatusCode::kNotFound);
+  // RAM taken by abandoned puts is reusable: fill it completely.
+  for (uint64_t i = 0; i < kRamChunks; ++i) PutOk(Id(100 + i));
+}
+
+TEST_P(TieredStoreModeTest, PutIsIdempotent) {
+  PutOk(Id(1));
+  auto w = store_->BeginPut(Id(1), 256);
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ(*w, nullptr) << "a present chunk gets no writer";
+  EXPECT_EQ(store_->GetStats().ram.used_bytes, kChunkBytes);
+  // Two racing puts of the same chunk: both commit, one copy is kept.
+  auto a = store_->BeginPut(Id(2), 256);
+  auto b = store_->BeginPut(Id(2), 256);
+  ASSERT_TRUE(a.ok() && *a && b.ok() && *b);
+  const std::string data = Payload(Id(2), kChunkBytes);
+  ASSERT_TRUE((*a)->Append(data).ok());
+  ASSERT_TRUE((*b)->Append(data).ok());
+  EXPECT_TRUE(store_->CommitPut(*std::move(a), crc32c::Value(data)).ok());
+  EXPECT_TRUE(store_->CommitPut(*std::move(b), crc32c::Value(data)).ok());
+  EXPECT_EQ(store_->GetStats().ram.chunks, 2u);
+  EXPECT_EQ(store_->GetStats().ram.used_bytes, 2 * kChunkBytes);
+  ExpectReadable(Id(2));
+}
+
+TEST_P(TieredStoreModeTest, DeleteAndClear) {
+  PutOk(Id(1));
+  PutOk(Id(2));
+  Settle();
+  auto d = store_->Delete(Id(1));
+  ASSERT_TRUE(d.ok());
+  EXPECT_TRUE(*d);
+  d = store_->Delete(Id(1));
+  ASSERT_TRUE(d.ok());
+  EXPECT_FALSE(*d);
+  EXPECT_EQ(store_->Locate(Id(1)), Tier::kNone);
+  EXPECT_EQ(store_->Read(Id(1)).status().code(), absl::StatusCode::kNotFound);
+
+  // Another namespace is untouched by Clear.
+  const uint64_t ns_a = ns_;
+  const uint64_t ns_b = Register(SmallLayout("test/other-model"));
+  ns_ = ns_b;
+  PutOk(Id(1));
+  ns_ = ns_a;
+  PutOk(Id(3));
+  Settle();
+  auto n = store_->Clear(ns_a);
+  ASSERT_TRUE(n.ok()) << n.status();
+  EXPECT_EQ(*n, 2u);
+  EXPECT_EQ(store_->Locate(Id(2)), Tier::kNone);
+  EXPECT_EQ(store_->Locate(Id(3)), Tier::kNone);
+  ns_ = ns_b;
+  ExpectReadable(Id(1));
+  EXPECT_EQ(store_->GetStats().ram.chunks, 1u);
+  // The namespace stays registered: puts work again.
+  ns_ = ns_a;
+  PutOk(Id(2));
+  ExpectReadable(Id(2));
+}
+
+TEST_P(TieredStoreModeTest, PinAndUnpin) {
+  PutOk(Id(1));
+  EXPECT_EQ(store_->Pin(Id(9), absl::ZeroDuration()).code(), absl::StatusCode::kNotFound);
+  ASSERT_TRUE(store_->Pin(Id(1), absl::ZeroDuration()).ok());
+  EXPECT_EQ(store_->GetStats().ram.pinned_bytes, kChunkBytes);
+  EXPECT_TRUE(store_->Unpin(Id(1)));
+  EXPECT_FALSE(store_->Unpin(Id(1)));
+  EXPECT_EQ(store_->GetStats().ram.pinned_bytes, 0u);
+}
+
+TEST_P(TieredStoreModeTest, RamNeverExceedsCapacity) {
+  for (uint64_t i = 0; i < 3 * kRamChunks; ++i) {
+    ASSERT_TRUE(Put(Id(i)).ok()) << i;
+    ASSERT_LE(store_->GetStats().ram.used_bytes, kRamChunks * kChunkBytes);
+  }
+  // The newest are in RAM.
+  for (uint64_t i = 2 * kRamChunks + 1; i < 3 * kRamChunks; ++i) {
+    EXPECT_EQ(store_->Locate(Id(i)), Tier::kRam) << i;
+  }
+}
+
+// ---------------------------------------------------------------------------------
+// Write-back.
+
+class TieredStoreWriteBackTest : public TieredStoreTestBase {
+ protected:
+  void SetUp() override {
+    TieredStoreTestBase::SetUp();
+    Open(WriteMode::kWriteBack);
+    ns_ = Register();
+  }
+  // Waits for the flusher to have written everything.
+  void WaitFlushed(uint64_t ssd_chunks) {
+    const bool flushed = WaitFor([&] {
+      const TieredStoreStats s = store_->GetStats();
+      return s.writeback_queue_depth == 0 && s.ssd.chunks == ssd_chunks;
+    });
+    const TieredStoreStats s = store_->GetStats();
+    ASSERT_TRUE(flushed) << "dirty " << s.writeback_queue_depth << ", on SSD " << s.ssd.chunks
+                         << ", want " << ssd_chunks;
+  }
+};
+
+TEST_F(TieredStoreWriteBackTest, FlusherWritesToSsd) {
+  for (uint64_t i = 0; i < 3; ++i) PutOk(Id(i));
+  WaitFlushed(3);
+  const TieredStoreStats s = store_->GetStats();
+  EXPECT_EQ(s.ram.dirty_chunks, 0u);
+  EXPECT_EQ(s.ssd.used_bytes, 3 * kChunkBytes);
+  EXPECT_EQ(s.ram.chunks, 3u) << "written back, still cached in RAM";
+  for (uint64_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(store_->Locate(Id(i)), Tier::kRam);
+    ExpectReadable(Id(i), Tier::kRam);
+  }
+}
+
+TEST_F(TieredStoreWriteBackTest, EvictsCleanChunksWhenRamIsFull) {
+  for (uint64_t i = 0; i < kRamChunks; ++i) PutOk(Id(i));
+  WaitFlushed(kRamChunks);
+  ExpectReadable(Id(0), Tier::kRam);  // 1 is now the coldest.
+  PutOk(Id(100));
+  PutOk(Id(101));
+  const TieredStoreStats s = store_->GetStats();
+  EXPECT_EQ(s.ram.evictions, 2u);
+  EXPECT_EQ(s.demotions, 0u) << "clean chunks need no SSD write";
+  EXPECT_EQ(store_->Locate(Id(0)), Tier::kRam);
+  EXPECT_EQ(store_->Locate(Id(1)), Tier::kSsd);
+  EXPECT_EQ(store_->Locate(Id(2)), Tier::kSsd);
+  EXPECT_EQ(store_->Locate(Id(3)), Tier::kRam);
+}
+
+// The SSD's WAL is made slow, so the flusher is still writing chunk 0 when RAM fills
+// with dirty chunks: the next put must demote one (write it to SSD itself) to get room.
+TEST_F(TieredStoreWriteBackTest, DemotesDirtyChunksWhenRamIsFull) {
+  fs_->SetWalWriteDelay(absl::Milliseconds(200));
+  PutOk(Id(0));
+  ASSERT_TRUE(WaitFor([&] { return fs_->wal_appends_in_flight() > 0; }))
+      << "the flusher never started writing";
+  for (uint64_t i = 1; i < kRamChunks; ++i) PutOk(Id(i));
+  EXPECT_EQ(store_->GetStats().ram.dirty_chunks, kRamChunks) << "RAM is all dirty";
+  PutOk(Id(kRamChunks));  // Needs a demotion.
+  fs_->SetWalWriteDelay(absl::ZeroDuration());
+  TieredStoreStats s = store_->GetStats();
+  EXPECT_GE(s.demotions, 1u);
+  EXPECT_EQ(s.demotion_failures, 0u);
+  EXPECT_LE(s.ram.used_bytes, kRamChunks * kChunkBytes);
+  WaitFlushed(kRamChunks + 1);
+  // Nothing was lost: the demoted chunk is on SSD, the rest in RAM.
+  uint64_t on_ssd = 0;
+  for (uint64_t i = 0; i <= kRamChunks; ++i) {
+    const Tier t = store_->Locate(Id(i));
+    EXPECT_NE(t, Tier::kNone) << i;
+    on_ssd += t == Tier::kSsd;
+  }
+  EXPECT_GE(on_ssd, 1u);
+  for (uint64_t i = 0; i <= kRamChunks; ++i) ExpectReadable(Id(i));
+}
+
+// A full SSD: write-back keeps chunks dirty in RAM; when RAM must make room anyway the
+// demotion fails loudly (counted) and the chunk is dropped rather than blocking puts.
+TEST_F(TieredStoreWriteBackTest, DemotionFailureDropsAndCounts) {
+  fs_->SetNoSpace(true);
+  for (uint64_t i = 0; i < kRamChunks; ++i) PutOk(Id(i));
+  PutOk(Id(kRamChunks));
+  TieredStoreStats s = store_->GetStats();
+  EXPECT_GE(s.demotion_failures, 1u);
+  EXPECT_EQ(s.ssd.chunks, 0u);
+  EXPECT_EQ(store_->Locate(Id(kRamChunks)), Tier::kRam);
+  uint64_t lost = 0;
+  for (uint64_t i = 0; i < kRamChunks; ++i) lost += store_->Locate(Id(i)) == Tier::kNone;
+  EXPECT_EQ(lost, s.demotion_failures);
+  // Space comes back: the flusher retries and everything left reaches the SSD. (RocksDB
+  // lifts its stopped-writes state once it polls free space again, within ~5 s.)
+  fs_->SetNoSpace(false);
+  WaitFlushed(kRamChunks + 1 - lost);
+  EXPECT_TRUE(store_->Close().ok());
+}
+
+TEST_F(TieredStoreWriteBackTest, PromotesOnSsdHit) {
+  for (uint64_t i = 0; i < kRamChunks + 2; ++i) PutOk(Id(i));
+  WaitFlushed(kRamChunks + 2);
+  ASSERT_EQ(store_->Locate(Id(0)), Tier::kSsd);
+  EXPECT_EQ(store_->GetStats().promotions, 0u);
+  ExpectReadable(Id(0), Tier::kSsd);  // Served from SSD, and promoted.
+  EXPECT_EQ(store_->Locate(Id(0)), Tier::kRam);
+  EXPECT_EQ(store_->GetStats().promotions, 1u);
+  ExpectReadable(Id(0), Tier::kRam);
+  EXPECT_EQ(store_->GetStats().promotions, 1u);
+  EXPECT_EQ(store_->GetStats().ssd.hits, 1u);
+}
+
+TEST_F(TieredStoreWriteBackTest, ReadFromSsdWithoutRoomIsServedUnpromoted) {
+  for (uint64_t i = 0; i < kRamChunks + 1; ++i) PutOk(Id(i));
+  WaitFlushed(kRamChunks + 1);
+  ASSERT_EQ(store_->Locate(Id(0)), Tier::kSsd);
+  // Every RAM chunk held by a reader: nothing can be evicted for a promotion.
+  std::vector<ChunkView> held;
+  for (uint64_t i = 1; i <= kRamChunks; ++i) {
+    auto v = store_->Read(Id(i));
+    ASSERT_TRUE(v.ok());
+    ASSERT_EQ(v->tier(), Tier::kRam);
+    held.push_back(*std::move(v));
+  }
+  ExpectReadable(Id(0), Tier::kSsd);
+  EXPECT_EQ(store_->Locate(Id(0)), Tier::kSsd);
+  EXPECT_EQ(store_->GetStats().promotions, 0u);
+  // And a put fails cleanly rather than evict a chunk being read.
+  EXPECT_EQ(Put(Id(99)).code(), absl::StatusCode::kResourceExhausted);
+  held.clear();
+  PutOk(Id(99));
+}
+
+TEST_F(TieredStoreWriteBackTest, PinPromotesFromSsdAndHolds) {
+  for (uint64_t i = 0; i < kRamChunks + 1; ++i) PutOk(Id(i));
+  WaitFlushed(kRamChunks + 1);
+  ASSERT_EQ(store_->Locate(Id(0)), Tier::kSsd);
+  ASSERT_TRUE(store_->Pin(Id(0), absl::ZeroDuration()).ok());
+  EXPECT_EQ(store_->Locate(Id(0)), Tier::kRam);
+  EXPECT_EQ(store_->GetStats().promotions, 1u);
+  EXPECT_EQ(store_->GetStats().ram.pinned_bytes, kChunkBytes);
+  // Pressure does not move it.
+  for (uint64_t i = 100; i < 100 + 2 * kRamChunks; ++i) PutOk(Id(i));
+  EXPECT_EQ(store_->Locate(Id(0)), Tier::kRam);
+  EXPECT_TRUE(store_->Unpin(Id(0)));
+  for (uint64_t i = 200; i < 200 + kRamChunks; ++i) PutOk(Id(i));
+  EXPECT_EQ(store_->Locate(Id(0)), Tier::kSsd);
+}
+
+TEST_F(TieredStoreWriteBackTest, PinTtlRunsOnTheInjectedClock) {
+  PutOk(Id(0));
+  ASSERT_TRUE(store_->Pin(Id(0), absl::Seconds(10)).ok());
+  for (uint64_t i = 1; i <= 2 * kRamChunks; ++i) PutOk(Id(i));
+  EXPECT_EQ(store_->Locate(Id(0)), Tier::kRam) << "pinned";
+  clock_.Advance(absl::Seconds(11));
+  EXPECT_EQ(store_->GetStats().ram.pinned_bytes, 0u) << "the pin has expired";
+  WaitFlushed(2 * kRamChunks + 1);
+  for (uint64_t i = 100; i < 100 + kRamChunks; ++i) PutOk(Id(i));
+  EXPECT_EQ(store_->Locate(Id(0)), Tier::kSsd) << "evicted once the pin expired";
+}
+
+TEST_F(TieredStoreWriteBackTest, DeleteAfterWriteBackDoesNotResurrect) {
+  PutOk(Id(1));
+  PutOk(Id(2));
+  WaitFlushed(2);
+  auto d = store_->Delete(Id(1));
+  ASSERT_TRUE(d.ok() && *d);
+  EXPECT_EQ(store_->Locate(Id(1)), Tier::kNone);
+  EXPECT_EQ(store_->GetStats().ssd.chunks, 1u);
+  Reopen();
+  EXPECT_EQ(store_->Locate(Id(1)), Tier::kNone);
+  ExpectReadable(Id(2), Tier::kSsd);
+}
+
+// The flusher is held inside its SSD write of chunk 1 (slow WAL) while the chunk is
+// deleted: when the write lands it must be undone, not left to come back.
+TEST_F(TieredStoreWriteBackTest, DeleteDuringWriteBackDoesNotResurrect) {
+  PutOk(Id(2));
+  WaitFlushed(1);
+  fs_->SetWalWriteDelay(absl::Milliseconds(100));
+  PutOk(Id(1));
+  ASSERT_TRUE(WaitFor([&] { return fs_->wal_appends_in_flight() > 0; }))
+      << "the flusher never started writing";
+  auto d = store_->Delete(Id(1));
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_TRUE(*d);
+  EXPECT_EQ(store_->Locate(Id(1)), Tier::kNone);
+  fs_->SetWalWriteDelay(absl::ZeroDuration());
+  ASSERT_TRUE(store_->Close().ok());  // Joins the flusher: its clean-up is done.
+  EXPECT_EQ(store_->Locate(Id(1)), Tier::kNone);
+  EXPECT_EQ(store_->GetStats().ssd.chunks, 1u);
+  OpenWith(options_);
+  EXPECT_EQ(store_->Locate(Id(1)), Tier::kNone);
+  EXPECT_EQ(store_->Read(Id(1)).status().code(), absl::StatusCode::kNotFound);
+  ExpectReadable(Id(2));
+}
+
+TEST_F(TieredStoreWriteBackTest, ClearDuringWriteBackDoesNotResurrect) {
+  fs_->SetWalWriteDelay(absl::Milliseconds(100));
+  PutOk(Id(1));
+  ASSERT_TRUE(WaitFor([&] { return fs_->wal_appends_in_flight() > 0; }));
+  PutOk(Id(2));  // Dirty, queued behind 1.
+  auto n = store_->Clear(ns_);
+  ASSERT_TRUE(n.ok()) << n.status();
+  EXPECT_EQ(*n, 2u);
+  fs_->SetWalWriteDelay(absl::ZeroDuration());
+  ASSERT_TRUE(store_->Close().ok());
+  EXPECT_EQ(store_->GetStats().ssd.chunks, 0u);
+  OpenWith(options_);
+  EXPECT_EQ(store_->Locate(Id(1)), Tier::kNone);
+  EXPECT_EQ(store_->Locate(Id(2)), Tier::kNone);
+  EXPECT_EQ(store_->GetStats().ssd.chunks, 0u);
+}
+
+TEST_F(TieredStoreWriteBackTest, ReopenAfterCloseRecoversChunksAndLayouts) {
+  const uint64_t ns_a = ns_;
+  const uint64_t ns_b = Register(SmallLayout("test/second-model"));
+  for (uint64_t i = 0; i < 5; ++i) PutOk(Id(i));  // Maybe still dirty at Close.
+  ns_ = ns_b;
+  PutOk(Id(0));
+  ASSERT_TRUE(store_->Close().ok());
+  EXPECT_TRUE(store_->Close().ok()) << "Close is idempotent";
+  EXPECT_EQ(store_->GetStats().writeback_queue_depth, 0u) << "Close flushed everything";
+
+  OpenWith(options_);
+  EXPECT_EQ(store_->GetStats().namespaces, 2u);
+  auto layout = store_->FindLayout(ns_b);
+  ASSERT_TRUE(layout.ok()) << layout.status();
+  EXPECT_EQ(*layout, SmallLayout("test/second-model"));
+  auto again = store_->RegisterLayout(SmallLayout());
+  ASSERT_TRUE(again.ok());
+  EXPECT_TRUE(again->already_registered);
+  EXPECT_EQ(store_->GetStats().ssd.chunks, 6u);
+  ns_ = ns_a;
+  for (uint64_t i = 0; i < 5; ++i) {
+    EXPECT_EQ(store_->Locate(Id(i)), Tier::kSsd) << i;
+    ExpectReadable(Id(i), Tier::kSsd);
+  }
+  ns_ = ns_b;
+  ExpectReadable(Id(0));
+  // Puts of recovered chunks are recognised as present.
+  auto w = store_->BeginPut(Id(0), 256);
+  ASSERT_TRUE(w.ok());
+  EXPECT_EQ(*w, nullptr);
+}
+
+TEST_F(TieredStoreWriteBackTest, CorruptSsdChunkIsDataLossNeverServed) {
+  PutOk(Id(1));
+  PutOk(Id(2));
+  Reopen();  // RAM starts empty; Close flushed the chunks into blob files.
+  fs_->SetCorruptReads(true);
+  auto v = store_->Read(Id(1));
+  fs_->SetCorruptReads(false);
+  EXPECT_EQ(v.status().code(), absl::StatusCode::kDataLoss) << v.status();
+  EXPECT_EQ(store_->Locate(Id(1)), Tier::kNone) << "deleted";
+  EXPECT_EQ(store_->GetStats().checksum_failures, 1u);
+  EXPECT_EQ(store_->GetStats().promotions, 0u);
+  ExpectReadable(Id(2), Tier::kSsd);
+  // The client recomputes and puts it again.
+  PutOk(Id(1));
+  ExpectReadable(Id(1), Tier::kRam);
+}
+
+// ---------------------------------------------------------------------------------
+// Write-through and RAM-only.
+
+class TieredStoreWriteThroughTest : public TieredStoreTestBase {
+ protected:
+  void SetUp() override {
+    TieredStoreTestBase::SetUp();
+    Open(WriteMode::kWriteThrough);
+    ns_ = Register();
+  }
+};
+
+TEST_F(TieredStoreWriteThroughTest, OnSsdWhenAcknowledged) {
+  PutOk(Id(1));
+  const TieredStoreStats s = store_->GetStats();
+  EXPECT_EQ(s.ssd.chunks, 1u);
+  EXPECT_EQ(s.ram.dirty_chunks, 0u);
+  EXPECT_EQ(store_->Locate(Id(1)), Tier::kRam);
+  // RAM pressure evicts without demoting.
+  for (uint64_t i = 2; i < 2 + kRamChunks; ++i) PutOk(Id(i));
+  EXPECT_EQ(store_->Locate(Id(1)), Tier::kSsd);
+  EXPECT_EQ(store_->GetStats().demotions, 0u);
+  EXPECT_EQ(store_->GetStats().ram.evictions, 1u);
+  ExpectReadable(Id(1), Tier::kSsd);
+  EXPECT_EQ(store_->Locate(Id(1)), Tier::kRam);
+  EXPECT_EQ(store_->GetStats().promotions, 1u);
+}
+
+TEST_F(TieredStoreWriteThroughTest, SsdFullFailsThePutAndStoresNothing) {
+  PutOk(Id(1));
+  fs_->SetNoSpace(true);
+  const absl::Status s = Put(Id(2));
+  fs_->SetNoSpace(false);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_EQ(store_->Locate(Id(2)), Tier::kNone);
+  EXPECT_EQ(store_->GetStats().ram.chunks, 1u);
+  EXPECT_EQ(store_->GetStats().ram.used_bytes, kChunkBytes) << "its RAM was given back";
+  ExpectReadable(Id(1));
+}
+
+class TieredStoreRamOnlyTest : public TieredStoreTestBase {
+ protected:
+  void SetUp() override {
+    TieredStoreTestBase::SetUp();
+    Open(WriteMode::kRamOnly);
+    ns_ = Register();
+  }
+};
+
+TEST_F(TieredStoreRamOnlyTest, EvictionDrops) {
+  for (uint64_t i = 0; i < kRamChunks + 3; ++i) PutOk(Id(i));
+  for (uint64_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(store_->Locate(Id(i)), Tier::kNone) << i;
+    EXPECT_EQ(store_->Read(Id(i)).status().code(), absl::StatusCode::kNotFound);
+  }
+  for (uint64_t i = 3; i < kRamChunks + 3; ++i) ExpectReadable(Id(i), Tier::kRam);
+  const TieredStoreStats s = store_->GetStats();
+  EXPECT_EQ(s.ram.evictions, 3u);
+  EXPECT_EQ(s.ram.dirty_chunks, 0u);
+  EXPECT_EQ(s.ssd.chunks, 0u);
+  EXPECT_EQ(s.demotions, 0u);
+  EXPECT_FALSE(std::filesystem::exists(options_.ssd.path)) << "no SSD tier was opened";
+  EXPECT_TRUE(store_->Close().ok());
+}
+
+TEST_F(TieredStoreRamOnlyTest, NothingSurvivesARestart) {
+  PutOk(Id(1));
+  Reopen();
+  EXPECT_EQ(store_->GetStats().namespaces, 0u);
+  EXPECT_EQ(store_->Locate(Id(1)), Tier::kNone);
+}
+
+}  // namespace
+}  // namespace kvtier

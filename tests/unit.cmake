@@ -1,0 +1,9 @@
+# Unit tests: one executable per file, registered with kvtier_test (tests/CMakeLists.txt).
+
+# Storage layer.
+kvtier_test(chunk_key_test LIBS kvtier_chunk_key)
+kvtier_test(crc32c_test LIBS kvtier_storage)
+kvtier_test(lru_policy_test LIBS kvtier_storage)
+kvtier_test(host_pool_test LIBS kvtier_storage)
+kvtier_test(ssd_tier_test LIBS kvtier_storage)
+kvtier_test(tiered_store_test LIBS kvtier_storage)
