@@ -114,7 +114,11 @@ const std::vector<Option>& Options() {
       DurationOption("shutdown_grace", "time in-flight RPCs get at shutdown",
                      &DaemonConfig::shutdown_grace),
       StringOption("log_level", "debug | info | warn | error", &DaemonConfig::log_level),
-      StringOption("port_file", "write the bound gRPC port to this file (for supervisors)",
+      StringOption("metrics_listen",
+                   "HTTP address of /metrics and /healthz, host:port; empty turns it off",
+                   &DaemonConfig::metrics_listen),
+      StringOption("port_file",
+                   "write the bound gRPC port (line 1) and metrics port (line 2) here",
                    &DaemonConfig::port_file),
   };
   return *options;
@@ -187,6 +191,10 @@ absl::Status DaemonConfig::Validate() const {
         absl::StrCat("option listen: expected host:port, got '", listen, "'"));
   }
   if (data_dir.empty()) return absl::InvalidArgumentError("option data_dir: must not be empty");
+  if (!metrics_listen.empty() && metrics_listen.find(':') == std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "option metrics_listen: expected host:port or empty, got '", metrics_listen, "'"));
+  }
   if (max_frame_size < 4096 || max_frame_size > (64ull << 20)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "option max_frame_size: must be between 4KiB and 64MiB, got ", max_frame_size));

@@ -37,7 +37,10 @@ struct DaemonConfig {
   uint64_t max_chunk_size = 512ull << 20;  // Largest chunk a layout may have, bytes.
   absl::Duration shutdown_grace = absl::Seconds(30);  // In-flight RPCs get this long.
   std::string log_level = "info";          // debug | info | warn | error.
-  std::string port_file;                   // If set, the bound gRPC port is written here.
+  std::string metrics_listen = "127.0.0.1:9464";  // HTTP /metrics and /healthz; "" = off.
+  // If set, written once serving: the bound gRPC port on line 1, the metrics port (0 if
+  // off) on line 2. For supervisors and tests that listen on port 0.
+  std::string port_file;
 
   absl::Status Validate() const;
   // The storage options these settings imply.

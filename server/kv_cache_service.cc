@@ -43,18 +43,71 @@ absl::StatusOr<LayoutSpec> RequireNamespace(TieredStore* store, uint64_t ns) {
 
 }  // namespace
 
-KvCacheService::KvCacheService(TieredStore* store, ServiceLimits limits, std::string version)
-    : store_(store), limits_(limits), version_(std::move(version)) {}
+KvCacheService::KvCacheService(ServiceLimits limits, std::string version, RpcMetrics* metrics)
+    : metrics_(metrics), limits_(limits), version_(std::move(version)) {}
+
+template <typename Impl>
+grpc::Status KvCacheService::Serve(RpcMethod method, Impl impl) {
+  RpcMetrics::Scope scope(metrics_, method);
+  TieredStore* store = store_.load(std::memory_order_acquire);
+  if (store == nullptr) {
+    return scope.Done(ToGrpcStatus(absl::UnavailableError(
+        "kvtierd is starting up (recovering the SSD tier's index); retry shortly")));
+  }
+  return scope.Done(impl(store));
+}
 
 grpc::Status KvCacheService::RegisterLayout(grpc::ServerContext*,
                                             const v1::RegisterLayoutRequest* req,
                                             v1::RegisterLayoutResponse* resp) {
+  return Serve(RpcMethod::kRegisterLayout,
+               [&](TieredStore* store) { return RegisterLayoutImpl(store, req, resp); });
+}
+grpc::Status KvCacheService::Lookup(grpc::ServerContext*, const v1::LookupRequest* req,
+                                    v1::LookupResponse* resp) {
+  return Serve(RpcMethod::kLookup, [&](TieredStore* store) { return LookupImpl(store, req, resp); });
+}
+grpc::Status KvCacheService::Put(grpc::ServerContext* ctx,
+                                 grpc::ServerReader<v1::PutFrame>* reader,
+                                 v1::PutResponse* resp) {
+  return Serve(RpcMethod::kPut,
+               [&](TieredStore* store) { return PutImpl(store, ctx, reader, resp); });
+}
+grpc::Status KvCacheService::Get(grpc::ServerContext* ctx, const v1::GetRequest* req,
+                                 grpc::ServerWriter<v1::GetFrame>* writer) {
+  return Serve(RpcMethod::kGet, [&](TieredStore* store) { return GetImpl(store, ctx, req, writer); });
+}
+grpc::Status KvCacheService::Pin(grpc::ServerContext*, const v1::PinRequest* req,
+                                 v1::PinResponse* resp) {
+  return Serve(RpcMethod::kPin, [&](TieredStore* store) { return PinImpl(store, req, resp); });
+}
+grpc::Status KvCacheService::Unpin(grpc::ServerContext*, const v1::UnpinRequest* req,
+                                   v1::UnpinResponse* resp) {
+  return Serve(RpcMethod::kUnpin, [&](TieredStore* store) { return UnpinImpl(store, req, resp); });
+}
+grpc::Status KvCacheService::Delete(grpc::ServerContext*, const v1::DeleteRequest* req,
+                                    v1::DeleteResponse* resp) {
+  return Serve(RpcMethod::kDelete,
+               [&](TieredStore* store) { return DeleteImpl(store, req, resp); });
+}
+grpc::Status KvCacheService::Clear(grpc::ServerContext*, const v1::ClearRequest* req,
+                                   v1::ClearResponse* resp) {
+  return Serve(RpcMethod::kClear, [&](TieredStore* store) { return ClearImpl(store, req, resp); });
+}
+grpc::Status KvCacheService::Stats(grpc::ServerContext*, const v1::StatsRequest*,
+                                   v1::StatsResponse* resp) {
+  return Serve(RpcMethod::kStats, [&](TieredStore* store) { return StatsImpl(store, resp); });
+}
+
+grpc::Status KvCacheService::RegisterLayoutImpl(TieredStore* store,
+                                                const v1::RegisterLayoutRequest* req,
+                                                v1::RegisterLayoutResponse* resp) {
   if (!req->has_layout()) {
     return ToGrpcStatus(absl::InvalidArgumentError("layout: required"));
   }
   auto spec = LayoutFromProto(req->layout());
   if (!spec.ok()) return ToGrpcStatus(spec.status());
-  auto registered = store_->RegisterLayout(*spec);
+  auto registered = store->RegisterLayout(*spec);
   if (!registered.ok()) return ToGrpcStatus(registered.status());
   resp->set_namespace_id(registered->namespace_id);
   resp->set_chunk_bytes(registered->chunk_bytes);
@@ -62,9 +115,9 @@ grpc::Status KvCacheService::RegisterLayout(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
-grpc::Status KvCacheService::Lookup(grpc::ServerContext*, const v1::LookupRequest* req,
-                                    v1::LookupResponse* resp) {
-  if (auto l = RequireNamespace(store_, req->namespace_id()); !l.ok()) {
+grpc::Status KvCacheService::LookupImpl(TieredStore* store, const v1::LookupRequest* req,
+                                        v1::LookupResponse* resp) {
+  if (auto l = RequireNamespace(store, req->namespace_id()); !l.ok()) {
     return ToGrpcStatus(l.status());
   }
   auto ids = ParseKeys(req->namespace_id(), req->keys(), limits_.max_keys_per_request);
@@ -72,18 +125,22 @@ grpc::Status KvCacheService::Lookup(grpc::ServerContext*, const v1::LookupReques
   bool prefix = true;
   uint32_t hits = 0;
   for (const ChunkId& id : *ids) {
-    const Tier tier = store_->Locate(id);
+    const Tier tier = store->Locate(id);
     resp->add_tiers(ToProtoTier(tier));
     prefix = prefix && tier != Tier::kNone;
     if (prefix) ++hits;
   }
   resp->set_prefix_hits(hits);
+  if (metrics_) {
+    metrics_->CountLookup(ids->size(), std::count_if(resp->tiers().begin(), resp->tiers().end(),
+                                                     [](int t) { return t != v1::TIER_UNSPECIFIED; }));
+  }
   return grpc::Status::OK;
 }
 
-grpc::Status KvCacheService::Put(grpc::ServerContext* ctx,
-                                 grpc::ServerReader<v1::PutFrame>* reader,
-                                 v1::PutResponse* resp) {
+grpc::Status KvCacheService::PutImpl(TieredStore* store, grpc::ServerContext* ctx,
+                                     grpc::ServerReader<v1::PutFrame>* reader,
+                                     v1::PutResponse* resp) {
   // State of the chunk being received. `writer` is null while draining a chunk that is
   // already stored (idempotent put) or between chunks; dropping it releases its RAM.
   bool in_chunk = false;
@@ -117,9 +174,9 @@ grpc::Status KvCacheService::Put(grpc::ServerContext* ctx,
             "offset: frame out of order: first frame of chunk ", key->ToHex(),
             " has offset ", frame.offset(), ", expected 0")));
       }
-      auto layout = RequireNamespace(store_, id.ns);
+      auto layout = RequireNamespace(store, id.ns);
       if (!layout.ok()) return fail(layout.status());
-      auto w = store_->BeginPut(id, frame.token_count());
+      auto w = store->BeginPut(id, frame.token_count());
       if (!w.ok()) return fail(w.status());
       // A null writer means the chunk is already stored: its frames are drained.
       writer = *std::move(w);
@@ -156,7 +213,7 @@ grpc::Status KvCacheService::Put(grpc::ServerContext* ctx,
           "crc32c: required on the frame that completes chunk ", key->ToHex())));
     }
     if (writer) {
-      if (absl::Status s = store_->CommitPut(std::move(writer), frame.crc32c()); !s.ok()) {
+      if (absl::Status s = store->CommitPut(std::move(writer), frame.crc32c()); !s.ok()) {
         return fail(s);
       }
       resp->set_chunks_stored(resp->chunks_stored() + 1);
@@ -176,9 +233,10 @@ grpc::Status KvCacheService::Put(grpc::ServerContext* ctx,
   return grpc::Status::OK;
 }
 
-grpc::Status KvCacheService::Get(grpc::ServerContext* ctx, const v1::GetRequest* req,
-                                 grpc::ServerWriter<v1::GetFrame>* writer) {
-  auto layout = RequireNamespace(store_, req->namespace_id());
+grpc::Status KvCacheService::GetImpl(TieredStore* store, grpc::ServerContext* ctx,
+                                     const v1::GetRequest* req,
+                                     grpc::ServerWriter<v1::GetFrame>* writer) {
+  auto layout = RequireNamespace(store, req->namespace_id());
   if (!layout.ok()) return ToGrpcStatus(layout.status());
   auto ids = ParseKeys(req->namespace_id(), req->keys(), limits_.max_keys_per_request);
   if (!ids.ok()) return ToGrpcStatus(ids.status());
@@ -198,7 +256,7 @@ grpc::Status KvCacheService::Get(grpc::ServerContext* ctx, const v1::GetRequest*
   v1::GetFrame frame;
   for (size_t i = 0; i < ids->size(); ++i) {
     if (ctx->IsCancelled()) return ToGrpcStatus(absl::CancelledError("get cancelled by the client"));
-    auto view = store_->Read((*ids)[i]);
+    auto view = store->Read((*ids)[i]);
     frame.Clear();
     frame.set_key_index(static_cast<uint32_t>(i));
     if (absl::IsNotFound(view.status())) {
@@ -241,15 +299,15 @@ grpc::Status KvCacheService::Get(grpc::ServerContext* ctx, const v1::GetRequest*
   return grpc::Status::OK;
 }
 
-grpc::Status KvCacheService::Pin(grpc::ServerContext*, const v1::PinRequest* req,
-                                 v1::PinResponse* resp) {
-  if (auto l = RequireNamespace(store_, req->namespace_id()); !l.ok()) {
+grpc::Status KvCacheService::PinImpl(TieredStore* store, const v1::PinRequest* req,
+                                     v1::PinResponse* resp) {
+  if (auto l = RequireNamespace(store, req->namespace_id()); !l.ok()) {
     return ToGrpcStatus(l.status());
   }
   auto ids = ParseKeys(req->namespace_id(), req->keys(), limits_.max_keys_per_request);
   if (!ids.ok()) return ToGrpcStatus(ids.status());
   for (size_t i = 0; i < ids->size(); ++i) {
-    absl::Status s = store_->Pin((*ids)[i], absl::Seconds(req->ttl_seconds()));
+    absl::Status s = store->Pin((*ids)[i], absl::Seconds(req->ttl_seconds()));
     if (absl::IsNotFound(s)) {
       resp->set_not_found(resp->not_found() + 1);
     } else if (!s.ok()) {
@@ -263,48 +321,47 @@ grpc::Status KvCacheService::Pin(grpc::ServerContext*, const v1::PinRequest* req
   return grpc::Status::OK;
 }
 
-grpc::Status KvCacheService::Unpin(grpc::ServerContext*, const v1::UnpinRequest* req,
-                                   v1::UnpinResponse* resp) {
-  if (auto l = RequireNamespace(store_, req->namespace_id()); !l.ok()) {
+grpc::Status KvCacheService::UnpinImpl(TieredStore* store, const v1::UnpinRequest* req,
+                                       v1::UnpinResponse* resp) {
+  if (auto l = RequireNamespace(store, req->namespace_id()); !l.ok()) {
     return ToGrpcStatus(l.status());
   }
   auto ids = ParseKeys(req->namespace_id(), req->keys(), limits_.max_keys_per_request);
   if (!ids.ok()) return ToGrpcStatus(ids.status());
   for (const ChunkId& id : *ids) {
-    if (store_->Unpin(id)) resp->set_unpinned(resp->unpinned() + 1);
+    if (store->Unpin(id)) resp->set_unpinned(resp->unpinned() + 1);
   }
   return grpc::Status::OK;
 }
 
-grpc::Status KvCacheService::Delete(grpc::ServerContext*, const v1::DeleteRequest* req,
-                                    v1::DeleteResponse* resp) {
-  if (auto l = RequireNamespace(store_, req->namespace_id()); !l.ok()) {
+grpc::Status KvCacheService::DeleteImpl(TieredStore* store, const v1::DeleteRequest* req,
+                                        v1::DeleteResponse* resp) {
+  if (auto l = RequireNamespace(store, req->namespace_id()); !l.ok()) {
     return ToGrpcStatus(l.status());
   }
   auto ids = ParseKeys(req->namespace_id(), req->keys(), limits_.max_keys_per_request);
   if (!ids.ok()) return ToGrpcStatus(ids.status());
   for (const ChunkId& id : *ids) {
-    auto deleted = store_->Delete(id);
+    auto deleted = store->Delete(id);
     if (!deleted.ok()) return ToGrpcStatus(deleted.status());
     if (*deleted) resp->set_deleted(resp->deleted() + 1);
   }
   return grpc::Status::OK;
 }
 
-grpc::Status KvCacheService::Clear(grpc::ServerContext*, const v1::ClearRequest* req,
-                                   v1::ClearResponse* resp) {
-  if (auto l = RequireNamespace(store_, req->namespace_id()); !l.ok()) {
+grpc::Status KvCacheService::ClearImpl(TieredStore* store, const v1::ClearRequest* req,
+                                       v1::ClearResponse* resp) {
+  if (auto l = RequireNamespace(store, req->namespace_id()); !l.ok()) {
     return ToGrpcStatus(l.status());
   }
-  auto removed = store_->Clear(req->namespace_id());
+  auto removed = store->Clear(req->namespace_id());
   if (!removed.ok()) return ToGrpcStatus(removed.status());
   resp->set_chunks_removed(*removed);
   return grpc::Status::OK;
 }
 
-grpc::Status KvCacheService::Stats(grpc::ServerContext*, const v1::StatsRequest*,
-                                   v1::StatsResponse* resp) {
-  const TieredStoreStats s = store_->GetStats();
+grpc::Status KvCacheService::StatsImpl(TieredStore* store, v1::StatsResponse* resp) {
+  const TieredStoreStats s = store->GetStats();
   auto* ram = resp->add_tiers();
   ram->set_tier(v1::TIER_RAM);
   ram->set_capacity_bytes(s.ram.capacity_bytes);
@@ -314,7 +371,7 @@ grpc::Status KvCacheService::Stats(grpc::ServerContext*, const v1::StatsRequest*
   ram->set_misses(s.ram.misses);
   ram->set_evictions(s.ram.evictions);
   ram->set_pinned_bytes(s.ram.pinned_bytes);
-  if (store_->write_mode() != WriteMode::kRamOnly) {
+  if (store->write_mode() != WriteMode::kRamOnly) {
     auto* ssd = resp->add_tiers();
     ssd->set_tier(v1::TIER_SSD);
     ssd->set_capacity_bytes(s.ssd.capacity_bytes);
@@ -329,7 +386,7 @@ grpc::Status KvCacheService::Stats(grpc::ServerContext*, const v1::StatsRequest*
   resp->set_demotions(s.demotions);
   resp->set_checksum_failures(s.checksum_failures);
   resp->set_writeback_queue_depth(s.writeback_queue_depth);
-  resp->set_write_mode(WriteModeName(store_->write_mode()));
+  resp->set_write_mode(WriteModeName(store->write_mode()));
   resp->set_uptime_seconds(static_cast<uint64_t>(absl::ToInt64Seconds(absl::Now() - started_)));
   resp->set_version(version_);
   return grpc::Status::OK;

@@ -2,17 +2,24 @@
 // every request against the configured limits, maps storage errors to gRPC codes in
 // one place (status_util), and never lets a partial chunk become visible.
 //
+// The service is registered before the store has recovered its index, so the gRPC
+// server (and its health service, NOT_SERVING meanwhile) answers during start-up; until
+// SetStore() every call fails with UNAVAILABLE.
+//
 // Thread-safety: gRPC's synchronous server calls the handlers on its thread pool, any
 // number at once; the service keeps no per-call state outside the handler's stack and
-// the store is thread-safe.
+// the store is thread-safe. The store pointer is published once with release order and
+// read with acquire order, which is all the handlers need to see a fully opened store.
 #ifndef KVTIER_SERVER_KV_CACHE_SERVICE_H_
 #define KVTIER_SERVER_KV_CACHE_SERVICE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <string>
 
 #include "absl/time/time.h"
 #include "kvtier/v1/kvtier.grpc.pb.h"
+#include "server/rpc_metrics.h"
 #include "storage/tiered_store.h"
 
 namespace kvtier {
@@ -24,8 +31,9 @@ struct ServiceLimits {
 
 class KvCacheService final : public v1::KvCache::Service {
  public:
-  // `store` must outlive the service.
-  KvCacheService(TieredStore* store, ServiceLimits limits, std::string version);
+  // `metrics` (may be null) and the store given to SetStore must outlive the service.
+  KvCacheService(ServiceLimits limits, std::string version, RpcMetrics* metrics);
+  void SetStore(TieredStore* store) { store_.store(store, std::memory_order_release); }
 
   grpc::Status RegisterLayout(grpc::ServerContext* ctx, const v1::RegisterLayoutRequest* req,
                               v1::RegisterLayoutResponse* resp) override;
@@ -47,7 +55,29 @@ class KvCacheService final : public v1::KvCache::Service {
                      v1::StatsResponse* resp) override;
 
  private:
-  TieredStore* const store_;
+  grpc::Status RegisterLayoutImpl(TieredStore* store, const v1::RegisterLayoutRequest* req,
+                                  v1::RegisterLayoutResponse* resp);
+  grpc::Status LookupImpl(TieredStore* store, const v1::LookupRequest* req,
+                          v1::LookupResponse* resp);
+  grpc::Status PutImpl(TieredStore* store, grpc::ServerContext* ctx,
+                       grpc::ServerReader<v1::PutFrame>* reader, v1::PutResponse* resp);
+  grpc::Status GetImpl(TieredStore* store, grpc::ServerContext* ctx, const v1::GetRequest* req,
+                       grpc::ServerWriter<v1::GetFrame>* writer);
+  grpc::Status PinImpl(TieredStore* store, const v1::PinRequest* req, v1::PinResponse* resp);
+  grpc::Status UnpinImpl(TieredStore* store, const v1::UnpinRequest* req,
+                         v1::UnpinResponse* resp);
+  grpc::Status DeleteImpl(TieredStore* store, const v1::DeleteRequest* req,
+                          v1::DeleteResponse* resp);
+  grpc::Status ClearImpl(TieredStore* store, const v1::ClearRequest* req,
+                         v1::ClearResponse* resp);
+  grpc::Status StatsImpl(TieredStore* store, v1::StatsResponse* resp);
+
+  // Runs `impl` with the store, under a metrics scope; UNAVAILABLE before SetStore.
+  template <typename Impl>
+  grpc::Status Serve(RpcMethod method, Impl impl);
+
+  std::atomic<TieredStore*> store_{nullptr};
+  RpcMetrics* const metrics_;
   const ServiceLimits limits_;
   const std::string version_;
   const absl::Time started_ = absl::Now();

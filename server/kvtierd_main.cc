@@ -7,10 +7,13 @@
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <malloc.h>
+#include <prometheus/registry.h>
 #include <pthread.h>
 #include <signal.h>
+#include <systemd/sd-daemon.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -20,7 +23,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/daemon_config.h"
+#include "server/http_endpoint.h"
 #include "server/kv_cache_service.h"
+#include "server/rpc_metrics.h"
+#include "server/store_collector.h"
 #include "storage/crc32c.h"
 #include "storage/log.h"
 #include "storage/tiered_store.h"
@@ -39,11 +45,11 @@ LogLevel ParseLogLevel(const std::string& s) {
   return LogLevel::kInfo;
 }
 
-absl::Status WritePortFile(const std::string& path, int port) {
+absl::Status WritePortFile(const std::string& path, int grpc_port, int metrics_port) {
   const std::string tmp = path + ".tmp";
   {
     std::ofstream out(tmp, std::ios::trunc);
-    out << port << "\n";
+    out << grpc_port << "\n" << metrics_port << "\n";
     if (!out.good()) return absl::UnavailableError(absl::StrCat("port_file: cannot write ", tmp));
   }
   std::error_code ec;
@@ -52,12 +58,16 @@ absl::Status WritePortFile(const std::string& path, int port) {
   return absl::OkStatus();
 }
 
+// Tells systemd (Type=notify) about state changes; a no-op when not run by systemd.
+void Notify(const std::string& state) {
+  if (sd_notify(0, state.c_str()) < 0) LogWarning("sd_notify failed: ", state);
+}
+
 int Run(const DaemonConfig& config, const sigset_t& signals) {
   SetMinLogLevel(ParseLogLevel(config.log_level));
   LogInfo("kvtierd ", KVTIER_VERSION, " starting: ", config.Describe());
   LogInfo("GPU staging tier: off (this build has no GPU tier; RAM and SSD serve all reads)");
   LogInfo("CRC32C: ", crc32c::IsHardwareAccelerated() ? "SSE4.2" : "software");
-
 
   auto store_options = config.ToStoreOptions();
   if (!store_options.ok()) {
@@ -74,17 +84,20 @@ int Run(const DaemonConfig& config, const sigset_t& signals) {
   } else {
     LogWarning("write_mode=ram-only: no SSD tier; chunks are lost on restart");
   }
-  auto store = TieredStore::Open(*std::move(store_options));
-  if (!store.ok()) {
-    LogError("cannot open the store: ", store.status().message());
-    return 1;
-  }
 
+  // Order matters for shutdown: members declared later are destroyed first. The HTTP
+  // endpoint reads the store through its collector, so it is stopped before the store
+  // goes; the gRPC server is drained before either.
+  auto registry = std::make_shared<prometheus::Registry>();
+  RpcMetrics rpc_metrics(*registry);
   ServiceLimits limits;
   limits.max_frame_bytes = config.max_frame_size;
   limits.max_keys_per_request = config.max_keys_per_request;
-  KvCacheService service(store->get(), limits, KVTIER_VERSION);
+  KvCacheService service(limits, KVTIER_VERSION, &rpc_metrics);
+  std::atomic<bool> serving{false};
 
+  // gRPC first, so that health checks get NOT_SERVING (and KvCache calls UNAVAILABLE)
+  // while the SSD index is being recovered, instead of connection refused.
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
@@ -106,26 +119,64 @@ int Run(const DaemonConfig& config, const sigset_t& signals) {
     return 1;
   }
   auto* health = server->GetHealthCheckService();
+  health->SetServingStatus(false);
+
+  std::unique_ptr<HttpEndpoint> http;
+  if (!config.metrics_listen.empty()) {
+    auto endpoint =
+        HttpEndpoint::Start(config.metrics_listen, [&serving] { return serving.load(); });
+    if (!endpoint.ok()) {
+      LogError(endpoint.status().message());
+      server->Shutdown();
+      return 1;
+    }
+    http = *std::move(endpoint);
+    http->AddCollectable(registry.get());
+  }
+
+  Notify("STATUS=recovering the SSD tier");
+  auto store = TieredStore::Open(*std::move(store_options));
+  if (!store.ok()) {
+    LogError("cannot open the store: ", store.status().message());
+    http.reset();
+    server->Shutdown();
+    return 1;
+  }
+  StoreCollector collector(store->get(), KVTIER_VERSION);
+  service.SetStore(store->get());
+  if (http) http->AddCollectable(&collector);
+  serving = true;
   health->SetServingStatus(true);
+
+  const int metrics_port = http ? http->port() : 0;
   if (!config.port_file.empty()) {
-    if (absl::Status s = WritePortFile(config.port_file, port); !s.ok()) {
+    if (absl::Status s = WritePortFile(config.port_file, port, metrics_port); !s.ok()) {
       LogError(s.message());
+      http.reset();
       server->Shutdown();
       return 1;
     }
   }
   const std::string host = config.listen.substr(0, config.listen.rfind(':'));
-  LogInfo("serving kvtier.v1.KvCache on ", host, ":", port);
+  LogInfo("serving kvtier.v1.KvCache on ", host, ":", port,
+          http ? absl::StrCat("; metrics on http://", config.metrics_listen.substr(
+                                  0, config.metrics_listen.rfind(':')), ":", metrics_port,
+                              "/metrics")
+               : "; metrics off");
+  Notify(absl::StrCat("READY=1\nSTATUS=serving on ", host, ":", port));
 
   int sig = 0;
   sigwait(&signals, &sig);
   LogInfo("received ", sig == SIGTERM ? "SIGTERM" : "SIGINT", ": shutting down (grace ",
           absl::FormatDuration(config.shutdown_grace), ")");
+  Notify("STOPPING=1\nSTATUS=draining RPCs and flushing write-back");
+  serving = false;
   health->SetServingStatus(false);
   server->Shutdown(std::chrono::system_clock::now() +
                    absl::ToChronoSeconds(config.shutdown_grace));
   server->Wait();
   LogInfo("RPCs drained; flushing the store");
+  http.reset();
   absl::Status closed = (*store)->Close();
   store->reset();
   if (!closed.ok()) {

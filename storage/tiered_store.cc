@@ -185,18 +185,24 @@ absl::Status TieredStore::CommitPut(std::unique_ptr<ChunkWriter> writer, uint32_
     case WriteMode::kWriteThrough: {
       const auto parts = Pieces(*writer->data_);
       if (absl::Status s = ssd_->Put(writer->id_, meta, parts); !s.ok()) return s;
-      ram_->Insert(writer->id_, std::move(writer->data_), meta, /*dirty=*/false);
+      ssd_bytes_in_.fetch_add(meta.size, std::memory_order_relaxed);
+      if (ram_->Insert(writer->id_, std::move(writer->data_), meta, /*dirty=*/false)) {
+        ram_bytes_in_.fetch_add(meta.size, std::memory_order_relaxed);
+      }
       break;
     }
     case WriteMode::kWriteBack: {
       if (ram_->Insert(writer->id_, std::move(writer->data_), meta, /*dirty=*/true)) {
+        ram_bytes_in_.fetch_add(meta.size, std::memory_order_relaxed);
         absl::MutexLock lock(&flusher_mu_);
         work_ = true;
       }
       break;
     }
     case WriteMode::kRamOnly:
-      ram_->Insert(writer->id_, std::move(writer->data_), meta, /*dirty=*/false);
+      if (ram_->Insert(writer->id_, std::move(writer->data_), meta, /*dirty=*/false)) {
+        ram_bytes_in_.fetch_add(meta.size, std::memory_order_relaxed);
+      }
       break;
   }
   return absl::OkStatus();
@@ -208,6 +214,7 @@ bool TieredStore::FlushOne(bool demotion) {
   const auto parts = Pieces(*d->data);
   absl::Status s = ssd_->Put(d->id, d->meta, parts);
   if (s.ok()) {
+    ssd_bytes_in_.fetch_add(d->meta.size, std::memory_order_relaxed);
     if (demotion) demotions_.fetch_add(1, std::memory_order_relaxed);
     if (!ram_->FinishFlush(d->id, /*written=*/true)) {
       // Deleted while we wrote it: do not let it come back from SSD.
@@ -258,6 +265,7 @@ Tier TieredStore::Locate(const ChunkId& id) const {
 absl::StatusOr<ChunkView> TieredStore::Read(const ChunkId& id) {
   ChunkView view;
   if (auto hit = ram_->Find(id)) {
+    ram_bytes_out_.fetch_add(hit->meta.size, std::memory_order_relaxed);
     view.meta_ = hit->meta;
     view.tier_ = Tier::kRam;
     view.pool_ = std::move(hit->data);
@@ -266,6 +274,7 @@ absl::StatusOr<ChunkView> TieredStore::Read(const ChunkId& id) {
   if (!has_ssd()) return absl::NotFoundError("chunk not cached");
   auto chunk = ssd_->Get(id);
   if (!chunk.ok()) return chunk.status();
+  ssd_bytes_out_.fetch_add(chunk->meta.size, std::memory_order_relaxed);
   view.meta_ = chunk->meta;
   view.tier_ = Tier::kSsd;
   // Promote when there is room without demoting anything: a read must not cascade
@@ -275,6 +284,7 @@ absl::StatusOr<ChunkView> TieredStore::Read(const ChunkId& id) {
     (*room)->Write(0, chunk->data);
     if (ram_->Insert(id, *room, chunk->meta, /*dirty=*/false)) {
       promotions_.fetch_add(1, std::memory_order_relaxed);
+      ram_bytes_in_.fetch_add(chunk->meta.size, std::memory_order_relaxed);
     }
     view.pool_ = *std::move(room);
   } else {
@@ -334,6 +344,10 @@ TieredStoreStats TieredStore::GetStats() const {
   s.writeback_queue_depth = s.ram.dirty_chunks;
   s.checksum_failures =
       put_checksum_failures_.load(std::memory_order_relaxed) + s.ssd.checksum_failures;
+  s.ram_bytes_in = ram_bytes_in_.load(std::memory_order_relaxed);
+  s.ram_bytes_out = ram_bytes_out_.load(std::memory_order_relaxed);
+  s.ssd_bytes_in = ssd_bytes_in_.load(std::memory_order_relaxed);
+  s.ssd_bytes_out = ssd_bytes_out_.load(std::memory_order_relaxed);
   return s;
 }
 

@@ -64,6 +64,11 @@ struct TieredStoreStats {
   uint64_t demotion_failures = 0;
   uint64_t writeback_queue_depth = 0;
   uint64_t checksum_failures = 0;  // Put payloads that failed theirs, plus SSD's.
+  // Payload bytes written into and read out of each tier (whole chunks).
+  uint64_t ram_bytes_in = 0;
+  uint64_t ram_bytes_out = 0;
+  uint64_t ssd_bytes_in = 0;
+  uint64_t ssd_bytes_out = 0;
 };
 
 // Receives one chunk's bytes during a put. Not thread-safe: one stream fills it.
@@ -171,6 +176,10 @@ class TieredStore {
   std::atomic<uint64_t> demotions_{0};
   std::atomic<uint64_t> demotion_failures_{0};
   std::atomic<uint64_t> put_checksum_failures_{0};
+  std::atomic<uint64_t> ram_bytes_in_{0};
+  std::atomic<uint64_t> ram_bytes_out_{0};
+  std::atomic<uint64_t> ssd_bytes_in_{0};
+  std::atomic<uint64_t> ssd_bytes_out_{0};
 
   absl::Mutex flusher_mu_;
   bool stopping_ ABSL_GUARDED_BY(flusher_mu_) = false;

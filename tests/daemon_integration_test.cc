@@ -1,5 +1,6 @@
 // Integration tests: a real kvtierd on port 0 with a temp data dir, driven through the
 // C++ client (and the raw stub where a test must send what the client never would).
+#include <grpcpp/grpcpp.h>
 #include <signal.h>
 
 #include <atomic>
@@ -10,6 +11,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/kvtier_client.h"
+#include "health.grpc.pb.h"
+#include "storage/chunk_key.h"
 #include "gtest/gtest.h"
 #include "storage/crc32c.h"
 #include "tests/support/daemon_process.h"
@@ -225,6 +228,70 @@ TEST_F(DaemonTest, SigtermStopsCleanly) {
   EXPECT_EQ(*code, 0);
   EXPECT_NE(daemon_->ReadLog().find("stopped cleanly"), std::string::npos);
   daemon_.reset();
+}
+
+// SIGTERM while a put stream is half sent: health turns NOT_SERVING at once, the put is
+// allowed to finish within shutdown_grace and is acknowledged, the daemon exits 0 after
+// flushing, and the chunk is there after a restart.
+TEST_F(DaemonTest, SigtermFinishesInFlightPutsAndFlushes) {
+  StartDaemon({"--write-mode=write-back"});
+  const uint64_t ns = Register(4);
+  auto channel = grpc::CreateChannel(daemon_->target(), grpc::InsecureChannelCredentials());
+  auto health = grpc::health::v1::Health::NewStub(channel);
+  auto check = [&] {
+    grpc::ClientContext ctx;
+    grpc::health::v1::HealthCheckRequest req;
+    grpc::health::v1::HealthCheckResponse resp;
+    grpc::Status s = health->Check(&ctx, req, &resp);
+    return s.ok() ? resp.status() : grpc::health::v1::HealthCheckResponse::UNKNOWN;
+  };
+  EXPECT_EQ(check(), grpc::health::v1::HealthCheckResponse::SERVING);
+
+  const std::string data = PatternBytes(77, 4 << 20);
+  grpc::ClientContext ctx;
+  v1::PutResponse resp;
+  auto writer = client_->stub()->Put(&ctx, &resp);
+  auto frame = [&](uint64_t off, bool last) {
+    v1::PutFrame f;
+    f.set_namespace_id(ns);
+    f.set_key(KeyOf(77).ToByteString());
+    f.set_offset(off);
+    f.set_data(data.substr(off, 1 << 20));
+    if (last) f.set_crc32c(crc32c::Value(data));
+    return f;
+  };
+  ASSERT_TRUE(writer->Write(frame(0, false)));
+  ASSERT_TRUE(writer->Write(frame(1 << 20, false)));
+
+  kill(daemon_->pid(), SIGTERM);
+  bool not_serving = false;
+  for (int i = 0; i < 200 && !not_serving; ++i) {
+    auto h = testing::HttpGet(daemon_->metrics_port(), "/healthz");
+    not_serving = h.ok() && h->status == 503;
+    if (!not_serving) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_TRUE(not_serving) << "/healthz never reported 503 during shutdown";
+  EXPECT_NE(check(), grpc::health::v1::HealthCheckResponse::SERVING);
+
+  ASSERT_TRUE(writer->Write(frame(2 << 20, false)));
+  ASSERT_TRUE(writer->Write(frame(3 << 20, true)));
+  writer->WritesDone();
+  grpc::Status status = writer->Finish();
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(resp.chunks_stored(), 1u);
+
+  client_.reset();
+  auto code = daemon_->Terminate();  // Already signalled; this waits for the exit.
+  ASSERT_TRUE(code.ok());
+  EXPECT_EQ(*code, 0) << daemon_->ReadLog();
+  daemon_.reset();
+
+  StartDaemon({"--write-mode=write-back"});
+  auto got = client_->Get(ns, std::vector<ChunkKey>{KeyOf(77)});
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_TRUE((*got)[0].found);
+  EXPECT_EQ((*got)[0].tier, v1::TIER_SSD);
+  EXPECT_TRUE((*got)[0].data == data);
 }
 
 TEST(DaemonConfigTest, BadOptionStopsStartupNamingIt) {

@@ -1,5 +1,20 @@
 # Integration tests: start a real kvtierd (port 0, temp data dir) and drive it.
-add_library(kvtier_daemon_support STATIC support/daemon_process.cc)
+
+# A client for grpc.health.v1.Health (Debian ships no health.proto).
+set(HEALTH_GEN ${CMAKE_BINARY_DIR}/tests/proto)
+add_custom_command(
+  OUTPUT ${HEALTH_GEN}/health.pb.cc ${HEALTH_GEN}/health.grpc.pb.cc
+         ${HEALTH_GEN}/health.pb.h ${HEALTH_GEN}/health.grpc.pb.h
+  COMMAND ${CMAKE_COMMAND} -E make_directory ${HEALTH_GEN}
+  COMMAND ${Protobuf_PROTOC_EXECUTABLE} --proto_path=${CMAKE_CURRENT_SOURCE_DIR}/proto
+          --cpp_out=${HEALTH_GEN} --grpc_out=${HEALTH_GEN}
+          --plugin=protoc-gen-grpc=${GRPC_CPP_PLUGIN}
+          ${CMAKE_CURRENT_SOURCE_DIR}/proto/health.proto
+  DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/proto/health.proto)
+
+add_library(kvtier_daemon_support STATIC support/daemon_process.cc
+            ${HEALTH_GEN}/health.pb.cc ${HEALTH_GEN}/health.grpc.pb.cc)
+target_include_directories(kvtier_daemon_support PUBLIC ${HEALTH_GEN})
 target_link_libraries(kvtier_daemon_support PUBLIC kvtier_client absl::strings absl::status
                       absl::statusor)
 target_compile_definitions(kvtier_daemon_support PUBLIC
@@ -13,3 +28,4 @@ kvtier_test(daemon_config_test LIBS kvtier_server)
 target_compile_definitions(daemon_config_test PRIVATE KVTIER_SOURCE_DIR="${CMAKE_SOURCE_DIR}")
 kvtier_test(daemon_full_disk_test LIBS kvtier_daemon_support LABELS integration)
 kvtier_test(cli_integration_test LIBS kvtier_daemon_support LABELS integration)
+kvtier_test(metrics_integration_test LIBS kvtier_daemon_support LABELS integration)

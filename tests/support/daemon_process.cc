@@ -1,6 +1,9 @@
 #include "tests/support/daemon_process.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/wait.h>
@@ -16,6 +19,7 @@
 #include <thread>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 
@@ -66,7 +70,8 @@ absl::StatusOr<DaemonProcess> DaemonProcess::Start(const std::string& data_dir,
   DaemonProcess d;
   d.log_path_ = data_dir + ".log";
   std::vector<std::string> args = {KVTIERD_PATH, "--listen=127.0.0.1:0",
-                                   "--data-dir=" + data_dir, "--port-file=" + port_file};
+                                   "--metrics-listen=127.0.0.1:0", "--data-dir=" + data_dir,
+                                   "--port-file=" + port_file};
   args.insert(args.end(), extra_args.begin(), extra_args.end());
   pid_t pid = fork();
   if (pid < 0) return absl::UnavailableError(absl::StrCat("fork: ", std::strerror(errno)));
@@ -91,10 +96,13 @@ absl::StatusOr<DaemonProcess> DaemonProcess::Start(const std::string& data_dir,
       return absl::UnavailableError(absl::StrCat("kvtierd exited during start-up (status ",
                                                  status, "): ", ReadWholeFile(d.log_path_)));
     }
-    std::string text = ReadWholeFile(port_file);
-    int port;
-    if (!text.empty() && absl::SimpleAtoi(absl::StripAsciiWhitespace(text), &port) && port > 0) {
+    // The file is renamed into place whole: line 1 the gRPC port, line 2 metrics.
+    std::vector<std::string> lines = absl::StrSplit(ReadWholeFile(port_file), '\n');
+    int port, metrics_port;
+    if (lines.size() >= 2 && absl::SimpleAtoi(lines[0], &port) && port > 0 &&
+        absl::SimpleAtoi(lines[1], &metrics_port)) {
       d.port_ = port;
+      d.metrics_port_ = metrics_port;
       return d;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -104,7 +112,10 @@ absl::StatusOr<DaemonProcess> DaemonProcess::Start(const std::string& data_dir,
 }
 
 DaemonProcess::DaemonProcess(DaemonProcess&& other) noexcept
-    : pid_(other.pid_), port_(other.port_), log_path_(std::move(other.log_path_)) {
+    : pid_(other.pid_),
+      port_(other.port_),
+      metrics_port_(other.metrics_port_),
+      log_path_(std::move(other.log_path_)) {
   other.pid_ = -1;
 }
 
@@ -113,6 +124,7 @@ DaemonProcess& DaemonProcess::operator=(DaemonProcess&& other) noexcept {
     Kill();
     pid_ = other.pid_;
     port_ = other.port_;
+    metrics_port_ = other.metrics_port_;
     log_path_ = std::move(other.log_path_);
     other.pid_ = -1;
   }
@@ -153,6 +165,51 @@ absl::StatusOr<uint64_t> DaemonProcess::ResidentBytes() const {
 }
 absl::StatusOr<uint64_t> DaemonProcess::PeakResidentBytes() const {
   return ProcStatusKb(pid_, "VmHWM");
+}
+
+absl::StatusOr<HttpResponse> HttpGet(int port, const std::string& path) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return absl::UnavailableError("socket");
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    close(fd);
+    return absl::UnavailableError(absl::StrCat("connect to port ", port, ": ", std::strerror(errno)));
+  }
+  const std::string req =
+      absl::StrCat("GET ", path, " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
+  if (write(fd, req.data(), req.size()) != static_cast<ssize_t>(req.size())) {
+    close(fd);
+    return absl::UnavailableError("short write");
+  }
+  std::string raw;
+  char buf[8192];
+  ssize_t n;
+  while ((n = read(fd, buf, sizeof buf)) > 0) raw.append(buf, n);
+  close(fd);
+  HttpResponse r;
+  const size_t sp = raw.find(' ');
+  const size_t body = raw.find("\r\n\r\n");
+  if (sp == std::string::npos || body == std::string::npos ||
+      !absl::SimpleAtoi(absl::string_view(raw).substr(sp + 1, 3), &r.status)) {
+    return absl::UnavailableError("malformed HTTP response: " + raw.substr(0, 200));
+  }
+  r.body = raw.substr(body + 4);
+  return r;
+}
+
+int FreePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+  socklen_t len = sizeof addr;
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
 }
 
 CommandResult RunCommand(const std::vector<std::string>& argv) {

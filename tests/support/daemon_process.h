@@ -19,8 +19,9 @@ std::string MakeTempDir(const std::string& prefix);
 
 class DaemonProcess {
  public:
-  // Starts kvtierd with --listen=127.0.0.1:0 --data-dir=<data_dir> --port-file=... and
-  // `extra_args`, and waits (up to 30 s) until it serves. Its stderr goes to
+  // Starts kvtierd with --listen=127.0.0.1:0 --metrics-listen=127.0.0.1:0
+  // --data-dir=<data_dir> --port-file=... and `extra_args`, and waits (up to 30 s) until
+  // it serves. Its stderr goes to
   // <data_dir>.log. Errors: Unavailable (exited or did not come up).
   static absl::StatusOr<DaemonProcess> Start(const std::string& data_dir,
                                              std::vector<std::string> extra_args = {});
@@ -30,6 +31,7 @@ class DaemonProcess {
 
   std::string target() const { return "127.0.0.1:" + std::to_string(port_); }
   int port() const { return port_; }
+  int metrics_port() const { return metrics_port_; }
   pid_t pid() const { return pid_; }
   const std::string& log_path() const { return log_path_; }
   std::string ReadLog() const;
@@ -46,8 +48,19 @@ class DaemonProcess {
   DaemonProcess() = default;
   pid_t pid_ = -1;
   int port_ = 0;
+  int metrics_port_ = 0;
   std::string log_path_;
 };
+
+// A plain HTTP/1.1 GET to 127.0.0.1:`port`. Errors: Unavailable.
+struct HttpResponse {
+  int status = 0;
+  std::string body;
+};
+absl::StatusOr<HttpResponse> HttpGet(int port, const std::string& path);
+
+// A free TCP port on 127.0.0.1 (bound and released; racy, but fine for tests).
+int FreePort();
 
 // Runs a command (argv[0] is the path), returning exit code and combined output.
 struct CommandResult {

@@ -1,0 +1,102 @@
+#include "server/store_collector.h"
+
+#include <utility>
+
+namespace kvtier {
+namespace {
+
+using prometheus::ClientMetric;
+using prometheus::MetricFamily;
+using prometheus::MetricType;
+
+// Builds one family from (label set, value) pairs.
+MetricFamily Family(std::string name, std::string help, MetricType type,
+                    std::vector<std::pair<std::vector<ClientMetric::Label>, double>> series) {
+  MetricFamily f;
+  f.name = std::move(name);
+  f.help = std::move(help);
+  f.type = type;
+  for (auto& [labels, value] : series) {
+    ClientMetric m;
+    m.label = std::move(labels);
+    if (type == MetricType::Counter) {
+      m.counter.value = value;
+    } else {
+      m.gauge.value = value;
+    }
+    f.metric.push_back(std::move(m));
+  }
+  return f;
+}
+
+std::vector<ClientMetric::Label> TierLabel(const char* tier) { return {{"tier", tier}}; }
+
+}  // namespace
+
+StoreCollector::StoreCollector(const TieredStore* store, std::string version)
+    : store_(store), version_(std::move(version)) {}
+
+std::vector<MetricFamily> StoreCollector::Collect() const {
+  const TieredStoreStats s = store_->GetStats();
+  const bool ssd = store_->write_mode() != WriteMode::kRamOnly;
+  auto per_tier = [&](double ram, double ssd_value) {
+    std::vector<std::pair<std::vector<ClientMetric::Label>, double>> out = {{TierLabel("ram"), ram}};
+    if (ssd) out.push_back({TierLabel("ssd"), ssd_value});
+    return out;
+  };
+  const auto C = MetricType::Counter;
+  const auto G = MetricType::Gauge;
+  std::vector<MetricFamily> f;
+  f.push_back(Family("kvtier_up", "1 while kvtierd is serving", G, {{{}, 1}}));
+  f.push_back(Family("kvtier_build_info", "Version and write mode of this kvtierd", G,
+                     {{{{"version", version_}, {"write_mode", WriteModeName(store_->write_mode())}},
+                       1}}));
+  f.push_back(Family("kvtier_tier_capacity_bytes", "Configured capacity of each tier", G,
+                     per_tier(s.ram.capacity_bytes, s.ssd.capacity_bytes)));
+  f.push_back(Family("kvtier_tier_used_bytes",
+                     "Bytes in use in each tier (RAM: slots taken, puts in flight included)", G,
+                     per_tier(s.ram.used_bytes, s.ssd.used_bytes)));
+  f.push_back(Family("kvtier_tier_chunks", "Chunks held in each tier", G,
+                     per_tier(s.ram.chunks, s.ssd.chunks)));
+  f.push_back(Family("kvtier_tier_pinned_bytes", "Payload bytes of pinned chunks", G,
+                     {{TierLabel("ram"), static_cast<double>(s.ram.pinned_bytes)}}));
+  f.push_back(Family("kvtier_tier_hits_total", "Chunk reads that found the chunk in the tier",
+                     C, per_tier(s.ram.hits, s.ssd.hits)));
+  f.push_back(Family("kvtier_tier_misses_total",
+                     "Chunk reads that did not find the chunk in the tier", C,
+                     per_tier(s.ram.misses, s.ssd.misses)));
+  f.push_back(Family("kvtier_tier_bytes_in_total", "Payload bytes written into each tier", C,
+                     per_tier(s.ram_bytes_in, s.ssd_bytes_in)));
+  f.push_back(Family("kvtier_tier_bytes_out_total", "Payload bytes read out of each tier", C,
+                     per_tier(s.ram_bytes_out, s.ssd_bytes_out)));
+  f.push_back(Family("kvtier_tier_evictions_total", "Chunks evicted from each tier", C,
+                     per_tier(s.ram.evictions, s.ssd.evictions)));
+  f.push_back(Family("kvtier_promotions_total", "Chunks copied from SSD into RAM on a read", C,
+                     {{{}, static_cast<double>(s.promotions)}}));
+  f.push_back(Family("kvtier_demotions_total",
+                     "Chunks written to SSD because RAM needed their room", C,
+                     {{{}, static_cast<double>(s.demotions)}}));
+  f.push_back(Family("kvtier_demotion_failures_total",
+                     "Chunks dropped from RAM because writing them to SSD failed", C,
+                     {{{}, static_cast<double>(s.demotion_failures)}}));
+  f.push_back(Family(
+      "kvtier_checksum_failures_total",
+      "CRC32C mismatches: stored chunks found corrupt (source=ssd, deleted) and put "
+      "payloads that did not match their checksum (source=put, refused)",
+      C,
+      {{{{"source", "ssd"}}, static_cast<double>(s.ssd.checksum_failures)},
+       {{{"source", "put"}}, static_cast<double>(s.checksum_failures - s.ssd.checksum_failures)}}));
+  f.push_back(Family("kvtier_writeback_queue_depth", "Chunks in RAM waiting to be written to SSD",
+                     G, {{{}, static_cast<double>(s.writeback_queue_depth)}}));
+  f.push_back(Family("kvtier_namespaces", "Registered layouts", G,
+                     {{{}, static_cast<double>(s.namespaces)}}));
+  if (ssd) {
+    f.push_back(Family("kvtier_ssd_expirations_total", "SSD chunks dropped by ssd_ttl", C,
+                       {{{}, static_cast<double>(s.ssd.expirations)}}));
+    f.push_back(Family("kvtier_ssd_write_errors_total", "Failed RocksDB writes (e.g. disk full)",
+                       C, {{{}, static_cast<double>(s.ssd.write_errors)}}));
+  }
+  return f;
+}
+
+}  // namespace kvtier

@@ -1,0 +1,189 @@
+// Metrics end to end: a real kvtierd's /metrics and /healthz, `promtool check metrics`
+// on a scrape of a busy daemon, and a real Prometheus server scraping it and answering
+// queries with the values the traffic implies.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <thread>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "client/kvtier_client.h"
+#include "gtest/gtest.h"
+#include "tests/support/daemon_process.h"
+#include "tests/support/test_data.h"
+
+namespace kvtier {
+namespace {
+
+using testing::HttpGet;
+using testing::KeyOf;
+using testing::PatternBytes;
+
+// The value of the series whose line starts with `series` (name and labels, exactly as
+// exposed), or -1.
+double SeriesValue(const std::string& text, const std::string& series) {
+  size_t at = 0;
+  while ((at = text.find(series + " ", at)) != std::string::npos) {
+    if (at == 0 || text[at - 1] == '\n') {
+      const size_t end = text.find('\n', at);
+      double v;
+      if (absl::SimpleAtod(text.substr(at + series.size() + 1, end - at - series.size() - 1), &v)) {
+        return v;
+      }
+    }
+    at += series.size();
+  }
+  return -1;
+}
+
+class MetricsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = testing::MakeTempDir("kvtier-metrics");
+    auto d = testing::DaemonProcess::Start(dir_ + "/data", {"--ram-capacity=64MiB"});
+    ASSERT_TRUE(d.ok()) << d.status();
+    daemon_.emplace(*std::move(d));
+    ASSERT_GT(daemon_->metrics_port(), 0);
+    auto c = KvTierClient::Connect(daemon_->target());
+    ASSERT_TRUE(c.ok());
+    client_ = *std::move(c);
+  }
+
+  // 3 puts of 1 MiB, a Get of 2 present keys and 1 absent, a Lookup of 4 keys (3 hit),
+  // and one failing Lookup on an unknown namespace.
+  void DriveTraffic() {
+    auto reg = client_->RegisterLayout(testing::LayoutOfMiB(1));
+    ASSERT_TRUE(reg.ok());
+    ns_ = reg->namespace_id;
+    for (uint64_t i = 0; i < 3; ++i) {
+      const std::string data = PatternBytes(i, 1 << 20);
+      ChunkToPut c{KeyOf(i), data, 256};
+      ASSERT_TRUE(client_->Put(ns_, {&c, 1}).ok());
+    }
+    auto got = client_->Get(ns_, std::vector<ChunkKey>{KeyOf(0), KeyOf(1), KeyOf(9)});
+    ASSERT_TRUE(got.ok());
+    auto l = client_->Lookup(ns_, std::vector<ChunkKey>{KeyOf(0), KeyOf(1), KeyOf(2), KeyOf(9)});
+    ASSERT_TRUE(l.ok());
+    auto bad = client_->Lookup(0x42, std::vector<ChunkKey>{KeyOf(0)});
+    ASSERT_EQ(bad.status().code(), absl::StatusCode::kNotFound);
+  }
+
+  std::string dir_;
+  std::optional<testing::DaemonProcess> daemon_;
+  std::unique_ptr<KvTierClient> client_;
+  uint64_t ns_ = 0;
+};
+
+TEST_F(MetricsTest, ExposesWhatTheTrafficDid) {
+  DriveTraffic();
+  auto r = HttpGet(daemon_->metrics_port(), "/metrics");
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->status, 200);
+  const std::string& m = r->body;
+  EXPECT_EQ(SeriesValue(m, "kvtier_up"), 1);
+  EXPECT_EQ(SeriesValue(m, "kvtier_rpc_requests_total{code=\"OK\",method=\"Put\"}"), 3) << m;
+  EXPECT_EQ(SeriesValue(m, "kvtier_rpc_requests_total{code=\"NOT_FOUND\",method=\"Lookup\"}"), 1);
+  EXPECT_EQ(SeriesValue(m, "kvtier_rpc_requests_total{code=\"OK\",method=\"Lookup\"}"), 1);
+  EXPECT_EQ(SeriesValue(m, "kvtier_rpc_latency_seconds_count{method=\"Put\"}"), 3);
+  EXPECT_EQ(SeriesValue(m, "kvtier_lookup_keys_total"), 4);
+  EXPECT_EQ(SeriesValue(m, "kvtier_lookup_hits_total"), 3);
+  EXPECT_EQ(SeriesValue(m, "kvtier_tier_chunks{tier=\"ram\"}"), 3);
+  EXPECT_EQ(SeriesValue(m, "kvtier_tier_bytes_in_total{tier=\"ram\"}"), 3 << 20);
+  EXPECT_EQ(SeriesValue(m, "kvtier_tier_bytes_out_total{tier=\"ram\"}"), 2 << 20);
+  EXPECT_EQ(SeriesValue(m, "kvtier_tier_hits_total{tier=\"ram\"}"), 2);
+  EXPECT_EQ(SeriesValue(m, "kvtier_tier_capacity_bytes{tier=\"ram\"}"), 64 << 20);
+  EXPECT_EQ(SeriesValue(m, "kvtier_checksum_failures_total{source=\"ssd\"}"), 0);
+  EXPECT_EQ(SeriesValue(m, "kvtier_rpc_inflight_streams{method=\"Get\"}"), 0);
+  EXPECT_GE(SeriesValue(m, "kvtier_writeback_queue_depth"), 0);
+  // No per-key labels: nothing exposes a key or a namespace id.
+  EXPECT_EQ(m.find(KeyOf(0).ToHex()), std::string::npos);
+
+  auto h = HttpGet(daemon_->metrics_port(), "/healthz");
+  ASSERT_TRUE(h.ok());
+  EXPECT_EQ(h->status, 200);
+  EXPECT_EQ(h->body, "ok\n");
+}
+
+TEST_F(MetricsTest, PromtoolFindsNoProblemsInABusyScrape) {
+  if (access("/usr/bin/promtool", X_OK) != 0) GTEST_FAIL() << "promtool missing (package prometheus)";
+  DriveTraffic();
+  auto r = HttpGet(daemon_->metrics_port(), "/metrics");
+  ASSERT_TRUE(r.ok());
+  const std::string file = dir_ + "/scrape.txt";
+  std::ofstream(file) << r->body;
+  auto check = testing::RunCommand({"/bin/sh", "-c", "/usr/bin/promtool check metrics < " + file});
+  EXPECT_EQ(check.exit_code, 0) << check.output;
+  EXPECT_EQ(check.output, "") << check.output;
+}
+
+TEST_F(MetricsTest, RealPrometheusScrapesTheDaemon) {
+  if (access("/usr/bin/prometheus", X_OK) != 0) GTEST_FAIL() << "prometheus missing";
+  DriveTraffic();
+  const int web_port = testing::FreePort();
+  const std::string cfg = dir_ + "/prometheus.yml";
+  std::ofstream(cfg) << "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
+                     << "scrape_configs:\n  - job_name: kvtier\n    static_configs:\n"
+                     << "      - targets: ['127.0.0.1:" << daemon_->metrics_port() << "']\n";
+  const std::string log = dir_ + "/prometheus.log";
+  pid_t pid = fork();
+  if (pid == 0) {
+    freopen(log.c_str(), "w", stderr);
+    execl("/usr/bin/prometheus", "prometheus", ("--config.file=" + cfg).c_str(),
+          ("--storage.tsdb.path=" + dir_ + "/tsdb").c_str(),
+          ("--web.listen-address=127.0.0.1:" + std::to_string(web_port)).c_str(),
+          (char*)nullptr);
+    _exit(127);
+  }
+  struct Reap {
+    pid_t pid;
+    ~Reap() {
+      kill(pid, SIGTERM);
+      waitpid(pid, nullptr, 0);
+    }
+  } reap{pid};
+
+  // Poll the query API until the scraped value shows up (scrapes run every second).
+  auto query = [&](const std::string& promql) -> double {
+    std::string path = "/api/v1/query?query=";
+    for (char c : promql) {
+      if (std::isalnum(static_cast<unsigned char>(c)) || c == '_') {
+        path += c;
+      } else {
+        char hex[4];
+        std::snprintf(hex, sizeof hex, "%%%02X", static_cast<unsigned char>(c));
+        path += hex;
+      }
+    }
+    auto r = HttpGet(web_port, path);
+    if (!r.ok() || r->status != 200) return -1;
+    // {"status":"success","data":{"resultType":"vector","result":[{"metric":{...},"value":[t,"3"]}]}}
+    std::smatch m;
+    static const std::regex kValue(R"re("value":\[[0-9.]+,"([0-9.eE+-]+)"\])re");
+    if (!std::regex_search(r->body, m, kValue)) return -1;
+    double v;
+    return absl::SimpleAtod(m[1].str(), &v) ? v : -1;
+  };
+  double puts = -1;
+  for (int i = 0; i < 300 && puts < 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    puts = query("kvtier_rpc_requests_total{job=\"kvtier\",method=\"Put\",code=\"OK\"}");
+  }
+  ASSERT_EQ(puts, 3) << "Prometheus never scraped kvtierd; its log: " << [&] {
+    std::ifstream in(log);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }();
+  EXPECT_EQ(query("up{job=\"kvtier\"}"), 1);
+  EXPECT_EQ(query("kvtier_lookup_hits_total / kvtier_lookup_keys_total"), 0.75);
+  EXPECT_EQ(query("kvtier_tier_bytes_in_total{tier=\"ram\"}"), 3 << 20);
+  EXPECT_EQ(query("kvtier_tier_chunks{tier=\"ram\"}"), 3);
+  EXPECT_EQ(query("sum(kvtier_rpc_requests_total{code!=\"OK\"})"), 1);
+}
+
+}  // namespace
+}  // namespace kvtier
