@@ -61,6 +61,15 @@ Option BoolOption(const char* name, const char* help, bool DaemonConfig::*field)
           [field](const DaemonConfig& c) { return std::string(c.*field ? "true" : "false"); }};
 }
 
+Option UintOption(const char* name, const char* help, uint32_t DaemonConfig::*field) {
+  return {name, help, false,
+          [name, field](DaemonConfig& c, absl::string_view v) -> absl::Status {
+            if (!absl::SimpleAtoi(v, &(c.*field))) return BadValue(name, v, "not an unsigned integer");
+            return absl::OkStatus();
+          },
+          [field](const DaemonConfig& c) { return absl::StrCat(c.*field); }};
+}
+
 Option DurationOption(const char* name, const char* help, absl::Duration DaemonConfig::*field) {
   return {name, help, false,
           [name, field](DaemonConfig& c, absl::string_view v) -> absl::Status {
@@ -101,19 +110,20 @@ const std::vector<Option>& Options() {
                    &DaemonConfig::write_mode),
       SizeOption("max_frame_size", "largest data field of one Put/Get frame",
                  &DaemonConfig::max_frame_size),
-      {"max_keys_per_request", "most keys in one Lookup/Get/Pin/Unpin/Delete", false,
-       [](DaemonConfig& c, absl::string_view v) -> absl::Status {
-         if (!absl::SimpleAtoi(v, &c.max_keys_per_request)) {
-           return BadValue("max_keys_per_request", v, "not an unsigned integer");
-         }
-         return absl::OkStatus();
-       },
-       [](const DaemonConfig& c) { return absl::StrCat(c.max_keys_per_request); }},
+      UintOption("max_keys_per_request", "most keys in one Lookup/Get/Pin/Unpin/Delete/Prefill",
+                 &DaemonConfig::max_keys_per_request),
       SizeOption("max_chunk_size", "largest chunk a registered layout may have",
                  &DaemonConfig::max_chunk_size),
       DurationOption("shutdown_grace", "time in-flight RPCs get at shutdown",
                      &DaemonConfig::shutdown_grace),
       StringOption("log_level", "debug | info | warn | error", &DaemonConfig::log_level),
+      SizeOption("prefill_bandwidth_limit",
+                 "daemon-wide cap on Prefill streaming, bytes per second (0: none)",
+                 &DaemonConfig::prefill_bandwidth_limit),
+      UintOption("prefill_prefetch_window", "chunks a Prefill session reads ahead",
+                 &DaemonConfig::prefill_prefetch_window),
+      UintOption("prefill_ssd_reads", "SSD reads in flight across all Prefill sessions",
+                 &DaemonConfig::prefill_ssd_reads),
       StringOption("metrics_listen",
                    "HTTP address of /metrics and /healthz, host:port; empty turns it off",
                    &DaemonConfig::metrics_listen),
@@ -204,6 +214,12 @@ absl::Status DaemonConfig::Validate() const {
   }
   if (shutdown_grace < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("option shutdown_grace: must not be negative");
+  }
+  if (prefill_prefetch_window == 0) {
+    return absl::InvalidArgumentError("option prefill_prefetch_window: must be at least 1");
+  }
+  if (prefill_ssd_reads == 0) {
+    return absl::InvalidArgumentError("option prefill_ssd_reads: must be at least 1");
   }
   if (log_level != "debug" && log_level != "info" && log_level != "warn" &&
       log_level != "error") {

@@ -37,6 +37,9 @@ struct DaemonConfig {
   uint64_t max_chunk_size = 512ull << 20;  // Largest chunk a layout may have, bytes.
   absl::Duration shutdown_grace = absl::Seconds(30);  // In-flight RPCs get this long.
   std::string log_level = "info";          // debug | info | warn | error.
+  uint64_t prefill_bandwidth_limit = 0;    // Daemon-wide Prefill streaming cap, bytes/s; 0: none.
+  uint32_t prefill_prefetch_window = 2;    // Chunks a session reads ahead of the one it sends.
+  uint32_t prefill_ssd_reads = 2;          // SSD reads in flight across all sessions.
   std::string metrics_listen = "127.0.0.1:9464";  // HTTP /metrics and /healthz; "" = off.
   // If set, written once serving: the bound gRPC port on line 1, the metrics port (0 if
   // off) on line 2. For supervisors and tests that listen on port 0.

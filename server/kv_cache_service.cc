@@ -43,8 +43,9 @@ absl::StatusOr<LayoutSpec> RequireNamespace(TieredStore* store, uint64_t ns) {
 
 }  // namespace
 
-KvCacheService::KvCacheService(ServiceLimits limits, std::string version, RpcMetrics* metrics)
-    : metrics_(metrics), limits_(limits), version_(std::move(version)) {}
+KvCacheService::KvCacheService(ServiceLimits limits, std::string version, RpcMetrics* metrics,
+                               PrefillRunner* prefill)
+    : metrics_(metrics), prefill_(prefill), limits_(limits), version_(std::move(version)) {}
 
 template <typename Impl>
 grpc::Status KvCacheService::Serve(RpcMethod method, Impl impl) {
@@ -97,6 +98,10 @@ grpc::Status KvCacheService::Clear(grpc::ServerContext*, const v1::ClearRequest*
 grpc::Status KvCacheService::Stats(grpc::ServerContext*, const v1::StatsRequest*,
                                    v1::StatsResponse* resp) {
   return Serve(RpcMethod::kStats, [&](TieredStore* store) { return StatsImpl(store, resp); });
+}
+grpc::Status KvCacheService::Prefill(grpc::ServerContext* ctx, PrefillStream* stream) {
+  return Serve(RpcMethod::kPrefill,
+               [&](TieredStore* store) { return prefill_->Run(store, ctx, stream); });
 }
 
 grpc::Status KvCacheService::RegisterLayoutImpl(TieredStore* store,

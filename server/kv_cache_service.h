@@ -19,6 +19,7 @@
 
 #include "absl/time/time.h"
 #include "kvtier/v1/kvtier.grpc.pb.h"
+#include "server/prefill_runner.h"
 #include "server/rpc_metrics.h"
 #include "storage/tiered_store.h"
 
@@ -32,7 +33,9 @@ struct ServiceLimits {
 class KvCacheService final : public v1::KvCache::Service {
  public:
   // `metrics` (may be null) and the store given to SetStore must outlive the service.
-  KvCacheService(ServiceLimits limits, std::string version, RpcMetrics* metrics);
+  // `prefill` runs the Cake sessions; it must outlive the service.
+  KvCacheService(ServiceLimits limits, std::string version, RpcMetrics* metrics,
+                 PrefillRunner* prefill);
   void SetStore(TieredStore* store) { store_.store(store, std::memory_order_release); }
 
   grpc::Status RegisterLayout(grpc::ServerContext* ctx, const v1::RegisterLayoutRequest* req,
@@ -53,6 +56,7 @@ class KvCacheService final : public v1::KvCache::Service {
                      v1::ClearResponse* resp) override;
   grpc::Status Stats(grpc::ServerContext* ctx, const v1::StatsRequest* req,
                      v1::StatsResponse* resp) override;
+  grpc::Status Prefill(grpc::ServerContext* ctx, PrefillStream* stream) override;
 
  private:
   grpc::Status RegisterLayoutImpl(TieredStore* store, const v1::RegisterLayoutRequest* req,
@@ -78,6 +82,7 @@ class KvCacheService final : public v1::KvCache::Service {
 
   std::atomic<TieredStore*> store_{nullptr};
   RpcMetrics* const metrics_;
+  PrefillRunner* const prefill_;
   const ServiceLimits limits_;
   const std::string version_;
   const absl::Time started_ = absl::Now();

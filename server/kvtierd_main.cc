@@ -25,6 +25,8 @@
 #include "server/daemon_config.h"
 #include "server/http_endpoint.h"
 #include "server/kv_cache_service.h"
+#include "server/prefill_metrics.h"
+#include "server/prefill_runner.h"
 #include "server/rpc_metrics.h"
 #include "server/store_collector.h"
 #include "storage/crc32c.h"
@@ -93,7 +95,16 @@ int Run(const DaemonConfig& config, const sigset_t& signals) {
   ServiceLimits limits;
   limits.max_frame_bytes = config.max_frame_size;
   limits.max_keys_per_request = config.max_keys_per_request;
-  KvCacheService service(limits, KVTIER_VERSION, &rpc_metrics);
+  PrefillMetrics prefill_metrics(*registry);
+  PrefillRunnerOptions prefill_options;
+  prefill_options.max_frame_bytes = config.max_frame_size;
+  prefill_options.max_keys = config.max_keys_per_request;
+  prefill_options.bandwidth_limit = static_cast<double>(config.prefill_bandwidth_limit);
+  prefill_options.prefetch_window = config.prefill_prefetch_window;
+  prefill_options.ssd_read_concurrency = static_cast<int>(config.prefill_ssd_reads);
+  PrefillRunner prefill(prefill_options, &prefill_metrics);
+  PrefillEstimatesCollector estimates_collector(&prefill.estimators());
+  KvCacheService service(limits, KVTIER_VERSION, &rpc_metrics, &prefill);
   std::atomic<bool> serving{false};
 
   // gRPC first, so that health checks get NOT_SERVING (and KvCache calls UNAVAILABLE)
@@ -132,6 +143,7 @@ int Run(const DaemonConfig& config, const sigset_t& signals) {
     }
     http = *std::move(endpoint);
     http->AddCollectable(registry.get());
+    http->AddCollectable(&estimates_collector);
   }
 
   Notify("STATUS=recovering the SSD tier");
@@ -172,6 +184,7 @@ int Run(const DaemonConfig& config, const sigset_t& signals) {
   Notify("STOPPING=1\nSTATUS=draining RPCs and flushing write-back");
   serving = false;
   health->SetServingStatus(false);
+  prefill.BeginShutdown();  // Sessions send Done with what they streamed, then end.
   server->Shutdown(std::chrono::system_clock::now() +
                    absl::ToChronoSeconds(config.shutdown_grace));
   server->Wait();

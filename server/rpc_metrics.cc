@@ -6,7 +6,8 @@ namespace kvtier {
 
 const char* RpcMethodName(RpcMethod method) {
   static constexpr const char* kNames[kRpcMethodCount] = {
-      "RegisterLayout", "Lookup", "Put", "Get", "Pin", "Unpin", "Delete", "Clear", "Stats"};
+      "RegisterLayout", "Lookup", "Put", "Get", "Pin", "Unpin", "Delete", "Clear", "Stats",
+      "Prefill"};
   return kNames[static_cast<int>(method)];
 }
 

@@ -29,3 +29,4 @@ target_compile_definitions(daemon_config_test PRIVATE KVTIER_SOURCE_DIR="${CMAKE
 kvtier_test(daemon_full_disk_test LIBS kvtier_daemon_support LABELS integration)
 kvtier_test(cli_integration_test LIBS kvtier_daemon_support LABELS integration)
 kvtier_test(metrics_integration_test LIBS kvtier_daemon_support LABELS integration)
+kvtier_test(prefill_session_test LIBS kvtier_daemon_support LABELS integration)

@@ -1,0 +1,58 @@
+// PrefillEstimators: what the planner knows across sessions. SSD read bandwidth (one
+// moving average for the tier), send bandwidth per connection (keyed by the gRPC peer,
+// which names one TCP connection; bounded, least recently used dropped), and a prior for
+// the compute cost: a moving average of the a and b that finished sessions fitted, used
+// by sessions whose Open carries no estimate.
+//
+// Thread-safety: thread-safe.
+#ifndef KVTIER_SCHEDULER_PREFILL_ESTIMATORS_H_
+#define KVTIER_SCHEDULER_PREFILL_ESTIMATORS_H_
+
+#include <list>
+#include <memory>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+#include "scheduler/bandwidth_estimator.h"
+#include "scheduler/compute_model.h"
+
+namespace kvtier {
+
+struct PrefillEstimatorOptions {
+  double ssd_read_prior = 1.0e9;   // Bytes/s before the first SSD read is measured.
+  double send_prior = 1.0e9;       // Bytes/s for a connection never measured.
+  ComputeCost compute_prior{0.025, 0.0027};  // A 7B model on an A100, 512-token chunks.
+  size_t max_connections = 1024;
+};
+
+class PrefillEstimators {
+ public:
+  explicit PrefillEstimators(PrefillEstimatorOptions options = {});
+
+  BandwidthEstimator& ssd_read() { return ssd_read_; }
+  // The estimator of one connection; created from the daemon-wide send average.
+  std::shared_ptr<BandwidthEstimator> Connection(const std::string& peer);
+  // Daemon-wide send bandwidth (all connections).
+  BandwidthEstimator& send() { return send_; }
+
+  ComputeCost ComputePrior() const;
+  // Folds a finished session's fit into the prior (moving average, weight 1/4).
+  void RecordComputeFit(const ComputeCost& fit);
+
+ private:
+  const PrefillEstimatorOptions options_;
+  BandwidthEstimator ssd_read_;
+  BandwidthEstimator send_;
+  mutable absl::Mutex mu_;
+  std::list<std::string> lru_ ABSL_GUARDED_BY(mu_);  // Front: most recent.
+  absl::flat_hash_map<std::string, std::pair<std::shared_ptr<BandwidthEstimator>,
+                                             std::list<std::string>::iterator>>
+      connections_ ABSL_GUARDED_BY(mu_);
+  ComputeCost compute_prior_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace kvtier
+
+#endif  // KVTIER_SCHEDULER_PREFILL_ESTIMATORS_H_

@@ -1,0 +1,52 @@
+#include "scheduler/token_bucket.h"
+
+#include <algorithm>
+
+#include "absl/time/clock.h"
+
+namespace kvtier {
+
+TokenBucket::TokenBucket(double bytes_per_second, absl::Duration burst)
+    : rate_(bytes_per_second), burst_(burst) {}
+
+bool TokenBucket::Acquire(uint64_t bytes, absl::FunctionRef<bool()> cancelled) {
+  if (rate_ <= 0) return !cancelled();
+  const absl::Duration cost = absl::Seconds(static_cast<double>(bytes) / rate_);
+  absl::Time start;
+  {
+    absl::MutexLock lock(&mu_);
+    // An idle bucket does not bank more than `burst` of credit.
+    next_ = std::max(next_, absl::Now() - burst_);
+    start = next_;
+    next_ += cost;
+  }
+  while (true) {
+    const absl::Duration wait = start - absl::Now();
+    if (wait <= absl::ZeroDuration()) return true;
+    if (cancelled()) {
+      // Hand back what we did not use, if nobody reserved after us.
+      absl::MutexLock lock(&mu_);
+      if (next_ == start + cost) next_ = start;
+      return false;
+    }
+    absl::SleepFor(std::min(wait, absl::Milliseconds(1)));
+  }
+}
+
+void FairGate::Enter() {
+  absl::MutexLock lock(&mu_);
+  const uint64_t ticket = next_ticket_++;
+  auto my_turn = [this, ticket]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return ticket == serving_ && inside_ < capacity_;
+  };
+  mu_.Await(absl::Condition(&my_turn));
+  ++serving_;
+  ++inside_;
+}
+
+void FairGate::Leave() {
+  absl::MutexLock lock(&mu_);
+  --inside_;
+}
+
+}  // namespace kvtier

@@ -1,0 +1,55 @@
+// TokenBucket: caps a byte rate, for the per-session and daemon-wide streaming limits
+// (QoS, and reproducing slower links and devices). Callers reserve before each frame;
+// reservations are granted in call order, so sessions sharing one bucket, each with one
+// reservation outstanding at a time, are served round robin frame by frame.
+//
+// Thread-safety: thread-safe.
+#ifndef KVTIER_SCHEDULER_TOKEN_BUCKET_H_
+#define KVTIER_SCHEDULER_TOKEN_BUCKET_H_
+
+#include <cstdint>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+
+namespace kvtier {
+
+class TokenBucket {
+ public:
+  // bytes_per_second 0 means unlimited. `burst`: how far a caller that was idle may run
+  // ahead of the rate.
+  explicit TokenBucket(double bytes_per_second, absl::Duration burst = absl::Milliseconds(5));
+
+  // Waits until `bytes` may be sent. Returns false (and gives the reservation up) if
+  // `cancelled` turns true while waiting; it is polled every millisecond.
+  bool Acquire(uint64_t bytes, absl::FunctionRef<bool()> cancelled);
+  double bytes_per_second() const { return rate_; }
+
+ private:
+  const double rate_;
+  const absl::Duration burst_;
+  absl::Mutex mu_;
+  absl::Time next_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+};
+
+// FairGate: at most `capacity` holders at once, admitted in arrival order (a ticket
+// lock with capacity). Bounds concurrent SSD reads across sessions.
+class FairGate {
+ public:
+  explicit FairGate(int capacity) : capacity_(capacity) {}
+  void Enter();
+  void Leave();
+
+ private:
+  const int capacity_;
+  absl::Mutex mu_;
+  uint64_t next_ticket_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t serving_ ABSL_GUARDED_BY(mu_) = 0;  // Tickets below this may enter.
+  int inside_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace kvtier
+
+#endif  // KVTIER_SCHEDULER_TOKEN_BUCKET_H_

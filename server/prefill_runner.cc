@@ -1,0 +1,449 @@
+#include "server/prefill_runner.h"
+
+#include <algorithm>
+#include <cstring>
+#include <deque>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "scheduler/cake_planner.h"
+#include "scheduler/compute_model.h"
+#include "server/status_util.h"
+
+namespace kvtier {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double SecondsSince(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+// One Prefill call. Lives on the handler's stack.
+class Session {
+ public:
+  Session(PrefillRunner* runner, TieredStore* store, grpc::ServerContext* ctx,
+          PrefillStream* stream)
+      : runner_(runner), store_(store), ctx_(ctx), stream_(stream) {}
+
+  grpc::Status Run();
+
+ private:
+  struct Progress {
+    uint32_t computed = 0;
+    double busy_seconds = 0;  // Time spent on chunk `computed` so far.
+    bool client_closed = false;
+    absl::Status error;
+    ComputeCost cost;
+    bool cost_known = false;
+  };
+
+  absl::Status Open();
+  void ReaderLoop();
+  void PrefetchLoop();
+  Progress Snapshot();
+  // Waits for the prefetched view of chunk j.
+  absl::StatusOr<ChunkView> TakeChunk(uint32_t j);
+  // Sends chunk j; returns false when it was abandoned because the worker computed it
+  // meanwhile (sets *aborted) or the client went away (returns the status).
+  absl::Status SendChunk(uint32_t j, const ChunkView& view, bool* aborted);
+  double StreamSeconds(uint32_t j) const;
+  bool Cancelled() const { return ctx_->IsCancelled(); }
+  grpc::Status Finish(uint32_t first_streamed, v1::PrefillDone::Reason reason,
+                      std::string detail, grpc::Status status = grpc::Status::OK);
+  void StopThreads();
+
+  PrefillRunner* const runner_;
+  TieredStore* const store_;
+  grpc::ServerContext* const ctx_;
+  PrefillStream* const stream_;
+  const Clock::time_point opened_ = Clock::now();
+
+  // Set by Open, then read-only.
+  uint64_t ns_ = 0;
+  std::vector<ChunkId> ids_;
+  std::vector<Tier> tiers_;
+  uint32_t h_ = 0;
+  uint64_t chunk_bytes_ = 0;
+  uint64_t frame_bytes_ = 0;
+  std::optional<TokenBucket> session_limit_;
+  std::shared_ptr<BandwidthEstimator> connection_;
+  ComputeCost open_cost_;
+  bool open_cost_given_ = false;
+  v1::PrefillPlan plan_;
+
+  absl::Mutex mu_;
+  uint32_t computed_ ABSL_GUARDED_BY(mu_) = 0;
+  Clock::time_point last_progress_ ABSL_GUARDED_BY(mu_) = opened_;
+  bool reader_done_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status reader_error_ ABSL_GUARDED_BY(mu_);
+  std::optional<ComputeModel> model_ ABSL_GUARDED_BY(mu_);
+  // Prefetched chunks, in streaming order.
+  std::deque<std::pair<uint32_t, absl::StatusOr<ChunkView>>> ready_ ABSL_GUARDED_BY(mu_);
+  bool stop_prefetch_ ABSL_GUARDED_BY(mu_) = false;
+
+  std::thread reader_;
+  std::thread prefetcher_;
+};
+
+absl::Status Session::Open() {
+  v1::PrefillClientMessage first;
+  if (!stream_->Read(&first)) return absl::CancelledError("client closed before Open");
+  if (!first.has_open()) {
+    return absl::InvalidArgumentError("open: the first message of a Prefill must be open");
+  }
+  const v1::PrefillOpen& open = first.open();
+  ns_ = open.namespace_id();
+  auto layout = store_->FindLayout(ns_);
+  if (!layout.ok()) return layout.status();
+  const auto& options = runner_->options();
+  if (open.keys_size() > static_cast<int>(options.max_keys)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "open.keys: ", open.keys_size(), " keys, more than max_keys_per_request (",
+        options.max_keys, ")"));
+  }
+  for (int i = 0; i < open.keys_size(); ++i) {
+    auto key = ChunkKey::FromBytes(open.keys(i));
+    if (!key.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("open.keys[", i, "]: ", key.status().message()));
+    }
+    ids_.push_back(ChunkId{ns_, *key});
+  }
+  if (open.has_compute_estimate()) {
+    const auto& e = open.compute_estimate();
+    if (!(e.a_seconds() >= 0) || !(e.b_seconds() >= 0)) {
+      return absl::InvalidArgumentError("open.compute_estimate: a and b must be >= 0");
+    }
+    open_cost_ = {e.a_seconds(), e.b_seconds()};
+    open_cost_given_ = true;
+  }
+  chunk_bytes_ = layout->ChunkBytes();
+  frame_bytes_ = options.max_frame_bytes;
+  if (open.max_frame_bytes() > 0) frame_bytes_ = std::min<uint64_t>(frame_bytes_, open.max_frame_bytes());
+  if (open.max_bytes_per_second() > 0) {
+    session_limit_.emplace(static_cast<double>(open.max_bytes_per_second()));
+  }
+  connection_ = runner_->estimators().Connection(ctx_->peer());
+
+  // The cached prefix: keys are prefix-chained, so the first miss ends it.
+  for (const ChunkId& id : ids_) {
+    const Tier t = store_->Locate(id);
+    if (t == Tier::kNone) break;
+    tiers_.push_back(t);
+  }
+  h_ = static_cast<uint32_t>(tiers_.size());
+  {
+    absl::MutexLock lock(&mu_);
+    model_.emplace(open_cost_given_ ? open_cost_ : runner_->estimators().ComputePrior());
+  }
+
+  const ComputeCost cost = open_cost_given_ ? open_cost_ : runner_->estimators().ComputePrior();
+  std::vector<double> stream_seconds(h_);
+  for (uint32_t j = 0; j < h_; ++j) stream_seconds[j] = StreamSeconds(j);
+  const MeetingPlan mp = PlanMeeting(stream_seconds, cost);
+  plan_.set_cached_prefix(h_);
+  for (Tier t : tiers_) plan_.add_tiers(static_cast<v1::Tier>(static_cast<int>(t)));
+  plan_.set_predicted_meeting(mp.meeting);
+  plan_.set_predicted_seconds(mp.seconds);
+  plan_.set_chunk_bytes(chunk_bytes_);
+  plan_.set_stream_bytes_per_second(h_ > 0 ? chunk_bytes_ / StreamSeconds(h_ - 1) : 0);
+  plan_.set_compute_a_seconds(cost.a);
+  plan_.set_compute_b_seconds(cost.b);
+  v1::PrefillServerMessage msg;
+  *msg.mutable_plan() = plan_;
+  if (!stream_->Write(msg)) return absl::CancelledError("client went away");
+  return absl::OkStatus();
+}
+
+double Session::StreamSeconds(uint32_t j) const {
+  double bw = connection_->BytesPerSecond();
+  if (session_limit_) bw = std::min(bw, session_limit_->bytes_per_second());
+  if (runner_->bandwidth_limit().bytes_per_second() > 0) {
+    bw = std::min(bw, runner_->bandwidth_limit().bytes_per_second());
+  }
+  // Reading from SSD overlaps with sending the chunk before, so the slower of the two
+  // sets the pace.
+  if (tiers_[j] == Tier::kSsd) bw = std::min(bw, runner_->estimators().ssd_read().BytesPerSecond());
+  return bw > 0 ? static_cast<double>(chunk_bytes_) / bw : 0;
+}
+
+void Session::ReaderLoop() {
+  v1::PrefillClientMessage msg;
+  while (stream_->Read(&msg)) {
+    absl::MutexLock lock(&mu_);
+    if (!msg.has_progress()) {
+      reader_error_ = absl::InvalidArgumentError(
+          "progress: only progress messages may follow open");
+      break;
+    }
+    const uint32_t c = msg.progress().computed();
+    if (c < computed_ || c > ids_.size()) {
+      reader_error_ = absl::InvalidArgumentError(absl::StrCat(
+          "progress.computed: ", c, " is out of range: it must not go down (was ", computed_,
+          ") nor exceed the request's ", ids_.size(), " keys"));
+      break;
+    }
+    if (c > computed_) {
+      // The chunks reported since the last Progress took this long together; with one
+      // report per chunk (the usual case) the split is exact.
+      const auto now = Clock::now();
+      const double each =
+          std::chrono::duration<double>(now - last_progress_).count() / (c - computed_);
+      for (uint32_t i = computed_; i < c; ++i) model_->AddSample(i, each);
+      computed_ = c;
+      last_progress_ = now;
+    }
+  }
+  absl::MutexLock lock(&mu_);
+  reader_done_ = true;
+}
+
+void Session::PrefetchLoop() {
+  const uint32_t window = std::max<uint32_t>(1, runner_->options().prefetch_window);
+  for (uint32_t j = h_; j-- > 0;) {
+    {
+      absl::MutexLock lock(&mu_);
+      auto room = [this, window]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stop_prefetch_ || ready_.size() < window;
+      };
+      mu_.Await(absl::Condition(&room));
+      if (stop_prefetch_) return;
+    }
+    absl::StatusOr<ChunkView> view;
+    if (store_->Locate(ids_[j]) == Tier::kSsd) {
+      runner_->ssd_gate().Enter();
+      const auto start = Clock::now();
+      view = store_->Read(ids_[j]);
+      const double took = SecondsSince(start);
+      runner_->ssd_gate().Leave();
+      if (view.ok() && view->tier() == Tier::kSsd) {
+        runner_->estimators().ssd_read().Record(view->meta().size, took);
+      }
+    } else {
+      view = store_->Read(ids_[j]);
+    }
+    absl::MutexLock lock(&mu_);
+    ready_.emplace_back(j, std::move(view));
+  }
+}
+
+Session::Progress Session::Snapshot() {
+  absl::MutexLock lock(&mu_);
+  Progress p;
+  p.computed = computed_;
+  p.busy_seconds = SecondsSince(last_progress_);
+  p.client_closed = reader_done_;
+  p.error = reader_error_;
+  p.cost = model_->Estimate();
+  p.cost_known = open_cost_given_ || model_->samples() >= 2;
+  return p;
+}
+
+absl::StatusOr<ChunkView> Session::TakeChunk(uint32_t j) {
+  absl::MutexLock lock(&mu_);
+  auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !ready_.empty(); };
+  while (!mu_.AwaitWithTimeout(absl::Condition(&ready), absl::Milliseconds(50))) {
+    if (Cancelled()) return absl::CancelledError("client went away");
+  }
+  auto [index, view] = std::move(ready_.front());
+  ready_.pop_front();
+  // The prefetcher and this loop both walk down from h-1, one step each.
+  if (index != j) return absl::InternalError("prefetch out of order");
+  return std::move(view);
+}
+
+absl::Status Session::SendChunk(uint32_t j, const ChunkView& view, bool* aborted) {
+  *aborted = false;
+  const uint64_t size = view.meta().size;
+  v1::PrefillServerMessage msg;
+  for (uint64_t off = 0; off < size;) {
+    const uint64_t n = std::min(frame_bytes_, size - off);
+    // The worker computing chunk j meanwhile makes the rest of it useless.
+    auto overtaken = [this, j] {
+      absl::MutexLock lock(&mu_);
+      return computed_ > j || reader_done_;
+    };
+    auto stop = [&] { return Cancelled() || overtaken() || runner_->shutting_down(); };
+    if ((session_limit_ && !session_limit_->Acquire(n, stop)) ||
+        !runner_->bandwidth_limit().Acquire(n, stop) || overtaken()) {
+      if (Cancelled()) return absl::CancelledError("client went away");
+      *aborted = true;
+      return absl::OkStatus();
+    }
+    msg.Clear();
+    auto* frame = msg.mutable_chunk();
+    frame->set_index(j);
+    frame->set_offset(off);
+    if (off == 0) {
+      frame->set_crc32c(view.meta().crc32c);
+      frame->set_tier(static_cast<v1::Tier>(static_cast<int>(view.tier())));
+    }
+    std::string* data = frame->mutable_data();
+    data->resize(n);
+    char* out = data->data();
+    view.ForEachPiece(off, n, [&out](absl::string_view piece) {
+      std::memcpy(out, piece.data(), piece.size());
+      out += piece.size();
+    });
+    off += n;
+    frame->set_last(off == size);
+    const auto start = Clock::now();
+    if (!stream_->Write(msg)) return absl::CancelledError("client went away");
+    const double took = SecondsSince(start);
+    connection_->Record(n, took);
+    runner_->estimators().send().Record(n, took);
+    if (runner_->metrics()) runner_->metrics()->Streamed(n);
+  }
+  return absl::OkStatus();
+}
+
+grpc::Status Session::Finish(uint32_t first_streamed, v1::PrefillDone::Reason reason,
+                             std::string detail, grpc::Status status) {
+  const double elapsed = SecondsSince(opened_);
+  v1::PrefillServerMessage msg;
+  auto* done = msg.mutable_done();
+  done->set_first_streamed(first_streamed);
+  done->set_reason(reason);
+  done->set_detail(std::move(detail));
+  done->set_elapsed_seconds(elapsed);
+  const bool sent = stream_->Write(msg);
+  if (runner_->metrics()) {
+    runner_->metrics()->SessionEnded(reason, plan_.predicted_seconds(), elapsed,
+                                     plan_.predicted_meeting(), first_streamed, h_);
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    if (model_->samples() >= 2) runner_->estimators().RecordComputeFit(model_->Estimate());
+  }
+  if (!sent) return ToGrpcStatus(absl::CancelledError("client went away before Done"));
+  return status;
+}
+
+void Session::StopThreads() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_prefetch_ = true;
+  }
+  if (prefetcher_.joinable()) prefetcher_.join();
+  if (reader_.joinable()) {
+    // The worker half-closes after Done; one that does not is cut off after `linger`,
+    // which is the only way to get a blocked Read back.
+    {
+      absl::MutexLock lock(&mu_);
+      auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return reader_done_; };
+      mu_.AwaitWithTimeout(absl::Condition(&done), runner_->options().linger);
+    }
+    bool done;
+    {
+      absl::MutexLock lock(&mu_);
+      done = reader_done_;
+    }
+    if (!done) ctx_->TryCancel();
+    reader_.join();
+  }
+}
+
+grpc::Status Session::Run() {
+  if (absl::Status s = Open(); !s.ok()) return ToGrpcStatus(s);
+  if (h_ == 0) {
+    // Nothing cached: the worker computes everything. It may still be sending
+    // Progress; read until it half-closes.
+    reader_ = std::thread([this] { ReaderLoop(); });
+    grpc::Status st = Finish(0, v1::PrefillDone::NOTHING_CACHED, "no cached prefix");
+    StopThreads();
+    return st;
+  }
+  reader_ = std::thread([this] { ReaderLoop(); });
+  prefetcher_ = std::thread([this] { PrefetchLoop(); });
+
+  grpc::Status result;
+  bool finished = false;
+  for (uint32_t j = h_; j-- > 0 && !finished;) {
+    const Progress p = Snapshot();
+    if (!p.error.ok()) {
+      result = ToGrpcStatus(p.error);
+      finished = true;
+      break;
+    }
+    if (runner_->shutting_down()) {
+      result = Finish(j + 1, v1::PrefillDone::SHUTTING_DOWN,
+                      "kvtierd is shutting down; compute the chunks below first_streamed",
+                      ToGrpcStatus(absl::UnavailableError(
+                          "kvtierd is shutting down (Done sent with what was streamed)")));
+      finished = true;
+      break;
+    }
+    if (j < p.computed) {
+      result = Finish(j + 1, v1::PrefillDone::MET, "");
+      finished = true;
+      break;
+    }
+    if (p.client_closed) {
+      result = Finish(j + 1, v1::PrefillDone::CLIENT_DONE, "client half-closed");
+      finished = true;
+      break;
+    }
+    if (p.cost_known && !WorthStreaming(j, p.computed, p.busy_seconds, p.cost, StreamSeconds(j))) {
+      result = Finish(j + 1, v1::PrefillDone::MET, "worker computes the rest sooner");
+      finished = true;
+      break;
+    }
+    auto view = TakeChunk(j);
+    if (!view.ok()) {
+      if (absl::IsCancelled(view.status())) {
+        result = ToGrpcStatus(view.status());
+      } else {
+        result = Finish(j + 1, v1::PrefillDone::CHUNK_UNAVAILABLE,
+                        absl::StrCat("chunk ", j, " is no longer cached (",
+                                     view.status().message(), "); compute it"));
+      }
+      finished = true;
+      break;
+    }
+    bool aborted = false;
+    if (absl::Status s = SendChunk(j, *view, &aborted); !s.ok()) {
+      result = ToGrpcStatus(s);
+      finished = true;
+      break;
+    }
+    if (aborted) {
+      // The worker got there first (or left): chunk j is its to keep. The loop's
+      // checks at j-1 see why; restart them at j with the chunk abandoned.
+      const Progress q = Snapshot();
+      if (!q.error.ok()) {
+        result = ToGrpcStatus(q.error);
+      } else if (runner_->shutting_down()) {
+        result = Finish(j + 1, v1::PrefillDone::SHUTTING_DOWN, "kvtierd is shutting down",
+                        ToGrpcStatus(absl::UnavailableError("kvtierd is shutting down")));
+      } else if (q.client_closed && q.computed <= j) {
+        result = Finish(j + 1, v1::PrefillDone::CLIENT_DONE, "client half-closed");
+      } else {
+        result = Finish(j + 1, v1::PrefillDone::MET, "worker computed the chunk in flight");
+      }
+      finished = true;
+      break;
+    }
+  }
+  if (!finished) result = Finish(0, v1::PrefillDone::ALL_STREAMED, "");
+  StopThreads();
+  return result;
+}
+
+}  // namespace
+
+PrefillRunner::PrefillRunner(PrefillRunnerOptions options, PrefillMetrics* metrics)
+    : options_(options),
+      metrics_(metrics),
+      estimators_(options.estimators),
+      limit_(options.bandwidth_limit),
+      ssd_gate_(std::max(1, options.ssd_read_concurrency)) {}
+
+grpc::Status PrefillRunner::Run(TieredStore* store, grpc::ServerContext* ctx,
+                                PrefillStream* stream) {
+  Session session(this, store, ctx, stream);
+  return session.Run();
+}
+
+}  // namespace kvtier
