@@ -8,6 +8,9 @@ KVTIER_BUILD_PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev librocksdb-dev prometheus-cpp-dev libxxhash-dev libtomlplusplus-dev
   libsystemd-dev libgtest-dev
+  # Tests of deploy/: promtool (Prometheus config and rules), and `file`, which CPack's
+  # DEB generator needs to run dpkg-shlibdeps.
+  prometheus file
 )
 
 kvtier_install_deps() {
