@@ -1,0 +1,182 @@
+// Unit tests of the Cake planner's pieces: estimators, the meeting-point arithmetic,
+// the token bucket and the fair gate.
+#include <atomic>
+#include <chrono>
+#include <thread>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "gtest/gtest.h"
+#include "scheduler/bandwidth_estimator.h"
+#include "scheduler/cake_planner.h"
+#include "scheduler/compute_model.h"
+#include "scheduler/prefill_estimators.h"
+#include "scheduler/token_bucket.h"
+
+namespace kvtier {
+namespace {
+
+TEST(BandwidthEstimatorTest, PriorThenMeasurementsWeightedByBytes) {
+  BandwidthEstimator e(100.0, /*half_life_bytes=*/1000);
+  EXPECT_DOUBLE_EQ(e.BytesPerSecond(), 100.0);
+  e.Record(1000, 1.0);  // 1000 B/s: the first sample replaces the prior.
+  EXPECT_NEAR(e.BytesPerSecond(), 1000.0, 1e-6);
+  e.Record(1000, 0.5);  // 2000 B/s for one half-life: half-way in seconds per byte.
+  EXPECT_NEAR(1.0 / e.BytesPerSecond(), (0.001 + 0.0005) / 2, 1e-9);
+  e.Record(0, 1.0);     // Ignored.
+  e.Record(10, 0.0);    // Ignored.
+  EXPECT_EQ(e.samples(), 2u);
+  for (int i = 0; i < 50; ++i) e.Record(1000, 0.25);
+  EXPECT_NEAR(e.BytesPerSecond(), 4000.0, 1.0);  // Converges to the new rate.
+}
+
+TEST(ComputeModelTest, FitsInterceptAndSlope) {
+  ComputeModel m(ComputeCost{1.0, 1.0});
+  EXPECT_DOUBLE_EQ(m.Estimate().a, 1.0);  // Prior until samples arrive.
+  for (uint32_t i = 0; i < 10; ++i) m.AddSample(i, 0.02 + 0.003 * i);
+  const ComputeCost c = m.Estimate();
+  EXPECT_NEAR(c.a, 0.02, 1e-9);
+  EXPECT_NEAR(c.b, 0.003, 1e-9);
+  EXPECT_NEAR(c.Range(0, 10), 10 * 0.02 + 0.003 * 45, 1e-9);
+  EXPECT_NEAR(c.Range(3, 5), c.Chunk(3) + c.Chunk(4), 1e-12);
+  EXPECT_EQ(c.Range(5, 5), 0);
+}
+
+TEST(ComputeModelTest, OnePositionKeepsPriorSlopeAndNoiseNeverGoesNegative) {
+  ComputeModel one(ComputeCost{0.5, 0.01});
+  one.AddSample(4, 0.1);
+  one.AddSample(4, 0.1);
+  EXPECT_NEAR(one.Estimate().b, 0.01, 1e-12);
+  EXPECT_NEAR(one.Estimate().a, 0.1 - 0.04, 1e-12);
+  ComputeModel falling(ComputeCost{0.5, 0.01});
+  falling.AddSample(0, 0.3);
+  falling.AddSample(1, 0.1);
+  EXPECT_EQ(falling.Estimate().b, 0);
+  EXPECT_NEAR(falling.Estimate().a, 0.2, 1e-12);
+}
+
+TEST(CakePlannerTest, MeetsWhereBothSidesFinishTogether) {
+  // 10 chunks, each 0.1 s to stream; computing chunk i takes 0.05 + 0.01 i.
+  std::vector<double> stream(10, 0.1);
+  const ComputeCost cost{0.05, 0.01};
+  const MeetingPlan p = PlanMeeting(stream, cost);
+  // Brute force over every split.
+  double best = 1e9;
+  uint32_t best_m = 0;
+  for (uint32_t m = 0; m <= 10; ++m) {
+    const double t = std::max(cost.Range(0, m), 0.1 * (10 - m));
+    if (t < best) best = t, best_m = m;
+  }
+  EXPECT_EQ(p.meeting, best_m);
+  EXPECT_NEAR(p.seconds, best, 1e-12);
+  EXPECT_GT(p.meeting, 0u);
+  EXPECT_LT(p.meeting, 10u);
+}
+
+TEST(CakePlannerTest, ExtremesAreComputeOnlyAndLoadOnly) {
+  std::vector<double> slow(8, 10.0), fast(8, 0.001);
+  const ComputeCost cost{0.1, 0.0};
+  EXPECT_EQ(PlanMeeting(slow, cost).meeting, 8u);  // Streaming is hopeless: compute all.
+  EXPECT_EQ(PlanMeeting(fast, cost).meeting, 0u);  // Streaming is free: stream all.
+  EXPECT_EQ(PlanMeeting({}, cost).meeting, 0u);
+}
+
+TEST(CakePlannerTest, WorthStreamingComparesArrivalWithComputation) {
+  const ComputeCost cost{0.1, 0.0};
+  // Worker at chunk 2, just started: chunk 5 is done in 0.4 s.
+  EXPECT_TRUE(WorthStreaming(5, 2, 0.0, cost, 0.3));
+  EXPECT_FALSE(WorthStreaming(5, 2, 0.0, cost, 0.5));
+  // 0.09 s into chunk 2, only 0.31 s remain until chunk 5 is done.
+  EXPECT_FALSE(WorthStreaming(5, 2, 0.09, cost, 0.35));
+  // A worker past its forecast on chunk 2 is taken to finish it now (never negative
+  // time): chunk 2 itself is left to it, chunk 3 still pays if it arrives within 0.1 s.
+  EXPECT_FALSE(WorthStreaming(2, 2, 5.0, cost, 0.0001));
+  EXPECT_TRUE(WorthStreaming(3, 2, 5.0, cost, 0.05));
+  EXPECT_FALSE(WorthStreaming(3, 2, 5.0, cost, 0.15));
+}
+
+TEST(TokenBucketTest, CapsTheRate) {
+  TokenBucket bucket(10.0 * (1 << 20));  // 10 MiB/s.
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(bucket.Acquire(1 << 20, [] { return false; }));
+  const double secs =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_GE(secs, 0.39);  // The first MiB goes at once, four more at 0.1 s each.
+  TokenBucket unlimited(0);
+  EXPECT_TRUE(unlimited.Acquire(1ull << 40, [] { return false; }));
+}
+
+TEST(TokenBucketTest, CancelledWaitReturnsFalse) {
+  TokenBucket bucket(1.0);  // One byte per second.
+  ASSERT_TRUE(bucket.Acquire(1, [] { return false; }));
+  std::atomic<bool> cancel{false};
+  std::thread t([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    cancel = true;
+  });
+  EXPECT_FALSE(bucket.Acquire(100, [&] { return cancel.load(); }));
+  t.join();
+}
+
+TEST(TokenBucketTest, SessionsSharingABucketAlternate) {
+  TokenBucket bucket(50.0 * (1 << 20));
+  absl::Mutex mu;
+  std::vector<int> order;
+  auto session = [&](int id) {
+    for (int i = 0; i < 6; ++i) {
+      bucket.Acquire(1 << 20, [] { return false; });
+      absl::MutexLock lock(&mu);
+      order.push_back(id);
+    }
+  };
+  std::thread a(session, 0), b(session, 1);
+  a.join();
+  b.join();
+  // Neither session runs more than two frames ahead of the other.
+  int lead = 0, worst = 0;
+  for (int id : order) {
+    lead += id == 0 ? 1 : -1;
+    worst = std::max(worst, std::abs(lead));
+  }
+  EXPECT_LE(worst, 2);
+}
+
+TEST(FairGateTest, BoundsHoldersAndAdmitsInOrder) {
+  FairGate gate(2);
+  std::atomic<int> inside{0}, peak{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 6; ++t) {
+    threads.emplace_back([&] {
+      for (int i = 0; i < 20; ++i) {
+        gate.Enter();
+        const int now = ++inside;
+        int p = peak.load();
+        while (now > p && !peak.compare_exchange_weak(p, now)) {
+        }
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+        --inside;
+        gate.Leave();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(peak.load(), 2);
+}
+
+TEST(PrefillEstimatorsTest, ConnectionsAreBoundedAndPriorMoves) {
+  PrefillEstimatorOptions o;
+  o.max_connections = 2;
+  o.compute_prior = {1.0, 1.0};
+  PrefillEstimators e(o);
+  auto a = e.Connection("ipv4:127.0.0.1:1");
+  a->Record(1000, 1.0);
+  EXPECT_EQ(e.Connection("ipv4:127.0.0.1:1"), a);  // Same connection, same estimator.
+  e.Connection("ipv4:127.0.0.1:2");
+  e.Connection("ipv4:127.0.0.1:3");  // Evicts :1, the least recently used.
+  EXPECT_NE(e.Connection("ipv4:127.0.0.1:1"), a);
+  e.RecordComputeFit({0.0, 0.0});
+  EXPECT_NEAR(e.ComputePrior().a, 0.75, 1e-12);
+}
+
+}  // namespace
+}  // namespace kvtier
