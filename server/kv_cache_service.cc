@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "server/get_reactor.h"
 #include "server/status_util.h"
 #include "client/layout_convert.h"
 
@@ -74,9 +75,10 @@ grpc::Status KvCacheService::Put(grpc::ServerContext* ctx,
   return Serve(RpcMethod::kPut,
                [&](TieredStore* store) { return PutImpl(store, ctx, reader, resp); });
 }
-grpc::Status KvCacheService::Get(grpc::ServerContext* ctx, const v1::GetRequest* req,
-                                 grpc::ServerWriter<v1::GetFrame>* writer) {
-  return Serve(RpcMethod::kGet, [&](TieredStore* store) { return GetImpl(store, ctx, req, writer); });
+grpc::ServerWriteReactor<grpc::ByteBuffer>* KvCacheService::Get(
+    grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request) {
+  return new GetReactor(ctx, request, store_.load(std::memory_order_acquire), metrics_,
+                        limits_.max_frame_bytes, limits_.max_keys_per_request);
 }
 grpc::Status KvCacheService::Pin(grpc::ServerContext*, const v1::PinRequest* req,
                                  v1::PinResponse* resp) {
@@ -234,72 +236,6 @@ grpc::Status KvCacheService::PutImpl(TieredStore* store, grpc::ServerContext* ct
     return fail(absl::InvalidArgumentError(absl::StrCat(
         "data: payload size wrong: stream ended with chunk ", current.key.ToHex(), " at ",
         received, " of ", chunk_bytes, " bytes")));
-  }
-  return grpc::Status::OK;
-}
-
-grpc::Status KvCacheService::GetImpl(TieredStore* store, grpc::ServerContext* ctx,
-                                     const v1::GetRequest* req,
-                                     grpc::ServerWriter<v1::GetFrame>* writer) {
-  auto layout = RequireNamespace(store, req->namespace_id());
-  if (!layout.ok()) return ToGrpcStatus(layout.status());
-  auto ids = ParseKeys(req->namespace_id(), req->keys(), limits_.max_keys_per_request);
-  if (!ids.ok()) return ToGrpcStatus(ids.status());
-  uint32_t first_layer = 0, end_layer = layout->num_layers;
-  if (req->has_layer_range()) {
-    first_layer = req->layer_range().begin();
-    end_layer = req->layer_range().end();
-    if (first_layer >= end_layer || end_layer > layout->num_layers) {
-      return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
-          "layer_range: [", first_layer, ", ", end_layer, ") is not a non-empty range within [0, ",
-          layout->num_layers, ")")));
-    }
-  }
-  uint64_t frame_bytes = limits_.max_frame_bytes;
-  if (req->max_frame_bytes() > 0) frame_bytes = std::min<uint64_t>(frame_bytes, req->max_frame_bytes());
-
-  v1::GetFrame frame;
-  for (size_t i = 0; i < ids->size(); ++i) {
-    if (ctx->IsCancelled()) return ToGrpcStatus(absl::CancelledError("get cancelled by the client"));
-    auto view = store->Read((*ids)[i]);
-    frame.Clear();
-    frame.set_key_index(static_cast<uint32_t>(i));
-    if (absl::IsNotFound(view.status())) {
-      frame.set_found(false);
-      frame.set_last(true);
-      if (!writer->Write(frame)) return ToGrpcStatus(absl::CancelledError("client went away"));
-      continue;
-    }
-    if (!view.ok()) {
-      return ToGrpcStatus(absl::Status(
-          view.status().code(), absl::StrCat("keys[", i, "]: ", view.status().message())));
-    }
-    const uint64_t layer_bytes = view->meta().size / layout->num_layers;
-    const uint64_t begin = uint64_t{first_layer} * layer_bytes;
-    const uint64_t end = uint64_t{end_layer} * layer_bytes;
-    for (uint64_t off = begin; off < end;) {
-      const uint64_t n = std::min(frame_bytes, end - off);
-      frame.Clear();
-      frame.set_key_index(static_cast<uint32_t>(i));
-      frame.set_found(true);
-      frame.set_offset(off - begin);
-      if (off == begin) {
-        frame.set_total_bytes(end - begin);
-        frame.set_crc32c(view->meta().crc32c);
-        frame.set_token_count(view->meta().token_count);
-        frame.set_tier(ToProtoTier(view->tier()));
-      }
-      std::string* data = frame.mutable_data();
-      data->resize(n);
-      char* out = data->data();
-      view->ForEachPiece(off, n, [&out](absl::string_view piece) {
-        std::memcpy(out, piece.data(), piece.size());
-        out += piece.size();
-      });
-      off += n;
-      frame.set_last(off == end);
-      if (!writer->Write(frame)) return ToGrpcStatus(absl::CancelledError("client went away"));
-    }
   }
   return grpc::Status::OK;
 }

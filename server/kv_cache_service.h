@@ -30,7 +30,9 @@ struct ServiceLimits {
   uint32_t max_keys_per_request = 4096;    // Keys in one unary or Get request.
 };
 
-class KvCacheService final : public v1::KvCache::Service {
+// Get runs on gRPC's callback API with raw buffers (GetReactor: zero-copy sends); the
+// other methods are synchronous.
+class KvCacheService final : public v1::KvCache::WithRawCallbackMethod_Get<v1::KvCache::Service> {
  public:
   // `metrics` (may be null) and the store given to SetStore must outlive the service.
   // `prefill` runs the Cake sessions; it must outlive the service.
@@ -44,8 +46,8 @@ class KvCacheService final : public v1::KvCache::Service {
                       v1::LookupResponse* resp) override;
   grpc::Status Put(grpc::ServerContext* ctx, grpc::ServerReader<v1::PutFrame>* reader,
                    v1::PutResponse* resp) override;
-  grpc::Status Get(grpc::ServerContext* ctx, const v1::GetRequest* req,
-                   grpc::ServerWriter<v1::GetFrame>* writer) override;
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* Get(grpc::CallbackServerContext* ctx,
+                                                  const grpc::ByteBuffer* request) override;
   grpc::Status Pin(grpc::ServerContext* ctx, const v1::PinRequest* req,
                    v1::PinResponse* resp) override;
   grpc::Status Unpin(grpc::ServerContext* ctx, const v1::UnpinRequest* req,
@@ -65,8 +67,6 @@ class KvCacheService final : public v1::KvCache::Service {
                           v1::LookupResponse* resp);
   grpc::Status PutImpl(TieredStore* store, grpc::ServerContext* ctx,
                        grpc::ServerReader<v1::PutFrame>* reader, v1::PutResponse* resp);
-  grpc::Status GetImpl(TieredStore* store, grpc::ServerContext* ctx, const v1::GetRequest* req,
-                       grpc::ServerWriter<v1::GetFrame>* writer);
   grpc::Status PinImpl(TieredStore* store, const v1::PinRequest* req, v1::PinResponse* resp);
   grpc::Status UnpinImpl(TieredStore* store, const v1::UnpinRequest* req,
                          v1::UnpinResponse* resp);

@@ -101,6 +101,12 @@ class ChunkView {
   // Calls `fn` on consecutive pieces of [offset, offset + len), no copies.
   void ForEachPiece(uint64_t offset, uint64_t len,
                     absl::FunctionRef<void(absl::string_view)> fn) const;
+  // Shares ownership of the bytes, for handing pieces to code that outlives this view
+  // (gRPC slices sent without a copy).
+  std::shared_ptr<const void> KeepAlive() const {
+    if (pool_) return pool_;
+    return buf_;
+  }
 
  private:
   friend class TieredStore;
