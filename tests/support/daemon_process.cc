@@ -69,7 +69,10 @@ absl::StatusOr<DaemonProcess> DaemonProcess::Start(const std::string& data_dir,
   std::filesystem::remove(port_file);
   DaemonProcess d;
   d.log_path_ = data_dir + ".log";
-  std::vector<std::string> args = {KVTIERD_PATH, "--listen=127.0.0.1:0",
+  // KVTIERD_BINARY runs another build (A/B benchmarks of two versions).
+  const char* binary = std::getenv("KVTIERD_BINARY");
+  std::vector<std::string> args = {binary != nullptr ? binary : KVTIERD_PATH,
+                                   "--listen=127.0.0.1:0",
                                    "--metrics-listen=127.0.0.1:0", "--data-dir=" + data_dir,
                                    "--port-file=" + port_file};
   args.insert(args.end(), extra_args.begin(), extra_args.end());

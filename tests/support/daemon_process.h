@@ -21,7 +21,8 @@ class DaemonProcess {
  public:
   // Starts kvtierd with --listen=127.0.0.1:0 --metrics-listen=127.0.0.1:0
   // --data-dir=<data_dir> --port-file=... and `extra_args`, and waits (up to 30 s) until
-  // it serves. Its stderr goes to
+  // it serves. The binary is the one this tree built, or $KVTIERD_BINARY if set (for
+  // A/B benchmarks of two versions). Its stderr goes to
   // <data_dir>.log. Errors: Unavailable (exited or did not come up).
   static absl::StatusOr<DaemonProcess> Start(const std::string& data_dir,
                                              std::vector<std::string> extra_args = {});
