@@ -2,6 +2,7 @@
 // chunks only, pins and their expiry on an injected clock, write-back bookkeeping, and
 // the capacity bound under a randomized load.
 #include "storage/host_pool.h"
+#include "tests/support/fake_clock.h"
 
 #include <gtest/gtest.h>
 
@@ -23,29 +24,12 @@
 namespace kvtier {
 namespace {
 
+using ::kvtier::testing::FakeClock;
+
 constexpr uint64_t kSlot = 64 << 10;    // 64 KiB
 constexpr uint64_t kSlots = 16;         // 1 MiB pool
 constexpr uint64_t kChunk = 4 * kSlot;  // Four chunks fill the pool.
 
-// A clock that moves only when the test says so.
-class FakeClock {
- public:
-  absl::Time Now() const {
-    absl::MutexLock lock(&mu_);
-    return now_;
-  }
-  void Advance(absl::Duration d) {
-    absl::MutexLock lock(&mu_);
-    now_ += d;
-  }
-  std::function<absl::Time()> AsFunction() {
-    return [this] { return Now(); };
-  }
-
- private:
-  mutable absl::Mutex mu_;
-  absl::Time now_ ABSL_GUARDED_BY(mu_) = absl::FromUnixSeconds(1700000000);
-};
 
 ChunkId Id(uint64_t n, uint64_t ns = 1) { return ChunkId{ns, ChunkKey{n, n * 31 + 7}}; }
 

@@ -21,49 +21,21 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "storage/crc32c.h"
+#include "tests/support/fake_clock.h"
 #include "storage/log.h"
 #include "tests/support/fault_injection_fs.h"
 
 namespace kvtier {
 namespace {
 
+using ::kvtier::testing::FakeClock;
+using ::kvtier::testing::TempDir;
+
 using ::kvtier::testing::FaultInjectionFs;
 
 constexpr uint64_t kMiB = 1 << 20;
 
-class FakeClock {
- public:
-  absl::Time Now() const {
-    absl::MutexLock lock(&mu_);
-    return now_;
-  }
-  void Advance(absl::Duration d) {
-    absl::MutexLock lock(&mu_);
-    now_ += d;
-  }
 
- private:
-  mutable absl::Mutex mu_;
-  absl::Time now_ ABSL_GUARDED_BY(mu_) = absl::FromUnixSeconds(1700000000);
-};
-
-// A fresh directory under the test temp dir, removed with everything in it.
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = ::testing::TempDir() + "kvtier_ssd_XXXXXX";
-    if (mkdtemp(tmpl.data()) == nullptr) ADD_FAILURE() << "mkdtemp failed: " << tmpl;
-    path_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
 
 ChunkId Id(uint64_t n, uint64_t ns = 0x1111) {
   return ChunkId{ns, ChunkKey{0xabc0000000000000ull | n, n * 0x9e3779b97f4a7c15ull}};
@@ -135,7 +107,7 @@ class SsdTierTest : public ::testing::Test {
     EXPECT_TRUE(c->data == want) << id.DebugString() << ": bytes differ";
   }
 
-  TempDir dir_;
+  TempDir dir_{"kvtier_ssd"};
   FakeClock clock_;
   SsdTierOptions options_;
   std::unique_ptr<SsdTier> tier_;

@@ -22,6 +22,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "storage/crc32c.h"
+#include "tests/support/fake_clock.h"
 #include "storage/log.h"
 #include "tests/support/fault_injection_fs.h"
 
@@ -33,44 +34,16 @@ void PrintTo(WriteMode mode, std::ostream* os) { *os << WriteModeName(mode); }
 
 namespace {
 
+using ::kvtier::testing::FakeClock;
+using ::kvtier::testing::TempDir;
+
 using ::kvtier::testing::FaultInjectionFs;
 
 constexpr uint64_t kMiB = 1 << 20;
 constexpr uint64_t kChunkBytes = kMiB;  // From SmallLayout().
 constexpr uint64_t kRamChunks = 8;      // The RAM pool holds this many chunks.
 
-class FakeClock {
- public:
-  absl::Time Now() const {
-    absl::MutexLock lock(&mu_);
-    return now_;
-  }
-  void Advance(absl::Duration d) {
-    absl::MutexLock lock(&mu_);
-    now_ += d;
-  }
 
- private:
-  mutable absl::Mutex mu_;
-  absl::Time now_ ABSL_GUARDED_BY(mu_) = absl::FromUnixSeconds(1700000000);
-};
-
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = ::testing::TempDir() + "kvtier_store_XXXXXX";
-    if (mkdtemp(tmpl.data()) == nullptr) ADD_FAILURE() << "mkdtemp failed: " << tmpl;
-    path_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
 
 // 4 layers * 2 (K, V) * 2 heads * 128 dims * 256 tokens * 2 bytes = 1 MiB per chunk.
 LayoutSpec SmallLayout(absl::string_view model = "test/small-model") {
@@ -193,7 +166,7 @@ class TieredStoreTestBase : public ::testing::Test {
     EXPECT_TRUE(ReadAll(*v) == want) << id.DebugString() << ": bytes differ";
   }
 
-  TempDir dir_;
+  TempDir dir_{"kvtier_store"};
   FakeClock clock_;
   std::shared_ptr<FaultInjectionFs> fs_ = std::make_shared<FaultInjectionFs>(/*seed=*/7);
   TieredStoreOptions options_;
