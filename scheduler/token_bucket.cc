@@ -33,20 +33,4 @@ bool TokenBucket::Acquire(uint64_t bytes, absl::FunctionRef<bool()> cancelled) {
   }
 }
 
-void FairGate::Enter() {
-  absl::MutexLock lock(&mu_);
-  const uint64_t ticket = next_ticket_++;
-  auto my_turn = [this, ticket]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return ticket == serving_ && inside_ < capacity_;
-  };
-  mu_.Await(absl::Condition(&my_turn));
-  ++serving_;
-  ++inside_;
-}
-
-void FairGate::Leave() {
-  absl::MutexLock lock(&mu_);
-  --inside_;
-}
-
 }  // namespace kvtier

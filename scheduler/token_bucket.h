@@ -13,6 +13,7 @@
 #include "absl/functional/function_ref.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "storage/fair_gate.h"  // FairGate, used beside TokenBucket.
 
 namespace kvtier {
 
@@ -32,22 +33,6 @@ class TokenBucket {
   const absl::Duration burst_;
   absl::Mutex mu_;
   absl::Time next_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
-};
-
-// FairGate: at most `capacity` holders at once, admitted in arrival order (a ticket
-// lock with capacity). Bounds concurrent SSD reads across sessions.
-class FairGate {
- public:
-  explicit FairGate(int capacity) : capacity_(capacity) {}
-  void Enter();
-  void Leave();
-
- private:
-  const int capacity_;
-  absl::Mutex mu_;
-  uint64_t next_ticket_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t serving_ ABSL_GUARDED_BY(mu_) = 0;  // Tickets below this may enter.
-  int inside_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace kvtier

@@ -81,37 +81,47 @@ absl::Status GetReactor::Start(const grpc::ByteBuffer* request, uint64_t max_fra
 }
 
 void GetReactor::Next() {
-  v1::GetFrame header;
-  while (true) {
-    if (key_ >= ids_.size()) {
-      End(absl::OkStatus());
-      return;
-    }
-    if (view_) break;
-    auto view = store_->Read(ids_[key_]);
-    if (absl::IsNotFound(view.status())) {
-      header.set_key_index(static_cast<uint32_t>(key_));
-      header.set_found(false);
-      header.set_last(true);
-      ++key_;
-      const std::string bytes = header.SerializeAsString();
-      grpc::Slice slice(bytes);
-      frame_ = grpc::ByteBuffer(&slice, 1);
-      StartWrite(&frame_);
-      return;
-    }
-    if (!view.ok()) {
-      End(absl::Status(view.status().code(),
-                       absl::StrCat("keys[", key_, "]: ", view.status().message())));
-      return;
-    }
-    view_.emplace(*std::move(view));
-    const uint64_t layer_bytes = view_->meta().size / num_layers_;
-    begin_ = uint64_t{first_layer_} * layer_bytes;
-    end_ = uint64_t{end_layer_} * layer_bytes;
-    off_ = begin_;
+  if (key_ >= ids_.size()) {
+    End(absl::OkStatus());
+    return;
   }
+  if (view_) {
+    WriteFrame();
+    return;
+  }
+  // A RAM hit answers inline; an SSD read runs on the store's read threads and comes
+  // back here from one of them (reactions may start writes from any thread).
+  store_->ReadAsync(ids_[key_],
+                    [this](absl::StatusOr<ChunkView> view) { OnRead(std::move(view)); });
+}
 
+void GetReactor::OnRead(absl::StatusOr<ChunkView> view) {
+  if (absl::IsNotFound(view.status())) {
+    v1::GetFrame header;
+    header.set_key_index(static_cast<uint32_t>(key_));
+    header.set_found(false);
+    header.set_last(true);
+    ++key_;
+    grpc::Slice slice(header.SerializeAsString());
+    frame_ = grpc::ByteBuffer(&slice, 1);
+    StartWrite(&frame_);
+    return;
+  }
+  if (!view.ok()) {
+    End(absl::Status(view.status().code(),
+                     absl::StrCat("keys[", key_, "]: ", view.status().message())));
+    return;
+  }
+  view_.emplace(*std::move(view));
+  const uint64_t layer_bytes = view_->meta().size / num_layers_;
+  begin_ = uint64_t{first_layer_} * layer_bytes;
+  end_ = uint64_t{end_layer_} * layer_bytes;
+  off_ = begin_;
+  WriteFrame();
+}
+
+void GetReactor::WriteFrame() {
+  v1::GetFrame header;
   const uint64_t n = std::min(frame_bytes_, end_ - off_);
   header.set_key_index(static_cast<uint32_t>(key_));
   header.set_found(true);

@@ -5,9 +5,10 @@
 // gRPC is done with it. Protobuf accepts fields in any order, so clients parse the
 // frames as ordinary GetFrame messages.
 //
-// Thread-safety: gRPC runs the reactions (constructor, OnWriteDone, OnDone) one at a
-// time for a call, on its callback threads. A chunk read from SSD blocks the reaction
-// that reads it; RAM hits do not block.
+// Thread-safety: one step runs at a time for a call: the constructor or OnWriteDone
+// (gRPC's callback threads) starts the next write, or asks the store for the next chunk
+// and returns; an SSD read then completes on the store's read threads, which start the
+// write. gRPC threads never wait for the SSD.
 #ifndef KVTIER_SERVER_GET_REACTOR_H_
 #define KVTIER_SERVER_GET_REACTOR_H_
 
@@ -35,8 +36,10 @@ class GetReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
 
  private:
   absl::Status Start(const grpc::ByteBuffer* request, uint64_t max_frame_bytes, uint32_t max_keys);
-  // Writes the next frame, or finishes the call when there is none.
+  // Writes the next frame (reading the next chunk first if needed), or finishes.
   void Next();
+  void OnRead(absl::StatusOr<ChunkView> view);
+  void WriteFrame();
   void End(const absl::Status& status);
 
   grpc::CallbackServerContext* const ctx_;

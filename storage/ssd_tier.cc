@@ -1,6 +1,7 @@
 #include "storage/ssd_tier.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "rocksdb/env.h"
@@ -115,6 +116,7 @@ absl::Status SsdTierOptions::Validate() const {
   if (write_buffer_bytes < (4ull << 20)) {
     return absl::InvalidArgumentError("ssd_write_buffer must be at least 4 MiB");
   }
+  if (read_threads < 1) return absl::InvalidArgumentError("ssd read_threads must be >= 1");
   if (segment_bytes < (64ull << 10)) {
     return absl::InvalidArgumentError("ssd segment_bytes must be at least 64 KiB");
   }
@@ -185,9 +187,11 @@ SsdTier::SsdTier(SsdTierOptions options, std::unique_ptr<rocksdb::Env> env,
       meta_cf_(handles_[1]),
       data_cf_(handles_[2]),
       layouts_cf_(handles_[3]),
-      pending_cf_(handles_[4]) {}
+      pending_cf_(handles_[4]),
+      readers_(std::make_unique<IoPool>(options_.read_threads)) {}
 
 SsdTier::~SsdTier() {
+  readers_.reset();  // No read may run past the handles.
   for (auto* h : handles_) {
     // Destroying a handle only fails for a null handle; nothing to do about it here.
     db_->DestroyColumnFamilyHandle(h).PermitUncheckedError();
@@ -427,7 +431,49 @@ absl::Status SsdTier::Put(const ChunkId& id, const ChunkMeta& meta,
   return absl::OkStatus();
 }
 
+namespace {
+
+class StringSink final : public ChunkSink {
+ public:
+  explicit StringSink(std::string* out) : out_(out) {}
+  void Write(uint64_t offset, absl::string_view bytes) override {
+    std::memcpy(out_->data() + offset, bytes.data(), bytes.size());
+  }
+  uint32_t Crc32c() const override { return crc32c::Value(*out_); }
+
+ private:
+  std::string* const out_;
+};
+
+}  // namespace
+
 absl::StatusOr<SsdTier::Chunk> SsdTier::Get(const ChunkId& id) {
+  auto meta = ReadMeta(id);
+  if (!meta.ok()) return meta.status();
+  Chunk chunk;
+  chunk.meta = *meta;
+  chunk.data.resize(meta->size);
+  StringSink sink(&chunk.data);
+  if (absl::Status s = ReadPayload(id, *meta, sink); !s.ok()) return s;
+  return chunk;
+}
+
+absl::Status SsdTier::Corrupt(const ChunkId& id, const rocksdb::Status& cause) {
+  {
+    absl::MutexLock lock(&mu_);
+    ++counters_.checksum_failures;
+  }
+  LogWarning("SSD tier: chunk ", id.DebugString(), " failed its checksum and was deleted",
+             cause.ok() ? "" : absl::StrCat(" (", cause.ToString(), ")"));
+  if (absl::Status d = DeleteChunk(id); !d.ok()) {
+    LogError("SSD tier: could not delete corrupt chunk ", id.DebugString(), ": ", d.message());
+  }
+  return absl::DataLossError(absl::StrCat(
+      "chunk ", id.key.ToHex(), " failed its CRC32C check on the SSD tier and was "
+      "deleted; recompute it"));
+}
+
+absl::StatusOr<ChunkMeta> SsdTier::ReadMeta(const ChunkId& id) {
   bool expired = false;
   {
     absl::MutexLock lock(&mu_);
@@ -448,57 +494,70 @@ absl::StatusOr<SsdTier::Chunk> SsdTier::Get(const ChunkId& id) {
     if (absl::Status s = DeleteChunk(id); !s.ok()) return s;
     return absl::NotFoundError("chunk on SSD expired (ssd_ttl)");
   }
-
-  const std::string row = SsdRowKey(id);
   std::string meta_bytes;
-  Chunk chunk;
-  absl::Time written_at;
   rocksdb::ReadOptions ro;
   ro.verify_checksums = true;
-  rocksdb::Status s = db_->Get(ro, meta_cf_, row, &meta_bytes);
+  rocksdb::Status s = db_->Get(ro, meta_cf_, SsdRowKey(id), &meta_bytes);
   if (s.IsNotFound()) {
     absl::MutexLock lock(&mu_);
     ForgetLocked(id);
     ++counters_.misses;
     return absl::NotFoundError("chunk not on SSD");
   }
-  bool corrupt = s.IsCorruption() ||
-                 (s.ok() && !DecodeMeta(meta_bytes, chunk.meta, written_at));
-  if (s.ok() && !corrupt) {
-    chunk.data.reserve(chunk.meta.size);
-    rocksdb::PinnableSlice segment;
-    uint32_t crc = 0;
-    for (uint32_t seg = 0, n = SegmentCount(chunk.meta.size); seg < n; ++seg) {
-      segment.Reset();
-      s = db_->Get(ro, data_cf_, SegmentKey(row, seg), &segment);
-      if (!s.ok()) break;
-      crc = crc32c::Extend(crc, segment.data(), segment.size());
-      chunk.data.append(segment.data(), segment.size());
-    }
-    // A committed chunk with a missing segment is as corrupt as one with a bad byte.
-    corrupt = s.IsCorruption() || s.IsNotFound() ||
-              (s.ok() && (chunk.data.size() != chunk.meta.size || crc != chunk.meta.crc32c));
+  if (!s.ok() && !s.IsCorruption()) return Unavailable("reading a chunk's meta", s);
+  ChunkMeta meta;
+  absl::Time written_at;
+  if (!s.ok() || !DecodeMeta(meta_bytes, meta, written_at)) return Corrupt(id, s);
+  return meta;
+}
+
+absl::Status SsdTier::ReadPayload(const ChunkId& id, const ChunkMeta& meta, ChunkSink& sink) {
+  const std::string row = SsdRowKey(id);
+  const uint32_t n = SegmentCount(meta.size);
+  rocksdb::ReadOptions ro;
+  ro.verify_checksums = true;
+  // One segment per task; the first failure wins. A segment of the wrong size is as bad
+  // as a bad byte.
+  absl::Mutex mu;
+  uint32_t pending = n;
+  rocksdb::Status first_error;
+  auto read_one = [&](uint32_t seg) {
+    rocksdb::PinnableSlice value;
+    rocksdb::Status st = db_->Get(ro, data_cf_, SegmentKey(row, seg), &value);
+    const uint64_t offset = uint64_t{seg} * options_.segment_bytes;
+    const uint64_t want = std::min<uint64_t>(options_.segment_bytes, meta.size - offset);
+    if (st.ok() && value.size() != want) st = rocksdb::Status::Corruption("segment size");
+    if (st.ok()) sink.Write(offset, absl::string_view(value.data(), value.size()));
+    absl::MutexLock lock(&mu);
+    if (!st.ok() && first_error.ok()) first_error = st;
+    --pending;
+  };
+  if (n == 1) {
+    read_one(0);
+  } else {
+    for (uint32_t seg = 0; seg < n; ++seg) readers_->Submit([&read_one, seg] { read_one(seg); });
+    absl::MutexLock lock(&mu);
+    auto all_done = [&pending]() { return pending == 0; };
+    mu.Await(absl::Condition(&all_done));
   }
-  if (!s.ok() && !corrupt) return Unavailable("reading a chunk", s);
-  if (corrupt) {
-    {
+  if (first_error.IsNotFound()) {
+    // Deleted while we read it, or a committed chunk with a segment missing.
+    std::string ignored;
+    if (db_->Get(ro, meta_cf_, row, &ignored).IsNotFound()) {
       absl::MutexLock lock(&mu_);
-      ++counters_.checksum_failures;
+      ForgetLocked(id);
+      ++counters_.misses;
+      return absl::NotFoundError("chunk not on SSD");
     }
-    LogWarning("SSD tier: chunk ", id.DebugString(),
-               " failed its checksum and was deleted",
-               s.ok() ? "" : absl::StrCat(" (", s.ToString(), ")"));
-    if (absl::Status d = DeleteChunk(id); !d.ok()) {
-      LogError("SSD tier: could not delete corrupt chunk ", id.DebugString(), ": ",
-               d.message());
-    }
-    return absl::DataLossError(absl::StrCat(
-        "chunk ", id.key.ToHex(), " failed its CRC32C check on the SSD tier and was "
-        "deleted; recompute it"));
+    return Corrupt(id, first_error);
   }
+  if (!first_error.ok() && !first_error.IsCorruption()) {
+    return Unavailable("reading a chunk", first_error);
+  }
+  if (!first_error.ok() || sink.Crc32c() != meta.crc32c) return Corrupt(id, first_error);
   absl::MutexLock lock(&mu_);
   ++counters_.hits;
-  return chunk;
+  return absl::OkStatus();
 }
 
 bool SsdTier::Contains(const ChunkId& id) const {

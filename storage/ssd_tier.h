@@ -39,6 +39,7 @@
 #include "rocksdb/file_system.h"
 #include "rocksdb/write_batch.h"
 #include "storage/chunk_id.h"
+#include "storage/io_pool.h"
 #include "storage/lru_policy.h"
 
 namespace kvtier {
@@ -58,6 +59,8 @@ struct SsdTierOptions {
   uint64_t blob_min_bytes = 4096;
   // Chunks are stored in segments of this many bytes (>= 64 KiB).
   uint64_t segment_bytes = 4ull << 20;
+  // Threads reading one chunk's segments in parallel (the SSD's queue depth per read).
+  int read_threads = 4;
   // Memtable budget across column families (bytes). Payloads pass through the memtable
   // before they reach a blob file, so this is also the SSD tier's RAM overhead.
   uint64_t write_buffer_bytes = 32ull << 20;
@@ -81,6 +84,16 @@ struct SsdTierStats {
   uint64_t write_errors = 0;
 };
 
+// Where SsdTier::ReadPayload puts a chunk's bytes (a RAM pool chunk, or a buffer).
+class ChunkSink {
+ public:
+  virtual ~ChunkSink() = default;
+  // Called from several threads at once, for disjoint ranges.
+  virtual void Write(uint64_t offset, absl::string_view bytes) = 0;
+  // CRC32C of everything written; called once all writes are done.
+  virtual uint32_t Crc32c() const = 0;
+};
+
 class SsdTier {
  public:
   // Opens (or creates) the database and rebuilds the index. Returns: Ok,
@@ -101,6 +114,13 @@ class SsdTier {
   // Reads and verifies a chunk. Returns: Ok, NotFound, DataLoss (failed its checksum;
   // now deleted), Unavailable (I/O error).
   absl::StatusOr<Chunk> Get(const ChunkId& id);
+
+  // The same in two steps, so the caller can choose where the bytes go: the stored
+  // meta (Returns: Ok, NotFound, DataLoss, Unavailable), then the payload, read in
+  // parallel segments into `sink` and verified against meta.crc32c (Returns: Ok,
+  // NotFound (deleted meanwhile), DataLoss (now deleted), Unavailable).
+  absl::StatusOr<ChunkMeta> ReadMeta(const ChunkId& id);
+  absl::Status ReadPayload(const ChunkId& id, const ChunkMeta& meta, ChunkSink& sink);
 
   bool Contains(const ChunkId& id) const;
   // Returns true if the chunk was present. Errors: Unavailable.
@@ -135,6 +155,8 @@ class SsdTier {
   uint32_t SegmentCount(uint64_t size) const;
   void ForgetLocked(const ChunkId& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status MapWriteError(const rocksdb::Status& s, absl::string_view what);
+  // Deletes a chunk that failed verification, counts it, and says so.
+  absl::Status Corrupt(const ChunkId& id, const rocksdb::Status& cause);
 
   const SsdTierOptions options_;
   // Wraps options_.file_system when set; must outlive db_.
@@ -157,6 +179,8 @@ class SsdTier {
   // Bytes reserved by puts in flight, so concurrent puts do not overshoot capacity.
   uint64_t reserved_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   SsdTierStats counters_ ABSL_GUARDED_BY(mu_);
+  // Last: its threads read through db_ and must stop first.
+  std::unique_ptr<IoPool> readers_;
 };
 
 // Encoding of RocksDB keys: be64(namespace) || 16-byte chunk key. Exposed for tests.

@@ -1,5 +1,7 @@
 #include "storage/tiered_store.h"
 
+#include <cstring>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "storage/crc32c.h"
@@ -85,9 +87,13 @@ absl::StatusOr<std::unique_ptr<TieredStore>> TieredStore::Open(TieredStoreOption
   return store;
 }
 
-TieredStore::TieredStore(TieredStoreOptions options) : options_(std::move(options)) {}
+TieredStore::TieredStore(TieredStoreOptions options)
+    : options_(std::move(options)),
+      buffered_reads_(std::max(1, options_.max_buffered_reads)),
+      read_pool_(std::make_unique<IoPool>(options_.read_threads)) {}
 
 TieredStore::~TieredStore() {
+  read_pool_.reset();  // Reads in flight finish before the tiers go.
   if (absl::Status s = Close(); !s.ok()) LogWarning("tiered store: close: ", s.message());
 }
 
@@ -262,6 +268,33 @@ Tier TieredStore::Locate(const ChunkId& id) const {
   return Tier::kNone;
 }
 
+namespace {
+
+// Reads land straight in the pool chunk they are promoted into.
+class PoolSink final : public ChunkSink {
+ public:
+  explicit PoolSink(PoolChunk* chunk) : chunk_(chunk) {}
+  void Write(uint64_t offset, absl::string_view bytes) override { chunk_->Write(offset, bytes); }
+  uint32_t Crc32c() const override { return chunk_->Crc32c(); }
+
+ private:
+  PoolChunk* const chunk_;
+};
+
+class BufferSink final : public ChunkSink {
+ public:
+  explicit BufferSink(std::string* out) : out_(out) {}
+  void Write(uint64_t offset, absl::string_view bytes) override {
+    std::memcpy(out_->data() + offset, bytes.data(), bytes.size());
+  }
+  uint32_t Crc32c() const override { return crc32c::Value(*out_); }
+
+ private:
+  std::string* const out_;
+};
+
+}  // namespace
+
 absl::StatusOr<ChunkView> TieredStore::Read(const ChunkId& id) {
   ChunkView view;
   if (auto hit = ram_->Find(id)) {
@@ -272,25 +305,45 @@ absl::StatusOr<ChunkView> TieredStore::Read(const ChunkId& id) {
     return view;
   }
   if (!has_ssd()) return absl::NotFoundError("chunk not cached");
-  auto chunk = ssd_->Get(id);
-  if (!chunk.ok()) return chunk.status();
-  ssd_bytes_out_.fetch_add(chunk->meta.size, std::memory_order_relaxed);
-  view.meta_ = chunk->meta;
+  auto meta = ssd_->ReadMeta(id);
+  if (!meta.ok()) return meta.status();
+  view.meta_ = *meta;
   view.tier_ = Tier::kSsd;
-  // Promote when there is room without demoting anything: a read must not cascade
-  // into SSD writes. Otherwise serve straight from the SSD buffer.
-  auto room = ram_->Allocate(chunk->meta.size);
+  // Promote when there is room without demoting anything (a read must not cascade into
+  // SSD writes): the segments are read straight into the new pool chunk.
+  auto room = ram_->Allocate(meta->size);
   if (room.ok()) {
-    (*room)->Write(0, chunk->data);
-    if (ram_->Insert(id, *room, chunk->meta, /*dirty=*/false)) {
+    PoolSink sink(room->get());
+    if (absl::Status s = ssd_->ReadPayload(id, *meta, sink); !s.ok()) return s;
+    if (ram_->Insert(id, *room, *meta, /*dirty=*/false)) {
       promotions_.fetch_add(1, std::memory_order_relaxed);
-      ram_bytes_in_.fetch_add(chunk->meta.size, std::memory_order_relaxed);
+      ram_bytes_in_.fetch_add(meta->size, std::memory_order_relaxed);
     }
     view.pool_ = *std::move(room);
   } else {
-    view.buf_ = std::make_shared<std::string>(std::move(chunk->data));
+    // No room in RAM: a heap buffer, at most max_buffered_reads of them at once. The
+    // gate is left when the last holder of the buffer drops it.
+    buffered_reads_.Enter();
+    auto buffer = std::shared_ptr<std::string>(new std::string(meta->size, '\0'),
+                                               [this](std::string* b) {
+                                                 delete b;
+                                                 buffered_reads_.Leave();
+                                               });
+    BufferSink sink(buffer.get());
+    if (absl::Status s = ssd_->ReadPayload(id, *meta, sink); !s.ok()) return s;
+    view.buf_ = std::move(buffer);
   }
+  ssd_bytes_out_.fetch_add(meta->size, std::memory_order_relaxed);
   return view;
+}
+
+void TieredStore::ReadAsync(const ChunkId& id,
+                            std::function<void(absl::StatusOr<ChunkView>)> done) {
+  if (!has_ssd() || ram_->Contains(id) || !ssd_->Contains(id)) {
+    done(Read(id));  // RAM hit or a miss: no SSD I/O, answer inline.
+    return;
+  }
+  read_pool_->Submit([this, id, done = std::move(done)] { done(Read(id)); });
 }
 
 absl::Status TieredStore::Pin(const ChunkId& id, absl::Duration ttl) {

@@ -19,6 +19,7 @@
 #define KVTIER_STORAGE_TIERED_STORE_H_
 
 #include <atomic>
+#include <functional>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -34,7 +35,9 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "storage/chunk_id.h"
+#include "storage/fair_gate.h"
 #include "storage/host_pool.h"
+#include "storage/io_pool.h"
 #include "storage/layout_spec.h"
 #include "storage/ssd_tier.h"
 
@@ -51,6 +54,11 @@ struct TieredStoreOptions {
   WriteMode write_mode = WriteMode::kWriteBack;
   // Largest chunk a layout may have (bytes); also bounded by the RAM pool's size.
   uint64_t max_chunk_bytes = 512ull << 20;
+  // SSD reads that find no room in RAM are served from a heap buffer; at most this many
+  // such buffers exist at once (more readers wait), which bounds memory outside the pool.
+  int max_buffered_reads = 4;
+  // Threads running whole-chunk SSD reads for ReadAsync.
+  int read_threads = 4;
 
   absl::Status Validate() const;
 };
@@ -145,7 +153,12 @@ class TieredStore {
 
   Tier Locate(const ChunkId& id) const;
   // Returns: Ok, NotFound, DataLoss (failed its checksum on SSD; deleted), Unavailable.
+  // A chunk read from SSD is promoted into RAM when there is room; otherwise it is
+  // served from a buffer (at most max_buffered_reads at once: this call may wait).
   absl::StatusOr<ChunkView> Read(const ChunkId& id);
+  // The same, without blocking the caller on SSD: a RAM hit (or miss) calls `done`
+  // inline; an SSD read runs on the store's read threads, which call `done`.
+  void ReadAsync(const ChunkId& id, std::function<void(absl::StatusOr<ChunkView>)> done);
 
   // Pins in RAM (promoting from SSD first). Returns: Ok, NotFound, ResourceExhausted.
   absl::Status Pin(const ChunkId& id, absl::Duration ttl);
@@ -174,6 +187,9 @@ class TieredStore {
   const TieredStoreOptions options_;
   std::unique_ptr<HostPool> ram_;
   std::unique_ptr<SsdTier> ssd_;  // Null in ram-only mode.
+  FairGate buffered_reads_;
+  // Declared after ssd_ and ram_: destroyed first, so no read outlives them.
+  std::unique_ptr<IoPool> read_pool_;
 
   mutable absl::Mutex layouts_mu_;
   absl::flat_hash_map<uint64_t, LayoutSpec> layouts_ ABSL_GUARDED_BY(layouts_mu_);

@@ -19,6 +19,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "storage/crc32c.h"
@@ -577,6 +578,72 @@ TEST_F(TieredStoreWriteBackTest, ReadFromSsdWithoutRoomIsServedUnpromoted) {
   EXPECT_EQ(Put(Id(99)).code(), absl::StatusCode::kResourceExhausted);
   held.clear();
   PutOk(Id(99));
+}
+
+// With no room in RAM, SSD reads are served from heap buffers, at most
+// max_buffered_reads at once: a further reader waits until a buffer is dropped.
+TEST_F(TieredStoreWriteBackTest, BufferedSsdReadsAreBounded) {
+  auto o = Options(WriteMode::kWriteBack);
+  o.max_buffered_reads = 1;
+  OpenWith(o);
+  ns_ = Register();
+  for (uint64_t i = 0; i < kRamChunks + 2; ++i) PutOk(Id(i));
+  WaitFlushed(kRamChunks + 2);
+  std::vector<ChunkView> held;  // Pin RAM down: no promotion is possible.
+  for (uint64_t i = 2; i < kRamChunks + 2; ++i) {
+    auto v = store_->Read(Id(i));
+    ASSERT_TRUE(v.ok());
+    if (v->tier() == Tier::kRam) held.push_back(*std::move(v));
+  }
+  ASSERT_EQ(store_->Locate(Id(0)), Tier::kSsd);
+  ASSERT_EQ(store_->Locate(Id(1)), Tier::kSsd);
+  auto first = store_->Read(Id(0));
+  ASSERT_TRUE(first.ok());
+  ASSERT_EQ(first->tier(), Tier::kSsd);
+  std::atomic<bool> second_done{false};
+  std::string second_bytes;
+  std::thread t([&] {
+    auto second = store_->Read(Id(1));
+    if (second.ok()) second_bytes = ReadAll(*second);
+    second_done = true;
+  });
+  absl::SleepFor(absl::Milliseconds(200));
+  EXPECT_FALSE(second_done.load()) << "a second buffer was allowed while one was held";
+  EXPECT_TRUE(ReadAll(*first) == Payload(Id(0), first->meta().size));
+  first = absl::NotFoundError("dropped");  // Releases the buffer and the gate.
+  t.join();
+  EXPECT_TRUE(second_done.load());
+  EXPECT_TRUE(second_bytes == Payload(Id(1), second_bytes.size()));
+}
+
+TEST_F(TieredStoreWriteBackTest, ReadAsyncRunsSsdReadsOffTheCallersThread) {
+  PutOk(Id(0));
+  WaitFlushed(1);
+  ASSERT_TRUE(store_->Delete(Id(0)).ok());  // Gone from both tiers...
+  PutOk(Id(0));
+  WaitFlushed(1);
+  // ...and now only on SSD: evict it from RAM by filling RAM with other chunks.
+  for (uint64_t i = 1; i <= kRamChunks; ++i) PutOk(Id(i));
+  WaitFlushed(kRamChunks + 1);
+  ASSERT_EQ(store_->Locate(Id(0)), Tier::kSsd);
+  absl::Notification done;
+  std::thread::id ran_on;
+  std::string bytes;
+  store_->ReadAsync(Id(0), [&](absl::StatusOr<ChunkView> v) {
+    ran_on = std::this_thread::get_id();
+    if (v.ok()) bytes = ReadAll(*v);
+    done.Notify();
+  });
+  ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_NE(ran_on, std::this_thread::get_id());
+  EXPECT_TRUE(bytes == Payload(Id(0), bytes.size()));
+  EXPECT_FALSE(bytes.empty());
+  // A RAM hit answers inline.
+  bool inline_answer = false;
+  store_->ReadAsync(Id(0), [&](absl::StatusOr<ChunkView> v) {
+    inline_answer = v.ok() && v->tier() == Tier::kRam;
+  });
+  EXPECT_TRUE(inline_answer);
 }
 
 TEST_F(TieredStoreWriteBackTest, PinPromotesFromSsdAndHolds) {

@@ -1,0 +1,34 @@
+// FairGate: a counting semaphore that admits waiters in arrival order (a ticket lock
+// with capacity). Bounds concurrent SSD reads across Prefill sessions, and the SSD
+// reads the tiered store serves from heap buffers.
+//
+// Thread-safety: thread-safe.
+#ifndef KVTIER_STORAGE_FAIR_GATE_H_
+#define KVTIER_STORAGE_FAIR_GATE_H_
+
+#include <cstdint>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+
+namespace kvtier {
+
+// FairGate: at most `capacity` holders at once, admitted in arrival order (a ticket
+// lock with capacity). Bounds concurrent SSD reads across sessions.
+class FairGate {
+ public:
+  explicit FairGate(int capacity) : capacity_(capacity) {}
+  void Enter();
+  void Leave();
+
+ private:
+  const int capacity_;
+  absl::Mutex mu_;
+  uint64_t next_ticket_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t serving_ ABSL_GUARDED_BY(mu_) = 0;  // Tickets below this may enter.
+  int inside_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace kvtier
+
+#endif  // KVTIER_STORAGE_FAIR_GATE_H_
