@@ -114,6 +114,9 @@ const std::vector<Option>& Options() {
                  &DaemonConfig::max_keys_per_request),
       SizeOption("max_chunk_size", "largest chunk a registered layout may have",
                  &DaemonConfig::max_chunk_size),
+      DurationOption("put_wait",
+                     "how long a put waits, in arrival order, for room in the RAM pool",
+                     &DaemonConfig::put_wait),
       DurationOption("shutdown_grace", "time in-flight RPCs get at shutdown",
                      &DaemonConfig::shutdown_grace),
       StringOption("log_level", "debug | info | warn | error", &DaemonConfig::log_level),
@@ -212,6 +215,9 @@ absl::Status DaemonConfig::Validate() const {
   if (max_keys_per_request == 0) {
     return absl::InvalidArgumentError("option max_keys_per_request: must be at least 1");
   }
+  if (put_wait < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("option put_wait: must not be negative");
+  }
   if (shutdown_grace < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("option shutdown_grace: must not be negative");
   }
@@ -248,6 +254,7 @@ absl::StatusOr<TieredStoreOptions> DaemonConfig::ToStoreOptions() const {
   o.ssd.sync_writes = ssd_sync_writes;
   o.ssd.write_buffer_bytes = ssd_write_buffer;
   o.max_chunk_bytes = max_chunk_size;
+  o.put_wait = put_wait;
   return o;
 }
 

@@ -35,6 +35,7 @@ struct DaemonConfig {
   uint64_t max_frame_size = 4ull << 20;    // Largest data field of one frame, bytes.
   uint32_t max_keys_per_request = 4096;    // Keys in one Lookup/Get/Pin/Delete.
   uint64_t max_chunk_size = 512ull << 20;  // Largest chunk a layout may have, bytes.
+  absl::Duration put_wait = absl::Seconds(5);  // A put waits this long for room in RAM.
   absl::Duration shutdown_grace = absl::Seconds(30);  // In-flight RPCs get this long.
   std::string log_level = "info";          // debug | info | warn | error.
   uint64_t prefill_bandwidth_limit = 0;    // Daemon-wide Prefill streaming cap, bytes/s; 0: none.

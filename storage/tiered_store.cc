@@ -90,6 +90,7 @@ absl::StatusOr<std::unique_ptr<TieredStore>> TieredStore::Open(TieredStoreOption
 TieredStore::TieredStore(TieredStoreOptions options)
     : options_(std::move(options)),
       buffered_reads_(std::max(1, options_.max_buffered_reads)),
+      put_admission_(1),
       read_pool_(std::make_unique<IoPool>(options_.read_threads)) {}
 
 TieredStore::~TieredStore() {
@@ -153,15 +154,27 @@ absl::StatusOr<LayoutSpec> TieredStore::FindLayout(uint64_t ns) const {
 }
 
 absl::StatusOr<std::shared_ptr<PoolChunk>> TieredStore::AllocateRam(uint64_t size) {
-  // Dirty chunks being flushed by the flusher cannot be taken here; give it up to about
-  // a second to finish before reporting the pool full.
-  for (int attempt = 0;; ++attempt) {
-    auto chunk = ram_->Allocate(size);
-    if (chunk.ok() || !absl::IsResourceExhausted(chunk.status()) || !has_ssd()) return chunk;
-    if (FlushOne(/*demotion=*/true)) continue;
-    if (ram_->dirty_count() == 0 || attempt >= 200) return chunk;
-    absl::SleepFor(absl::Milliseconds(5));
+  // Puts queue for room in arrival order (a put whose chunk does not fit waits for
+  // puts in flight and readers to finish, then for demotions), for at most put_wait.
+  // Without the queue, under more concurrent puts than the pool holds, whoever polls
+  // at the right moment wins and some clients starve.
+  const absl::Time deadline = absl::Now() + options_.put_wait;
+  put_admission_.Enter();
+  absl::StatusOr<std::shared_ptr<PoolChunk>> chunk;
+  for (;;) {
+    chunk = ram_->Allocate(size);
+    if (chunk.ok() || !absl::IsResourceExhausted(chunk.status())) break;
+    if (has_ssd() && FlushOne(/*demotion=*/true)) continue;
+    if (absl::Now() >= deadline) break;
+    absl::SleepFor(absl::Milliseconds(2));
   }
+  put_admission_.Leave();
+  if (!chunk.ok() && absl::IsResourceExhausted(chunk.status())) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        chunk.status().message(), "; waited ", absl::FormatDuration(options_.put_wait),
+        " (put_wait) for room: back off and retry, or raise ram_capacity"));
+  }
+  return chunk;
 }
 
 absl::StatusOr<std::unique_ptr<ChunkWriter>> TieredStore::BeginPut(const ChunkId& id,

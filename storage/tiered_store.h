@@ -59,6 +59,8 @@ struct TieredStoreOptions {
   int max_buffered_reads = 4;
   // Threads running whole-chunk SSD reads for ReadAsync.
   int read_threads = 4;
+  // How long a put waits (in arrival order) for room in RAM before RESOURCE_EXHAUSTED.
+  absl::Duration put_wait = absl::Seconds(5);
 
   absl::Status Validate() const;
 };
@@ -142,8 +144,8 @@ class TieredStore {
   absl::StatusOr<LayoutSpec> FindLayout(uint64_t ns) const;
 
   // Starts a put. Returns a writer, or nullptr when the chunk is already stored (the
-  // caller drains and discards its bytes). Returns: Ok, NotFound (namespace),
-  // ResourceExhausted (no room in RAM).
+  // caller drains and discards its bytes). Waits up to put_wait for room. Returns: Ok,
+  // NotFound (namespace), ResourceExhausted (still no room in RAM).
   absl::StatusOr<std::unique_ptr<ChunkWriter>> BeginPut(const ChunkId& id,
                                                         uint32_t token_count);
   // Verifies and publishes a fully received chunk. Returns: Ok, InvalidArgument
@@ -188,6 +190,7 @@ class TieredStore {
   std::unique_ptr<HostPool> ram_;
   std::unique_ptr<SsdTier> ssd_;  // Null in ram-only mode.
   FairGate buffered_reads_;
+  FairGate put_admission_;  // Capacity 1: puts waiting for RAM, in arrival order.
   // Declared after ssd_ and ram_: destroyed first, so no read outlives them.
   std::unique_ptr<IoPool> read_pool_;
 

@@ -104,6 +104,7 @@ class TieredStoreTestBase : public ::testing::Test {
     o.ssd.write_buffer_bytes = 16 * kMiB;
     o.ssd.file_system = fs_;
     o.max_chunk_bytes = 4 * kMiB;
+    o.put_wait = absl::Milliseconds(50);  // Tests of a full pool want the answer now.
     return o;
   }
 
@@ -644,6 +645,33 @@ TEST_F(TieredStoreWriteBackTest, ReadAsyncRunsSsdReadsOffTheCallersThread) {
     inline_answer = v.ok() && v->tier() == Tier::kRam;
   });
   EXPECT_TRUE(inline_answer);
+}
+
+// A put that finds RAM full of puts in flight waits for one to end (up to put_wait)
+// instead of failing at once.
+TEST_F(TieredStoreWriteBackTest, PutWaitsForRoomInsteadOfFailing) {
+  auto o = Options(WriteMode::kWriteBack);
+  o.put_wait = absl::Seconds(10);
+  OpenWith(o);
+  ns_ = Register();
+  std::vector<std::unique_ptr<ChunkWriter>> in_flight;
+  for (uint64_t i = 0; i < kRamChunks; ++i) {
+    auto w = store_->BeginPut(Id(i), 256);
+    ASSERT_TRUE(w.ok()) << w.status();
+    in_flight.push_back(*std::move(w));
+  }
+  std::atomic<bool> admitted{false};
+  absl::Status waited;
+  std::thread t([&] {
+    auto w = store_->BeginPut(Id(100), 256);
+    waited = w.status();
+    admitted = true;
+  });
+  absl::SleepFor(absl::Milliseconds(200));
+  EXPECT_FALSE(admitted.load()) << "the put should be waiting for room";
+  in_flight.pop_back();  // An abandoned put gives its room back.
+  t.join();
+  EXPECT_TRUE(waited.ok()) << waited;
 }
 
 TEST_F(TieredStoreWriteBackTest, PinPromotesFromSsdAndHolds) {
