@@ -36,3 +36,15 @@ kvtier_build() {
   cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=Release >/dev/null
   cmake --build "$dir" -j"$(nproc)"
 }
+
+# Packages only the benchmark suite (bench/run.sh) needs; the build and the test suite
+# never depend on them: Redis (a baseline; bench/redis_bench.cc speaks RESP itself),
+# iperf3 (the loopback TCP limit), fio (the SSD limit), matplotlib (the plots), and
+# lscpu's util-linux.
+KVTIER_BENCH_PACKAGES=(
+  redis-server iperf3 fio python3 python3-matplotlib util-linux
+)
+
+kvtier_install_bench_deps() {
+  kvtier_install_deps "${KVTIER_BENCH_PACKAGES[@]}" "$@"
+}

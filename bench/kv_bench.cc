@@ -1,0 +1,592 @@
+// kvtier throughput/latency benchmark: starts its own kvtierd(s) and measures
+//   --section=grid    put and get throughput (GB/s) and per-chunk latency (p50, p99) for
+//                     chunk sizes x concurrent clients, from the RAM tier (--tier=ram:
+//                     write-mode ram-only, pool holding the working set) or from the SSD
+//                     tier (--tier=ssd: write-through, a RAM pool smaller than the working
+//                     set, read cyclically so every read misses RAM; the reply's tier field
+//                     is counted to prove it);
+//   --section=lookup  Lookup latency of 256 present keys (thousands of samples);
+//   --section=trace   a replay of the Mooncake trace (each hash id one chunk; per request
+//                     Lookup, Get the hits, Put the misses) with a RAM pool smaller than
+//                     the unique set (write-back), arrival times compressed;
+//   --section=memcpy  single-thread memcpy bandwidth of 1 GiB buffers (median of runs).
+// --skip-puts=1 leaves out the put cells (RAM tier: the gets still read a hot set), for
+// profiling the get path alone.
+// Every result is appended as one JSON object per line to --json=FILE (bench/report.py
+// and bench/plot.py read them) and printed as a markdown line on stdout.
+//
+// Clients: each concurrent client is a thread with its own KvTierClient. Each gets a
+// distinct max_message_bytes (64 MiB + i) so that gRPC's global subchannel pool does not
+// fold all of them onto one TCP connection (--conn=shared keeps the default sharing).
+// Put payloads are one shared read-only buffer per chunk size (re-keyed); gets go through
+// GetStream with a callback that only counts bytes, so the benchmark's own memory stays
+// small even at 128 MiB x 64 clients. The client still CRC-checks every chunk.
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "client/kvtier_client.h"
+#include "tests/support/daemon_process.h"
+#include "tests/support/test_data.h"
+
+namespace {
+
+using kvtier::KvTierClient;
+using kvtier::testing::DaemonProcess;
+using Clock = std::chrono::steady_clock;
+
+int g_argc;
+char** g_argv;
+
+std::string StrFlag(absl::string_view name, std::string def) {
+  for (int i = 1; i < g_argc; ++i) {
+    absl::string_view a(g_argv[i]);
+    if (absl::ConsumePrefix(&a, absl::StrCat("--", name, "="))) return std::string(a);
+  }
+  return def;
+}
+uint64_t Flag(absl::string_view name, uint64_t def) {
+  uint64_t v;
+  std::string s = StrFlag(name, "");
+  return !s.empty() && absl::SimpleAtoi(s, &v) ? v : def;
+}
+double DFlag(absl::string_view name, double def) {
+  double v;
+  std::string s = StrFlag(name, "");
+  return !s.empty() && absl::SimpleAtod(s, &v) ? v : def;
+}
+std::vector<uint64_t> ListFlag(absl::string_view name, const std::string& def) {
+  std::vector<uint64_t> out;
+  for (absl::string_view p : absl::StrSplit(StrFlag(name, def), ',', absl::SkipEmpty())) {
+    uint64_t v;
+    if (absl::SimpleAtoi(p, &v)) out.push_back(v);
+  }
+  return out;
+}
+
+double Secs(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+double Pct(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  size_t i = static_cast<size_t>(p * (v.size() - 1) + 0.5);
+  return v[std::min(i, v.size() - 1)];
+}
+
+// JSON line writer (flat objects of numbers and strings).
+class JsonLine {
+ public:
+  JsonLine& S(const std::string& k, const std::string& v) {
+    Sep();
+    s_ += absl::StrCat("\"", k, "\": \"", v, "\"");
+    return *this;
+  }
+  JsonLine& N(const std::string& k, double v) {
+    Sep();
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.6g", v);
+    s_ += absl::StrCat("\"", k, "\": ", buf);
+    return *this;
+  }
+  void Emit() {
+    s_ += "}";
+    const std::string path = StrFlag("json", "");
+    if (!path.empty()) {
+      std::ofstream f(path, std::ios::app);
+      f << s_ << "\n";
+    }
+    std::fprintf(stderr, "%s\n", s_.c_str());
+  }
+
+ private:
+  void Sep() { s_ += s_.size() > 1 ? ", " : ""; }
+  std::string s_ = "{";
+};
+
+std::unique_ptr<KvTierClient> MakeClient(const std::string& target, int i) {
+  kvtier::ClientOptions o;
+  o.rpc_deadline = absl::Minutes(10);
+  if (StrFlag("conn", "per-client") != "shared") o.max_message_bytes = (64 << 20) + i;
+  auto c = KvTierClient::Connect(target, o);
+  if (!c.ok()) {
+    std::fprintf(stderr, "connect: %s\n", c.status().ToString().c_str());
+    std::exit(1);
+  }
+  return *std::move(c);
+}
+
+// Peak RSS of the daemon, sampled every 20 ms while alive.
+class RssSampler {
+ public:
+  explicit RssSampler(const DaemonProcess* d) : d_(d), t_([this] {
+    while (!stop_.load()) {
+      peak_ = std::max<uint64_t>(peak_, d_->ResidentBytes().value_or(0));
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }) {}
+  uint64_t Stop() {
+    stop_ = true;
+    if (t_.joinable()) t_.join();
+    return std::max<uint64_t>(peak_, d_->PeakResidentBytes().value_or(0));
+  }
+  ~RssSampler() { Stop(); }
+
+ private:
+  const DaemonProcess* d_;
+  std::atomic<bool> stop_{false};
+  uint64_t peak_ = 0;
+  std::thread t_;
+};
+
+struct Cell {
+  std::string tier, op;
+  uint64_t chunk_bytes = 0, clients = 0, ops = 0, bytes = 0;
+  double secs = 0;
+  std::vector<double> lat_ms;
+  std::atomic<uint64_t> from_ram{0}, from_ssd{0}, errors{0}, retries{0}, absent{0};
+};
+
+void EmitCell(Cell& c) {
+  const double gbps = c.bytes / c.secs / 1e9;
+  JsonLine()
+      .S("kind", "cell").S("tier", c.tier).S("op", c.op)
+      .N("chunk_mib", c.chunk_bytes / 1048576.0).N("clients", c.clients).N("ops", c.ops)
+      .N("bytes", c.bytes).N("secs", c.secs).N("gbps", gbps)
+      .N("p50_ms", Pct(c.lat_ms, 0.5)).N("p99_ms", Pct(c.lat_ms, 0.99))
+      .N("from_ram", c.from_ram).N("from_ssd", c.from_ssd).N("absent", c.absent)
+      .N("errors", c.errors).N("retries", c.retries)
+      .Emit();
+  std::printf("| %s | %s | %.0f MiB | %lu | %lu | %.2f GiB | %.2f s | %.3f | %.2f | %.2f | %lu/%lu | %lu |\n",
+              c.tier.c_str(), c.op.c_str(), c.chunk_bytes / 1048576.0, c.clients, c.ops,
+              c.bytes / 1073741824.0, c.secs, gbps, Pct(c.lat_ms, 0.5), Pct(c.lat_ms, 0.99),
+              c.from_ram.load(), c.from_ssd.load(), c.errors.load());
+  std::fflush(stdout);
+}
+
+// Runs `ops` operations over `clients` threads; op(client, i, cell) returns bytes moved
+// or -1 on failure. Latency is per operation.
+template <typename Op>
+void RunCell(const std::string& target, Cell& cell, const Op& op) {
+  std::vector<std::unique_ptr<KvTierClient>> clients;
+  for (uint64_t w = 0; w < cell.clients; ++w) clients.push_back(MakeClient(target, w));
+  std::atomic<uint64_t> next{0}, bytes{0};
+  std::mutex mu;
+  std::vector<std::thread> workers;
+  const auto start = Clock::now();
+  for (uint64_t w = 0; w < cell.clients; ++w) {
+    workers.emplace_back([&, w] {
+      std::vector<double> lat;
+      for (uint64_t i; (i = next.fetch_add(1)) < cell.ops;) {
+        const auto t0 = Clock::now();
+        const int64_t n = op(*clients[w], i, cell);
+        lat.push_back(Secs(t0, Clock::now()) * 1e3);
+        if (n < 0) {
+          cell.errors++;
+        } else {
+          bytes += n;
+        }
+      }
+      std::lock_guard<std::mutex> l(mu);
+      cell.lat_ms.insert(cell.lat_ms.end(), lat.begin(), lat.end());
+    });
+  }
+  for (auto& t : workers) t.join();
+  cell.secs = Secs(start, Clock::now());
+  cell.bytes = bytes;
+}
+
+int64_t PutOne(KvTierClient& c, uint64_t ns, const kvtier::ChunkKey& key,
+               const std::string& data, Cell& cell) {
+  kvtier::ChunkToPut chunk{key, data, 256};
+  // The pool refuses a put (ResourceExhausted) while in-flight puts hold all of it; the
+  // client backs off and retries, for up to two minutes.
+  const auto give_up = Clock::now() + std::chrono::minutes(2);
+  for (uint64_t attempt = 0;; ++attempt) {
+    auto r = c.Put(ns, {&chunk, 1});
+    if (r.ok()) return data.size();
+    if (!absl::IsResourceExhausted(r.status()) || Clock::now() > give_up) {
+      std::fprintf(stderr, "put: %s\n", r.status().ToString().c_str());
+      return -1;
+    }
+    cell.retries++;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5 + (attempt * 7 + key.hi) % 20));
+  }
+}
+
+int64_t GetOne(KvTierClient& c, uint64_t ns, const kvtier::ChunkKey& key, Cell& cell) {
+  uint64_t got = 0;
+  absl::Status s = c.GetStream(ns, {&key, 1}, std::nullopt,
+                               [&](uint32_t, const kvtier::v1::GetFrame& f) {
+                                 if (f.offset() == 0) {
+                                   if (!f.found()) cell.absent++;
+                                   else if (f.tier() == kvtier::v1::TIER_SSD) cell.from_ssd++;
+                                   else if (f.tier() == kvtier::v1::TIER_RAM) cell.from_ram++;
+                                 }
+                                 got += f.data().size();
+                                 return absl::OkStatus();
+                               });
+  if (!s.ok()) {
+    std::fprintf(stderr, "get: %s\n", s.ToString().c_str());
+    return -1;
+  }
+  return got;
+}
+
+std::vector<std::string> DaemonArgs(const std::string& mode, uint64_t ram_mib, uint64_t ssd_mib) {
+  return {absl::StrCat("--ram-capacity=", ram_mib, "MiB"), "--write-mode=" + mode,
+          absl::StrCat("--ssd-capacity=", ssd_mib, "MiB"), "--log-level=warn"};
+}
+
+DaemonProcess StartDaemon(const std::string& dir, const std::vector<std::string>& args) {
+  auto d = DaemonProcess::Start(dir, args);
+  if (!d.ok()) {
+    std::fprintf(stderr, "start kvtierd: %s\n", d.status().ToString().c_str());
+    std::exit(1);
+  }
+  return *std::move(d);
+}
+
+uint64_t Register(KvTierClient& c, const kvtier::LayoutSpec& l) {
+  auto r = c.RegisterLayout(l);
+  if (!r.ok()) {
+    std::fprintf(stderr, "register: %s\n", r.status().ToString().c_str());
+    std::exit(1);
+  }
+  return r->namespace_id;
+}
+
+void PrintCellHeader() {
+  std::printf("| tier | op | chunk | clients | ops | bytes | time | GB/s | p50 ms | p99 ms | ram/ssd reads | errors |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+}
+
+// ---- grid ----
+int Grid(const std::string& dir) {
+  const std::string tier = StrFlag("tier", "ram");
+  const auto chunks = ListFlag("chunks", "2,32,128");
+  const auto client_counts = ListFlag("clients", "1,4,16,64");
+  const uint64_t budget = Flag("budget-mib", tier == "ram" ? 2048 : 512) << 20;
+  const uint64_t get_budget = Flag("get-budget-mib", budget >> 20) << 20;
+  const uint64_t ram_mib = Flag("ram-mib", tier == "ram" ? 4096 : 256);
+  const uint64_t hot_mib = Flag("hot-mib", 1024);  // RAM-tier get working set.
+  auto daemon = StartDaemon(dir, DaemonArgs(tier == "ram" ? "ram-only" : "write-through",
+                                            ram_mib, Flag("ssd-mib", 65536)));
+  RssSampler rss(&daemon);
+  auto admin = MakeClient(daemon.target(), 100000);
+  PrintCellHeader();
+  uint64_t key_base = 0;
+  for (uint64_t cmib : chunks) {
+    const uint64_t cb = cmib << 20;
+    const uint64_t ns = Register(*admin, kvtier::testing::LayoutOfMiB(cmib));
+    const std::string payload = kvtier::testing::PatternBytes(cmib, cb);
+    std::vector<kvtier::ChunkKey> written;
+    for (uint64_t clients : client_counts) {
+      if (Flag("skip-puts", 0) != 0) break;  // Profiling the get path only.
+      Cell cell;
+      cell.tier = tier, cell.op = "put", cell.chunk_bytes = cb, cell.clients = clients;
+      cell.ops = std::max(clients, budget / cb);
+      const uint64_t base = key_base;
+      key_base += cell.ops;
+      RunCell(daemon.target(), cell, [&](KvTierClient& c, uint64_t i, Cell& cl) {
+        return PutOne(c, ns, kvtier::testing::KeyOf(base + i), payload, cl);
+      });
+      for (uint64_t i = 0; i < cell.ops; ++i) written.push_back(kvtier::testing::KeyOf(base + i));
+      EmitCell(cell);
+    }
+    // Working set of the gets.
+    std::vector<kvtier::ChunkKey> ws;
+    if (tier == "ram") {
+      // A hot set that fits the pool, put afresh (so it is the most recently used).
+      const uint64_t n = std::max<uint64_t>(1, std::min(hot_mib << 20, (ram_mib << 20) / 2) / cb);
+      Cell warm;
+      warm.chunk_bytes = cb, warm.clients = 4, warm.ops = n;
+      const uint64_t base = key_base;
+      key_base += n;
+      RunCell(daemon.target(), warm, [&](KvTierClient& c, uint64_t i, Cell& cl) {
+        return PutOne(c, ns, kvtier::testing::KeyOf(base + i), payload, cl);
+      });
+      for (uint64_t i = 0; i < n; ++i) ws.push_back(kvtier::testing::KeyOf(base + i));
+    } else {
+      ws = written;  // Everything put above: far more than the RAM pool.
+    }
+    uint64_t cursor = 0;  // SSD: each cell continues the cycle where the last one stopped.
+    for (uint64_t clients : client_counts) {
+      Cell cell;
+      cell.tier = tier, cell.op = "get", cell.chunk_bytes = cb, cell.clients = clients;
+      cell.ops = std::max(clients, get_budget / cb);
+      if (tier == "ssd") cell.ops = std::min<uint64_t>(std::max(cell.ops, clients), ws.size());
+      const uint64_t start = tier == "ssd" ? cursor : 0;
+      RunCell(daemon.target(), cell, [&](KvTierClient& c, uint64_t i, Cell& cl) {
+        return GetOne(c, ns, ws[(start + i) % ws.size()], cl);
+      });
+      cursor = start + cell.ops;
+      EmitCell(cell);
+    }
+  }
+  const uint64_t peak = rss.Stop();
+  JsonLine().S("kind", "rss").S("tier", tier).N("pool_mib", ram_mib)
+      .N("peak_rss_mib", peak / 1048576.0).N("ratio", peak / double(ram_mib << 20)).Emit();
+  std::printf("\n%s daemon: pool %lu MiB, peak RSS %.0f MiB (%.3f x pool)\n", tier.c_str(),
+              ram_mib, peak / 1048576.0, peak / double(ram_mib << 20));
+  daemon.Terminate(120).IgnoreError();
+  return 0;
+}
+
+// ---- lookup ----
+int Lookup(const std::string& dir) {
+  const uint64_t nkeys = Flag("keys", 256), samples = Flag("samples", 5000);
+  auto daemon = StartDaemon(dir, DaemonArgs("ram-only", 1024, 1024));
+  auto c = MakeClient(daemon.target(), 0);
+  const uint64_t ns = Register(*c, kvtier::testing::LayoutOfMiB(2));
+  const std::string payload = kvtier::testing::PatternBytes(7, 2 << 20);
+  std::vector<kvtier::ChunkKey> keys;
+  Cell dummy;
+  for (uint64_t i = 0; i < nkeys; ++i) {
+    keys.push_back(kvtier::testing::KeyOf(i));
+    PutOne(*c, ns, keys.back(), payload, dummy);
+  }
+  for (uint64_t clients : ListFlag("clients", "1,4")) {
+    std::vector<double> lat;
+    std::mutex mu;
+    std::atomic<uint64_t> next{0}, bad{0};
+    std::vector<std::thread> ts;
+    const auto t0 = Clock::now();
+    for (uint64_t w = 0; w < clients; ++w) {
+      ts.emplace_back([&, w] {
+        auto cl = MakeClient(daemon.target(), w + 1);
+        cl->Lookup(ns, keys).IgnoreError();  // Connect.
+        std::vector<double> mine;
+        while (next.fetch_add(1) < samples) {
+          const auto a = Clock::now();
+          auto r = cl->Lookup(ns, keys);
+          mine.push_back(Secs(a, Clock::now()) * 1e3);
+          if (!r.ok() || r->prefix_hits != nkeys) bad++;
+        }
+        std::lock_guard<std::mutex> l(mu);
+        lat.insert(lat.end(), mine.begin(), mine.end());
+      });
+    }
+    for (auto& t : ts) t.join();
+    const double secs = Secs(t0, Clock::now());
+    JsonLine().S("kind", "lookup").N("keys", nkeys).N("clients", clients).N("samples", lat.size())
+        .N("p50_ms", Pct(lat, 0.5)).N("p99_ms", Pct(lat, 0.99)).N("p999_ms", Pct(lat, 0.999))
+        .N("per_sec", lat.size() / secs).N("bad", bad).Emit();
+    std::printf("lookup %lu keys, %lu clients: %zu samples, p50 %.3f ms, p99 %.3f ms, %.0f/s, %lu bad\n",
+                nkeys, clients, lat.size(), Pct(lat, 0.5), Pct(lat, 0.99), lat.size() / secs, bad.load());
+  }
+  daemon.Terminate(60).IgnoreError();
+  return 0;
+}
+
+// ---- trace ----
+struct TraceReq {
+  double ts_ms = 0;
+  std::vector<uint64_t> ids;
+};
+
+std::vector<TraceReq> LoadTrace(const std::string& path, uint64_t limit) {
+  std::vector<TraceReq> out;
+  std::ifstream f(path);
+  std::string line;
+  while (std::getline(f, line) && out.size() < limit) {
+    TraceReq r;
+    auto num_after = [&](const std::string& key) -> double {
+      size_t p = line.find("\"" + key + "\"");
+      if (p == std::string::npos) return 0;
+      p = line.find(':', p) + 1;
+      return std::strtod(line.c_str() + p, nullptr);
+    };
+    r.ts_ms = num_after("timestamp");
+    size_t p = line.find("\"hash_ids\"");
+    if (p == std::string::npos) continue;
+    p = line.find('[', p) + 1;
+    const size_t e = line.find(']', p);
+    for (absl::string_view s : absl::StrSplit(absl::string_view(line).substr(p, e - p), ',',
+                                               absl::SkipWhitespace())) {
+      uint64_t v;
+      if (absl::SimpleAtoi(absl::StripAsciiWhitespace(s), &v)) r.ids.push_back(v);
+    }
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+int Trace(const std::string& dir) {
+  const std::string path =
+      StrFlag("trace", "/work/shared/data/traces/mooncake_synthetic_trace.jsonl");
+  const auto reqs = LoadTrace(path, Flag("trace-requests", 1u << 30));
+  if (reqs.empty()) {
+    std::fprintf(stderr, "no trace at %s\n", path.c_str());
+    return 1;
+  }
+  const uint64_t chunk_kib = Flag("trace-chunk-kib", 128);
+  const uint64_t ram_mib = Flag("ram-mib", 512);
+  const double compress = DFlag("compress", 100);
+  const uint64_t workers = Flag("workers", 16);
+  auto daemon = StartDaemon(dir, DaemonArgs(StrFlag("mode", "write-back"), ram_mib, 65536));
+  RssSampler rss(&daemon);
+  auto admin = MakeClient(daemon.target(), 100000);
+  kvtier::LayoutSpec layout = kvtier::testing::LayoutOfMiB(1, "trace-model");
+  layout.tokens_per_chunk = static_cast<uint32_t>(chunk_kib / 4);  // 4 KiB per token.
+  const uint64_t ns = Register(*admin, layout);
+  const uint64_t cb = layout.ChunkBytes();
+  const std::string payload = kvtier::testing::PatternBytes(11, cb);
+  uint64_t unique = 0, refs = 0;
+  {
+    std::vector<uint64_t> all;
+    for (auto& r : reqs) all.insert(all.end(), r.ids.begin(), r.ids.end()), refs += r.ids.size();
+    std::sort(all.begin(), all.end());
+    unique = std::unique(all.begin(), all.end()) - all.begin();
+  }
+  std::atomic<uint64_t> next{0}, hit_chunks{0}, ram_hits{0}, ssd_hits{0}, lost{0}, puts{0},
+      got_bytes{0}, put_bytes{0}, errors{0}, prefix_hits{0};
+  std::vector<double> lat;
+  std::mutex mu;
+  const auto t0 = Clock::now();
+  std::vector<std::thread> ts;
+  for (uint64_t w = 0; w < workers; ++w) {
+    ts.emplace_back([&, w] {
+      auto c = MakeClient(daemon.target(), w);
+      std::vector<double> mine;
+      for (uint64_t i; (i = next.fetch_add(1)) < reqs.size();) {
+        const auto due = t0 + std::chrono::microseconds(
+                                  static_cast<int64_t>(reqs[i].ts_ms * 1000 / compress));
+        std::this_thread::sleep_until(due);
+        const auto a = Clock::now();
+        std::vector<kvtier::ChunkKey> keys;
+        for (uint64_t id : reqs[i].ids) keys.push_back(kvtier::testing::KeyOf(1000000000ull + id));
+        auto lk = c->Lookup(ns, keys);
+        if (!lk.ok()) {
+          errors++;
+          continue;
+        }
+        prefix_hits += lk->prefix_hits;
+        std::vector<kvtier::ChunkKey> hits;
+        std::vector<bool> have(keys.size(), false);
+        std::vector<size_t> hit_idx;
+        for (size_t k = 0; k < keys.size(); ++k) {
+          if (lk->tiers[k] != kvtier::v1::TIER_UNSPECIFIED) hits.push_back(keys[k]), hit_idx.push_back(k);
+        }
+        if (!hits.empty()) {
+          absl::Status s = c->GetStream(ns, hits, std::nullopt,
+                                        [&](uint32_t idx, const kvtier::v1::GetFrame& f) {
+                                          if (f.offset() == 0) {
+                                            if (!f.found()) {
+                                              lost++;
+                                            } else {
+                                              have[hit_idx[idx]] = true;
+                                              hit_chunks++;
+                                              (f.tier() == kvtier::v1::TIER_SSD ? ssd_hits : ram_hits)++;
+                                            }
+                                          }
+                                          got_bytes += f.data().size();
+                                          return absl::OkStatus();
+                                        });
+          if (!s.ok()) errors++;
+        }
+        std::vector<kvtier::ChunkToPut> miss;
+        for (size_t k = 0; k < keys.size(); ++k) {
+          if (!have[k]) miss.push_back({keys[k], payload, layout.tokens_per_chunk});
+        }
+        if (!miss.empty()) {
+          auto r = c->Put(ns, miss);
+          if (r.ok()) {
+            puts += miss.size();
+            put_bytes += r->bytes;
+          } else {
+            errors++;
+          }
+        }
+        mine.push_back(Secs(a, Clock::now()) * 1e3);
+      }
+      std::lock_guard<std::mutex> l(mu);
+      lat.insert(lat.end(), mine.begin(), mine.end());
+    });
+  }
+  for (auto& t : ts) t.join();
+  const double secs = Secs(t0, Clock::now());
+  const uint64_t peak = rss.Stop();
+  auto st = admin->Stats();
+  const double hit_ratio = hit_chunks / double(refs);
+  // Offline: the best any cache could do is hit every reference but the first of each id.
+  const double ideal = (refs - unique) / double(refs);
+  JsonLine().S("kind", "trace").S("trace", path).N("requests", reqs.size()).N("chunk_refs", refs)
+      .N("unique_chunks", unique).N("chunk_kib", cb / 1024.0).N("ram_mib", ram_mib)
+      .N("compress", compress).N("workers", workers).N("span_s", reqs.back().ts_ms / 1000)
+      .N("secs", secs).N("hit_ratio", hit_ratio).N("ideal_hit_ratio", ideal)
+      .N("prefix_hit_ratio", prefix_hits / double(refs))
+      .N("ram_hits", ram_hits).N("ssd_hits", ssd_hits).N("lost", lost).N("puts", puts)
+      .N("got_gb", got_bytes / 1e9).N("put_gb", put_bytes / 1e9)
+      .N("gbps", (got_bytes + put_bytes) / secs / 1e9).N("req_per_s", reqs.size() / secs)
+      .N("p50_ms", Pct(lat, 0.5)).N("p99_ms", Pct(lat, 0.99)).N("errors", errors)
+      .N("evictions", st.ok() ? st->tiers(0).evictions() : 0)
+      .N("demotions", st.ok() ? st->demotions() : 0)
+      .N("peak_rss_mib", peak / 1048576.0).Emit();
+  std::printf("trace: %zu requests, %lu chunk refs (%lu unique, %.0f KiB each), RAM pool %lu MiB\n"
+              "hit ratio %.3f (ideal %.3f; RAM %lu, SSD %lu), %.2f GB/s, %.1f req/s, "
+              "latency p50 %.1f ms p99 %.1f ms, %lu errors, %.1f s\n",
+              reqs.size(), refs, unique, cb / 1024.0, ram_mib, hit_ratio, ideal, ram_hits.load(),
+              ssd_hits.load(), (got_bytes + put_bytes) / secs / 1e9, reqs.size() / secs,
+              Pct(lat, 0.5), Pct(lat, 0.99), errors.load(), secs);
+  admin.reset();
+  daemon.Terminate(300).IgnoreError();
+  return 0;
+}
+
+// ---- memcpy ----
+int Memcpy() {
+  const size_t n = Flag("memcpy-mib", 1024) << 20;
+  std::vector<char> a(n, 1), b(n, 2);
+  std::vector<double> gbps;
+  for (int r = 0; r < static_cast<int>(Flag("runs", 7)); ++r) {
+    const auto t0 = Clock::now();
+    std::memcpy(b.data(), a.data(), n);
+    gbps.push_back(n / Secs(t0, Clock::now()) / 1e9);
+    a[r] = b[n - 1 - r];  // Keep the copies observable.
+  }
+  JsonLine().S("kind", "memcpy").N("mib", n >> 20).N("gbps", Pct(gbps, 0.5))
+      .N("max_gbps", *std::max_element(gbps.begin(), gbps.end())).Emit();
+  std::printf("memcpy %zu MiB: median %.2f GB/s\n", n >> 20, Pct(gbps, 0.5));
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  g_argc = argc, g_argv = argv;
+  const std::string section = StrFlag("section", "grid");
+  if (section == "memcpy") return Memcpy();
+  const std::string base = StrFlag("data-dir", "");
+  std::string dir;
+  if (base.empty()) {
+    dir = kvtier::testing::MakeTempDir("kv-bench-" + section);
+  } else {
+    dir = base + "/kv-bench-" + section + "-" + StrFlag("tier", "x");
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+    std::filesystem::create_directories(dir);
+  }
+  int rc = 1;
+  if (section == "grid") rc = Grid(dir);
+  else if (section == "lookup") rc = Lookup(dir);
+  else if (section == "trace") rc = Trace(dir);
+  else std::fprintf(stderr, "unknown --section=%s\n", section.c_str());
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+  return rc;
+}

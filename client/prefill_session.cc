@@ -1,0 +1,488 @@
+#include "client/prefill_session.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "storage/crc32c.h"
+
+namespace kvtier {
+namespace {
+
+// Room left in a message for a PrefillChunkFrame's fields other than `data`, as in
+// kvtier_client.cc (the same limit on the client's received message size applies).
+constexpr int64_t kFrameOverheadBytes = 4096;
+
+absl::Status Violation(absl::string_view what) {
+  return absl::InternalError(absl::StrCat("Prefill: server protocol violation: ", what));
+}
+
+}  // namespace
+
+absl::Status PrefillOptions::Validate() const {
+  if (compute_estimate.has_value()) {
+    const double a = compute_estimate->a_seconds, b = compute_estimate->b_seconds;
+    if (!std::isfinite(a) || a < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("compute_estimate.a_seconds must be finite and >= 0, got ", a));
+    }
+    if (!std::isfinite(b) || b < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("compute_estimate.b_seconds must be finite and >= 0, got ", b));
+    }
+  }
+  if (rpc_deadline < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("rpc_deadline must not be negative");
+  }
+  return absl::OkStatus();
+}
+
+PrefillSession::PrefillSession(uint32_t num_keys, PrefillOptions options)
+    : num_keys_(num_keys), options_(std::move(options)) {}
+
+absl::StatusOr<std::unique_ptr<PrefillSession>> PrefillSession::Start(
+    KvTierClient& client, uint64_t namespace_id, std::vector<ChunkKey> keys,
+    PrefillOptions options) {
+  if (absl::Status s = options.Validate(); !s.ok()) return s;
+  if (keys.size() > std::numeric_limits<uint32_t>::max()) {
+    return absl::InvalidArgumentError(absl::StrCat("Prefill: ", keys.size(), " keys"));
+  }
+  const uint32_t max_frame = options.max_frame_bytes != 0
+                                 ? options.max_frame_bytes
+                                 : client.options().max_frame_bytes;
+  if (int64_t{max_frame} + kFrameOverheadBytes > client.options().max_message_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_frame_bytes (", max_frame, ") must leave ", kFrameOverheadBytes,
+        " bytes of room within the client's max_message_bytes (",
+        client.options().max_message_bytes, ")"));
+  }
+  const absl::Duration deadline = options.rpc_deadline > absl::ZeroDuration()
+                                      ? options.rpc_deadline
+                                      : client.options().rpc_deadline;
+
+  v1::PrefillClientMessage open_msg;
+  v1::PrefillOpen& open = *open_msg.mutable_open();
+  open.set_namespace_id(namespace_id);
+  open.mutable_keys()->Reserve(static_cast<int>(keys.size()));
+  for (const ChunkKey& k : keys) open.add_keys(k.ToByteString());
+  if (options.compute_estimate.has_value()) {
+    open.mutable_compute_estimate()->set_a_seconds(options.compute_estimate->a_seconds);
+    open.mutable_compute_estimate()->set_b_seconds(options.compute_estimate->b_seconds);
+  }
+  open.set_max_bytes_per_second(options.max_bytes_per_second);
+  open.set_max_frame_bytes(max_frame);
+
+  std::unique_ptr<PrefillSession> session(
+      new PrefillSession(static_cast<uint32_t>(keys.size()), std::move(options)));
+  PrefillSession& s = *session;
+  s.start_time_ = absl::Now();
+  s.ctx_.set_deadline(absl::ToChronoTime(s.start_time_ + deadline));
+  s.stream_ = client.stub()->Prefill(&s.ctx_);
+
+  // No reader thread yet, so this thread may both write and read. A failed Write means
+  // the call already ended; the Read below then fails too and Finish says why.
+  s.stream_->Write(open_msg);
+  v1::PrefillServerMessage first;
+  if (!s.stream_->Read(&first)) {
+    {
+      absl::MutexLock w(&s.write_mu_);
+      s.writes_closed_ = true;
+    }
+    grpc::Status status = s.stream_->Finish();
+    if (!status.ok()) return FromGrpcStatus(status);
+    return Violation("the call ended without a Plan");
+  }
+  absl::Status plan_error;
+  if (first.msg_case() != v1::PrefillServerMessage::kPlan) {
+    plan_error = Violation(absl::StrCat("the first message is not a Plan (case ",
+                                        static_cast<int>(first.msg_case()), ")"));
+  } else {
+    s.plan_ = std::move(*first.mutable_plan());
+    const uint32_t h = s.plan_.cached_prefix();
+    if (h > s.num_keys_) {
+      plan_error = Violation(absl::StrCat("Plan.cached_prefix ", h, " > ", s.num_keys_,
+                                          " keys"));
+    } else if (static_cast<uint32_t>(s.plan_.tiers_size()) != h) {
+      plan_error = Violation(absl::StrCat("Plan has ", s.plan_.tiers_size(),
+                                          " tiers for cached_prefix ", h));
+    } else if (h > 0 && s.plan_.chunk_bytes() == 0) {
+      plan_error = Violation("Plan.chunk_bytes is 0");
+    } else if (s.plan_.predicted_meeting() > h) {
+      plan_error = Violation(absl::StrCat("Plan.predicted_meeting ",
+                                          s.plan_.predicted_meeting(),
+                                          " > cached_prefix ", h));
+    }
+  }
+  if (!plan_error.ok()) {
+    s.ctx_.TryCancel();
+    while (s.stream_->Read(&first)) {
+    }
+    {
+      absl::MutexLock w(&s.write_mu_);
+      s.writes_closed_ = true;
+    }
+    // Ends CANCELLED (or with an error racing the cancel); plan_error is the cause.
+    FromGrpcStatus(s.stream_->Finish()).IgnoreError();
+    return plan_error;
+  }
+  s.h_ = s.plan_.cached_prefix();
+  {
+    absl::MutexLock l(&s.mu_);
+    s.lowest_started_ = s.h_;
+    s.received_.assign(s.h_, false);
+  }
+  s.last_index_ = s.h_;
+  s.reader_ = std::thread([&s] { s.ReaderLoop(); });
+  return session;
+}
+
+PrefillSession::~PrefillSession() {
+  if (!reader_.joinable()) return;
+  bool settled;
+  {
+    absl::MutexLock l(&mu_);
+    settled = done_.has_value() && finish_called_;
+    if (settled) {
+      // Finish half-closed after Done: the daemon ends the call on its own, promptly.
+      auto ended = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return ended_; };
+      mu_.AwaitWithTimeout(absl::Condition(&ended), absl::Seconds(1));
+    }
+  }
+  // Cancelling an ended call is a no-op. Otherwise the reader's blocked Read returns
+  // false and it finishes the call.
+  ctx_.TryCancel();
+  reader_.join();
+}
+
+void PrefillSession::JoinReader() {
+  if (reader_.joinable()) reader_.join();
+}
+
+absl::Status PrefillSession::Close() {
+  if (reader_.joinable()) {
+    bool finished;
+    {
+      absl::MutexLock l(&mu_);
+      finished = finish_called_;
+    }
+    if (!finished) ctx_.TryCancel();
+    // After Finish the call was half-closed; the daemon ends it (its deadline bounds
+    // this wait in any case).
+    reader_.join();
+  }
+  absl::MutexLock l(&mu_);
+  if (!error_.ok()) return error_;
+  return call_status_;
+}
+
+bool PrefillSession::ShouldCompute(uint32_t i) const {
+  if (i >= h_) return true;
+  absl::MutexLock l(&mu_);
+  if (ended_ && !error_.ok()) return true;
+  if (done_.has_value()) return i < done_->first_streamed();
+  if (i >= lowest_started_) return false;
+  return !StreamBringsSooner(i);
+}
+
+bool PrefillSession::StreamBringsSooner(uint32_t i) const {
+  // The margin by which the stream must win before the worker stands aside. The daemon
+  // decides to stream chunk i by the same arithmetic when it gets there, with the
+  // worker idle since its last Progress; a worker that stood aside on a near-tie the
+  // daemon then judged the other way would sit idle until Done, so ties go to
+  // computing, which costs at most the small difference.
+  constexpr double kMargin = 1.2;
+  if (!options_.yield_to_stream || !options_.compute_estimate.has_value()) return false;
+  const double chunk_bytes = static_cast<double>(plan_.chunk_bytes());
+  double per_chunk = plan_.stream_bytes_per_second() > 0
+                         ? chunk_bytes / plan_.stream_bytes_per_second()
+                         : 0;
+  per_chunk = std::max(per_chunk, chunk_interval_seconds_);
+  if (!(per_chunk > 0)) return false;
+  // Chunks still to arrive down to i: the one in flight (lowest_started_, partly
+  // received) then [i, lowest_started_); or, between chunks, [i, lowest_started_).
+  double eta = static_cast<double>(lowest_started_ - i) * per_chunk;
+  if (in_flight_bytes_ > 0) {
+    eta += per_chunk * (1.0 - static_cast<double>(in_flight_bytes_) / chunk_bytes);
+  }
+  const double compute = options_.compute_estimate->a_seconds +
+                         options_.compute_estimate->b_seconds * static_cast<double>(i);
+  return eta * kMargin < compute;
+}
+
+absl::Status PrefillSession::ReportComputed(uint32_t i) {
+  if (i >= num_keys_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ReportComputed(", i, "): the request has ", num_keys_, " chunks"));
+  }
+  // write_mu_ is held across the update and the Write so that concurrent callers send
+  // their Progress messages in the order of their values (computed must not decrease).
+  // Lock order: write_mu_ before mu_, everywhere.
+  absl::MutexLock w(&write_mu_);
+  bool send = false;
+  {
+    absl::MutexLock l(&mu_);
+    if (finish_called_) {
+      return absl::FailedPreconditionError("ReportComputed after Finish");
+    }
+    if (i < computed_) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "ReportComputed(", i, "): chunks [0, ", computed_, ") were already reported"));
+    }
+    computed_ = i + 1;
+    // After Done the daemon no longer reads Progress; after the call ended, nobody does.
+    send = !done_.has_value() && !ended_;
+  }
+  if (send && !writes_closed_) {
+    v1::PrefillClientMessage msg;
+    msg.mutable_progress()->set_computed(i + 1);
+    // A failed Write means the daemon ended the call (after Done, racing this Write, or
+    // with an error); the reader thread gets its status and Finish returns it.
+    if (!stream_->Write(msg)) writes_closed_ = true;
+  }
+  return absl::OkStatus();
+}
+
+void PrefillSession::ReaderLoop() {
+  v1::PrefillServerMessage msg;
+  absl::Status client_error;
+  while (stream_->Read(&msg)) {
+    if (done_seen_) {
+      client_error = Violation(absl::StrCat("a message (case ",
+                                            static_cast<int>(msg.msg_case()),
+                                            ") after Done"));
+      break;
+    }
+    switch (msg.msg_case()) {
+      case v1::PrefillServerMessage::kChunk:
+        client_error = OnFrame(*msg.mutable_chunk());
+        break;
+      case v1::PrefillServerMessage::kDone:
+        client_error = OnDone(msg.done());
+        break;
+      case v1::PrefillServerMessage::kPlan:
+        client_error = Violation("a second Plan");
+        break;
+      default:
+        client_error = Violation("a message with no content");
+        break;
+    }
+    if (!client_error.ok()) break;
+  }
+  if (!client_error.ok()) {
+    ctx_.TryCancel();
+    while (stream_->Read(&msg)) {
+    }
+  }
+  grpc::Status status;
+  {
+    // No Write may run concurrently with the stream's Finish; none may follow it.
+    absl::MutexLock w(&write_mu_);
+    writes_closed_ = true;
+    status = stream_->Finish();
+  }
+  absl::MutexLock l(&mu_);
+  ended_ = true;
+  if (!client_error.ok()) {
+    // After a client-detected error the status is CANCELLED (our TryCancel); the
+    // client's error is the cause the caller needs.
+    error_ = std::move(client_error);
+  } else if (!status.ok()) {
+    if (done_.has_value()) {
+      // A valid Done already settled the session: [s, h) arrived whole and verified,
+      // and nothing later can take that back. kvtierd ends Done{SHUTTING_DOWN} with
+      // UNAVAILABLE, and cancels a worker that half-closes too late; the result keeps
+      // the status for the caller to see.
+      call_status_ = FromGrpcStatus(status);
+    } else {
+      error_ = FromGrpcStatus(status);
+    }
+  } else if (!done_.has_value()) {
+    error_ = Violation(absl::StrCat(
+        "the call ended with OK but without Done (", chunks_received_,
+        " chunks received of cached_prefix ", h_, ")"));
+  }
+}
+
+absl::Status PrefillSession::OnFrame(v1::PrefillChunkFrame& frame) {
+  const uint32_t index = frame.index();
+  const uint64_t chunk_bytes = plan_.chunk_bytes();
+  if (index >= h_) {
+    return Violation(absl::StrCat("a frame for chunk ", index, " >= cached_prefix ", h_));
+  }
+  if (assembling_index_ < 0) {
+    if (index >= last_index_) {
+      return Violation(absl::StrCat("chunk ", index, " streamed after chunk ", last_index_,
+                                    " (indices must strictly decrease)"));
+    }
+    if (frame.offset() != 0) {
+      return Violation(absl::StrCat("chunk ", index, " starts at offset ", frame.offset()));
+    }
+    assembling_index_ = index;
+    assembling_expected_crc_ = frame.crc32c();
+    assembling_crc_ = 0;
+    assembling_tier_ = frame.tier();
+    assembling_.clear();
+    if (!frame.last()) assembling_.reserve(chunk_bytes);
+    absl::MutexLock l(&mu_);
+    lowest_started_ = index;
+  } else if (index != assembling_index_) {
+    return Violation(absl::StrCat("a frame for chunk ", index, " while chunk ",
+                                  assembling_index_, " had ", assembling_.size(), " of ",
+                                  chunk_bytes, " bytes"));
+  }
+  const std::string& data = frame.data();
+  if (frame.offset() != assembling_.size()) {
+    return Violation(absl::StrCat("offset ", frame.offset(), " for chunk ", index,
+                                  ", expected ", assembling_.size()));
+  }
+  if (data.size() > chunk_bytes - assembling_.size()) {
+    return Violation(absl::StrCat("chunk ", index, " exceeds chunk_bytes (", chunk_bytes,
+                                  ")"));
+  }
+  assembling_crc_ = crc32c::Extend(assembling_crc_, data.data(), data.size());
+  if (assembling_.empty() && frame.last()) {
+    assembling_ = std::move(*frame.mutable_data());  // Single-frame chunk: no copy.
+  } else {
+    assembling_.append(data);
+  }
+  if (!frame.last()) {
+    absl::MutexLock l(&mu_);
+    in_flight_bytes_ = assembling_.size();
+    return absl::OkStatus();
+  }
+
+  if (assembling_.size() != chunk_bytes) {
+    return Violation(absl::StrCat("last frame of chunk ", index, " after ",
+                                  assembling_.size(), " of ", chunk_bytes, " bytes"));
+  }
+  if (assembling_crc_ != assembling_expected_crc_) {
+    return absl::DataLossError(absl::StrFormat(
+        "Prefill: chunk %u failed its CRC32C: the daemon says %08x, the %u bytes "
+        "received give %08x",
+        index, assembling_expected_crc_, assembling_.size(), assembling_crc_));
+  }
+  {
+    absl::MutexLock l(&mu_);
+    received_[index] = true;
+    ++chunks_received_;
+    bytes_received_ += assembling_.size();
+    in_flight_bytes_ = 0;
+    const absl::Time now = absl::Now();
+    if (last_complete_ != absl::InfinitePast()) {
+      chunk_interval_seconds_ = absl::ToDoubleSeconds(now - last_complete_);
+    }
+    last_complete_ = now;
+  }
+  last_index_ = index;
+  assembling_index_ = -1;
+  std::string data_out = std::move(assembling_);
+  assembling_ = std::string();
+  if (options_.on_chunk) options_.on_chunk(index, std::move(data_out), assembling_tier_);
+  return absl::OkStatus();
+}
+
+absl::Status PrefillSession::OnDone(const v1::PrefillDone& done) {
+  const uint32_t s = done.first_streamed();
+  if (s > h_) {
+    return Violation(absl::StrCat("Done.first_streamed ", s, " > cached_prefix ", h_));
+  }
+  if (done.reason() == v1::PrefillDone::ALL_STREAMED && s != 0) {
+    return Violation(absl::StrCat("Done reason ALL_STREAMED with first_streamed ", s));
+  }
+  if (done.reason() == v1::PrefillDone::NOTHING_CACHED && h_ != 0) {
+    return Violation(absl::StrCat("Done reason NOTHING_CACHED with cached_prefix ", h_));
+  }
+  uint64_t discarded = 0;
+  if (assembling_index_ >= 0) {
+    if (assembling_index_ >= s) {
+      return Violation(absl::StrCat("Done with first_streamed ", s, " while chunk ",
+                                    assembling_index_, " had only ", assembling_.size(),
+                                    " of ", plan_.chunk_bytes(), " bytes"));
+    }
+    // A chunk below s cut short: discarded, as the contract says.
+    discarded = assembling_.size();
+    assembling_index_ = -1;
+    assembling_ = std::string();
+  }
+  absl::MutexLock l(&mu_);
+  for (uint32_t i = 0; i < h_; ++i) {
+    if (i >= s && !received_[i]) {
+      return Violation(absl::StrCat("Done with first_streamed ", s, " but chunk ", i,
+                                    " of [", s, ", ", h_, ") never arrived complete"));
+    }
+    if (i < s && received_[i]) {
+      // on_chunk already delivered it; the worker would hold it and compute it too.
+      return Violation(absl::StrCat("chunk ", i, " was streamed complete but Done says "
+                                    "first_streamed ", s));
+    }
+  }
+  bytes_discarded_ += discarded;
+  done_ = done;
+  done_time_ = absl::Now();
+  done_seen_ = true;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<PrefillResult> PrefillSession::Finish() {
+  {
+    absl::MutexLock l(&mu_);
+    if (finish_called_) return absl::FailedPreconditionError("Finish called twice");
+    finish_called_ = true;
+    // Half-closing before Done would make the daemon stop with CLIENT_DONE and leave
+    // the worker chunks to compute that the daemon was about to stream, so wait for
+    // Done, unless the worker already has all of [0, h) (nothing left to stream) or the
+    // call ended (the deadline bounds this wait).
+    auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return done_.has_value() || ended_ || computed_ >= h_;
+    };
+    mu_.Await(absl::Condition(&ready));
+  }
+  {
+    absl::MutexLock w(&write_mu_);
+    if (!writes_closed_) {
+      // False means the call already ended; the reader thread has its status.
+      stream_->WritesDone();
+      writes_closed_ = true;
+    }
+  }
+  bool failed;
+  {
+    absl::MutexLock l(&mu_);
+    auto settled = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return done_.has_value() || ended_;
+    };
+    mu_.Await(absl::Condition(&settled));
+    failed = ended_ && !error_.ok();
+  }
+  // The reader has ended; joining is immediate.
+  if (failed) JoinReader();
+
+  absl::MutexLock l(&mu_);
+  if (!error_.ok()) return error_;
+  // The reader sets error_ whenever the call ended without a valid Done.
+  const v1::PrefillDone& done = *done_;
+  const uint32_t s = done.first_streamed();
+  PrefillResult r;
+  r.first_streamed = s;
+  r.cached_prefix = h_;
+  r.reason = done.reason();
+  r.detail = done.detail();
+  r.sources.assign(h_, ChunkSource::kComputed);
+  for (uint32_t i = s; i < h_; ++i) r.sources[i] = ChunkSource::kStreamed;
+  r.chunks_streamed = chunks_received_;
+  r.bytes_streamed = bytes_received_;
+  r.bytes_discarded = bytes_discarded_;
+  r.computed_reported = computed_;
+  r.compute_begin = std::min(computed_, s);
+  r.compute_end = s;
+  r.raced = computed_ > s ? std::min(computed_, h_) - s : 0;
+  r.elapsed = done_time_ - start_time_;
+  r.daemon_elapsed_seconds = done.elapsed_seconds();
+  return r;
+}
+
+}  // namespace kvtier
