@@ -3,10 +3,11 @@
 //
 // The paper prefills LongAlpaca-7B (0.5 MiB of KV per token, 512-token chunks, so 256
 // MiB per chunk) on an A100 with a share of its token budget, while loading the cached
-// KV at a fixed I/O bandwidth. Here the GPU is a sleep: chunk i takes (a + b*i) / share
-// seconds on the worker thread, with a and b fitted to the paper's numbers (see
-// RESULTS.md). The I/O is kvtierd's Prefill stream, capped with the session's
-// max_bytes_per_second. Both are scaled so the grid runs in minutes on a small machine:
+// KV at a fixed I/O bandwidth. Here the GPU is a sleep on a deterministic timeline (see
+// Gpu): chunk i takes (a + b*i) / share seconds on the worker thread, with a and b
+// fitted to the paper's numbers (see RESULTS.md). The I/O is kvtierd's Prefill stream,
+// capped with the session's max_bytes_per_second. Both are scaled so the grid runs in
+// minutes on a small machine:
 //   - bytes by 1/byte_scale (chunk 256 MiB / byte_scale) and the bandwidth by the same
 //     factor, so a chunk's transfer time is unchanged;
 //   - all times by 1/time_scale: compute sleeps (a + b*i) / share / time_scale, the
@@ -19,7 +20,8 @@
 //                 is huge, so the daemon streams everything: s = 0);
 //   Cake          the worker computes forward (ShouldCompute / ReportComputed) while the
 //                 session streams backward, with the worker's true compute estimate
-//                 (--estimate=0: none, the daemon fits one from Progress); the GPU
+//                 (--estimate=0: none, the daemon fits one from Progress) and
+//                 ShouldCompute's forecast (--forecast=0: its base rule only); the GPU
 //                 starts chunk 0 while the session opens, as it would not wait for
 //                 the host's RPC (--overlap-open=0: open first, then compute);
 //                 `repeats` runs, median reported;
@@ -39,7 +41,7 @@
 //                   [--shares=10,50,90] [--gbps=2,5,10]
 //                   [--contexts=2048,4096,8192,16384,32768] [--a=0.02385] [--b=0.002753]
 //                   [--frame-kib=256] [--estimate=1] [--overlap-open=1]
-//                   [--verbose=0] [--log-level=warn]
+//                   [--forecast=1] [--verbose=0] [--log-level=warn]
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -113,6 +115,7 @@ struct Config {
   uint32_t frame_bytes = 256 << 10;
   bool estimate = true;
   bool overlap_open = true;
+  bool forecast = true;  // PrefillOptions::use_forecast in the Cake runs.
   bool verbose = false;  // One line per Cake run on stderr.
   std::string csv;
   std::string log_level;
@@ -233,6 +236,7 @@ absl::StatusOr<CakeRun> RunCake(const Config& c, Env& env, double share, uint32_
   options.max_bytes_per_second = rate;
   options.max_frame_bytes = c.frame_bytes;
   options.rpc_deadline = absl::Minutes(10);
+  options.use_forecast = c.forecast;
   // The worker installs each streamed chunk as it arrives (dropped here).
   options.on_chunk = [](uint32_t, std::string, v1::Tier) {};
   std::vector<ChunkKey> keys(env.keys.begin(), env.keys.begin() + h);
@@ -394,6 +398,7 @@ int Main(int argc, char** argv) {
   c.estimate = NumFlag(argc, argv, "estimate", 1) != 0;
   c.overlap_open = NumFlag(argc, argv, "overlap-open", 1) != 0;
   c.verbose = NumFlag(argc, argv, "verbose", 0) != 0;
+  c.forecast = NumFlag(argc, argv, "forecast", 1) != 0;
   c.csv = StrFlag(argc, argv, "csv", "");
   c.log_level = StrFlag(argc, argv, "log-level", "warn");
   const double chunk_mib = kPaperChunkBytes / c.byte_scale / (1 << 20);
@@ -422,10 +427,11 @@ int Main(int argc, char** argv) {
   std::fprintf(stderr,
                "cake_bench: chunk %.0f MiB (paper 256 MiB, byte scale 1/%g), time scale "
                "1/%g, a = %.5f s, b = %.6f s at full share, %d Cake runs per cell, "
-               "compute estimate %s, GPU %s\n",
+               "compute estimate %s, GPU %s, ShouldCompute %s\n",
                chunk_mib, c.byte_scale, c.time_scale, c.a, c.b, c.repeats,
                c.estimate ? "sent" : "not sent (daemon's running fit)",
-               c.overlap_open ? "starts chunk 0 while the session opens" : "starts once the plan is in");
+               c.overlap_open ? "starts chunk 0 while the session opens" : "starts once the plan is in",
+               c.forecast ? "with forecast" : "base rule only");
 
   const double T = c.time_scale;
   std::vector<Cell> cells;
@@ -500,6 +506,14 @@ int Main(int argc, char** argv) {
   const double wall = Now() - bench_start;
 
   // ---- report ----
+  std::printf("Emulated LongAlpaca-7B prefill against kvtierd: 512-token chunks of 256 MiB "
+              "scaled to %.0f MiB (bytes / %g, bandwidth / %g, so transfer times are "
+              "unchanged), every time / %g (reported x %g); chunk i computes in "
+              "(%.5f + %.6f i) / share s. Compute-only and load-only: median of %d runs; "
+              "Cake: median of %d runs (each run's meeting point s listed); oracle: best "
+              "fixed split m with hindsight from the same cell's measurements.\n\n",
+              chunk_mib, c.byte_scale, c.byte_scale, T, T, c.a, c.b, c.baseline_repeats,
+              c.repeats);
   std::printf("| GPU share | bandwidth | context | chunks | compute-only s | load-only s | "
               "Cake s | oracle s | Cake meets at s | oracle split m | Cake vs best-of-two "
               "| Cake vs oracle | reduction vs compute-only | reduction vs load-only |\n");

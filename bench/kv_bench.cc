@@ -230,14 +230,14 @@ int64_t PutOne(KvTierClient& c, uint64_t ns, const kvtier::ChunkKey& key,
 
 int64_t GetOne(KvTierClient& c, uint64_t ns, const kvtier::ChunkKey& key, Cell& cell) {
   uint64_t got = 0;
-  absl::Status s = c.GetStream(ns, {&key, 1}, std::nullopt,
-                               [&](uint32_t, const kvtier::v1::GetFrame& f) {
+  absl::Status s = c.GetStreamRaw(ns, {&key, 1}, std::nullopt,
+                               [&](uint32_t, const kvtier::GetFrameHeader& f, absl::Span<const absl::string_view> d) {
                                  if (f.offset() == 0) {
                                    if (!f.found()) cell.absent++;
                                    else if (f.tier() == kvtier::v1::TIER_SSD) cell.from_ssd++;
                                    else if (f.tier() == kvtier::v1::TIER_RAM) cell.from_ram++;
                                  }
-                                 got += f.data().size();
+                                 for (auto p : d) got += p.size();
                                  return absl::OkStatus();
                                });
   if (!s.ok()) {
@@ -483,8 +483,8 @@ int Trace(const std::string& dir) {
           if (lk->tiers[k] != kvtier::v1::TIER_UNSPECIFIED) hits.push_back(keys[k]), hit_idx.push_back(k);
         }
         if (!hits.empty()) {
-          absl::Status s = c->GetStream(ns, hits, std::nullopt,
-                                        [&](uint32_t idx, const kvtier::v1::GetFrame& f) {
+          absl::Status s = c->GetStreamRaw(ns, hits, std::nullopt,
+                                        [&](uint32_t idx, const kvtier::GetFrameHeader& f, absl::Span<const absl::string_view> d) {
                                           if (f.offset() == 0) {
                                             if (!f.found()) {
                                               lost++;
@@ -494,7 +494,7 @@ int Trace(const std::string& dir) {
                                               (f.tier() == kvtier::v1::TIER_SSD ? ssd_hits : ram_hits)++;
                                             }
                                           }
-                                          got_bytes += f.data().size();
+                                          for (auto p : d) got_bytes += p.size();
                                           return absl::OkStatus();
                                         });
           if (!s.ok()) errors++;

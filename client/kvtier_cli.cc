@@ -594,8 +594,10 @@ Result RunGet(const Args& args, KvTierClient& client) {
   std::map<std::string, int> tiers;  // Tier name -> chunks read from it.
   int64_t current = -1;
   uint64_t done = 0, started = 0, known_total = 0, per_chunk = 0, got = 0;
-  absl::Status status = client.GetStream(
-      ns, keys, layers, [&](uint32_t index, const v1::GetFrame& frame) -> absl::Status {
+  absl::Status status = client.GetStreamRaw(
+      ns, keys, layers,
+      [&](uint32_t index, const GetFrameHeader& frame,
+          absl::Span<const absl::string_view> data) -> absl::Status {
         if (index != current) {  // First frame of this key.
           current = index;
           ++started;
@@ -608,8 +610,10 @@ Result RunGet(const Args& args, KvTierClient& client) {
           if (absl::Status s = files[index]->Open(); !s.ok()) return s;
         }
         if (!found[index]) return absl::OkStatus();
-        if (absl::Status s = files[index]->Write(frame.data()); !s.ok()) return s;
-        done += frame.data().size();
+        for (absl::string_view piece : data) {
+          if (absl::Status s = files[index]->Write(piece); !s.ok()) return s;
+          done += piece.size();
+        }
         meter.Update(done, known_total + (keys.size() - started) * per_chunk);
         if (frame.last()) {
           ++got;

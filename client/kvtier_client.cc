@@ -5,12 +5,14 @@
 
 #include <grpcpp/create_channel.h>
 #include <grpcpp/security/credentials.h>
+#include <grpcpp/support/byte_buffer.h>
 #include <grpcpp/support/channel_arguments.h>
+#include <grpcpp/support/sync_stream.h>
 
-#include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "client/get_frame_parser.h"
 #include "client/layout_convert.h"
 #include "storage/crc32c.h"
 
@@ -21,6 +23,9 @@ namespace {
 // offset, crc32c, token_count and the tags/lengths: under 64 bytes); generous so that a
 // future field never pushes a full frame over the limit.
 constexpr int kFrameOverheadBytes = 4096;
+
+// Full name of the Get method, as gRPC puts it on the wire.
+constexpr char kGetMethod[] = "/kvtier.v1.KvCache/Get";
 
 void AddKeys(absl::Span<const ChunkKey> keys,
              google::protobuf::RepeatedPtrField<std::string>* out) {
@@ -51,9 +56,12 @@ class GetFrameChecker {
   GetFrameChecker(absl::Span<const ChunkKey> keys, bool whole_chunks)
       : keys_(keys), whole_chunks_(whole_chunks) {}
 
+  // `frame` is the header (its data() is ignored), `data` the payload's pieces, `n`
+  // their total size.
   // Returns: Ok, Internal (protocol violation), DataLoss (CRC mismatch on the last frame
   // of a key).
-  absl::Status Check(const v1::GetFrame& frame) {
+  absl::Status Check(const v1::GetFrame& frame, absl::Span<const absl::string_view> data,
+                     uint64_t n) {
     const uint32_t index = frame.key_index();
     if (!in_key_) {
       if (next_ >= keys_.size()) {
@@ -65,7 +73,7 @@ class GetFrameChecker {
             absl::StrCat("a frame for key_index ", index, " when ", next_, " was due"));
       }
       if (!frame.found()) {
-        if (!frame.data().empty()) {
+        if (n != 0) {
           return Violation(absl::StrCat("data with found = false for key_index ", index));
         }
         ++next_;
@@ -80,7 +88,6 @@ class GetFrameChecker {
       return Violation(absl::StrCat("a frame for key_index ", index, " while key_index ",
                                     next_, " had ", received_, " of ", total_, " bytes"));
     }
-    const uint64_t n = frame.data().size();
     if (frame.offset() != received_) {
       return Violation(absl::StrCat("offset ", frame.offset(), " for key_index ", index,
                                     ", expected ", received_));
@@ -90,7 +97,11 @@ class GetFrameChecker {
                                     ") for key_index ", index));
     }
     received_ += n;
-    if (whole_chunks_) crc_ = crc32c::Extend(crc_, frame.data().data(), n);
+    if (whole_chunks_) {
+      for (absl::string_view piece : data) {
+        crc_ = crc32c::Extend(crc_, piece.data(), piece.size());
+      }
+    }
     if (frame.last()) {
       if (received_ != total_) {
         return Violation(absl::StrCat("last frame for key_index ", index, " after ",
@@ -335,55 +346,6 @@ absl::StatusOr<PutResult> KvTierClient::Put(uint64_t namespace_id,
                    response.bytes_received()};
 }
 
-namespace {
-
-// The stream loop shared by Get and GetStream. `on_frame` may take the frame's data
-// (the frame is reused for the next Read).
-absl::Status RunGetStream(const KvTierClient& client, uint64_t namespace_id,
-                          absl::Span<const ChunkKey> keys,
-                          std::optional<LayerRange> layers,
-                          absl::FunctionRef<absl::Status(uint32_t, v1::GetFrame&)> on_frame) {
-  if (layers.has_value() && layers->end <= layers->begin) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "Get: layer_range [", layers->begin, ", ", layers->end, ") is empty"));
-  }
-  if (keys.empty()) return absl::OkStatus();
-  v1::GetRequest request;
-  request.set_namespace_id(namespace_id);
-  AddKeys(keys, request.mutable_keys());
-  if (layers.has_value()) {
-    request.mutable_layer_range()->set_begin(layers->begin);
-    request.mutable_layer_range()->set_end(layers->end);
-  }
-  request.set_max_frame_bytes(client.options().max_frame_bytes);
-
-  grpc::ClientContext ctx;
-  client.PrepareContext(&ctx);
-  std::unique_ptr<grpc::ClientReader<v1::GetFrame>> reader =
-      client.stub()->Get(&ctx, request);
-  GetFrameChecker checker(keys, /*whole_chunks=*/!layers.has_value());
-  v1::GetFrame frame;
-  absl::Status client_error;
-  while (reader->Read(&frame)) {
-    client_error = checker.Check(frame);
-    if (client_error.ok()) client_error = on_frame(frame.key_index(), frame);
-    if (!client_error.ok()) break;
-  }
-  if (!client_error.ok()) {
-    ctx.TryCancel();
-    while (reader->Read(&frame)) {
-    }
-    // Ends CANCELLED (or with a server error racing the cancel); client_error is the
-    // cause the caller needs.
-    FromGrpcStatus(reader->Finish()).IgnoreError();
-    return client_error;
-  }
-  if (grpc::Status status = reader->Finish(); !status.ok()) return FromGrpcStatus(status);
-  return checker.Finish();
-}
-
-}  // namespace
-
 absl::StatusOr<std::vector<GotChunk>> KvTierClient::Get(uint64_t namespace_id,
                                                         absl::Span<const ChunkKey> keys,
                                                         std::optional<LayerRange> layers,
@@ -397,9 +359,10 @@ absl::StatusOr<std::vector<GotChunk>> KvTierClient::Get(uint64_t namespace_id,
   uint64_t known_total = 0;     // Bytes of the found keys among them.
   uint64_t per_chunk = 0;       // total_bytes of the first found key.
   uint64_t done = 0;
-  absl::Status status = RunGetStream(
-      *this, namespace_id, keys, layers,
-      [&](uint32_t index, v1::GetFrame& frame) -> absl::Status {
+  absl::Status status = GetStreamRaw(
+      namespace_id, keys, layers,
+      [&](uint32_t index, const GetFrameHeader& frame,
+          absl::Span<const absl::string_view> data) -> absl::Status {
         GotChunk& got = out[index];
         if (index != current) {  // The checker guarantees indices only grow.
           current = index;
@@ -411,7 +374,9 @@ absl::StatusOr<std::vector<GotChunk>> KvTierClient::Get(uint64_t namespace_id,
             got.tier = frame.tier();
             known_total += frame.total_bytes();
             if (per_chunk == 0) per_chunk = frame.total_bytes();
-            if (!frame.last()) got.data.reserve(frame.total_bytes());
+            // The checker has bounded this frame's data by total_bytes, not yet the
+            // whole key's; a lying server costs at most this one reservation.
+            got.data.reserve(frame.total_bytes());
           }
         }
         // A missing key shrinks the estimated total, so report it too: the last call
@@ -420,11 +385,10 @@ absl::StatusOr<std::vector<GotChunk>> KvTierClient::Get(uint64_t namespace_id,
           if (progress) progress(done, known_total + (keys.size() - started) * per_chunk);
           return absl::OkStatus();
         }
-        done += frame.data().size();
-        if (got.data.empty() && frame.last()) {
-          got.data = std::move(*frame.mutable_data());  // Single-frame chunk: no copy.
-        } else {
-          got.data.append(frame.data());
+        // The one copy of the payload after the kernel's: gRPC's slices into the result.
+        for (absl::string_view piece : data) {
+          got.data.append(piece.data(), piece.size());
+          done += piece.size();
         }
         if (frame.last()) got.crc_verified = !layers.has_value();
         if (progress) progress(done, known_total + (keys.size() - started) * per_chunk);
@@ -438,10 +402,80 @@ absl::Status KvTierClient::GetStream(uint64_t namespace_id, absl::Span<const Chu
                                      std::optional<LayerRange> layers,
                                      const GetFrameCallback& on_frame) {
   if (!on_frame) return absl::InvalidArgumentError("GetStream: on_frame is empty");
-  return RunGetStream(*this, namespace_id, keys, layers,
-                      [&](uint32_t index, v1::GetFrame& frame) {
+  v1::GetFrame frame;  // Reused: data keeps its capacity from frame to frame.
+  return GetStreamRaw(namespace_id, keys, layers,
+                      [&](uint32_t index, const GetFrameHeader& header,
+                          absl::Span<const absl::string_view> data) {
+                        frame = header;  // header.data() is empty: clears data.
+                        std::string* bytes = frame.mutable_data();
+                        size_t n = 0;
+                        for (absl::string_view piece : data) n += piece.size();
+                        bytes->reserve(n);
+                        for (absl::string_view piece : data) {
+                          bytes->append(piece.data(), piece.size());
+                        }
                         return on_frame(index, frame);
                       });
+}
+
+absl::Status KvTierClient::GetStreamRaw(uint64_t namespace_id,
+                                        absl::Span<const ChunkKey> keys,
+                                        std::optional<LayerRange> layers,
+                                        const GetFrameRawCallback& on_frame) {
+  if (!on_frame) return absl::InvalidArgumentError("GetStreamRaw: on_frame is empty");
+  if (layers.has_value() && layers->end <= layers->begin) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Get: layer_range [", layers->begin, ", ", layers->end, ") is empty"));
+  }
+  if (keys.empty()) return absl::OkStatus();
+  v1::GetRequest request;
+  request.set_namespace_id(namespace_id);
+  AddKeys(keys, request.mutable_keys());
+  if (layers.has_value()) {
+    request.mutable_layer_range()->set_begin(layers->begin);
+    request.mutable_layer_range()->set_end(layers->end);
+  }
+  request.set_max_frame_bytes(options_.max_frame_bytes);
+
+  grpc::ClientContext ctx;
+  PrepareContext(&ctx);
+  // What the generated stub_->Get does, except that each response stays the ByteBuffer
+  // gRPC received (SerializationTraits<ByteBuffer> hands it over without a copy) instead
+  // of being parsed into a GetFrame, which would copy `data` out of gRPC's slices. The
+  // ClientReaderFactory is the generated code's own entry point (gRPC's `internal`
+  // namespace, but a generated stub, which this binary also links, needs it exactly as
+  // used here). The method is not pre-registered on the channel: gRPC then passes its
+  // name with each call, which costs nothing next to a multi-megabyte stream.
+  const grpc::internal::RpcMethod method(kGetMethod,
+                                         grpc::internal::RpcMethod::SERVER_STREAMING);
+  std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>> reader(
+      grpc::internal::ClientReaderFactory<grpc::ByteBuffer>::Create(channel_.get(), method,
+                                                                    &ctx, request));
+  GetFrameChecker checker(keys, /*whole_chunks=*/!layers.has_value());
+  GetFrameParser parser;
+  grpc::ByteBuffer message;
+  absl::Status client_error;
+  while (reader->Read(&message)) {
+    client_error = parser.Parse(message);
+    if (client_error.ok()) {
+      client_error = checker.Check(parser.header(), parser.pieces(), parser.data_size());
+    }
+    if (client_error.ok()) {
+      client_error = on_frame(parser.header().key_index(), parser.header(), parser.pieces());
+    }
+    if (!client_error.ok()) break;
+  }
+  if (!client_error.ok()) {
+    ctx.TryCancel();
+    while (reader->Read(&message)) {
+    }
+    // Ends CANCELLED (or with a server error racing the cancel); client_error is the
+    // cause the caller needs.
+    FromGrpcStatus(reader->Finish()).IgnoreError();
+    return client_error;
+  }
+  if (grpc::Status status = reader->Finish(); !status.ok()) return FromGrpcStatus(status);
+  return checker.Finish();
 }
 
 absl::StatusOr<PinResult> KvTierClient::Pin(uint64_t namespace_id,

@@ -129,6 +129,18 @@ using ProgressCallback = std::function<void(uint64_t bytes_done, uint64_t bytes_
 using GetFrameCallback =
     std::function<absl::Status(uint32_t key_index, const v1::GetFrame& frame)>;
 
+// A Get frame's fields other than `data`: header.data() is always empty.
+using GetFrameHeader = v1::GetFrame;
+
+// Like GetFrameCallback, with the frame's `data` as gRPC received it instead of copied
+// into the frame: `data` are the pieces of GetFrame.data in order (none empty; their
+// total is the frame's payload size), pointing into gRPC's receive buffers. The header
+// and every piece are only valid during the call. Same order, checks and guarantees as
+// GetFrameCallback (whole chunks are CRC-checked over the pieces as they arrive).
+using GetFrameRawCallback = std::function<absl::Status(
+    uint32_t key_index, const GetFrameHeader& header,
+    absl::Span<const absl::string_view> data)>;
+
 class KvTierClient {
  public:
   // Creates a client for `target` (a gRPC target such as "127.0.0.1:50051" or
@@ -178,9 +190,17 @@ class KvTierClient {
   // Streaming Get: hands each frame to `on_frame` as it arrives, so a caller can write
   // chunks to their destination without holding them all. Same checks and codes as
   // Get(), plus whatever `on_frame` returns.
+  // Builds one GetFrame per frame, copying its data; GetStreamRaw avoids that copy.
   absl::Status GetStream(uint64_t namespace_id, absl::Span<const ChunkKey> keys,
                          std::optional<LayerRange> layers,
                          const GetFrameCallback& on_frame);
+
+  // Zero-copy streaming Get: hands each frame's data to `on_frame` as views into the
+  // received message, so the only copy of the payload after the kernel's is whatever
+  // `on_frame` makes. Same checks and codes as GetStream.
+  absl::Status GetStreamRaw(uint64_t namespace_id, absl::Span<const ChunkKey> keys,
+                            std::optional<LayerRange> layers,
+                            const GetFrameRawCallback& on_frame);
 
   // Pins keys in the RAM tier for `ttl_seconds` (0: until Unpin).
   // Returns: Ok, InvalidArgument, NotFound (namespace), ResourceExhausted, Unavailable.

@@ -82,17 +82,14 @@ absl::StatusOr<std::unique_ptr<PrefillSession>> PrefillSession::Start(
   s.start_time_ = absl::Now();
   s.ctx_.set_deadline(absl::ToChronoTime(s.start_time_ + deadline));
   s.stream_ = client.stub()->Prefill(&s.ctx_);
+  s.writer_ = std::make_unique<PrefillStreamWriter>(s.stream_.get());
 
   // No reader thread yet, so this thread may both write and read. A failed Write means
-  // the call already ended; the Read below then fails too and Finish says why.
+  // the call already ended; the Read below then fails too and FinishCall says why.
   s.stream_->Write(open_msg);
   v1::PrefillServerMessage first;
   if (!s.stream_->Read(&first)) {
-    {
-      absl::MutexLock w(&s.write_mu_);
-      s.writes_closed_ = true;
-    }
-    grpc::Status status = s.stream_->Finish();
+    grpc::Status status = s.writer_->FinishCall();
     if (!status.ok()) return FromGrpcStatus(status);
     return Violation("the call ended without a Plan");
   }
@@ -121,12 +118,8 @@ absl::StatusOr<std::unique_ptr<PrefillSession>> PrefillSession::Start(
     s.ctx_.TryCancel();
     while (s.stream_->Read(&first)) {
     }
-    {
-      absl::MutexLock w(&s.write_mu_);
-      s.writes_closed_ = true;
-    }
     // Ends CANCELLED (or with an error racing the cancel); plan_error is the cause.
-    FromGrpcStatus(s.stream_->Finish()).IgnoreError();
+    FromGrpcStatus(s.writer_->FinishCall()).IgnoreError();
     return plan_error;
   }
   s.h_ = s.plan_.cached_prefix();
@@ -179,38 +172,60 @@ absl::Status PrefillSession::Close() {
   return call_status_;
 }
 
+uint32_t PrefillSession::stream_reached() const {
+  absl::MutexLock l(&mu_);
+  return lowest_started_;
+}
+
 bool PrefillSession::ShouldCompute(uint32_t i) const {
   if (i >= h_) return true;
   absl::MutexLock l(&mu_);
   if (ended_ && !error_.ok()) return true;
   if (done_.has_value()) return i < done_->first_streamed();
-  if (i >= lowest_started_) return false;
-  return !StreamBringsSooner(i);
+  const bool base = i < lowest_started_;
+  // Chunks above the one in flight, and a complete lowest one, are the worker's
+  // already: nothing to refine.
+  if (!options_.use_forecast || i > lowest_started_ ||
+      (i == lowest_started_ && in_flight_bytes_ == 0)) {
+    return base;
+  }
+  // The margin by which one side must win before the forecast overrides the base
+  // rule. Near a tie the two choices cost about the same, and the daemon's own
+  // forecast (from its side, with its estimates) might judge the other way: a worker
+  // that stood aside for a chunk the daemon then declines to stream would sit idle
+  // until Done.
+  constexpr double kMargin = 1.2;
+  const double compute = ComputeForecast(i);
+  const double stream = StreamForecast(i);
+  if (compute < 0 || stream < 0) return base;
+  if (i == lowest_started_) return compute * kMargin < stream;  // Overtake it.
+  return !(stream * kMargin < compute);                        // Or stand aside.
 }
 
-bool PrefillSession::StreamBringsSooner(uint32_t i) const {
-  // The margin by which the stream must win before the worker stands aside. The daemon
-  // decides to stream chunk i by the same arithmetic when it gets there, with the
-  // worker idle since its last Progress; a worker that stood aside on a near-tie the
-  // daemon then judged the other way would sit idle until Done, so ties go to
-  // computing, which costs at most the small difference.
-  constexpr double kMargin = 1.2;
-  if (!options_.yield_to_stream || !options_.compute_estimate.has_value()) return false;
+double PrefillSession::ComputeForecast(uint32_t i) const {
+  if (options_.compute_estimate.has_value()) {
+    return options_.compute_estimate->a_seconds +
+           options_.compute_estimate->b_seconds * static_cast<double>(i);
+  }
+  // The worker's own pace. Cost grows with i, so this errs low by about b per chunk;
+  // the margin absorbs it.
+  return compute_interval_seconds_ > 0 ? compute_interval_seconds_ : -1;
+}
+
+double PrefillSession::StreamForecast(uint32_t i) const {
   const double chunk_bytes = static_cast<double>(plan_.chunk_bytes());
   double per_chunk = plan_.stream_bytes_per_second() > 0
                          ? chunk_bytes / plan_.stream_bytes_per_second()
                          : 0;
   per_chunk = std::max(per_chunk, chunk_interval_seconds_);
-  if (!(per_chunk > 0)) return false;
-  // Chunks still to arrive down to i: the one in flight (lowest_started_, partly
-  // received) then [i, lowest_started_); or, between chunks, [i, lowest_started_).
-  double eta = static_cast<double>(lowest_started_ - i) * per_chunk;
+  if (!(per_chunk > 0)) return -1;
+  // What is left of the chunk in flight (lowest_started_, partly received), then the
+  // chunks below it down to i; or, between chunks, [i, lowest_started_).
   if (in_flight_bytes_ > 0) {
-    eta += per_chunk * (1.0 - static_cast<double>(in_flight_bytes_) / chunk_bytes);
+    return per_chunk * (1.0 - static_cast<double>(in_flight_bytes_) / chunk_bytes) +
+           static_cast<double>(lowest_started_ - i) * per_chunk;
   }
-  const double compute = options_.compute_estimate->a_seconds +
-                         options_.compute_estimate->b_seconds * static_cast<double>(i);
-  return eta * kMargin < compute;
+  return static_cast<double>(lowest_started_ - i) * per_chunk;
 }
 
 absl::Status PrefillSession::ReportComputed(uint32_t i) {
@@ -218,10 +233,6 @@ absl::Status PrefillSession::ReportComputed(uint32_t i) {
     return absl::InvalidArgumentError(
         absl::StrCat("ReportComputed(", i, "): the request has ", num_keys_, " chunks"));
   }
-  // write_mu_ is held across the update and the Write so that concurrent callers send
-  // their Progress messages in the order of their values (computed must not decrease).
-  // Lock order: write_mu_ before mu_, everywhere.
-  absl::MutexLock w(&write_mu_);
   bool send = false;
   {
     absl::MutexLock l(&mu_);
@@ -232,17 +243,21 @@ absl::Status PrefillSession::ReportComputed(uint32_t i) {
       return absl::InvalidArgumentError(absl::StrCat(
           "ReportComputed(", i, "): chunks [0, ", computed_, ") were already reported"));
     }
+    const absl::Time now = absl::Now();
+    if (last_report_ != absl::InfinitePast()) {
+      compute_interval_seconds_ =
+          absl::ToDoubleSeconds(now - last_report_) / static_cast<double>(i + 1 - computed_);
+    }
+    last_report_ = now;
     computed_ = i + 1;
     // After Done the daemon no longer reads Progress; after the call ended, nobody does.
     send = !done_.has_value() && !ended_;
   }
-  if (send && !writes_closed_) {
-    v1::PrefillClientMessage msg;
-    msg.mutable_progress()->set_computed(i + 1);
-    // A failed Write means the daemon ended the call (after Done, racing this Write, or
-    // with an error); the reader thread gets its status and Finish returns it.
-    if (!stream_->Write(msg)) writes_closed_ = true;
-  }
+  // Concurrent callers may get here out of order; the writer drops a value below one it
+  // already sent. A failed Write means the daemon ended the call (after Done, racing
+  // this Write, or with an error); the reader thread gets its status and Finish
+  // returns it.
+  if (send) writer_->SendProgress(i + 1);
   return absl::OkStatus();
 }
 
@@ -277,13 +292,8 @@ void PrefillSession::ReaderLoop() {
     while (stream_->Read(&msg)) {
     }
   }
-  grpc::Status status;
-  {
-    // No Write may run concurrently with the stream's Finish; none may follow it.
-    absl::MutexLock w(&write_mu_);
-    writes_closed_ = true;
-    status = stream_->Finish();
-  }
+  // The writer keeps any Write from racing or following the stream's Finish.
+  const grpc::Status status = writer_->FinishCall();
   absl::MutexLock l(&mu_);
   ended_ = true;
   if (!client_error.ok()) {
@@ -441,14 +451,7 @@ absl::StatusOr<PrefillResult> PrefillSession::Finish() {
     };
     mu_.Await(absl::Condition(&ready));
   }
-  {
-    absl::MutexLock w(&write_mu_);
-    if (!writes_closed_) {
-      // False means the call already ended; the reader thread has its status.
-      stream_->WritesDone();
-      writes_closed_ = true;
-    }
-  }
+  writer_->WritesDone();
   bool failed;
   {
     absl::MutexLock l(&mu_);

@@ -25,9 +25,9 @@
 // stream, assembles and checks chunks and runs on_chunk. Finish returns as soon as
 // Done is in; the call's teardown (the daemon's status) goes on on the reader thread,
 // off the worker's critical path. gRPC allows one reader and one writer at a time on
-// a stream: writes (Open, Progress, WritesDone) and the stream's final Finish are
-// serialized by write_mu_; the session state the two threads share is guarded by mu_
-// (lock order: write_mu_ before mu_). on_chunk runs with neither lock held.
+// a stream: Progress, the half-close and the stream's final Finish go through a
+// PrefillStreamWriter, which serializes them; the session state the two threads share
+// is guarded by mu_, never held across a stream operation or on_chunk.
 //
 // Lifetimes: `client` must outlive the session (the call runs on its channel until
 // the reader thread ends). on_chunk is called only between Start and the return of
@@ -60,6 +60,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "client/kvtier_client.h"
+#include "client/prefill_stream_writer.h"
 #include "kvtier/v1/kvtier.pb.h"
 #include "storage/chunk_key.h"
 
@@ -92,14 +93,20 @@ struct PrefillOptions {
   // Deadline of the whole session, from Start. Zero: the client's
   // ClientOptions::rpc_deadline.
   absl::Duration rpc_deadline = absl::ZeroDuration();
-  // With a compute_estimate: ShouldCompute(i) also says no when the stream, at its pace
-  // (the plan's rate, or the last chunk's if slower), will deliver chunk i with a 20%
-  // margin before the worker could compute it, since computing it would only delay
-  // the meeting (the worker cannot drop a chunk half computed when the stream brings
-  // it). The daemon applies the same test from its side before streaming each chunk,
-  // so the two agree; the margin keeps near-ties on the worker's side. False, or no
-  // estimate: ShouldCompute is only the rule "no once the stream reached i".
-  bool yield_to_stream = true;
+  // Whether ShouldCompute refines its base rule with a forecast of both sides, once
+  // it has one: the worker's cost from compute_estimate, else from the pace of its
+  // own ReportComputed calls (after two); the stream's from the plan's rate, or the
+  // last chunk's if slower. Each refinement needs one side to win by 20%:
+  //  - stand aside for a chunk below the stream that the stream will bring sooner
+  //    than the worker could compute it (computing it would only delay the meeting:
+  //    the worker cannot drop a chunk half computed when the stream brings it);
+  //  - compute the chunk in flight when the worker will finish it sooner than the
+  //    rest of it arrives (the daemon abandons a chunk the worker reports computed;
+  //    should it arrive anyway, the two copies are interchangeable). This covers a
+  //    daemon that started a chunk it should not have, e.g. before it knew the cost.
+  // The daemon runs the first test from its side before each chunk, so the two agree.
+  // False: the base rule only.
+  bool use_forecast = true;
 
   // Returns: Ok, InvalidArgument naming the bad field.
   absl::Status Validate() const;
@@ -161,14 +168,17 @@ class PrefillSession {
   // The daemon's plan: h = cached_prefix(), its tiers and forecast. Fixed after Start.
   const v1::PrefillPlan& plan() const { return plan_; }
   uint32_t num_keys() const { return num_keys_; }
+  // The lowest chunk index whose frames have started arriving (h before any): chunks
+  // [stream_reached(), h) are streamed or in flight.
+  uint32_t stream_reached() const;
 
   // Whether the worker should compute chunk i now. Always true for i >= h (uncached
-  // chunks are the worker's). For i < h: false once the daemon has begun streaming a
-  // chunk <= i (it streams downward, so [j, h) are then streamed or in flight), true
-  // below that, unless yield_to_stream applies (see PrefillOptions). Once Done
-  // arrived: true exactly for i < s. After the call failed: true (the worker holds
-  // nothing from the session). A false answer means: stop computing cached chunks and
-  // call Finish, which waits for the streamed ones and says what is left to compute.
+  // chunks are the worker's). Once Done arrived: true exactly for i < s. After the
+  // call failed: true (the worker holds nothing from the session). Before Done, the
+  // base rule: false once the daemon has begun streaming a chunk <= i (it streams
+  // downward, so [j, h) are then streamed or in flight), true below that; refined by
+  // use_forecast (see PrefillOptions). A false answer means: stop computing cached
+  // chunks and call Finish, which waits for the streamed ones and says what is left.
   bool ShouldCompute(uint32_t i) const;
 
   // Tells the daemon that chunks [0, i] are computed (Progress{computed = i + 1}). Call
@@ -208,8 +218,10 @@ class PrefillSession {
   absl::Status OnFrame(v1::PrefillChunkFrame& frame);
   // Checks Done against what arrived. Returns: Ok, Internal.
   absl::Status OnDone(const v1::PrefillDone& done);
-  // yield_to_stream's test for chunk i < lowest_started_, before Done.
-  bool StreamBringsSooner(uint32_t i) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // use_forecast's estimates: seconds for the worker to compute chunk i, and until
+  // the stream has delivered chunk i <= lowest_started_; negative when unknown.
+  double ComputeForecast(uint32_t i) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  double StreamForecast(uint32_t i) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Joins the reader thread if it still runs.
   void JoinReader();
   const uint32_t num_keys_;
@@ -225,9 +237,8 @@ class PrefillSession {
                                            v1::PrefillServerMessage>>
       stream_;
 
-  // Serializes Write/WritesDone against each other and against the stream's Finish.
-  absl::Mutex write_mu_;
-  bool writes_closed_ ABSL_GUARDED_BY(write_mu_) = false;  // Half-closed or ended.
+  // Every write after Open goes through it. Refers to *stream_, declared before it.
+  std::unique_ptr<PrefillStreamWriter> writer_;
 
   // Reader-thread state (no lock: only ReaderLoop and what it calls touch it, and
   // Start before the thread exists).
@@ -255,11 +266,15 @@ class PrefillSession {
   absl::Status call_status_ ABSL_GUARDED_BY(mu_);  // A non-OK status after Done.
   uint32_t computed_ ABSL_GUARDED_BY(mu_) = 0;  // Last Progress.computed.
   bool finish_called_ ABSL_GUARDED_BY(mu_) = false;
-  // For yield_to_stream: bytes of the chunk in flight, when the last chunk completed,
-  // and the time between the last two completions (0 until known).
+  // For use_forecast: bytes of the chunk in flight, when the last chunk completed,
+  // the time between the last two completions (0 until known), when the worker last
+  // reported progress, and the time per chunk between its last two reports (0 until
+  // known).
   uint64_t in_flight_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time last_complete_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   double chunk_interval_seconds_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time last_report_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  double compute_interval_seconds_ ABSL_GUARDED_BY(mu_) = 0;
 
   // Declared last: started after every other member exists, joined before any is
   // destroyed (by Close, the destructor, or Finish on failure: all on the worker

@@ -236,8 +236,17 @@ Session::Progress Session::Snapshot() {
   p.busy_seconds = SecondsSince(last_progress_);
   p.client_closed = reader_done_;
   p.error = reader_error_;
-  p.cost = model_->Estimate();
-  p.cost_known = open_cost_given_ || model_->samples() >= 2;
+  // The fit is trusted only from four samples on: Progress that arrives in a burst (a
+  // worker stall, a late Open) makes the first gaps near zero and would make chunks
+  // look free. When the worker sent an estimate, a fit that claims the work is less
+  // than half of it is taken for such a burst, and the estimate stands.
+  const bool fit_ready = model_->samples() >= 4;
+  p.cost = fit_ready ? model_->Estimate() : open_cost_;
+  if (open_cost_given_ && fit_ready &&
+      p.cost.Range(0, h_) < 0.5 * open_cost_.Range(0, h_)) {
+    p.cost = open_cost_;
+  }
+  p.cost_known = open_cost_given_ || fit_ready;
   return p;
 }
 

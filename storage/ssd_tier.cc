@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "rocksdb/env.h"
 #include "rocksdb/options.h"
@@ -310,7 +311,11 @@ absl::Status SsdTier::MapWriteError(const rocksdb::Status& s, absl::string_view 
   // later write. Resume() clears it once the cause is gone; while the disk is still
   // full it fails and the next write tries again.
   db_->Resume().PermitUncheckedError();
-  if (s.IsNoSpace() || s.subcode() == rocksdb::Status::kSpaceLimit) {
+  // A write refused because an earlier background flush hit a full disk carries the
+  // cause only in its text, not its subcode.
+  if (s.IsNoSpace() || s.subcode() == rocksdb::Status::kSpaceLimit ||
+      absl::StrContains(s.ToString(), "No space left") ||
+      absl::StrContains(s.ToString(), "NoSpace")) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "SSD tier: disk full while ", what, " (", s.ToString(),
         "); free space under data_dir or lower ssd_capacity"));

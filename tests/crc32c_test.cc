@@ -127,6 +127,54 @@ TEST(Crc32c, MatchesBytewiseReferenceOnRandomInput) {
   }
 }
 
+// The hardware path runs three interleaved streams over rounds of 3 x 4096 bytes, then
+// rounds of 3 x 256 bytes, then one stream over the rest (< 768 bytes), and joins the
+// streams with shift tables. Every length around those thresholds, at several
+// alignments and with a non-zero starting CRC, must match the bytewise reference.
+TEST(Crc32c, MatchesReferenceAroundBlockThresholds) {
+  std::mt19937_64 rng(7);
+  std::string buf((3 * 4096) * 2 + 3 * 256 * 2 + 64, '\0');
+  for (char& c : buf) c = static_cast<char>(rng());
+  std::vector<size_t> lengths;
+  for (size_t base : {size_t{3 * 256}, size_t{2 * 3 * 256}, size_t{3 * 4096},
+                      size_t{3 * 4096 + 3 * 256}, size_t{2 * 3 * 4096},
+                      size_t{2 * 3 * 4096 + 2 * 3 * 256}}) {
+    for (size_t d = 0; d <= 17; ++d) {
+      lengths.push_back(base - d);
+      lengths.push_back(base + d);
+    }
+  }
+  for (size_t n : lengths) {
+    for (size_t off : {0, 1, 3, 7, 8, 13}) {
+      ASSERT_LE(off + n, buf.size());
+      const std::string data = buf.substr(off, n);
+      ASSERT_EQ(crc32c::Value(buf.data() + off, n), Reference(data)) << "n=" << n << " off=" << off;
+      ASSERT_EQ(crc32c::Extend(0xdeadbeef, buf.data() + off, n), Reference(data, 0xdeadbeef))
+          << "n=" << n << " off=" << off;
+    }
+  }
+}
+
+TEST(Crc32c, MatchesReferenceOnRandomLongBuffers) {
+  std::mt19937_64 rng(20240612);
+  std::string buf(6 << 20, '\0');
+  for (char& c : buf) c = static_cast<char>(rng());
+  // About 20 MiB through the (slow) bitwise reference in all.
+  for (int round = 0; round < 8; ++round) {
+    const size_t n = round == 0 ? buf.size() - 5 : rng() % (buf.size() - 16);
+    const size_t off = rng() % 16;
+    const std::string data = buf.substr(off, n);
+    const uint32_t seed_crc = static_cast<uint32_t>(rng());
+    const uint32_t expect = Reference(data, seed_crc);
+    ASSERT_EQ(crc32c::Extend(seed_crc, buf.data() + off, n), expect) << "n=" << n;
+    // Split at a random point: Extend over the halves equals the whole.
+    const size_t cut = n == 0 ? 0 : rng() % n;
+    uint32_t crc = crc32c::Extend(seed_crc, buf.data() + off, cut);
+    ASSERT_EQ(crc32c::Extend(crc, buf.data() + off + cut, n - cut), expect)
+        << "n=" << n << " cut=" << cut;
+  }
+}
+
 TEST(Crc32c, DetectsEverySingleBitFlip) {
   std::string data(300, '\0');
   for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<char>(i * 7);

@@ -631,46 +631,82 @@ TEST_F(FakePrefillTest, FinishReturnsAtDoneWithoutWaitingForTheCallToEnd) {
   EXPECT_TRUE((*session)->Close().ok());
 }
 
-TEST_F(FakePrefillTest, YieldsAChunkTheStreamBringsSooner) {
-  // 1000-byte chunks at 100 kB/s: 10 ms each. The stream has begun chunk 3 of 4.
-  service_.set_script([&](grpc::ServerContext*, PrefillStream* stream) {
-    ReadOpen(stream);
-    v1::PrefillServerMessage plan = PlanMessage(4);
-    plan.mutable_plan()->set_stream_bytes_per_second(100000);
-    stream->Write(plan);
-    SendRaw(stream, 3, 0, 100, false);
-    AwaitProgress(stream, 100);  // Until the client goes away.
-    return grpc::Status::OK;
-  });
-  auto open = [&](std::optional<ComputeEstimate> estimate, bool yield) {
+// The use_forecast refinements. The fake streams 1000-byte chunks at the planned rate
+// `rate` and has begun chunk 3 of 4 (100 bytes in), then waits.
+class ForecastTest : public FakePrefillTest {
+ protected:
+  std::unique_ptr<PrefillSession> Open(uint64_t rate, std::optional<ComputeEstimate> estimate,
+                                       bool use_forecast = true) {
+    service_.set_script([rate](grpc::ServerContext*, PrefillStream* stream) {
+      ReadOpen(stream);
+      v1::PrefillServerMessage plan = PlanMessage(4);
+      plan.mutable_plan()->set_stream_bytes_per_second(rate);
+      stream->Write(plan);
+      SendRaw(stream, 3, 0, 100, false);
+      AwaitProgress(stream, 100);  // Until the client goes away.
+      return grpc::Status::OK;
+    });
     PrefillOptions options;
     options.compute_estimate = estimate;
-    options.yield_to_stream = yield;
+    options.use_forecast = use_forecast;
     auto s = PrefillSession::Start(*client_, 42, {KeyOf(0), KeyOf(1), KeyOf(2), KeyOf(3)},
                                    options);
     EXPECT_TRUE(s.ok()) << s.status();
-    EXPECT_TRUE(Eventually([&] { return !(*s)->ShouldCompute(3); }));
+    if (!s.ok()) return nullptr;
+    EXPECT_TRUE(Eventually([&] { return (*s)->stream_reached() == 3; }));
     return *std::move(s);
-  };
-  {
-    // Computing chunk 2 takes 1 s; the stream brings it in about 20 ms.
-    auto s = open(ComputeEstimate{1.0, 0}, true);
-    EXPECT_FALSE(s->ShouldCompute(2));
-    EXPECT_FALSE(s->ShouldCompute(0));  // ~40 ms of stream vs 1 s.
   }
-  {
-    // 1 ms per chunk: computing wins.
-    auto s = open(ComputeEstimate{0.001, 0}, true);
-    EXPECT_TRUE(s->ShouldCompute(2));
-  }
-  {
-    auto s = open(ComputeEstimate{1.0, 0}, /*yield=*/false);
-    EXPECT_TRUE(s->ShouldCompute(2));
-  }
-  {
-    auto s = open(std::nullopt, true);  // No estimate: the plain rule.
-    EXPECT_TRUE(s->ShouldCompute(2));
-  }
+};
+
+TEST_F(ForecastTest, StandsAsideForAChunkTheStreamBringsSooner) {
+  // 10 ms per chunk on the stream; 1 s per chunk to compute.
+  auto s = Open(100000, ComputeEstimate{1.0, 0});
+  ASSERT_NE(s, nullptr);
+  EXPECT_FALSE(s->ShouldCompute(2));  // About 20 ms of stream.
+  EXPECT_FALSE(s->ShouldCompute(0));  // About 40 ms.
+  EXPECT_FALSE(s->ShouldCompute(3));  // In flight, and the stream is faster.
+}
+
+TEST_F(ForecastTest, ComputesWhenTheWorkerIsFaster) {
+  auto s = Open(100000, ComputeEstimate{0.001, 0});
+  ASSERT_NE(s, nullptr);
+  EXPECT_TRUE(s->ShouldCompute(2));
+  EXPECT_TRUE(s->ShouldCompute(3));  // 1 ms against 9 ms of stream left: overtake it.
+}
+
+TEST_F(ForecastTest, OvertakesASlowChunkInFlight) {
+  // 1 s per chunk on the stream, 0.9 s of it left; 0.1 s to compute.
+  auto s = Open(1000, ComputeEstimate{0.1, 0});
+  ASSERT_NE(s, nullptr);
+  EXPECT_TRUE(s->ShouldCompute(3));
+  EXPECT_TRUE(s->ShouldCompute(2));
+}
+
+TEST_F(ForecastTest, NearTiesKeepTheBaseRule) {
+  // 10 ms per chunk either way: neither side wins by 20% on chunk 3.
+  auto s = Open(100000, ComputeEstimate{0.010, 0});
+  ASSERT_NE(s, nullptr);
+  EXPECT_FALSE(s->ShouldCompute(3));  // Streaming: the base rule says no.
+  EXPECT_TRUE(s->ShouldCompute(2));   // 19 ms of stream against 10 ms: compute.
+}
+
+TEST_F(ForecastTest, UsesTheWorkersOwnPaceWithoutAnEstimate) {
+  auto s = Open(1000, std::nullopt);  // The stream: 0.9 s left of chunk 3.
+  ASSERT_NE(s, nullptr);
+  EXPECT_FALSE(s->ShouldCompute(3));  // No forecast yet: the base rule.
+  ASSERT_TRUE(s->ReportComputed(0).ok());
+  ASSERT_TRUE(s->ReportComputed(1).ok());  // Chunk 1 took microseconds.
+  EXPECT_TRUE(s->ShouldCompute(3));
+}
+
+TEST_F(ForecastTest, OffMeansTheBaseRule) {
+  auto slow_compute = Open(100000, ComputeEstimate{1.0, 0}, /*use_forecast=*/false);
+  ASSERT_NE(slow_compute, nullptr);
+  EXPECT_TRUE(slow_compute->ShouldCompute(2));
+  slow_compute.reset();
+  auto fast_compute = Open(1000, ComputeEstimate{0.001, 0}, /*use_forecast=*/false);
+  ASSERT_NE(fast_compute, nullptr);
+  EXPECT_FALSE(fast_compute->ShouldCompute(3));
 }
 
 TEST_F(FakePrefillTest, StartReturnsTheCallsErrorBeforeAPlan) {
@@ -777,6 +813,38 @@ TEST_F(FakePrefillTest, ReportComputedChecksItsArgument) {
   EXPECT_EQ(r->computed_reported, 3u);
   EXPECT_EQ(s.ReportComputed(2).code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(s.Finish().status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(FakePrefillTest, ConcurrentReportsReachTheDaemonInIncreasingOrder) {
+  constexpr uint32_t kChunks = 2000;
+  std::vector<uint32_t> progress;
+  service_.set_script([&](grpc::ServerContext*, PrefillStream* stream) {
+    ReadOpen(stream);
+    stream->Write(PlanMessage(kChunks, 1));
+    v1::PrefillClientMessage m;
+    while (stream->Read(&m)) progress.push_back(m.progress().computed());
+    stream->Write(DoneMessage(kChunks, v1::PrefillDone::CLIENT_DONE));
+    return grpc::Status::OK;
+  });
+  auto session = Start(kChunks, nullptr);
+  ASSERT_TRUE(session.ok()) << session.status();
+  std::vector<std::thread> threads;
+  for (uint32_t t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      // Reports that lose the race to a later one are refused; that is fine here.
+      for (uint32_t i = t; i < kChunks; i += 4) (*session)->ReportComputed(i).IgnoreError();
+    });
+  }
+  for (auto& t : threads) t.join();  // Thread 3 reported the last chunk, 1999.
+  auto r = (*session)->Finish();  // All computed: half-closes, the fake answers Done.
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->computed_reported, kChunks);
+  ASSERT_TRUE((*session)->Close().ok());
+  ASSERT_FALSE(progress.empty());
+  for (size_t k = 1; k < progress.size(); ++k) {
+    ASSERT_LT(progress[k - 1], progress[k]) << "Progress went down at message " << k;
+  }
+  EXPECT_EQ(progress.back(), kChunks);
 }
 
 TEST(PrefillOptionsTest, Validate) {

@@ -8,3 +8,6 @@ kvtier_test(host_pool_test LIBS kvtier_storage)
 kvtier_test(ssd_tier_test LIBS kvtier_storage)
 kvtier_test(tiered_store_test LIBS kvtier_storage)
 kvtier_test(scheduler_test LIBS kvtier_scheduler)
+
+# Client internals.
+kvtier_test(get_frame_parser_test LIBS kvtier_client)
