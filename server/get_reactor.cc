@@ -156,6 +156,10 @@ void GetReactor::WriteFrame() {
 }
 
 void GetReactor::OnWriteDone(bool ok) {
+  // The sent frame's slices hold references on its chunk; drop them before possibly
+  // waiting for the next chunk, or a held SSD buffer would keep its slot in the
+  // buffered-reads gate while we wait on that very gate.
+  frame_.Clear();
   if (!ok) {
     End(absl::CancelledError("client went away"));
     return;
