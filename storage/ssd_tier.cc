@@ -436,21 +436,11 @@ absl::Status SsdTier::Put(const ChunkId& id, const ChunkMeta& meta,
   return absl::OkStatus();
 }
 
-namespace {
+void StringSink::Write(uint64_t offset, absl::string_view bytes) {
+  std::memcpy(out_->data() + offset, bytes.data(), bytes.size());
+}
 
-class StringSink final : public ChunkSink {
- public:
-  explicit StringSink(std::string* out) : out_(out) {}
-  void Write(uint64_t offset, absl::string_view bytes) override {
-    std::memcpy(out_->data() + offset, bytes.data(), bytes.size());
-  }
-  uint32_t Crc32c() const override { return crc32c::Value(*out_); }
-
- private:
-  std::string* const out_;
-};
-
-}  // namespace
+uint32_t StringSink::Crc32c() const { return crc32c::Value(*out_); }
 
 absl::StatusOr<SsdTier::Chunk> SsdTier::Get(const ChunkId& id) {
   auto meta = ReadMeta(id);

@@ -94,6 +94,17 @@ class ChunkSink {
   virtual uint32_t Crc32c() const = 0;
 };
 
+// A sink into a std::string already sized to the chunk.
+class StringSink final : public ChunkSink {
+ public:
+  explicit StringSink(std::string* out) : out_(out) {}
+  void Write(uint64_t offset, absl::string_view bytes) override;
+  uint32_t Crc32c() const override;
+
+ private:
+  std::string* const out_;
+};
+
 class SsdTier {
  public:
   // Opens (or creates) the database and rebuilds the index. Returns: Ok,

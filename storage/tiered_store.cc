@@ -294,18 +294,6 @@ class PoolSink final : public ChunkSink {
   PoolChunk* const chunk_;
 };
 
-class BufferSink final : public ChunkSink {
- public:
-  explicit BufferSink(std::string* out) : out_(out) {}
-  void Write(uint64_t offset, absl::string_view bytes) override {
-    std::memcpy(out_->data() + offset, bytes.data(), bytes.size());
-  }
-  uint32_t Crc32c() const override { return crc32c::Value(*out_); }
-
- private:
-  std::string* const out_;
-};
-
 }  // namespace
 
 absl::StatusOr<ChunkView> TieredStore::Read(const ChunkId& id) {
@@ -342,7 +330,7 @@ absl::StatusOr<ChunkView> TieredStore::Read(const ChunkId& id) {
                                                  delete b;
                                                  buffered_reads_.Leave();
                                                });
-    BufferSink sink(buffer.get());
+    StringSink sink(buffer.get());
     if (absl::Status s = ssd_->ReadPayload(id, *meta, sink); !s.ok()) return s;
     view.buf_ = std::move(buffer);
   }
