@@ -188,6 +188,12 @@ absl::Status ClientOptions::Validate() const {
   if (connect_timeout < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("connect_timeout must not be negative");
   }
+  if (receive_window_bytes != 0 &&
+      (receive_window_bytes < (64 << 10) || receive_window_bytes >= (1 << 30))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "receive_window_bytes must be 0 or in [65536, 1073741824), got ",
+        receive_window_bytes));
+  }
   return absl::OkStatus();
 }
 
@@ -205,6 +211,10 @@ absl::StatusOr<std::unique_ptr<KvTierClient>> KvTierClient::Connect(
   grpc::ChannelArguments args;
   args.SetMaxSendMessageSize(options.max_message_bytes);
   args.SetMaxReceiveMessageSize(options.max_message_bytes);
+  if (options.receive_window_bytes > 0) {
+    args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+    args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, options.receive_window_bytes);
+  }
   std::shared_ptr<grpc::Channel> channel =
       grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
   if (channel == nullptr) {

@@ -62,6 +62,11 @@ struct ClientOptions {
   // Unavailable otherwise. 0: connect lazily; the first RPC reports an unreachable
   // daemon (Unavailable).
   absl::Duration connect_timeout = absl::ZeroDuration();
+  // HTTP/2 receive window per stream (bytes): how far the daemon may run ahead of this
+  // client's reads on a Get. Fixed, because gRPC's default (64 KiB, grown by BDP probes)
+  // starts every new connection slow and grows slowest when many connections share the
+  // link. 0 keeps gRPC's BDP-probed default. Must be 0 or in [64 KiB, 1 GiB).
+  int receive_window_bytes = 8 << 20;
 
   // Returns: Ok, InvalidArgument naming the bad field.
   absl::Status Validate() const;

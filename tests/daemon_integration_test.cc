@@ -112,6 +112,47 @@ TEST_F(DaemonTest, PutsAndGets32MiBChunksByteIdentical) {
   EXPECT_EQ(again->already_present, 2u);
 }
 
+TEST(ClientOptionsTest, ReceiveWindowIsValidated) {
+  ClientOptions o;
+  EXPECT_TRUE(o.Validate().ok());
+  o.receive_window_bytes = 0;  // gRPC's BDP-probed default.
+  EXPECT_TRUE(o.Validate().ok());
+  for (int bad : {1, (64 << 10) - 1, 1 << 30, -5}) {
+    o.receive_window_bytes = bad;
+    const absl::Status s = o.Validate();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(s.message().find("receive_window_bytes"), std::string::npos) << s;
+    EXPECT_FALSE(KvTierClient::Connect("127.0.0.1:1", o).ok());
+  }
+}
+
+// Every receive window a client may choose moves a multi-frame chunk intact, both ways,
+// with several streams of one connection in flight at once.
+TEST_F(DaemonTest, ClientReceiveWindowsMoveChunksIntact) {
+  StartDaemon({"--ram-capacity=256MiB"});
+  const uint64_t ns = Register(8);
+  const std::string a = PatternBytes(21, 8 << 20);
+  ChunkToPut c{KeyOf(21), a, 256};
+  ASSERT_TRUE(client_->Put(ns, {&c, 1}).ok());
+  for (int window : {0, 64 << 10, 8 << 20}) {
+    ClientOptions o;
+    o.receive_window_bytes = window;
+    auto client = KvTierClient::Connect(daemon_->target(), o);
+    ASSERT_TRUE(client.ok()) << client.status();
+    std::vector<std::thread> readers;
+    std::atomic<int> intact{0};
+    for (int t = 0; t < 3; ++t) {
+      readers.emplace_back([&] {
+        std::vector<ChunkKey> keys = {KeyOf(21)};
+        auto got = (*client)->Get(ns, keys);
+        if (got.ok() && (*got)[0].found && (*got)[0].data == a) intact++;
+      });
+    }
+    for (auto& r : readers) r.join();
+    EXPECT_EQ(intact.load(), 3) << "window " << window;
+  }
+}
+
 TEST_F(DaemonTest, RestartServesSsdResidentChunks) {
   StartDaemon({"--write-mode=write-back", "--ram-capacity=64MiB"});
   const uint64_t ns = Register(4);
