@@ -110,6 +110,9 @@ const std::vector<Option>& Options() {
                    &DaemonConfig::write_mode),
       SizeOption("max_frame_size", "largest data field of one Put/Get frame",
                  &DaemonConfig::max_frame_size),
+      SizeOption("stream_window",
+                 "HTTP/2 receive window per stream: put bytes buffered ahead of the pool",
+                 &DaemonConfig::stream_window),
       UintOption("max_keys_per_request", "most keys in one Lookup/Get/Pin/Unpin/Delete/Prefill",
                  &DaemonConfig::max_keys_per_request),
       SizeOption("max_chunk_size", "largest chunk a registered layout may have",
@@ -211,6 +214,10 @@ absl::Status DaemonConfig::Validate() const {
   if (max_frame_size < 4096 || max_frame_size > (64ull << 20)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "option max_frame_size: must be between 4KiB and 64MiB, got ", max_frame_size));
+  }
+  if (stream_window < (64ull << 10) || stream_window >= (1ull << 30)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "option stream_window: must be at least 64KiB and under 1GiB, got ", stream_window));
   }
   if (max_keys_per_request == 0) {
     return absl::InvalidArgumentError("option max_keys_per_request: must be at least 1");

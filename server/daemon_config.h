@@ -33,6 +33,7 @@ struct DaemonConfig {
   uint64_t ssd_write_buffer = 32ull << 20; // RocksDB memtable budget, bytes.
   std::string write_mode = "write-back";   // write-back | write-through | ram-only.
   uint64_t max_frame_size = 4ull << 20;    // Largest data field of one frame, bytes.
+  uint64_t stream_window = 2ull << 20;     // HTTP/2 receive window per stream, bytes.
   uint32_t max_keys_per_request = 4096;    // Keys in one Lookup/Get/Pin/Delete.
   uint64_t max_chunk_size = 512ull << 20;  // Largest chunk a layout may have, bytes.
   absl::Duration put_wait = absl::Seconds(5);  // A put waits this long for room in RAM.

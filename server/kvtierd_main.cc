@@ -120,9 +120,11 @@ int Run(const DaemonConfig& config, const sigset_t& signals) {
   builder.SetMaxSendMessageSize(max_message);
   // Bound what gRPC buffers per stream: with BDP probing on, HTTP/2 windows grow to
   // tens of MiB per stream under bulk puts, and that memory sits outside the RAM pool.
-  // A fixed 8 MiB window still covers a 10 Gbps link with 5 ms of round trip.
+  // Puts waiting for room (put_wait) each hold a full window, so the bound is
+  // concurrent puts x stream_window.
   builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
-  builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 8 << 20);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES,
+                             static_cast<int>(config.stream_window));
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
