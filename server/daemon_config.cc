@@ -106,6 +106,9 @@ const std::vector<Option>& Options() {
       BoolOption("ssd_sync_writes", "fsync the RocksDB WAL on every put",
                  &DaemonConfig::ssd_sync_writes),
       SizeOption("ssd_write_buffer", "RocksDB memtable budget", &DaemonConfig::ssd_write_buffer),
+      SizeOption("ssd_stream_buffer",
+                 "memory for SSD chunks streamed a frame at a time when RAM has no room",
+                 &DaemonConfig::ssd_stream_buffer),
       StringOption("write_mode", "write-back | write-through | ram-only",
                    &DaemonConfig::write_mode),
       SizeOption("max_frame_size", "largest data field of one Put/Get frame",
@@ -219,6 +222,11 @@ absl::Status DaemonConfig::Validate() const {
     return absl::InvalidArgumentError(absl::StrCat(
         "option stream_window: must be at least 64KiB and under 1GiB, got ", stream_window));
   }
+  if (ssd_stream_buffer < max_frame_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "option ssd_stream_buffer: must hold at least one frame (max_frame_size, ",
+        max_frame_size, " bytes), got ", ssd_stream_buffer));
+  }
   if (max_keys_per_request == 0) {
     return absl::InvalidArgumentError("option max_keys_per_request: must be at least 1");
   }
@@ -262,6 +270,7 @@ absl::StatusOr<TieredStoreOptions> DaemonConfig::ToStoreOptions() const {
   o.ssd.write_buffer_bytes = ssd_write_buffer;
   o.max_chunk_bytes = max_chunk_size;
   o.put_wait = put_wait;
+  o.stream_buffer_bytes = ssd_stream_buffer;
   return o;
 }
 

@@ -31,6 +31,7 @@ struct DaemonConfig {
   absl::Duration ssd_ttl = absl::ZeroDuration();  // Zero: no expiry.
   bool ssd_sync_writes = false;            // fsync the WAL per put.
   uint64_t ssd_write_buffer = 32ull << 20; // RocksDB memtable budget, bytes.
+  uint64_t ssd_stream_buffer = 64ull << 20; // Frame buffers of streamed SSD reads, bytes.
   std::string write_mode = "write-back";   // write-back | write-through | ram-only.
   uint64_t max_frame_size = 4ull << 20;    // Largest data field of one frame, bytes.
   uint64_t stream_window = 2ull << 20;     // HTTP/2 receive window per stream, bytes.

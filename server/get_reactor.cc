@@ -2,9 +2,11 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "server/status_util.h"
+#include "storage/crc32c.h"
 
 namespace kvtier {
 namespace {
@@ -29,10 +31,10 @@ GetReactor::GetReactor(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer*
                        uint32_t max_keys)
     : ctx_(ctx), store_(store), scope_(metrics, RpcMethod::kGet) {
   if (absl::Status s = Start(request, max_frame_bytes, max_keys); !s.ok()) {
-    End(s);
-    return;
+    absl::MutexLock lock(&mu_);
+    error_ = s;
   }
-  Next();
+  Pump();
 }
 
 absl::Status GetReactor::Start(const grpc::ByteBuffer* request, uint64_t max_frame_bytes,
@@ -80,49 +82,102 @@ absl::Status GetReactor::Start(const grpc::ByteBuffer* request, uint64_t max_fra
   return absl::OkStatus();
 }
 
-void GetReactor::Next() {
-  if (key_ >= ids_.size()) {
-    End(absl::OkStatus());
-    return;
+void GetReactor::Pump() {
+  enum class Action { kNone, kWrite, kFind, kFinish };
+  Action action = Action::kNone;
+  absl::Status finish_status;
+  ChunkId id;
+  ChunkMeta meta;
+  std::vector<std::pair<uint64_t, uint64_t>> reads;  // (offset, length)
+  {
+    absl::MutexLock lock(&mu_);
+    if (finished_ || writing_) return;
+    if (error_.ok() && key_ < ids_.size() && view_ && view_->streamed() &&
+        !pending_.empty() && pending_.front().ready) {
+      // The next frame of a streamed chunk has been read.
+      Pending p = std::move(pending_.front());
+      pending_.pop_front();
+      if (!p.status.ok()) {
+        error_ = absl::IsNotFound(p.status)
+                     ? absl::AbortedError(absl::StrCat(
+                           "keys[", key_, "]: the chunk was deleted while being sent; "
+                           "the bytes received for it are incomplete"))
+                     : absl::Status(p.status.code(), absl::StrCat("keys[", key_, "]: ",
+                                                                  p.status.message()));
+      } else {
+        const bool whole = begin_ == 0 && end_ == view_->meta().size;
+        if (whole) crc_ = crc32c::Extend(crc_, p.buf.get(), p.len);
+        if (whole && p.off + p.len == end_ && crc_ != view_->meta().crc32c) {
+          error_ = store_->DropCorrupt(ids_[key_]);
+        } else {
+          const absl::string_view piece(p.buf.get(), p.len);
+          BuildFrame(p.len, std::shared_ptr<const void>(p.buf), {&piece, 1});
+          action = Action::kWrite;
+        }
+      }
+    }
+    if (action == Action::kWrite) {
+      // Fall through to top up the read-ahead of the chunk still being streamed.
+    } else if (!error_.ok()) {
+      finished_ = true;
+      finish_status = error_;
+      action = Action::kFinish;
+    } else if (key_ >= ids_.size()) {
+      finished_ = true;
+      action = Action::kFinish;
+    } else if (!view_) {
+      if (reading_) return;
+      reading_ = true;
+      ++store_callbacks_;
+      id = ids_[key_];
+      action = Action::kFind;
+    } else if (!view_->streamed()) {
+      const uint64_t n = std::min(frame_bytes_, end_ - off_);
+      std::vector<absl::string_view> pieces;
+      view_->ForEachPiece(off_, n, [&](absl::string_view piece) { pieces.push_back(piece); });
+      BuildFrame(n, view_->KeepAlive(), pieces);
+      action = Action::kWrite;
+    }
+    if (view_ && view_->streamed() && action != Action::kFinish) {
+      id = ids_[key_];
+      meta = view_->meta();
+      while (pending_.size() < kReadahead && read_off_ < end_) {
+        Pending p;
+        p.off = read_off_;
+        p.len = std::min(frame_bytes_, end_ - read_off_);
+        read_off_ += p.len;
+        reads.emplace_back(p.off, p.len);
+        pending_.push_back(std::move(p));
+        ++store_callbacks_;
+      }
+    }
+    if (action == Action::kWrite) writing_ = true;
   }
-  if (view_) {
-    WriteFrame();
-    return;
+  // mu_ is released: any of these may call back into this reactor on this thread.
+  for (const auto& [off, len] : reads) {
+    store_->ReadRangeAsync(id, meta, off, len,
+                           [this, off = off](absl::StatusOr<TieredStore::RangeBuffer> buf) {
+                             OnRange(off, std::move(buf));
+                           });
   }
-  // A RAM hit answers inline; an SSD read runs on the store's read threads and comes
-  // back here from one of them (reactions may start writes from any thread).
-  store_->ReadAsync(ids_[key_],
-                    [this](absl::StatusOr<ChunkView> view) { OnRead(std::move(view)); });
+  switch (action) {
+    case Action::kWrite:
+      StartWrite(&frame_);
+      break;
+    case Action::kFind:
+      store_->ReadForStreamAsync(id, [this](absl::StatusOr<ChunkView> v) { OnChunk(std::move(v)); });
+      break;
+    case Action::kFinish:
+      Finish(scope_.Done(ToGrpcStatus(finish_status)));
+      break;
+    case Action::kNone:
+      break;
+  }
 }
 
-void GetReactor::OnRead(absl::StatusOr<ChunkView> view) {
-  if (absl::IsNotFound(view.status())) {
-    v1::GetFrame header;
-    header.set_key_index(static_cast<uint32_t>(key_));
-    header.set_found(false);
-    header.set_last(true);
-    ++key_;
-    grpc::Slice slice(header.SerializeAsString());
-    frame_ = grpc::ByteBuffer(&slice, 1);
-    StartWrite(&frame_);
-    return;
-  }
-  if (!view.ok()) {
-    End(absl::Status(view.status().code(),
-                     absl::StrCat("keys[", key_, "]: ", view.status().message())));
-    return;
-  }
-  view_.emplace(*std::move(view));
-  const uint64_t layer_bytes = view_->meta().size / num_layers_;
-  begin_ = uint64_t{first_layer_} * layer_bytes;
-  end_ = uint64_t{end_layer_} * layer_bytes;
-  off_ = begin_;
-  WriteFrame();
-}
-
-void GetReactor::WriteFrame() {
+void GetReactor::BuildFrame(uint64_t n, const std::shared_ptr<const void>& keep,
+                            absl::Span<const absl::string_view> pieces) {
   v1::GetFrame header;
-  const uint64_t n = std::min(frame_bytes_, end_ - off_);
   header.set_key_index(static_cast<uint32_t>(key_));
   header.set_found(true);
   header.set_offset(off_ - begin_);
@@ -140,40 +195,115 @@ void GetReactor::WriteFrame() {
 
   std::vector<grpc::Slice> slices;
   slices.emplace_back(head);
-  const std::shared_ptr<const void> keep = view_->KeepAlive();
-  view_->ForEachPiece(off_, n, [&](absl::string_view piece) {
-    // Each slice owns one reference on the chunk; gRPC drops it when the bytes are sent.
+  for (absl::string_view piece : pieces) {
+    // Each slice owns one reference on the bytes; gRPC drops it when they are sent.
     slices.emplace_back(const_cast<char*>(piece.data()), piece.size(), &ReleaseKeepAlive,
                         new std::shared_ptr<const void>(keep));
-  });
+  }
   frame_ = grpc::ByteBuffer(slices.data(), slices.size());
   off_ += n;
   if (last) {
     view_.reset();
+    pending_.clear();
+    crc_ = 0;
     ++key_;
   }
-  StartWrite(&frame_);
+}
+
+void GetReactor::OnChunk(absl::StatusOr<ChunkView> view) {
+  bool write = false;
+  {
+    absl::MutexLock lock(&mu_);
+    reading_ = false;
+    if (finished_) {
+      // Ending anyway; the view goes below.
+    } else if (absl::IsNotFound(view.status())) {
+      v1::GetFrame header;
+      header.set_key_index(static_cast<uint32_t>(key_));
+      header.set_found(false);
+      header.set_last(true);
+      ++key_;
+      grpc::Slice slice(header.SerializeAsString());
+      frame_ = grpc::ByteBuffer(&slice, 1);
+      writing_ = write = true;
+    } else if (!view.ok()) {
+      error_ = absl::Status(view.status().code(),
+                            absl::StrCat("keys[", key_, "]: ", view.status().message()));
+    } else {
+      view_.emplace(*std::move(view));
+      const uint64_t layer_bytes = view_->meta().size / num_layers_;
+      begin_ = uint64_t{first_layer_} * layer_bytes;
+      end_ = uint64_t{end_layer_} * layer_bytes;
+      off_ = read_off_ = begin_;
+      crc_ = 0;
+      pending_.clear();
+    }
+  }
+  view = absl::CancelledError();  // Drop any bytes we did not keep before going on.
+  if (write) {
+    StartWrite(&frame_);
+  } else {
+    Pump();
+  }
+  StoreCallbackDone();
+}
+
+void GetReactor::OnRange(uint64_t off, absl::StatusOr<TieredStore::RangeBuffer> buf) {
+  {
+    absl::MutexLock lock(&mu_);
+    for (Pending& p : pending_) {
+      if (finished_ || p.off != off || p.ready) continue;
+      p.ready = true;
+      if (buf.ok()) {
+        p.buf = *std::move(buf);
+      } else {
+        p.status = buf.status();
+      }
+      break;
+    }
+  }
+  buf = absl::CancelledError();  // Unused bytes go back to the store's budget now.
+  Pump();
+  StoreCallbackDone();
+}
+
+void GetReactor::StoreCallbackDone() {
+  bool last;
+  {
+    absl::MutexLock lock(&mu_);
+    last = --store_callbacks_ == 0 && done_;
+  }
+  // Last use of `this`: OnDone has run, so no reaction and no store callback remains.
+  if (last) delete this;
 }
 
 void GetReactor::OnWriteDone(bool ok) {
-  // The sent frame's slices hold references on its chunk; drop them before possibly
-  // waiting for the next chunk, or a held SSD buffer would keep its slot in the
-  // buffered-reads gate while we wait on that very gate.
+  // The sent frame's slices hold references on its bytes; drop ours now, so a streamed
+  // frame's buffer goes back to the store's budget (or a chunk's pool slots become
+  // evictable) before this call waits for anything else.
   frame_.Clear();
-  if (!ok) {
-    End(absl::CancelledError("client went away"));
-    return;
+  {
+    absl::MutexLock lock(&mu_);
+    writing_ = false;
+    if (!ok) {
+      if (error_.ok()) error_ = absl::CancelledError("client went away");
+    } else if (ctx_->IsCancelled() && error_.ok()) {
+      error_ = absl::CancelledError("get cancelled by the client");
+    }
   }
-  if (ctx_->IsCancelled()) {
-    End(absl::CancelledError("get cancelled by the client"));
-    return;
-  }
-  Next();
+  Pump();
 }
 
-void GetReactor::End(const absl::Status& status) {
-  view_.reset();
-  Finish(scope_.Done(ToGrpcStatus(status)));
+void GetReactor::OnDone() {
+  bool last;
+  {
+    absl::MutexLock lock(&mu_);
+    done_ = true;
+    view_.reset();
+    pending_.clear();
+    last = store_callbacks_ == 0;
+  }
+  if (last) delete this;
 }
 
 }  // namespace kvtier

@@ -5,18 +5,30 @@
 // gRPC is done with it. Protobuf accepts fields in any order, so clients parse the
 // frames as ordinary GetFrame messages.
 //
-// Thread-safety: one step runs at a time for a call: the constructor or OnWriteDone
-// (gRPC's callback threads) starts the next write, or asks the store for the next chunk
-// and returns; an SSD read then completes on the store's read threads, which start the
-// write. gRPC threads never wait for the SSD.
+// An SSD chunk that finds no room in RAM is streamed: its frames are read from SSD a
+// frame at a time, up to kReadahead frames ahead of the one being sent, into buffers
+// from the store's stream budget (stream_buffer_bytes), so the first bytes leave after
+// one frame's read and memory outside the pool stays bounded however large the chunk.
+// The chunk's CRC32C is checked over the bytes as they are sent; a mismatch found at the
+// last frame ends the call DATA_LOSS (the client, which checks the CRC too, never
+// accepts the bytes) and the chunk is deleted. A chunk deleted from SSD mid-stream ends
+// the call ABORTED.
+//
+// Thread-safety: events arrive on gRPC's callback threads (write done) and the store's
+// read threads (reads done); each takes mu_, updates the state and, with mu_ released,
+// starts at most one write or read. gRPC threads never wait for the SSD. The reactor is
+// deleted when gRPC is done with it (OnDone) and no store callback is outstanding.
 #ifndef KVTIER_SERVER_GET_REACTOR_H_
 #define KVTIER_SERVER_GET_REACTOR_H_
 
 #include <grpcpp/grpcpp.h>
 
+#include <deque>
 #include <optional>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "kvtier/v1/kvtier.pb.h"
 #include "server/rpc_metrics.h"
 #include "storage/tiered_store.h"
@@ -25,6 +37,9 @@ namespace kvtier {
 
 class GetReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
+  // Frames of a streamed chunk read ahead of the one being sent.
+  static constexpr int kReadahead = 4;
+
   // `store` may be null (still starting: the call fails UNAVAILABLE). `metrics` may be
   // null. Both must outlive the call.
   GetReactor(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request,
@@ -32,15 +47,29 @@ class GetReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
              uint32_t max_keys);
 
   void OnWriteDone(bool ok) override;
-  void OnDone() override { delete this; }
+  void OnDone() override;
 
  private:
+  // One frame of a streamed chunk: its byte range, then its bytes once read.
+  struct Pending {
+    uint64_t off = 0, len = 0;
+    bool ready = false;
+    absl::Status status;
+    TieredStore::RangeBuffer buf;
+  };
+
   absl::Status Start(const grpc::ByteBuffer* request, uint64_t max_frame_bytes, uint32_t max_keys);
-  // Writes the next frame (reading the next chunk first if needed), or finishes.
-  void Next();
-  void OnRead(absl::StatusOr<ChunkView> view);
-  void WriteFrame();
-  void End(const absl::Status& status);
+  // Decides the next step and takes it: a write, reads, or the end. Call without mu_.
+  void Pump();
+  void OnChunk(absl::StatusOr<ChunkView> view);
+  void OnRange(uint64_t off, absl::StatusOr<TieredStore::RangeBuffer> buf);
+  // Builds the frame of bytes [off_, off_ + n) of the current key into frame_.
+  void BuildFrame(uint64_t n, const std::shared_ptr<const void>& keep,
+                  absl::Span<const absl::string_view> pieces)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends a store callback (after its last use of the reactor); the last one after
+  // OnDone deletes the reactor.
+  void StoreCallbackDone();
 
   grpc::CallbackServerContext* const ctx_;
   TieredStore* const store_;
@@ -50,10 +79,24 @@ class GetReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   uint32_t first_layer_ = 0, end_layer_ = 1;
   uint64_t frame_bytes_ = 0;
 
-  size_t key_ = 0;                 // Key being sent.
-  std::optional<ChunkView> view_;  // Its bytes, once read.
-  uint64_t begin_ = 0, end_ = 0, off_ = 0;  // Byte range of the key, next offset.
-  grpc::ByteBuffer frame_;         // The frame in flight.
+  absl::Mutex mu_;
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;   // A write (frame_) is in flight.
+  bool reading_ ABSL_GUARDED_BY(mu_) = false;   // The current key's chunk is being found.
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;  // Finish() was called.
+  bool done_ ABSL_GUARDED_BY(mu_) = false;      // OnDone() was called.
+  int store_callbacks_ ABSL_GUARDED_BY(mu_) = 0;  // Reads whose callback has not run.
+  absl::Status error_ ABSL_GUARDED_BY(mu_);     // Ends the call once no write is in flight.
+  size_t key_ ABSL_GUARDED_BY(mu_) = 0;          // Key being sent.
+  std::optional<ChunkView> view_ ABSL_GUARDED_BY(mu_);  // Its chunk, once found.
+  // Byte range of the key, next offset to send.
+  uint64_t begin_ ABSL_GUARDED_BY(mu_) = 0, end_ ABSL_GUARDED_BY(mu_) = 0,
+           off_ ABSL_GUARDED_BY(mu_) = 0;
+  // Streamed chunk: frames read or being read, in order; next offset to read; CRC32C of
+  // the bytes sent so far (checked when the whole chunk is sent).
+  std::deque<Pending> pending_ ABSL_GUARDED_BY(mu_);
+  uint64_t read_off_ ABSL_GUARDED_BY(mu_) = 0;
+  uint32_t crc_ ABSL_GUARDED_BY(mu_) = 0;
+  grpc::ByteBuffer frame_;  // The frame in flight; touched only by the one writer.
 };
 
 }  // namespace kvtier

@@ -555,6 +555,52 @@ absl::Status SsdTier::ReadPayload(const ChunkId& id, const ChunkMeta& meta, Chun
   return absl::OkStatus();
 }
 
+absl::Status SsdTier::ReadRange(const ChunkId& id, const ChunkMeta& meta, uint64_t offset,
+                                uint64_t len, char* out) {
+  if (offset > meta.size || len > meta.size - offset) {
+    return absl::InvalidArgumentError(absl::StrCat("range [", offset, ", +", len,
+                                                   ") is past the chunk's ", meta.size,
+                                                   " bytes"));
+  }
+  const std::string row = SsdRowKey(id);
+  rocksdb::ReadOptions ro;
+  ro.verify_checksums = true;
+  rocksdb::Status st;
+  for (uint64_t at = offset; at < offset + len && st.ok();) {
+    const uint32_t seg = static_cast<uint32_t>(at / options_.segment_bytes);
+    const uint64_t seg_begin = uint64_t{seg} * options_.segment_bytes;
+    const uint64_t want = std::min<uint64_t>(options_.segment_bytes, meta.size - seg_begin);
+    rocksdb::PinnableSlice value;
+    st = db_->Get(ro, data_cf_, SegmentKey(row, seg), &value);
+    if (st.ok() && value.size() != want) st = rocksdb::Status::Corruption("segment size");
+    if (!st.ok()) break;
+    const uint64_t n = std::min(offset + len, seg_begin + want) - at;
+    std::memcpy(out + (at - offset), value.data() + (at - seg_begin), n);
+    at += n;
+  }
+  if (st.IsNotFound()) {
+    std::string ignored;
+    if (db_->Get(ro, meta_cf_, row, &ignored).IsNotFound()) {
+      absl::MutexLock lock(&mu_);
+      ForgetLocked(id);
+      return absl::NotFoundError("chunk not on SSD (deleted while being read)");
+    }
+    return Corrupt(id, st);
+  }
+  if (!st.ok() && !st.IsCorruption()) return Unavailable("reading a chunk", st);
+  if (!st.ok()) return Corrupt(id, st);
+  return absl::OkStatus();
+}
+
+void SsdTier::CountRangedRead() {
+  absl::MutexLock lock(&mu_);
+  ++counters_.hits;
+}
+
+absl::Status SsdTier::DropCorrupt(const ChunkId& id) {
+  return Corrupt(id, rocksdb::Status::OK());
+}
+
 bool SsdTier::Contains(const ChunkId& id) const {
   absl::MutexLock lock(&mu_);
   auto it = index_.find(id);

@@ -132,6 +132,18 @@ class SsdTier {
   // NotFound (deleted meanwhile), DataLoss (now deleted), Unavailable).
   absl::StatusOr<ChunkMeta> ReadMeta(const ChunkId& id);
   absl::Status ReadPayload(const ChunkId& id, const ChunkMeta& meta, ChunkSink& sink);
+  // Reads bytes [offset, offset + len) of the payload into `out` (len bytes), from the
+  // segments that cover it; for streaming a chunk a frame at a time. RocksDB verifies
+  // each segment's checksum; the chunk's CRC32C is the caller's to check, over the whole
+  // payload. Returns: Ok, InvalidArgument (range past the chunk), NotFound (deleted
+  // meanwhile), DataLoss (a segment is bad: the chunk is now deleted), Unavailable.
+  absl::Status ReadRange(const ChunkId& id, const ChunkMeta& meta, uint64_t offset,
+                         uint64_t len, char* out);
+  // Counts a hit for a chunk that will be read with ReadRange (ReadPayload counts its own).
+  void CountRangedRead();
+  // Deletes a chunk whose payload a caller found corrupt, counts it, and says so.
+  // Returns DataLoss, for the caller to pass on.
+  absl::Status DropCorrupt(const ChunkId& id);
 
   bool Contains(const ChunkId& id) const;
   // Returns true if the chunk was present. Errors: Unavailable.

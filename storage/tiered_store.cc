@@ -45,6 +45,9 @@ absl::Status TieredStoreOptions::Validate() const {
   if (max_chunk_bytes == 0) {
     return absl::InvalidArgumentError("max_chunk_size must be greater than zero");
   }
+  if (stream_buffer_bytes == 0) {
+    return absl::InvalidArgumentError("stream_buffer_bytes must be greater than zero");
+  }
   return absl::OkStatus();
 }
 
@@ -91,6 +94,7 @@ TieredStore::TieredStore(TieredStoreOptions options)
     : options_(std::move(options)),
       buffered_reads_(std::max(1, options_.max_buffered_reads)),
       put_admission_(1),
+      stream_gate_(options_.stream_buffer_bytes),
       read_pool_(std::make_unique<IoPool>(options_.read_threads)) {}
 
 TieredStore::~TieredStore() {
@@ -296,7 +300,9 @@ class PoolSink final : public ChunkSink {
 
 }  // namespace
 
-absl::StatusOr<ChunkView> TieredStore::Read(const ChunkId& id) {
+absl::StatusOr<ChunkView> TieredStore::Read(const ChunkId& id) { return Read(id, false); }
+
+absl::StatusOr<ChunkView> TieredStore::Read(const ChunkId& id, bool stream) {
   ChunkView view;
   if (auto hit = ram_->Find(id)) {
     ram_bytes_out_.fetch_add(hit->meta.size, std::memory_order_relaxed);
@@ -321,6 +327,11 @@ absl::StatusOr<ChunkView> TieredStore::Read(const ChunkId& id) {
       ram_bytes_in_.fetch_add(meta->size, std::memory_order_relaxed);
     }
     view.pool_ = *std::move(room);
+  } else if (stream) {
+    // Nothing read yet: the caller reads a frame at a time (ReadRangeAsync).
+    ssd_->CountRangedRead();
+    view.streamed_ = true;
+    return view;
   } else {
     // No room in RAM: a heap buffer, at most max_buffered_reads of them at once. The
     // gate is left when the last holder of the buffer drops it.
@@ -345,6 +356,70 @@ void TieredStore::ReadAsync(const ChunkId& id,
     return;
   }
   read_pool_->Submit([this, id, done = std::move(done)] { done(Read(id)); });
+}
+
+void TieredStore::ReadForStreamAsync(const ChunkId& id,
+                                     std::function<void(absl::StatusOr<ChunkView>)> done) {
+  if (!has_ssd() || ram_->Contains(id) || !ssd_->Contains(id)) {
+    done(Read(id, true));
+    return;
+  }
+  read_pool_->Submit([this, id, done = std::move(done)] { done(Read(id, true)); });
+}
+
+char* TieredStore::TakeRangeBuffer(uint64_t len) {
+  if (has_ssd() && len == options_.ssd.segment_bytes) {
+    absl::MutexLock lock(&spare_mu_);
+    if (!spare_buffers_.empty()) {
+      char* buf = spare_buffers_.back().release();
+      spare_buffers_.pop_back();
+      return buf;
+    }
+  }
+  return new char[len];
+}
+
+void TieredStore::GiveRangeBuffer(char* buf, uint64_t len) {
+  if (has_ssd() && len == options_.ssd.segment_bytes) {
+    absl::MutexLock lock(&spare_mu_);
+    // Never more spares than the budget could hold at once.
+    if ((spare_buffers_.size() + 1) * len <= options_.stream_buffer_bytes) {
+      spare_buffers_.emplace_back(buf);
+      return;
+    }
+  }
+  delete[] buf;
+}
+
+void TieredStore::ReadRangeAsync(const ChunkId& id, const ChunkMeta& meta, uint64_t offset,
+                                 uint64_t len,
+                                 std::function<void(absl::StatusOr<RangeBuffer>)> done) {
+  if (!has_ssd()) {
+    done(absl::NotFoundError("no SSD tier"));
+    return;
+  }
+  stream_gate_.Acquire(len, [this, id, meta, offset, len, done = std::move(done)]() mutable {
+    read_pool_->Submit([this, id, meta, offset, len, done = std::move(done)] {
+      // The buffer leaves the budget when its last holder (a gRPC slice, say) drops it.
+      RangeBuffer buf(TakeRangeBuffer(len), [this, len](const char* b) {
+        GiveRangeBuffer(const_cast<char*>(b), len);
+        stream_gate_.Release(len);
+      });
+      absl::Status s = ssd_->ReadRange(id, meta, offset, len, const_cast<char*>(buf.get()));
+      if (!s.ok()) {
+        buf.reset();
+        done(std::move(s));
+        return;
+      }
+      ssd_bytes_out_.fetch_add(len, std::memory_order_relaxed);
+      done(std::move(buf));
+    });
+  });
+}
+
+absl::Status TieredStore::DropCorrupt(const ChunkId& id) {
+  if (!has_ssd()) return absl::DataLossError("chunk failed its checksum");
+  return ssd_->DropCorrupt(id);
 }
 
 absl::Status TieredStore::Pin(const ChunkId& id, absl::Duration ttl) {

@@ -8,6 +8,9 @@
 //  - write-through: a put is acknowledged only after it is on SSD as well.
 //  - ram-only: no SSD tier; eviction drops chunks.
 // A read that misses RAM and hits SSD promotes the chunk into RAM when there is room.
+// Without room, Read serves it from a whole-chunk heap buffer (max_buffered_reads of them
+// at most), and ReadForStreamAsync lets a Get stream it a frame at a time instead
+// (stream_buffer_bytes in all), which is what gRPC Gets do.
 //
 // Visibility: a chunk is indexed (and so visible to Lookup and Get) only in CommitPut,
 // after all its bytes arrived and their CRC32C matched. An abandoned ChunkWriter gives
@@ -35,6 +38,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "storage/chunk_id.h"
+#include "storage/async_gate.h"
 #include "storage/fair_gate.h"
 #include "storage/host_pool.h"
 #include "storage/io_pool.h"
@@ -54,11 +58,16 @@ struct TieredStoreOptions {
   WriteMode write_mode = WriteMode::kWriteBack;
   // Largest chunk a layout may have (bytes); also bounded by the RAM pool's size.
   uint64_t max_chunk_bytes = 512ull << 20;
-  // SSD reads that find no room in RAM are served from a heap buffer; at most this many
-  // such buffers exist at once (more readers wait), which bounds memory outside the pool.
+  // Read()s from SSD that find no room in RAM (Prefill sessions) are served from a
+  // whole-chunk heap buffer; at most this many such buffers exist at once (more readers
+  // wait), which bounds memory outside the pool.
   int max_buffered_reads = 4;
-  // Threads running whole-chunk SSD reads for ReadAsync.
+  // Threads running SSD reads for ReadAsync and ReadRangeAsync.
   int read_threads = 4;
+  // Streamed SSD reads (ReadForStreamAsync: a chunk with no room in RAM, sent a frame at
+  // a time) hold at most this many bytes of frame buffers at once, across all streams;
+  // more reads wait their turn. Bounds their memory outside the pool. At least 1.
+  uint64_t stream_buffer_bytes = 64ull << 20;
   // How long a put waits (in arrival order) for room in RAM before RESOURCE_EXHAUSTED.
   absl::Duration put_wait = absl::Seconds(5);
 
@@ -108,6 +117,9 @@ class ChunkView {
  public:
   const ChunkMeta& meta() const { return meta_; }
   Tier tier() const { return tier_; }
+  // True for a view from ReadForStreamAsync that holds no bytes: read them with
+  // TieredStore::ReadRangeAsync. ForEachPiece and KeepAlive must not be used on it.
+  bool streamed() const { return streamed_; }
   // Calls `fn` on consecutive pieces of [offset, offset + len), no copies.
   void ForEachPiece(uint64_t offset, uint64_t len,
                     absl::FunctionRef<void(absl::string_view)> fn) const;
@@ -122,6 +134,7 @@ class ChunkView {
   friend class TieredStore;
   ChunkMeta meta_;
   Tier tier_ = Tier::kNone;
+  bool streamed_ = false;
   std::shared_ptr<PoolChunk> pool_;   // Set when served from RAM.
   std::shared_ptr<std::string> buf_;  // Set when served straight from SSD.
 };
@@ -161,7 +174,22 @@ class TieredStore {
   // The same, without blocking the caller on SSD: a RAM hit (or miss) calls `done`
   // inline; an SSD read runs on the store's read threads, which call `done`.
   void ReadAsync(const ChunkId& id, std::function<void(absl::StatusOr<ChunkView>)> done);
-
+  // The same for a caller that sends the chunk as it reads it: an SSD chunk with no room
+  // in RAM comes back as a streamed() view (meta only, no bytes, nothing buffered yet),
+  // to be read a frame at a time with ReadRangeAsync.
+  void ReadForStreamAsync(const ChunkId& id,
+                          std::function<void(absl::StatusOr<ChunkView>)> done);
+  // Reads bytes [offset, offset + len) of a streamed chunk into a buffer of len bytes,
+  // on the read threads, once stream_buffer_bytes has room for it (never blocks the
+  // caller; `done` may run on this thread). The buffer's bytes count against
+  // stream_buffer_bytes until the last copy of it is dropped. Returns (to `done`): Ok,
+  // NotFound (deleted meanwhile), DataLoss (corrupt: deleted), Unavailable.
+  using RangeBuffer = std::shared_ptr<const char>;
+  void ReadRangeAsync(const ChunkId& id, const ChunkMeta& meta, uint64_t offset,
+                      uint64_t len, std::function<void(absl::StatusOr<RangeBuffer>)> done);
+  // For a streamer that found a chunk's CRC32C wrong once it had all the bytes: deletes
+  // it from SSD and counts it. Returns the DataLoss error to report.
+  absl::Status DropCorrupt(const ChunkId& id);
   // Pins in RAM (promoting from SSD first). Returns: Ok, NotFound, ResourceExhausted.
   absl::Status Pin(const ChunkId& id, absl::Duration ttl);
   bool Unpin(const ChunkId& id);
@@ -185,12 +213,20 @@ class TieredStore {
   // RAM for a chunk, demoting dirty chunks to SSD if that is what it takes.
   absl::StatusOr<std::shared_ptr<PoolChunk>> AllocateRam(uint64_t size);
   bool has_ssd() const { return ssd_ != nullptr; }
+  absl::StatusOr<ChunkView> Read(const ChunkId& id, bool stream);
+  // Frame buffers of streamed reads: recycled, so steady streaming does not map, fault
+  // in and unmap a fresh buffer per frame. Only segment-sized ones are kept.
+  char* TakeRangeBuffer(uint64_t len);
+  void GiveRangeBuffer(char* buf, uint64_t len);
 
   const TieredStoreOptions options_;
   std::unique_ptr<HostPool> ram_;
   std::unique_ptr<SsdTier> ssd_;  // Null in ram-only mode.
   FairGate buffered_reads_;
   FairGate put_admission_;  // Capacity 1: puts waiting for RAM, in arrival order.
+  AsyncGate stream_gate_;   // stream_buffer_bytes.
+  absl::Mutex spare_mu_;
+  std::vector<std::unique_ptr<char[]>> spare_buffers_ ABSL_GUARDED_BY(spare_mu_);
   // Declared after ssd_ and ram_: destroyed first, so no read outlives them.
   std::unique_ptr<IoPool> read_pool_;
 

@@ -89,6 +89,7 @@ TEST(DaemonConfigTest, ErrorsNameTheOption) {
       {[](DaemonConfig& c) { c.write_mode = "sometimes"; }, "write_mode"},
       {[](DaemonConfig& c) { c.max_frame_size = 10; }, "max_frame_size"},
       {[](DaemonConfig& c) { c.stream_window = 1000; }, "stream_window"},
+      {[](DaemonConfig& c) { c.ssd_stream_buffer = 1 << 20; }, "ssd_stream_buffer"},
       {[](DaemonConfig& c) { c.stream_window = 1ull << 30; }, "stream_window"},
       {[](DaemonConfig& c) { c.max_keys_per_request = 0; }, "max_keys_per_request"},
       {[](DaemonConfig& c) { c.max_pinned_fraction = 1.5; }, "max_pinned_fraction"},

@@ -153,6 +153,144 @@ TEST_F(DaemonTest, ClientReceiveWindowsMoveChunksIntact) {
   }
 }
 
+// A pool full of pinned chunks leaves no room to promote: SSD chunks are then streamed
+// a frame at a time (ssd_stream_buffer). One Get mixes RAM hits, streamed SSD chunks and
+// an absent key, in several frames each, with a stream budget of a single frame, so the
+// read-ahead always waits on the budget and every frame's buffer must come back to it.
+// This is also the Get that once deadlocked: several SSD-resident keys in one call, the
+// sent frame holding the buffer the next chunk waited for.
+class StreamedGetTest : public DaemonTest {
+ protected:
+  static constexpr uint64_t kChunk = 8ull << 20;
+  void SetUp() override {
+    StartDaemon({"--ram-capacity=16MiB", "--max-pinned-fraction=1", "--write-mode=write-through",
+                 "--ssd-stream-buffer=4MiB"});
+    ns_ = Register(8);
+    for (uint64_t i = 1; i <= 4; ++i) {
+      data_[i] = PatternBytes(100 + i, kChunk);
+      ChunkToPut c{KeyOf(i), data_[i], 256};
+      ASSERT_TRUE(client_->Put(ns_, {&c, 1}).ok());
+    }
+    // 3 and 4 are the newest (in RAM); pinning them fills the pool.
+    std::vector<ChunkKey> pin = {KeyOf(3), KeyOf(4)};
+    auto p = client_->Pin(ns_, pin, 0);
+    ASSERT_TRUE(p.ok()) << p.status();
+    ASSERT_EQ(p->pinned, 2u);
+  }
+  uint64_t ns_ = 0;
+  std::string data_[5];
+};
+
+TEST_F(StreamedGetTest, MixedGetStreamsSsdChunksIntact) {
+  std::vector<ChunkKey> keys = {KeyOf(1), KeyOf(3), KeyOf(9), KeyOf(2), KeyOf(4)};
+  ClientOptions o;
+  o.max_frame_bytes = 1 << 20;  // 8 frames per chunk.
+  auto small_frames = KvTierClient::Connect(daemon_->target(), o);
+  ASSERT_TRUE(small_frames.ok());
+  for (KvTierClient* c : {client_.get(), small_frames->get()}) {
+    auto got = c->Get(ns_, keys);
+    ASSERT_TRUE(got.ok()) << got.status();
+    ASSERT_EQ(got->size(), 5u);
+    const int expect[] = {1, 3, 0, 2, 4};
+    for (int i = 0; i < 5; ++i) {
+      if (expect[i] == 0) {
+        EXPECT_FALSE((*got)[i].found);
+        continue;
+      }
+      EXPECT_TRUE((*got)[i].found) << i;
+      EXPECT_TRUE((*got)[i].data == data_[expect[i]]) << i;
+      EXPECT_TRUE((*got)[i].crc_verified) << i;
+    }
+    EXPECT_EQ((*got)[0].tier, v1::TIER_SSD);
+    EXPECT_EQ((*got)[1].tier, v1::TIER_RAM);
+    EXPECT_EQ((*got)[3].tier, v1::TIER_SSD);
+  }
+  // Streamed, not promoted: the pool had no room.
+  auto l = client_->Lookup(ns_, std::vector<ChunkKey>{KeyOf(1), KeyOf(2)});
+  ASSERT_TRUE(l.ok());
+  EXPECT_EQ(l->tiers[0], v1::TIER_SSD);
+  EXPECT_EQ(l->tiers[1], v1::TIER_SSD);
+
+  // A layer range of a streamed chunk that starts and ends inside frames.
+  auto layers = small_frames->get()->Get(ns_, std::vector<ChunkKey>{KeyOf(2)}, LayerRange{1, 6});
+  ASSERT_TRUE(layers.ok()) << layers.status();
+  const uint64_t layer = kChunk / 8;
+  EXPECT_TRUE((*layers)[0].data == data_[2].substr(layer, 5 * layer));
+}
+
+TEST_F(StreamedGetTest, ConcurrentAndCancelledStreamsGiveTheirBuffersBack) {
+  // Clients that walk away after the first frame must not keep the one-frame budget.
+  ClientOptions o;
+  o.max_frame_bytes = 1 << 20;
+  o.rpc_deadline = absl::Seconds(30);
+  auto c = KvTierClient::Connect(daemon_->target(), o);
+  ASSERT_TRUE(c.ok());
+  for (int i = 0; i < 5; ++i) {
+    int frames = 0;
+    absl::Status s = (*c)->GetStreamRaw(
+        ns_, std::vector<ChunkKey>{KeyOf(1 + i % 2)}, std::nullopt,
+        [&](uint32_t, const GetFrameHeader&, absl::Span<const absl::string_view>) {
+          return ++frames == 1 ? absl::OkStatus() : absl::CancelledError("walk away");
+        });
+    EXPECT_FALSE(s.ok());
+    EXPECT_EQ(frames, 2);
+  }
+  std::vector<std::thread> readers;
+  std::atomic<int> intact{0};
+  for (int t = 0; t < 6; ++t) {
+    readers.emplace_back([&, t] {
+      const uint64_t k = 1 + t % 2;
+      auto got = (*c)->Get(ns_, std::vector<ChunkKey>{KeyOf(k), KeyOf(3)});
+      if (got.ok() && (*got)[0].data == data_[k] && (*got)[1].data == data_[3]) intact++;
+    });
+  }
+  for (auto& r : readers) r.join();
+  EXPECT_EQ(intact.load(), 6);
+}
+
+TEST_F(StreamedGetTest, CorruptStreamedChunkEndsDataLossAndIsDeleted) {
+  // Corrupt every blob file while the daemon is down, then fill the pool with pinned
+  // chunks written after the restart (in fresh files), and stream chunk 1.
+  client_.reset();
+  StopDaemon();
+  int corrupted = 0;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(data_dir_ + "/ssd")) {
+    if (e.path().extension() != ".blob") continue;
+    std::fstream f(e.path(), std::ios::in | std::ios::out | std::ios::binary);
+    // Every MiB, so every chunk in the file has bad bytes.
+    const auto size = std::filesystem::file_size(e.path());
+    for (uint64_t at = 512 << 10; at + 64 < size; at += 1 << 20) {
+      for (uint64_t off = at; off < at + 64; ++off) {
+        f.seekg(off);
+        char ch;
+        f.get(ch);
+        f.seekp(off);
+        f.put(static_cast<char>(ch ^ 0x5a));
+      }
+    }
+    ++corrupted;
+  }
+  ASSERT_GT(corrupted, 0) << "no blob file found: is BlobDB on?";
+  StartDaemon({"--ram-capacity=16MiB", "--max-pinned-fraction=1", "--write-mode=write-through",
+               "--ssd-stream-buffer=4MiB"});
+  ns_ = Register(8);
+  for (uint64_t i = 5; i <= 6; ++i) {
+    const std::string d = PatternBytes(100 + i, kChunk);
+    ChunkToPut c{KeyOf(i), d, 256};
+    ASSERT_TRUE(client_->Put(ns_, {&c, 1}).ok());
+  }
+  auto p = client_->Pin(ns_, std::vector<ChunkKey>{KeyOf(5), KeyOf(6)}, 0);
+  ASSERT_TRUE(p.ok() && p->pinned == 2u) << p.status();
+
+  const uint64_t before = client_->Stats()->checksum_failures();
+  auto got = client_->Get(ns_, std::vector<ChunkKey>{KeyOf(1)});
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kDataLoss) << got.status();
+  auto l = client_->Lookup(ns_, std::vector<ChunkKey>{KeyOf(1)});
+  ASSERT_TRUE(l.ok());
+  EXPECT_EQ(l->tiers[0], v1::TIER_UNSPECIFIED);  // Deleted: never served again.
+  EXPECT_EQ(client_->Stats()->checksum_failures(), before + 1);
+}
+
 TEST_F(DaemonTest, RestartServesSsdResidentChunks) {
   StartDaemon({"--write-mode=write-back", "--ram-capacity=64MiB"});
   const uint64_t ns = Register(4);

@@ -179,6 +179,38 @@ TEST_F(SsdTierTest, PutGetRoundTripMultiPart) {
   EXPECT_EQ(s.misses, 2u);
 }
 
+TEST_F(SsdTierTest, ReadRangeReadsAcrossSegmentsAndRejectsRangesPastTheEnd) {
+  const ChunkId id = Id(1);
+  const uint64_t size = 9 * kMiB + 4321;  // Three segments, the last one short.
+  const std::string data = Payload(id, size);
+  ASSERT_TRUE(Put(id, data, 4).ok());
+  const ChunkMeta meta = MetaOf(data);
+  for (bool flushed : {false, true}) {
+    if (flushed) ASSERT_TRUE(tier_->Flush().ok());
+    struct Range {
+      uint64_t off, len;
+    } ranges[] = {{0, size},
+                  {0, 4 * kMiB},
+                  {4 * kMiB - 10, 20},             // Straddles segments 0 and 1.
+                  {3 * kMiB, 6 * kMiB + 4321},     // Through to the end.
+                  {size - 1, 1},
+                  {5 * kMiB, 0}};
+    for (const Range& r : ranges) {
+      std::string out(r.len, '\0');
+      absl::Status st = tier_->ReadRange(id, meta, r.off, r.len, out.data());
+      ASSERT_TRUE(st.ok()) << r.off << "+" << r.len << ": " << st;
+      EXPECT_TRUE(out == data.substr(r.off, r.len)) << r.off << "+" << r.len;
+    }
+  }
+  char byte;
+  EXPECT_EQ(tier_->ReadRange(id, meta, size, 1, &byte).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(tier_->ReadRange(id, meta, 1, size, &byte).code(),
+            absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(tier_->Delete(id).ok());
+  EXPECT_EQ(tier_->ReadRange(id, meta, 0, 1, &byte).code(), absl::StatusCode::kNotFound);
+}
+
 TEST_F(SsdTierTest, MetaIsKeptAsGiven) {
   const std::string data = Payload(Id(1), 5000);
   const ChunkMeta meta{data.size(), crc32c::Value(data), 17, 0};
@@ -558,6 +590,20 @@ TEST_F(SsdTierFaultTest, CorruptReadIsDataLossAndDeletesTheChunk) {
   Open();
   EXPECT_FALSE(tier_->Contains(Id(1)));
   ExpectStored(Id(2), kMiB);
+}
+
+TEST_F(SsdTierFaultTest, CorruptRangeReadIsDataLossAndDeletesTheChunk) {
+  PutOk(Id(1), 6 * kMiB, 2);
+  ASSERT_TRUE(tier_->Flush().ok());
+  const ChunkMeta meta = MetaOf(Payload(Id(1), 6 * kMiB));
+  std::string out(2 * kMiB, '\0');
+  fs_->SetCorruptReads(true);
+  absl::Status st = tier_->ReadRange(Id(1), meta, 3 * kMiB, out.size(), out.data());
+  fs_->SetCorruptReads(false);
+  EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss) << st;
+  EXPECT_GT(fs_->corrupted_reads(), 0u) << "the fault never fired";
+  EXPECT_EQ(tier_->GetStats().checksum_failures, 1u);
+  EXPECT_FALSE(tier_->Contains(Id(1)));
 }
 
 TEST_F(SsdTierFaultTest, NeverReturnsCorruptBytes) {

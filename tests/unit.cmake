@@ -2,6 +2,7 @@
 
 # Storage layer.
 kvtier_test(chunk_key_test LIBS kvtier_chunk_key)
+kvtier_test(async_gate_test LIBS kvtier_storage)
 kvtier_test(crc32c_test LIBS kvtier_storage)
 kvtier_test(lru_policy_test LIBS kvtier_storage)
 kvtier_test(host_pool_test LIBS kvtier_storage)
