@@ -26,6 +26,17 @@ constexpr int kFrameOverheadBytes = 4096;
 
 // Full name of the Get method, as gRPC puts it on the wire.
 constexpr char kGetMethod[] = "/kvtier.v1.KvCache/Get";
+constexpr char kPutMethod[] = "/kvtier.v1.KvCache/Put";
+// PutFrame.data is field 4, wire type 2 (length-delimited).
+constexpr char kPutDataTag = (4 << 3) | 2;
+
+void AppendVarint(std::string& out, uint64_t v) {
+  while (v >= 0x80) {
+    out.push_back(static_cast<char>((v & 0x7f) | 0x80));
+    v >>= 7;
+  }
+  out.push_back(static_cast<char>(v));
+}
 
 void AddKeys(absl::Span<const ChunkKey> keys,
              google::protobuf::RepeatedPtrField<std::string>* out) {
@@ -309,12 +320,22 @@ absl::StatusOr<PutResult> KvTierClient::Put(uint64_t namespace_id,
 
   grpc::ClientContext ctx;
   PrepareContext(&ctx);
-  v1::PutResponse response;
-  std::unique_ptr<grpc::ClientWriter<v1::PutFrame>> writer = stub_->Put(&ctx, &response);
+  // What the generated stub_->Put does, except that each frame is sent as a ByteBuffer
+  // of its serialized header fields, then data's tag and length, then a slice that
+  // points into the caller's chunk: the payload is not copied into a PutFrame and then
+  // again into gRPC's buffer (protobuf accepts fields in any order, so the daemon parses
+  // an ordinary PutFrame). The caller's bytes outlive the slices: this call returns only
+  // after Finish, when gRPC holds none of them. See GetStreamRaw on the factory.
+  const grpc::internal::RpcMethod method(kPutMethod,
+                                         grpc::internal::RpcMethod::CLIENT_STREAMING);
+  grpc::ByteBuffer response_bytes;
+  std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer(
+      grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(channel_.get(), method,
+                                                                    &ctx, &response_bytes));
 
-  // One frame object reused for the whole stream, so its data buffer is allocated once.
-  v1::PutFrame frame;
+  v1::PutFrame frame;  // Every field but data.
   frame.set_namespace_id(namespace_id);
+  std::string head;
   const uint64_t max_frame = options_.max_frame_bytes;
   uint64_t sent = 0;
   bool broken = false;  // Write failed: the server ended the stream; Finish says why.
@@ -327,7 +348,6 @@ absl::StatusOr<PutResult> KvTierClient::Put(uint64_t namespace_id,
       const uint64_t n = std::min(max_frame, size - offset);
       const char* p = chunk.data.data() + offset;
       frame.set_offset(offset);
-      frame.mutable_data()->assign(p, n);
       crc = crc32c::Extend(crc, p, n);
       offset += n;
       if (offset == size) {
@@ -335,7 +355,14 @@ absl::StatusOr<PutResult> KvTierClient::Put(uint64_t namespace_id,
       } else {
         frame.clear_crc32c();
       }
-      if (!writer->Write(frame)) {
+      head.clear();
+      frame.AppendToString(&head);
+      head.push_back(kPutDataTag);
+      AppendVarint(head, n);
+      grpc::Slice slices[2] = {grpc::Slice(head),
+                               grpc::Slice(p, n, grpc::Slice::STATIC_SLICE)};
+      grpc::ByteBuffer message(slices, 2);
+      if (!writer->Write(message)) {
         broken = true;
         break;
       }
@@ -351,6 +378,12 @@ absl::StatusOr<PutResult> KvTierClient::Put(uint64_t namespace_id,
   if (broken) {
     return absl::InternalError(absl::StrCat("Put: the server closed the stream after ", sent,
                                             " of ", total, " bytes without an error"));
+  }
+  v1::PutResponse response;
+  grpc::Slice flat;
+  if (!response_bytes.DumpToSingleSlice(&flat).ok() ||
+      !response.ParseFromArray(flat.begin(), static_cast<int>(flat.size()))) {
+    return absl::InternalError("Put: the daemon's response is not a PutResponse");
   }
   return PutResult{response.chunks_stored(), response.chunks_already_present(),
                    response.bytes_received()};
