@@ -21,9 +21,9 @@
 // Put payloads are one shared read-only buffer per chunk size (re-keyed); gets go through
 // GetStream with a callback that only counts bytes, so the benchmark's own memory stays
 // small even at 128 MiB x 64 clients. The client still CRC-checks every chunk.
-// Clients connect (--preconnect=1) and move one chunk of the cell's size (--warm=1, see
-// Grid) before a cell's clock starts, so cells measure warm connections; redis_bench
-// does the same for its connections.
+// Clients connect (--preconnect=1) before a cell's clock starts, and in get cells each
+// gets one chunk of the cell's size first (--warm=1, see Grid), so cells measure warm
+// connections; redis_bench does the same for its connections.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -308,13 +308,15 @@ int Grid(const std::string& dir) {
     const uint64_t ns = Register(*admin, kvtier::testing::LayoutOfMiB(cmib));
     const std::string payload = kvtier::testing::PatternBytes(cmib, cb);
     std::vector<kvtier::ChunkKey> written;
-    // Before a cell's clock starts, each client gets (or puts again: the daemon drains a
-    // chunk it already has) one chunk of the cell's size, in a namespace of its own (and
-    // pinned in RAM for the get cells only, so the put cells have the whole pool), so
-    // that a cell measures warm connections, as a long-running worker's are.
-    // Without it a 64-client cell (one chunk per client) mostly measures gRPC and the
-    // kernel sizing a fresh connection's reads: RAM get, 32 MiB, 64 clients, 0.9-1.0 GB/s
-    // cold against 1.9-2.0 warm on this machine.
+    // Before a get cell's clock starts, each client gets one chunk of the cell's size,
+    // pinned in RAM in a namespace of its own, so that the cell measures warm
+    // connections, as a long-running worker's are. Without it a 64-client get cell (one
+    // chunk per client) mostly measures gRPC and the kernel sizing a fresh connection's
+    // reads: RAM get, 32 MiB, 64 clients, 0.8-1.1 GB/s cold against 1.8-2.2 warm on this
+    // machine. Put cells showed no such effect (64-client RAM puts 0.7-1.1 GB/s cold, as
+    // warm) and run cold: warming them by putting the chunk again (drained by the daemon)
+    // made write-through puts slower in the full SSD grid (0.10-0.12 against 0.17-0.19
+    // GB/s at 4 clients), which we have not explained.
     const bool warm_up = Flag("warm", 1) != 0;
     const uint64_t warm_ns = Register(*admin, kvtier::testing::LayoutOfMiB(cmib));
     const kvtier::ChunkKey warm_key = kvtier::testing::KeyOf(~0ull);
@@ -325,15 +327,11 @@ int Grid(const std::string& dir) {
         return 1;
       }
     }
-    auto warm = [&](bool put) -> std::function<void(KvTierClient&)> {
+    auto warm = [&]() -> std::function<void(KvTierClient&)> {
       if (!warm_up) return nullptr;
-      return [&, put](KvTierClient& c) {
+      return [&](KvTierClient& c) {
         Cell ignored;
-        if (put) {
-          PutOne(c, warm_ns, warm_key, payload, ignored);
-        } else {
-          GetOne(c, warm_ns, warm_key, ignored);
-        }
+        GetOne(c, warm_ns, warm_key, ignored);
       };
     };
     for (uint64_t clients : client_counts) {
@@ -345,7 +343,7 @@ int Grid(const std::string& dir) {
       key_base += cell.ops;
       RunCell(daemon.target(), cell, [&](KvTierClient& c, uint64_t i, Cell& cl) {
         return PutOne(c, ns, kvtier::testing::KeyOf(base + i), payload, cl);
-      }, warm(true));
+      });
       for (uint64_t i = 0; i < cell.ops; ++i) written.push_back(kvtier::testing::KeyOf(base + i));
       EmitCell(cell);
     }
@@ -378,7 +376,7 @@ int Grid(const std::string& dir) {
       const uint64_t start = tier == "ssd" ? cursor : 0;
       RunCell(daemon.target(), cell, [&](KvTierClient& c, uint64_t i, Cell& cl) {
         return GetOne(c, ns, ws[(start + i) % ws.size()], cl);
-      }, warm(false));
+      }, warm());
       cursor = start + cell.ops;
       EmitCell(cell);
     }
