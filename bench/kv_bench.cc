@@ -297,6 +297,10 @@ int Grid(const std::string& dir) {
   const uint64_t get_budget = Flag("get-budget-mib", budget >> 20) << 20;
   const uint64_t ram_mib = Flag("ram-mib", tier == "ram" ? 4096 : 256);
   const uint64_t hot_mib = Flag("hot-mib", 1024);  // RAM-tier get working set.
+  // Each client does at least this many operations per cell: with one each, a cell's
+  // time is set by the last of its streams to finish, and a 64-client cell of 32 MiB
+  // chunks lasts about a second on this machine.
+  const uint64_t min_ops = std::max<uint64_t>(1, Flag("min-ops-per-client", 1));
   auto daemon = StartDaemon(dir, DaemonArgs(tier == "ram" ? "ram-only" : "write-through",
                                             ram_mib, Flag("ssd-mib", 65536)));
   RssSampler rss(&daemon);
@@ -338,7 +342,7 @@ int Grid(const std::string& dir) {
       if (Flag("skip-puts", 0) != 0) break;  // Profiling the get path only.
       Cell cell;
       cell.tier = tier, cell.op = "put", cell.chunk_bytes = cb, cell.clients = clients;
-      cell.ops = std::max(clients, budget / cb);
+      cell.ops = std::max(clients * min_ops, budget / cb);
       const uint64_t base = key_base;
       key_base += cell.ops;
       RunCell(daemon.target(), cell, [&](KvTierClient& c, uint64_t i, Cell& cl) {
@@ -371,7 +375,7 @@ int Grid(const std::string& dir) {
     for (uint64_t clients : client_counts) {
       Cell cell;
       cell.tier = tier, cell.op = "get", cell.chunk_bytes = cb, cell.clients = clients;
-      cell.ops = std::max(clients, get_budget / cb);
+      cell.ops = std::max(clients * min_ops, get_budget / cb);
       if (tier == "ssd") cell.ops = std::min<uint64_t>(std::max(cell.ops, clients), ws.size());
       const uint64_t start = tier == "ssd" ? cursor : 0;
       RunCell(daemon.target(), cell, [&](KvTierClient& c, uint64_t i, Cell& cl) {

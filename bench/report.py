@@ -137,8 +137,11 @@ def main():
 
     # ---- grid ----
     w("## Put and get throughput and latency\n")
-    w("Per cell: a fixed byte budget (at least one chunk per client), each client a thread "
-      "with its own connection. RAM tier: `--write-mode=ram-only`, 4 GiB pool, gets cycle "
+    w("Per cell: a fixed byte budget (at least one chunk per client; three on the RAM tier), "
+      "each client a thread with its own connection, connected before the cell's clock "
+      "starts; before a get cell each client gets one chunk of the cell's size (warm "
+      "connections, as a long-running worker has; Redis clients likewise). RAM tier: "
+      "`--write-mode=ram-only`, 4 GiB pool, gets cycle "
       "over a 1 GiB hot set. SSD tier: `--write-mode=write-through`, 512 MiB pool, gets "
       "cycle over everything the put cells wrote (far more than the pool), so reads miss "
       "RAM; `ssd reads` counts the replies whose tier field said SSD. Latency is per chunk "

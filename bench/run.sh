@@ -95,7 +95,7 @@ rm -f "$FIO_FILE"
 
 # ---- kvtier ----
 step kv_ram "$B/kv_bench" --section=grid --tier=ram --ram-mib=4096 --hot-mib=1024 \
-  --budget-mib="$(mib 1536)" --chunks=2,32,128 --clients=1,4,16,64 --data-dir="$DATA" --json="$JSON"
+  --budget-mib="$(mib 1536)" --min-ops-per-client=3 --chunks=2,32,128 --clients=1,4,16,64 --data-dir="$DATA" --json="$JSON"
 step kv_ssd "$B/kv_bench" --section=grid --tier=ssd --ram-mib=512 \
   --budget-mib="$(mib 256)" --get-budget-mib="$(mib 512)" --chunks=2,32,128 --clients=1,4,16,64 \
   --data-dir="$DATA" --json="$JSON"
