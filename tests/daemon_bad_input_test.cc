@@ -291,20 +291,8 @@ TEST_F(BadInputTest, CorruptedSsdRecordIsNeverServed) {
   daemon_.reset();
 
   // Flip bytes in the middle of every blob file: the chunk's payload lives there.
-  int corrupted = 0;
-  for (const auto& e : std::filesystem::recursive_directory_iterator(data_dir_ + "/ssd")) {
-    if (e.path().extension() != ".blob") continue;
-    std::fstream f(e.path(), std::ios::in | std::ios::out | std::ios::binary);
-    const auto size = std::filesystem::file_size(e.path());
-    for (uint64_t off = size / 3; off < size / 3 + 64; ++off) {
-      f.seekg(off);
-      char ch;
-      f.get(ch);
-      f.seekp(off);
-      f.put(static_cast<char>(ch ^ 0x5a));
-    }
-    ++corrupted;
-  }
+  const int corrupted = testing::CorruptBlobFiles(
+      data_dir_ + "/ssd", [](uint64_t size) { return std::vector<uint64_t>{size / 3}; });
   ASSERT_GT(corrupted, 0) << "no blob file found: is BlobDB on?";
 
   Start();

@@ -253,23 +253,12 @@ TEST_F(StreamedGetTest, CorruptStreamedChunkEndsDataLossAndIsDeleted) {
   // chunks written after the restart (in fresh files), and stream chunk 1.
   client_.reset();
   StopDaemon();
-  int corrupted = 0;
-  for (const auto& e : std::filesystem::recursive_directory_iterator(data_dir_ + "/ssd")) {
-    if (e.path().extension() != ".blob") continue;
-    std::fstream f(e.path(), std::ios::in | std::ios::out | std::ios::binary);
-    // Every MiB, so every chunk in the file has bad bytes.
-    const auto size = std::filesystem::file_size(e.path());
-    for (uint64_t at = 512 << 10; at + 64 < size; at += 1 << 20) {
-      for (uint64_t off = at; off < at + 64; ++off) {
-        f.seekg(off);
-        char ch;
-        f.get(ch);
-        f.seekp(off);
-        f.put(static_cast<char>(ch ^ 0x5a));
-      }
-    }
-    ++corrupted;
-  }
+  // Every MiB, so every chunk in a file has bad bytes.
+  const int corrupted = testing::CorruptBlobFiles(data_dir_ + "/ssd", [](uint64_t size) {
+    std::vector<uint64_t> at;
+    for (uint64_t off = 512 << 10; off + 64 < size; off += 1 << 20) at.push_back(off);
+    return at;
+  });
   ASSERT_GT(corrupted, 0) << "no blob file found: is BlobDB on?";
   StartDaemon({"--ram-capacity=16MiB", "--max-pinned-fraction=1", "--write-mode=write-through",
                "--ssd-stream-buffer=4MiB"});

@@ -7,6 +7,7 @@
 
 #include <sys/types.h>
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -69,6 +70,12 @@ struct CommandResult {
   std::string output;
 };
 CommandResult RunCommand(const std::vector<std::string>& argv);
+
+// Flips 64 bytes at each of `offsets(size)` in every RocksDB blob file (*.blob) below
+// `dir`, where chunk payloads live; the daemon must be stopped. Returns the number of
+// files changed.
+int CorruptBlobFiles(const std::string& dir,
+                     const std::function<std::vector<uint64_t>(uint64_t size)>& offsets);
 
 }  // namespace kvtier::testing
 
