@@ -42,6 +42,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "bench/bench_flags.h"
 #include "client/kvtier_client.h"
 #include "tests/support/daemon_process.h"
 #include "tests/support/test_data.h"
@@ -52,45 +53,16 @@ using kvtier::KvTierClient;
 using kvtier::testing::DaemonProcess;
 using Clock = std::chrono::steady_clock;
 
-int g_argc;
-char** g_argv;
-
-std::string StrFlag(absl::string_view name, std::string def) {
-  for (int i = 1; i < g_argc; ++i) {
-    absl::string_view a(g_argv[i]);
-    if (absl::ConsumePrefix(&a, absl::StrCat("--", name, "="))) return std::string(a);
-  }
-  return def;
-}
-uint64_t Flag(absl::string_view name, uint64_t def) {
-  uint64_t v;
-  std::string s = StrFlag(name, "");
-  return !s.empty() && absl::SimpleAtoi(s, &v) ? v : def;
-}
-double DFlag(absl::string_view name, double def) {
-  double v;
-  std::string s = StrFlag(name, "");
-  return !s.empty() && absl::SimpleAtod(s, &v) ? v : def;
-}
-std::vector<uint64_t> ListFlag(absl::string_view name, const std::string& def) {
-  std::vector<uint64_t> out;
-  for (absl::string_view p : absl::StrSplit(StrFlag(name, def), ',', absl::SkipEmpty())) {
-    uint64_t v;
-    if (absl::SimpleAtoi(p, &v)) out.push_back(v);
-  }
-  return out;
-}
+using kvtier::bench::DFlag;
+using kvtier::bench::Flag;
+using kvtier::bench::ListFlag;
+using kvtier::bench::Pct;
+using kvtier::bench::StrFlag;
 
 double Secs(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
 
-double Pct(std::vector<double> v, double p) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  size_t i = static_cast<size_t>(p * (v.size() - 1) + 0.5);
-  return v[std::min(i, v.size() - 1)];
-}
 
 // JSON line writer (flat objects of numbers and strings).
 class JsonLine {
@@ -619,7 +591,7 @@ int Memcpy() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  g_argc = argc, g_argv = argv;
+  kvtier::bench::InitFlags(argc, argv);
   const std::string section = StrFlag("section", "grid");
   if (section == "memcpy") return Memcpy();
   const std::string base = StrFlag("data-dir", "");

@@ -32,37 +32,15 @@
 #include <thread>
 #include <vector>
 
+#include "bench/bench_flags.h"
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
-int g_argc;
-char** g_argv;
-
-std::string StrFlag(const std::string& name, const std::string& def) {
-  const std::string p = "--" + name + "=";
-  for (int i = 1; i < g_argc; ++i) {
-    if (std::strncmp(g_argv[i], p.c_str(), p.size()) == 0) return g_argv[i] + p.size();
-  }
-  return def;
-}
-uint64_t Flag(const std::string& name, uint64_t def) {
-  std::string s = StrFlag(name, "");
-  return s.empty() ? def : std::strtoull(s.c_str(), nullptr, 10);
-}
-std::vector<uint64_t> ListFlag(const std::string& name, const std::string& def) {
-  std::vector<uint64_t> out;
-  std::stringstream ss(StrFlag(name, def));
-  for (std::string t; std::getline(ss, t, ',');) {
-    if (!t.empty()) out.push_back(std::strtoull(t.c_str(), nullptr, 10));
-  }
-  return out;
-}
-double Pct(std::vector<double> v, double p) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  size_t i = static_cast<size_t>(p * (v.size() - 1) + 0.5);
-  return v[std::min(i, v.size() - 1)];
-}
+using kvtier::bench::Flag;
+using kvtier::bench::ListFlag;
+using kvtier::bench::Pct;
+using kvtier::bench::StrFlag;
 
 class Conn {
  public:
@@ -156,7 +134,7 @@ class Conn {
 }  // namespace
 
 int main(int argc, char** argv) {
-  g_argc = argc, g_argv = argv;
+  kvtier::bench::InitFlags(argc, argv);
   const int port = static_cast<int>(Flag("port", 6379));
   const uint64_t budget = Flag("budget-mib", 2048) << 20;
   const uint64_t hot = Flag("hot-mib", 1024) << 20;

@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "client/kvtier_client.h"
+#include "bench/bench_flags.h"
 #include "tests/support/daemon_process.h"
 #include "tests/support/test_data.h"
 
@@ -24,37 +25,24 @@ namespace {
 
 using kvtier::testing::DaemonProcess;
 
-uint64_t Flag(int argc, char** argv, absl::string_view name, uint64_t def) {
-  for (int i = 1; i < argc; ++i) {
-    absl::string_view a(argv[i]);
-    uint64_t v;
-    if (absl::ConsumePrefix(&a, absl::StrCat("--", name, "=")) && absl::SimpleAtoi(a, &v)) return v;
-  }
-  return def;
-}
-
-std::string StrFlag(int argc, char** argv, absl::string_view name, std::string def) {
-  for (int i = 1; i < argc; ++i) {
-    absl::string_view a(argv[i]);
-    if (absl::ConsumePrefix(&a, absl::StrCat("--", name, "="))) return std::string(a);
-  }
-  return def;
-}
+using kvtier::bench::Flag;
+using kvtier::bench::StrFlag;
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  const uint64_t ram_mib = Flag(argc, argv, "ram-mib", 1024);
-  const uint64_t factor = Flag(argc, argv, "factor", 4);
-  const uint64_t chunk_mib = Flag(argc, argv, "chunk-mib", 32);
-  const uint64_t clients = Flag(argc, argv, "clients", 4);
-  const std::string mode = StrFlag(argc, argv, "mode", "write-back");
+  kvtier::bench::InitFlags(argc, argv);
+  const uint64_t ram_mib = Flag("ram-mib", 1024);
+  const uint64_t factor = Flag("factor", 4);
+  const uint64_t chunk_mib = Flag("chunk-mib", 32);
+  const uint64_t clients = Flag("clients", 4);
+  const std::string mode = StrFlag("mode", "write-back");
   const uint64_t total_chunks = ram_mib * factor / chunk_mib;
 
   const std::string dir = kvtier::testing::MakeTempDir("rss-bench");
   auto daemon = DaemonProcess::Start(
       dir, {absl::StrCat("--ram-capacity=", ram_mib, "MiB"), "--write-mode=" + mode,
-            absl::StrCat("--ssd-capacity=", 2 * ram_mib * factor, "MiB"), StrFlag(argc, argv, "extra", "--log-level=info")});
+            absl::StrCat("--ssd-capacity=", 2 * ram_mib * factor, "MiB"), StrFlag("extra", "--log-level=info")});
   if (!daemon.ok()) {
     std::fprintf(stderr, "start: %s\n", daemon.status().ToString().c_str());
     return 1;
