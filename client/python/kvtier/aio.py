@@ -1,0 +1,101 @@
+"""kvtier.aio: the client for engines with an asyncio event loop.
+
+Each coroutine runs the blocking native call on a thread pool (the native layer releases
+the GIL, so the loop keeps running). Cancelling a task mid-transfer cancels the call and
+then waits for the native side to let go of the caller's buffers before the task's
+CancelledError propagates: after ``await`` raises, nothing writes into ``out`` any more,
+and nothing in it counts as loaded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import functools
+from typing import Optional, Sequence
+
+from . import _native
+from .client import Client as _SyncClient
+
+
+class Client:
+    """Async twin of kvtier.Client: same methods, as coroutines."""
+
+    def __init__(self, target: str, *, max_workers: int = 8, **options):
+        self._sync = _SyncClient(target, **options)
+        self._executor = concurrent.futures.ThreadPoolExecutor(
+            max_workers=max_workers, thread_name_prefix="kvtier-aio")
+
+    @property
+    def sync(self) -> _SyncClient:
+        """The synchronous client underneath (shares the channel)."""
+        return self._sync
+
+    async def close(self) -> None:
+        await asyncio.get_running_loop().run_in_executor(None, self._sync.close)
+        self._executor.shutdown(wait=True)
+
+    async def __aenter__(self) -> "Client":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    async def _call(self, fn, *args, **kwargs):
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, functools.partial(fn, *args, **kwargs))
+
+    async def _transfer(self, fn, *args, **kwargs):
+        """Runs a cancellable transfer: on task cancellation, cancels the native call
+        and waits for it to end before re-raising."""
+        loop = asyncio.get_running_loop()
+        canceller = _native.Canceller()
+        fut = loop.run_in_executor(
+            self._executor, functools.partial(fn, *args, _canceller=canceller, **kwargs))
+        try:
+            return await asyncio.shield(fut)
+        except asyncio.CancelledError:
+            canceller.cancel()
+            while not fut.done():
+                try:
+                    await asyncio.shield(fut)
+                except asyncio.CancelledError:
+                    continue  # Cancelled again: still wait for the buffers to be free.
+                except BaseException:
+                    break
+            raise
+
+    async def register_layout(self, layout):
+        return await self._call(self._sync.register_layout, layout)
+
+    async def lookup(self, namespace_id: int, keys: Sequence[bytes]):
+        return await self._call(self._sync.lookup, namespace_id, keys)
+
+    async def put(self, namespace_id: int, keys, buffers, token_counts=None):
+        return await self._transfer(self._sync.put, namespace_id, keys, buffers, token_counts)
+
+    async def get_into(self, namespace_id: int, keys, out, layers=None, order: str = "chunk",
+                       on_layer=None):
+        return await self._transfer(self._sync.get_into, namespace_id, keys, out, layers,
+                                    order, on_layer)
+
+    async def get(self, namespace_id: int, keys, layers=None, order: str = "chunk"):
+        return await self._call(self._sync.get, namespace_id, keys, layers, order)
+
+    async def pin(self, namespace_id: int, keys, ttl_seconds: int = 0):
+        return await self._call(self._sync.pin, namespace_id, keys, ttl_seconds)
+
+    async def unpin(self, namespace_id: int, keys):
+        return await self._call(self._sync.unpin, namespace_id, keys)
+
+    async def delete(self, namespace_id: int, keys):
+        return await self._call(self._sync.delete, namespace_id, keys)
+
+    async def clear(self, namespace_id: int):
+        return await self._call(self._sync.clear, namespace_id)
+
+    async def stats(self):
+        return await self._call(self._sync.stats)
+
+    def layout(self, namespace_id: int):
+        return self._sync.layout(namespace_id)

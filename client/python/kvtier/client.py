@@ -1,0 +1,362 @@
+"""kvtier.Client: the synchronous client (a binding of the C++ client, kvtier._native)."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
+
+from . import _native
+from ._buffers import byte_view
+from ._layout import Layout, Tier
+from .errors import CancelledError, InvalidArgumentError, KvTierError
+from .v1 import kvtier_pb2
+
+LayerRange = Tuple[int, int]
+_ORDERS = {"chunk": 0, "layer": 1}
+
+
+@dataclass(frozen=True)
+class RegisterResult:
+    namespace_id: int
+    chunk_bytes: int
+    already_registered: bool
+
+
+@dataclass(frozen=True)
+class LookupResult:
+    tiers: List[Tier]   # One per key; Tier.ABSENT where absent.
+    prefix_hits: int    # Leading keys present: the chunks a request can reuse.
+
+
+@dataclass(frozen=True)
+class PutResult:
+    stored: int           # Chunks newly stored.
+    already_present: int  # Chunks the daemon already had (puts are idempotent).
+    bytes: int            # Payload bytes the daemon received.
+
+
+@dataclass(frozen=True)
+class GetResult:
+    found: List[bool]        # Per key; an absent key's slice of `out` is left untouched.
+    tiers: List[Tier]        # Tier each found chunk was read from.
+    token_counts: List[int]  # As given at put.
+    bytes: int               # Payload bytes received.
+
+    @property
+    def prefix_found(self) -> int:
+        """Leading keys found: how many chunks of the request's prefix were loaded."""
+        n = 0
+        for f in self.found:
+            if not f:
+                break
+            n += 1
+        return n
+
+
+def _order(order: str) -> int:
+    if order not in _ORDERS:
+        raise InvalidArgumentError(f"order: {order!r} is not 'chunk' or 'layer'")
+    return _ORDERS[order]
+
+
+def _layers(layers: Optional[LayerRange]) -> Optional[LayerRange]:
+    if layers is None:
+        return None
+    try:
+        begin, end = (int(v) for v in layers)
+    except (TypeError, ValueError):
+        raise InvalidArgumentError(f"layers: expected (begin, end), got {layers!r}") from None
+    if not 0 <= begin < end:
+        raise InvalidArgumentError(f"layers: [{begin}, {end}) is not a non-empty range")
+    return (begin, end)
+
+
+def _keys(keys: Sequence[bytes]) -> List[bytes]:
+    if isinstance(keys, (bytes, bytearray)):
+        raise InvalidArgumentError("keys: expected a sequence of 16-byte keys, got one bytes")
+    return [bytes(k) if isinstance(k, (bytearray, memoryview)) else k for k in keys]
+
+
+class Client:
+    """A connection to kvtierd. Thread-safe; every call releases the GIL while it waits.
+
+    ``target`` is a gRPC target ("127.0.0.1:50051", "unix:/run/kvtier.sock").
+    ``rpc_deadline`` (seconds, 0 for none) bounds each call, a whole transfer included.
+    ``connect_timeout`` > 0 waits that long for the daemon at construction and raises
+    UnavailableError if it is not there; 0 connects lazily.
+    """
+
+    def __init__(self, target: str, *, max_frame_bytes: int = 4 << 20,
+                 rpc_deadline: float = 60.0, connect_timeout: float = 0.0,
+                 receive_window_bytes: int = 8 << 20):
+        self._native = _native.Client(target, max_frame_bytes, rpc_deadline, connect_timeout,
+                                      receive_window_bytes)
+        self._layouts: Dict[int, Layout] = {}
+        self._lock = threading.Lock()
+        self._handles: List["LoadHandle"] = []
+
+    @property
+    def target(self) -> str:
+        return self._native.target
+
+    def close(self) -> None:
+        """Cancels background loads still running and waits for them."""
+        with self._lock:
+            handles, self._handles = self._handles, []
+        for h in handles:
+            h.cancel()
+            h._thread.join()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- Control ---------------------------------------------------------------------
+
+    def register_layout(self, layout: Layout) -> RegisterResult:
+        """Registers ``layout`` (idempotent); checks the daemon agrees on id and size."""
+        if not isinstance(layout, Layout):
+            raise InvalidArgumentError(f"layout: expected kvtier.Layout, got {type(layout).__name__}")
+        ns, chunk_bytes, already = self._native.register_layout(
+            layout.model_id, layout.model_revision, int(layout.dtype), layout.num_layers,
+            layout.num_kv_heads, layout.head_dim, layout.tokens_per_chunk,
+            layout.tp_world_size, layout.tp_rank, int(layout.key_position))
+        with self._lock:
+            self._layouts[ns] = layout
+        return RegisterResult(ns, chunk_bytes, already)
+
+    def layout(self, namespace_id: int) -> Optional[Layout]:
+        """The layout registered through this client for ``namespace_id``, if any."""
+        with self._lock:
+            return self._layouts.get(namespace_id)
+
+    def lookup(self, namespace_id: int, keys: Sequence[bytes]) -> LookupResult:
+        tiers, hits = self._native.lookup(namespace_id, _keys(keys))
+        return LookupResult([Tier(t) for t in tiers], hits)
+
+    def pin(self, namespace_id: int, keys: Sequence[bytes], ttl_seconds: int = 0) -> Tuple[int, int]:
+        """Pins keys in RAM (0: until unpin). Returns (pinned, not_found)."""
+        return tuple(self._native.pin(namespace_id, _keys(keys), ttl_seconds))
+
+    def unpin(self, namespace_id: int, keys: Sequence[bytes]) -> int:
+        return self._native.unpin(namespace_id, _keys(keys))
+
+    def delete(self, namespace_id: int, keys: Sequence[bytes]) -> int:
+        return self._native.delete(namespace_id, _keys(keys))
+
+    def clear(self, namespace_id: int) -> int:
+        return self._native.clear(namespace_id)
+
+    def stats(self) -> "kvtier_pb2.StatsResponse":
+        resp = kvtier_pb2.StatsResponse()
+        resp.ParseFromString(self._native.stats())
+        return resp
+
+    # -- Data ------------------------------------------------------------------------
+
+    def put(self, namespace_id: int, keys: Sequence[bytes], buffers: Sequence,
+            token_counts: Optional[Sequence[int]] = None, *, _canceller=None) -> PutResult:
+        """Stores one chunk per key from ``buffers`` (each exactly chunk_bytes), in one
+        stream, straight from the caller's memory. Chunks completed before an error stay
+        stored."""
+        keys = _keys(keys)
+        layout = self.layout(namespace_id)
+        dtype = layout.dtype if layout else None
+        if len(buffers) != len(keys):
+            raise InvalidArgumentError(
+                f"buffers: {len(buffers)} buffers for {len(keys)} keys; pass one per key")
+        views = [byte_view(b, f"buffers[{i}]", writable=False, dtype=dtype)
+                 for i, b in enumerate(buffers)]
+        if layout is not None:
+            for i, v in enumerate(views):
+                if v.nbytes != layout.chunk_bytes:
+                    raise InvalidArgumentError(
+                        f"buffers[{i}]: {v.nbytes} bytes; a chunk of this layout is "
+                        f"{layout.chunk_bytes}")
+        counts = None if token_counts is None else [int(c) for c in token_counts]
+        stored, present, nbytes = self._native.put(namespace_id, keys, views, counts, _canceller)
+        return PutResult(stored, present, nbytes)
+
+    def _bytes_per_key(self, namespace_id: int, layers: Optional[LayerRange]) -> Optional[int]:
+        layout = self.layout(namespace_id)
+        if layout is None:
+            return None
+        if layers is None:
+            return layout.chunk_bytes
+        return (layers[1] - layers[0]) * layout.layer_bytes
+
+    def _outs(self, namespace_id, keys, out, layers) -> List[memoryview]:
+        layout = self.layout(namespace_id)
+        dtype = layout.dtype if layout else None
+        per_key = self._bytes_per_key(namespace_id, layers)
+        if isinstance(out, (list, tuple)):
+            if len(out) != len(keys):
+                raise InvalidArgumentError(
+                    f"out: {len(out)} buffers for {len(keys)} keys; pass one per key")
+            views = [byte_view(b, f"out[{i}]", writable=True, dtype=dtype)
+                     for i, b in enumerate(out)]
+            if per_key is not None:
+                for i, v in enumerate(views):
+                    if v.nbytes != per_key:
+                        raise InvalidArgumentError(
+                            f"out[{i}]: {v.nbytes} bytes; each key needs {per_key}")
+            return views
+        view = byte_view(out, "out", writable=True, dtype=dtype)
+        if per_key is None:
+            if not keys:
+                return []
+            if view.nbytes % len(keys):
+                raise InvalidArgumentError(
+                    f"out: {view.nbytes} bytes do not split evenly over {len(keys)} keys")
+            per_key = view.nbytes // len(keys)
+        elif view.nbytes != per_key * len(keys):
+            raise InvalidArgumentError(
+                f"out: {view.nbytes} bytes; {len(keys)} keys need {per_key * len(keys)} "
+                f"({per_key} each)")
+        return [view[i * per_key:(i + 1) * per_key] for i in range(len(keys))]
+
+    def get_into(self, namespace_id: int, keys: Sequence[bytes], out,
+                 layers: Optional[LayerRange] = None, order: str = "chunk",
+                 on_layer: Optional[Callable[[int], None]] = None, *,
+                 _canceller=None) -> GetResult:
+        """Loads ``keys`` into ``out`` with one copy, from gRPC's buffers into yours.
+
+        ``out`` is one writable buffer per key, or one buffer of len(keys) x bytes per
+        key (the chunk, or ``layers=(begin, end)`` of it). ``order="layer"`` streams
+        layer by layer (layer ``begin`` of every chunk first) and calls
+        ``on_layer(l)`` once layer ``l`` of every found chunk has landed. Whole chunks
+        are CRC32C-checked; the call returns only when every byte is in and checked.
+        If it raises, treat every buffer as garbage: nothing counts as loaded.
+        """
+        keys = _keys(keys)
+        layers = _layers(layers)
+        o = _order(order)
+        if on_layer is not None and o != 1:
+            raise InvalidArgumentError("on_layer: only with order='layer'")
+        outs = self._outs(namespace_id, keys, out, layers)
+        found, tiers, tokens, nbytes = self._native.get_into(
+            namespace_id, keys, outs, layers, o, on_layer, _canceller)
+        return GetResult(list(found), [Tier(t) for t in tiers], list(tokens), nbytes)
+
+    def get(self, namespace_id: int, keys: Sequence[bytes],
+            layers: Optional[LayerRange] = None, order: str = "chunk") -> List[Optional[bytes]]:
+        """Loads ``keys`` into new bytes objects: one per key, None where absent."""
+        keys = _keys(keys)
+        return self._native.get(namespace_id, keys, _layers(layers), _order(order), None)
+
+    def start_get_into(self, namespace_id: int, keys: Sequence[bytes], out,
+                       layers: Optional[LayerRange] = None,
+                       order: str = "layer") -> "LoadHandle":
+        """Starts get_into on a background thread; returns a handle to wait on per layer
+        (layer-major) or for the whole load. Arguments are checked before it starts."""
+        keys = _keys(keys)
+        layers = _layers(layers)
+        _order(order)
+        outs = self._outs(namespace_id, keys, out, layers)
+        layout = self.layout(namespace_id)
+        if layers is not None:
+            first, end = layers
+        elif layout is not None:
+            first, end = 0, layout.num_layers
+        else:
+            first, end = 0, None
+        handle = LoadHandle(self, namespace_id, keys, outs, layers, order, first, end)
+        with self._lock:
+            self._handles = [h for h in self._handles if not h.done()] + [handle]
+        handle._thread.start()
+        return handle
+
+    # -- Prefill (Cake) --------------------------------------------------------------
+
+    def prefill(self, namespace_id: int, keys: Sequence[bytes], *, dest=None,
+                on_chunk: Optional[Callable[[int, bytes, Tier], None]] = None,
+                compute_estimate: Optional[Tuple[float, float]] = None,
+                max_bytes_per_second: int = 0, max_frame_bytes: int = 0,
+                rpc_deadline: float = 0.0, use_forecast: bool = True) -> "PrefillSession":
+        """Opens a Cake prefill session (see kvtier.PrefillSession)."""
+        from .prefill import PrefillSession
+        return PrefillSession(self, namespace_id, _keys(keys), dest=dest, on_chunk=on_chunk,
+                              compute_estimate=compute_estimate,
+                              max_bytes_per_second=max_bytes_per_second,
+                              max_frame_bytes=max_frame_bytes, rpc_deadline=rpc_deadline,
+                              use_forecast=use_forecast)
+
+
+class LoadHandle:
+    """A get_into running on a background thread (Client.start_get_into).
+
+    wait_layer(l) returns once layer l of every found chunk has landed (layer-major
+    order; in chunk order it waits for the whole load); wait() returns the GetResult.
+    Both raise the load's error if it failed. Landed layers are usable for compute at
+    once, but whole-chunk checksums are verified only as each chunk's last layer
+    arrives: commit nothing computed from the load until wait() has returned.
+    """
+
+    def __init__(self, client: Client, namespace_id, keys, outs, layers, order, first, end):
+        self._client = client
+        self._args = (namespace_id, keys, outs, layers, order)
+        self._first = first
+        self._end = end
+        self._cond = threading.Condition()
+        self._layers_done = first  # Layers [first, _layers_done) have landed.
+        self._result: Optional[GetResult] = None
+        self._error: Optional[BaseException] = None
+        self._finished = False
+        self._canceller = _native.Canceller()
+        self._thread = threading.Thread(target=self._run, name="kvtier-load", daemon=True)
+
+    def _on_layer(self, layer: int) -> None:
+        with self._cond:
+            self._layers_done = layer + 1
+            self._cond.notify_all()
+
+    def _run(self) -> None:
+        ns, keys, outs, layers, order = self._args
+        try:
+            result = self._client.get_into(
+                ns, keys, outs, layers, order,
+                on_layer=self._on_layer if order == "layer" else None,
+                _canceller=self._canceller)
+        except BaseException as e:  # Handed to whoever waits.
+            with self._cond:
+                self._error = e
+                self._finished = True
+                self._cond.notify_all()
+            return
+        with self._cond:
+            self._result = result
+            self._finished = True
+            if self._end is not None:
+                self._layers_done = self._end
+            self._cond.notify_all()
+
+    def done(self) -> bool:
+        with self._cond:
+            return self._finished
+
+    def cancel(self) -> None:
+        """Asks the load to stop; wait() then raises CancelledError (unless it finished)."""
+        self._canceller.cancel()
+
+    def wait_layer(self, layer: int, timeout: Optional[float] = None) -> None:
+        """Blocks until ``layer`` has landed. Raises the load's error, or TimeoutError."""
+        with self._cond:
+            ok = self._cond.wait_for(
+                lambda: self._error is not None or self._finished or self._layers_done > layer,
+                timeout)
+            if not ok:
+                raise TimeoutError(f"layer {layer} did not land within {timeout} s")
+            if self._error is not None:
+                raise self._error
+            # Finished without error: every layer is in.
+
+    def wait(self, timeout: Optional[float] = None) -> GetResult:
+        with self._cond:
+            if not self._cond.wait_for(lambda: self._finished, timeout):
+                raise TimeoutError(f"the load did not finish within {timeout} s")
+            if self._error is not None:
+                raise self._error
+            return self._result

@@ -1,0 +1,118 @@
+"""kvtier.PrefillSession: the worker's side of a Cake prefill.
+
+Same contract as the C++ PrefillSession (client/prefill_session.h) and the "Prefill"
+block of proto/kvtier/v1/kvtier.proto. The worker computes chunks forward from 0 while
+the daemon streams cached chunks backward from h-1::
+
+    with client.prefill(ns, keys, dest=kv_buffer, compute_estimate=(a, b)) as s:
+        i = 0
+        while i < s.plan.cached_prefix and s.should_compute(i):
+            compute(i)
+            s.report_computed(i)
+            i += 1
+        r = s.finish()
+    # Chunks [r.first_streamed, h) are in kv_buffer; compute
+    # [r.compute_begin, r.compute_end), then the uncached [h, n).
+
+Exactly once: streamed chunks reach ``dest`` (or ``on_chunk``) only whole and
+CRC32C-verified, each once. If finish() raises, the worker holds nothing from the
+session: it computes [0, h) itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List
+
+from . import _native
+from ._buffers import byte_view
+from ._layout import Tier
+from .errors import InvalidArgumentError
+from .v1 import kvtier_pb2
+
+
+@dataclass(frozen=True)
+class PrefillResult:
+    first_streamed: int      # s: chunks [s, h) were streamed.
+    cached_prefix: int       # h.
+    reason: str              # PrefillDone.Reason name, e.g. "MET", "ALL_STREAMED".
+    detail: str
+    sources: List[str]       # Per cached chunk: "computed" below s, "streamed" from s.
+    chunks_streamed: int
+    bytes_streamed: int
+    bytes_discarded: int
+    computed_reported: int
+    compute_begin: int       # Cached chunks the worker still computes:
+    compute_end: int         # [compute_begin, compute_end).
+    raced: int
+    elapsed_seconds: float
+    daemon_elapsed_seconds: float
+
+
+class PrefillSession:
+    """Created by Client.prefill(); see the module docstring."""
+
+    def __init__(self, client, namespace_id: int, keys, *, dest, on_chunk, compute_estimate,
+                 max_bytes_per_second, max_frame_bytes, rpc_deadline, use_forecast):
+        if dest is not None and on_chunk is not None:
+            raise InvalidArgumentError("pass dest or on_chunk, not both")
+        layout = client.layout(namespace_id)
+        view = None
+        if dest is not None:
+            view = byte_view(dest, "dest", writable=True, dtype=layout.dtype if layout else None)
+            if layout is not None and view.nbytes < len(keys) * layout.chunk_bytes:
+                raise InvalidArgumentError(
+                    f"dest: {view.nbytes} bytes; {len(keys)} chunks need "
+                    f"{len(keys) * layout.chunk_bytes}")
+        callback = None
+        if on_chunk is not None:
+            def callback(index, data, tier):
+                on_chunk(index, data, Tier(tier))
+        if compute_estimate is not None:
+            compute_estimate = (float(compute_estimate[0]), float(compute_estimate[1]))
+        self._native = _native.PrefillSession(
+            client._native, namespace_id, keys, view, callback, compute_estimate,
+            int(max_bytes_per_second), int(max_frame_bytes), float(rpc_deadline),
+            bool(use_forecast))
+        self.plan = kvtier_pb2.PrefillPlan()
+        self.plan.ParseFromString(self._native.plan())
+        self._finished = False
+
+    @property
+    def num_keys(self) -> int:
+        return self._native.num_keys
+
+    @property
+    def stream_reached(self) -> int:
+        """Lowest chunk index whose frames started arriving (h before any)."""
+        return self._native.stream_reached
+
+    def should_compute(self, i: int) -> bool:
+        """Whether the worker should compute chunk i now (see PrefillSession.h)."""
+        return self._native.should_compute(i)
+
+    def report_computed(self, i: int) -> None:
+        """Chunks [0, i] are computed."""
+        self._native.report_computed(i)
+
+    def finish(self) -> PrefillResult:
+        """Waits for Done; returns what was streamed and what is left to compute."""
+        d = self._native.finish()
+        self._finished = True
+        d["reason"] = kvtier_pb2.PrefillDone.Reason.Name(d["reason"])
+        return PrefillResult(**d)
+
+    def close(self) -> None:
+        """Ends the call (cancelling it if finish was not called) and joins its thread."""
+        try:
+            self._native.close()
+        except Exception:
+            if self._finished:
+                raise
+            # Cancelled because finish() was never called: that is what close means then.
+
+    def __enter__(self) -> "PrefillSession":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,80 @@
+// kvtier._native: the C++ client bound for Python. The public API is the pure-Python
+// package around it (kvtier/__init__.py); this module's names are private.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "client/python/native/py_canceller.h"
+#include "client/python/native/py_client.h"
+#include "client/python/native/py_prefill.h"
+#include "client/python/native/status_error.h"
+#include "storage/crc32c.h"
+
+namespace py = pybind11;
+using kvtier::python::PyCanceller;
+using kvtier::python::PyClient;
+using kvtier::python::PyPrefillSession;
+using kvtier::python::StatusError;
+
+PYBIND11_MODULE(_native, m) {
+  m.doc() = "kvtier's native client (private; use the kvtier package)";
+
+  // StatusError -> kvtier.errors.<Code>Error, built by kvtier.errors.from_status so the
+  // mapping from codes to classes and advice lives in one place (Python).
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const StatusError& e) {
+      py::object errors = py::module_::import("kvtier.errors");
+      py::object exc = errors.attr("from_status")(static_cast<int>(e.code()), e.what());
+      PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc.ptr())), exc.ptr());
+    }
+  });
+
+  py::class_<PyCanceller>(m, "Canceller")
+      .def(py::init<>())
+      .def("cancel", &PyCanceller::Cancel)
+      .def_property_readonly("cancelled", &PyCanceller::cancelled);
+
+  py::class_<PyClient>(m, "Client")
+      .def(py::init<const std::string&, uint32_t, double, double, int>(), py::arg("target"),
+           py::arg("max_frame_bytes"), py::arg("rpc_deadline_seconds"),
+           py::arg("connect_timeout_seconds"), py::arg("receive_window_bytes"))
+      .def_property_readonly("target", &PyClient::target)
+      .def("register_layout", &PyClient::RegisterLayout)
+      .def("lookup", &PyClient::Lookup)
+      .def("put", &PyClient::Put, py::arg("namespace_id"), py::arg("keys"), py::arg("buffers"),
+           py::arg("token_counts"), py::arg("canceller"))
+      .def("get_into", &PyClient::GetInto, py::arg("namespace_id"), py::arg("keys"),
+           py::arg("outs"), py::arg("layers"), py::arg("order"), py::arg("on_layer"),
+           py::arg("canceller"))
+      .def("get", &PyClient::Get, py::arg("namespace_id"), py::arg("keys"), py::arg("layers"),
+           py::arg("order"), py::arg("canceller"))
+      .def("pin", &PyClient::Pin)
+      .def("unpin", &PyClient::Unpin)
+      .def("delete", &PyClient::Delete)
+      .def("clear", &PyClient::Clear)
+      .def("stats", &PyClient::Stats);
+
+  py::class_<PyPrefillSession>(m, "PrefillSession")
+      .def(py::init<PyClient&, uint64_t, const py::list&, const py::object&, const py::object&,
+                    const py::object&, uint64_t, uint32_t, double, bool>(),
+           py::arg("client"), py::arg("namespace_id"), py::arg("keys"), py::arg("dest"),
+           py::arg("on_chunk"), py::arg("compute_estimate"), py::arg("max_bytes_per_second"),
+           py::arg("max_frame_bytes"), py::arg("rpc_deadline_seconds"),
+           py::arg("use_forecast"), py::keep_alive<1, 2>())
+      .def("plan", &PyPrefillSession::plan)
+      .def_property_readonly("num_keys", &PyPrefillSession::num_keys)
+      .def_property_readonly("stream_reached", &PyPrefillSession::stream_reached)
+      .def("should_compute", &PyPrefillSession::ShouldCompute)
+      .def("report_computed", &PyPrefillSession::ReportComputed)
+      .def("finish", &PyPrefillSession::Finish)
+      .def("close", &PyPrefillSession::Close);
+
+  // CRC32C of a buffer (hardware-accelerated where the CPU has it); for tests and for
+  // workers that check what they load.
+  m.def("crc32c", [](py::buffer b, uint32_t crc) {
+    kvtier::python::BufferRef ref = kvtier::python::BufferRef::Acquire(b, false);
+    py::gil_scoped_release nogil;
+    return kvtier::crc32c::Extend(crc, ref.data(), ref.size());
+  }, py::arg("data"), py::arg("crc") = 0);
+}

@@ -1,0 +1,333 @@
+#include "client/python/native/py_client.h"
+
+#include <cstring>
+#include <optional>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "client/python/native/buffer_ref.h"
+#include "client/python/native/status_error.h"
+
+namespace py = pybind11;
+
+namespace kvtier::python {
+namespace {
+
+absl::Duration Seconds(double s) {
+  return s <= 0 ? absl::ZeroDuration() : absl::Seconds(s);
+}
+
+std::optional<LayerRange> LayersFromObject(const py::object& layers) {
+  if (layers.is_none()) return std::nullopt;
+  auto t = layers.cast<std::pair<uint32_t, uint32_t>>();
+  return LayerRange{t.first, t.second};
+}
+
+std::vector<BufferRef> AcquireAll(const py::list& buffers, bool writable) {
+  std::vector<BufferRef> refs;
+  refs.reserve(buffers.size());
+  for (py::handle b : buffers) refs.push_back(BufferRef::Acquire(b, writable));
+  return refs;
+}
+
+// The part of a Get frame handler that both GetInto and Get share: checks each found
+// key's size against its destination and copies the frame's pieces into it.
+class FrameSink {
+ public:
+  // `dest(i, total)` returns where key i's `total` bytes go, or an error.
+  using DestFn = std::function<absl::StatusOr<char*>(uint32_t index, uint64_t total)>;
+
+  FrameSink(size_t n, DestFn dest, PyCanceller* canceller)
+      : found_(n, false), tiers_(n, 0), token_counts_(n, 0), dest_(std::move(dest)),
+        canceller_(canceller) {}
+
+  absl::Status OnFrame(uint32_t index, const GetFrameHeader& h,
+                       absl::Span<const absl::string_view> pieces) {
+    if (canceller_ != nullptr) {
+      if (absl::Status s = canceller_->Check(); !s.ok()) return s;
+    }
+    if (index != current_) {  // First frame of this key (the parser keeps indices growing).
+      current_ = index;
+      base_ = nullptr;
+      if (h.found()) {
+        found_[index] = true;
+        tiers_[index] = h.tier();
+        token_counts_[index] = h.token_count();
+        auto d = dest_(index, h.total_bytes());
+        if (!d.ok()) return d.status();
+        base_ = *d;
+      }
+    }
+    if (!h.found()) return absl::OkStatus();
+    uint64_t off = h.offset();
+    for (absl::string_view piece : pieces) {
+      std::memcpy(base_ + off, piece.data(), piece.size());
+      off += piece.size();
+      bytes_ += piece.size();
+    }
+    return absl::OkStatus();
+  }
+
+  py::tuple Result() const {
+    py::list found, tiers, tokens;
+    for (size_t i = 0; i < found_.size(); ++i) {
+      found.append(py::bool_(found_[i]));
+      tiers.append(tiers_[i]);
+      tokens.append(token_counts_[i]);
+    }
+    return py::make_tuple(found, tiers, tokens, bytes_);
+  }
+  const std::vector<bool>& found() const { return found_; }
+
+ private:
+  std::vector<bool> found_;
+  std::vector<int> tiers_;
+  std::vector<uint32_t> token_counts_;
+  DestFn dest_;
+  PyCanceller* canceller_;
+  int64_t current_ = -1;
+  char* base_ = nullptr;
+  uint64_t bytes_ = 0;
+};
+
+}  // namespace
+
+std::vector<ChunkKey> KeysFromList(const py::list& keys) {
+  std::vector<ChunkKey> out;
+  out.reserve(keys.size());
+  size_t i = 0;
+  for (py::handle k : keys) {
+    if (!py::isinstance<py::bytes>(k)) {
+      throw StatusError(absl::InvalidArgumentError(
+          absl::StrCat("keys[", i, "]: expected bytes (a 16-byte chunk key), got ",
+                       std::string(py::str(py::type::of(k).attr("__name__"))))));
+    }
+    auto key = ChunkKey::FromBytes(k.cast<std::string>());
+    if (!key.ok()) {
+      throw StatusError(absl::InvalidArgumentError(
+          absl::StrCat("keys[", i, "]: ", key.status().message())));
+    }
+    out.push_back(*key);
+    ++i;
+  }
+  return out;
+}
+
+PyClient::PyClient(const std::string& target, uint32_t max_frame_bytes,
+                   double rpc_deadline_seconds, double connect_timeout_seconds,
+                   int receive_window_bytes) {
+  ClientOptions options;
+  options.max_frame_bytes = max_frame_bytes;
+  options.rpc_deadline =
+      rpc_deadline_seconds <= 0 ? absl::InfiniteDuration() : absl::Seconds(rpc_deadline_seconds);
+  options.connect_timeout = Seconds(connect_timeout_seconds);
+  options.receive_window_bytes = receive_window_bytes;
+  absl::StatusOr<std::unique_ptr<KvTierClient>> c;
+  {
+    py::gil_scoped_release nogil;
+    c = KvTierClient::Connect(target, options);
+  }
+  client_ = ValueOrThrow(std::move(c));
+}
+
+py::tuple PyClient::RegisterLayout(const std::string& model_id,
+                                   const std::string& model_revision, uint32_t dtype,
+                                   uint32_t num_layers, uint32_t num_kv_heads,
+                                   uint32_t head_dim, uint32_t tokens_per_chunk,
+                                   uint32_t tp_world_size, uint32_t tp_rank,
+                                   uint32_t key_position) {
+  LayoutSpec l;
+  l.model_id = model_id;
+  l.model_revision = model_revision;
+  l.dtype = static_cast<LayoutSpec::DType>(dtype);
+  l.num_layers = num_layers;
+  l.num_kv_heads = num_kv_heads;
+  l.head_dim = head_dim;
+  l.tokens_per_chunk = tokens_per_chunk;
+  l.tp_world_size = tp_world_size;
+  l.tp_rank = tp_rank;
+  l.key_position = static_cast<LayoutSpec::KeyPosition>(key_position);
+  absl::StatusOr<RegisterResult> r;
+  {
+    py::gil_scoped_release nogil;
+    r = client_->RegisterLayout(l);
+  }
+  RegisterResult v = ValueOrThrow(std::move(r));
+  return py::make_tuple(v.namespace_id, v.chunk_bytes, v.already_registered);
+}
+
+py::tuple PyClient::Lookup(uint64_t namespace_id, const py::list& keys) {
+  std::vector<ChunkKey> k = KeysFromList(keys);
+  absl::StatusOr<LookupResult> r;
+  {
+    py::gil_scoped_release nogil;
+    r = client_->Lookup(namespace_id, k);
+  }
+  LookupResult v = ValueOrThrow(std::move(r));
+  py::list tiers;
+  for (v1::Tier t : v.tiers) tiers.append(static_cast<int>(t));
+  return py::make_tuple(tiers, v.prefix_hits);
+}
+
+py::tuple PyClient::Put(uint64_t namespace_id, const py::list& keys, const py::list& buffers,
+                        const py::object& token_counts, PyCanceller* canceller) {
+  std::vector<ChunkKey> k = KeysFromList(keys);
+  if (buffers.size() != k.size()) {
+    throw StatusError(absl::InvalidArgumentError(absl::StrCat(
+        "buffers: ", buffers.size(), " buffers for ", k.size(), " keys; pass one per key")));
+  }
+  std::vector<uint32_t> tokens(k.size(), 0);
+  if (!token_counts.is_none()) tokens = token_counts.cast<std::vector<uint32_t>>();
+  if (tokens.size() != k.size()) {
+    throw StatusError(absl::InvalidArgumentError("token_counts: one per key"));
+  }
+  std::vector<BufferRef> refs = AcquireAll(buffers, /*writable=*/false);
+  std::vector<ChunkToPut> chunks(k.size());
+  for (size_t i = 0; i < k.size(); ++i) {
+    chunks[i].key = k[i];
+    chunks[i].data = absl::string_view(refs[i].data(), refs[i].size());
+    chunks[i].token_count = tokens[i];
+  }
+  absl::StatusOr<PutResult> r;
+  {
+    py::gil_scoped_release nogil;
+    if (canceller != nullptr && canceller->cancelled()) {
+      r = canceller->Check();
+    } else {
+      r = client_->Put(namespace_id, chunks);
+    }
+  }
+  PutResult v = ValueOrThrow(std::move(r));
+  return py::make_tuple(v.stored, v.already_present, v.bytes);
+}
+
+py::tuple PyClient::GetInto(uint64_t namespace_id, const py::list& keys, const py::list& outs,
+                            const py::object& layers, int order, const py::object& on_layer,
+                            PyCanceller* canceller) {
+  std::vector<ChunkKey> k = KeysFromList(keys);
+  if (outs.size() != k.size()) {
+    throw StatusError(absl::InvalidArgumentError(absl::StrCat(
+        "out: ", outs.size(), " buffers for ", k.size(), " keys; pass one per key")));
+  }
+  if (order != 0) {
+    throw StatusError(absl::UnimplementedError("layer-major order is not built yet"));
+  }
+  std::optional<LayerRange> range = LayersFromObject(layers);
+  std::vector<BufferRef> refs = AcquireAll(outs, /*writable=*/true);
+  FrameSink sink(
+      k.size(),
+      [&refs](uint32_t i, uint64_t total) -> absl::StatusOr<char*> {
+        if (total != refs[i].size()) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "out[", i, "] holds ", refs[i].size(), " bytes but the daemon sends ", total,
+              " for key ", i, " (the chunk, or its layer range); pass buffers of that size"));
+        }
+        return refs[i].data();
+      },
+      canceller);
+  absl::Status s;
+  {
+    py::gil_scoped_release nogil;
+    s = client_->GetStreamRaw(namespace_id, k, range,
+                              [&](uint32_t i, const GetFrameHeader& h,
+                                  absl::Span<const absl::string_view> pieces) {
+                                return sink.OnFrame(i, h, pieces);
+                              });
+  }
+  ThrowIfError(s);
+  (void)on_layer;
+  return sink.Result();
+}
+
+py::list PyClient::Get(uint64_t namespace_id, const py::list& keys, const py::object& layers,
+                       int order, PyCanceller* canceller) {
+  std::vector<ChunkKey> k = KeysFromList(keys);
+  if (order != 0) {
+    throw StatusError(absl::UnimplementedError("layer-major order is not built yet"));
+  }
+  std::optional<LayerRange> range = LayersFromObject(layers);
+  // One bytes object per found key, allocated (with the GIL) when its first frame says
+  // how large it is, then filled without the GIL.
+  std::vector<py::object> results(k.size());
+  FrameSink sink(
+      k.size(),
+      [&results](uint32_t i, uint64_t total) -> absl::StatusOr<char*> {
+        py::gil_scoped_acquire gil;
+        PyObject* b = PyBytes_FromStringAndSize(nullptr, static_cast<Py_ssize_t>(total));
+        if (b == nullptr) {
+          PyErr_Clear();
+          return absl::ResourceExhaustedError(
+              absl::StrCat("cannot allocate ", total, " bytes for key ", i));
+        }
+        results[i] = py::reinterpret_steal<py::object>(b);
+        return PyBytes_AS_STRING(b);
+      },
+      canceller);
+  absl::Status s;
+  {
+    py::gil_scoped_release nogil;
+    s = client_->GetStreamRaw(namespace_id, k, range,
+                              [&](uint32_t i, const GetFrameHeader& h,
+                                  absl::Span<const absl::string_view> pieces) {
+                                return sink.OnFrame(i, h, pieces);
+                              });
+  }
+  ThrowIfError(s);
+  py::list out;
+  for (size_t i = 0; i < k.size(); ++i) {
+    out.append(sink.found()[i] ? results[i] : py::none());
+  }
+  return out;
+}
+
+py::tuple PyClient::Pin(uint64_t namespace_id, const py::list& keys, uint32_t ttl_seconds) {
+  std::vector<ChunkKey> k = KeysFromList(keys);
+  absl::StatusOr<PinResult> r;
+  {
+    py::gil_scoped_release nogil;
+    r = client_->Pin(namespace_id, k, ttl_seconds);
+  }
+  PinResult v = ValueOrThrow(std::move(r));
+  return py::make_tuple(v.pinned, v.not_found);
+}
+
+uint32_t PyClient::Unpin(uint64_t namespace_id, const py::list& keys) {
+  std::vector<ChunkKey> k = KeysFromList(keys);
+  absl::StatusOr<uint32_t> r;
+  {
+    py::gil_scoped_release nogil;
+    r = client_->Unpin(namespace_id, k);
+  }
+  return ValueOrThrow(std::move(r));
+}
+
+uint32_t PyClient::Delete(uint64_t namespace_id, const py::list& keys) {
+  std::vector<ChunkKey> k = KeysFromList(keys);
+  absl::StatusOr<uint32_t> r;
+  {
+    py::gil_scoped_release nogil;
+    r = client_->Delete(namespace_id, k);
+  }
+  return ValueOrThrow(std::move(r));
+}
+
+uint64_t PyClient::Clear(uint64_t namespace_id) {
+  absl::StatusOr<uint64_t> r;
+  {
+    py::gil_scoped_release nogil;
+    r = client_->Clear(namespace_id);
+  }
+  return ValueOrThrow(std::move(r));
+}
+
+py::bytes PyClient::Stats() {
+  absl::StatusOr<v1::StatsResponse> r;
+  {
+    py::gil_scoped_release nogil;
+    r = client_->Stats();
+  }
+  return py::bytes(ValueOrThrow(std::move(r)).SerializeAsString());
+}
+
+}  // namespace kvtier::python

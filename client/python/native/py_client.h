@@ -1,0 +1,85 @@
+// PyClient: the KvTierClient as the Python package's native layer (kvtier._native.Client).
+// kvtier/client.py wraps it into the public kvtier.Client; nothing else calls it.
+//
+// Every method that talks to the daemon releases the GIL for the whole RPC, so other
+// Python threads (an engine's scheduler, a compute thread) run while bytes move, and the
+// bytes move once: Put hands the caller's buffers to gRPC as they are (the C++ client's
+// zero-copy Put), GetInto copies each frame from gRPC's receive buffers straight into the
+// caller's buffer. The GIL is taken again only to call a Python callback (on_layer) or
+// allocate a result object (Get), once per chunk or layer, never per byte.
+//
+// Buffers are held through BufferRef for the whole call, so Python cannot free or resize
+// them while the daemon's bytes are being copied in; once a method returns (or raises),
+// nothing writes into them any more.
+//
+// Threading: thread-safe, like KvTierClient: any number of Python threads may call any
+// method concurrently.
+#ifndef KVTIER_CLIENT_PYTHON_NATIVE_PY_CLIENT_H_
+#define KVTIER_CLIENT_PYTHON_NATIVE_PY_CLIENT_H_
+
+#include <pybind11/pybind11.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "client/kvtier_client.h"
+#include "client/python/native/py_canceller.h"
+
+namespace kvtier::python {
+
+class PyClient {
+ public:
+  // Raises kvtier errors (InvalidArgument for bad options, Unavailable when
+  // connect_timeout_seconds > 0 and the daemon is not reachable in time).
+  PyClient(const std::string& target, uint32_t max_frame_bytes, double rpc_deadline_seconds,
+           double connect_timeout_seconds, int receive_window_bytes);
+
+  // Returns (namespace_id, chunk_bytes, already_registered).
+  pybind11::tuple RegisterLayout(const std::string& model_id, const std::string& model_revision,
+                                 uint32_t dtype, uint32_t num_layers, uint32_t num_kv_heads,
+                                 uint32_t head_dim, uint32_t tokens_per_chunk,
+                                 uint32_t tp_world_size, uint32_t tp_rank,
+                                 uint32_t key_position);
+  // Returns (tiers: list[int], prefix_hits: int).
+  pybind11::tuple Lookup(uint64_t namespace_id, const pybind11::list& keys);
+  // Returns (stored, already_present, bytes). `buffers[i]` is chunk i's whole payload.
+  pybind11::tuple Put(uint64_t namespace_id, const pybind11::list& keys,
+                      const pybind11::list& buffers, const pybind11::object& token_counts,
+                      PyCanceller* canceller);
+  // Fills outs[i] (a writable C-contiguous buffer) with key i's bytes: the whole chunk,
+  // or layers [layers[0], layers[1]) of it. `order`: 0 chunk-major, 1 layer-major.
+  // on_layer(l), if not None, is called (GIL taken) once layer l of every found chunk
+  // has landed (layer-major only). Returns (found: list[bool], tiers: list[int],
+  // token_counts: list[int], bytes: int). A key's buffer is complete only when the call
+  // returns; an error leaves every buffer in an unspecified state.
+  pybind11::tuple GetInto(uint64_t namespace_id, const pybind11::list& keys,
+                          const pybind11::list& outs, const pybind11::object& layers,
+                          int order, const pybind11::object& on_layer,
+                          PyCanceller* canceller);
+  // Returns a list with, per key, bytes (the chunk or its layer range) or None (absent).
+  pybind11::list Get(uint64_t namespace_id, const pybind11::list& keys,
+                     const pybind11::object& layers, int order, PyCanceller* canceller);
+  // Returns (pinned, not_found).
+  pybind11::tuple Pin(uint64_t namespace_id, const pybind11::list& keys, uint32_t ttl_seconds);
+  uint32_t Unpin(uint64_t namespace_id, const pybind11::list& keys);
+  uint32_t Delete(uint64_t namespace_id, const pybind11::list& keys);
+  uint64_t Clear(uint64_t namespace_id);
+  // The serialized kvtier.v1.StatsResponse (parsed by kvtier/v1/kvtier_pb2.py).
+  pybind11::bytes Stats();
+
+  const std::string& target() const { return client_->target(); }
+  KvTierClient& client() { return *client_; }
+
+ private:
+  std::unique_ptr<KvTierClient> client_;
+};
+
+// Converts a Python list of 16-byte `bytes` keys. Raises InvalidArgument naming the
+// bad index.
+std::vector<ChunkKey> KeysFromList(const pybind11::list& keys);
+
+}  // namespace kvtier::python
+
+#endif  // KVTIER_CLIENT_PYTHON_NATIVE_PY_CLIENT_H_

@@ -1,0 +1,144 @@
+#include "client/python/native/py_prefill.h"
+
+#include <cstring>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "client/python/native/status_error.h"
+
+namespace py = pybind11;
+
+namespace kvtier::python {
+
+PyPrefillSession::PyPrefillSession(PyClient& client, uint64_t namespace_id,
+                                   const py::list& keys, const py::object& dest,
+                                   const py::object& on_chunk,
+                                   const py::object& compute_estimate,
+                                   uint64_t max_bytes_per_second, uint32_t max_frame_bytes,
+                                   double rpc_deadline_seconds, bool use_forecast)
+    : on_chunk_(py::none()), client_(&client) {
+  std::vector<ChunkKey> k = KeysFromList(keys);
+  if (!dest.is_none() && !on_chunk.is_none()) {
+    throw StatusError(absl::InvalidArgumentError("pass dest or on_chunk, not both"));
+  }
+  if (!dest.is_none()) {
+    dest_ = BufferRef::Acquire(dest, /*writable=*/true);
+    has_dest_ = true;
+  }
+  on_chunk_ = on_chunk;
+  PrefillOptions options;
+  if (has_dest_ || !on_chunk_.is_none()) {
+    options.on_chunk = [this](uint32_t index, std::string data, v1::Tier tier) {
+      OnChunk(index, std::move(data), tier);
+    };
+  }
+  if (!compute_estimate.is_none()) {
+    auto ab = compute_estimate.cast<std::pair<double, double>>();
+    options.compute_estimate = ComputeEstimate{ab.first, ab.second};
+  }
+  options.max_bytes_per_second = max_bytes_per_second;
+  options.max_frame_bytes = max_frame_bytes;
+  if (rpc_deadline_seconds > 0) options.rpc_deadline = absl::Seconds(rpc_deadline_seconds);
+  options.use_forecast = use_forecast;
+  absl::StatusOr<std::unique_ptr<PrefillSession>> s;
+  {
+    py::gil_scoped_release nogil;
+    s = PrefillSession::Start(client.client(), namespace_id, std::move(k), std::move(options));
+  }
+  session_ = ValueOrThrow(std::move(s));
+  chunk_bytes_ = session_->plan().chunk_bytes();
+}
+
+PyPrefillSession::~PyPrefillSession() {
+  // Joins the reader thread, which may need the GIL for on_chunk: let it have it.
+  if (session_ != nullptr) {
+    py::gil_scoped_release nogil;
+    session_.reset();
+  }
+}
+
+void PyPrefillSession::OnChunk(uint32_t index, std::string data, v1::Tier tier) {
+  if (has_dest_) {
+    // chunk_bytes_ is written in the constructor after Start; the reader thread may run
+    // before that, so use the chunk's own size (the session checked it against the plan).
+    const uint64_t size = data.size();
+    const uint64_t off = uint64_t{index} * size;
+    if (off + size > dest_.size()) {
+      absl::MutexLock lock(&mu_);
+      if (chunk_error_.ok()) {
+        chunk_error_ = absl::InvalidArgumentError(absl::StrCat(
+            "dest holds ", dest_.size(), " bytes; chunk ", index, " needs bytes [", off, ", ",
+            off + size, "): pass a buffer of len(keys) * chunk_bytes"));
+      }
+      return;
+    }
+    std::memcpy(dest_.data() + off, data.data(), size);
+    return;
+  }
+  py::gil_scoped_acquire gil;
+  try {
+    on_chunk_(index, py::bytes(data), static_cast<int>(tier));
+  } catch (py::error_already_set& e) {
+    absl::MutexLock lock(&mu_);
+    if (chunk_error_.ok()) {
+      chunk_error_ = absl::InternalError(
+          absl::StrCat("on_chunk raised for chunk ", index, ": ", e.what()));
+    }
+  }
+}
+
+py::bytes PyPrefillSession::plan() const {
+  return py::bytes(session_->plan().SerializeAsString());
+}
+
+void PyPrefillSession::ReportComputed(uint32_t i) {
+  absl::Status s;
+  {
+    py::gil_scoped_release nogil;
+    s = session_->ReportComputed(i);
+  }
+  ThrowIfError(s);
+}
+
+py::dict PyPrefillSession::Finish() {
+  absl::StatusOr<PrefillResult> r;
+  {
+    py::gil_scoped_release nogil;
+    r = session_->Finish();
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    ThrowIfError(chunk_error_);
+  }
+  PrefillResult v = ValueOrThrow(std::move(r));
+  py::dict d;
+  d["first_streamed"] = v.first_streamed;
+  d["cached_prefix"] = v.cached_prefix;
+  d["reason"] = static_cast<int>(v.reason);
+  d["detail"] = v.detail;
+  py::list sources;
+  for (ChunkSource c : v.sources) sources.append(c == ChunkSource::kStreamed ? "streamed" : "computed");
+  d["sources"] = sources;
+  d["chunks_streamed"] = v.chunks_streamed;
+  d["bytes_streamed"] = v.bytes_streamed;
+  d["bytes_discarded"] = v.bytes_discarded;
+  d["computed_reported"] = v.computed_reported;
+  d["compute_begin"] = v.compute_begin;
+  d["compute_end"] = v.compute_end;
+  d["raced"] = v.raced;
+  d["elapsed_seconds"] = absl::ToDoubleSeconds(v.elapsed);
+  d["daemon_elapsed_seconds"] = v.daemon_elapsed_seconds;
+  return d;
+}
+
+void PyPrefillSession::Close() {
+  absl::Status s;
+  {
+    py::gil_scoped_release nogil;
+    s = session_->Close();
+  }
+  ThrowIfError(s);
+}
+
+}  // namespace kvtier::python

@@ -1,0 +1,72 @@
+// PyPrefillSession: the C++ PrefillSession (client/prefill_session.h) for Python
+// (kvtier._native.PrefillSession; kvtier/prefill.py wraps it). Same contract, same
+// exactly-once guarantee: chunks reach the caller only complete and CRC32C-verified,
+// each once, in decreasing index order.
+//
+// Where streamed chunks go, chosen at start:
+//  - `dest`: a writable C-contiguous buffer of at least cached_prefix * chunk_bytes
+//    bytes; chunk i is copied to [i * chunk_bytes, (i + 1) * chunk_bytes) on the
+//    session's reader thread, without the GIL. A chunk that does not fit fails the
+//    session (finish raises InvalidArgument) and is not written.
+//  - `on_chunk(index, data: bytes, tier: int)`: called on the reader thread with the GIL
+//    taken. An exception it raises fails the session (finish raises Internal naming it).
+//  - neither: chunks are checked and dropped (benchmarks).
+//
+// Threading: as PrefillSession. Every method that may wait (start, report_computed,
+// finish, close) releases the GIL, so on_chunk can run meanwhile; should_compute only
+// takes the session's lock.
+#ifndef KVTIER_CLIENT_PYTHON_NATIVE_PY_PREFILL_H_
+#define KVTIER_CLIENT_PYTHON_NATIVE_PY_PREFILL_H_
+
+#include <pybind11/pybind11.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/synchronization/mutex.h"
+#include "client/prefill_session.h"
+#include "client/python/native/buffer_ref.h"
+#include "client/python/native/py_client.h"
+
+namespace kvtier::python {
+
+class PyPrefillSession {
+ public:
+  // Opens the session and waits for the plan (GIL released). Raises kvtier errors as
+  // PrefillSession::Start returns them.
+  PyPrefillSession(PyClient& client, uint64_t namespace_id, const pybind11::list& keys,
+                   const pybind11::object& dest, const pybind11::object& on_chunk,
+                   const pybind11::object& compute_estimate, uint64_t max_bytes_per_second,
+                   uint32_t max_frame_bytes, double rpc_deadline_seconds, bool use_forecast);
+  ~PyPrefillSession();
+
+  // The serialized kvtier.v1.PrefillPlan.
+  pybind11::bytes plan() const;
+  uint32_t num_keys() const { return session_->num_keys(); }
+  uint32_t stream_reached() const { return session_->stream_reached(); }
+  bool ShouldCompute(uint32_t i) const { return session_->ShouldCompute(i); }
+  void ReportComputed(uint32_t i);
+  // Returns a dict with PrefillResult's fields (see prefill_session.h).
+  pybind11::dict Finish();
+  void Close();
+
+ private:
+  void OnChunk(uint32_t index, std::string data, v1::Tier tier);
+
+  // Declared before session_: the reader thread (owned by session_) uses them until
+  // session_ is closed, which the destructor does first.
+  BufferRef dest_;
+  bool has_dest_ = false;
+  pybind11::object on_chunk_;  // None when unused. Touched only with the GIL.
+  uint64_t chunk_bytes_ = 0;
+  absl::Mutex mu_;
+  absl::Status chunk_error_ ABSL_GUARDED_BY(mu_);  // First failure of a delivery.
+
+  PyClient* client_;  // Outlives the session (kvtier/prefill.py holds a reference).
+  std::unique_ptr<PrefillSession> session_;
+};
+
+}  // namespace kvtier::python
+
+#endif  // KVTIER_CLIENT_PYTHON_NATIVE_PY_PREFILL_H_
