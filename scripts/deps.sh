@@ -11,6 +11,10 @@ KVTIER_BUILD_PACKAGES=(
   # Tests of deploy/: promtool (Prometheus config and rules), and `file`, which CPack's
   # DEB generator needs to run dpkg-shlibdeps.
   prometheus file
+  # The Python package (client/python: a pybind11 binding of the C++ client) and its
+  # tests, and the reference worker (worker/: a Llama decoder in torch, CPU).
+  pybind11-dev python3-dev python3-numpy python3-protobuf python3-xxhash python3-grpcio
+  python3-pytest python3-setuptools python3-pip python3-wheel python3-torch
 )
 
 kvtier_install_deps() {

@@ -1,5 +1,7 @@
 #include "client/python/native/py_client.h"
 
+#include <pybind11/stl.h>
+
 #include <cstring>
 #include <optional>
 #include <utility>

@@ -1,5 +1,7 @@
 #include "client/python/native/py_prefill.h"
 
+#include <pybind11/stl.h>
+
 #include <cstring>
 #include <utility>
 #include <vector>

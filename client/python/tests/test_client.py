@@ -1,0 +1,248 @@
+"""Every call of kvtier.Client against a real kvtierd, the zero-copy fills and the errors."""
+
+import os
+import tracemalloc
+
+import numpy as np
+import pytest
+
+import kvtier
+from conftest import small_layout
+from kvtier.testing import Daemon
+
+
+def payloads(layout, n, seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal(layout.chunk_bytes // 4).astype(np.float32) for _ in range(n)]
+
+
+def keys_of(ns, n, layout, seed=0):
+    return kvtier.chunk_keys(ns, np.arange(n * layout.tokens_per_chunk) + seed * 100003,
+                             layout.tokens_per_chunk)
+
+
+def test_register_is_idempotent_and_agrees_with_the_local_namespace_id(client, layout):
+    r1 = client.register_layout(layout)
+    r2 = client.register_layout(layout)
+    assert r1.namespace_id == layout.namespace_id == r2.namespace_id
+    assert r1.chunk_bytes == layout.chunk_bytes
+    assert r2.already_registered
+
+
+def test_put_lookup_get_round_trip(client, ns, layout):
+    keys = keys_of(ns, 4, layout, seed=1)
+    data = payloads(layout, 4, seed=1)
+    assert client.lookup(ns, keys).prefix_hits == 0
+    r = client.put(ns, keys[:3], data[:3], token_counts=[16] * 3)
+    assert (r.stored, r.already_present, r.bytes) == (3, 0, 3 * layout.chunk_bytes)
+    assert client.put(ns, keys[:1], data[:1]).already_present == 1  # Idempotent.
+    lk = client.lookup(ns, keys)
+    assert lk.prefix_hits == 3
+    assert lk.tiers[:3] == [kvtier.Tier.RAM] * 3 and lk.tiers[3] == kvtier.Tier.ABSENT
+    got = client.get(ns, keys)
+    assert got[3] is None
+    for g, d in zip(got[:3], data[:3]):
+        assert g == d.tobytes()
+
+
+@pytest.mark.parametrize("kind", ["bytes", "bytearray", "memoryview", "numpy", "torch"])
+def test_buffers_of_every_kind(client, ns, layout, kind):
+    seed = 20 + ["bytes", "bytearray", "memoryview", "numpy", "torch"].index(kind)
+    keys = keys_of(ns, 2, layout, seed=seed)
+    data = payloads(layout, 2, seed=seed)
+    if kind == "torch":
+        torch = pytest.importorskip("torch")
+        src = [torch.from_numpy(d) for d in data]
+        out = torch.zeros(2, layout.chunk_bytes // 4, dtype=torch.float32)
+        ptr = out.data_ptr()
+    elif kind == "numpy":
+        src, out = data, np.zeros((2, layout.chunk_bytes // 4), np.float32)
+    elif kind == "bytes":
+        src, out = [d.tobytes() for d in data], [bytearray(layout.chunk_bytes) for _ in data]
+    elif kind == "bytearray":
+        src, out = [bytearray(d.tobytes()) for d in data], bytearray(2 * layout.chunk_bytes)
+    else:
+        src = [memoryview(d.tobytes()) for d in data]
+        out = memoryview(bytearray(2 * layout.chunk_bytes))
+    assert client.put(ns, keys, src).stored == 2
+    r = client.get_into(ns, keys, out)
+    assert r.found == [True, True] and r.bytes == 2 * layout.chunk_bytes
+    if kind == "torch":
+        assert out.data_ptr() == ptr  # Filled in place.
+        flat = out.numpy().tobytes()
+    elif isinstance(out, list):
+        flat = b"".join(bytes(o) for o in out)
+    else:
+        flat = bytes(memoryview(out).cast("B")) if not isinstance(out, np.ndarray) else out.tobytes()
+    assert flat == data[0].tobytes() + data[1].tobytes()
+
+
+def test_get_into_fills_without_python_copies(client, ns):
+    big = small_layout(model_id="pytest-big", num_layers=8, num_kv_heads=8, head_dim=128,
+                       tokens_per_chunk=256, dtype="bfloat16")  # 8 MiB chunks.
+    bns = client.register_layout(big).namespace_id
+    keys = keys_of(bns, 4, big, seed=3)
+    src = np.frombuffer(os.urandom(big.chunk_bytes), np.uint8)
+    out = np.zeros(4 * big.chunk_bytes, np.uint8)
+    tracemalloc.start()
+    client.put(bns, keys, [src] * 4)
+    client.get_into(bns, keys, out)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    # 32 MiB moved each way; a Python-side copy of even one chunk would show as 8 MiB.
+    assert peak < (1 << 20), peak
+    assert np.array_equal(out[-big.chunk_bytes:], src)
+
+
+def test_layer_range_into_a_preallocated_buffer(client, ns, layout):
+    keys = keys_of(ns, 2, layout, seed=4)
+    data = payloads(layout, 2, seed=4)
+    client.put(ns, keys, data)
+    lb = layout.layer_bytes
+    out = bytearray(2 * 2 * lb)
+    r = client.get_into(ns, keys, out, layers=(1, 3))
+    assert r.found == [True, True]
+    assert out == b"".join(d.tobytes()[lb:3 * lb] for d in data)
+    got = client.get(ns, keys, layers=(3, 4))
+    assert got == [d.tobytes()[3 * lb:] for d in data]
+
+
+def test_absent_keys_leave_their_slice_untouched(client, ns, layout):
+    keys = keys_of(ns, 3, layout, seed=5)
+    data = payloads(layout, 3, seed=5)
+    client.put(ns, [keys[0], keys[2]], [data[0], data[2]])
+    out = np.full((3, layout.chunk_bytes // 4), 7.0, np.float32)
+    r = client.get_into(ns, keys, out)
+    assert r.found == [True, False, True] and r.prefix_found == 1
+    assert (out[1] == 7.0).all() and np.array_equal(out[2], data[2])
+
+
+def test_pin_unpin_delete_clear_stats(client, layout):
+    lay = small_layout(model_id="pytest-admin")
+    ns = client.register_layout(lay).namespace_id
+    keys = keys_of(ns, 3, lay, seed=6)
+    client.put(ns, keys, payloads(lay, 3, seed=6))
+    assert client.pin(ns, keys + keys_of(ns, 1, lay, seed=99), ttl_seconds=0) == (3, 1)
+    stats = client.stats()
+    ram = [t for t in stats.tiers if t.tier == kvtier.Tier.RAM][0]
+    assert ram.pinned_bytes >= 3 * lay.chunk_bytes and stats.write_mode == "write-through"
+    assert client.unpin(ns, keys) == 3
+    assert client.delete(ns, keys[:1]) == 1
+    assert client.lookup(ns, keys).prefix_hits == 0
+    assert client.clear(ns) == 2
+    assert client.lookup(ns, keys).tiers == [kvtier.Tier.ABSENT] * 3
+
+
+# -- Bad input -------------------------------------------------------------------------
+
+def test_wrong_sizes_and_dtypes_raise_before_anything_is_sent(client, ns, layout):
+    keys = keys_of(ns, 2, layout, seed=7)
+    good = payloads(layout, 2, seed=7)
+    with pytest.raises(kvtier.InvalidArgumentError, match="buffers\\[1\\]: .* bytes"):
+        client.put(ns, keys, [good[0], good[1][:-1]])
+    with pytest.raises(kvtier.InvalidArgumentError, match="one per key"):
+        client.put(ns, keys, good[:1])
+    with pytest.raises(kvtier.InvalidArgumentError, match="float16"):
+        client.put(ns, keys, [g.astype(np.float16) for g in good])
+    assert client.lookup(ns, keys).prefix_hits == 0  # Nothing was stored.
+    client.put(ns, keys, good)
+    with pytest.raises(kvtier.InvalidArgumentError, match="out: .* bytes"):
+        client.get_into(ns, keys, bytearray(layout.chunk_bytes))
+    with pytest.raises(kvtier.InvalidArgumentError, match="not C-contiguous"):
+        client.get_into(ns, keys, np.zeros((layout.chunk_bytes // 4, 2), np.float32).T)
+    with pytest.raises(kvtier.InvalidArgumentError, match="read-only"):
+        client.get_into(ns, keys, bytes(2 * layout.chunk_bytes))
+    with pytest.raises(kvtier.InvalidArgumentError, match="16-byte|16 bytes"):
+        client.lookup(ns, [b"short"])
+    with pytest.raises(kvtier.InvalidArgumentError, match="layers"):
+        client.get(ns, keys, layers=(2, 2))
+
+
+def test_non_contiguous_and_device_tensors(client, ns, layout):
+    torch = pytest.importorskip("torch")
+    keys = keys_of(ns, 1, layout, seed=8)
+    t = torch.zeros(layout.chunk_bytes // 4 * 2, dtype=torch.float32)[::2]
+    with pytest.raises(kvtier.InvalidArgumentError, match="not contiguous"):
+        client.put(ns, keys, [t])
+    with pytest.raises(kvtier.InvalidArgumentError, match="bfloat16|float32"):
+        client.put(ns, keys, [torch.zeros(layout.chunk_bytes // 2, dtype=torch.bfloat16)])
+
+
+def test_a_buffer_of_the_wrong_size_for_an_unregistered_namespace_is_refused_by_size(daemon, layout):
+    # A client that did not register the layout learns the size from the daemon's first
+    # frame and stops before writing.
+    with kvtier.Client(daemon.target) as a, kvtier.Client(daemon.target) as b:
+        ns = a.register_layout(layout).namespace_id
+        keys = keys_of(ns, 1, layout, seed=9)
+        a.put(ns, keys, payloads(layout, 1, seed=9))
+        out = bytearray(layout.chunk_bytes // 2)
+        with pytest.raises(kvtier.InvalidArgumentError, match="out\\[0\\] holds"):
+            b.get_into(ns, keys, [out])
+        assert out == bytearray(len(out))
+
+
+def test_unknown_namespace_is_not_found(client, layout):
+    with pytest.raises(kvtier.NotFoundError) as e:
+        client.lookup(12345, keys_of(12345, 1, layout))
+    assert e.value.code == "NOT_FOUND" and not e.value.retryable
+    assert "RegisterLayout" in e.value.message
+
+
+def test_unreachable_target_is_unavailable():
+    with pytest.raises(kvtier.UnavailableError) as e:
+        kvtier.Client("127.0.0.1:1", connect_timeout=0.2)
+    assert e.value.retryable
+    lazy = kvtier.Client("127.0.0.1:1", rpc_deadline=5)
+    with pytest.raises((kvtier.UnavailableError, kvtier.DeadlineExceededError)):
+        lazy.stats()
+
+
+def test_daemon_restart_mid_session(tmp_path):
+    lay = small_layout(model_id="pytest-restart")
+    with Daemon(str(tmp_path / "d"), args=["--write-mode=write-through"]) as d:
+        c = kvtier.Client(d.target, rpc_deadline=10)
+        ns = c.register_layout(lay).namespace_id
+        keys = keys_of(ns, 2, lay, seed=11)
+        data = payloads(lay, 2, seed=11)
+        c.put(ns, keys, data)
+        port = d.port
+        d.kill()
+        out = np.zeros((2, lay.chunk_bytes // 4), np.float32)
+        with pytest.raises(kvtier.UnavailableError):
+            c.get_into(ns, keys, out)
+        d.start()
+        # Same data directory, new port: a new client finds the write-through chunks.
+        c2 = kvtier.Client(d.target, rpc_deadline=10)
+        c2.register_layout(lay)
+        r = c2.get_into(ns, keys, out)
+        assert r.found == [True, True] and r.tiers == [kvtier.Tier.SSD] * 2
+        assert np.array_equal(out[1], data[1])
+        assert port > 0
+
+
+def test_background_load_and_cancel(client, ns, layout):
+    keys = keys_of(ns, 3, layout, seed=12)
+    data = payloads(layout, 3, seed=12)
+    client.put(ns, keys, data)
+    out = np.zeros((3, layout.chunk_bytes // 4), np.float32)
+    h = client.start_get_into(ns, keys, out, order="chunk")
+    h.wait_layer(layout.num_layers - 1)
+    assert h.wait().found == [True] * 3 and np.array_equal(out[2], data[2])
+    # A load cancelled before it starts raises CancelledError and writes nothing.
+    out2 = np.zeros_like(out)
+    h2 = client.start_get_into(ns, keys, out2, order="chunk")
+    h2.cancel()
+    try:
+        h2.wait()
+        cancelled = False
+    except kvtier.CancelledError:
+        cancelled = True
+    # Either the load finished before the cancel landed (then it is complete) or it
+    # raised; never a partial load reported as complete.
+    if not cancelled:
+        assert np.array_equal(out2, out)
+
+
+def test_crc32c_matches_the_standard_check_value():
+    assert kvtier.crc32c(b"123456789") == 0xE3069283
+    assert kvtier.crc32c(b"6789", kvtier.crc32c(b"12345")) == 0xE3069283

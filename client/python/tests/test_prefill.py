@@ -1,0 +1,87 @@
+"""The Cake session from Python: the same exactly-once contract as the C++ one."""
+
+import numpy as np
+import pytest
+
+import kvtier
+from conftest import small_layout
+from test_client import keys_of, payloads
+
+
+@pytest.fixture
+def cached(client):
+    lay = small_layout(model_id="pytest-prefill")
+    ns = client.register_layout(lay).namespace_id
+    keys = keys_of(ns, 8, lay, seed=30)
+    data = payloads(lay, 8, seed=30)
+    client.put(ns, keys[:6], data[:6])  # h = 6 of 8.
+    return lay, ns, keys, data
+
+
+def test_streamed_chunks_land_in_dest_and_cover_the_prefix_once(client, cached):
+    lay, ns, keys, data = cached
+    dest = np.zeros((8, lay.chunk_bytes // 4), np.float32)
+    # A worker that computes nothing while the daemon streams: everything is streamed.
+    with client.prefill(ns, keys, dest=dest, compute_estimate=(10.0, 0.0)) as s:
+        assert s.plan.cached_prefix == 6 and len(s.plan.tiers) == 6
+        assert s.plan.chunk_bytes == lay.chunk_bytes
+        r = s.finish()
+    assert r.cached_prefix == 6
+    assert r.first_streamed == 0 and r.reason == "ALL_STREAMED"
+    assert r.sources == ["streamed"] * 6 and r.chunks_streamed == 6
+    assert (r.compute_begin, r.compute_end) == (0, 0)
+    for i in range(6):
+        assert np.array_equal(dest[i], data[i]), i
+    assert not dest[6:].any()  # Uncached chunks are the worker's.
+
+
+def test_worker_that_computes_first_meets_the_stream(client, cached):
+    lay, ns, keys, data = cached
+    got = {}
+    with client.prefill(ns, keys, on_chunk=lambda i, b, t: got.setdefault(i, (b, t)),
+                        use_forecast=False, max_bytes_per_second=1) as s:
+        # A 1 byte/s cap: the daemon cannot finish a chunk, so the worker computes all of
+        # [0, h) and reports it; Done then says MET (or CLIENT_DONE) with s = h.
+        i = 0
+        while i < s.plan.cached_prefix and s.should_compute(i):
+            s.report_computed(i)
+            i += 1
+        r = s.finish()
+    assert r.first_streamed + r.chunks_streamed == 6
+    assert set(got) == set(range(r.first_streamed, 6))
+    for i, (b, t) in got.items():
+        assert b == data[i].tobytes() and t == kvtier.Tier.RAM
+    assert r.computed_reported == i
+    assert r.sources[:r.first_streamed] == ["computed"] * r.first_streamed
+
+
+def test_nothing_cached(client):
+    lay = small_layout(model_id="pytest-prefill-empty")
+    ns = client.register_layout(lay).namespace_id
+    with client.prefill(ns, keys_of(ns, 3, lay, seed=31)) as s:
+        assert s.plan.cached_prefix == 0
+        r = s.finish()
+    assert r.reason == "NOTHING_CACHED" and r.first_streamed == 0
+
+
+def test_bad_prefill_input(client, cached):
+    lay, ns, keys, data = cached
+    with pytest.raises(kvtier.InvalidArgumentError, match="dest"):
+        client.prefill(ns, keys, dest=bytearray(lay.chunk_bytes))
+    with pytest.raises(kvtier.InvalidArgumentError, match="not both"):
+        client.prefill(ns, keys, dest=bytearray(8 * lay.chunk_bytes), on_chunk=print)
+    with pytest.raises(kvtier.NotFoundError):
+        client.prefill(999, keys)
+    with pytest.raises(kvtier.InvalidArgumentError, match="a_seconds"):
+        client.prefill(ns, keys, compute_estimate=(-1.0, 0.0))
+
+
+def test_on_chunk_that_raises_fails_the_session(client, cached):
+    lay, ns, keys, data = cached
+
+    def boom(i, b, t):
+        raise RuntimeError("worker could not take chunk")
+
+    with client.prefill(ns, keys, on_chunk=boom, compute_estimate=(10.0, 0.0)) as s:
+        with pytest.raises(kvtier.InternalError, match="worker could not take chunk"):
+            s.finish()
