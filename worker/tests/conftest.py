@@ -40,7 +40,7 @@ def daemon(tmp_path_factory):
         find_kvtierd()
     except (ImportError, FileNotFoundError) as e:
         pytest.skip(f"kvtier package or kvtierd not built: {e}")
-    d = Daemon(str(tmp_path_factory.mktemp("kvtierd") / "data"),
+    d = Daemon(str(tmp_path_factory.mktemp("kvtierd")),
                args=["--ram-capacity=256MiB", "--write-mode=ram-only"])
     yield d
     d.close()
