@@ -140,7 +140,10 @@ class Worker:
     # -- Prefix reuse through the connector -------------------------------------------
 
     def serve(self, tokens, mode: str = "layer", put: bool = True,
-              max_bytes_per_second: int = 0) -> ServeResult:
+              max_bytes_per_second: int = 0, return_kv: bool = True) -> ServeResult:
+        """Serves one prompt (see the module docstring for the modes). ``return_kv=False``
+        skips assembling the whole request's KV in local memory for the result (a copy of
+        the prefix a serving engine would not make); result.kv is then None."""
         if mode not in MODES:
             raise ValueError(f"mode: {mode!r} is not one of {MODES}")
         tokens = torch.as_tensor(tokens, dtype=torch.long)
@@ -183,8 +186,9 @@ class Worker:
             if loaded < h:
                 logits = None
         if h and logits is not None:
-            cache.write_chunks(self.chunks, conn._req(req).load_buf, 0, h)
-            cache.write(h * C, kv)
+            if return_kv:
+                cache.write_chunks(self.chunks, conn._req(req).load_buf, 0, h)
+                cache.write(h * C, kv)
             result.reused_chunks = h
             result.computed_from = h * C
         else:
@@ -215,7 +219,8 @@ class Worker:
                                if k != "load_start"})
         conn.get_finished([req])
         conn.get_failed_loads()
-        result.logits, result.kv, result.fallback = logits, cache.past(n), fallback
+        result.logits, result.fallback = logits, fallback
+        result.kv = cache.past(n) if return_kv else None
         result.timings["total"] = time.perf_counter() - t_start
         return result
 
