@@ -79,7 +79,12 @@ def bench_overlap(cfg, C, prefixes, suffix, repeats, commands, tmp):
         w = Worker(model, c, C, model_id="bench-overlap")
         for n_prefix in prefixes:
             tokens = tokens_of(n_prefix + suffix, n_prefix, cfg.vocab_size)
-            _, kv = model.prefill(tokens[:n_prefix], want_logits=False)
+            # Timing only: the prefix KV is seeded noise of the right shape (a real prefill
+            # of 4096 tokens costs this CPU a minute; exactness is the tests' job).
+            g = torch.Generator().manual_seed(n_prefix)
+            kv = [(torch.randn(cfg.num_kv_heads, n_prefix, cfg.head_dim, generator=g),
+                   torch.randn(cfg.num_kv_heads, n_prefix, cfg.head_dim, generator=g))
+                  for _ in range(cfg.num_layers)]
             keys = kvtier.chunk_keys(w.ns, tokens.numpy(), C)
             c.put(w.ns, keys[:n_prefix // C], list(w.chunks.pack(kv)))
             # Compute alone (prefix KV already in local memory), for reference.
@@ -324,6 +329,9 @@ def summary_md(res):
 
 
 def main():
+    import signal
+    # SIGTERM unwinds like Ctrl-C, so every kvtierd this started is stopped on the way out.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=os.path.join(HERE, "results", "worker"))
     ap.add_argument("--quick", action="store_true", help="small grid, for a smoke run")
