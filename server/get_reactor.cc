@@ -79,7 +79,54 @@ absl::Status GetReactor::Start(const grpc::ByteBuffer* request, uint64_t max_fra
   if (req.max_frame_bytes() > 0) {
     frame_bytes_ = std::min<uint64_t>(frame_bytes_, req.max_frame_bytes());
   }
+  switch (req.order()) {
+    case v1::GET_ORDER_UNSPECIFIED:
+    case v1::GET_ORDER_CHUNK_MAJOR:
+      layer_major_ = false;
+      break;
+    case v1::GET_ORDER_LAYER_MAJOR:
+      layer_major_ = true;
+      break;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          "order: ", static_cast<int>(req.order()),
+          " is not a GetOrder this daemon knows (chunk-major 1, layer-major 2)"));
+  }
+  const uint32_t n = static_cast<uint32_t>(ids_.size());
+  if (layer_major_) {
+    items_.reserve(size_t{n} * (end_layer_ - first_layer_));
+    for (uint32_t l = first_layer_; l < end_layer_; ++l) {
+      for (uint32_t k = 0; k < n; ++k) items_.push_back(Item{k, l, l + 1});
+    }
+  } else {
+    items_.reserve(n);
+    for (uint32_t k = 0; k < n; ++k) items_.push_back(Item{k, first_layer_, end_layer_});
+  }
+  absl::MutexLock lock(&mu_);
+  held_.resize(n);
+  absent_.assign(n, false);
+  key_crc_.assign(n, 0);
   return absl::OkStatus();
+}
+
+void GetReactor::NextItem() {
+  ++item_;
+  while (item_ < items_.size() && absent_[items_[item_].key]) ++item_;
+}
+
+bool GetReactor::LastItemOfKey() const {
+  return !layer_major_ || items_[item_].end == end_layer_;
+}
+
+void GetReactor::BeginItem(ChunkView view) {
+  const Item& item = items_[item_];
+  if (layer_major_ && !held_[item.key]) held_[item.key] = view;
+  const uint64_t layer_bytes = view.meta().size / num_layers_;
+  view_.emplace(std::move(view));
+  begin_ = uint64_t{item.begin} * layer_bytes;
+  end_ = uint64_t{item.end} * layer_bytes;
+  off_ = read_off_ = begin_;
+  pending_.clear();
 }
 
 void GetReactor::Pump() {
@@ -92,23 +139,27 @@ void GetReactor::Pump() {
   {
     absl::MutexLock lock(&mu_);
     if (finished_ || writing_) return;
-    if (error_.ok() && key_ < ids_.size() && view_ && view_->streamed() &&
+    if (error_.ok() && item_ < items_.size() && view_ && view_->streamed() &&
         !pending_.empty() && pending_.front().ready) {
       // The next frame of a streamed chunk has been read.
+      const uint32_t key = items_[item_].key;
       Pending p = std::move(pending_.front());
       pending_.pop_front();
       if (!p.status.ok()) {
         error_ = absl::IsNotFound(p.status)
                      ? absl::AbortedError(absl::StrCat(
-                           "keys[", key_, "]: the chunk was deleted while being sent; "
+                           "keys[", key, "]: the chunk was deleted while being sent; "
                            "the bytes received for it are incomplete"))
-                     : absl::Status(p.status.code(), absl::StrCat("keys[", key_, "]: ",
+                     : absl::Status(p.status.code(), absl::StrCat("keys[", key, "]: ",
                                                                   p.status.message()));
       } else {
-        const bool whole = begin_ == 0 && end_ == view_->meta().size;
-        if (whole) crc_ = crc32c::Extend(crc_, p.buf.get(), p.len);
-        if (whole && p.off + p.len == end_ && crc_ != view_->meta().crc32c) {
-          error_ = store_->DropCorrupt(ids_[key_]);
+        // Every layer asked for: the key's bytes, over all its items, are the chunk.
+        const bool whole = first_layer_ == 0 && end_layer_ == num_layers_;
+        uint32_t& crc = key_crc_[key];
+        if (whole) crc = crc32c::Extend(crc, p.buf.get(), p.len);
+        if (whole && p.off + p.len == end_ && LastItemOfKey() &&
+            crc != view_->meta().crc32c) {
+          error_ = store_->DropCorrupt(ids_[key]);
         } else {
           const absl::string_view piece(p.buf.get(), p.len);
           BuildFrame(p.len, std::shared_ptr<const void>(p.buf), {&piece, 1});
@@ -122,16 +173,20 @@ void GetReactor::Pump() {
       finished_ = true;
       finish_status = error_;
       action = Action::kFinish;
-    } else if (key_ >= ids_.size()) {
+    } else if (item_ >= items_.size()) {
       finished_ = true;
       action = Action::kFinish;
+    } else if (!view_ && held_[items_[item_].key]) {
+      // Layer-major: a later piece of a chunk found at its first.
+      BeginItem(*held_[items_[item_].key]);
     } else if (!view_) {
       if (reading_) return;
       reading_ = true;
       ++store_callbacks_;
-      id = ids_[key_];
+      id = ids_[items_[item_].key];
       action = Action::kFind;
-    } else if (!view_->streamed()) {
+    }
+    if (action == Action::kNone && view_ && !view_->streamed()) {
       const uint64_t n = std::min(frame_bytes_, end_ - off_);
       std::vector<absl::string_view> pieces;
       view_->ForEachPiece(off_, n, [&](absl::string_view piece) { pieces.push_back(piece); });
@@ -139,7 +194,7 @@ void GetReactor::Pump() {
       action = Action::kWrite;
     }
     if (view_ && view_->streamed() && action != Action::kFinish) {
-      id = ids_[key_];
+      id = ids_[items_[item_].key];
       meta = view_->meta();
       while (pending_.size() < kReadahead && read_off_ < end_) {
         Pending p;
@@ -177,10 +232,12 @@ void GetReactor::Pump() {
 
 void GetReactor::BuildFrame(uint64_t n, const std::shared_ptr<const void>& keep,
                             absl::Span<const absl::string_view> pieces) {
+  const Item& item = items_[item_];
   v1::GetFrame header;
-  header.set_key_index(static_cast<uint32_t>(key_));
+  header.set_key_index(item.key);
   header.set_found(true);
   header.set_offset(off_ - begin_);
+  if (layer_major_) header.set_layer(item.begin);
   if (off_ == begin_) {
     header.set_total_bytes(end_ - begin_);
     header.set_crc32c(view_->meta().crc32c);
@@ -203,10 +260,10 @@ void GetReactor::BuildFrame(uint64_t n, const std::shared_ptr<const void>& keep,
   frame_ = grpc::ByteBuffer(slices.data(), slices.size());
   off_ += n;
   if (last) {
+    if (LastItemOfKey()) held_[item.key].reset();
     view_.reset();
     pending_.clear();
-    crc_ = 0;
-    ++key_;
+    NextItem();
   }
 }
 
@@ -218,25 +275,23 @@ void GetReactor::OnChunk(absl::StatusOr<ChunkView> view) {
     if (finished_) {
       // Ending anyway; the view goes below.
     } else if (absl::IsNotFound(view.status())) {
+      const uint32_t key = items_[item_].key;
       v1::GetFrame header;
-      header.set_key_index(static_cast<uint32_t>(key_));
+      header.set_key_index(key);
       header.set_found(false);
       header.set_last(true);
-      ++key_;
+      if (layer_major_) header.set_layer(items_[item_].begin);
+      absent_[key] = true;
+      NextItem();
       grpc::Slice slice(header.SerializeAsString());
       frame_ = grpc::ByteBuffer(&slice, 1);
       writing_ = write = true;
     } else if (!view.ok()) {
-      error_ = absl::Status(view.status().code(),
-                            absl::StrCat("keys[", key_, "]: ", view.status().message()));
+      error_ = absl::Status(view.status().code(), absl::StrCat("keys[", items_[item_].key,
+                                                               "]: ", view.status().message()));
     } else {
-      view_.emplace(*std::move(view));
-      const uint64_t layer_bytes = view_->meta().size / num_layers_;
-      begin_ = uint64_t{first_layer_} * layer_bytes;
-      end_ = uint64_t{end_layer_} * layer_bytes;
-      off_ = read_off_ = begin_;
-      crc_ = 0;
-      pending_.clear();
+      key_crc_[items_[item_].key] = 0;
+      BeginItem(*std::move(view));
     }
   }
   view = absl::CancelledError();  // Drop any bytes we did not keep before going on.
@@ -300,6 +355,7 @@ void GetReactor::OnDone() {
     absl::MutexLock lock(&mu_);
     done_ = true;
     view_.reset();
+    held_.clear();
     pending_.clear();
     last = store_callbacks_ == 0;
   }

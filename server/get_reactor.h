@@ -14,6 +14,15 @@
 // accepts the bytes) and the chunk is deleted. A chunk deleted from SSD mid-stream ends
 // the call ABORTED.
 //
+// Layer-major order (GetRequest.order) sends the same bytes as pieces, one layer of one
+// chunk each: layer `first` of every key, then the next layer of every key, and so on.
+// The reactor walks a list of items (key, layer range): one per key in chunk-major order,
+// one per (layer, key) in layer-major order. A key's chunk is found at its first item
+// and, in layer-major order, held (its pool slots referenced, or its SSD location) until
+// its last item is sent, so all of a key's pieces come from one stored chunk and a chunk
+// is promoted from SSD at most once per call. An absent key is answered once, at its
+// first item, and its later items are skipped.
+//
 // Thread-safety: events arrive on gRPC's callback threads (write done) and the store's
 // read threads (reads done); each takes mu_, updates the state and, with mu_ released,
 // starts at most one write or read. gRPC threads never wait for the SSD. The reactor is
@@ -58,7 +67,20 @@ class GetReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     TieredStore::RangeBuffer buf;
   };
 
+  // One unit of the stream: layers [begin, end) of key `key`.
+  struct Item {
+    uint32_t key = 0;
+    uint32_t begin = 0, end = 0;
+  };
+
   absl::Status Start(const grpc::ByteBuffer* request, uint64_t max_frame_bytes, uint32_t max_keys);
+  // Moves item_ to the next item whose key is not known to be absent.
+  void NextItem() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes the current item's chunk (found, or held from an earlier item) as view_, and
+  // sets its byte range. Call with view set.
+  void BeginItem(ChunkView view) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // True when the current item is the last of its key.
+  bool LastItemOfKey() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Decides the next step and takes it: a write, reads, or the end. Call without mu_.
   void Pump();
   void OnChunk(absl::StatusOr<ChunkView> view);
@@ -75,6 +97,8 @@ class GetReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   TieredStore* const store_;
   RpcMetrics::Scope scope_;
   std::vector<ChunkId> ids_;
+  std::vector<Item> items_;
+  bool layer_major_ = false;
   uint32_t num_layers_ = 1;
   uint32_t first_layer_ = 0, end_layer_ = 1;
   uint64_t frame_bytes_ = 0;
@@ -86,16 +110,20 @@ class GetReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   bool done_ ABSL_GUARDED_BY(mu_) = false;      // OnDone() was called.
   int store_callbacks_ ABSL_GUARDED_BY(mu_) = 0;  // Reads whose callback has not run.
   absl::Status error_ ABSL_GUARDED_BY(mu_);     // Ends the call once no write is in flight.
-  size_t key_ ABSL_GUARDED_BY(mu_) = 0;          // Key being sent.
+  size_t item_ ABSL_GUARDED_BY(mu_) = 0;         // Item being sent.
   std::optional<ChunkView> view_ ABSL_GUARDED_BY(mu_);  // Its chunk, once found.
+  // Layer-major order, per key: the chunk, held from its first item to its last; whether
+  // it was answered absent; the CRC32C of its streamed bytes so far.
+  std::vector<std::optional<ChunkView>> held_ ABSL_GUARDED_BY(mu_);
+  std::vector<bool> absent_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint32_t> key_crc_ ABSL_GUARDED_BY(mu_);
   // Byte range of the key, next offset to send.
   uint64_t begin_ ABSL_GUARDED_BY(mu_) = 0, end_ ABSL_GUARDED_BY(mu_) = 0,
            off_ ABSL_GUARDED_BY(mu_) = 0;
-  // Streamed chunk: frames read or being read, in order; next offset to read; CRC32C of
-  // the bytes sent so far (checked when the whole chunk is sent).
+  // Streamed chunk: frames read or being read, in order; next offset to read. Its
+  // CRC32C (key_crc_) is checked when every layer was asked for and the last is sent.
   std::deque<Pending> pending_ ABSL_GUARDED_BY(mu_);
   uint64_t read_off_ ABSL_GUARDED_BY(mu_) = 0;
-  uint32_t crc_ ABSL_GUARDED_BY(mu_) = 0;
   grpc::ByteBuffer frame_;  // The frame in flight; touched only by the one writer.
 };
 

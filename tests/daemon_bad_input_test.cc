@@ -281,6 +281,32 @@ TEST_F(BadInputTest, BadLayoutAndLayerRange) {
   EXPECT_NE(g.status().message().find("layer_range"), std::string::npos);
 }
 
+TEST_F(BadInputTest, UnknownGetOrderIsInvalidArgument) {
+  const std::string data = PatternBytes(3, kChunk);
+  ChunkToPut c{KeyOf(3), data, 256};
+  ASSERT_TRUE(client_->Put(ns_, {&c, 1}).ok());
+  grpc::ClientContext ctx;
+  client_->PrepareContext(&ctx);
+  v1::GetRequest req;
+  req.set_namespace_id(ns_);
+  req.add_keys(KeyOf(3).ToByteString());
+  req.set_order(static_cast<v1::GetOrder>(7));  // A value from a newer proto.
+  auto reader = client_->stub()->Get(&ctx, req);
+  v1::GetFrame frame;
+  EXPECT_FALSE(reader->Read(&frame));  // Nothing is sent before the error.
+  grpc::Status s = reader->Finish();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("order"), std::string::npos) << s.error_message();
+  // The client refuses it before sending anything.
+  auto g = client_->Get(ns_, std::vector<ChunkKey>{KeyOf(3)}, std::nullopt, nullptr,
+                        static_cast<v1::GetOrder>(7));
+  EXPECT_EQ(g.status().code(), absl::StatusCode::kInvalidArgument) << g.status();
+  // A bad layer range is refused in layer-major order too.
+  auto r = client_->Get(ns_, std::vector<ChunkKey>{KeyOf(3)}, LayerRange{0, 2}, nullptr,
+                        v1::GET_ORDER_LAYER_MAJOR);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+}
+
 TEST_F(BadInputTest, CorruptedSsdRecordIsNeverServed) {
   const std::string data = PatternBytes(7, kChunk);
   ChunkToPut c{KeyOf(7), data, 256};

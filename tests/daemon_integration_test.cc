@@ -218,6 +218,96 @@ TEST_F(StreamedGetTest, MixedGetStreamsSsdChunksIntact) {
   EXPECT_TRUE((*layers)[0].data == data_[2].substr(layer, 5 * layer));
 }
 
+// Layer-major order over the same mix: layer 0 of every key, then layer 1, ...; each
+// piece in several frames; the absent key answered once; the streamed SSD chunks read
+// layer by layer from the one location found at their first piece.
+TEST_F(StreamedGetTest, LayerMajorStreamsEveryLayerOfEveryKeyInLayerOrder) {
+  const std::vector<ChunkKey> keys = {KeyOf(1), KeyOf(3), KeyOf(9), KeyOf(2), KeyOf(4)};
+  const int expect[] = {1, 3, 0, 2, 4};
+  constexpr uint64_t kLayer = kChunk / 8;  // LayoutOfMiB(8): 8 layers of 1 MiB.
+  ClientOptions o;
+  o.max_frame_bytes = 256 << 10;  // 4 frames per piece.
+  auto c = KvTierClient::Connect(daemon_->target(), o);
+  ASSERT_TRUE(c.ok());
+
+  struct Seen {
+    uint32_t key, layer;
+    uint64_t offset, n;
+    bool found, last;
+  };
+  std::vector<Seen> seen;
+  std::vector<std::string> assembled(keys.size());
+  absl::Status s = (*c)->GetStreamRaw(
+      ns_, keys, std::nullopt,
+      [&](uint32_t i, const GetFrameHeader& h, absl::Span<const absl::string_view> data) {
+        uint64_t n = 0;
+        for (absl::string_view piece : data) {
+          assembled[i].append(piece.data(), piece.size());
+          n += piece.size();
+        }
+        seen.push_back({i, h.layer(), h.offset(), n, h.found(), h.last()});
+        return absl::OkStatus();
+      },
+      v1::GET_ORDER_LAYER_MAJOR);
+  ASSERT_TRUE(s.ok()) << s;
+
+  // The expected sequence, built independently: the absent key's single frame sits in
+  // the first pass, at its place among the keys.
+  std::vector<Seen> want;
+  for (uint32_t l = 0; l < 8; ++l) {
+    for (uint32_t i = 0; i < keys.size(); ++i) {
+      if (expect[i] == 0) {
+        if (l == 0) want.push_back({i, 0, 0, 0, false, true});
+        continue;
+      }
+      for (uint64_t off = 0; off < kLayer; off += o.max_frame_bytes) {
+        want.push_back({i, l, off, o.max_frame_bytes, true, off + o.max_frame_bytes == kLayer});
+      }
+    }
+  }
+  ASSERT_EQ(seen.size(), want.size());
+  for (size_t f = 0; f < want.size(); ++f) {
+    EXPECT_EQ(seen[f].key, want[f].key) << f;
+    EXPECT_EQ(seen[f].layer, want[f].layer) << f;
+    EXPECT_EQ(seen[f].offset, want[f].offset) << f;
+    EXPECT_EQ(seen[f].n, want[f].n) << f;
+    EXPECT_EQ(seen[f].found, want[f].found) << f;
+    EXPECT_EQ(seen[f].last, want[f].last) << f;
+  }
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (expect[i] != 0) EXPECT_TRUE(assembled[i] == data_[expect[i]]) << i;
+  }
+
+  // Get() assembles the same chunks, CRC-checked, with the same tiers as chunk-major.
+  auto got = (*c)->Get(ns_, keys, std::nullopt, nullptr, v1::GET_ORDER_LAYER_MAJOR);
+  ASSERT_TRUE(got.ok()) << got.status();
+  for (size_t i = 0; i < keys.size(); ++i) {
+    ASSERT_EQ((*got)[i].found, expect[i] != 0) << i;
+    if (expect[i] == 0) continue;
+    EXPECT_TRUE((*got)[i].data == data_[expect[i]]) << i;
+    EXPECT_TRUE((*got)[i].crc_verified) << i;
+    EXPECT_EQ((*got)[i].tier, expect[i] <= 2 ? v1::TIER_SSD : v1::TIER_RAM) << i;
+  }
+
+  // A layer range: layers 2..4 of each key, pass by pass, not CRC-checked.
+  auto range = (*c)->Get(ns_, keys, LayerRange{2, 5}, nullptr, v1::GET_ORDER_LAYER_MAJOR);
+  ASSERT_TRUE(range.ok()) << range.status();
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (expect[i] == 0) continue;
+    EXPECT_TRUE((*range)[i].data == data_[expect[i]].substr(2 * kLayer, 3 * kLayer)) << i;
+    EXPECT_FALSE((*range)[i].crc_verified) << i;
+  }
+}
+
+// Only absent keys: one pass of found = false frames, nothing else.
+TEST_F(StreamedGetTest, LayerMajorWithNoKeyFoundAnswersEachOnce) {
+  auto got = client_->Get(ns_, std::vector<ChunkKey>{KeyOf(7), KeyOf(8)}, std::nullopt,
+                          nullptr, v1::GET_ORDER_LAYER_MAJOR);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_FALSE((*got)[0].found);
+  EXPECT_FALSE((*got)[1].found);
+}
+
 TEST_F(StreamedGetTest, ConcurrentAndCancelledStreamsGiveTheirBuffersBack) {
   // Clients that walk away after the first frame must not keep the one-frame budget.
   ClientOptions o;
@@ -278,6 +368,37 @@ TEST_F(StreamedGetTest, CorruptStreamedChunkEndsDataLossAndIsDeleted) {
   ASSERT_TRUE(l.ok());
   EXPECT_EQ(l->tiers[0], v1::TIER_UNSPECIFIED);  // Deleted: never served again.
   EXPECT_EQ(client_->Stats()->checksum_failures(), before + 1);
+}
+
+// The streamed chunk's CRC32C covers its whole bytes, read layer by layer: a corrupt
+// one ends a layer-major Get DATA_LOSS too, and is deleted.
+TEST_F(StreamedGetTest, CorruptStreamedChunkInLayerMajorOrderEndsDataLoss) {
+  client_.reset();
+  StopDaemon();
+  const int corrupted = testing::CorruptBlobFiles(data_dir_ + "/ssd", [](uint64_t size) {
+    std::vector<uint64_t> at;
+    for (uint64_t off = 512 << 10; off + 64 < size; off += 1 << 20) at.push_back(off);
+    return at;
+  });
+  ASSERT_GT(corrupted, 0) << "no blob file found: is BlobDB on?";
+  StartDaemon({"--ram-capacity=16MiB", "--max-pinned-fraction=1", "--write-mode=write-through",
+               "--ssd-stream-buffer=4MiB"});
+  ns_ = Register(8);
+  for (uint64_t i = 5; i <= 6; ++i) {
+    const std::string d = PatternBytes(100 + i, kChunk);
+    ChunkToPut c{KeyOf(i), d, 256};
+    ASSERT_TRUE(client_->Put(ns_, {&c, 1}).ok());
+  }
+  auto p = client_->Pin(ns_, std::vector<ChunkKey>{KeyOf(5), KeyOf(6)}, 0);
+  ASSERT_TRUE(p.ok() && p->pinned == 2u) << p.status();
+
+  auto got = client_->Get(ns_, std::vector<ChunkKey>{KeyOf(5), KeyOf(1)}, std::nullopt,
+                          nullptr, v1::GET_ORDER_LAYER_MAJOR);
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kDataLoss) << got.status();
+  auto l = client_->Lookup(ns_, std::vector<ChunkKey>{KeyOf(1), KeyOf(5)});
+  ASSERT_TRUE(l.ok());
+  EXPECT_EQ(l->tiers[0], v1::TIER_UNSPECIFIED);  // Deleted: never served again.
+  EXPECT_EQ(l->tiers[1], v1::TIER_RAM);          // The good chunk stays.
 }
 
 TEST_F(DaemonTest, RestartServesSsdResidentChunks) {
