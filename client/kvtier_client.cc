@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "client/get_frame_checker.h"
 #include "client/get_frame_parser.h"
 #include "client/layout_convert.h"
 #include "storage/crc32c.h"
@@ -57,103 +58,6 @@ absl::StatusOr<Resp> CallUnary(
   if (!status.ok()) return FromGrpcStatus(status);
   return response;
 }
-
-// Checks a Get stream against the protocol as frames arrive: keys answered once each,
-// in request order; each found key's frames contiguous from offset 0 up to total_bytes,
-// the last one flagged; and, for whole-chunk reads, the CRC32C of the bytes received.
-// Not thread-safe; one per stream.
-class GetFrameChecker {
- public:
-  GetFrameChecker(absl::Span<const ChunkKey> keys, bool whole_chunks)
-      : keys_(keys), whole_chunks_(whole_chunks) {}
-
-  // `frame` is the header (its data() is ignored), `data` the payload's pieces, `n`
-  // their total size.
-  // Returns: Ok, Internal (protocol violation), DataLoss (CRC mismatch on the last frame
-  // of a key).
-  absl::Status Check(const v1::GetFrame& frame, absl::Span<const absl::string_view> data,
-                     uint64_t n) {
-    const uint32_t index = frame.key_index();
-    if (!in_key_) {
-      if (next_ >= keys_.size()) {
-        return Violation(absl::StrCat("a frame for key_index ", index, " after all ",
-                                      keys_.size(), " keys were answered"));
-      }
-      if (index != next_) {
-        return Violation(
-            absl::StrCat("a frame for key_index ", index, " when ", next_, " was due"));
-      }
-      if (!frame.found()) {
-        if (n != 0) {
-          return Violation(absl::StrCat("data with found = false for key_index ", index));
-        }
-        ++next_;
-        return absl::OkStatus();
-      }
-      in_key_ = true;
-      total_ = frame.total_bytes();
-      expected_crc_ = frame.crc32c();
-      received_ = 0;
-      crc_ = 0;
-    } else if (index != next_) {
-      return Violation(absl::StrCat("a frame for key_index ", index, " while key_index ",
-                                    next_, " had ", received_, " of ", total_, " bytes"));
-    }
-    if (frame.offset() != received_) {
-      return Violation(absl::StrCat("offset ", frame.offset(), " for key_index ", index,
-                                    ", expected ", received_));
-    }
-    if (n > total_ - received_) {
-      return Violation(absl::StrCat("more than total_bytes (", total_,
-                                    ") for key_index ", index));
-    }
-    received_ += n;
-    if (whole_chunks_) {
-      for (absl::string_view piece : data) {
-        crc_ = crc32c::Extend(crc_, piece.data(), piece.size());
-      }
-    }
-    if (frame.last()) {
-      if (received_ != total_) {
-        return Violation(absl::StrCat("last frame for key_index ", index, " after ",
-                                      received_, " of ", total_, " bytes"));
-      }
-      if (whole_chunks_ && crc_ != expected_crc_) {
-        return absl::DataLossError(absl::StrFormat(
-            "Get: chunk %s (key_index %u) failed its CRC32C: server says %08x, the %u "
-            "bytes received give %08x",
-            keys_[index].ToHex(), index, expected_crc_, received_, crc_));
-      }
-      in_key_ = false;
-      ++next_;
-    }
-    return absl::OkStatus();
-  }
-
-  // Call once the server ended the stream with Ok. Returns: Ok, Internal (keys left
-  // unanswered).
-  absl::Status Finish() const {
-    if (in_key_ || next_ != keys_.size()) {
-      return Violation(absl::StrCat("end of stream after ", next_, " of ", keys_.size(),
-                                    " keys", in_key_ ? " (one cut short)" : ""));
-    }
-    return absl::OkStatus();
-  }
-
- private:
-  static absl::Status Violation(absl::string_view what) {
-    return absl::InternalError(absl::StrCat("Get: server protocol violation: ", what));
-  }
-
-  const absl::Span<const ChunkKey> keys_;
-  const bool whole_chunks_;
-  uint32_t next_ = 0;       // Index of the key being (or next to be) answered.
-  bool in_key_ = false;     // Key next_ is found and some of its frames arrived.
-  uint64_t total_ = 0;      // total_bytes of key next_.
-  uint64_t received_ = 0;   // Bytes of key next_ so far.
-  uint32_t expected_crc_ = 0;
-  uint32_t crc_ = 0;        // CRC32C of those bytes (whole-chunk reads only).
-};
 
 }  // namespace
 
@@ -392,58 +296,95 @@ absl::StatusOr<PutResult> KvTierClient::Put(uint64_t namespace_id,
 absl::StatusOr<std::vector<GotChunk>> KvTierClient::Get(uint64_t namespace_id,
                                                         absl::Span<const ChunkKey> keys,
                                                         std::optional<LayerRange> layers,
-                                                        const ProgressCallback& progress) {
+                                                        const ProgressCallback& progress,
+                                                        v1::GetOrder order) {
+  const bool layer_major = order == v1::GET_ORDER_LAYER_MAJOR;
   std::vector<GotChunk> out(keys.size());
+  std::vector<uint8_t> seen(keys.size(), 0);
+  // Layers per chunk, where known before the stream ends (layer-major sizing).
+  uint64_t passes = 0;
+  if (layers.has_value()) {
+    passes = layers->end - layers->begin;
+  } else if (layer_major) {
+    absl::MutexLock lock(&mu_);
+    if (auto it = chunk_bytes_.find(namespace_id); it != chunk_bytes_.end()) {
+      passes = it->second;  // Divided by the piece size at the first piece.
+    }
+  }
   // Progress bookkeeping: the total is the sizes of keys already started plus, for the
   // keys not yet answered, the size of the first chunk received (all chunks of a
-  // namespace, or of one layer range, have the same size).
-  int64_t current = -1;         // key_index of the previous frame.
+  // namespace, or of one layer range, have the same size). Layer-major, a chunk's size
+  // is its piece size times the layers, or times the passes seen so far when the
+  // number of layers is not known: an estimate that only grows, never below `done`.
   uint64_t started = 0;         // Keys answered or being answered.
-  uint64_t known_total = 0;     // Bytes of the found keys among them.
-  uint64_t per_chunk = 0;       // total_bytes of the first found key.
+  uint64_t found = 0;           // Found keys among them.
+  uint64_t per_chunk = 0;       // total_bytes of the first found key (or piece).
+  uint64_t passes_seen = 0;
+  std::optional<uint32_t> pass_layer;
   uint64_t done = 0;
+  auto report = [&] {
+    if (!progress) return;
+    const uint64_t chunk = layer_major ? per_chunk * std::max(passes, passes_seen) : per_chunk;
+    progress(done, (found + keys.size() - started) * chunk);
+  };
   absl::Status status = GetStreamRaw(
       namespace_id, keys, layers,
       [&](uint32_t index, const GetFrameHeader& frame,
           absl::Span<const absl::string_view> data) -> absl::Status {
         GotChunk& got = out[index];
-        if (index != current) {  // The checker guarantees indices only grow.
-          current = index;
+        if (layer_major && pass_layer != frame.layer()) {
+          pass_layer = frame.layer();
+          ++passes_seen;
+        }
+        if (!seen[index]) {  // The key's first frame.
+          seen[index] = 1;
           ++started;
           got.found = frame.found();
           if (got.found) {
+            ++found;
             got.crc32c = frame.crc32c();
             got.token_count = frame.token_count();
             got.tier = frame.tier();
-            known_total += frame.total_bytes();
-            if (per_chunk == 0) per_chunk = frame.total_bytes();
+            if (per_chunk == 0) {
+              per_chunk = frame.total_bytes();
+              if (layer_major && !layers.has_value() && passes != 0) {
+                passes = per_chunk == 0 ? 0 : passes / per_chunk;
+              }
+            }
             // The checker has bounded this frame's data by total_bytes, not yet the
             // whole key's; a lying server costs at most this one reservation.
-            got.data.reserve(frame.total_bytes());
+            got.data.reserve(frame.total_bytes() * (layer_major ? std::max<uint64_t>(passes, 1) : 1));
           }
         }
         // A missing key shrinks the estimated total, so report it too: the last call
         // then always has done == total.
         if (!got.found) {
-          if (progress) progress(done, known_total + (keys.size() - started) * per_chunk);
+          report();
           return absl::OkStatus();
         }
-        // The one copy of the payload after the kernel's: gRPC's slices into the result.
+        // The one copy of the payload after the kernel's: gRPC's slices into the result
+        // (layer-major: the pieces of a key arrive in layer order, so appending them
+        // rebuilds the chunk).
         for (absl::string_view piece : data) {
           got.data.append(piece.data(), piece.size());
           done += piece.size();
         }
-        if (frame.last()) got.crc_verified = !layers.has_value();
-        if (progress) progress(done, known_total + (keys.size() - started) * per_chunk);
+        if (!layer_major && frame.last()) got.crc_verified = !layers.has_value();
+        report();
         return absl::OkStatus();
-      });
+      },
+      order);
   if (!status.ok()) return status;
+  if (layer_major && !layers.has_value()) {
+    for (GotChunk& got : out) got.crc_verified = got.found;  // Checked at the stream's end.
+  }
   return out;
 }
 
 absl::Status KvTierClient::GetStream(uint64_t namespace_id, absl::Span<const ChunkKey> keys,
                                      std::optional<LayerRange> layers,
-                                     const GetFrameCallback& on_frame) {
+                                     const GetFrameCallback& on_frame,
+                                     v1::GetOrder order) {
   if (!on_frame) return absl::InvalidArgumentError("GetStream: on_frame is empty");
   v1::GetFrame frame;  // Reused: data keeps its capacity from frame to frame.
   return GetStreamRaw(namespace_id, keys, layers,
@@ -458,17 +399,24 @@ absl::Status KvTierClient::GetStream(uint64_t namespace_id, absl::Span<const Chu
                           bytes->append(piece.data(), piece.size());
                         }
                         return on_frame(index, frame);
-                      });
+                      },
+                      order);
 }
 
 absl::Status KvTierClient::GetStreamRaw(uint64_t namespace_id,
                                         absl::Span<const ChunkKey> keys,
                                         std::optional<LayerRange> layers,
-                                        const GetFrameRawCallback& on_frame) {
+                                        const GetFrameRawCallback& on_frame,
+                                        v1::GetOrder order) {
   if (!on_frame) return absl::InvalidArgumentError("GetStreamRaw: on_frame is empty");
   if (layers.has_value() && layers->end <= layers->begin) {
     return absl::InvalidArgumentError(absl::StrCat(
         "Get: layer_range [", layers->begin, ", ", layers->end, ") is empty"));
+  }
+  if (order != v1::GET_ORDER_CHUNK_MAJOR && order != v1::GET_ORDER_LAYER_MAJOR &&
+      order != v1::GET_ORDER_UNSPECIFIED) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Get: order ", static_cast<int>(order), " is not a GetOrder"));
   }
   if (keys.empty()) return absl::OkStatus();
   v1::GetRequest request;
@@ -479,6 +427,8 @@ absl::Status KvTierClient::GetStreamRaw(uint64_t namespace_id,
     request.mutable_layer_range()->set_end(layers->end);
   }
   request.set_max_frame_bytes(options_.max_frame_bytes);
+  const bool layer_major = order == v1::GET_ORDER_LAYER_MAJOR;
+  if (layer_major) request.set_order(order);
 
   grpc::ClientContext ctx;
   PrepareContext(&ctx);
@@ -494,7 +444,10 @@ absl::Status KvTierClient::GetStreamRaw(uint64_t namespace_id,
   std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>> reader(
       grpc::internal::ClientReaderFactory<grpc::ByteBuffer>::Create(channel_.get(), method,
                                                                     &ctx, request));
-  GetFrameChecker checker(keys, /*whole_chunks=*/!layers.has_value());
+  GetFrameChecker checker(
+      keys, layer_major,
+      layers.has_value() ? std::optional<uint32_t>(layers->begin) : std::nullopt,
+      layers.has_value() ? std::optional<uint32_t>(layers->end) : std::nullopt);
   GetFrameParser parser;
   grpc::ByteBuffer message;
   absl::Status client_error;

@@ -123,14 +123,23 @@ struct PinResult {
 using ProgressCallback = std::function<void(uint64_t bytes_done, uint64_t bytes_total)>;
 
 // Receives each frame of a Get stream, after the client checked it (key order,
-// contiguous offsets, sizes; for a whole-chunk read, the CRC32C once the last frame is
-// in). `key_index` indexes the keys passed to GetStream; indices only grow, and every
-// key gets at least one frame. The first frame with a given key_index carries found,
-// total_bytes, crc32c, token_count and tier; a key with found = false gets no other.
-// A key's bytes are complete (and, for whole chunks, verified) when the frame with
-// last = true arrives; if the stream fails before that, discard what was received for
-// that key. The frame is only valid during the call. Returning non-Ok cancels the
-// stream and GetStream returns that status.
+// contiguous offsets, sizes; for a whole-chunk read, the CRC32C). `key_index` indexes
+// the keys passed to GetStream. The frame is only valid during the call. Returning
+// non-Ok cancels the stream and GetStream returns that status.
+//
+// Chunk-major order (the default): indices only grow, and every key gets at least one
+// frame. The first frame with a given key_index carries found, total_bytes, crc32c,
+// token_count and tier; a key with found = false gets no other. A key's bytes are
+// complete (and, for whole chunks, verified) when the frame with last = true arrives; if
+// the stream fails before that, discard what was received for that key.
+//
+// Layer-major order (v1::GET_ORDER_LAYER_MAJOR): one pass per layer, frame.layer() saying
+// which; in each pass the found keys in index order (the first pass also answers each
+// absent key once, found = false), each key's piece (that layer of it, total_bytes
+// long) as frames with offsets within the piece, the first carrying the fields above
+// and `last` ending it. Layer l of key k goes at byte (l - first layer) * total_bytes
+// of k's result. Whole chunks are CRC-checked only when the stream ends: nothing
+// received is verified until GetStream returns Ok.
 using GetFrameCallback =
     std::function<absl::Status(uint32_t key_index, const v1::GetFrame& frame)>;
 
@@ -187,10 +196,13 @@ class KvTierClient {
   // chunks are CRC32C-checked. Empty `keys`: empty result, no RPC.
   // Returns: Ok, InvalidArgument, NotFound (namespace), DataLoss (a chunk failed its
   // checksum on the server, which deleted it, or in transit), Unavailable, Internal.
-  absl::StatusOr<std::vector<GotChunk>> Get(uint64_t namespace_id,
-                                            absl::Span<const ChunkKey> keys,
-                                            std::optional<LayerRange> layers = std::nullopt,
-                                            const ProgressCallback& progress = nullptr);
+  // `order` changes only the order on the wire (layer-major: each chunk is assembled
+  // from its layers as they arrive); the result is the same.
+  absl::StatusOr<std::vector<GotChunk>> Get(
+      uint64_t namespace_id, absl::Span<const ChunkKey> keys,
+      std::optional<LayerRange> layers = std::nullopt,
+      const ProgressCallback& progress = nullptr,
+      v1::GetOrder order = v1::GET_ORDER_CHUNK_MAJOR);
 
   // Streaming Get: hands each frame to `on_frame` as it arrives, so a caller can write
   // chunks to their destination without holding them all. Same checks and codes as
@@ -198,14 +210,16 @@ class KvTierClient {
   // Builds one GetFrame per frame, copying its data; GetStreamRaw avoids that copy.
   absl::Status GetStream(uint64_t namespace_id, absl::Span<const ChunkKey> keys,
                          std::optional<LayerRange> layers,
-                         const GetFrameCallback& on_frame);
+                         const GetFrameCallback& on_frame,
+                         v1::GetOrder order = v1::GET_ORDER_CHUNK_MAJOR);
 
   // Zero-copy streaming Get: hands each frame's data to `on_frame` as views into the
   // received message, so the only copy of the payload after the kernel's is whatever
   // `on_frame` makes. Same checks and codes as GetStream.
   absl::Status GetStreamRaw(uint64_t namespace_id, absl::Span<const ChunkKey> keys,
                             std::optional<LayerRange> layers,
-                            const GetFrameRawCallback& on_frame);
+                            const GetFrameRawCallback& on_frame,
+                            v1::GetOrder order = v1::GET_ORDER_CHUNK_MAJOR);
 
   // Pins keys in the RAM tier for `ttl_seconds` (0: until Unpin).
   // Returns: Ok, InvalidArgument, NotFound (namespace), ResourceExhausted, Unavailable.

@@ -12,3 +12,4 @@ kvtier_test(scheduler_test LIBS kvtier_scheduler)
 
 # Client internals.
 kvtier_test(get_frame_parser_test LIBS kvtier_client)
+kvtier_test(get_frame_checker_test LIBS kvtier_client)
