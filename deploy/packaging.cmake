@@ -4,7 +4,8 @@
 # Contents: /usr/bin/kvtierd and /usr/bin/kvtier (install rules in server/ and client/),
 # /usr/share/kvtier/kvtierd.toml (the example with built-in defaults),
 # /etc/kvtier/kvtierd.toml (conffile: the example with data_dir=/var/lib/kvtier) and
-# /lib/systemd/system/kvtierd.service (deploy/CMakeLists.txt). The maintainer scripts in
+# /lib/systemd/system/kvtierd.service (deploy/CMakeLists.txt), and the Python client
+# package in /usr/lib/python3/dist-packages/kvtier (client/python/CMakeLists.txt). The maintainer scripts in
 # deploy/debian/ create the `kvtier` user on install and delete it, with /var/lib/kvtier,
 # on purge.
 
@@ -29,6 +30,8 @@ set(CPACK_DEBIAN_PACKAGE_PRIORITY optional)
 # scripts/deps.sh). adduser is what postinst/postrm use (they fall back to useradd).
 set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
 set(CPACK_DEBIAN_PACKAGE_DEPENDS "adduser")
+# The Python client (/usr/lib/python3/dist-packages/kvtier) needs these to import.
+set(CPACK_DEBIAN_PACKAGE_RECOMMENDS "python3, python3-numpy, python3-protobuf, python3-xxhash")
 set(CPACK_DEBIAN_PACKAGE_CONTROL_EXTRA
     ${CMAKE_CURRENT_LIST_DIR}/debian/conffiles
     ${CMAKE_CURRENT_LIST_DIR}/debian/postinst

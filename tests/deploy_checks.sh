@@ -196,7 +196,9 @@ deb_test() {
   dpkg-deb --info "$deb"
   dpkg-deb --contents "$deb"
   for f in ./usr/bin/kvtierd ./usr/bin/kvtier ./lib/systemd/system/kvtierd.service \
-           ./etc/kvtier/kvtierd.toml ./usr/share/kvtier/kvtierd.toml; do
+           ./etc/kvtier/kvtierd.toml ./usr/share/kvtier/kvtierd.toml \
+           ./usr/lib/python3/dist-packages/kvtier/__init__.py \
+           ./usr/lib/python3/dist-packages/kvtier/v1/kvtier_pb2.py; do
     dpkg-deb --contents "$deb" | awk '{print $6}' | grep -qx "$f" || fail "package lacks $f"
   done
   dpkg-deb --field "$deb" Depends | grep -q 'libc6' ||
@@ -233,6 +235,11 @@ deb_test() {
   [ "$pid_user" = kvtier ] || fail "kvtierd runs as '$pid_user', not kvtier"
   port=$(sed -n 1p "$DEB_WORK/run/port")
   /usr/bin/kvtier --target "127.0.0.1:$port" stats || fail "kvtier stats against the installed daemon"
+  # The Python package the .deb ships, imported by Debian's python3 from its own path
+  # (no PYTHONPATH), talking to the installed daemon.
+  (cd / && env -u PYTHONPATH /usr/bin/python3 -c \
+     'import sys, kvtier; assert kvtier.__file__.startswith("/usr/lib/python3/dist-packages/"); print(kvtier.Client(sys.argv[1], connect_timeout=10).stats().write_mode)' \
+     "127.0.0.1:$port") || fail "the installed Python package cannot reach the installed daemon"
   if [ ${#extra[@]} -gt 0 ]; then
     http_get "$(sed -n 2p "$DEB_WORK/run/port")" /healthz | head -1 | grep -q ' 200' ||
       fail "GET /healthz did not answer 200"
