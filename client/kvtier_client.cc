@@ -176,10 +176,12 @@ absl::StatusOr<RegisterResult> KvTierClient::RegisterLayout(const LayoutSpec& la
 }
 
 absl::StatusOr<LookupResult> KvTierClient::Lookup(uint64_t namespace_id,
-                                                  absl::Span<const ChunkKey> keys) {
+                                                  absl::Span<const ChunkKey> keys,
+                                                  uint32_t lease_seconds) {
   v1::LookupRequest request;
   request.set_namespace_id(namespace_id);
   AddKeys(keys, request.mutable_keys());
+  request.set_lease_seconds(lease_seconds);
   absl::StatusOr<v1::LookupResponse> response =
       CallUnary(*this, &v1::KvCache::Stub::Lookup, request);
   if (!response.ok()) return response.status();
@@ -192,7 +194,18 @@ absl::StatusOr<LookupResult> KvTierClient::Lookup(uint64_t namespace_id,
   result.tiers.reserve(keys.size());
   for (int t : response->tiers()) result.tiers.push_back(static_cast<v1::Tier>(t));
   result.prefix_hits = response->prefix_hits();
+  result.lease_id = response->lease_id();
   return result;
+}
+
+absl::StatusOr<bool> KvTierClient::ReleaseLease(uint64_t namespace_id, uint64_t lease_id) {
+  v1::ReleaseLeaseRequest request;
+  request.set_namespace_id(namespace_id);
+  request.set_lease_id(lease_id);
+  absl::StatusOr<v1::ReleaseLeaseResponse> response =
+      CallUnary(*this, &v1::KvCache::Stub::ReleaseLease, request);
+  if (!response.ok()) return response.status();
+  return response->released();
 }
 
 absl::StatusOr<PutResult> KvTierClient::Put(uint64_t namespace_id,
@@ -297,7 +310,7 @@ absl::StatusOr<std::vector<GotChunk>> KvTierClient::Get(uint64_t namespace_id,
                                                         absl::Span<const ChunkKey> keys,
                                                         std::optional<LayerRange> layers,
                                                         const ProgressCallback& progress,
-                                                        v1::GetOrder order) {
+                                                        v1::GetOrder order, uint64_t lease_id) {
   const bool layer_major = order == v1::GET_ORDER_LAYER_MAJOR;
   std::vector<GotChunk> out(keys.size());
   std::vector<uint8_t> seen(keys.size(), 0);
@@ -373,7 +386,7 @@ absl::StatusOr<std::vector<GotChunk>> KvTierClient::Get(uint64_t namespace_id,
         report();
         return absl::OkStatus();
       },
-      order);
+      order, lease_id);
   if (!status.ok()) return status;
   if (layer_major && !layers.has_value()) {
     for (GotChunk& got : out) got.crc_verified = got.found;  // Checked at the stream's end.
@@ -384,7 +397,7 @@ absl::StatusOr<std::vector<GotChunk>> KvTierClient::Get(uint64_t namespace_id,
 absl::Status KvTierClient::GetStream(uint64_t namespace_id, absl::Span<const ChunkKey> keys,
                                      std::optional<LayerRange> layers,
                                      const GetFrameCallback& on_frame,
-                                     v1::GetOrder order) {
+                                     v1::GetOrder order, uint64_t lease_id) {
   if (!on_frame) return absl::InvalidArgumentError("GetStream: on_frame is empty");
   v1::GetFrame frame;  // Reused: data keeps its capacity from frame to frame.
   return GetStreamRaw(namespace_id, keys, layers,
@@ -400,14 +413,14 @@ absl::Status KvTierClient::GetStream(uint64_t namespace_id, absl::Span<const Chu
                         }
                         return on_frame(index, frame);
                       },
-                      order);
+                      order, lease_id);
 }
 
 absl::Status KvTierClient::GetStreamRaw(uint64_t namespace_id,
                                         absl::Span<const ChunkKey> keys,
                                         std::optional<LayerRange> layers,
                                         const GetFrameRawCallback& on_frame,
-                                        v1::GetOrder order) {
+                                        v1::GetOrder order, uint64_t lease_id) {
   if (!on_frame) return absl::InvalidArgumentError("GetStreamRaw: on_frame is empty");
   if (layers.has_value() && layers->end <= layers->begin) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -429,6 +442,7 @@ absl::Status KvTierClient::GetStreamRaw(uint64_t namespace_id,
   request.set_max_frame_bytes(options_.max_frame_bytes);
   const bool layer_major = order == v1::GET_ORDER_LAYER_MAJOR;
   if (layer_major) request.set_order(order);
+  request.set_lease_id(lease_id);
 
   grpc::ClientContext ctx;
   PrepareContext(&ctx);

@@ -81,6 +81,9 @@ struct RegisterResult {
 struct LookupResult {
   std::vector<v1::Tier> tiers;   // One per key, in request order; TIER_UNSPECIFIED: absent.
   uint32_t prefix_hits = 0;  // Leading keys present.
+  // The lease on the hits, when Lookup asked for one and the daemon granted it; 0
+  // otherwise. Pass it to the Get that loads them, or to ReleaseLease.
+  uint64_t lease_id = 0;
 };
 
 struct ChunkToPut {
@@ -174,10 +177,16 @@ class KvTierClient {
   // chunk size).
   absl::StatusOr<RegisterResult> RegisterLayout(const LayoutSpec& layout);
 
-  // Where each key lives, and the prefix hit length.
+  // Where each key lives, and the prefix hit length. `lease_seconds` > 0 asks the daemon
+  // to hold the hits (those in RAM) until the Get that names the lease ends, the lease
+  // is released, or it expires (LookupRequest in kvtier.proto).
   // Returns: Ok, InvalidArgument, NotFound (namespace), Unavailable, Internal.
   absl::StatusOr<LookupResult> Lookup(uint64_t namespace_id,
-                                      absl::Span<const ChunkKey> keys);
+                                      absl::Span<const ChunkKey> keys,
+                                      uint32_t lease_seconds = 0);
+  // Ends a Lookup lease without a Get. Returns whether there was one to end.
+  // Returns: Ok, NotFound (namespace), Unavailable.
+  absl::StatusOr<bool> ReleaseLease(uint64_t namespace_id, uint64_t lease_id);
 
   // Stores `chunks` in one Put stream, each cut into frames of max_frame_bytes, the last
   // frame of each carrying the CRC32C of the whole chunk. `progress`, if set, is called
@@ -202,7 +211,7 @@ class KvTierClient {
       uint64_t namespace_id, absl::Span<const ChunkKey> keys,
       std::optional<LayerRange> layers = std::nullopt,
       const ProgressCallback& progress = nullptr,
-      v1::GetOrder order = v1::GET_ORDER_CHUNK_MAJOR);
+      v1::GetOrder order = v1::GET_ORDER_CHUNK_MAJOR, uint64_t lease_id = 0);
 
   // Streaming Get: hands each frame to `on_frame` as it arrives, so a caller can write
   // chunks to their destination without holding them all. Same checks and codes as
@@ -211,7 +220,8 @@ class KvTierClient {
   absl::Status GetStream(uint64_t namespace_id, absl::Span<const ChunkKey> keys,
                          std::optional<LayerRange> layers,
                          const GetFrameCallback& on_frame,
-                         v1::GetOrder order = v1::GET_ORDER_CHUNK_MAJOR);
+                         v1::GetOrder order = v1::GET_ORDER_CHUNK_MAJOR,
+                         uint64_t lease_id = 0);
 
   // Zero-copy streaming Get: hands each frame's data to `on_frame` as views into the
   // received message, so the only copy of the payload after the kernel's is whatever
@@ -219,7 +229,8 @@ class KvTierClient {
   absl::Status GetStreamRaw(uint64_t namespace_id, absl::Span<const ChunkKey> keys,
                             std::optional<LayerRange> layers,
                             const GetFrameRawCallback& on_frame,
-                            v1::GetOrder order = v1::GET_ORDER_CHUNK_MAJOR);
+                            v1::GetOrder order = v1::GET_ORDER_CHUNK_MAJOR,
+                            uint64_t lease_id = 0);
 
   // Pins keys in the RAM tier for `ttl_seconds` (0: until Unpin).
   // Returns: Ok, InvalidArgument, NotFound (namespace), ResourceExhausted, Unavailable.

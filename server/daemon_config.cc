@@ -118,6 +118,13 @@ const std::vector<Option>& Options() {
                  &DaemonConfig::stream_window),
       UintOption("max_keys_per_request", "most keys in one Lookup/Get/Pin/Unpin/Delete/Prefill",
                  &DaemonConfig::max_keys_per_request),
+      UintOption("max_leases", "most Lookup leases live at once",
+                 &DaemonConfig::max_leases),
+      UintOption("max_lease_seconds", "longest Lookup lease; longer requests are cut to it",
+                 &DaemonConfig::max_lease_seconds),
+      SizeOption("max_lease_bytes",
+                 "RAM-tier chunk bytes all Lookup leases may hold (0: half the RAM pool)",
+                 &DaemonConfig::max_lease_bytes),
       SizeOption("max_chunk_size", "largest chunk a registered layout may have",
                  &DaemonConfig::max_chunk_size),
       DurationOption("put_wait",
@@ -226,6 +233,14 @@ absl::Status DaemonConfig::Validate() const {
     return absl::InvalidArgumentError(absl::StrCat(
         "option ssd_stream_buffer: must hold at least one frame (max_frame_size, ",
         max_frame_size, " bytes), got ", ssd_stream_buffer));
+  }
+  if (max_lease_seconds == 0) {
+    return absl::InvalidArgumentError("option max_lease_seconds: must be at least 1");
+  }
+  if (max_lease_bytes > ram_capacity) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "option max_lease_bytes: ", max_lease_bytes, " is more than ram_capacity (",
+        ram_capacity, ")"));
   }
   if (max_keys_per_request == 0) {
     return absl::InvalidArgumentError("option max_keys_per_request: must be at least 1");

@@ -36,6 +36,9 @@ struct DaemonConfig {
   uint64_t max_frame_size = 4ull << 20;    // Largest data field of one frame, bytes.
   uint64_t stream_window = 2ull << 20;     // HTTP/2 receive window per stream, bytes.
   uint32_t max_keys_per_request = 4096;    // Keys in one Lookup/Get/Pin/Delete.
+  uint32_t max_leases = 65536;             // Lookup leases live at once.
+  uint32_t max_lease_seconds = 300;        // Longest Lookup lease.
+  uint64_t max_lease_bytes = 0;            // RAM chunk bytes leases may hold; 0: half the pool.
   uint64_t max_chunk_size = 512ull << 20;  // Largest chunk a layout may have, bytes.
   absl::Duration put_wait = absl::Seconds(5);  // A put waits this long for room in RAM.
   absl::Duration shutdown_grace = absl::Seconds(30);  // In-flight RPCs get this long.

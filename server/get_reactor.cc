@@ -27,18 +27,18 @@ void ReleaseKeepAlive(void* p) { delete static_cast<std::shared_ptr<const void>*
 }  // namespace
 
 GetReactor::GetReactor(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request,
-                       TieredStore* store, RpcMetrics* metrics, uint64_t max_frame_bytes,
-                       uint32_t max_keys)
+                       TieredStore* store, RpcMetrics* metrics, LeaseTable* leases,
+                       uint64_t max_frame_bytes, uint32_t max_keys)
     : ctx_(ctx), store_(store), scope_(metrics, RpcMethod::kGet) {
-  if (absl::Status s = Start(request, max_frame_bytes, max_keys); !s.ok()) {
+  if (absl::Status s = Start(request, leases, max_frame_bytes, max_keys); !s.ok()) {
     absl::MutexLock lock(&mu_);
     error_ = s;
   }
   Pump();
 }
 
-absl::Status GetReactor::Start(const grpc::ByteBuffer* request, uint64_t max_frame_bytes,
-                               uint32_t max_keys) {
+absl::Status GetReactor::Start(const grpc::ByteBuffer* request, LeaseTable* leases,
+                               uint64_t max_frame_bytes, uint32_t max_keys) {
   if (store_ == nullptr) {
     return absl::UnavailableError(
         "kvtierd is starting up (recovering the SSD tier's index); retry shortly");
@@ -51,6 +51,11 @@ absl::Status GetReactor::Start(const grpc::ByteBuffer* request, uint64_t max_fra
   }
   auto layout = store_->FindLayout(req.namespace_id());
   if (!layout.ok()) return layout.status();
+  if (req.lease_id() != 0 && leases != nullptr) {
+    // Whatever happens to this call from here, the lease ends with it.
+    auto held = leases->Take(req.namespace_id(), req.lease_id());
+    if (held.ok()) lease_hold_ = *std::move(held);
+  }
   if (req.keys_size() > static_cast<int>(max_keys)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "keys: ", req.keys_size(), " keys in one request, more than max_keys_per_request (",

@@ -39,6 +39,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "kvtier/v1/kvtier.pb.h"
+#include "server/lease_table.h"
 #include "server/rpc_metrics.h"
 #include "storage/tiered_store.h"
 
@@ -49,11 +50,12 @@ class GetReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   // Frames of a streamed chunk read ahead of the one being sent.
   static constexpr int kReadahead = 4;
 
-  // `store` may be null (still starting: the call fails UNAVAILABLE). `metrics` may be
-  // null. Both must outlive the call.
+  // `store` may be null (still starting: the call fails UNAVAILABLE). `metrics` and
+  // `leases` may be null. All must outlive the call. A lease the request names is taken
+  // from `leases` at the start and its chunks held until the call ends.
   GetReactor(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request,
-             TieredStore* store, RpcMetrics* metrics, uint64_t max_frame_bytes,
-             uint32_t max_keys);
+             TieredStore* store, RpcMetrics* metrics, LeaseTable* leases,
+             uint64_t max_frame_bytes, uint32_t max_keys);
 
   void OnWriteDone(bool ok) override;
   void OnDone() override;
@@ -73,7 +75,8 @@ class GetReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     uint32_t begin = 0, end = 0;
   };
 
-  absl::Status Start(const grpc::ByteBuffer* request, uint64_t max_frame_bytes, uint32_t max_keys);
+  absl::Status Start(const grpc::ByteBuffer* request, LeaseTable* leases,
+                     uint64_t max_frame_bytes, uint32_t max_keys);
   // Moves item_ to the next item whose key is not known to be absent.
   void NextItem() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Takes the current item's chunk (found, or held from an earlier item) as view_, and
@@ -98,6 +101,9 @@ class GetReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   RpcMetrics::Scope scope_;
   std::vector<ChunkId> ids_;
   std::vector<Item> items_;
+  // The chunks of the Lookup lease the request named: held (not evicted) until the
+  // reactor is destroyed. Set in Start, before any other thread sees the reactor.
+  std::vector<ChunkView> lease_hold_;
   bool layer_major_ = false;
   uint32_t num_layers_ = 1;
   uint32_t first_layer_ = 0, end_layer_ = 1;

@@ -45,8 +45,12 @@ absl::StatusOr<LayoutSpec> RequireNamespace(TieredStore* store, uint64_t ns) {
 }  // namespace
 
 KvCacheService::KvCacheService(ServiceLimits limits, std::string version, RpcMetrics* metrics,
-                               PrefillRunner* prefill)
-    : metrics_(metrics), prefill_(prefill), limits_(limits), version_(std::move(version)) {}
+                               PrefillRunner* prefill, LeaseTable* leases)
+    : metrics_(metrics),
+      prefill_(prefill),
+      leases_(leases),
+      limits_(limits),
+      version_(std::move(version)) {}
 
 template <typename Impl>
 grpc::Status KvCacheService::Serve(RpcMethod method, Impl impl) {
@@ -78,7 +82,7 @@ grpc::Status KvCacheService::Put(grpc::ServerContext* ctx,
 grpc::ServerWriteReactor<grpc::ByteBuffer>* KvCacheService::Get(
     grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request) {
   return new GetReactor(ctx, request, store_.load(std::memory_order_acquire), metrics_,
-                        limits_.max_frame_bytes, limits_.max_keys_per_request);
+                        leases_, limits_.max_frame_bytes, limits_.max_keys_per_request);
 }
 grpc::Status KvCacheService::Pin(grpc::ServerContext*, const v1::PinRequest* req,
                                  v1::PinResponse* resp) {
@@ -100,6 +104,17 @@ grpc::Status KvCacheService::Clear(grpc::ServerContext*, const v1::ClearRequest*
 grpc::Status KvCacheService::Stats(grpc::ServerContext*, const v1::StatsRequest*,
                                    v1::StatsResponse* resp) {
   return Serve(RpcMethod::kStats, [&](TieredStore* store) { return StatsImpl(store, resp); });
+}
+grpc::Status KvCacheService::ReleaseLease(grpc::ServerContext*,
+                                          const v1::ReleaseLeaseRequest* req,
+                                          v1::ReleaseLeaseResponse* resp) {
+  return Serve(RpcMethod::kReleaseLease, [&](TieredStore* store) {
+    if (auto l = RequireNamespace(store, req->namespace_id()); !l.ok()) {
+      return ToGrpcStatus(l.status());
+    }
+    resp->set_released(leases_->Release(req->namespace_id(), req->lease_id()));
+    return grpc::Status::OK;
+  });
 }
 grpc::Status KvCacheService::Prefill(grpc::ServerContext* ctx, PrefillStream* stream) {
   return Serve(RpcMethod::kPrefill,
@@ -138,6 +153,16 @@ grpc::Status KvCacheService::LookupImpl(TieredStore* store, const v1::LookupRequ
     if (prefix) ++hits;
   }
   resp->set_prefix_hits(hits);
+  if (req->lease_seconds() > 0 && hits > 0) {
+    // Hold the hits that are in RAM now; one that moved since Locate is simply not held.
+    std::vector<ChunkView> held;
+    held.reserve(hits);
+    for (uint32_t i = 0; i < hits; ++i) {
+      if (auto view = store->HoldInRam((*ids)[i])) held.push_back(*std::move(view));
+    }
+    resp->set_lease_id(leases_->Grant(req->namespace_id(), std::move(held),
+                                      absl::Seconds(req->lease_seconds())));
+  }
   if (metrics_) {
     metrics_->CountLookup(ids->size(), std::count_if(resp->tiers().begin(), resp->tiers().end(),
                                                      [](int t) { return t != v1::TIER_UNSPECIFIED; }));
@@ -148,6 +173,7 @@ grpc::Status KvCacheService::LookupImpl(TieredStore* store, const v1::LookupRequ
 grpc::Status KvCacheService::PutImpl(TieredStore* store, grpc::ServerContext* ctx,
                                      grpc::ServerReader<v1::PutFrame>* reader,
                                      v1::PutResponse* resp) {
+  leases_->Expire();  // Expired leases give their RAM back before this put needs it.
   // State of the chunk being received. `writer` is null while draining a chunk that is
   // already stored (idempotent put) or between chunks; dropping it releases its RAM.
   bool in_chunk = false;
@@ -302,6 +328,7 @@ grpc::Status KvCacheService::ClearImpl(TieredStore* store, const v1::ClearReques
 }
 
 grpc::Status KvCacheService::StatsImpl(TieredStore* store, v1::StatsResponse* resp) {
+  leases_->Expire();
   const TieredStoreStats s = store->GetStats();
   auto* ram = resp->add_tiers();
   ram->set_tier(v1::TIER_RAM);
@@ -323,6 +350,9 @@ grpc::Status KvCacheService::StatsImpl(TieredStore* store, v1::StatsResponse* re
     ssd->set_evictions(s.ssd.evictions + s.ssd.expirations);
   }
   resp->set_namespaces(s.namespaces);
+  const LeaseTableStats leases = leases_->GetStats();
+  resp->set_leases(leases.live);
+  resp->set_lease_held_bytes(leases.held_bytes);
   resp->set_promotions(s.promotions);
   resp->set_demotions(s.demotions);
   resp->set_checksum_failures(s.checksum_failures);

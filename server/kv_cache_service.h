@@ -19,6 +19,7 @@
 
 #include "absl/time/time.h"
 #include "kvtier/v1/kvtier.grpc.pb.h"
+#include "server/lease_table.h"
 #include "server/prefill_runner.h"
 #include "server/rpc_metrics.h"
 #include "storage/tiered_store.h"
@@ -35,9 +36,10 @@ struct ServiceLimits {
 class KvCacheService final : public v1::KvCache::WithRawCallbackMethod_Get<v1::KvCache::Service> {
  public:
   // `metrics` (may be null) and the store given to SetStore must outlive the service.
-  // `prefill` runs the Cake sessions; it must outlive the service.
+  // `prefill` runs the Cake sessions and `leases` keeps the Lookup leases; both must
+  // outlive the service.
   KvCacheService(ServiceLimits limits, std::string version, RpcMetrics* metrics,
-                 PrefillRunner* prefill);
+                 PrefillRunner* prefill, LeaseTable* leases);
   void SetStore(TieredStore* store) { store_.store(store, std::memory_order_release); }
 
   grpc::Status RegisterLayout(grpc::ServerContext* ctx, const v1::RegisterLayoutRequest* req,
@@ -59,6 +61,8 @@ class KvCacheService final : public v1::KvCache::WithRawCallbackMethod_Get<v1::K
   grpc::Status Stats(grpc::ServerContext* ctx, const v1::StatsRequest* req,
                      v1::StatsResponse* resp) override;
   grpc::Status Prefill(grpc::ServerContext* ctx, PrefillStream* stream) override;
+  grpc::Status ReleaseLease(grpc::ServerContext* ctx, const v1::ReleaseLeaseRequest* req,
+                            v1::ReleaseLeaseResponse* resp) override;
 
  private:
   grpc::Status RegisterLayoutImpl(TieredStore* store, const v1::RegisterLayoutRequest* req,
@@ -83,6 +87,7 @@ class KvCacheService final : public v1::KvCache::WithRawCallbackMethod_Get<v1::K
   std::atomic<TieredStore*> store_{nullptr};
   RpcMetrics* const metrics_;
   PrefillRunner* const prefill_;
+  LeaseTable* const leases_;
   const ServiceLimits limits_;
   const std::string version_;
   const absl::Time started_ = absl::Now();

@@ -104,7 +104,13 @@ int Run(const DaemonConfig& config, const sigset_t& signals) {
   prefill_options.ssd_read_concurrency = static_cast<int>(config.prefill_ssd_reads);
   PrefillRunner prefill(prefill_options, &prefill_metrics);
   PrefillEstimatesCollector estimates_collector(&prefill.estimators());
-  KvCacheService service(limits, KVTIER_VERSION, &rpc_metrics, &prefill);
+  LeaseTableOptions lease_options;
+  lease_options.max_leases = config.max_leases;
+  lease_options.max_ttl = absl::Seconds(config.max_lease_seconds);
+  lease_options.max_held_bytes =
+      config.max_lease_bytes != 0 ? config.max_lease_bytes : config.ram_capacity / 2;
+  LeaseTable leases(lease_options);
+  KvCacheService service(limits, KVTIER_VERSION, &rpc_metrics, &prefill, &leases);
   std::atomic<bool> serving{false};
 
   // gRPC first, so that health checks get NOT_SERVING (and KvCache calls UNAVAILABLE)

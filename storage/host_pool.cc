@@ -115,6 +115,13 @@ std::optional<HostPool::Hit> HostPool::Find(const ChunkId& id) {
   return Hit{it->second.data, it->second.meta};
 }
 
+std::optional<HostPool::Hit> HostPool::Peek(const ChunkId& id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = index_.find(id);
+  if (it == index_.end()) return std::nullopt;
+  return Hit{it->second.data, it->second.meta};
+}
+
 bool HostPool::Contains(const ChunkId& id) const {
   absl::MutexLock lock(&mu_);
   return index_.contains(id);

@@ -73,6 +73,9 @@ class HostPool {
   std::optional<Hit> Find(const ChunkId& id);
   // Presence without touching recency or counters.
   bool Contains(const ChunkId& id) const;
+  // The chunk, without touching recency or counters: a caller that holds the returned
+  // data keeps the chunk from being evicted (a lease), but reads nothing.
+  std::optional<Hit> Peek(const ChunkId& id) const;
 
   // Pins until `until` (absl::InfiniteFuture() for no expiry). Returns: Ok, NotFound,
   // ResourceExhausted (would exceed max_pinned_fraction).

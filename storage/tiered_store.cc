@@ -300,6 +300,16 @@ class PoolSink final : public ChunkSink {
 
 }  // namespace
 
+std::optional<ChunkView> TieredStore::HoldInRam(const ChunkId& id) const {
+  auto hit = ram_->Peek(id);
+  if (!hit) return std::nullopt;
+  ChunkView view;
+  view.meta_ = hit->meta;
+  view.tier_ = Tier::kRam;
+  view.pool_ = std::move(hit->data);
+  return view;
+}
+
 absl::StatusOr<ChunkView> TieredStore::Read(const ChunkId& id) { return Read(id, false); }
 
 absl::StatusOr<ChunkView> TieredStore::Read(const ChunkId& id, bool stream) {

@@ -167,6 +167,10 @@ class TieredStore {
   absl::Status CommitPut(std::unique_ptr<ChunkWriter> writer, uint32_t crc32c);
 
   Tier Locate(const ChunkId& id) const;
+  // A view of the chunk if it is in RAM, taken without reading it or counting a hit.
+  // While the view lives the chunk cannot be evicted (Delete and Clear still remove it
+  // from the index). For holding a Lookup's hits until their Get.
+  std::optional<ChunkView> HoldInRam(const ChunkId& id) const;
   // Returns: Ok, NotFound, DataLoss (failed its checksum on SSD; deleted), Unavailable.
   // A chunk read from SSD is promoted into RAM when there is room; otherwise it is
   // served from a buffer (at most max_buffered_reads at once: this call may wait).

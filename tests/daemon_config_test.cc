@@ -92,6 +92,8 @@ TEST(DaemonConfigTest, ErrorsNameTheOption) {
       {[](DaemonConfig& c) { c.ssd_stream_buffer = 1 << 20; }, "ssd_stream_buffer"},
       {[](DaemonConfig& c) { c.stream_window = 1ull << 30; }, "stream_window"},
       {[](DaemonConfig& c) { c.max_keys_per_request = 0; }, "max_keys_per_request"},
+      {[](DaemonConfig& c) { c.max_lease_seconds = 0; }, "max_lease_seconds"},
+      {[](DaemonConfig& c) { c.max_lease_bytes = c.ram_capacity + 1; }, "max_lease_bytes"},
       {[](DaemonConfig& c) { c.max_pinned_fraction = 1.5; }, "max_pinned_fraction"},
       {[](DaemonConfig& c) { c.log_level = "loud"; }, "log_level"},
       {[](DaemonConfig& c) { c.ssd_write_buffer = 1024; }, "ssd_write_buffer"},

@@ -401,6 +401,97 @@ TEST_F(StreamedGetTest, CorruptStreamedChunkInLayerMajorOrderEndsDataLoss) {
   EXPECT_EQ(l->tiers[1], v1::TIER_RAM);          // The good chunk stays.
 }
 
+// A Lookup lease holds the looked-up hits in RAM through puts that need their room,
+// until the Get that names it ends; a released lease holds nothing. Stats shows them.
+TEST_F(DaemonTest, LookupLeaseHoldsHitsUntilTheirGet) {
+  StartDaemon({"--ram-capacity=6MiB", "--write-mode=ram-only", "--max-leases=2",
+               "--max-lease-bytes=6MiB"});
+  const uint64_t ns = Register(1);
+  for (uint64_t i = 1; i <= 3; ++i) ASSERT_TRUE(PutOne(ns, i, 1 << 20).ok());
+  const std::vector<ChunkKey> leased = {KeyOf(1), KeyOf(2)};
+  auto lk = client_->Lookup(ns, leased, /*lease_seconds=*/60);
+  ASSERT_TRUE(lk.ok()) << lk.status();
+  ASSERT_EQ(lk->prefix_hits, 2u);
+  ASSERT_NE(lk->lease_id, 0u);
+  auto stats = client_->Stats();
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ(stats->leases(), 1u);
+  EXPECT_EQ(stats->lease_held_bytes(), 2u << 20);
+
+  auto churn = [&](uint64_t first) {
+    for (uint64_t i = first; i < first + 6; ++i) ASSERT_TRUE(PutOne(ns, i, 1 << 20).ok()) << i;
+  };
+  churn(100);  // Six more chunks through a six-chunk pool.
+  auto after = client_->Lookup(ns, std::vector<ChunkKey>{KeyOf(1), KeyOf(2), KeyOf(3)});
+  ASSERT_TRUE(after.ok());
+  EXPECT_EQ(after->tiers[0], v1::TIER_RAM);
+  EXPECT_EQ(after->tiers[1], v1::TIER_RAM);
+  EXPECT_EQ(after->tiers[2], v1::TIER_UNSPECIFIED);  // Not leased: evicted.
+
+  // A layer-major Get names the lease; the lease ends with it.
+  auto got = client_->Get(ns, leased, std::nullopt, nullptr, v1::GET_ORDER_LAYER_MAJOR,
+                          lk->lease_id);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_TRUE((*got)[0].found && (*got)[0].data == PatternBytes(1, 1 << 20));
+  EXPECT_TRUE((*got)[1].found && (*got)[1].data == PatternBytes(2, 1 << 20));
+  stats = client_->Stats();
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ(stats->leases(), 0u);
+  EXPECT_EQ(stats->lease_held_bytes(), 0u);
+  auto released = client_->ReleaseLease(ns, lk->lease_id);
+  ASSERT_TRUE(released.ok());
+  EXPECT_FALSE(*released);  // Already ended by the Get.
+  churn(200);
+  after = client_->Lookup(ns, leased);
+  ASSERT_TRUE(after.ok());
+  EXPECT_EQ(after->prefix_hits, 0u);  // No longer held: evicted like any other.
+
+  // Released without a Get; and max_leases = 2 refuses a third (an answer, no lease).
+  for (uint64_t i = 1; i <= 2; ++i) ASSERT_TRUE(PutOne(ns, i, 1 << 20).ok());
+  auto a = client_->Lookup(ns, leased, 60);
+  auto b = client_->Lookup(ns, leased, 60);
+  auto c = client_->Lookup(ns, leased, 60);
+  ASSERT_TRUE(a.ok() && b.ok() && c.ok());
+  EXPECT_NE(a->lease_id, 0u);
+  EXPECT_NE(b->lease_id, 0u);
+  EXPECT_EQ(c->lease_id, 0u);
+  EXPECT_EQ(c->prefix_hits, 2u);
+  EXPECT_TRUE(*client_->ReleaseLease(ns, a->lease_id));
+  EXPECT_TRUE(*client_->ReleaseLease(ns, b->lease_id));
+  EXPECT_EQ(client_->Stats()->leases(), 0u);
+  // A lease of an unknown namespace is NOT_FOUND; a lookup of misses gets no lease.
+  EXPECT_EQ(client_->ReleaseLease(ns + 1, 1).status().code(), absl::StatusCode::kNotFound);
+  auto miss = client_->Lookup(ns, std::vector<ChunkKey>{KeyOf(999)}, 60);
+  ASSERT_TRUE(miss.ok());
+  EXPECT_EQ(miss->lease_id, 0u);
+}
+
+// A Get that names a lease and is cancelled mid-stream still ends the lease.
+TEST_F(DaemonTest, CancelledGetEndsItsLease) {
+  StartDaemon({"--ram-capacity=16MiB", "--write-mode=ram-only"});
+  const uint64_t ns = Register(4);
+  for (uint64_t i = 1; i <= 2; ++i) ASSERT_TRUE(PutOne(ns, i, 4 << 20).ok());
+  const std::vector<ChunkKey> keys = {KeyOf(1), KeyOf(2)};
+  auto lk = client_->Lookup(ns, keys, 60);
+  ASSERT_TRUE(lk.ok() && lk->lease_id != 0) << lk.status();
+  ClientOptions o;
+  o.max_frame_bytes = 256 << 10;
+  auto c = KvTierClient::Connect(daemon_->target(), o);
+  ASSERT_TRUE(c.ok());
+  int frames = 0;
+  absl::Status s = (*c)->GetStreamRaw(
+      ns, keys, std::nullopt,
+      [&](uint32_t, const GetFrameHeader&, absl::Span<const absl::string_view>) {
+        return ++frames == 1 ? absl::OkStatus() : absl::CancelledError("walk away");
+      },
+      v1::GET_ORDER_CHUNK_MAJOR, lk->lease_id);
+  EXPECT_EQ(s.code(), absl::StatusCode::kCancelled);
+  // The lease was taken when the Get started: it is over whatever became of the call.
+  auto released = client_->ReleaseLease(ns, lk->lease_id);
+  ASSERT_TRUE(released.ok());
+  EXPECT_FALSE(*released);
+}
+
 TEST_F(DaemonTest, RestartServesSsdResidentChunks) {
   StartDaemon({"--write-mode=write-back", "--ram-capacity=64MiB"});
   const uint64_t ns = Register(4);

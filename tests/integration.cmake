@@ -25,6 +25,7 @@ kvtier_test(daemon_integration_test LIBS kvtier_daemon_support LABELS integratio
 kvtier_test(daemon_bad_input_test LIBS kvtier_daemon_support LABELS integration)
 
 kvtier_test(daemon_config_test LIBS kvtier_server)
+kvtier_test(lease_table_test LIBS kvtier_server)
 target_compile_definitions(daemon_config_test PRIVATE KVTIER_SOURCE_DIR="${CMAKE_SOURCE_DIR}")
 kvtier_test(daemon_full_disk_test LIBS kvtier_daemon_support LABELS integration)
 kvtier_test(cli_integration_test LIBS kvtier_daemon_support LABELS integration)

@@ -1,0 +1,109 @@
+#include "server/lease_table.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace kvtier {
+
+absl::Status LeaseTableOptions::Validate() const {
+  if (max_ttl <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("option max_lease_seconds: must be at least 1");
+  }
+  if (!now) return absl::InvalidArgumentError("lease table: now is empty");
+  return absl::OkStatus();
+}
+
+LeaseTable::LeaseTable(LeaseTableOptions options) : options_(std::move(options)) {}
+
+std::vector<ChunkView> LeaseTable::EraseLocked(
+    absl::flat_hash_map<uint64_t, Lease>::iterator it) {
+  std::vector<ChunkView> held = std::move(it->second.held);
+  stats_.held_bytes -= it->second.bytes;
+  leases_.erase(it);
+  return held;
+}
+
+uint64_t LeaseTable::ExpireLocked(std::vector<ChunkView>& dropped) {
+  const absl::Time now = options_.now();
+  if (now < next_expiry_) return 0;
+  uint64_t n = 0;
+  absl::Time next = absl::InfiniteFuture();
+  for (auto it = leases_.begin(); it != leases_.end();) {
+    if (it->second.expires <= now) {
+      std::vector<ChunkView> held = EraseLocked(it++);
+      std::move(held.begin(), held.end(), std::back_inserter(dropped));
+      ++n;
+    } else {
+      next = std::min(next, it->second.expires);
+      ++it;
+    }
+  }
+  next_expiry_ = next;
+  stats_.expired += n;
+  return n;
+}
+
+uint64_t LeaseTable::Grant(uint64_t ns, std::vector<ChunkView> held, absl::Duration ttl) {
+  std::vector<ChunkView> dropped;  // Released after the lock.
+  absl::MutexLock lock(&mu_);
+  ExpireLocked(dropped);
+  uint64_t bytes = 0;
+  for (const ChunkView& v : held) bytes += v.meta().size;
+  if (leases_.size() >= options_.max_leases ||
+      stats_.held_bytes + bytes > options_.max_held_bytes) {
+    ++stats_.refused;
+    return 0;
+  }
+  uint64_t id = 0;
+  while (id == 0 || leases_.contains(id)) id = absl::Uniform<uint64_t>(rng_);
+  Lease lease;
+  lease.ns = ns;
+  lease.expires = options_.now() + std::min(ttl, options_.max_ttl);
+  lease.bytes = bytes;
+  lease.held = std::move(held);
+  next_expiry_ = std::min(next_expiry_, lease.expires);
+  leases_.emplace(id, std::move(lease));
+  stats_.held_bytes += bytes;
+  ++stats_.granted;
+  return id;
+}
+
+absl::StatusOr<std::vector<ChunkView>> LeaseTable::Take(uint64_t ns, uint64_t id) {
+  std::vector<ChunkView> dropped;
+  absl::MutexLock lock(&mu_);
+  ExpireLocked(dropped);
+  auto it = leases_.find(id);
+  if (it == leases_.end() || it->second.ns != ns) {
+    return absl::NotFoundError(absl::StrCat("lease ", id, " is unknown, expired or ended"));
+  }
+  ++stats_.taken;
+  return EraseLocked(it);
+}
+
+bool LeaseTable::Release(uint64_t ns, uint64_t id) {
+  std::vector<ChunkView> dropped;
+  absl::MutexLock lock(&mu_);
+  ExpireLocked(dropped);
+  auto it = leases_.find(id);
+  if (it == leases_.end() || it->second.ns != ns) return false;
+  dropped = EraseLocked(it);
+  ++stats_.released;
+  return true;
+}
+
+uint64_t LeaseTable::Expire() {
+  std::vector<ChunkView> dropped;
+  absl::MutexLock lock(&mu_);
+  return ExpireLocked(dropped);
+}
+
+LeaseTableStats LeaseTable::GetStats() const {
+  absl::MutexLock lock(&mu_);
+  LeaseTableStats s = stats_;
+  s.live = leases_.size();
+  return s;
+}
+
+}  // namespace kvtier

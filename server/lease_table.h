@@ -1,0 +1,94 @@
+// LeaseTable: Lookup leases. A Lookup that asks for one holds its prefix hits that are
+// in the RAM pool (each as a ChunkView, which keeps the pool from evicting it) until a
+// Get names the lease, the client releases it, or it expires, whichever comes first.
+// An engine asks "how many tokens can I load" before it allocates and loads; the lease
+// makes that answer hold until the load.
+//
+// Bounded: at most max_leases live leases and max_held_bytes of chunks held by them
+// all (so leases cannot starve puts the way unbounded pins could). A Lookup past either
+// bound gets no lease (lease_id 0) rather than an error: its answer is still right, it
+// is just not held. Expired leases are dropped by Expire(), which the service calls on
+// every Lookup, Put and Get, and by Grant itself.
+//
+// Lease ids are random 64-bit values (never 0), so one client cannot guess another's.
+//
+// Thread-safety: thread-safe (one mutex).
+#ifndef KVTIER_SERVER_LEASE_TABLE_H_
+#define KVTIER_SERVER_LEASE_TABLE_H_
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/random/random.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "storage/tiered_store.h"
+
+namespace kvtier {
+
+struct LeaseTableOptions {
+  uint32_t max_leases = 65536;                  // Live leases at once.
+  uint64_t max_held_bytes = 512ull << 20;       // Chunk bytes held by all leases.
+  absl::Duration max_ttl = absl::Minutes(5);    // Longer requests are cut to this.
+  std::function<absl::Time()> now = [] { return absl::Now(); };
+
+  absl::Status Validate() const;
+};
+
+struct LeaseTableStats {
+  uint64_t live = 0;
+  uint64_t held_bytes = 0;
+  uint64_t granted = 0;   // Totals since start.
+  uint64_t refused = 0;   // Past max_leases or max_held_bytes.
+  uint64_t expired = 0;
+  uint64_t taken = 0;     // Ended by the Get that named them.
+  uint64_t released = 0;  // Ended by ReleaseLease.
+};
+
+class LeaseTable {
+ public:
+  explicit LeaseTable(LeaseTableOptions options);
+
+  // Holds `held` (chunks of namespace `ns`) for `ttl` (cut to max_ttl). Returns the
+  // lease id, or 0 when the lease would exceed a bound (counted as refused).
+  uint64_t Grant(uint64_t ns, std::vector<ChunkView> held, absl::Duration ttl);
+  // Ends the lease and hands its chunks to the caller (a Get, which holds them until it
+  // ends). Returns: Ok, NotFound (unknown, expired, ended, or of another namespace).
+  absl::StatusOr<std::vector<ChunkView>> Take(uint64_t ns, uint64_t id);
+  // Ends the lease. Returns false if there was none (unknown, expired, ended, or of
+  // another namespace).
+  bool Release(uint64_t ns, uint64_t id);
+  // Drops expired leases; returns how many.
+  uint64_t Expire();
+
+  LeaseTableStats GetStats() const;
+
+ private:
+  struct Lease {
+    uint64_t ns = 0;
+    absl::Time expires;
+    uint64_t bytes = 0;
+    std::vector<ChunkView> held;
+  };
+
+  // Removes lease `it` and returns its chunks.
+  std::vector<ChunkView> EraseLocked(absl::flat_hash_map<uint64_t, Lease>::iterator it)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  uint64_t ExpireLocked(std::vector<ChunkView>& dropped) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const LeaseTableOptions options_;
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<uint64_t, Lease> leases_ ABSL_GUARDED_BY(mu_);
+  absl::Time next_expiry_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
+  absl::BitGen rng_ ABSL_GUARDED_BY(mu_);
+  LeaseTableStats stats_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace kvtier
+
+#endif  // KVTIER_SERVER_LEASE_TABLE_H_

@@ -1,0 +1,162 @@
+// LeaseTable, over a real RAM-only TieredStore: a leased chunk is not evicted by puts
+// that need its room, and is again once the lease ends (taken by a Get, released, or
+// expired on an injected clock); the bounds on count and bytes refuse leases instead of
+// failing; ids are per namespace.
+#include "server/lease_table.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "storage/crc32c.h"
+#include "tests/support/fake_clock.h"
+#include "tests/support/test_data.h"
+
+namespace kvtier {
+namespace {
+
+constexpr uint64_t kChunk = 1 << 20;  // LayoutOfMiB(1).
+constexpr int kPoolChunks = 4;
+
+class LeaseTableTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    TieredStoreOptions o;
+    o.write_mode = WriteMode::kRamOnly;
+    o.ram.arena.capacity_bytes = kPoolChunks * kChunk;
+    o.ram.arena.slot_bytes = kChunk;
+    o.put_wait = absl::ZeroDuration();  // A full pool answers at once.
+    auto s = TieredStore::Open(o);
+    ASSERT_TRUE(s.ok()) << s.status();
+    store_ = *std::move(s);
+    auto r = store_->RegisterLayout(testing::LayoutOfMiB(1));
+    ASSERT_TRUE(r.ok()) << r.status();
+    ns_ = r->namespace_id;
+  }
+
+  LeaseTable MakeTable(uint32_t max_leases = 16, uint64_t max_bytes = 2 * kChunk) {
+    LeaseTableOptions o;
+    o.max_leases = max_leases;
+    o.max_held_bytes = max_bytes;
+    o.max_ttl = absl::Seconds(60);
+    o.now = clock_.AsFunction();
+    EXPECT_TRUE(o.Validate().ok());
+    return LeaseTable(o);
+  }
+
+  ChunkId Id(uint64_t i) const { return ChunkId{ns_, testing::KeyOf(i)}; }
+
+  absl::Status Put(uint64_t i) {
+    auto w = store_->BeginPut(Id(i), 256);
+    if (!w.ok()) return w.status();
+    if (*w == nullptr) return absl::OkStatus();
+    const std::string data = testing::PatternBytes(i, kChunk);
+    if (absl::Status s = (*w)->Append(data); !s.ok()) return s;
+    return store_->CommitPut(*std::move(w), crc32c::Value(data));
+  }
+
+  std::vector<ChunkView> Hold(std::initializer_list<uint64_t> ids) {
+    std::vector<ChunkView> held;
+    for (uint64_t i : ids) {
+      auto v = store_->HoldInRam(Id(i));
+      EXPECT_TRUE(v.has_value()) << i;
+      if (v) held.push_back(*std::move(v));
+    }
+    return held;
+  }
+
+  // Fills the pool with chunks 100.. (each put evicts the least recently used chunk
+  // that is evictable).
+  void Churn(uint64_t first) {
+    for (uint64_t i = first; i < first + kPoolChunks; ++i) {
+      ASSERT_TRUE(Put(i).ok()) << i;
+    }
+  }
+
+  testing::FakeClock clock_;
+  std::unique_ptr<TieredStore> store_;
+  uint64_t ns_ = 0;
+};
+
+TEST_F(LeaseTableTest, LeasedChunksSurviveChurnUntilTheGetTakesThem) {
+  for (uint64_t i = 1; i <= 3; ++i) ASSERT_TRUE(Put(i).ok());
+  LeaseTable leases = MakeTable();
+  const uint64_t id = leases.Grant(ns_, Hold({1, 2}), absl::Seconds(30));
+  ASSERT_NE(id, 0u);
+  EXPECT_EQ(leases.GetStats().held_bytes, 2 * kChunk);
+  Churn(100);  // Only two slots are evictable: 3 and the churn's own chunks go.
+  EXPECT_EQ(store_->Locate(Id(1)), Tier::kRam);
+  EXPECT_EQ(store_->Locate(Id(2)), Tier::kRam);
+  EXPECT_EQ(store_->Locate(Id(3)), Tier::kNone);
+
+  // Another namespace cannot take it; the right one can, once.
+  EXPECT_TRUE(absl::IsNotFound(leases.Take(ns_ + 1, id).status()));
+  auto held = leases.Take(ns_, id);
+  ASSERT_TRUE(held.ok()) << held.status();
+  EXPECT_EQ(held->size(), 2u);
+  EXPECT_TRUE(absl::IsNotFound(leases.Take(ns_, id).status()));
+  EXPECT_EQ(leases.GetStats().live, 0u);
+  EXPECT_EQ(leases.GetStats().held_bytes, 0u);
+  // The Get still holds them while it runs; once it is done they are evictable.
+  Churn(200);
+  EXPECT_EQ(store_->Locate(Id(1)), Tier::kRam);
+  held->clear();
+  Churn(300);
+  EXPECT_EQ(store_->Locate(Id(1)), Tier::kNone);
+  EXPECT_EQ(store_->Locate(Id(2)), Tier::kNone);
+}
+
+TEST_F(LeaseTableTest, ReleaseAndExpiryEndLeases) {
+  for (uint64_t i = 1; i <= 2; ++i) ASSERT_TRUE(Put(i).ok());
+  LeaseTable leases = MakeTable();
+  const uint64_t a = leases.Grant(ns_, Hold({1}), absl::Seconds(10));
+  const uint64_t b = leases.Grant(ns_, Hold({2}), absl::Hours(1));  // Cut to 60 s.
+  ASSERT_NE(a, 0u);
+  ASSERT_NE(b, 0u);
+  EXPECT_NE(a, b);
+  EXPECT_FALSE(leases.Release(ns_ + 1, a));
+  EXPECT_TRUE(leases.Release(ns_, a));
+  EXPECT_FALSE(leases.Release(ns_, a));
+  clock_.Advance(absl::Seconds(59));
+  EXPECT_EQ(leases.Expire(), 0u);
+  Churn(100);
+  EXPECT_EQ(store_->Locate(Id(1)), Tier::kNone);  // Released: evicted.
+  EXPECT_EQ(store_->Locate(Id(2)), Tier::kRam);   // Still leased.
+  clock_.Advance(absl::Seconds(1));
+  EXPECT_EQ(leases.Expire(), 1u);
+  EXPECT_TRUE(absl::IsNotFound(leases.Take(ns_, b).status()));
+  Churn(200);
+  EXPECT_EQ(store_->Locate(Id(2)), Tier::kNone);
+  const LeaseTableStats s = leases.GetStats();
+  EXPECT_EQ(s.granted, 2u);
+  EXPECT_EQ(s.released, 1u);
+  EXPECT_EQ(s.expired, 1u);
+  EXPECT_EQ(s.live, 0u);
+}
+
+TEST_F(LeaseTableTest, BoundsRefuseLeasesWithoutHoldingAnything) {
+  for (uint64_t i = 1; i <= 3; ++i) ASSERT_TRUE(Put(i).ok());
+  LeaseTable by_bytes = MakeTable(/*max_leases=*/16, /*max_bytes=*/2 * kChunk);
+  EXPECT_NE(by_bytes.Grant(ns_, Hold({1, 2}), absl::Seconds(30)), 0u);
+  EXPECT_EQ(by_bytes.Grant(ns_, Hold({3}), absl::Seconds(30)), 0u);  // 3 MiB > 2 MiB.
+  EXPECT_EQ(by_bytes.GetStats().refused, 1u);
+  EXPECT_EQ(by_bytes.GetStats().held_bytes, 2 * kChunk);
+  Churn(100);
+  EXPECT_EQ(store_->Locate(Id(3)), Tier::kNone);  // The refused lease held nothing.
+
+  LeaseTable by_count = MakeTable(/*max_leases=*/1, /*max_bytes=*/8 * kChunk);
+  EXPECT_NE(by_count.Grant(ns_, {}, absl::Seconds(30)), 0u);
+  EXPECT_EQ(by_count.Grant(ns_, {}, absl::Seconds(30)), 0u);
+  // An expired lease frees its place for the next Grant.
+  clock_.Advance(absl::Seconds(31));
+  EXPECT_NE(by_count.Grant(ns_, {}, absl::Seconds(30)), 0u);
+}
+
+TEST(LeaseTableOptionsTest, ValidateNamesTheBadOption) {
+  LeaseTableOptions o;
+  o.max_ttl = absl::ZeroDuration();
+  EXPECT_NE(o.Validate().message().find("max_lease_seconds"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace kvtier
