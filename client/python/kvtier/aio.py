@@ -68,19 +68,24 @@ class Client:
     async def register_layout(self, layout):
         return await self._call(self._sync.register_layout, layout)
 
-    async def lookup(self, namespace_id: int, keys: Sequence[bytes]):
-        return await self._call(self._sync.lookup, namespace_id, keys)
+    async def lookup(self, namespace_id: int, keys: Sequence[bytes], lease_seconds: int = 0):
+        return await self._call(self._sync.lookup, namespace_id, keys, lease_seconds)
+
+    async def release_lease(self, namespace_id: int, lease: int):
+        return await self._call(self._sync.release_lease, namespace_id, lease)
 
     async def put(self, namespace_id: int, keys, buffers, token_counts=None):
         return await self._transfer(self._sync.put, namespace_id, keys, buffers, token_counts)
 
     async def get_into(self, namespace_id: int, keys, out, layers=None, order: str = "chunk",
-                       on_layer=None):
+                       on_layer=None, *, lease: int = 0):
         return await self._transfer(self._sync.get_into, namespace_id, keys, out, layers,
-                                    order, on_layer)
+                                    order, on_layer, lease=lease)
 
-    async def get(self, namespace_id: int, keys, layers=None, order: str = "chunk"):
-        return await self._call(self._sync.get, namespace_id, keys, layers, order)
+    async def get(self, namespace_id: int, keys, layers=None, order: str = "chunk", *,
+                  lease: int = 0):
+        return await self._call(self._sync.get, namespace_id, keys, layers, order,
+                                lease=lease)
 
     async def pin(self, namespace_id: int, keys, ttl_seconds: int = 0):
         return await self._call(self._sync.pin, namespace_id, keys, ttl_seconds)

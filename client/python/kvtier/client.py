@@ -27,6 +27,7 @@ class RegisterResult:
 class LookupResult:
     tiers: List[Tier]   # One per key; Tier.ABSENT where absent.
     prefix_hits: int    # Leading keys present: the chunks a request can reuse.
+    lease: int = 0      # The lease on the hits (lookup(lease_seconds=...)); 0: none.
 
 
 @dataclass(frozen=True)
@@ -133,9 +134,20 @@ class Client:
         with self._lock:
             return self._layouts.get(namespace_id)
 
-    def lookup(self, namespace_id: int, keys: Sequence[bytes]) -> LookupResult:
-        tiers, hits = self._native.lookup(namespace_id, _keys(keys))
-        return LookupResult([Tier(t) for t in tiers], hits)
+    def lookup(self, namespace_id: int, keys: Sequence[bytes],
+               lease_seconds: int = 0) -> LookupResult:
+        """Where each key lives and the prefix hit length. ``lease_seconds`` > 0 asks the
+        daemon to hold the hits that are in RAM until the get that passes ``lease=``
+        ends, release_lease, or expiry; ``result.lease`` is 0 when it granted none (no
+        hits, or it holds as many leases as it allows): the answer then is not held."""
+        if lease_seconds < 0:
+            raise InvalidArgumentError(f"lease_seconds: {lease_seconds} is negative")
+        tiers, hits, lease = self._native.lookup(namespace_id, _keys(keys), int(lease_seconds))
+        return LookupResult([Tier(t) for t in tiers], hits, lease)
+
+    def release_lease(self, namespace_id: int, lease: int) -> bool:
+        """Ends a lookup lease without a get. Returns whether there was one to end."""
+        return self._native.release_lease(namespace_id, lease)
 
     def pin(self, namespace_id: int, keys: Sequence[bytes], ttl_seconds: int = 0) -> Tuple[int, int]:
         """Pins keys in RAM (0: until unpin). Returns (pinned, not_found)."""
@@ -220,7 +232,7 @@ class Client:
 
     def get_into(self, namespace_id: int, keys: Sequence[bytes], out,
                  layers: Optional[LayerRange] = None, order: str = "chunk",
-                 on_layer: Optional[Callable[[int], None]] = None, *,
+                 on_layer: Optional[Callable[[int], None]] = None, *, lease: int = 0,
                  _canceller=None) -> GetResult:
         """Loads ``keys`` into ``out`` with one copy, from gRPC's buffers into yours.
 
@@ -230,6 +242,7 @@ class Client:
         ``on_layer(l)`` once layer ``l`` of every found chunk has landed. Whole chunks
         are CRC32C-checked; the call returns only when every byte is in and checked.
         If it raises, treat every buffer as garbage: nothing counts as loaded.
+        ``lease``: from lookup(lease_seconds=...); held until this call ends, then over.
         """
         keys = _keys(keys)
         layers = _layers(layers)
@@ -238,18 +251,20 @@ class Client:
             raise InvalidArgumentError("on_layer: only with order='layer'")
         outs = self._outs(namespace_id, keys, out, layers)
         found, tiers, tokens, nbytes = self._native.get_into(
-            namespace_id, keys, outs, layers, o, on_layer, _canceller)
+            namespace_id, keys, outs, layers, o, on_layer, lease, _canceller)
         return GetResult(list(found), [Tier(t) for t in tiers], list(tokens), nbytes)
 
     def get(self, namespace_id: int, keys: Sequence[bytes],
-            layers: Optional[LayerRange] = None, order: str = "chunk") -> List[Optional[bytes]]:
+            layers: Optional[LayerRange] = None, order: str = "chunk", *,
+            lease: int = 0) -> List[Optional[bytes]]:
         """Loads ``keys`` into new bytes objects: one per key, None where absent."""
         keys = _keys(keys)
-        return self._native.get(namespace_id, keys, _layers(layers), _order(order), None)
+        return self._native.get(namespace_id, keys, _layers(layers), _order(order), lease,
+                                None)
 
     def start_get_into(self, namespace_id: int, keys: Sequence[bytes], out,
                        layers: Optional[LayerRange] = None,
-                       order: str = "layer") -> "LoadHandle":
+                       order: str = "layer", *, lease: int = 0) -> "LoadHandle":
         """Starts get_into on a background thread; returns a handle to wait on per layer
         (layer-major) or for the whole load. Arguments are checked before it starts."""
         keys = _keys(keys)
@@ -263,7 +278,7 @@ class Client:
             first, end = 0, layout.num_layers
         else:
             first, end = 0, None
-        handle = LoadHandle(self, namespace_id, keys, outs, layers, order, first, end)
+        handle = LoadHandle(self, namespace_id, keys, outs, layers, order, first, end, lease)
         with self._lock:
             self._handles = [h for h in self._handles if not h.done()] + [handle]
         handle._thread.start()
@@ -295,8 +310,10 @@ class LoadHandle:
     arrives: commit nothing computed from the load until wait() has returned.
     """
 
-    def __init__(self, client: Client, namespace_id, keys, outs, layers, order, first, end):
+    def __init__(self, client: Client, namespace_id, keys, outs, layers, order, first, end,
+                 lease=0):
         self._client = client
+        self._lease = lease
         self._args = (namespace_id, keys, outs, layers, order)
         self._first = first
         self._end = end
@@ -319,7 +336,7 @@ class LoadHandle:
             result = self._client.get_into(
                 ns, keys, outs, layers, order,
                 on_layer=self._on_layer if order == "layer" else None,
-                _canceller=self._canceller)
+                lease=self._lease, _canceller=self._canceller)
         except BaseException as e:  # Handed to whoever waits.
             with self._cond:
                 self._error = e

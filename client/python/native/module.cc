@@ -41,14 +41,16 @@ PYBIND11_MODULE(_native, m) {
            py::arg("connect_timeout_seconds"), py::arg("receive_window_bytes"))
       .def_property_readonly("target", &PyClient::target)
       .def("register_layout", &PyClient::RegisterLayout)
-      .def("lookup", &PyClient::Lookup)
+      .def("lookup", &PyClient::Lookup, py::arg("namespace_id"), py::arg("keys"),
+           py::arg("lease_seconds"))
+      .def("release_lease", &PyClient::ReleaseLease)
       .def("put", &PyClient::Put, py::arg("namespace_id"), py::arg("keys"), py::arg("buffers"),
            py::arg("token_counts"), py::arg("canceller"))
       .def("get_into", &PyClient::GetInto, py::arg("namespace_id"), py::arg("keys"),
            py::arg("outs"), py::arg("layers"), py::arg("order"), py::arg("on_layer"),
-           py::arg("canceller"))
+           py::arg("lease_id"), py::arg("canceller"))
       .def("get", &PyClient::Get, py::arg("namespace_id"), py::arg("keys"), py::arg("layers"),
-           py::arg("order"), py::arg("canceller"))
+           py::arg("order"), py::arg("lease_id"), py::arg("canceller"))
       .def("pin", &PyClient::Pin)
       .def("unpin", &PyClient::Unpin)
       .def("delete", &PyClient::Delete)

@@ -35,39 +35,95 @@ std::vector<BufferRef> AcquireAll(const py::list& buffers, bool writable) {
 
 // The part of a Get frame handler that both GetInto and Get share: checks each found
 // key's size against its destination and copies the frame's pieces into it.
+//
+// Layer-major order: a key's destination holds its layers in order, so the piece of
+// layer l lands at (l - first_layer) * piece_bytes; the destination must be a whole
+// number of pieces, and at the end every found key must have filled it. `on_pass(l)` is
+// called when the pass of layer l is complete (the checker in the C++ client lets a new
+// pass start only after every found key's piece of the previous one); Finish() calls it
+// for the last pass.
 class FrameSink {
  public:
-  // `dest(i, total)` returns where key i's `total` bytes go, or an error.
+  // `dest(i, total)` returns where key i's bytes go (chunk-major: `total` of them), or
+  // an error. `dest_size(i)` is the size of key i's destination (layer-major).
   using DestFn = std::function<absl::StatusOr<char*>(uint32_t index, uint64_t total)>;
+  using PassFn = std::function<absl::Status(uint32_t layer)>;
 
   FrameSink(size_t n, DestFn dest, PyCanceller* canceller)
-      : found_(n, false), tiers_(n, 0), token_counts_(n, 0), dest_(std::move(dest)),
-        canceller_(canceller) {}
+      : found_(n, false), started_(n, false), tiers_(n, 0), token_counts_(n, 0),
+        dest_(std::move(dest)), canceller_(canceller) {}
+
+  // Switches to layer-major order; `sizes[i]` is key i's destination size.
+  void SetLayerMajor(uint32_t first_layer, std::vector<uint64_t> sizes, PassFn on_pass) {
+    layer_major_ = true;
+    first_layer_ = first_layer;
+    sizes_ = std::move(sizes);
+    filled_.assign(sizes_.size(), 0);
+    on_pass_ = std::move(on_pass);
+  }
 
   absl::Status OnFrame(uint32_t index, const GetFrameHeader& h,
                        absl::Span<const absl::string_view> pieces) {
     if (canceller_ != nullptr) {
       if (absl::Status s = canceller_->Check(); !s.ok()) return s;
     }
-    if (index != current_) {  // First frame of this key (the parser keeps indices growing).
-      current_ = index;
-      base_ = nullptr;
+    if (layer_major_ && h.layer() != pass_.value_or(h.layer())) {
+      if (on_pass_) {
+        if (absl::Status s = on_pass_(*pass_); !s.ok()) return s;
+      }
+    }
+    if (layer_major_) pass_ = h.layer();
+    if (!started_[index]) {  // First frame of this key.
+      started_[index] = true;
       if (h.found()) {
         found_[index] = true;
         tiers_[index] = h.tier();
         token_counts_[index] = h.token_count();
         auto d = dest_(index, h.total_bytes());
         if (!d.ok()) return d.status();
-        base_ = *d;
+        bases_.resize(found_.size(), nullptr);
+        bases_[index] = *d;
       }
     }
     if (!h.found()) return absl::OkStatus();
+    char* base = bases_[index];
+    if (layer_major_) {
+      // The checker has made sure the piece size is the same for every piece, and the
+      // offsets and sizes add up within it.
+      const uint64_t piece = h.offset() == 0 ? h.total_bytes() : piece_bytes_;
+      piece_bytes_ = piece;
+      const uint64_t at = uint64_t{h.layer() - first_layer_} * piece;
+      if (h.layer() < first_layer_ || piece == 0 || sizes_[index] % piece != 0 ||
+          at + piece > sizes_[index]) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "out[", index, "] holds ", sizes_[index], " bytes but the daemon sends layer ",
+            h.layer(), " as ", piece, "-byte pieces from layer ", first_layer_,
+            "; pass buffers of the chunk's (or the layer range's) size"));
+      }
+      base += at;
+    }
     uint64_t off = h.offset();
     for (absl::string_view piece : pieces) {
-      std::memcpy(base_ + off, piece.data(), piece.size());
+      std::memcpy(base + off, piece.data(), piece.size());
       off += piece.size();
       bytes_ += piece.size();
+      if (layer_major_) filled_[index] += piece.size();
     }
+    return absl::OkStatus();
+  }
+
+  // Call after the stream ended Ok. Layer-major: checks that every found key's
+  // destination was filled and reports the last pass.
+  absl::Status Finish() {
+    if (!layer_major_) return absl::OkStatus();
+    for (size_t i = 0; i < found_.size(); ++i) {
+      if (found_[i] && filled_[i] != sizes_[i]) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "out[", i, "] holds ", sizes_[i], " bytes but the daemon sent ", filled_[i],
+            " for key ", i, " (the chunk, or its layer range); pass buffers of that size"));
+      }
+    }
+    if (pass_.has_value() && on_pass_) return on_pass_(*pass_);
     return absl::OkStatus();
   }
 
@@ -84,14 +140,34 @@ class FrameSink {
 
  private:
   std::vector<bool> found_;
+  std::vector<bool> started_;
   std::vector<int> tiers_;
   std::vector<uint32_t> token_counts_;
+  std::vector<char*> bases_;
   DestFn dest_;
   PyCanceller* canceller_;
-  int64_t current_ = -1;
-  char* base_ = nullptr;
   uint64_t bytes_ = 0;
+  // Layer-major.
+  bool layer_major_ = false;
+  uint32_t first_layer_ = 0;
+  std::vector<uint64_t> sizes_;
+  std::vector<uint64_t> filled_;
+  uint64_t piece_bytes_ = 0;
+  std::optional<uint32_t> pass_;
+  PassFn on_pass_;
 };
+
+v1::GetOrder OrderFromInt(int order) {
+  switch (order) {
+    case 0:
+      return v1::GET_ORDER_CHUNK_MAJOR;
+    case 1:
+      return v1::GET_ORDER_LAYER_MAJOR;
+    default:
+      throw StatusError(absl::InvalidArgumentError(
+          absl::StrCat("order: ", order, " is not 0 (chunk-major) or 1 (layer-major)")));
+  }
+}
 
 }  // namespace
 
@@ -159,17 +235,27 @@ py::tuple PyClient::RegisterLayout(const std::string& model_id,
   return py::make_tuple(v.namespace_id, v.chunk_bytes, v.already_registered);
 }
 
-py::tuple PyClient::Lookup(uint64_t namespace_id, const py::list& keys) {
+py::tuple PyClient::Lookup(uint64_t namespace_id, const py::list& keys,
+                           uint32_t lease_seconds) {
   std::vector<ChunkKey> k = KeysFromList(keys);
   absl::StatusOr<LookupResult> r;
   {
     py::gil_scoped_release nogil;
-    r = client_->Lookup(namespace_id, k);
+    r = client_->Lookup(namespace_id, k, lease_seconds);
   }
   LookupResult v = ValueOrThrow(std::move(r));
   py::list tiers;
   for (v1::Tier t : v.tiers) tiers.append(static_cast<int>(t));
-  return py::make_tuple(tiers, v.prefix_hits);
+  return py::make_tuple(tiers, v.prefix_hits, v.lease_id);
+}
+
+bool PyClient::ReleaseLease(uint64_t namespace_id, uint64_t lease_id) {
+  absl::StatusOr<bool> r;
+  {
+    py::gil_scoped_release nogil;
+    r = client_->ReleaseLease(namespace_id, lease_id);
+  }
+  return ValueOrThrow(std::move(r));
 }
 
 py::tuple PyClient::Put(uint64_t namespace_id, const py::list& keys, const py::list& buffers,
@@ -206,21 +292,23 @@ py::tuple PyClient::Put(uint64_t namespace_id, const py::list& keys, const py::l
 
 py::tuple PyClient::GetInto(uint64_t namespace_id, const py::list& keys, const py::list& outs,
                             const py::object& layers, int order, const py::object& on_layer,
-                            PyCanceller* canceller) {
+                            uint64_t lease_id, PyCanceller* canceller) {
   std::vector<ChunkKey> k = KeysFromList(keys);
   if (outs.size() != k.size()) {
     throw StatusError(absl::InvalidArgumentError(absl::StrCat(
         "out: ", outs.size(), " buffers for ", k.size(), " keys; pass one per key")));
   }
-  if (order != 0) {
-    throw StatusError(absl::UnimplementedError("layer-major order is not built yet"));
+  const v1::GetOrder get_order = OrderFromInt(order);
+  const bool layer_major = get_order == v1::GET_ORDER_LAYER_MAJOR;
+  if (!on_layer.is_none() && !layer_major) {
+    throw StatusError(absl::InvalidArgumentError("on_layer: only with layer-major order"));
   }
   std::optional<LayerRange> range = LayersFromObject(layers);
   std::vector<BufferRef> refs = AcquireAll(outs, /*writable=*/true);
   FrameSink sink(
       k.size(),
-      [&refs](uint32_t i, uint64_t total) -> absl::StatusOr<char*> {
-        if (total != refs[i].size()) {
+      [&refs, layer_major](uint32_t i, uint64_t total) -> absl::StatusOr<char*> {
+        if (!layer_major && total != refs[i].size()) {
           return absl::InvalidArgumentError(absl::StrCat(
               "out[", i, "] holds ", refs[i].size(), " bytes but the daemon sends ", total,
               " for key ", i, " (the chunk, or its layer range); pass buffers of that size"));
@@ -228,27 +316,69 @@ py::tuple PyClient::GetInto(uint64_t namespace_id, const py::list& keys, const p
         return refs[i].data();
       },
       canceller);
+  // An exception raised by on_layer, re-raised once the stream is torn down.
+  std::optional<py::error_already_set> callback_error;
+  if (layer_major) {
+    std::vector<uint64_t> sizes;
+    sizes.reserve(refs.size());
+    for (const BufferRef& r : refs) sizes.push_back(r.size());
+    FrameSink::PassFn on_pass;
+    if (!on_layer.is_none()) {
+      on_pass = [&on_layer, &callback_error](uint32_t layer) -> absl::Status {
+        py::gil_scoped_acquire gil;
+        try {
+          on_layer(layer);
+        } catch (py::error_already_set& e) {
+          callback_error.emplace(std::move(e));
+          return absl::CancelledError(absl::StrCat("on_layer(", layer, ") raised"));
+        }
+        return absl::OkStatus();
+      };
+    }
+    sink.SetLayerMajor(range.has_value() ? range->begin : 0, std::move(sizes),
+                       std::move(on_pass));
+  }
   absl::Status s;
   {
     py::gil_scoped_release nogil;
-    s = client_->GetStreamRaw(namespace_id, k, range,
-                              [&](uint32_t i, const GetFrameHeader& h,
-                                  absl::Span<const absl::string_view> pieces) {
-                                return sink.OnFrame(i, h, pieces);
-                              });
+    s = client_->GetStreamRaw(
+        namespace_id, k, range,
+        [&](uint32_t i, const GetFrameHeader& h, absl::Span<const absl::string_view> pieces) {
+          return sink.OnFrame(i, h, pieces);
+        },
+        get_order, lease_id);
+    if (s.ok()) s = sink.Finish();
   }
+  if (callback_error.has_value()) throw std::move(*callback_error);
   ThrowIfError(s);
-  (void)on_layer;
   return sink.Result();
 }
 
 py::list PyClient::Get(uint64_t namespace_id, const py::list& keys, const py::object& layers,
-                       int order, PyCanceller* canceller) {
+                       int order, uint64_t lease_id, PyCanceller* canceller) {
   std::vector<ChunkKey> k = KeysFromList(keys);
-  if (order != 0) {
-    throw StatusError(absl::UnimplementedError("layer-major order is not built yet"));
-  }
+  const v1::GetOrder get_order = OrderFromInt(order);
   std::optional<LayerRange> range = LayersFromObject(layers);
+  if (get_order == v1::GET_ORDER_LAYER_MAJOR) {
+    // A chunk's size is known only once all its layers are in, so the C++ client
+    // assembles each chunk and it is copied once more into its bytes object. get_into
+    // (into a buffer of known size) is the zero-copy path.
+    absl::StatusOr<std::vector<GotChunk>> r;
+    {
+      py::gil_scoped_release nogil;
+      if (canceller != nullptr && canceller->cancelled()) {
+        r = canceller->Check();
+      } else {
+        r = client_->Get(namespace_id, k, range, nullptr, get_order, lease_id);
+      }
+    }
+    std::vector<GotChunk> got = ValueOrThrow(std::move(r));
+    py::list out;
+    for (const GotChunk& c : got) {
+      out.append(c.found ? py::object(py::bytes(c.data)) : py::object(py::none()));
+    }
+    return out;
+  }
   // One bytes object per found key, allocated (with the GIL) when its first frame says
   // how large it is, then filled without the GIL.
   std::vector<py::object> results(k.size());
@@ -269,11 +399,12 @@ py::list PyClient::Get(uint64_t namespace_id, const py::list& keys, const py::ob
   absl::Status s;
   {
     py::gil_scoped_release nogil;
-    s = client_->GetStreamRaw(namespace_id, k, range,
-                              [&](uint32_t i, const GetFrameHeader& h,
-                                  absl::Span<const absl::string_view> pieces) {
-                                return sink.OnFrame(i, h, pieces);
-                              });
+    s = client_->GetStreamRaw(
+        namespace_id, k, range,
+        [&](uint32_t i, const GetFrameHeader& h, absl::Span<const absl::string_view> pieces) {
+          return sink.OnFrame(i, h, pieces);
+        },
+        get_order, lease_id);
   }
   ThrowIfError(s);
   py::list out;

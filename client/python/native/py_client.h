@@ -42,8 +42,11 @@ class PyClient {
                                  uint32_t head_dim, uint32_t tokens_per_chunk,
                                  uint32_t tp_world_size, uint32_t tp_rank,
                                  uint32_t key_position);
-  // Returns (tiers: list[int], prefix_hits: int).
-  pybind11::tuple Lookup(uint64_t namespace_id, const pybind11::list& keys);
+  // Returns (tiers: list[int], prefix_hits: int, lease_id: int).
+  pybind11::tuple Lookup(uint64_t namespace_id, const pybind11::list& keys,
+                         uint32_t lease_seconds);
+  // Returns whether a lease was ended.
+  bool ReleaseLease(uint64_t namespace_id, uint64_t lease_id);
   // Returns (stored, already_present, bytes). `buffers[i]` is chunk i's whole payload.
   pybind11::tuple Put(uint64_t namespace_id, const pybind11::list& keys,
                       const pybind11::list& buffers, const pybind11::object& token_counts,
@@ -56,11 +59,12 @@ class PyClient {
   // returns; an error leaves every buffer in an unspecified state.
   pybind11::tuple GetInto(uint64_t namespace_id, const pybind11::list& keys,
                           const pybind11::list& outs, const pybind11::object& layers,
-                          int order, const pybind11::object& on_layer,
+                          int order, const pybind11::object& on_layer, uint64_t lease_id,
                           PyCanceller* canceller);
   // Returns a list with, per key, bytes (the chunk or its layer range) or None (absent).
   pybind11::list Get(uint64_t namespace_id, const pybind11::list& keys,
-                     const pybind11::object& layers, int order, PyCanceller* canceller);
+                     const pybind11::object& layers, int order, uint64_t lease_id,
+                     PyCanceller* canceller);
   // Returns (pinned, not_found).
   pybind11::tuple Pin(uint64_t namespace_id, const pybind11::list& keys, uint32_t ttl_seconds);
   uint32_t Unpin(uint64_t namespace_id, const pybind11::list& keys);

@@ -243,6 +243,107 @@ def test_background_load_and_cancel(client, ns, layout):
         assert np.array_equal(out2, out)
 
 
+def test_layer_major_get_into_lands_every_layer_in_order(client, ns, layout):
+    keys = keys_of(ns, 4, layout, seed=20)
+    data = payloads(layout, 4, seed=20)
+    client.put(ns, [keys[0], keys[1], keys[3]], [data[0], data[1], data[3]])
+    out = np.full((4, layout.chunk_bytes // 4), 7.0, np.float32)
+    lb = layout.layer_bytes // 4  # float32 elements per layer
+    landed = []
+
+    def on_layer(layer):
+        # Layer `layer` of every found chunk is in; the next layer has not started.
+        for i in (0, 1, 3):
+            assert np.array_equal(out[i, layer * lb:(layer + 1) * lb],
+                                  data[i][layer * lb:(layer + 1) * lb])
+            if layer + 1 < layout.num_layers:
+                assert (out[i, (layer + 1) * lb:] == 7.0).all()
+        landed.append(layer)
+
+    r = client.get_into(ns, keys, out, order="layer", on_layer=on_layer)
+    assert landed == list(range(layout.num_layers))
+    assert r.found == [True, True, False, True]
+    assert r.bytes == 3 * layout.chunk_bytes
+    assert (out[2] == 7.0).all()
+    for i in (0, 1, 3):
+        assert np.array_equal(out[i], data[i])
+    # get(order="layer") assembles the same bytes.
+    got = client.get(ns, keys, order="layer")
+    assert got[2] is None
+    assert [got[i] for i in (0, 1, 3)] == [data[i].tobytes() for i in (0, 1, 3)]
+
+
+def test_layer_major_layer_range_and_background_load(client, ns, layout):
+    keys = keys_of(ns, 3, layout, seed=21)
+    data = payloads(layout, 3, seed=21)
+    client.put(ns, keys, data)
+    lb = layout.layer_bytes
+    out = bytearray(3 * 2 * lb)
+    landed = []
+    client.get_into(ns, keys, out, layers=(1, 3), order="layer", on_layer=landed.append)
+    assert landed == [1, 2]
+    assert out == b"".join(d.tobytes()[lb:3 * lb] for d in data)
+
+    full = np.zeros((3, layout.chunk_bytes // 4), np.float32)
+    h = client.start_get_into(ns, keys, full, order="layer")
+    h.wait_layer(0)
+    n = lb // 4
+    assert all(np.array_equal(full[i, :n], data[i][:n]) for i in range(3))
+    assert h.wait().found == [True] * 3
+    assert all(np.array_equal(full[i], data[i]) for i in range(3))
+
+
+def test_layer_major_errors(client, ns, layout):
+    keys = keys_of(ns, 2, layout, seed=22)
+    client.put(ns, keys, payloads(layout, 2, seed=22))
+    # on_layer raising stops the load and the exception comes back as it was raised.
+    class Stop(Exception):
+        pass
+
+    def boom(layer):
+        raise Stop(f"layer {layer}")
+
+    out = bytearray(2 * layout.chunk_bytes)
+    with pytest.raises(Stop, match="layer 0"):
+        client.get_into(ns, keys, out, order="layer", on_layer=boom)
+    # on_layer needs layer order; an unknown order is refused.
+    with pytest.raises(kvtier.InvalidArgumentError, match="on_layer"):
+        client.get_into(ns, keys, out, on_layer=print)
+    with pytest.raises(kvtier.InvalidArgumentError, match="order"):
+        client.get_into(ns, keys, out, order="diagonal")
+    # The package checks buffer sizes of registered namespaces before the call; below
+    # it, the native layer checks the daemon's pieces against each buffer: too small
+    # fails at the first piece that does not fit, too large when the stream ends short.
+    native = client._native
+    with pytest.raises(kvtier.InvalidArgumentError, match="pass buffers"):
+        native.get_into(ns, keys, [bytearray(layout.chunk_bytes - layout.layer_bytes)] * 2,
+                        None, 1, None, 0, None)
+    with pytest.raises(kvtier.InvalidArgumentError, match="pass buffers"):
+        native.get_into(ns, keys, [bytearray(layout.chunk_bytes + layout.layer_bytes)] * 2,
+                        None, 1, None, 0, None)
+
+
+def test_lookup_lease_is_held_until_the_get_that_names_it(client, ns, layout):
+    keys = keys_of(ns, 3, layout, seed=23)
+    client.put(ns, keys[:2], payloads(layout, 2, seed=23))
+    before = client.stats().leases
+    lk = client.lookup(ns, keys, lease_seconds=30)
+    assert lk.prefix_hits == 2 and lk.lease != 0
+    s = client.stats()
+    assert s.leases == before + 1 and s.lease_held_bytes >= 2 * layout.chunk_bytes
+    out = np.zeros((2, layout.chunk_bytes // 4), np.float32)
+    assert client.get_into(ns, keys[:2], out, order="layer", lease=lk.lease).found == [True] * 2
+    assert client.stats().leases == before
+    assert client.release_lease(ns, lk.lease) is False  # The Get ended it.
+    # Released without a get; none for misses; a negative duration is refused.
+    lk2 = client.lookup(ns, keys[:2], lease_seconds=30)
+    assert client.release_lease(ns, lk2.lease) is True
+    assert client.lookup(ns, keys[2:], lease_seconds=30).lease == 0
+    assert client.lookup(ns, keys).lease == 0
+    with pytest.raises(kvtier.InvalidArgumentError, match="lease_seconds"):
+        client.lookup(ns, keys, lease_seconds=-1)
+
+
 def test_crc32c_matches_the_standard_check_value():
     assert kvtier.crc32c(b"123456789") == 0xE3069283
     assert kvtier.crc32c(b"6789", kvtier.crc32c(b"12345")) == 0xE3069283

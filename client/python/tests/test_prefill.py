@@ -49,8 +49,8 @@ def test_worker_that_computes_first_meets_the_stream(client, cached):
         r = s.finish()
     assert r.first_streamed + r.chunks_streamed == 6
     assert set(got) == set(range(r.first_streamed, 6))
-    for i, (b, t) in got.items():
-        assert b == data[i].tobytes() and t == kvtier.Tier.RAM
+    for k, (b, t) in got.items():
+        assert b == data[k].tobytes() and t == kvtier.Tier.RAM
     assert r.computed_reported == i
     assert r.sources[:r.first_streamed] == ["computed"] * r.first_streamed
 
