@@ -28,12 +28,12 @@ checksums are verified only when each chunk's last layer lands, so ``finish_load
 (wait()) must succeed before anything computed from the load is kept or stored. The
 worker calls it before returning logits or saving.
 
-Leases: a Lookup lease (the daemon keeps looked-up chunks until the Get) is being added to
-the client on another branch. It is feature-detected: when ``Client.lookup`` takes a
-``lease_seconds`` argument the connector asks for one, keeps ``result.lease`` and hands it
-to ``start_get_into``/``get_into`` when they take a ``lease`` argument. Without it the
-connector works the same, and a chunk evicted between Lookup and Get shows up as a
-partial load (``found`` false), which is reported through get_failed_loads.
+Leases: get_num_new_matched_tokens asks Lookup for a lease (``lease_seconds``), so the
+matched chunks that are in the daemon's RAM cannot be evicted before start_load_kv's Get,
+which names the lease and so ends it. A request that never loads releases it in
+get_finished. A hit the lease does not cover (on SSD, or no lease granted because the
+daemon is at its lease bounds) can still be gone by the Get: it shows up as a partial
+load (``found`` false), reported through get_failed_loads, and the engine recomputes it.
 
 Threading: one connector may serve many requests; its own state is guarded by a lock.
 Each request's calls come from one engine thread, in the order above.
@@ -41,7 +41,6 @@ Each request's calls come from one engine thread, in the order above.
 
 from __future__ import annotations
 
-import inspect
 import threading
 import time
 from dataclasses import dataclass, field
@@ -56,93 +55,13 @@ from .kv_layout import ChunkLayout
 KV = Tuple[torch.Tensor, torch.Tensor]
 
 
-class LayerRangeLoad:
-    """Layer-wise loading for daemons without layer-major Get order: one Get per layer,
-    ``layers=(l, l + 1)`` in chunk order, each landing in layer l of every chunk of the
-    buffer, on a background thread. Same interface as kvtier.LoadHandle (wait_layer,
-    wait, done, cancel).
-
-    Integrity: the daemon's CRC32C covers a whole chunk and is checked by the client only
-    when a Get carries whole chunks, so these per-layer Gets are protected by the
-    transport alone. The connector prefers the daemon's layer-major order (verified) and
-    uses this only when the daemon answers UNIMPLEMENTED.
-    """
-
-    def __init__(self, client, ns: int, keys: List[bytes], buf: torch.Tensor, num_layers: int,
-                 **kw):
-        self._cond = threading.Condition()
-        self._landed = 0
-        self._error: Optional[BaseException] = None
-        self._result = None
-        self._cancel = False
-        self._thread = threading.Thread(target=self._run, name="kvtier-layer-load", daemon=True,
-                                        args=(client, ns, keys, buf, num_layers, kw))
-        self._thread.start()
-
-    def _run(self, client, ns, keys, buf, num_layers, kw):
-        found = [True] * len(keys)
-        try:
-            nbytes = 0
-            tiers = None
-            for l in range(num_layers):
-                if self._cancel:
-                    raise kvtier.CancelledError("load cancelled")
-                r = client.get_into(ns, keys, [buf[i, l] for i in range(len(keys))],
-                                    layers=(l, l + 1), **kw)
-                found = [a and b for a, b in zip(found, r.found)]
-                nbytes += r.bytes
-                tiers = tiers or r.tiers
-                with self._cond:
-                    self._landed = l + 1
-                    self._cond.notify_all()
-            result = kvtier.GetResult(found, tiers or [], [], nbytes)
-            with self._cond:
-                self._result = result
-                self._cond.notify_all()
-        except BaseException as e:  # Handed to whoever waits.
-            with self._cond:
-                self._error = e
-                self._cond.notify_all()
-
-    def done(self) -> bool:
-        with self._cond:
-            return self._result is not None or self._error is not None
-
-    def cancel(self) -> None:
-        self._cancel = True
-
-    def wait_layer(self, layer: int, timeout: Optional[float] = None) -> None:
-        with self._cond:
-            if not self._cond.wait_for(lambda: self._error is not None or self._landed > layer,
-                                       timeout):
-                raise TimeoutError(f"layer {layer} did not land within {timeout} s")
-            if self._error is not None:
-                raise self._error
-
-    def wait(self, timeout: Optional[float] = None):
-        with self._cond:
-            if not self._cond.wait_for(lambda: self._error is not None or
-                                       self._result is not None, timeout):
-                raise TimeoutError(f"the load did not finish within {timeout} s")
-            if self._error is not None:
-                raise self._error
-            return self._result
-
-
-def _takes(fn, name: str) -> bool:
-    try:
-        return name in inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
-
-
 @dataclass
 class _Request:
     req_id: str
     tokens: torch.Tensor
     keys: List[bytes]
     matched_chunks: int = 0          # Chunks the engine will load.
-    lease: object = None
+    lease: int = 0                   # Lookup lease on the match; 0: none.
     load_buf: Optional[torch.Tensor] = None
     handle: Optional[kvtier.LoadHandle] = None
     load_result: Optional[kvtier.GetResult] = None
@@ -166,10 +85,7 @@ class KvTierConnector:
         self.chunks = ChunkLayout.from_kvtier(layout)
         self.ns = client.register_layout(layout).namespace_id
         self.C = layout.tokens_per_chunk
-        self.lease_seconds = lease_seconds
-        self.leases_supported = _takes(client.lookup, "lease_seconds")
-        self._get_takes_lease = _takes(client.start_get_into, "lease")
-        self.layer_major: Optional[bool] = None  # Daemon serves layer-major Gets; probed.
+        self.lease_seconds = int(lease_seconds or 0)
         self._lock = threading.Lock()
         self._reqs: Dict[str, _Request] = {}
         self._finished_recving: Set[str] = set()
@@ -198,11 +114,8 @@ class KvTierConnector:
         keys = keys[:usable]
         req = _Request(req_id, tokens, keys)
         if keys and lookup:
-            if self.leases_supported and self.lease_seconds:
-                lk = self.client.lookup(self.ns, keys, lease_seconds=self.lease_seconds)
-                req.lease = getattr(lk, "lease", None)
-            else:
-                lk = self.client.lookup(self.ns, keys)
+            lk = self.client.lookup(self.ns, keys, lease_seconds=self.lease_seconds)
+            req.lease = lk.lease
             req.matched_chunks = lk.prefix_hits
         req.timings["lookup"] = time.perf_counter() - t0
         with self._lock:
@@ -224,39 +137,19 @@ class KvTierConnector:
     # -- Worker side: loads -------------------------------------------------------------
 
     def start_load_kv(self, req_id: str, order: str = "layer") -> None:
-        """order: "layer" (layer-major stream; falls back to "layer-ranges" when the daemon
-        does not implement it), "layer-ranges" (one Get per layer), "chunk" (whole chunks
-        in order; wait_for_layer_load then waits for the whole load)."""
+        """order: "layer" (layer-major stream: layer 0 of every chunk first) or "chunk"
+        (whole chunks in order; wait_for_layer_load then waits for the whole load). The
+        Get names the request's lease, which ends with it."""
         req = self._req(req_id)
         if req.matched_chunks == 0:
             return
         if req.load_buf is None:
             self.update_state_after_alloc(req_id)
-        kw = {}
-        if req.lease is not None and self._get_takes_lease:
-            kw["lease"] = req.lease
         req.timings["load_start"] = time.perf_counter()
         keys = req.keys[:req.matched_chunks]
-        if order == "layer" and self.layer_major is None:
-            self.layer_major = self._probe_layer_major(keys[0])
-        if order == "layer-ranges" or (order == "layer" and not self.layer_major):
-            req.handle = LayerRangeLoad(self.client, self.ns, keys, req.load_buf,
-                                        self.layout.num_layers, **kw)
-        else:
-            req.handle = self.client.start_get_into(self.ns, keys, req.load_buf, order=order,
-                                                    **kw)
-
-    def _probe_layer_major(self, key: bytes) -> bool:
-        """Whether the daemon serves layer-major Gets (asked once, with one layer of one
-        chunk)."""
-        try:
-            self.client.get_into(self.ns, [key], bytearray(self.layout.layer_bytes),
-                                 layers=(0, 1), order="layer")
-            return True
-        except kvtier.KvTierError as e:
-            if getattr(e, "code", "") == "UNIMPLEMENTED":
-                return False
-            raise
+        lease, req.lease = req.lease, 0  # The Get ends it.
+        req.handle = self.client.start_get_into(self.ns, keys, req.load_buf, order=order,
+                                                lease=lease)
 
     def wait_for_layer_load(self, req_id: str, layer: int) -> Optional[KV]:
         """Blocks until ``layer`` of the prefix landed; returns its (K, V) [heads, h*C, d],
@@ -369,8 +262,12 @@ class KvTierConnector:
         with self._lock:
             sending, self._finished_sending = self._finished_sending, set()
             recving, self._finished_recving = self._finished_recving, set()
-            for r in finished_req_ids:
-                self._reqs.pop(r, None)
+            dropped = [self._reqs.pop(r, None) for r in finished_req_ids]
+        for req in dropped:
+            if req is not None and req.lease:
+                # Matched but never loaded: give the held chunks back now, not at expiry.
+                self.client.release_lease(self.ns, req.lease)
+                req.lease = 0
         return sending, recving
 
     def get_failed_loads(self) -> Dict[str, int]:

@@ -21,7 +21,7 @@ import torch
 
 import kvtier  # noqa: F401  (skips below when missing come from the daemon fixture)
 from conftest import SMALL, random_tokens, small_model
-from kvtier_worker.connector import KvTierConnector, LayerRangeLoad
+from kvtier_worker.connector import KvTierConnector
 from kvtier_worker.kv_layout import ChunkLayout
 from kvtier_worker.worker import Worker, compute_local
 
@@ -75,20 +75,16 @@ def test_layer_major_and_per_layer_loads_give_chunk_major_bytes(client):
     lay = w.chunks
     chunk_major = lay.alloc(len(keys))
     assert client.get_into(w.ns, keys, chunk_major).prefix_found == 8
+    # One Get per layer range, each into that layer of every chunk.
     ranges = lay.alloc(len(keys))
-    h = LayerRangeLoad(client, w.ns, keys, ranges, lay.num_layers)
     for l in range(lay.num_layers):
-        h.wait_layer(l)
-    assert h.wait().found == [True] * 8
+        assert client.get_into(w.ns, keys, [ranges[i, l] for i in range(len(keys))],
+                               layers=(l, l + 1)).found == [True] * 8
     assert torch.equal(ranges, chunk_major)
+    # One layer-major Get: every layer of every chunk where the layout puts it.
     streamed = lay.alloc(len(keys))
-    try:
-        landed = []
-        client.get_into(w.ns, keys, streamed, order="layer", on_layer=landed.append)
-    except kvtier.KvTierError as e:
-        if e.code != "UNIMPLEMENTED":
-            raise
-        pytest.skip("the daemon does not serve layer-major Gets yet (per-layer Gets checked)")
+    landed = []
+    client.get_into(w.ns, keys, streamed, order="layer", on_layer=landed.append)
     assert landed == list(range(lay.num_layers))
     assert torch.equal(streamed, chunk_major)
 
@@ -164,11 +160,11 @@ def test_connector_sequence_and_partial_load(client):
     _, kv = model.prefill(tokens)
     keys = kvtier.chunk_keys(conn.ns, tokens.numpy(), C)
     client.put(conn.ns, keys, list(conn.chunks.pack(kv)))
-    assert conn.leases_supported == ("lease_seconds" in
-                                     __import__("inspect").signature(client.lookup).parameters)
+    leases = client.stats().leases
     matched, load_async = conn.get_num_new_matched_tokens("r1", tokens)
     assert (matched, load_async) == (96, True)
     assert conn.get_num_new_matched_tokens("r0", tokens[:96])[0] == 80  # >= 1 token left.
+    assert client.stats().leases == leases + 2  # Each match is held until its load.
     client.delete(conn.ns, keys[3:4])   # Evicted between Lookup and Get.
     with pytest.raises(ValueError, match="5 chunks, the match is 6"):
         conn.update_state_after_alloc("r1", conn.chunks.alloc(5))
@@ -176,8 +172,10 @@ def test_connector_sequence_and_partial_load(client):
     conn.start_load_kv("r1", order="chunk")
     assert conn.finish_load("r1") == 3
     assert conn.get_failed_loads() == {"r1": 3}
-    sending, recving = conn.get_finished(["r1"])
+    assert client.stats().leases == leases + 1  # r1's Get ended its lease.
+    sending, recving = conn.get_finished(["r1", "r0"])
     assert recving == {"r1"}
+    assert client.stats().leases == leases  # r0 never loaded: released when finished.
     with pytest.raises(KeyError, match="unknown"):
         conn.start_load_kv("r1")
 
