@@ -1,42 +1,18 @@
 // Pins the chunk-key scheme and the layout encoding that every client shares
 // (normative text: the header comment of proto/kvtier/v1/kvtier.proto).
 //
-// The expected values below were computed independently of this C++ code, with the
-// Python xxhash binding (python3-xxhash 3.0.0 over libxxhash 0.8.1) straight from the
-// byte encoding written in the proto:
-//
-//   import struct, xxhash
-//   le32 = lambda x: struct.pack('<I', x)
-//   le64 = lambda x: struct.pack('<Q', x)
-//   key0 = lambda ns, t: xxhash.xxh3_128_digest(le64(ns) + b''.join(map(le32, t)))
-//   keyn = lambda prev, t: xxhash.xxh3_128_digest(prev + b''.join(map(le32, t)))
-//   def layout(model, rev, dtype, L, H, D, C, W, R, kp):
-//       m, r = model.encode('utf-8'), rev.encode('utf-8')
-//       return (b'kvtier-layout-v1' + le32(len(m)) + m + le32(len(r)) + r +
-//               b''.join(le32(v) for v in (dtype, L, H, D, C, W, R)) + bytes([kp]))
-//   ns = lambda enc: '%016x' % xxhash.xxh3_64_intdigest(enc)
-//
-//   key0(0, []).hex()                                 # 2c0a8a99dc147d5445c3b49d035665b2
-//   k = key0(0x0123456789abcdef, [1, 2, 3, 4])        # c4217189edd4662a479679955a6efdfe
-//   keyn(k, [5, 6, 7, 8]).hex()                       # 77bd2af594cf00a2bc007dfeb479e85c
-//   keyn(k, [0, 0xffffffff]).hex()                    # 3c853a5ee0e73ccf4dd5e4c8e27b424e
-//   A = layout("meta-llama/Llama-3.1-8B", "main", 2, 32, 8, 128, 256, 1, 0, 1)
-//   ns(A)                                             # a1600d0cd58ae4ac
-//   B = layout("Qwen/Qwen2.5-72B-Instruct-\u00dcn\u00efcode", "", 4, 80, 2, 128, 16, 4, 3, 2)
-//   ns(B)                                             # 4bfb2616b561aa1b
-//   C = layout("tiny", "r1", 1, 2, 1, 8, 4, 1, 0, 1)
-//   C.hex(), ns(C)                                    # see kTinyEncodingHex, 9c83ad2e88bb5a2a
-//   toks = [0, 1, 2, 3, 128000, 4294967295, 7, 42, 99, 100]
-//   k0 = key0(int(ns(C), 16), toks[0:4])              # ffc13ec1b1ee5def0883e2dfe29091fb
-//   keyn(k0, toks[4:8])                               # 945f265d86988c5a6d20f0337ef7d848
-//
-// A change to any of these values breaks every client's cache hits: do not "fix" the
-// constants, fix the code.
+// The normative vectors (keys, namespace ids, canonical encodings) are read from
+// tests/vectors/chunk_keys.json, the one file every client's tests load (the Python
+// package's test_keys.py reads the same file); how they were computed, independently of
+// this code, is written there. A change to any of them breaks every client's cache hits:
+// do not "fix" the vectors, fix the code.
 #include "storage/chunk_key.h"
 
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -44,11 +20,98 @@
 #include "absl/status/status.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "google/protobuf/struct.pb.h"
+#include "google/protobuf/util/json_util.h"
 #include "storage/layout_spec.h"
 
 namespace kvtier {
 namespace {
+
+using google::protobuf::ListValue;
+using google::protobuf::Struct;
+using google::protobuf::Value;
+
+// tests/vectors/chunk_keys.json, parsed once. A missing or malformed file fails the
+// test that asks for it.
+const Struct& Vectors() {
+  static const Struct* vectors = [] {
+    auto* v = new Struct;
+    std::ifstream in(KVTIER_VECTORS_FILE);
+    std::stringstream text;
+    text << in.rdbuf();
+    const auto status = google::protobuf::util::JsonStringToMessage(text.str(), v);
+    if (!in || !status.ok()) {
+      ADD_FAILURE() << "cannot read " << KVTIER_VECTORS_FILE << ": " << status.ToString();
+    }
+    return v;
+  }();
+  return *vectors;
+}
+
+const ListValue& List(const Struct& s, const std::string& field) {
+  static const ListValue* empty = new ListValue;
+  auto it = s.fields().find(field);
+  if (it == s.fields().end() || !it->second.has_list_value()) {
+    ADD_FAILURE() << "vectors: no list '" << field << "'";
+    return *empty;
+  }
+  return it->second.list_value();
+}
+
+const Value& Field(const Struct& s, const std::string& field) {
+  static const Value* null = new Value;
+  auto it = s.fields().find(field);
+  if (it == s.fields().end()) {
+    ADD_FAILURE() << "vectors: no field '" << field << "'";
+    return *null;
+  }
+  return it->second;
+}
+
+std::string Str(const Struct& s, const std::string& field) {
+  return Field(s, field).string_value();
+}
+uint32_t U32(const Struct& s, const std::string& field) {
+  return static_cast<uint32_t>(Field(s, field).number_value());
+}
+uint64_t Hex64(const Struct& s, const std::string& field) {
+  uint64_t v = 0;
+  EXPECT_TRUE(absl::SimpleHexAtoi(Str(s, field), &v)) << field;
+  return v;
+}
+std::vector<uint32_t> Tokens(const Struct& s) {
+  std::vector<uint32_t> out;
+  for (const Value& t : List(s, "tokens").values()) {
+    out.push_back(static_cast<uint32_t>(t.number_value()));
+  }
+  return out;
+}
+
+LayoutSpec LayoutFromVector(const Struct& l) {
+  LayoutSpec spec;
+  spec.model_id = Str(l, "model_id");
+  spec.model_revision = Str(l, "model_revision");
+  spec.dtype = static_cast<LayoutSpec::DType>(U32(l, "dtype"));
+  spec.num_layers = U32(l, "num_layers");
+  spec.num_kv_heads = U32(l, "num_kv_heads");
+  spec.head_dim = U32(l, "head_dim");
+  spec.tokens_per_chunk = U32(l, "tokens_per_chunk");
+  spec.tp_world_size = U32(l, "tp_world_size");
+  spec.tp_rank = U32(l, "tp_rank");
+  spec.key_position = static_cast<LayoutSpec::KeyPosition>(U32(l, "key_position"));
+  return spec;
+}
+
+// The vector layout named `name`.
+const Struct* VectorLayout(const std::string& name) {
+  for (const Value& l : List(Vectors(), "layouts").values()) {
+    if (Str(l.struct_value(), "name") == name) return &l.struct_value();
+  }
+  ADD_FAILURE() << "vectors: no layout '" << name << "'";
+  return nullptr;
+}
 
 ChunkKey Key(absl::string_view hex) {
   auto k = ChunkKey::FromHex(hex);
@@ -120,38 +183,49 @@ constexpr char kTinyEncodingHex[] =
 // ---------------------------------------------------------------------------------
 // Key scheme vectors.
 
-TEST(ChunkKeyVectors, FirstChunkKeyOfNoTokensHashesTheNamespaceAlone) {
-  EXPECT_EQ(FirstChunkKey(0, {}).ToHex(), "2c0a8a99dc147d5445c3b49d035665b2");
-}
-
-TEST(ChunkKeyVectors, FirstChunkKey) {
-  const std::vector<uint32_t> tokens = {1, 2, 3, 4};
-  const ChunkKey k = FirstChunkKey(0x0123456789abcdefull, tokens);
-  EXPECT_EQ(k.ToHex(), "c4217189edd4662a479679955a6efdfe");
+TEST(ChunkKeyVectors, FirstChunkKeys) {
+  const ListValue& cases = List(Vectors(), "first_chunk_keys");
+  ASSERT_GT(cases.values_size(), 0);
+  for (const Value& c : cases.values()) {
+    const Struct& v = c.struct_value();
+    EXPECT_EQ(FirstChunkKey(Hex64(v, "namespace_id"), Tokens(v)).ToHex(), Str(v, "key"));
+  }
   // hi/lo are XXH128's halves: the wire form is hi big-endian then lo big-endian.
-  EXPECT_EQ(k.hi, 0xc4217189edd4662aull);
-  EXPECT_EQ(k.lo, 0x479679955a6efdfeull);
+  const Struct& v = cases.values(cases.values_size() - 1).struct_value();
+  const ChunkKey k = FirstChunkKey(Hex64(v, "namespace_id"), Tokens(v));
+  EXPECT_EQ(absl::StrCat(absl::Hex(k.hi, absl::kZeroPad16), absl::Hex(k.lo, absl::kZeroPad16)),
+            Str(v, "key"));
 }
 
-TEST(ChunkKeyVectors, NextChunkKeyChainsOnThePreviousKeysWireBytes) {
-  const ChunkKey k0 = Key("c4217189edd4662a479679955a6efdfe");
-  const std::vector<uint32_t> next = {5, 6, 7, 8};
-  EXPECT_EQ(NextChunkKey(k0, next).ToHex(), "77bd2af594cf00a2bc007dfeb479e85c");
-  // Token ids are unsigned 32-bit little-endian, including the extremes.
-  const std::vector<uint32_t> extremes = {0, 0xffffffffu};
-  EXPECT_EQ(NextChunkKey(k0, extremes).ToHex(), "3c853a5ee0e73ccf4dd5e4c8e27b424e");
+TEST(ChunkKeyVectors, NextChunkKeysChainOnThePreviousKeysWireBytes) {
+  const ListValue& cases = List(Vectors(), "next_chunk_keys");
+  ASSERT_GT(cases.values_size(), 0);
+  for (const Value& c : cases.values()) {
+    const Struct& v = c.struct_value();
+    EXPECT_EQ(NextChunkKey(Key(Str(v, "prev")), Tokens(v)).ToHex(), Str(v, "key"));
+  }
 }
 
-TEST(ChunkKeyVectors, ComputeChunkKeysOverARealNamespace) {
-  const LayoutSpec tiny = TinyLayout();
-  ASSERT_EQ(tiny.NamespaceId(), 0x9c83ad2e88bb5a2aull);
-  const std::vector<uint32_t> tokens = {0, 1, 2, 3, 128000, 4294967295u, 7, 42, 99, 100};
-  const std::vector<ChunkKey> keys =
-      ComputeChunkKeys(tiny.NamespaceId(), tokens, tiny.tokens_per_chunk);
-  // Ten tokens, four per chunk: two keys; the partial last chunk (99, 100) gets none.
-  ASSERT_EQ(keys.size(), 2u);
-  EXPECT_EQ(keys[0].ToHex(), "ffc13ec1b1ee5def0883e2dfe29091fb");
-  EXPECT_EQ(keys[1].ToHex(), "945f265d86988c5a6d20f0337ef7d848");
+TEST(ChunkKeyVectors, ComputeChunkKeysOverRealNamespaces) {
+  const ListValue& cases = List(Vectors(), "chunk_keys");
+  ASSERT_GT(cases.values_size(), 0);
+  for (const Value& c : cases.values()) {
+    const Struct& v = c.struct_value();
+    const Struct* layout = VectorLayout(Str(v, "layout"));
+    ASSERT_NE(layout, nullptr);
+    const LayoutSpec spec = LayoutFromVector(*layout);
+    // A case may chunk the tokens differently from its layout (to keep it short).
+    const uint32_t per_chunk = v.fields().contains("tokens_per_chunk")
+                                   ? U32(v, "tokens_per_chunk")
+                                   : spec.tokens_per_chunk;
+    const std::vector<ChunkKey> keys =
+        ComputeChunkKeys(spec.NamespaceId(), Tokens(v), per_chunk);
+    const ListValue& want = List(v, "keys");
+    ASSERT_EQ(keys.size(), static_cast<size_t>(want.values_size())) << Str(v, "layout");
+    for (size_t i = 0; i < keys.size(); ++i) {
+      EXPECT_EQ(keys[i].ToHex(), want.values(static_cast<int>(i)).string_value()) << i;
+    }
+  }
 }
 
 TEST(ChunkKey, ComputeChunkKeysAgreesWithFirstAndNext) {
@@ -262,19 +336,24 @@ TEST(ChunkKey, EqualityAndHashing) {
 // ---------------------------------------------------------------------------------
 // Layouts.
 
-TEST(LayoutSpecVectors, NamespaceIds) {
-  EXPECT_EQ(LlamaLayout().NamespaceId(), 0xa1600d0cd58ae4acull);
-  EXPECT_EQ(QwenShardLayout().NamespaceId(), 0x4bfb2616b561aa1bull);
-  EXPECT_EQ(TinyLayout().NamespaceId(), 0x9c83ad2e88bb5a2aull);
-}
-
-TEST(LayoutSpecVectors, CanonicalEncodingBytes) {
+TEST(LayoutSpecVectors, NamespaceIdsEncodingsAndSizes) {
+  const ListValue& layouts = List(Vectors(), "layouts");
+  ASSERT_GT(layouts.values_size(), 0);
+  for (const Value& l : layouts.values()) {
+    const Struct& v = l.struct_value();
+    const LayoutSpec spec = LayoutFromVector(v);
+    SCOPED_TRACE(Str(v, "name"));
+    EXPECT_TRUE(spec.Validate().ok()) << spec.Validate();
+    EXPECT_EQ(absl::BytesToHexString(spec.CanonicalEncoding()), Str(v, "canonical_encoding_hex"));
+    EXPECT_EQ(spec.NamespaceId(), Hex64(v, "namespace_id"));
+    EXPECT_EQ(spec.ChunkBytes(), static_cast<uint64_t>(Field(v, "chunk_bytes").number_value()));
+    EXPECT_EQ(spec.LayerBytes(), static_cast<uint64_t>(Field(v, "layer_bytes").number_value()));
+  }
+  // The hand-built layouts below are the vector file's.
+  EXPECT_EQ(LlamaLayout().NamespaceId(), Hex64(*VectorLayout("llama"), "namespace_id"));
+  EXPECT_EQ(QwenShardLayout().NamespaceId(), Hex64(*VectorLayout("qwen_shard"), "namespace_id"));
   EXPECT_EQ(absl::BytesToHexString(TinyLayout().CanonicalEncoding()), kTinyEncodingHex);
-  EXPECT_EQ(absl::BytesToHexString(LlamaLayout().CanonicalEncoding()),
-            "6b76746965722d6c61796f75742d7631170000006d6574612d6c6c616d612f4c6c616d612d"
-            "332e312d3842040000006d61696e020000002000000008000000800000000001000001000000"
-            "0000000001");
-  EXPECT_EQ(QwenShardLayout().CanonicalEncoding().size(), 88u);
+  EXPECT_EQ(TinyLayout().NamespaceId(), Hex64(*VectorLayout("tiny"), "namespace_id"));
 }
 
 TEST(LayoutSpec, EveryFieldChangesTheNamespace) {

@@ -1,7 +1,10 @@
 # Unit tests: one executable per file, registered with kvtier_test (tests/CMakeLists.txt).
 
 # Storage layer.
-kvtier_test(chunk_key_test LIBS kvtier_chunk_key)
+kvtier_test(chunk_key_test LIBS kvtier_chunk_key protobuf::libprotobuf)
+# The one vector file every client's tests load.
+target_compile_definitions(chunk_key_test PRIVATE
+  KVTIER_VECTORS_FILE="${CMAKE_SOURCE_DIR}/tests/vectors/chunk_keys.json")
 kvtier_test(async_gate_test LIBS kvtier_storage)
 kvtier_test(crc32c_test LIBS kvtier_storage)
 kvtier_test(lru_policy_test LIBS kvtier_storage)
