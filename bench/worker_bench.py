@@ -107,8 +107,7 @@ def bench_overlap(cfg, C, prefixes, suffix, repeats, commands, tmp):
                     times["load_only"].append(t2 - t1)
             row = {"prefix_tokens": n_prefix, "chunks": n_prefix // C,
                    "prefix_bytes": n_prefix // C * w.chunks.chunk_bytes,
-                   "layer_path": "layer-major Get" if w.connector.layer_major else
-                   "one Get per layer (daemon has no layer-major order)"}
+                   "layer_path": "layer-major Get"}
             for k, v in times.items():
                 row[f"{k}_median_s"] = median(v)
                 row[f"{k}_all_s"] = v
