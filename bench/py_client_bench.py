@@ -2,7 +2,7 @@
 """Python client vs C++ client: put and get throughput, side by side in one run.
 
     PYTHONPATH=build/python /usr/bin/python3 bench/py_client_bench.py \
-        [--sizes 2,32,128] [--reps 5] [--budget-mib 512] [--out bench/results]
+        [--sizes 2,32,128] [--reps 5] [--budget-mib 512] [--out bench/results/python]
 
 One kvtierd (RAM tier: --write-mode=ram-only, a pool that holds every cell) serves three
 implementations in turn, interleaved per repetition so drift hits all alike:
@@ -115,7 +115,7 @@ def main():
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--budget-mib", type=int, default=512)
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
-    ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results"))
+    ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "python"))
     ap.add_argument("--no-grpcio", action="store_true")
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]

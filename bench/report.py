@@ -237,6 +237,31 @@ def main():
     if prof:
         w(prof + "\n")
 
+    # Benchmarks run on their own (not by bench/run.sh, which leaves their folders alone):
+    # the Python client against the C++ client, and the reference worker.
+    py = rd(os.path.join(res, "python", "py_client.md")).strip()
+    if py:
+        w("## Python client vs C++ client (target: Python >= 0.8 x C++)\n")
+        w("Command: `PYTHONPATH=build/python /usr/bin/python3 bench/py_client_bench.py "
+          "--out bench/results/python` (one kvtierd, RAM tier; the three clients "
+          "interleaved per repetition; medians of 5; GB/s). Raw: "
+          "`bench/results/python/py_client.jsonl`.\n")
+        w(py + "\n")
+    worker = rd(os.path.join(res, "worker", "summary.md")).strip()
+    if worker:
+        w("## Reference worker: layer-wise overlap, Cake with real compute, context overflow\n")
+        w("Commands: `PYTHONPATH=build/python:worker /usr/bin/python3 bench/worker_bench.py` "
+          "then `/usr/bin/python3 bench/plot_worker.py` (needs python3-matplotlib). Raw: "
+          "`bench/results/worker/worker_bench.json`; every kvtierd command line in "
+          "`bench/results/worker/commands.txt`.\n")
+        w(worker.split("\n", 1)[-1].strip().replace("\n## ", "\n### ") + "\n")
+        for png, what in (("worker_overlap.png", "Layer-wise overlap"),
+                          ("worker_cake.png", "Cake with real compute"),
+                          ("worker_cake_fit.png", "Per-chunk compute: measured vs the planner's fit"),
+                          ("worker_overflow.png", "Context overflow")):
+            if os.path.exists(os.path.join(res, "worker", png)):
+                w(f"![{what}](results/worker/{png})\n")
+
     w(rd(header).split("-->", 1)[-1].strip() + "\n")
 
     w("## Exact commands (this run, from the repository root)\n")
