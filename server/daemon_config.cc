@@ -1,5 +1,7 @@
 #include "server/daemon_config.h"
 
+#include <grp.h>
+
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -136,6 +138,17 @@ const std::vector<Option>& Options() {
       SizeOption("prefill_bandwidth_limit",
                  "daemon-wide cap on Prefill streaming, bytes per second (0: none)",
                  &DaemonConfig::prefill_bandwidth_limit),
+      StringOption("shm_socket",
+                   "region socket for same-host shared memory: auto | off | /path | @name",
+                   &DaemonConfig::shm_socket),
+      StringOption("shm_allowed_group",
+                   "group (name or gid) whose members may register memory, besides the "
+                   "daemon's user and root",
+                   &DaemonConfig::shm_allowed_group),
+      UintOption("shm_max_regions", "shared-memory regions registered at once, all clients",
+                 &DaemonConfig::shm_max_regions),
+      SizeOption("shm_max_region_bytes", "largest shared-memory region a client may register",
+                 &DaemonConfig::shm_max_region_bytes),
       UintOption("prefill_prefetch_window", "chunks a Prefill session reads ahead",
                  &DaemonConfig::prefill_prefetch_window),
       UintOption("prefill_ssd_reads", "SSD reads in flight across all Prefill sessions",
@@ -251,6 +264,21 @@ absl::Status DaemonConfig::Validate() const {
   if (shutdown_grace < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("option shutdown_grace: must not be negative");
   }
+  if (shm_socket != "auto" && shm_socket != "off" &&
+      !(shm_socket.size() >= 2 && (shm_socket[0] == '/' || shm_socket[0] == '@'))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "option shm_socket: '", shm_socket, "' is not auto, off, an absolute path or an @name"));
+  }
+  if (shm_socket.size() > 107) {
+    return absl::InvalidArgumentError("option shm_socket: longer than a Unix socket name (107 bytes)");
+  }
+  if (shm_max_regions == 0) {
+    return absl::InvalidArgumentError("option shm_max_regions: must be at least 1");
+  }
+  if (shm_max_region_bytes < 4096) {
+    return absl::InvalidArgumentError("option shm_max_region_bytes: must be at least 4KiB");
+  }
+  if (auto gid = AllowedGid(); !gid.ok()) return gid.status();
   if (prefill_prefetch_window == 0) {
     return absl::InvalidArgumentError("option prefill_prefetch_window: must be at least 1");
   }
@@ -331,6 +359,27 @@ absl::Status ApplyToml(absl::string_view toml_text, absl::string_view source_nam
     }
   }
   return absl::OkStatus();
+}
+
+std::string DaemonConfig::RegionSocketName(uint64_t instance_id) const {
+  if (shm_socket == "off") return "";
+  if (shm_socket == "auto") return absl::StrCat("@kvtierd-", absl::Hex(instance_id, absl::kZeroPad16));
+  return shm_socket;
+}
+
+absl::StatusOr<std::optional<gid_t>> DaemonConfig::AllowedGid() const {
+  if (shm_allowed_group.empty()) return std::nullopt;
+  uint32_t gid = 0;
+  if (absl::SimpleAtoi(shm_allowed_group, &gid)) return static_cast<gid_t>(gid);
+  group grp;
+  group* found = nullptr;
+  std::vector<char> buf(16384);
+  if (getgrnam_r(shm_allowed_group.c_str(), &grp, buf.data(), buf.size(), &found) != 0 ||
+      found == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "option shm_allowed_group: no group named '", shm_allowed_group, "'"));
+  }
+  return found->gr_gid;
 }
 
 absl::StatusOr<ParsedArgs> ParseDaemonArgs(const std::vector<std::string>& args) {

@@ -8,7 +8,10 @@
 #ifndef KVTIER_SERVER_DAEMON_CONFIG_H_
 #define KVTIER_SERVER_DAEMON_CONFIG_H_
 
+#include <sys/types.h>
+
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -46,6 +49,13 @@ struct DaemonConfig {
   uint64_t prefill_bandwidth_limit = 0;    // Daemon-wide Prefill streaming cap, bytes/s; 0: none.
   uint32_t prefill_prefetch_window = 2;    // Chunks a session reads ahead of the one it sends.
   uint32_t prefill_ssd_reads = 2;          // SSD reads in flight across all sessions.
+  // Same-host data plane: the region socket clients register shared memory on.
+  // "auto": an abstract socket named after the daemon's instance; "off": none; else an
+  // absolute path or an "@abstract" name.
+  std::string shm_socket = "auto";
+  std::string shm_allowed_group;           // Group (name or gid) admitted besides our user.
+  uint32_t shm_max_regions = 1024;         // Regions registered at once, all clients.
+  uint64_t shm_max_region_bytes = 64ull << 30;  // Largest region.
   std::string metrics_listen = "127.0.0.1:9464";  // HTTP /metrics and /healthz; "" = off.
   // If set, written once serving: the bound gRPC port on line 1, the metrics port (0 if
   // off) on line 2. For supervisors and tests that listen on port 0.
@@ -54,6 +64,11 @@ struct DaemonConfig {
   absl::Status Validate() const;
   // The storage options these settings imply.
   absl::StatusOr<TieredStoreOptions> ToStoreOptions() const;
+  // The region socket's name for a daemon with this instance id; "" when off.
+  std::string RegionSocketName(uint64_t instance_id) const;
+  // shm_allowed_group as a gid (nullopt when unset). Returns InvalidArgument (no such
+  // group).
+  absl::StatusOr<std::optional<gid_t>> AllowedGid() const;
   // One "name = value" line per option, for the start-up log.
   std::string Describe() const;
 };

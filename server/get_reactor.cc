@@ -1,10 +1,12 @@
 #include "server/get_reactor.h"
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "server/region_target.h"
 #include "server/status_util.h"
 #include "storage/crc32c.h"
 
@@ -28,9 +30,9 @@ void ReleaseKeepAlive(void* p) { delete static_cast<std::shared_ptr<const void>*
 
 GetReactor::GetReactor(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request,
                        TieredStore* store, RpcMetrics* metrics, LeaseTable* leases,
-                       uint64_t max_frame_bytes, uint32_t max_keys)
+                       RegionTable* regions, uint64_t max_frame_bytes, uint32_t max_keys)
     : ctx_(ctx), store_(store), scope_(metrics, RpcMethod::kGet) {
-  if (absl::Status s = Start(request, leases, max_frame_bytes, max_keys); !s.ok()) {
+  if (absl::Status s = Start(request, leases, regions, max_frame_bytes, max_keys); !s.ok()) {
     absl::MutexLock lock(&mu_);
     error_ = s;
   }
@@ -38,7 +40,8 @@ GetReactor::GetReactor(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer*
 }
 
 absl::Status GetReactor::Start(const grpc::ByteBuffer* request, LeaseTable* leases,
-                               uint64_t max_frame_bytes, uint32_t max_keys) {
+                               RegionTable* regions, uint64_t max_frame_bytes,
+                               uint32_t max_keys) {
   if (store_ == nullptr) {
     return absl::UnavailableError(
         "kvtierd is starting up (recovering the SSD tier's index); retry shortly");
@@ -97,6 +100,14 @@ absl::Status GetReactor::Start(const grpc::ByteBuffer* request, LeaseTable* leas
           "order: ", static_cast<int>(req.order()),
           " is not a GetOrder this daemon knows (chunk-major 1, layer-major 2)"));
   }
+  if (req.has_target()) {
+    const uint64_t key_bytes =
+        layout->ChunkBytes() / num_layers_ * (end_layer_ - first_layer_);
+    auto target = ResolveRegionTarget(regions, req.target(), ids_.size(), key_bytes);
+    if (!target.ok()) return target.status();
+    region_ = std::move(target->region);
+    dest_ = std::move(target->dest);
+  }
   const uint32_t n = static_cast<uint32_t>(ids_.size());
   if (layer_major_) {
     items_.reserve(size_t{n} * (end_layer_ - first_layer_));
@@ -112,6 +123,43 @@ absl::Status GetReactor::Start(const grpc::ByteBuffer* request, LeaseTable* leas
   absent_.assign(n, false);
   key_crc_.assign(n, 0);
   return absl::OkStatus();
+}
+
+void GetReactor::CopyToRegion(uint64_t off, absl::Span<const absl::string_view> pieces) {
+  const uint32_t key = items_[item_].key;
+  const uint64_t layer_bytes = view_->meta().size / num_layers_;
+  char* dst = dest_[key] + (off - uint64_t{first_layer_} * layer_bytes);
+  uint32_t& crc = key_crc_[key];
+  for (absl::string_view piece : pieces) {
+    crc = crc32c::CopyAndExtend(crc, dst, piece.data(), piece.size(), crc32c::CrcOver::kSource);
+    dst += piece.size();
+  }
+}
+
+bool GetReactor::FinishRegionItem() {
+  const Item& item = items_[item_];
+  const bool whole = first_layer_ == 0 && end_layer_ == num_layers_;
+  if (whole && LastItemOfKey() && key_crc_[item.key] != view_->meta().crc32c) {
+    error_ = store_->DropCorrupt(ids_[item.key]);
+    return false;
+  }
+  v1::GetFrame header;
+  header.set_key_index(item.key);
+  header.set_found(true);
+  if (layer_major_) header.set_layer(item.begin);
+  header.set_total_bytes(end_ - begin_);
+  header.set_crc32c(view_->meta().crc32c);
+  header.set_token_count(view_->meta().token_count);
+  header.set_tier(static_cast<v1::Tier>(static_cast<int>(view_->tier())));
+  header.set_last(true);
+  grpc::Slice slice(header.SerializeAsString());
+  frame_ = grpc::ByteBuffer(&slice, 1);
+  off_ = end_;
+  if (LastItemOfKey()) held_[item.key].reset();
+  view_.reset();
+  pending_.clear();
+  NextItem();
+  return true;
 }
 
 void GetReactor::NextItem() {
@@ -144,7 +192,29 @@ void GetReactor::Pump() {
   {
     absl::MutexLock lock(&mu_);
     if (finished_ || writing_) return;
-    if (error_.ok() && item_ < items_.size() && view_ && view_->streamed() &&
+    while (region_ && error_.ok() && item_ < items_.size() && view_ && view_->streamed() &&
+           !pending_.empty() && pending_.front().ready) {
+      // Region target: copy each read frame into place; send once the item is whole.
+      const uint32_t key = items_[item_].key;
+      Pending p = std::move(pending_.front());
+      pending_.pop_front();
+      if (!p.status.ok()) {
+        error_ = absl::IsNotFound(p.status)
+                     ? absl::AbortedError(absl::StrCat(
+                           "keys[", key, "]: the chunk was deleted while being copied; "
+                           "its bytes in the region are incomplete"))
+                     : absl::Status(p.status.code(), absl::StrCat("keys[", key, "]: ",
+                                                                  p.status.message()));
+        break;
+      }
+      const absl::string_view piece(p.buf.get(), p.len);
+      CopyToRegion(p.off, {&piece, 1});
+      if (p.off + p.len == end_) {
+        if (FinishRegionItem()) action = Action::kWrite;
+        break;
+      }
+    }
+    if (!region_ && error_.ok() && item_ < items_.size() && view_ && view_->streamed() &&
         !pending_.empty() && pending_.front().ready) {
       // The next frame of a streamed chunk has been read.
       const uint32_t key = items_[item_].key;
@@ -191,7 +261,20 @@ void GetReactor::Pump() {
       id = ids_[items_[item_].key];
       action = Action::kFind;
     }
-    if (action == Action::kNone && view_ && !view_->streamed()) {
+    if (action == Action::kNone && region_ && view_ && !view_->streamed()) {
+      // Region target, RAM chunk: the whole item in one copy.
+      std::vector<absl::string_view> pieces;
+      view_->ForEachPiece(off_, end_ - off_,
+                          [&](absl::string_view piece) { pieces.push_back(piece); });
+      CopyToRegion(off_, pieces);
+      if (FinishRegionItem()) {
+        action = Action::kWrite;
+      } else {
+        finished_ = true;
+        finish_status = error_;
+        action = Action::kFinish;
+      }
+    } else if (action == Action::kNone && view_ && !view_->streamed()) {
       const uint64_t n = std::min(frame_bytes_, end_ - off_);
       std::vector<absl::string_view> pieces;
       view_->ForEachPiece(off_, n, [&](absl::string_view piece) { pieces.push_back(piece); });

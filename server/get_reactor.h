@@ -23,6 +23,13 @@
 // is promoted from SSD at most once per call. An absent key is answered once, at its
 // first item, and its later items are skipped.
 //
+// Region target (GetRequest.target, same-host clients): instead of sending an item's
+// bytes, the reactor copies them into the client's registered region, checking the
+// CRC32C of the pool's bytes in the same pass, and sends one header-only frame per item
+// once they are all in place (and, at a whole chunk's last item, verified). Copies run
+// under mu_ on the thread that drives the reactor; no other event of this call waits on
+// them (reads are issued only for the item being copied, after the copy of a frame).
+//
 // Thread-safety: events arrive on gRPC's callback threads (write done) and the store's
 // read threads (reads done); each takes mu_, updates the state and, with mu_ released,
 // starts at most one write or read. gRPC threads never wait for the SSD. The reactor is
@@ -40,6 +47,7 @@
 #include "absl/synchronization/mutex.h"
 #include "kvtier/v1/kvtier.pb.h"
 #include "server/lease_table.h"
+#include "server/region_table.h"
 #include "server/rpc_metrics.h"
 #include "storage/tiered_store.h"
 
@@ -50,12 +58,13 @@ class GetReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   // Frames of a streamed chunk read ahead of the one being sent.
   static constexpr int kReadahead = 4;
 
-  // `store` may be null (still starting: the call fails UNAVAILABLE). `metrics` and
-  // `leases` may be null. All must outlive the call. A lease the request names is taken
+  // `store` may be null (still starting: the call fails UNAVAILABLE). `metrics`,
+  // `leases` and `regions` may be null (no regions: a target is FAILED_PRECONDITION).
+  // All must outlive the call. A lease the request names is taken
   // from `leases` at the start and its chunks held until the call ends.
   GetReactor(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request,
              TieredStore* store, RpcMetrics* metrics, LeaseTable* leases,
-             uint64_t max_frame_bytes, uint32_t max_keys);
+             RegionTable* regions, uint64_t max_frame_bytes, uint32_t max_keys);
 
   void OnWriteDone(bool ok) override;
   void OnDone() override;
@@ -76,7 +85,15 @@ class GetReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   };
 
   absl::Status Start(const grpc::ByteBuffer* request, LeaseTable* leases,
-                     uint64_t max_frame_bytes, uint32_t max_keys);
+                     RegionTable* regions, uint64_t max_frame_bytes, uint32_t max_keys);
+  // Region target: copies bytes [off, off + n) of the current item's chunk from `src`
+  // pieces into the region, extending the key's CRC.
+  void CopyToRegion(uint64_t off, absl::Span<const absl::string_view> pieces)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Region target: the current item is in the region. Checks a whole chunk's CRC at its
+  // last item, then builds the item's header-only frame into frame_. False on a CRC
+  // mismatch (error_ is set).
+  bool FinishRegionItem() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Moves item_ to the next item whose key is not known to be absent.
   void NextItem() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Takes the current item's chunk (found, or held from an earlier item) as view_, and
@@ -108,6 +125,9 @@ class GetReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   uint32_t num_layers_ = 1;
   uint32_t first_layer_ = 0, end_layer_ = 1;
   uint64_t frame_bytes_ = 0;
+  // Region target: the region (held for the call) and where each key's bytes go.
+  std::shared_ptr<const MappedRegion> region_;
+  std::vector<char*> dest_;
 
   absl::Mutex mu_;
   bool writing_ ABSL_GUARDED_BY(mu_) = false;   // A write (frame_) is in flight.

@@ -45,10 +45,12 @@ absl::StatusOr<LayoutSpec> RequireNamespace(TieredStore* store, uint64_t ns) {
 }  // namespace
 
 KvCacheService::KvCacheService(ServiceLimits limits, std::string version, RpcMetrics* metrics,
-                               PrefillRunner* prefill, LeaseTable* leases)
+                               PrefillRunner* prefill, LeaseTable* leases,
+                               DataPlaneInfo data_plane)
     : metrics_(metrics),
       prefill_(prefill),
       leases_(leases),
+      data_plane_(std::move(data_plane)),
       limits_(limits),
       version_(std::move(version)) {}
 
@@ -82,8 +84,57 @@ grpc::Status KvCacheService::Put(grpc::ServerContext* ctx,
 grpc::ServerWriteReactor<grpc::ByteBuffer>* KvCacheService::Get(
     grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request) {
   return new GetReactor(ctx, request, store_.load(std::memory_order_acquire), metrics_,
-                        leases_, limits_.max_frame_bytes, limits_.max_keys_per_request);
+                        leases_, data_plane_.regions, limits_.max_frame_bytes,
+                        limits_.max_keys_per_request);
 }
+
+grpc::Status KvCacheService::DataPlane(grpc::ServerContext*, const v1::DataPlaneRequest* req,
+                                       v1::DataPlaneResponse* resp) {
+  RpcMetrics::Scope scope(metrics_, RpcMethod::kDataPlane);
+  if (TieredStore* store = store_.load(std::memory_order_acquire);
+      store != nullptr && req->namespace_id() != 0) {
+    if (auto layout = store->FindLayout(req->namespace_id()); layout.ok()) {
+      resp->set_chunk_bytes(layout->ChunkBytes());
+      resp->set_num_layers(layout->num_layers);
+    }
+  }
+  if (data_plane_.regions != nullptr) {
+    resp->set_region_socket(data_plane_.socket);
+    resp->set_instance_id(data_plane_.instance_id);
+    resp->set_max_region_bytes(data_plane_.regions->options().max_region_bytes);
+    resp->set_max_regions(data_plane_.regions->options().max_regions);
+  }
+  return scope.Done(grpc::Status::OK);
+}
+
+absl::StatusOr<KvCacheService::FrameBytesView> KvCacheService::FrameBytes(
+    const v1::PutFrame& frame) const {
+  if (!frame.has_region()) {
+    const std::string& data = frame.data();
+    if (data.empty() || data.size() > limits_.max_frame_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "data: frame carries ", data.size(), " bytes; must be 1 to max_frame_size (",
+          limits_.max_frame_bytes, ")"));
+    }
+    return FrameBytesView{data, nullptr};
+  }
+  if (!frame.data().empty()) {
+    return absl::InvalidArgumentError(
+        "region: a frame names a region or carries data, not both");
+  }
+  if (data_plane_.regions == nullptr) {
+    return absl::FailedPreconditionError(
+        "region: this daemon serves no registered memory (shm_socket is off); send data");
+  }
+  const v1::RegionRef& ref = frame.region();
+  auto region = data_plane_.regions->Find(ref.region_id(), ref.token());
+  if (!region.ok()) return region.status();
+  auto src = (*region)->Range(ref.offset(), ref.length(), "region");
+  if (!src.ok()) return src.status();
+  // The reference keeps the mapping for the copy even if the owner goes away meanwhile.
+  return FrameBytesView{absl::string_view(*src, ref.length()), *std::move(region)};
+}
+
 grpc::Status KvCacheService::Pin(grpc::ServerContext*, const v1::PinRequest* req,
                                  v1::PinResponse* resp) {
   return Serve(RpcMethod::kPin, [&](TieredStore* store) { return PinImpl(store, req, resp); });
@@ -118,7 +169,7 @@ grpc::Status KvCacheService::ReleaseLease(grpc::ServerContext*,
 }
 grpc::Status KvCacheService::Prefill(grpc::ServerContext* ctx, PrefillStream* stream) {
   return Serve(RpcMethod::kPrefill,
-               [&](TieredStore* store) { return prefill_->Run(store, ctx, stream); });
+               [&](TieredStore* store) { return prefill_->Run(store, ctx, stream, data_plane_.regions); });
 }
 
 grpc::Status KvCacheService::RegisterLayoutImpl(TieredStore* store,
@@ -191,12 +242,9 @@ grpc::Status KvCacheService::PutImpl(TieredStore* store, grpc::ServerContext* ct
 
   v1::PutFrame frame;
   while (reader->Read(&frame)) {
-    const std::string& data = frame.data();
-    if (data.empty() || data.size() > limits_.max_frame_bytes) {
-      return fail(absl::InvalidArgumentError(absl::StrCat(
-          "data: frame carries ", data.size(), " bytes; must be 1 to max_frame_size (",
-          limits_.max_frame_bytes, ")")));
-    }
+    auto bytes = FrameBytes(frame);
+    if (!bytes.ok()) return fail(bytes.status());
+    const absl::string_view data = bytes->bytes;
     auto key = ChunkKey::FromBytes(frame.key());
     if (!key.ok()) return fail(absl::InvalidArgumentError(absl::StrCat("key: ", key.status().message())));
     const ChunkId id{frame.namespace_id(), *key};
@@ -229,7 +277,8 @@ grpc::Status KvCacheService::PutImpl(TieredStore* store, grpc::ServerContext* ct
     }
     if (data.size() > chunk_bytes - received) {
       return fail(absl::InvalidArgumentError(absl::StrCat(
-          "data: payload size wrong: chunk ", key->ToHex(), " must be exactly ", chunk_bytes,
+          frame.has_region() ? "region" : "data", ": payload size wrong: chunk ", key->ToHex(),
+          " must be exactly ", chunk_bytes,
           " bytes for this namespace's layout; this frame would bring it to ",
           received + data.size())));
     }
@@ -353,6 +402,10 @@ grpc::Status KvCacheService::StatsImpl(TieredStore* store, v1::StatsResponse* re
   const LeaseTableStats leases = leases_->GetStats();
   resp->set_leases(leases.live);
   resp->set_lease_held_bytes(leases.held_bytes);
+  if (data_plane_.regions != nullptr) {
+    resp->set_regions(data_plane_.regions->regions());
+    resp->set_region_bytes(data_plane_.regions->bytes());
+  }
   resp->set_promotions(s.promotions);
   resp->set_demotions(s.demotions);
   resp->set_checksum_failures(s.checksum_failures);

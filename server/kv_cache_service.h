@@ -21,6 +21,7 @@
 #include "kvtier/v1/kvtier.grpc.pb.h"
 #include "server/lease_table.h"
 #include "server/prefill_runner.h"
+#include "server/region_table.h"
 #include "server/rpc_metrics.h"
 #include "storage/tiered_store.h"
 
@@ -31,6 +32,14 @@ struct ServiceLimits {
   uint32_t max_keys_per_request = 4096;    // Keys in one unary or Get request.
 };
 
+// The same-host data plane, when the daemon serves one: the regions clients registered
+// on the region socket, and what DataPlane() tells clients.
+struct DataPlaneInfo {
+  RegionTable* regions = nullptr;  // Null: no data plane (targets are FAILED_PRECONDITION).
+  std::string socket;              // The region socket's name.
+  uint64_t instance_id = 0;
+};
+
 // Get runs on gRPC's callback API with raw buffers (GetReactor: zero-copy sends); the
 // other methods are synchronous.
 class KvCacheService final : public v1::KvCache::WithRawCallbackMethod_Get<v1::KvCache::Service> {
@@ -38,8 +47,9 @@ class KvCacheService final : public v1::KvCache::WithRawCallbackMethod_Get<v1::K
   // `metrics` (may be null) and the store given to SetStore must outlive the service.
   // `prefill` runs the Cake sessions and `leases` keeps the Lookup leases; both must
   // outlive the service.
+  // `data_plane.regions`, when set, must outlive the service.
   KvCacheService(ServiceLimits limits, std::string version, RpcMetrics* metrics,
-                 PrefillRunner* prefill, LeaseTable* leases);
+                 PrefillRunner* prefill, LeaseTable* leases, DataPlaneInfo data_plane = {});
   void SetStore(TieredStore* store) { store_.store(store, std::memory_order_release); }
 
   grpc::Status RegisterLayout(grpc::ServerContext* ctx, const v1::RegisterLayoutRequest* req,
@@ -63,8 +73,18 @@ class KvCacheService final : public v1::KvCache::WithRawCallbackMethod_Get<v1::K
   grpc::Status Prefill(grpc::ServerContext* ctx, PrefillStream* stream) override;
   grpc::Status ReleaseLease(grpc::ServerContext* ctx, const v1::ReleaseLeaseRequest* req,
                             v1::ReleaseLeaseResponse* resp) override;
+  grpc::Status DataPlane(grpc::ServerContext* ctx, const v1::DataPlaneRequest* req,
+                         v1::DataPlaneResponse* resp) override;
 
  private:
+  // The bytes a Put frame brings: its data, or the region range it names (with the
+  // region held while they are used).
+  struct FrameBytesView {
+    absl::string_view bytes;
+    std::shared_ptr<const MappedRegion> region;
+  };
+  absl::StatusOr<FrameBytesView> FrameBytes(const v1::PutFrame& frame) const;
+
   grpc::Status RegisterLayoutImpl(TieredStore* store, const v1::RegisterLayoutRequest* req,
                                   v1::RegisterLayoutResponse* resp);
   grpc::Status LookupImpl(TieredStore* store, const v1::LookupRequest* req,
@@ -88,6 +108,7 @@ class KvCacheService final : public v1::KvCache::WithRawCallbackMethod_Get<v1::K
   RpcMetrics* const metrics_;
   PrefillRunner* const prefill_;
   LeaseTable* const leases_;
+  const DataPlaneInfo data_plane_;
   const ServiceLimits limits_;
   const std::string version_;
   const absl::Time started_ = absl::Now();

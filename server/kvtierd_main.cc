@@ -10,6 +10,7 @@
 #include <prometheus/registry.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/random.h>
 #include <systemd/sd-daemon.h>
 #include <unistd.h>
 
@@ -27,6 +28,7 @@
 #include "server/kv_cache_service.h"
 #include "server/prefill_metrics.h"
 #include "server/prefill_runner.h"
+#include "server/region_socket.h"
 #include "server/rpc_metrics.h"
 #include "server/store_collector.h"
 #include "storage/crc32c.h"
@@ -110,7 +112,34 @@ int Run(const DaemonConfig& config, const sigset_t& signals) {
   lease_options.max_held_bytes =
       config.max_lease_bytes != 0 ? config.max_lease_bytes : config.ram_capacity / 2;
   LeaseTable leases(lease_options);
-  KvCacheService service(limits, KVTIER_VERSION, &rpc_metrics, &prefill, &leases);
+
+  // The same-host data plane: its region socket is up before gRPC, so DataPlane() never
+  // names a socket that does not answer yet.
+  RegionTableOptions region_options;
+  region_options.max_regions = config.shm_max_regions;
+  region_options.max_region_bytes = config.shm_max_region_bytes;
+  RegionTable regions(region_options);
+  uint64_t instance_id = 0;
+  while (instance_id == 0) {
+    if (getrandom(&instance_id, sizeof(instance_id), 0) != sizeof(instance_id)) instance_id = 0;
+  }
+  DataPlaneInfo data_plane;
+  std::unique_ptr<RegionSocket> region_socket;
+  if (const std::string name = config.RegionSocketName(instance_id); !name.empty()) {
+    RegionSocketOptions socket_options;
+    socket_options.name = name;
+    socket_options.instance_id = instance_id;
+    socket_options.allowed_gid = *config.AllowedGid();  // Checked by Validate().
+    auto socket = RegionSocket::Start(std::move(socket_options), &regions);
+    if (!socket.ok()) {
+      LogError(socket.status().message());
+      return 1;
+    }
+    region_socket = *std::move(socket);
+    data_plane = DataPlaneInfo{&regions, name, instance_id};
+    LogInfo("same-host shared memory: region socket ", name);
+  }
+  KvCacheService service(limits, KVTIER_VERSION, &rpc_metrics, &prefill, &leases, data_plane);
   std::atomic<bool> serving{false};
 
   // gRPC first, so that health checks get NOT_SERVING (and KvCache calls UNAVAILABLE)

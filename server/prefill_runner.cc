@@ -1,5 +1,8 @@
 #include "server/prefill_runner.h"
 
+#include "server/region_target.h"
+#include "storage/crc32c.h"
+
 #include <algorithm>
 #include <cstring>
 #include <deque>
@@ -25,8 +28,8 @@ double SecondsSince(Clock::time_point t) {
 class Session {
  public:
   Session(PrefillRunner* runner, TieredStore* store, grpc::ServerContext* ctx,
-          PrefillStream* stream)
-      : runner_(runner), store_(store), ctx_(ctx), stream_(stream) {}
+          PrefillStream* stream, RegionTable* regions)
+      : runner_(runner), store_(store), ctx_(ctx), stream_(stream), regions_(regions) {}
 
   grpc::Status Run();
 
@@ -59,6 +62,9 @@ class Session {
   TieredStore* const store_;
   grpc::ServerContext* const ctx_;
   PrefillStream* const stream_;
+  RegionTable* const regions_;
+  // PrefillOpen.target: chunks are copied into this region instead of sent.
+  std::optional<ResolvedTarget> target_;
   const Clock::time_point opened_ = Clock::now();
 
   // Set by Open, then read-only.
@@ -120,6 +126,14 @@ absl::Status Session::Open() {
     open_cost_given_ = true;
   }
   chunk_bytes_ = layout->ChunkBytes();
+  if (open.has_target()) {
+    auto target = ResolveRegionTarget(regions_, open.target(), ids_.size(), chunk_bytes_);
+    if (!target.ok()) {
+      return absl::Status(target.status().code(),
+                          absl::StrCat("open.", target.status().message()));
+    }
+    target_ = *std::move(target);
+  }
   frame_bytes_ = options.max_frame_bytes;
   if (open.max_frame_bytes() > 0) frame_bytes_ = std::min<uint64_t>(frame_bytes_, open.max_frame_bytes());
   if (open.max_bytes_per_second() > 0) {
@@ -267,6 +281,8 @@ absl::Status Session::SendChunk(uint32_t j, const ChunkView& view, bool* aborted
   *aborted = false;
   const uint64_t size = view.meta().size;
   v1::PrefillServerMessage msg;
+  uint32_t crc = 0;  // Region target: CRC32C of the pool's bytes as they are copied.
+  const auto copy_start = Clock::now();
   for (uint64_t off = 0; off < size;) {
     const uint64_t n = std::min(frame_bytes_, size - off);
     // The worker computing chunk j meanwhile makes the rest of it useless.
@@ -280,6 +296,19 @@ absl::Status Session::SendChunk(uint32_t j, const ChunkView& view, bool* aborted
       if (Cancelled()) return absl::CancelledError("client went away");
       *aborted = true;
       return absl::OkStatus();
+    }
+    if (target_) {
+      // Region target: copy this frame's worth into place (the rate limits above still
+      // pace it); the chunk is announced once, whole and verified, below.
+      char* out = target_->dest[j] + off;
+      view.ForEachPiece(off, n, [&](absl::string_view piece) {
+        crc = crc32c::CopyAndExtend(crc, out, piece.data(), piece.size(),
+                                    crc32c::CrcOver::kSource);
+        out += piece.size();
+      });
+      off += n;
+      if (runner_->metrics()) runner_->metrics()->Streamed(n);
+      continue;
     }
     msg.Clear();
     auto* frame = msg.mutable_chunk();
@@ -304,6 +333,20 @@ absl::Status Session::SendChunk(uint32_t j, const ChunkView& view, bool* aborted
     connection_->Record(n, took);
     runner_->estimators().send().Record(n, took);
     if (runner_->metrics()) runner_->metrics()->Streamed(n);
+  }
+  if (target_) {
+    if (crc != view.meta().crc32c) return store_->DropCorrupt(ids_[j]);
+    msg.Clear();
+    auto* frame = msg.mutable_chunk();
+    frame->set_index(j);
+    frame->set_last(true);
+    frame->set_crc32c(view.meta().crc32c);
+    frame->set_tier(static_cast<v1::Tier>(static_cast<int>(view.tier())));
+    const auto start = Clock::now();
+    if (!stream_->Write(msg)) return absl::CancelledError("client went away");
+    const double took = std::max(SecondsSince(copy_start), SecondsSince(start));
+    connection_->Record(size, took);
+    runner_->estimators().send().Record(size, took);
   }
   return absl::OkStatus();
 }
@@ -412,7 +455,13 @@ grpc::Status Session::Run() {
       break;
     }
     bool aborted = false;
-    if (absl::Status s = SendChunk(j, *view, &aborted); !s.ok()) {
+    if (absl::Status s = SendChunk(j, *view, &aborted); absl::IsDataLoss(s)) {
+      // Region target: the chunk failed its checksum as it was copied (and is deleted).
+      result = Finish(j + 1, v1::PrefillDone::CHUNK_UNAVAILABLE,
+                      absl::StrCat("chunk ", j, ": ", s.message(), "; compute it"));
+      finished = true;
+      break;
+    } else if (!s.ok()) {
       result = ToGrpcStatus(s);
       finished = true;
       break;
@@ -450,8 +499,8 @@ PrefillRunner::PrefillRunner(PrefillRunnerOptions options, PrefillMetrics* metri
       ssd_gate_(std::max(1, options.ssd_read_concurrency)) {}
 
 grpc::Status PrefillRunner::Run(TieredStore* store, grpc::ServerContext* ctx,
-                                PrefillStream* stream) {
-  Session session(this, store, ctx, stream);
+                                PrefillStream* stream, RegionTable* regions) {
+  Session session(this, store, ctx, stream, regions);
   return session.Run();
 }
 

@@ -30,6 +30,7 @@
 #include "scheduler/prefill_estimators.h"
 #include "scheduler/token_bucket.h"
 #include "server/prefill_metrics.h"
+#include "server/region_table.h"
 #include "storage/tiered_store.h"
 
 namespace kvtier {
@@ -53,7 +54,9 @@ class PrefillRunner {
   // `metrics` may be null.
   PrefillRunner(PrefillRunnerOptions options, PrefillMetrics* metrics);
 
-  grpc::Status Run(TieredStore* store, grpc::ServerContext* ctx, PrefillStream* stream);
+  // `regions` (may be null: no data plane) serves PrefillOpen.target.
+  grpc::Status Run(TieredStore* store, grpc::ServerContext* ctx, PrefillStream* stream,
+                   RegionTable* regions = nullptr);
 
   // From now on sessions stop streaming and end with Done{SHUTTING_DOWN}.
   void BeginShutdown() { shutting_down_.store(true, std::memory_order_relaxed); }

@@ -17,6 +17,15 @@ uint32_t Extend(uint32_t crc, const void* data, size_t n);
 inline uint32_t Value(const void* data, size_t n) { return Extend(0, data, n); }
 inline uint32_t Value(absl::string_view s) { return Extend(0, s.data(), s.size()); }
 
+// Which copy CopyAndExtend checksums. They differ only when someone else writes one of
+// them during the copy (a client's shared memory): checksum the side this process owns.
+enum class CrcOver { kSource, kDestination };
+
+// Copies `n` bytes from `src` to `dst` and extends `crc` over them in the same pass:
+// block by block, each block's checksum read while it is still in cache, so the bytes
+// come from memory once. Returns the extended CRC.
+uint32_t CopyAndExtend(uint32_t crc, void* dst, const void* src, size_t n, CrcOver over);
+
 // True when the hardware path is in use (for logs and benchmarks).
 bool IsHardwareAccelerated();
 

@@ -37,6 +37,20 @@ void PoolChunk::Write(uint64_t offset, absl::string_view data) {
   }
 }
 
+uint32_t PoolChunk::WriteAndExtendCrc(uint64_t offset, absl::string_view data, uint32_t crc) {
+  const uint64_t slot_bytes = arena_->slot_bytes();
+  while (!data.empty()) {
+    const uint64_t slot = offset / slot_bytes;
+    const uint64_t in_slot = offset % slot_bytes;
+    const uint64_t n = std::min<uint64_t>(data.size(), slot_bytes - in_slot);
+    crc = crc32c::CopyAndExtend(crc, arena_->SlotData(slots_[slot]) + in_slot, data.data(), n,
+                                crc32c::CrcOver::kDestination);
+    data.remove_prefix(n);
+    offset += n;
+  }
+  return crc;
+}
+
 void PoolChunk::CopyOut(uint64_t offset, uint64_t len, char* out) const {
   ForEachPiece(offset, len, [&out](absl::string_view piece) {
     std::memcpy(out, piece.data(), piece.size());

@@ -30,6 +30,9 @@ class PoolChunk {
 
   // Copies `data` to [offset, offset + data.size()); the caller keeps it within size().
   void Write(uint64_t offset, absl::string_view data);
+  // Write, extending `crc` over the bytes as stored (the pool's copy) in the same pass;
+  // `data` may be memory another process writes meanwhile. Returns the extended CRC.
+  uint32_t WriteAndExtendCrc(uint64_t offset, absl::string_view data, uint32_t crc);
   // Calls `fn` with consecutive pieces covering [offset, offset + len), each within one
   // slot; the pieces point into the pool (no copy).
   void ForEachPiece(uint64_t offset, uint64_t len,

@@ -57,8 +57,9 @@ absl::Status ChunkWriter::Append(absl::string_view bytes) {
         "frame data runs past the chunk's end: chunk is ", data_->size(),
         " bytes, frame covers [", received_, ", ", received_ + bytes.size(), ")"));
   }
-  data_->Write(received_, bytes);
-  crc_ = crc32c::Extend(crc_, bytes.data(), bytes.size());
+  // One pass over the bytes, checksumming the pool's copy: `bytes` may be a client's
+  // shared memory that changes under us, and what is checked must be what is stored.
+  crc_ = data_->WriteAndExtendCrc(received_, bytes, crc_);
   received_ += bytes.size();
   return absl::OkStatus();
 }

@@ -196,5 +196,19 @@ TEST(Crc32c, ReportsItsImplementation) {
 #endif
 }
 
+
+TEST(Crc32c, CopyAndExtendCopiesAndChecksumsEitherSide) {
+  std::string src(100000 + 13, '\0');
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<char>(i * 131 + (i >> 7));
+  for (size_t n : {size_t{0}, size_t{1}, size_t{16383}, size_t{16384}, size_t{16385}, src.size()}) {
+    std::string dst(n, '\x55');
+    for (auto over : {crc32c::CrcOver::kSource, crc32c::CrcOver::kDestination}) {
+      const uint32_t crc = crc32c::CopyAndExtend(7, dst.data(), src.data(), n, over);
+      EXPECT_EQ(dst, src.substr(0, n));
+      EXPECT_EQ(crc, crc32c::Extend(7, src.data(), n)) << n;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace kvtier

@@ -39,6 +39,34 @@ TEST(DaemonConfigTest, ShippedExampleConfigMatchesEmbeddedDefaults) {
   EXPECT_EQ(c.Describe(), DaemonConfig{}.Describe());
 }
 
+TEST(DaemonConfigTest, SharedMemoryOptions) {
+  DaemonConfig c;
+  EXPECT_EQ(c.RegionSocketName(0xab), "@kvtierd-00000000000000ab");
+  c.shm_socket = "off";
+  EXPECT_EQ(c.RegionSocketName(0xab), "");
+  c.shm_socket = "/run/kvtier/shm.sock";
+  EXPECT_TRUE(c.Validate().ok());
+  EXPECT_EQ(c.RegionSocketName(0xab), "/run/kvtier/shm.sock");
+  for (const char* bad : {"relative.sock", "@", "", "/"}) {
+    c.shm_socket = bad;
+    EXPECT_EQ(c.Validate().code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
+  c.shm_socket = "/" + std::string(120, 'x');
+  EXPECT_EQ(c.Validate().code(), absl::StatusCode::kInvalidArgument);
+  c.shm_socket = "auto";
+  c.shm_max_regions = 0;
+  EXPECT_EQ(c.Validate().code(), absl::StatusCode::kInvalidArgument);
+  c.shm_max_regions = 1;
+  c.shm_allowed_group = "4242";
+  ASSERT_TRUE(c.AllowedGid().ok());
+  EXPECT_EQ(**c.AllowedGid(), 4242u);
+  c.shm_allowed_group = "root";
+  ASSERT_TRUE(c.AllowedGid().ok());
+  EXPECT_EQ(**c.AllowedGid(), 0u);
+  c.shm_allowed_group = "no-such-group-kvtier";
+  EXPECT_EQ(c.Validate().code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(DaemonConfigTest, FlagsOverrideFileWhateverTheOrder) {
   const std::string path = ::testing::TempDir() + "/override.toml";
   std::ofstream(path) << "ram_capacity = \"2GiB\"\nwrite_mode = \"ram-only\"\n"

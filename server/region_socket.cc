@@ -1,0 +1,261 @@
+#include "server/region_socket.h"
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "kvtier/v1/kvtier.pb.h"
+#include "storage/log.h"
+
+namespace kvtier {
+namespace {
+
+// Requests are a few dozen bytes; anything longer is not ours.
+constexpr size_t kMaxPacket = 4096;
+// Descriptors one packet may carry before it is rejected (extra ones are closed).
+constexpr int kMaxFds = 4;
+
+absl::StatusOr<sockaddr_un> SocketAddress(const std::string& name, socklen_t* len) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  const bool abstract = !name.empty() && name[0] == '@';
+  if (name.size() < 2 || (!abstract && name[0] != '/')) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "shm_socket: '", name, "' is neither an absolute path nor an @abstract name"));
+  }
+  if (name.size() >= sizeof(addr.sun_path)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "shm_socket: '", name, "' is longer than a Unix socket name may be (",
+        sizeof(addr.sun_path) - 1, " bytes)"));
+  }
+  std::memcpy(addr.sun_path, name.data(), name.size());
+  if (abstract) addr.sun_path[0] = '\0';  // Abstract: leading NUL, no terminator.
+  *len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + name.size() +
+                                (abstract ? 0 : 1));
+  return addr;
+}
+
+absl::StatusOr<PeerCredentials> ReadPeer(int fd) {
+  ucred cred{};
+  socklen_t len = sizeof(cred);
+  if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
+    return absl::InternalError(absl::StrCat("SO_PEERCRED: ", std::strerror(errno)));
+  }
+  PeerCredentials peer{cred.pid, cred.uid, cred.gid, {}};
+  std::vector<gid_t> groups(64);
+  for (int attempt = 0; attempt < 4; ++attempt) {
+    len = static_cast<socklen_t>(groups.size() * sizeof(gid_t));
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups.data(), &len) == 0) {
+      groups.resize(len / sizeof(gid_t));
+      peer.groups = std::move(groups);
+      break;
+    }
+    if (errno != ERANGE) break;  // Old kernel: primary group only.
+    groups.resize(len / sizeof(gid_t) + 1);
+  }
+  return peer;
+}
+
+}  // namespace
+
+absl::Status AdmitPeer(const PeerCredentials& peer, uid_t self_uid,
+                       std::optional<gid_t> allowed_gid) {
+  if (peer.uid == self_uid || peer.uid == 0) return absl::OkStatus();
+  if (allowed_gid &&
+      (peer.gid == *allowed_gid ||
+       std::find(peer.groups.begin(), peer.groups.end(), *allowed_gid) != peer.groups.end())) {
+    return absl::OkStatus();
+  }
+  return absl::PermissionDeniedError(absl::StrCat(
+      "region socket: uid ", peer.uid, " (pid ", peer.pid, ") may not register memory: "
+      "only the daemon's user (uid ", self_uid, "), root",
+      allowed_gid ? absl::StrCat(" and members of gid ", *allowed_gid)
+                  : std::string(" (set shm_allowed_group to admit a group)"),
+      " may; use the gRPC stream instead"));
+}
+
+struct RegionSocket::Connection {
+  int fd = -1;
+  uint64_t id = 0;
+  absl::Status admitted;
+};
+
+absl::StatusOr<std::unique_ptr<RegionSocket>> RegionSocket::Start(RegionSocketOptions options,
+                                                                  RegionTable* regions) {
+  socklen_t len = 0;
+  auto addr = SocketAddress(options.name, &len);
+  if (!addr.ok()) return addr.status();
+  const int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) return absl::UnavailableError(absl::StrCat("shm_socket: socket: ", std::strerror(errno)));
+  const bool path = options.name[0] == '/';
+  if (path) {
+    // A socket left by a daemon that was killed: remove it, but nothing else.
+    struct stat st;
+    if (lstat(options.name.c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) {
+      unlink(options.name.c_str());
+    }
+  }
+  if (bind(fd, reinterpret_cast<const sockaddr*>(&*addr), len) != 0 || listen(fd, 128) != 0) {
+    const int err = errno;
+    close(fd);
+    return absl::UnavailableError(absl::StrCat("shm_socket: cannot bind '", options.name,
+                                               "': ", std::strerror(err)));
+  }
+  if (path && chmod(options.name.c_str(), options.mode) != 0) {
+    const int err = errno;
+    close(fd);
+    unlink(options.name.c_str());
+    return absl::UnavailableError(
+        absl::StrCat("shm_socket: chmod '", options.name, "': ", std::strerror(err)));
+  }
+  const int wake = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (wake < 0) {
+    close(fd);
+    return absl::UnavailableError(absl::StrCat("shm_socket: eventfd: ", std::strerror(errno)));
+  }
+  return std::unique_ptr<RegionSocket>(new RegionSocket(std::move(options), regions, fd, wake));
+}
+
+RegionSocket::RegionSocket(RegionSocketOptions options, RegionTable* regions, int listen_fd,
+                           int wake_fd)
+    : options_(std::move(options)), regions_(regions), listen_fd_(listen_fd), wake_fd_(wake_fd) {
+  thread_ = std::thread([this] { Loop(); });
+}
+
+RegionSocket::~RegionSocket() {
+  const uint64_t one = 1;
+  (void)!write(wake_fd_, &one, sizeof(one));
+  thread_.join();
+  close(listen_fd_);
+  close(wake_fd_);
+  if (options_.name[0] == '/') unlink(options_.name.c_str());
+}
+
+void RegionSocket::Loop() {
+  std::vector<Connection> conns;
+  std::vector<pollfd> fds;
+  for (;;) {
+    fds.clear();
+    fds.push_back({wake_fd_, POLLIN, 0});
+    fds.push_back({listen_fd_, POLLIN, 0});
+    for (const Connection& c : conns) fds.push_back({c.fd, POLLIN, 0});
+    if (poll(fds.data(), fds.size(), -1) < 0) {
+      if (errno == EINTR) continue;
+      LogError("region socket: poll: ", std::strerror(errno));
+      break;
+    }
+    if (fds[0].revents != 0) break;
+    // Connections first (their indices match fds[2..]), then new ones.
+    for (size_t i = conns.size(); i-- > 0;) {
+      if (fds[i + 2].revents == 0) continue;
+      if (!Serve(conns[i])) {
+        const int removed = regions_->RemoveOwner(conns[i].id);
+        if (removed > 0) {
+          LogInfo("region socket: client ", conns[i].id, " went away; forgot ", removed,
+                  " region(s)");
+        }
+        close(conns[i].fd);
+        conns.erase(conns.begin() + static_cast<std::ptrdiff_t>(i));
+      }
+    }
+    if (fds[1].revents != 0) Accept(conns);
+  }
+  for (Connection& c : conns) {
+    regions_->RemoveOwner(c.id);
+    close(c.fd);
+  }
+}
+
+void RegionSocket::Accept(std::vector<Connection>& conns) {
+  for (;;) {
+    const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0) return;  // EAGAIN: all taken; anything else: the next poll retries.
+    if (conns.size() >= options_.max_connections) {
+      LogWarning("region socket: ", conns.size(), " connections open; refusing another");
+      close(fd);
+      continue;
+    }
+    Connection c;
+    c.fd = fd;
+    c.id = ++next_connection_id_;
+    auto peer = ReadPeer(fd);
+    c.admitted = peer.ok() ? AdmitPeer(*peer, geteuid(), options_.allowed_gid) : peer.status();
+    if (!c.admitted.ok()) LogWarning(c.admitted.message());
+    conns.push_back(std::move(c));
+  }
+}
+
+bool RegionSocket::Serve(Connection& conn) {
+  char buf[kMaxPacket];
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFds)];
+  iovec iov{buf, sizeof(buf)};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof(control);
+  const ssize_t n = recvmsg(conn.fd, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+  if (n < 0) return errno == EAGAIN || errno == EINTR;
+  if (n == 0) return false;  // The client closed (or exited).
+
+  std::vector<int> fds;
+  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+      const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      for (size_t i = 0; i < count; ++i) {
+        int fd;
+        std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+        fds.push_back(fd);
+      }
+    }
+  }
+
+  v1::RegionSocketRequest req;
+  v1::RegionSocketResponse resp;
+  resp.set_instance_id(options_.instance_id);
+  absl::Status status;
+  if ((msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) != 0) {
+    status = absl::InvalidArgumentError("region socket: request too long (or too many descriptors)");
+  } else if (!req.ParseFromArray(buf, static_cast<int>(n))) {
+    status = absl::InvalidArgumentError("region socket: not a RegionSocketRequest");
+  } else if (!conn.admitted.ok()) {
+    status = conn.admitted;
+  } else if (req.has_add() != (fds.size() == 1) || fds.size() > 1) {
+    status = absl::InvalidArgumentError(absl::StrCat(
+        "region socket: ", fds.size(), " descriptors attached; add takes exactly one memfd "
+        "and other requests none"));
+  } else if (req.has_hello()) {
+    // The answer's instance_id is the whole reply.
+  } else if (req.has_add()) {
+    auto added = regions_->Add(conn.id, fds[0], req.add().bytes());
+    if (added.ok()) {
+      resp.set_region_id(added->id);
+      resp.set_token(added->token);
+      resp.set_bytes(added->bytes);
+    } else {
+      status = added.status();
+    }
+  } else if (req.has_remove()) {
+    status = regions_->Remove(conn.id, req.remove().region_id());
+  } else {
+    status = absl::InvalidArgumentError("region socket: empty request");
+  }
+  for (int fd : fds) close(fd);  // A mapped region does not need its descriptor.
+
+  resp.set_code(static_cast<int>(status.code()));
+  resp.set_message(std::string(status.message()));
+  const std::string out = resp.SerializeAsString();
+  // Never block the loop on one client: one that does not read its answers is dropped.
+  return send(conn.fd, out.data(), out.size(), MSG_NOSIGNAL | MSG_DONTWAIT) ==
+         static_cast<ssize_t>(out.size());
+}
+
+}  // namespace kvtier

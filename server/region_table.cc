@@ -1,0 +1,102 @@
+#include "server/region_table.h"
+
+#include <sys/random.h>
+
+#include "absl/strings/str_cat.h"
+
+namespace kvtier {
+namespace {
+
+// Tokens are capabilities: they come from the kernel's CSPRNG, not from a seeded PRNG.
+uint64_t RandomToken() {
+  uint64_t v = 0;
+  while (v == 0) {
+    if (getrandom(&v, sizeof(v), 0) != sizeof(v)) v = 0;
+  }
+  return v;
+}
+
+}  // namespace
+
+absl::StatusOr<RegionTable::Added> RegionTable::Add(uint64_t owner, int fd,
+                                                    uint64_t expected_bytes) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (regions_.size() >= options_.max_regions) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "region: ", regions_.size(), " regions are registered, the daemon's limit "
+          "(shm_max_regions); remove one or retry after another client exits"));
+    }
+  }
+  auto region = MappedRegion::Map(fd, expected_bytes, options_.max_region_bytes);
+  if (!region.ok()) return region.status();
+  Added added;
+  added.token = RandomToken();
+  added.bytes = (*region)->size();
+  absl::MutexLock lock(&mu_);
+  if (regions_.size() >= options_.max_regions) {
+    return absl::ResourceExhaustedError(
+        "region: the daemon's limit of regions (shm_max_regions) was reached meanwhile");
+  }
+  do {
+    added.id = absl::Uniform<uint64_t>(rng_);
+  } while (added.id == 0 || regions_.contains(added.id));
+  regions_.emplace(added.id, Entry{owner, added.token, *std::move(region)});
+  bytes_ += added.bytes;
+  return added;
+}
+
+absl::Status RegionTable::Remove(uint64_t owner, uint64_t id) {
+  absl::MutexLock lock(&mu_);
+  auto it = regions_.find(id);
+  if (it == regions_.end() || it->second.owner != owner) {
+    return absl::NotFoundError(absl::StrCat("region ", id, ": not registered on this connection"));
+  }
+  bytes_ -= it->second.region->size();
+  regions_.erase(it);
+  return absl::OkStatus();
+}
+
+int RegionTable::RemoveOwner(uint64_t owner) {
+  absl::MutexLock lock(&mu_);
+  int removed = 0;
+  for (auto it = regions_.begin(); it != regions_.end();) {
+    if (it->second.owner == owner) {
+      bytes_ -= it->second.region->size();
+      regions_.erase(it++);
+      ++removed;
+    } else {
+      ++it;
+    }
+  }
+  return removed;
+}
+
+absl::StatusOr<std::shared_ptr<const MappedRegion>> RegionTable::Find(uint64_t id,
+                                                                      uint64_t token) const {
+  absl::MutexLock lock(&mu_);
+  auto it = regions_.find(id);
+  if (it == regions_.end()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "region ", id, ": not registered (never, or its client's region socket closed); "
+        "register the memory again"));
+  }
+  if (it->second.token != token) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "region ", id, ": wrong token; a region is usable only by the client that "
+        "registered it"));
+  }
+  return it->second.region;
+}
+
+uint64_t RegionTable::regions() const {
+  absl::MutexLock lock(&mu_);
+  return regions_.size();
+}
+
+uint64_t RegionTable::bytes() const {
+  absl::MutexLock lock(&mu_);
+  return bytes_;
+}
+
+}  // namespace kvtier

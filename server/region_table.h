@@ -1,0 +1,73 @@
+// RegionTable: the shared-memory regions clients registered, by id. Each region belongs
+// to one region-socket connection (its owner) and is usable only with the random token
+// that connection was told, so a client cannot name another client's memory. Removing
+// a region (or its owner's connection closing) forgets it at once; a transfer already
+// holding its MappedRegion finishes into the still-mapped memory.
+//
+// Bounded: at most max_regions regions of at most max_region_bytes each, whatever the
+// number of clients; the table itself holds a few dozen bytes per region.
+//
+// Thread-safety: thread-safe (one mutex, never held during a copy).
+#ifndef KVTIER_SERVER_REGION_TABLE_H_
+#define KVTIER_SERVER_REGION_TABLE_H_
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/random/random.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "server/mapped_region.h"
+
+namespace kvtier {
+
+struct RegionTableOptions {
+  uint32_t max_regions = 1024;
+  uint64_t max_region_bytes = 64ull << 30;
+};
+
+class RegionTable {
+ public:
+  struct Added {
+    uint64_t id = 0;
+    uint64_t token = 0;
+    uint64_t bytes = 0;
+  };
+
+  explicit RegionTable(RegionTableOptions options) : options_(options) {}
+
+  const RegionTableOptions& options() const { return options_; }
+
+  // Maps `fd` (see MappedRegion::Map) for connection `owner`. Returns: Ok,
+  // InvalidArgument (the memfd), ResourceExhausted (max_regions are registered).
+  absl::StatusOr<Added> Add(uint64_t owner, int fd, uint64_t expected_bytes);
+  // Returns: Ok, NotFound (no such region of this owner).
+  absl::Status Remove(uint64_t owner, uint64_t id);
+  // Forgets every region of `owner`; returns how many.
+  int RemoveOwner(uint64_t owner);
+  // The region, for one transfer. Returns: Ok, FailedPrecondition (unknown id: never
+  // registered, or its owner went away), PermissionDenied (wrong token).
+  absl::StatusOr<std::shared_ptr<const MappedRegion>> Find(uint64_t id, uint64_t token) const;
+
+  uint64_t regions() const;
+  uint64_t bytes() const;
+
+ private:
+  struct Entry {
+    uint64_t owner;
+    uint64_t token;
+    std::shared_ptr<const MappedRegion> region;
+  };
+
+  const RegionTableOptions options_;
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<uint64_t, Entry> regions_ ABSL_GUARDED_BY(mu_);
+  uint64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::BitGen rng_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace kvtier
+
+#endif  // KVTIER_SERVER_REGION_TABLE_H_

@@ -1,0 +1,61 @@
+#include "server/region_target.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace kvtier {
+
+absl::StatusOr<ResolvedTarget> ResolveRegionTarget(RegionTable* regions,
+                                                   const v1::RegionTarget& target,
+                                                   size_t keys, uint64_t key_bytes) {
+  if (regions == nullptr) {
+    return absl::FailedPreconditionError(
+        "target: this daemon serves no registered memory (shm_socket is off); use the stream");
+  }
+  auto region = regions->Find(target.region_id(), target.token());
+  if (!region.ok()) return region.status();
+  ResolvedTarget out;
+  out.region = *std::move(region);
+  if (target.offsets_size() != 1 && static_cast<size_t>(target.offsets_size()) != keys) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "target.offsets: ", target.offsets_size(), " offsets for ", keys,
+        " keys; give one per key, or one for all of them back to back"));
+  }
+  std::vector<std::pair<uint64_t, size_t>> starts;  // (offset, key), to find overlaps.
+  starts.reserve(keys);
+  out.dest.reserve(keys);
+  for (size_t k = 0; k < keys; ++k) {
+    uint64_t off = 0;
+    if (target.offsets_size() == 1) {
+      const uint64_t base = target.offsets(0);
+      if (k != 0 && key_bytes > (UINT64_MAX - base) / k) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "target.offsets[0]: key ", k, "'s destination overflows 64 bits"));
+      }
+      off = base + k * key_bytes;
+    } else {
+      off = target.offsets(static_cast<int>(k));
+    }
+    auto dst = out.region->Range(off, key_bytes, absl::StrCat("target: key ", k));
+    if (!dst.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          dst.status().message(), " (each key needs ", key_bytes,
+          " bytes: register a larger region, or ask for fewer keys)"));
+    }
+    out.dest.push_back(*dst);
+    starts.emplace_back(off, k);
+  }
+  std::sort(starts.begin(), starts.end());
+  for (size_t i = 1; i < starts.size(); ++i) {
+    if (starts[i].first - starts[i - 1].first < key_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "target.offsets: the destinations of keys ", starts[i - 1].second, " and ",
+          starts[i].second, " overlap (each key needs ", key_bytes, " bytes)"));
+    }
+  }
+  return out;
+}
+
+}  // namespace kvtier

@@ -1,0 +1,33 @@
+// ResolveRegionTarget: checks a RegionTarget (GetRequest.target, PrefillOpen.target)
+// against the registered regions and returns where each key's bytes go.
+//
+// Thread-safety: a pure function over the thread-safe RegionTable.
+#ifndef KVTIER_SERVER_REGION_TARGET_H_
+#define KVTIER_SERVER_REGION_TARGET_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "kvtier/v1/kvtier.pb.h"
+#include "server/region_table.h"
+
+namespace kvtier {
+
+struct ResolvedTarget {
+  std::shared_ptr<const MappedRegion> region;  // Held for the call.
+  std::vector<char*> dest;                     // Key i's bytes go to dest[i].
+};
+
+// `keys` keys of `key_bytes` bytes each. `regions` null means the daemon has no data
+// plane. Returns: Ok, FailedPrecondition (no data plane, unknown region),
+// PermissionDenied (wrong token), InvalidArgument (offsets: wrong count, out of the
+// region, overflowing, or overlapping), each naming the field.
+absl::StatusOr<ResolvedTarget> ResolveRegionTarget(RegionTable* regions,
+                                                   const v1::RegionTarget& target,
+                                                   size_t keys, uint64_t key_bytes);
+
+}  // namespace kvtier
+
+#endif  // KVTIER_SERVER_REGION_TARGET_H_

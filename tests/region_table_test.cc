@@ -1,0 +1,79 @@
+// RegionTable and AdmitPeer: real memfds, no daemon.
+#include "server/region_table.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include "gtest/gtest.h"
+#include "server/region_socket.h"
+
+namespace kvtier {
+namespace {
+
+int SealedMemfd(uint64_t bytes) {
+  const int fd = memfd_create("t", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  EXPECT_GE(fd, 0);
+  EXPECT_EQ(ftruncate(fd, static_cast<off_t>(bytes)), 0);
+  EXPECT_EQ(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK), 0);
+  return fd;
+}
+
+TEST(RegionTableTest, TokensOwnersAndLimits) {
+  RegionTable table(RegionTableOptions{2, 1 << 20});
+  const int a_fd = SealedMemfd(4096), b_fd = SealedMemfd(8192), c_fd = SealedMemfd(4096);
+  auto a = table.Add(1, a_fd, 4096);
+  auto b = table.Add(2, b_fd, 8192);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_NE(a->id, b->id);
+  EXPECT_EQ(table.regions(), 2u);
+  EXPECT_EQ(table.bytes(), 12288u);
+  EXPECT_EQ(table.Add(1, c_fd, 4096).status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(table.Find(a->id, a->token).ok());
+  EXPECT_EQ(table.Find(a->id, a->token + 1).status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(table.Find(a->id ^ b->id ^ 1, 0).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  // Only the owner removes its region.
+  EXPECT_EQ(table.Remove(2, a->id).code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(table.Remove(1, a->id).ok());
+  EXPECT_TRUE(table.Add(1, c_fd, 4096).ok());
+  close(a_fd);
+  close(b_fd);
+  close(c_fd);
+}
+
+TEST(RegionTableTest, ATransferKeepsItsRegionMappedAfterTheOwnerGoes) {
+  RegionTable table(RegionTableOptions{});
+  const int fd = SealedMemfd(4096);
+  auto added = table.Add(7, fd, 4096);
+  ASSERT_TRUE(added.ok());
+  close(fd);  // The daemon keeps only its mapping.
+  auto region = table.Find(added->id, added->token);
+  ASSERT_TRUE(region.ok());
+  EXPECT_EQ(table.RemoveOwner(7), 1);
+  EXPECT_EQ(table.regions(), 0u);
+  EXPECT_EQ(table.Find(added->id, added->token).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  auto p = (*region)->Range(0, 4096, "x");
+  ASSERT_TRUE(p.ok());
+  std::memset(*p, 1, 4096);  // Still mapped: no fault.
+  EXPECT_EQ((*region)->Range(1, 4096, "x").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*region)->Range(UINT64_MAX, 2, "x").status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(AdmitPeerTest, OwnUserRootAndTheAllowedGroup) {
+  EXPECT_TRUE(AdmitPeer({1, 1000, 1000, {}}, 1000, std::nullopt).ok());
+  EXPECT_TRUE(AdmitPeer({1, 0, 0, {}}, 1000, std::nullopt).ok());
+  EXPECT_EQ(AdmitPeer({1, 1001, 1001, {}}, 1000, std::nullopt).code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(AdmitPeer({1, 1001, 1001, {5, 6}}, 1000, gid_t{7}).code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_TRUE(AdmitPeer({1, 1001, 7, {}}, 1000, gid_t{7}).ok());
+  EXPECT_TRUE(AdmitPeer({1, 1001, 1001, {5, 7}}, 1000, gid_t{7}).ok());
+}
+
+}  // namespace
+}  // namespace kvtier
