@@ -17,10 +17,10 @@ absl::Status Violation(absl::string_view what) {
 
 GetFrameChecker::GetFrameChecker(absl::Span<const ChunkKey> keys, bool layer_major,
                                  std::optional<uint32_t> first_layer,
-                                 std::optional<uint32_t> end_layer)
+                                 std::optional<uint32_t> end_layer, bool verify_crc)
     : keys_(keys),
       layer_major_(layer_major),
-      whole_chunks_(!first_layer.has_value()),
+      whole_chunks_(!first_layer.has_value() && verify_crc),
       first_layer_(first_layer),
       end_layer_(end_layer) {
   if (layer_major_) {

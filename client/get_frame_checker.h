@@ -34,9 +34,11 @@ namespace kvtier {
 class GetFrameChecker {
  public:
   // `keys` must outlive the checker. `first_layer`/`end_layer`: the requested layer
-  // range, or nullopt for whole chunks.
+  // range, or nullopt for whole chunks. `verify_crc` false skips the CRC32C checks (a
+  // Get into registered memory: the daemon checked its copy as it wrote it).
   GetFrameChecker(absl::Span<const ChunkKey> keys, bool layer_major,
-                  std::optional<uint32_t> first_layer, std::optional<uint32_t> end_layer);
+                  std::optional<uint32_t> first_layer, std::optional<uint32_t> end_layer,
+                  bool verify_crc = true);
 
   // `frame` is the header (its data() is ignored), `data` the payload's pieces, `n`
   // their total size.
@@ -67,7 +69,7 @@ class GetFrameChecker {
 
   const absl::Span<const ChunkKey> keys_;
   const bool layer_major_;
-  const bool whole_chunks_;
+  const bool whole_chunks_;  // And verify_crc: the CRC32C is checked.
   const std::optional<uint32_t> first_layer_, end_layer_;
 
   uint32_t next_ = 0;        // Index of the key being (or next to be) answered.

@@ -518,6 +518,7 @@ Result RunPut(const Args& args, KvTierClient& client) {
   std::cout << absl::StrFormat("put: %u chunks (%u stored, %u already present), %s\n",
                                chunks.size(), r->stored, r->already_present,
                                ProgressMeter::Summary(r->bytes, meter.Elapsed()));
+  std::cout << "data path: " << client.data_path_detail() << "\n";
   return kExitOk;
 }
 
@@ -641,6 +642,7 @@ Result RunGet(const Args& args, KvTierClient& client) {
   std::cout << absl::StrFormat("get: %u of %u chunks%s, %s\n", got, items.size(),
                                from.empty() ? "" : absl::StrCat(" (", from, ")"),
                                ProgressMeter::Summary(done, meter.Elapsed()));
+  std::cout << "data path: " << client.data_path_detail() << "\n";
   return exit_code;
 }
 

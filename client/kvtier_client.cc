@@ -1,6 +1,7 @@
 #include "client/kvtier_client.h"
 
 #include <algorithm>
+#include <cstring>
 #include <utility>
 
 #include <grpcpp/create_channel.h>
@@ -15,6 +16,7 @@
 #include "client/get_frame_checker.h"
 #include "client/get_frame_parser.h"
 #include "client/layout_convert.h"
+#include "client/shared_memory_plane.h"
 #include "storage/crc32c.h"
 
 namespace kvtier {
@@ -119,6 +121,104 @@ KvTierClient::KvTierClient(std::string target, ClientOptions options,
       channel_(std::move(channel)),
       stub_(v1::KvCache::NewStub(channel_)) {}
 
+KvTierClient::~KvTierClient() = default;
+
+absl::StatusOr<SharedMemoryPlane*> KvTierClient::Plane() {
+  absl::MutexLock lock(&mu_);
+  if (plane_resolved_) {
+    if (plane_ == nullptr && options_.data_plane == ClientOptions::DataPlane::kSharedMemory) {
+      return plane_status_;
+    }
+    return plane_.get();
+  }
+  if (options_.data_plane == ClientOptions::DataPlane::kStream) {
+    plane_resolved_ = true;
+    plane_detail_ = "stream (gRPC): data_plane = stream";
+    return nullptr;
+  }
+  absl::Status why;
+  auto info = CallUnary(*this, &v1::KvCache::Stub::DataPlane, v1::DataPlaneRequest());
+  if (!info.ok()) {
+    // Not up yet: decide at the next call. Anything else (an older daemon answers
+    // UNIMPLEMENTED): the stream.
+    if (absl::IsUnavailable(info.status()) || absl::IsDeadlineExceeded(info.status())) {
+      return options_.data_plane == ClientOptions::DataPlane::kSharedMemory
+                 ? absl::StatusOr<SharedMemoryPlane*>(info.status())
+                 : absl::StatusOr<SharedMemoryPlane*>(nullptr);
+    }
+    why = info.status();
+  } else if (info->region_socket().empty()) {
+    why = absl::FailedPreconditionError("the daemon serves no shared memory (shm_socket = off)");
+  } else {
+    auto plane = SharedMemoryPlane::Open(*info, options_.staging_bytes);
+    if (plane.ok()) {
+      plane_ = *std::move(plane);
+      plane_detail_ = absl::StrCat("shared memory (region socket ", info->region_socket(), ")");
+    } else {
+      why = plane.status();
+    }
+  }
+  plane_resolved_ = true;
+  if (plane_ == nullptr) {
+    plane_status_ = why;
+    plane_detail_ = absl::StrCat("stream (gRPC): ", why.message());
+    if (options_.data_plane == ClientOptions::DataPlane::kSharedMemory) return plane_status_;
+  }
+  return plane_.get();
+}
+
+DataPath KvTierClient::data_path() {
+  auto plane = Plane();
+  return plane.ok() && *plane != nullptr ? DataPath::kSharedMemory : DataPath::kStream;
+}
+
+std::string KvTierClient::data_path_detail() {
+  Plane().IgnoreError();
+  absl::MutexLock lock(&mu_);
+  return plane_resolved_ ? plane_detail_ : "not decided yet (the daemon was unreachable)";
+}
+
+absl::StatusOr<std::shared_ptr<SharedBuffer>> KvTierClient::AllocateShared(uint64_t bytes) {
+  auto plane = Plane();
+  if (!plane.ok()) return plane.status();
+  if (*plane == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("AllocateShared: no shared memory with this daemon: ", data_path_detail()));
+  }
+  return (*plane)->Allocate(bytes);
+}
+
+std::optional<std::pair<uint64_t, uint64_t>> KvTierClient::ItemSizes(
+    uint64_t namespace_id, std::optional<LayerRange> layers) {
+  uint64_t chunk_bytes = 0;
+  uint32_t num_layers = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    auto bytes = chunk_bytes_.find(namespace_id);
+    auto count = num_layers_.find(namespace_id);
+    if (bytes != chunk_bytes_.end() && count != num_layers_.end()) {
+      chunk_bytes = bytes->second;
+      num_layers = count->second;
+    }
+  }
+  if (num_layers == 0) {
+    // A namespace another process registered: ask the daemon its sizes, once.
+    v1::DataPlaneRequest req;
+    req.set_namespace_id(namespace_id);
+    auto info = CallUnary(*this, &v1::KvCache::Stub::DataPlane, req);
+    if (!info.ok() || info->num_layers() == 0 || info->chunk_bytes() == 0) return std::nullopt;
+    chunk_bytes = info->chunk_bytes();
+    num_layers = info->num_layers();
+    absl::MutexLock lock(&mu_);
+    chunk_bytes_[namespace_id] = chunk_bytes;
+    num_layers_[namespace_id] = num_layers;
+  }
+  const uint64_t layer_bytes = chunk_bytes / num_layers;
+  if (!layers.has_value()) return std::make_pair(chunk_bytes, layer_bytes);
+  if (layers->end <= layers->begin || layers->end > num_layers) return std::nullopt;
+  return std::make_pair(layer_bytes * (layers->end - layers->begin), layer_bytes);
+}
+
 absl::StatusOr<std::unique_ptr<KvTierClient>> KvTierClient::Connect(
     const std::string& target, ClientOptions options) {
   if (target.empty()) return absl::InvalidArgumentError("target is empty");
@@ -170,6 +270,7 @@ absl::StatusOr<RegisterResult> KvTierClient::RegisterLayout(const LayoutSpec& la
   {
     absl::MutexLock lock(&mu_);
     chunk_bytes_[response->namespace_id()] = response->chunk_bytes();
+    num_layers_[response->namespace_id()] = layout.num_layers;
   }
   return RegisterResult{response->namespace_id(), response->chunk_bytes(),
                         response->already_registered()};
@@ -235,6 +336,61 @@ absl::StatusOr<PutResult> KvTierClient::Put(uint64_t namespace_id,
   }
   if (chunks.empty()) return PutResult{};
 
+  // Same host: chunks in AllocateShared buffers go by reference; the others are copied
+  // into one staging buffer (with their CRC32C in the same pass) when it fits the
+  // staging budget, else streamed.
+  auto plane = Plane();
+  if (!plane.ok()) return plane.status();
+  struct Source {
+    const SharedBuffer* buffer = nullptr;  // Null: stream the chunk's bytes.
+    uint64_t offset = 0;
+    std::optional<uint32_t> crc;
+  };
+  std::vector<Source> sources(chunks.size());
+  std::vector<std::shared_ptr<SharedBuffer>> held;
+  std::shared_ptr<SharedBuffer> staging;
+  if (*plane != nullptr) {
+    uint64_t unshared = 0;
+    for (size_t i = 0; i < chunks.size(); ++i) {
+      const absl::string_view data = chunks[i].data;
+      if (auto b = (*plane)->Find(data.data(), data.size())) {
+        sources[i].buffer = b.get();
+        sources[i].offset = static_cast<uint64_t>(data.data() - b->data());
+        held.push_back(std::move(b));
+      } else {
+        unshared += data.size();
+      }
+    }
+    if (unshared > 0) staging = (*plane)->AcquireStaging(unshared);
+    if (staging) {
+      uint64_t at = 0;
+      for (size_t i = 0; i < chunks.size(); ++i) {
+        if (sources[i].buffer != nullptr) continue;
+        const absl::string_view data = chunks[i].data;
+        sources[i] = {staging.get(), at,
+                      crc32c::CopyAndExtend(0, staging->data() + at, data.data(), data.size(),
+                                            crc32c::CrcOver::kSource)};
+        at += data.size();
+      }
+    }
+  }
+  // The staging buffer goes back to the pool after a put that succeeded; after one that
+  // failed the daemon may still be reading it, so it is dropped.
+  bool put_ok = false;
+  struct StagingReturn {
+    SharedMemoryPlane* plane;
+    std::shared_ptr<SharedBuffer>& buffer;
+    const bool& ok;
+    ~StagingReturn() {
+      if (!buffer) return;
+      if (ok) {
+        plane->ReleaseStaging(std::move(buffer));
+      } else {
+        plane->DiscardStaging(std::move(buffer));
+      }
+    }
+  } staging_return{*plane, staging, put_ok};
+
   grpc::ClientContext ctx;
   PrepareContext(&ctx);
   // What the generated stub_->Put does, except that each frame is sent as a ByteBuffer
@@ -256,10 +412,31 @@ absl::StatusOr<PutResult> KvTierClient::Put(uint64_t namespace_id,
   const uint64_t max_frame = options_.max_frame_bytes;
   uint64_t sent = 0;
   bool broken = false;  // Write failed: the server ended the stream; Finish says why.
-  for (const ChunkToPut& chunk : chunks) {
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    const ChunkToPut& chunk = chunks[i];
     frame.set_key(chunk.key.ToByteString());
     frame.set_token_count(chunk.token_count);
     const uint64_t size = chunk.data.size();
+    if (const Source& src = sources[i]; src.buffer != nullptr) {
+      // One frame naming the bytes in shared memory; the daemon copies them.
+      frame.set_offset(0);
+      frame.set_crc32c(src.crc ? *src.crc : crc32c::Value(chunk.data.data(), size));
+      v1::RegionRef* ref = frame.mutable_region();
+      ref->set_region_id(src.buffer->region_id());
+      ref->set_token(src.buffer->token());
+      ref->set_offset(src.offset);
+      ref->set_length(size);
+      grpc::Slice slice(frame.SerializeAsString());
+      frame.clear_region();
+      grpc::ByteBuffer message(&slice, 1);
+      if (!writer->Write(message)) {
+        broken = true;
+        break;
+      }
+      sent += size;
+      if (progress) progress(sent, total);
+      continue;
+    }
     uint32_t crc = 0;
     for (uint64_t offset = 0; offset < size;) {
       const uint64_t n = std::min(max_frame, size - offset);
@@ -302,6 +479,7 @@ absl::StatusOr<PutResult> KvTierClient::Put(uint64_t namespace_id,
       !response.ParseFromArray(flat.begin(), static_cast<int>(flat.size()))) {
     return absl::InternalError("Put: the daemon's response is not a PutResponse");
   }
+  put_ok = true;
   return PutResult{response.chunks_stored(), response.chunks_already_present(),
                    response.bytes_received()};
 }
@@ -432,6 +610,24 @@ absl::Status KvTierClient::GetStreamRaw(uint64_t namespace_id,
         absl::StrCat("Get: order ", static_cast<int>(order), " is not a GetOrder"));
   }
   if (keys.empty()) return absl::OkStatus();
+  // Same host: through a staging buffer the daemon writes into, when this client knows
+  // the layout (to size it) and the staging budget holds it.
+  auto plane = Plane();
+  if (!plane.ok()) return plane.status();
+  if (*plane != nullptr) {
+    if (auto sizes = ItemSizes(namespace_id, layers)) {
+      if (auto staging = (*plane)->AcquireStaging(keys.size() * sizes->first)) {
+        absl::Status s = GetViaRegion(namespace_id, keys, layers, order, lease_id, *staging, 0,
+                                      sizes->first, sizes->second, on_frame);
+        if (s.ok()) {
+          (*plane)->ReleaseStaging(std::move(staging));
+        } else {
+          (*plane)->DiscardStaging(std::move(staging));
+        }
+        return s;
+      }
+    }
+  }
   v1::GetRequest request;
   request.set_namespace_id(namespace_id);
   AddKeys(keys, request.mutable_keys());
@@ -486,6 +682,135 @@ absl::Status KvTierClient::GetStreamRaw(uint64_t namespace_id,
   }
   if (grpc::Status status = reader->Finish(); !status.ok()) return FromGrpcStatus(status);
   return checker.Finish();
+}
+
+absl::Status KvTierClient::GetViaRegion(uint64_t namespace_id, absl::Span<const ChunkKey> keys,
+                                        std::optional<LayerRange> layers, v1::GetOrder order,
+                                        uint64_t lease_id, const SharedBuffer& region,
+                                        uint64_t offset, uint64_t key_bytes,
+                                        uint64_t layer_bytes,
+                                        const GetFrameRawCallback& on_frame) {
+  const bool layer_major = order == v1::GET_ORDER_LAYER_MAJOR;
+  v1::GetRequest request;
+  request.set_namespace_id(namespace_id);
+  AddKeys(keys, request.mutable_keys());
+  if (layers.has_value()) {
+    request.mutable_layer_range()->set_begin(layers->begin);
+    request.mutable_layer_range()->set_end(layers->end);
+  }
+  if (layer_major) request.set_order(order);
+  request.set_lease_id(lease_id);
+  v1::RegionTarget* target = request.mutable_target();
+  target->set_region_id(region.region_id());
+  target->set_token(region.token());
+  target->add_offsets(offset);
+
+  grpc::ClientContext ctx;
+  PrepareContext(&ctx);
+  std::unique_ptr<grpc::ClientReader<v1::GetFrame>> reader = stub_->Get(&ctx, request);
+  const uint32_t first = layers.has_value() ? layers->begin : 0;
+  const uint32_t end = layers.has_value() ? layers->end
+                                          : static_cast<uint32_t>(key_bytes / layer_bytes);
+  // The daemon checked each whole chunk's CRC32C as it copied it into the region.
+  GetFrameChecker checker(
+      keys, layer_major,
+      layers.has_value() ? std::optional<uint32_t>(layers->begin) : std::nullopt,
+      layers.has_value() ? std::optional<uint32_t>(layers->end) : std::nullopt,
+      /*verify_crc=*/false);
+  v1::GetFrame frame;
+  absl::Status client_error;
+  while (reader->Read(&frame)) {
+    absl::string_view bytes;
+    if (frame.found()) {
+      // Every found item is one frame, whole, with its bytes already in the region.
+      const uint64_t item = layer_major ? layer_bytes : key_bytes;
+      if (!frame.data().empty() || frame.offset() != 0 || !frame.last() ||
+          frame.total_bytes() != item || frame.key_index() >= keys.size() ||
+          (layer_major && (frame.layer() < first || frame.layer() >= end))) {
+        client_error = absl::InternalError(absl::StrCat(
+            "Get: the daemon broke the registered-memory protocol at key ", frame.key_index(),
+            " (frame: ", frame.total_bytes(), " bytes, offset ", frame.offset(), ", layer ",
+            frame.layer(), ")"));
+        break;
+      }
+      const uint64_t at = offset + frame.key_index() * key_bytes +
+                          (layer_major ? uint64_t{frame.layer() - first} * layer_bytes : 0);
+      bytes = absl::string_view(region.data() + at, item);
+    }
+    const absl::Span<const absl::string_view> pieces =
+        bytes.empty() ? absl::Span<const absl::string_view>() : absl::MakeConstSpan(&bytes, 1);
+    client_error = checker.Check(frame, pieces, bytes.size());
+    if (client_error.ok()) client_error = on_frame(frame.key_index(), frame, pieces);
+    if (!client_error.ok()) break;
+  }
+  if (!client_error.ok()) {
+    ctx.TryCancel();
+    while (reader->Read(&frame)) {
+    }
+    FromGrpcStatus(reader->Finish()).IgnoreError();
+    return client_error;
+  }
+  if (grpc::Status status = reader->Finish(); !status.ok()) return FromGrpcStatus(status);
+  return checker.Finish();
+}
+
+absl::StatusOr<GetIntoResult> KvTierClient::GetInto(uint64_t namespace_id,
+                                                    absl::Span<const ChunkKey> keys,
+                                                    absl::Span<char> out,
+                                                    std::optional<LayerRange> layers,
+                                                    v1::GetOrder order, uint64_t lease_id,
+                                                    const GetIntoItemCallback& on_item) {
+  const auto sizes = ItemSizes(namespace_id, layers);
+  if (!sizes.has_value()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "GetInto: namespace ", absl::Hex(namespace_id, absl::kZeroPad16),
+        " is not registered (or the layer range is outside its layers)"));
+  }
+  const auto [key_bytes, layer_bytes] = *sizes;
+  if (out.size() != keys.size() * key_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "GetInto: out holds ", out.size(), " bytes; ", keys.size(), " keys of ", key_bytes,
+        " bytes need ", keys.size() * key_bytes));
+  }
+  const bool layer_major = order == v1::GET_ORDER_LAYER_MAJOR;
+  const uint32_t first = layers.has_value() ? layers->begin : 0;
+  GetIntoResult result;
+  result.found.assign(keys.size(), false);
+  result.tiers.assign(keys.size(), v1::TIER_UNSPECIFIED);
+  auto plane = Plane();
+  if (!plane.ok()) return plane.status();
+  std::shared_ptr<SharedBuffer> shared =
+      *plane != nullptr && !keys.empty() ? (*plane)->Find(out.data(), out.size()) : nullptr;
+  // Where each frame's bytes belong in `out`, and the per-item callback.
+  auto on_frame = [&](uint32_t index, const GetFrameHeader& frame,
+                      absl::Span<const absl::string_view> data) -> absl::Status {
+    if (!frame.found()) return absl::OkStatus();
+    result.found[index] = true;
+    if (frame.total_bytes() != 0) result.tiers[index] = frame.tier();
+    if (!shared) {
+      char* dst = out.data() + index * key_bytes +
+                  (layer_major ? uint64_t{frame.layer() - first} * layer_bytes : 0) +
+                  frame.offset();
+      for (absl::string_view piece : data) {
+        std::memcpy(dst, piece.data(), piece.size());
+        dst += piece.size();
+      }
+    }
+    if (frame.last() && on_item) on_item(index, layer_major ? frame.layer() : first);
+    return absl::OkStatus();
+  };
+  absl::Status status;
+  if (shared) {
+    result.path = DataPath::kSharedMemory;
+    status = GetViaRegion(namespace_id, keys, layers, order, lease_id, *shared,
+                          static_cast<uint64_t>(out.data() - shared->data()), key_bytes,
+                          layer_bytes, on_frame);
+  } else {
+    result.path = *plane != nullptr ? DataPath::kSharedMemory : DataPath::kStream;
+    status = GetStreamRaw(namespace_id, keys, layers, on_frame, order, lease_id);
+  }
+  if (!status.ok()) return status;
+  return result;
 }
 
 absl::StatusOr<PinResult> KvTierClient::Pin(uint64_t namespace_id,

@@ -38,6 +38,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "client/shared_buffer.h"
 #include "kvtier/v1/kvtier.grpc.pb.h"
 #include "storage/chunk_key.h"
 #include "storage/layout_spec.h"
@@ -67,6 +68,17 @@ struct ClientOptions {
   // starts every new connection slow and grows slowest when many connections share the
   // link. 0 keeps gRPC's BDP-probed default. Must be 0 or in [64 KiB, 1 GiB).
   int receive_window_bytes = 8 << 20;
+
+  // How chunk bytes travel (kvtier.proto, "Same-host data plane"). kAuto: through shared
+  // memory when the daemon is on this host and admits this process, else the gRPC
+  // stream. kStream: always the stream. kSharedMemory: shared memory or fail (the first
+  // Put or Get returns why).
+  enum class DataPlane { kAuto, kStream, kSharedMemory };
+  DataPlane data_plane = DataPlane::kAuto;
+  // Shared memory this client may hold to stage transfers from and into the caller's
+  // own buffers (buffers from AllocateShared need none). A transfer that needs more
+  // streams. 0: stage nothing (only AllocateShared buffers use shared memory).
+  uint64_t staging_bytes = 1ull << 30;
 
   // Returns: Ok, InvalidArgument naming the bad field.
   absl::Status Validate() const;
@@ -115,6 +127,19 @@ struct GotChunk {
   bool crc_verified = false;
 };
 
+// How a client's transfers go: decided at its first transfer (or data_path() call).
+enum class DataPath { kStream, kSharedMemory };
+
+// Called as items of a GetInto land: key `key_index`'s bytes (chunk-major) or its layer
+// `layer` (layer-major) are in place. Not called for absent keys.
+using GetIntoItemCallback = std::function<void(uint32_t key_index, uint32_t layer)>;
+
+struct GetIntoResult {
+  std::vector<bool> found;                // Per key.
+  std::vector<v1::Tier> tiers;            // Per key; TIER_UNSPECIFIED when absent.
+  DataPath path = DataPath::kStream;      // How the bytes came.
+};
+
 struct PinResult {
   uint32_t pinned = 0;
   uint32_t not_found = 0;
@@ -158,6 +183,8 @@ using GetFrameRawCallback = std::function<absl::Status(
     uint32_t key_index, const GetFrameHeader& header,
     absl::Span<const absl::string_view> data)>;
 
+class SharedMemoryPlane;
+
 class KvTierClient {
  public:
   // Creates a client for `target` (a gRPC target such as "127.0.0.1:50051" or
@@ -167,6 +194,7 @@ class KvTierClient {
   static absl::StatusOr<std::unique_ptr<KvTierClient>> Connect(const std::string& target,
                                                                ClientOptions options = {});
 
+  ~KvTierClient();
   KvTierClient(const KvTierClient&) = delete;
   KvTierClient& operator=(const KvTierClient&) = delete;
 
@@ -232,6 +260,32 @@ class KvTierClient {
                             v1::GetOrder order = v1::GET_ORDER_CHUNK_MAJOR,
                             uint64_t lease_id = 0);
 
+  // Reads `keys` (optionally `layers` of each) into `out`: key i's bytes at
+  // out[i * key_bytes], where key_bytes is the chunk size (or the layer range's part of
+  // it); `out` must hold keys.size() * key_bytes bytes. When `out` lies in a buffer from
+  // AllocateShared, the daemon writes the bytes there directly; otherwise they come
+  // through a staging buffer or the stream. Absent keys leave their bytes untouched.
+  // The namespace's layout sizes `out` (known from RegisterLayout, else asked of the
+  // daemon). If GetInto fails, bytes of keys it did not report may still be landing in
+  // registered memory for a moment (the daemon finishes the copy it is in).
+  // Returns: as Get, plus FailedPrecondition (namespace unknown, or layers outside it)
+  // and InvalidArgument (`out` the wrong size).
+  absl::StatusOr<GetIntoResult> GetInto(uint64_t namespace_id, absl::Span<const ChunkKey> keys,
+                                        absl::Span<char> out,
+                                        std::optional<LayerRange> layers = std::nullopt,
+                                        v1::GetOrder order = v1::GET_ORDER_CHUNK_MAJOR,
+                                        uint64_t lease_id = 0,
+                                        const GetIntoItemCallback& on_item = nullptr);
+
+  // Memory shared with the daemon (same host only): Put from it and GetInto it move
+  // each byte once. Returns: Ok, FailedPrecondition (the data path is the stream: see
+  // data_path_detail()), the daemon's refusal (ResourceExhausted: region limit).
+  absl::StatusOr<std::shared_ptr<SharedBuffer>> AllocateShared(uint64_t bytes);
+  // The data path this client's transfers take, and why (e.g. which socket, or why not
+  // shared memory). Decided once, at the first transfer or call of these.
+  DataPath data_path();
+  std::string data_path_detail();
+
   // Pins keys in the RAM tier for `ttl_seconds` (0: until Unpin).
   // Returns: Ok, InvalidArgument, NotFound (namespace), ResourceExhausted, Unavailable.
   absl::StatusOr<PinResult> Pin(uint64_t namespace_id, absl::Span<const ChunkKey> keys,
@@ -257,6 +311,17 @@ class KvTierClient {
  private:
   KvTierClient(std::string target, ClientOptions options,
                std::shared_ptr<grpc::Channel> channel);
+  // GetStreamRaw over shared memory: the bytes land in `staging` (key i at
+  // i * key_bytes) and `on_frame` gets views of them. Error kUnimplemented: not
+  // applicable (stream instead).
+  absl::Status GetViaRegion(uint64_t namespace_id, absl::Span<const ChunkKey> keys,
+                            std::optional<LayerRange> layers, v1::GetOrder order,
+                            uint64_t lease_id, const SharedBuffer& region, uint64_t offset,
+                            uint64_t key_bytes, uint64_t layer_bytes,
+                            const GetFrameRawCallback& on_frame);
+  // Key bytes and layer bytes of a namespace this client registered.
+  std::optional<std::pair<uint64_t, uint64_t>> ItemSizes(uint64_t namespace_id,
+                                                         std::optional<LayerRange> layers);
 
   const std::string target_;
   const ClientOptions options_;
@@ -270,6 +335,17 @@ class KvTierClient {
   // fixed by its namespace id.
   absl::Mutex mu_;
   absl::flat_hash_map<uint64_t, uint64_t> chunk_bytes_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, uint32_t> num_layers_ ABSL_GUARDED_BY(mu_);
+
+  // The same-host data plane, resolved at the first transfer (under mu_, one DataPlane
+  // RPC and a socket connect): null when transfers stream; with data_plane =
+  // kSharedMemory, why not. An unreachable daemon is not a decision: the next call
+  // tries again. Never changes once resolved.
+  absl::StatusOr<SharedMemoryPlane*> Plane();
+  bool plane_resolved_ ABSL_GUARDED_BY(mu_) = false;
+  std::unique_ptr<SharedMemoryPlane> plane_ ABSL_GUARDED_BY(mu_);
+  absl::Status plane_status_ ABSL_GUARDED_BY(mu_);
+  std::string plane_detail_ ABSL_GUARDED_BY(mu_);
 };
 
 // The one mapping from grpc::Status to absl::Status: same code number, same message.

@@ -74,7 +74,10 @@ absl::StatusOr<DaemonProcess> DaemonProcess::Start(const std::string& data_dir,
   std::vector<std::string> args = {binary != nullptr ? binary : KVTIERD_PATH,
                                    "--listen=127.0.0.1:0",
                                    "--metrics-listen=127.0.0.1:0", "--data-dir=" + data_dir,
-                                   "--port-file=" + port_file};
+                                   "--port-file=" + port_file,
+                                   // Clients stream unless a test asks for shared memory
+                                   // (a later --shm-socket overrides this one).
+                                   "--shm-socket=off"};
   args.insert(args.end(), extra_args.begin(), extra_args.end());
   pid_t pid = fork();
   if (pid < 0) return absl::UnavailableError(absl::StrCat("fork: ", std::strerror(errno)));

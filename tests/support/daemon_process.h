@@ -21,7 +21,8 @@ std::string MakeTempDir(const std::string& prefix);
 class DaemonProcess {
  public:
   // Starts kvtierd with --listen=127.0.0.1:0 --metrics-listen=127.0.0.1:0
-  // --data-dir=<data_dir> --port-file=... and `extra_args`, and waits (up to 30 s) until
+  // --data-dir=<data_dir> --port-file=... --shm-socket=off and `extra_args` (pass
+  // --shm-socket=auto for the same-host data plane), and waits (up to 30 s) until
   // it serves. The binary is the one this tree built, or $KVTIERD_BINARY if set (for
   // A/B benchmarks of two versions). Its stderr goes to
   // <data_dir>.log. Errors: Unavailable (exited or did not come up).

@@ -98,6 +98,19 @@ class Client:
         self._handles: List["LoadHandle"] = []
 
     @property
+    def data_path(self) -> str:
+        """How chunk bytes travel: "shared memory (...)" when the daemon is on this host
+        and admits this process, else "stream (gRPC): <why>". Decided at first use."""
+        return self._native.data_path
+
+    def shared_buffer(self, nbytes: int):
+        """Memory shared with a same-host daemon (a writable buffer: wrap it with
+        memoryview, numpy.frombuffer or torch.frombuffer). put() from it and get_into()
+        it move each byte once; other buffers are staged through shared memory
+        automatically. Raises FailedPreconditionError when the data path is the stream."""
+        return self._native.shared_buffer(nbytes)
+
+    @property
     def target(self) -> str:
         return self._native.target
 

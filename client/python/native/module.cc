@@ -14,6 +14,8 @@ using kvtier::python::PyCanceller;
 using kvtier::python::PyClient;
 using kvtier::python::PyPrefillSession;
 using kvtier::python::StatusError;
+using kvtier::SharedBuffer;
+using kvtier::python::ThrowIfError;
 
 PYBIND11_MODULE(_native, m) {
   m.doc() = "kvtier's native client (private; use the kvtier package)";
@@ -35,11 +37,38 @@ PYBIND11_MODULE(_native, m) {
       .def("cancel", &PyCanceller::Cancel)
       .def_property_readonly("cancelled", &PyCanceller::cancelled);
 
+  // Memory shared with a same-host daemon: a writable buffer (memoryview, numpy.frombuffer,
+  // torch.frombuffer) that puts and gets move through with one copy, the daemon's.
+  py::class_<SharedBuffer, std::shared_ptr<SharedBuffer>>(m, "SharedBuffer", py::buffer_protocol())
+      .def_buffer([](SharedBuffer& b) {
+        return py::buffer_info(b.data(), 1, py::format_descriptor<uint8_t>::format(), 1,
+                               {static_cast<py::ssize_t>(b.size())}, {1});
+      })
+      .def("__len__", &SharedBuffer::size)
+      .def_property_readonly("region_id", &SharedBuffer::region_id);
+
   py::class_<PyClient>(m, "Client")
       .def(py::init<const std::string&, uint32_t, double, double, int>(), py::arg("target"),
            py::arg("max_frame_bytes"), py::arg("rpc_deadline_seconds"),
            py::arg("connect_timeout_seconds"), py::arg("receive_window_bytes"))
       .def_property_readonly("target", &PyClient::target)
+      .def("shared_buffer",
+           [](PyClient& c, uint64_t nbytes) {
+             std::shared_ptr<SharedBuffer> b;
+             absl::Status status;
+             {
+               py::gil_scoped_release release;
+               auto r = c.client().AllocateShared(nbytes);
+               if (r.ok()) b = *std::move(r);
+               status = r.status();
+             }
+             ThrowIfError(status);
+             return b;
+           })
+      .def_property_readonly("data_path", [](PyClient& c) {
+        py::gil_scoped_release release;
+        return c.client().data_path_detail();
+      })
       .def("register_layout", &PyClient::RegisterLayout)
       .def("lookup", &PyClient::Lookup, py::arg("namespace_id"), py::arg("keys"),
            py::arg("lease_seconds"))

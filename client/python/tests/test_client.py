@@ -347,3 +347,40 @@ def test_lookup_lease_is_held_until_the_get_that_names_it(client, ns, layout):
 def test_crc32c_matches_the_standard_check_value():
     assert kvtier.crc32c(b"123456789") == 0xE3069283
     assert kvtier.crc32c(b"6789", kvtier.crc32c(b"12345")) == 0xE3069283
+
+
+def test_same_host_shared_memory(client, ns, layout):
+    # The fixture's daemon runs on this host with its region socket on (the default).
+    assert client.data_path.startswith("shared memory"), client.data_path
+    n = layout.chunk_bytes
+    buf = client.shared_buffer(3 * n)
+    view = np.frombuffer(buf, dtype=np.uint8)
+    assert view.size >= 3 * n
+    keys = keys_of(ns, 2, layout, seed=77)
+    data = [p.tobytes() for p in payloads(layout, 2, seed=77)]
+    view[:n] = np.frombuffer(data[0], dtype=np.uint8)
+    view[n:2 * n] = np.frombuffer(data[1], dtype=np.uint8)
+    assert client.put(ns, keys, [view[:n], view[n:2 * n]]).stored == 2
+    assert client.get(ns, keys) == data  # Into Python's own memory: staged.
+    out = view[2 * n:3 * n]
+    r = client.get_into(ns, keys[1:], out)
+    assert r.found == [True]
+    assert out.tobytes() == data[1]
+    assert client.stats().regions >= 1
+
+
+def test_stream_when_the_daemon_has_no_region_socket(tmp_path, layout):
+    d = Daemon(str(tmp_path / "data"), args=["--shm-socket=off"])
+    try:
+        with kvtier.Client(d.target) as c:
+            ns = c.register_layout(layout).namespace_id
+            assert c.data_path.startswith("stream"), c.data_path
+            assert "shm_socket = off" in c.data_path
+            with pytest.raises(kvtier.FailedPreconditionError):
+                c.shared_buffer(4096)
+            keys = keys_of(ns, 1, layout, seed=5)
+            data = [p.tobytes() for p in payloads(layout, 1, seed=5)]
+            c.put(ns, keys, data)
+            assert c.get(ns, keys) == data
+    finally:
+        d.close()

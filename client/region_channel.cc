@@ -1,0 +1,111 @@
+#include "client/region_channel.h"
+
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstddef>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace kvtier {
+
+absl::StatusOr<std::shared_ptr<RegionChannel>> RegionChannel::Connect(const std::string& name,
+                                                                      uint64_t instance_id) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (name.size() < 2 || name.size() >= sizeof(addr.sun_path) ||
+      (name[0] != '@' && name[0] != '/')) {
+    return absl::InvalidArgumentError(absl::StrCat("region socket: bad name '", name, "'"));
+  }
+  std::memcpy(addr.sun_path, name.data(), name.size());
+  const bool abstract = name[0] == '@';
+  if (abstract) addr.sun_path[0] = '\0';
+  const auto len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + name.size() +
+                                          (abstract ? 0 : 1));
+  const int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  if (fd < 0) return absl::UnavailableError(absl::StrCat("region socket: ", std::strerror(errno)));
+  if (connect(fd, reinterpret_cast<const sockaddr*>(&addr), len) != 0) {
+    const int err = errno;
+    close(fd);
+    return absl::UnavailableError(absl::StrCat("region socket '", name, "': ",
+                                               std::strerror(err),
+                                               " (the daemon is on another host, or has none)"));
+  }
+  std::shared_ptr<RegionChannel> channel(new RegionChannel(fd));
+  v1::RegionSocketRequest hello;
+  hello.mutable_hello();
+  auto answer = channel->Call(hello, -1);
+  if (!answer.ok()) return answer.status();
+  if (answer->code() != 0) {
+    return absl::Status(static_cast<absl::StatusCode>(answer->code()), answer->message());
+  }
+  if (answer->instance_id() != instance_id) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "region socket '", name, "' belongs to another daemon (instance ",
+        absl::Hex(answer->instance_id()), ", not ", absl::Hex(instance_id), ")"));
+  }
+  return channel;
+}
+
+RegionChannel::~RegionChannel() { close(fd_); }
+
+absl::StatusOr<v1::RegionSocketResponse> RegionChannel::Call(
+    const v1::RegionSocketRequest& request, int fd) {
+  const std::string out = request.SerializeAsString();
+  iovec iov{const_cast<char*>(out.data()), out.size()};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
+  if (fd >= 0) {
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+    cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
+  }
+  absl::MutexLock lock(&mu_);
+  if (sendmsg(fd_, &msg, MSG_NOSIGNAL) != static_cast<ssize_t>(out.size())) {
+    return absl::UnavailableError(absl::StrCat("region socket: send: ", std::strerror(errno)));
+  }
+  char buf[4096];
+  ssize_t n;
+  do {
+    n = recv(fd_, buf, sizeof(buf), 0);
+  } while (n < 0 && errno == EINTR);
+  if (n <= 0) {
+    return absl::UnavailableError(n == 0 ? "region socket: the daemon closed it"
+                                         : absl::StrCat("region socket: ", std::strerror(errno)));
+  }
+  v1::RegionSocketResponse response;
+  if (!response.ParseFromArray(buf, static_cast<int>(n))) {
+    return absl::InternalError("region socket: the answer is not a RegionSocketResponse");
+  }
+  return response;
+}
+
+absl::StatusOr<RegionChannel::Registration> RegionChannel::Add(int fd, uint64_t bytes) {
+  v1::RegionSocketRequest req;
+  req.mutable_add()->set_bytes(bytes);
+  auto answer = Call(req, fd);
+  if (!answer.ok()) return answer.status();
+  if (answer->code() != 0) {
+    return absl::Status(static_cast<absl::StatusCode>(answer->code()), answer->message());
+  }
+  return Registration{answer->region_id(), answer->token(), answer->bytes()};
+}
+
+absl::Status RegionChannel::Remove(uint64_t region_id) {
+  v1::RegionSocketRequest req;
+  req.mutable_remove()->set_region_id(region_id);
+  auto answer = Call(req, -1);
+  if (!answer.ok()) return answer.status();
+  return absl::Status(static_cast<absl::StatusCode>(answer->code()), answer->message());
+}
+
+}  // namespace kvtier

@@ -1,0 +1,56 @@
+// RegionChannel: a client's connection to the daemon's region socket, on which it
+// registers shared memory (protocol: kvtier.proto, "Same-host data plane"). The
+// registrations live as long as this connection: when the process exits, the kernel
+// closes the socket and the daemon forgets them.
+//
+// Thread-safety: thread-safe; requests are answered in order, one at a time.
+#ifndef KVTIER_CLIENT_REGION_CHANNEL_H_
+#define KVTIER_CLIENT_REGION_CHANNEL_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "kvtier/v1/kvtier.pb.h"
+
+namespace kvtier {
+
+class RegionChannel {
+ public:
+  struct Registration {
+    uint64_t region_id = 0;
+    uint64_t token = 0;
+    uint64_t bytes = 0;
+  };
+
+  // Connects to the socket `name` ("@abstract" or a path) and checks that the daemon
+  // behind it has `instance_id` (that it is the daemon the gRPC channel reaches).
+  // Returns: Ok, Unavailable (no such socket: another host, or the daemon has none),
+  // FailedPrecondition (a different daemon answers), PermissionDenied (not admitted).
+  static absl::StatusOr<std::shared_ptr<RegionChannel>> Connect(const std::string& name,
+                                                                uint64_t instance_id);
+  ~RegionChannel();
+  RegionChannel(const RegionChannel&) = delete;
+  RegionChannel& operator=(const RegionChannel&) = delete;
+
+  // Registers memfd `fd` of `bytes` bytes (the daemon checks its seals and size).
+  // Returns the daemon's status otherwise (InvalidArgument, ResourceExhausted, ...).
+  absl::StatusOr<Registration> Add(int fd, uint64_t bytes);
+  absl::Status Remove(uint64_t region_id);
+
+  // Sends `request` with `fd` attached (-1: none) and reads the answer. For tests that
+  // send what Add never would.
+  absl::StatusOr<v1::RegionSocketResponse> Call(const v1::RegionSocketRequest& request, int fd);
+
+ private:
+  explicit RegionChannel(int fd) : fd_(fd) {}
+  const int fd_;
+  absl::Mutex mu_;  // One request in flight.
+};
+
+}  // namespace kvtier
+
+#endif  // KVTIER_CLIENT_REGION_CHANNEL_H_

@@ -1,0 +1,84 @@
+#include "client/shared_memory_plane.h"
+
+#include <algorithm>
+
+namespace kvtier {
+
+absl::StatusOr<std::unique_ptr<SharedMemoryPlane>> SharedMemoryPlane::Open(
+    const v1::DataPlaneResponse& info, uint64_t staging_bytes) {
+  auto channel = RegionChannel::Connect(info.region_socket(), info.instance_id());
+  if (!channel.ok()) return channel.status();
+  return std::unique_ptr<SharedMemoryPlane>(
+      new SharedMemoryPlane(*std::move(channel), info.region_socket(), staging_bytes));
+}
+
+absl::StatusOr<std::shared_ptr<SharedBuffer>> SharedMemoryPlane::Allocate(uint64_t bytes) {
+  auto buffer = SharedBuffer::Create(channel_, bytes);
+  if (!buffer.ok()) return buffer.status();
+  absl::MutexLock lock(&mu_);
+  std::erase_if(allocated_, [](const std::weak_ptr<SharedBuffer>& w) { return w.expired(); });
+  allocated_.push_back(*buffer);
+  return buffer;
+}
+
+std::shared_ptr<SharedBuffer> SharedMemoryPlane::Find(const void* p, uint64_t n) {
+  absl::MutexLock lock(&mu_);
+  for (const auto& w : allocated_) {
+    if (auto b = w.lock(); b && b->Contains(p, n)) return b;
+  }
+  return nullptr;
+}
+
+std::shared_ptr<SharedBuffer> SharedMemoryPlane::AcquireStaging(uint64_t bytes) {
+  uint64_t size = 4ull << 20;
+  while (size < bytes) size *= 2;
+  {
+    absl::MutexLock lock(&mu_);
+    // The smallest free buffer that fits.
+    auto best = free_staging_.end();
+    for (auto it = free_staging_.begin(); it != free_staging_.end(); ++it) {
+      if ((*it)->size() >= bytes && (best == free_staging_.end() || (*it)->size() < (*best)->size())) {
+        best = it;
+      }
+    }
+    if (best != free_staging_.end()) {
+      auto b = std::move(*best);
+      free_staging_.erase(best);
+      return b;
+    }
+    // Make room by dropping free buffers, largest first.
+    std::sort(free_staging_.begin(), free_staging_.end(),
+              [](const auto& a, const auto& b) { return a->size() < b->size(); });
+    while (staging_total_ + size > staging_bytes_ && !free_staging_.empty()) {
+      staging_total_ -= free_staging_.back()->size();
+      free_staging_.pop_back();
+    }
+    if (staging_total_ + size > staging_bytes_) return nullptr;
+    staging_total_ += size;
+  }
+  auto b = SharedBuffer::Create(channel_, size);
+  if (!b.ok()) {
+    absl::MutexLock lock(&mu_);
+    staging_total_ -= size;
+    return nullptr;
+  }
+  return *std::move(b);
+}
+
+void SharedMemoryPlane::ReleaseStaging(std::shared_ptr<SharedBuffer> buffer) {
+  if (!buffer) return;
+  absl::MutexLock lock(&mu_);
+  free_staging_.push_back(std::move(buffer));
+}
+
+}  // namespace kvtier
+
+namespace kvtier {
+
+void SharedMemoryPlane::DiscardStaging(std::shared_ptr<SharedBuffer> buffer) {
+  if (!buffer) return;
+  absl::MutexLock lock(&mu_);
+  staging_total_ -= buffer->size();
+}
+
+}  // namespace kvtier

@@ -1,0 +1,701 @@
+// Integration tests of the same-host data plane: a real kvtierd with a region socket,
+// clients registering memfds over it, and Get/Put/Prefill naming registered memory.
+// Every bad-input case of the issue has a test here: each gets a clear status, nothing
+// partial is reported, and the daemon keeps serving.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <grp.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "client/kvtier_client.h"
+#include "client/region_channel.h"
+#include "client/shared_buffer.h"
+#include "gtest/gtest.h"
+#include "storage/crc32c.h"
+#include "tests/support/daemon_process.h"
+#include "tests/support/test_data.h"
+
+namespace kvtier {
+namespace {
+
+using testing::DaemonProcess;
+using testing::KeyOf;
+using testing::LayoutOfMiB;
+using testing::MakeTempDir;
+using testing::PatternBytes;
+
+constexpr uint64_t kMiB = 1 << 20;
+
+// A sealed, populated memfd of `bytes`, mapped here; closes and unmaps on destruction.
+struct Memfd {
+  explicit Memfd(uint64_t n, unsigned seals = F_SEAL_SHRINK | F_SEAL_GROW) : bytes(n) {
+    fd = memfd_create("test-region", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    EXPECT_GE(fd, 0);
+    EXPECT_EQ(ftruncate(fd, static_cast<off_t>(n)), 0);
+    if (seals != 0) EXPECT_EQ(fcntl(fd, F_ADD_SEALS, seals), 0);
+    data = static_cast<char*>(mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
+    EXPECT_NE(data, MAP_FAILED);
+  }
+  ~Memfd() {
+    if (data != nullptr && data != MAP_FAILED) munmap(data, bytes);
+    if (fd >= 0) close(fd);
+  }
+  uint64_t bytes;
+  int fd = -1;
+  char* data = nullptr;
+};
+
+class ShmTest : public ::testing::Test {
+ protected:
+  void StartDaemon(std::vector<std::string> args = {}) {
+    data_dir_ = MakeTempDir("kvtierd-shm");
+    args.insert(args.begin(), "--shm-socket=auto");
+    auto d = DaemonProcess::Start(data_dir_, std::move(args));
+    ASSERT_TRUE(d.ok()) << d.status();
+    daemon_.emplace(*std::move(d));
+    client_ = Connect();
+    ASSERT_NE(client_, nullptr);
+    ns_ = Register(*client_);
+  }
+
+  std::unique_ptr<KvTierClient> Connect(ClientOptions options = {}) {
+    auto c = KvTierClient::Connect(daemon_->target(), options);
+    EXPECT_TRUE(c.ok()) << c.status();
+    return c.ok() ? *std::move(c) : nullptr;
+  }
+
+  static uint64_t Register(KvTierClient& client, uint32_t mib = 4) {
+    auto r = client.RegisterLayout(LayoutOfMiB(mib));
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? r->namespace_id : 0;
+  }
+
+  v1::DataPlaneResponse DataPlane() {
+    grpc::ClientContext ctx;
+    client_->PrepareContext(&ctx);
+    v1::DataPlaneResponse resp;
+    EXPECT_TRUE(client_->stub()->DataPlane(&ctx, v1::DataPlaneRequest(), &resp).ok());
+    return resp;
+  }
+
+  std::shared_ptr<RegionChannel> Channel() {
+    const v1::DataPlaneResponse info = DataPlane();
+    auto c = RegionChannel::Connect(info.region_socket(), info.instance_id());
+    EXPECT_TRUE(c.ok()) << c.status();
+    return c.ok() ? *c : nullptr;
+  }
+
+  v1::StatsResponse Stats() {
+    auto s = client_->Stats();
+    EXPECT_TRUE(s.ok()) << s.status();
+    return s.ok() ? *s : v1::StatsResponse();
+  }
+
+  // Waits (bounded) until the daemon holds `n` regions: the region socket notices a
+  // closed connection asynchronously, so this polls a condition.
+  bool WaitForRegions(uint64_t n) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(20);
+    while (absl::Now() < deadline) {
+      if (Stats().regions() == n) return true;
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    return false;
+  }
+
+  // Puts chunk i (4 MiB pattern) through the client.
+  void PutChunk(uint64_t i) {
+    const std::string data = PatternBytes(i, 4 * kMiB);
+    ChunkToPut c{KeyOf(i), data, 256};
+    auto r = client_->Put(ns_, {&c, 1});
+    ASSERT_TRUE(r.ok()) << r.status();
+  }
+
+  // A Get into registered memory through the raw stub: the status, and the frames.
+  grpc::Status RawGet(const v1::GetRequest& req, std::vector<v1::GetFrame>* frames = nullptr) {
+    grpc::ClientContext ctx;
+    client_->PrepareContext(&ctx);
+    auto reader = client_->stub()->Get(&ctx, req);
+    v1::GetFrame f;
+    while (reader->Read(&f)) {
+      if (frames) frames->push_back(f);
+    }
+    return reader->Finish();
+  }
+
+  v1::GetRequest GetRequestFor(std::initializer_list<uint64_t> keys, uint64_t region_id,
+                               uint64_t token, std::initializer_list<uint64_t> offsets) {
+    v1::GetRequest req;
+    req.set_namespace_id(ns_);
+    for (uint64_t k : keys) req.add_keys(KeyOf(k).ToByteString());
+    req.mutable_target()->set_region_id(region_id);
+    req.mutable_target()->set_token(token);
+    for (uint64_t o : offsets) req.mutable_target()->add_offsets(o);
+    return req;
+  }
+
+  // A Put of one chunk (key i) named by a region range; returns the status.
+  grpc::Status RawPutRegion(uint64_t i, const v1::RegionRef& ref, uint32_t crc,
+                            const std::string& data = "") {
+    grpc::ClientContext ctx;
+    client_->PrepareContext(&ctx);
+    v1::PutResponse resp;
+    auto writer = client_->stub()->Put(&ctx, &resp);
+    v1::PutFrame f;
+    f.set_namespace_id(ns_);
+    f.set_key(KeyOf(i).ToByteString());
+    *f.mutable_region() = ref;
+    f.set_data(data);
+    f.set_crc32c(crc);
+    writer->Write(f);
+    writer->WritesDone();
+    return writer->Finish();
+  }
+
+  bool Present(uint64_t i) {
+    const ChunkKey k = KeyOf(i);
+    auto r = client_->Lookup(ns_, {&k, 1});
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() && r->prefix_hits == 1;
+  }
+
+  std::string data_dir_;
+  std::optional<DaemonProcess> daemon_;
+  std::unique_ptr<KvTierClient> client_;
+  uint64_t ns_ = 0;
+};
+
+TEST_F(ShmTest, PutAndGetIntoAllocatedMemoryMoveBytesThroughTheRegion) {
+  StartDaemon();
+  ASSERT_EQ(client_->data_path(), DataPath::kSharedMemory) << client_->data_path_detail();
+  auto buf = client_->AllocateShared(16 * kMiB);
+  ASSERT_TRUE(buf.ok()) << buf.status();
+  for (uint64_t i = 0; i < 2; ++i) {
+    const std::string data = PatternBytes(i, 4 * kMiB);
+    std::memcpy((*buf)->data() + i * 4 * kMiB, data.data(), data.size());
+  }
+  ChunkToPut chunks[2] = {{KeyOf(0), {(*buf)->data(), 4 * kMiB}, 256},
+                          {KeyOf(1), {(*buf)->data() + 4 * kMiB, 4 * kMiB}, 256}};
+  auto put = client_->Put(ns_, chunks);
+  ASSERT_TRUE(put.ok()) << put.status();
+  EXPECT_EQ(put->stored, 2u);
+  EXPECT_EQ(put->bytes, 8 * kMiB);
+  EXPECT_EQ(Stats().regions(), 1u);
+
+  const ChunkKey keys[3] = {KeyOf(0), KeyOf(9), KeyOf(1)};  // One absent.
+  std::vector<uint32_t> items;
+  auto big = client_->AllocateShared(12 * kMiB);
+  ASSERT_TRUE(big.ok()) << big.status();
+  auto got = client_->GetInto(ns_, keys, {(*big)->data(), 12 * kMiB}, std::nullopt,
+                         v1::GET_ORDER_CHUNK_MAJOR, 0,
+                         [&](uint32_t k, uint32_t) { items.push_back(k); });
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->path, DataPath::kSharedMemory);
+  EXPECT_EQ(got->found, (std::vector<bool>{true, false, true}));
+  EXPECT_EQ(got->tiers[0], v1::TIER_RAM);
+  EXPECT_EQ(items, (std::vector<uint32_t>{0, 2}));
+  EXPECT_EQ(std::string((*big)->data(), 4 * kMiB), PatternBytes(0, 4 * kMiB));
+  EXPECT_EQ(std::string((*big)->data() + 8 * kMiB, 4 * kMiB), PatternBytes(1, 4 * kMiB));
+  EXPECT_EQ(Stats().regions(), 2u);
+  buf->reset();
+  big->reset();
+  EXPECT_EQ(Stats().regions(), 0u);  // Remove is answered before the buffer is gone.
+}
+
+TEST_F(ShmTest, TransparentForTheCallersOwnMemory) {
+  StartDaemon();
+  for (uint64_t i = 0; i < 3; ++i) PutChunk(i);  // From std::string: staged.
+  const ChunkKey keys[3] = {KeyOf(0), KeyOf(1), KeyOf(2)};
+  auto got = client_->Get(ns_, keys);
+  ASSERT_TRUE(got.ok()) << got.status();
+  for (uint64_t i = 0; i < 3; ++i) {
+    EXPECT_TRUE((*got)[i].found);
+    EXPECT_TRUE((*got)[i].crc_verified);
+    EXPECT_EQ((*got)[i].data, PatternBytes(i, 4 * kMiB));
+  }
+  // A layer range, chunk-major and layer-major.
+  for (v1::GetOrder order : {v1::GET_ORDER_CHUNK_MAJOR, v1::GET_ORDER_LAYER_MAJOR}) {
+    auto part = client_->Get(ns_, keys, LayerRange{1, 3}, nullptr, order);
+    ASSERT_TRUE(part.ok()) << part.status();
+    for (uint64_t i = 0; i < 3; ++i) {
+      EXPECT_EQ((*part)[i].data, PatternBytes(i, 4 * kMiB).substr(kMiB, 2 * kMiB)) << i;
+    }
+  }
+  // Layer-major GetInto the caller's memory: items per (key, layer), in layer order.
+  std::string out(12 * kMiB, '\0');
+  std::vector<std::pair<uint32_t, uint32_t>> items;
+  auto into = client_->GetInto(ns_, keys, absl::MakeSpan(out), std::nullopt,
+                               v1::GET_ORDER_LAYER_MAJOR, 0,
+                               [&](uint32_t k, uint32_t l) { items.emplace_back(k, l); });
+  ASSERT_TRUE(into.ok()) << into.status();
+  EXPECT_EQ(into->path, DataPath::kSharedMemory);
+  for (uint64_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(out.substr(i * 4 * kMiB, 4 * kMiB), PatternBytes(i, 4 * kMiB)) << i;
+  }
+  ASSERT_EQ(items.size(), 12u);
+  EXPECT_EQ(items[0], std::make_pair(0u, 0u));
+  EXPECT_EQ(items[3], std::make_pair(0u, 1u));
+  EXPECT_EQ(items[11], std::make_pair(2u, 3u));
+}
+
+TEST_F(ShmTest, LayerMajorIntoRegisteredMemoryAnnouncesEachPieceInPlace) {
+  StartDaemon();
+  for (uint64_t i = 0; i < 2; ++i) PutChunk(i);
+  auto buf = client_->AllocateShared(8 * kMiB);
+  ASSERT_TRUE(buf.ok()) << buf.status();
+  const ChunkKey keys[2] = {KeyOf(0), KeyOf(1)};
+  std::vector<std::pair<uint32_t, uint32_t>> items;
+  auto got = client_->GetInto(ns_, keys, {(*buf)->data(), 8 * kMiB}, std::nullopt,
+                              v1::GET_ORDER_LAYER_MAJOR, 0, [&](uint32_t k, uint32_t l) {
+                                // The piece is in place when it is announced.
+                                const std::string want =
+                                    PatternBytes(k, 4 * kMiB).substr(l * kMiB, kMiB);
+                                EXPECT_EQ(std::string((*buf)->data() + k * 4 * kMiB + l * kMiB,
+                                                      kMiB),
+                                          want);
+                                items.emplace_back(k, l);
+                              });
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(items.size(), 8u);
+  EXPECT_EQ(items[1], std::make_pair(1u, 0u));
+  EXPECT_EQ(items[2], std::make_pair(0u, 1u));
+}
+
+TEST_F(ShmTest, PrefillCopiesStreamedChunksIntoTheRegion) {
+  StartDaemon();
+  for (uint64_t i = 0; i < 3; ++i) PutChunk(i);
+  auto buf = client_->AllocateShared(12 * kMiB);
+  ASSERT_TRUE(buf.ok()) << buf.status();
+  grpc::ClientContext ctx;
+  client_->PrepareContext(&ctx);
+  auto stream = client_->stub()->Prefill(&ctx);
+  v1::PrefillClientMessage open;
+  open.mutable_open()->set_namespace_id(ns_);
+  for (uint64_t i = 0; i < 3; ++i) open.mutable_open()->add_keys(KeyOf(i).ToByteString());
+  // Compute is forecast to be very slow: the daemon streams every cached chunk.
+  open.mutable_open()->mutable_compute_estimate()->set_a_seconds(100);
+  open.mutable_open()->mutable_target()->set_region_id((*buf)->region_id());
+  open.mutable_open()->mutable_target()->set_token((*buf)->token());
+  open.mutable_open()->mutable_target()->add_offsets(0);
+  ASSERT_TRUE(stream->Write(open));
+  v1::PrefillServerMessage msg;
+  std::vector<uint32_t> chunks;
+  v1::PrefillDone done;
+  while (stream->Read(&msg)) {
+    if (msg.has_chunk()) {
+      EXPECT_TRUE(msg.chunk().last());
+      EXPECT_TRUE(msg.chunk().data().empty());
+      const uint32_t j = msg.chunk().index();
+      EXPECT_EQ(std::string((*buf)->data() + j * 4 * kMiB, 4 * kMiB), PatternBytes(j, 4 * kMiB));
+      EXPECT_EQ(msg.chunk().crc32c(), crc32c::Value(PatternBytes(j, 4 * kMiB)));
+      chunks.push_back(j);
+    }
+    if (msg.has_done()) {
+      done = msg.done();
+      stream->WritesDone();
+    }
+  }
+  ASSERT_TRUE(stream->Finish().ok());
+  EXPECT_EQ(chunks, (std::vector<uint32_t>{2, 1, 0}));
+  EXPECT_EQ(done.first_streamed(), 0u);
+  EXPECT_EQ(done.reason(), v1::PrefillDone::ALL_STREAMED);
+}
+
+TEST_F(ShmTest, RegionTooSmallOrOutOfRangeIsInvalidArgument) {
+  StartDaemon();
+  PutChunk(0);
+  PutChunk(1);
+  auto buf = client_->AllocateShared(6 * kMiB);
+  ASSERT_TRUE(buf.ok());
+  const uint64_t id = (*buf)->region_id(), token = (*buf)->token();
+  const uint64_t size = (*buf)->size();
+  // Two 4 MiB keys back to back need 8 MiB.
+  EXPECT_EQ(RawGet(GetRequestFor({0, 1}, id, token, {0})).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  // Past the end, overflowing, overlapping, the wrong number of offsets.
+  EXPECT_EQ(RawGet(GetRequestFor({0}, id, token, {size - 4 * kMiB + 1})).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(RawGet(GetRequestFor({0}, id, token, {UINT64_MAX - 10})).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(RawGet(GetRequestFor({0, 1}, id, token, {0, 1})).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(RawGet(GetRequestFor({0, 1}, id, token, {0, 1, 2})).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  // Puts: overflowing and out-of-range references, a zero length, data and a region at
+  // once, a reference longer than the chunk. Nothing is stored.
+  const uint32_t crc = crc32c::Value(PatternBytes(5, 4 * kMiB));
+  v1::RegionRef ref;
+  ref.set_region_id(id);
+  ref.set_token(token);
+  ref.set_offset(UINT64_MAX - 100);
+  ref.set_length(4 * kMiB);
+  EXPECT_EQ(RawPutRegion(5, ref, crc).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  ref.set_offset(size - kMiB);
+  EXPECT_EQ(RawPutRegion(5, ref, crc).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  ref.set_offset(0);
+  ref.set_length(0);
+  EXPECT_EQ(RawPutRegion(5, ref, crc).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  ref.set_length(4 * kMiB);
+  EXPECT_EQ(RawPutRegion(5, ref, crc, "x").error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  ref.set_length(5 * kMiB);
+  EXPECT_EQ(RawPutRegion(5, ref, crc).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_FALSE(Present(5));
+  // A wrong CRC: DATA_LOSS, nothing stored. The right one stores it.
+  const std::string data = PatternBytes(5, 4 * kMiB);
+  std::memcpy((*buf)->data(), data.data(), data.size());
+  ref.set_length(4 * kMiB);
+  EXPECT_EQ(RawPutRegion(5, ref, crc ^ 1).error_code(), grpc::StatusCode::DATA_LOSS);
+  EXPECT_FALSE(Present(5));
+  EXPECT_TRUE(RawPutRegion(5, ref, crc).ok());
+  EXPECT_TRUE(Present(5));
+}
+
+TEST_F(ShmTest, UnknownRegionIsFailedPreconditionAndForeignTokenIsPermissionDenied) {
+  StartDaemon();
+  PutChunk(0);
+  auto other = Connect();
+  auto theirs = other->AllocateShared(4 * kMiB);  // Another client's region.
+  ASSERT_TRUE(theirs.ok()) << theirs.status();
+  std::memset((*theirs)->data(), 0x5a, 4 * kMiB);
+  EXPECT_EQ(RawGet(GetRequestFor({0}, 12345, 1, {0})).error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
+  // Its id without its token (here: a guess) cannot be read or written.
+  EXPECT_EQ(RawGet(GetRequestFor({0}, (*theirs)->region_id(), (*theirs)->token() + 1, {0}))
+                .error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+  v1::RegionRef ref;
+  ref.set_region_id((*theirs)->region_id());
+  ref.set_token((*theirs)->token() ^ 0xff);
+  ref.set_length(4 * kMiB);
+  EXPECT_EQ(RawPutRegion(6, ref, 0).error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ((*theirs)->data()[0], 0x5a);  // Untouched.
+  EXPECT_FALSE(Present(6));
+  // A region removed by its owner is unknown from then on.
+  const uint64_t id = (*theirs)->region_id(), token = (*theirs)->token();
+  theirs->reset();
+  EXPECT_EQ(RawGet(GetRequestFor({0}, id, token, {0})).error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
+}
+
+TEST_F(ShmTest, RegistrationsThatCanNeverWorkAreRefused) {
+  StartDaemon({"--shm-max-region-bytes=64MiB"});
+  auto channel = Channel();
+  ASSERT_NE(channel, nullptr);
+  {
+    Memfd unsealed(kMiB, 0);  // Could be truncated under the daemon.
+    auto r = channel->Add(unsealed.fd, kMiB);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+    EXPECT_NE(r.status().message().find("F_SEAL_SHRINK"), std::string::npos);
+  }
+  {
+    Memfd sealed(kMiB);
+    EXPECT_EQ(channel->Add(sealed.fd, 2 * kMiB).status().code(),
+              absl::StatusCode::kInvalidArgument);  // Size not as said.
+  }
+  {
+    Memfd huge(128 * kMiB);
+    EXPECT_EQ(channel->Add(huge.fd, 128 * kMiB).status().code(),
+              absl::StatusCode::kInvalidArgument);  // Over shm_max_region_bytes.
+  }
+  {
+    // A regular file is not a memfd (anyone with the path could change it).
+    const std::string path = data_dir_ + "/plain";
+    const int fd = open(path.c_str(), O_RDWR | O_CREAT, 0600);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(ftruncate(fd, kMiB), 0);
+    EXPECT_EQ(channel->Add(fd, kMiB).status().code(), absl::StatusCode::kInvalidArgument);
+    close(fd);
+    int pipefd[2];
+    ASSERT_EQ(pipe(pipefd), 0);
+    EXPECT_EQ(channel->Add(pipefd[0], kMiB).status().code(), absl::StatusCode::kInvalidArgument);
+    close(pipefd[0]);
+    close(pipefd[1]);
+  }
+  {
+    // Add without a descriptor, and garbage: clear errors, and the channel still works.
+    v1::RegionSocketRequest add;
+    add.mutable_add()->set_bytes(kMiB);
+    auto r = channel->Call(add, -1);
+    ASSERT_TRUE(r.ok());
+    EXPECT_EQ(r->code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+  }
+  EXPECT_EQ(Stats().regions(), 0u);
+  Memfd good(kMiB);
+  auto r = channel->Add(good.fd, kMiB);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(Stats().regions(), 1u);
+  EXPECT_EQ(Stats().region_bytes(), kMiB);
+}
+
+TEST_F(ShmTest, GarbageOnTheRegionSocketGetsAnErrorAndOthersAreServed) {
+  StartDaemon();
+  const v1::DataPlaneResponse info = DataPlane();
+  const int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, info.region_socket().data(), info.region_socket().size());
+  addr.sun_path[0] = '\0';
+  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr),
+                    static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) +
+                                           info.region_socket().size())),
+            0);
+  const char junk[] = "\xff\xff\xff\xff not a protobuf";
+  ASSERT_GT(send(fd, junk, sizeof(junk), 0), 0);
+  char buf[4096];
+  const ssize_t n = recv(fd, buf, sizeof(buf), 0);
+  ASSERT_GT(n, 0);
+  v1::RegionSocketResponse resp;
+  ASSERT_TRUE(resp.ParseFromArray(buf, static_cast<int>(n)));
+  EXPECT_EQ(resp.code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+  std::string huge(8192, 'x');  // Longer than any request: truncated, refused.
+  ASSERT_GT(send(fd, huge.data(), huge.size(), 0), 0);
+  ASSERT_GT(recv(fd, buf, sizeof(buf), 0), 0);
+  close(fd);
+  PutChunk(0);  // The daemon serves on.
+  auto buf2 = client_->AllocateShared(4 * kMiB);
+  EXPECT_TRUE(buf2.ok()) << buf2.status();
+}
+
+TEST_F(ShmTest, MoreRegionsThanTheLimitIsResourceExhaustedUntilOneGoes) {
+  StartDaemon({"--shm-max-regions=2"});
+  auto a = client_->AllocateShared(kMiB);
+  auto b = client_->AllocateShared(kMiB);
+  ASSERT_TRUE(a.ok() && b.ok());
+  auto c = client_->AllocateShared(kMiB);
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kResourceExhausted) << c.status();
+  // Staging cannot register either: transfers of the caller's own memory stream.
+  PutChunk(0);
+  const ChunkKey k = KeyOf(0);
+  auto got = client_->Get(ns_, {&k, 1});
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ((*got)[0].data, PatternBytes(0, 4 * kMiB));
+  a->reset();
+  EXPECT_TRUE(client_->AllocateShared(kMiB).ok());
+}
+
+TEST_F(ShmTest, ADeadClientsRegionsAreForgottenAndItsIdsStopWorking) {
+  StartDaemon();
+  PutChunk(0);
+  const uint64_t before = Stats().regions();  // This client's staging buffer.
+  const v1::DataPlaneResponse info = DataPlane();
+  int pipefd[2];
+  ASSERT_EQ(pipe(pipefd), 0);
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    // The child registers three regions and dies without a word.
+    auto channel = RegionChannel::Connect(info.region_socket(), info.instance_id());
+    if (!channel.ok()) _exit(1);
+    uint64_t ids[2] = {0, 0};
+    for (int i = 0; i < 3; ++i) {
+      auto b = SharedBuffer::Create(*channel, 4 * kMiB);
+      if (!b.ok()) _exit(2);
+      ids[0] = (*b)->region_id();
+      ids[1] = (*b)->token();
+      new std::shared_ptr<SharedBuffer>(*b);  // Leaked: never unregistered.
+    }
+    if (write(pipefd[1], ids, sizeof(ids)) != sizeof(ids)) _exit(3);
+    kill(getpid(), SIGKILL);
+  }
+  close(pipefd[1]);
+  uint64_t ids[2] = {0, 0};
+  ASSERT_EQ(read(pipefd[0], ids, sizeof(ids)), static_cast<ssize_t>(sizeof(ids)));
+  close(pipefd[0]);
+  int wstatus = 0;
+  ASSERT_EQ(waitpid(pid, &wstatus, 0), pid);
+  ASSERT_TRUE(WIFSIGNALED(wstatus));
+  ASSERT_TRUE(WaitForRegions(before));
+  EXPECT_EQ(RawGet(GetRequestFor({0}, ids[0], ids[1], {0})).error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
+}
+
+TEST_F(ShmTest, AClientKilledMidTransferLeavesTheDaemonServing) {
+  StartDaemon();
+  std::vector<std::string> args = {KVTIER_CLI_PATH, "--target", daemon_->target(), "get",
+                                   "--namespace", absl::StrCat(absl::Hex(ns_, absl::kZeroPad16))};
+  for (uint64_t i = 0; i < 16; ++i) {
+    PutChunk(i);
+    args.push_back(absl::StrCat(KeyOf(i).ToHex(), "=", data_dir_, "/out", i));
+  }
+  const uint64_t before = Stats().regions();
+  // The CLI (its own process: gRPC does not survive fork) gets 64 MiB through shared
+  // memory; it is killed once it has registered its staging buffer, in the transfer.
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    const int null = open("/dev/null", O_WRONLY);
+    dup2(null, 1);
+    dup2(null, 2);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  ASSERT_TRUE(WaitForRegions(before + 1));
+  kill(pid, SIGKILL);
+  ASSERT_EQ(waitpid(pid, nullptr, 0), pid);
+  ASSERT_TRUE(WaitForRegions(before));
+  // Everything stored is intact and served, through shared memory.
+  std::vector<ChunkKey> keys;
+  for (uint64_t i = 0; i < 16; ++i) keys.push_back(KeyOf(i));
+  auto got = client_->Get(ns_, keys);
+  ASSERT_TRUE(got.ok()) << got.status();
+  for (uint64_t i = 0; i < 16; ++i) EXPECT_EQ((*got)[i].data, PatternBytes(i, 4 * kMiB));
+}
+
+TEST_F(ShmTest, OwnerCannotTruncateAndUnmappingItsViewDoesNotAffectTheDaemon) {
+  StartDaemon();
+  PutChunk(0);
+  auto channel = Channel();
+  ASSERT_NE(channel, nullptr);
+  Memfd region(4 * kMiB);
+  auto reg = channel->Add(region.fd, 4 * kMiB);
+  ASSERT_TRUE(reg.ok()) << reg.status();
+  // The seal holds: the owner cannot shrink the file under the daemon's mapping.
+  EXPECT_EQ(ftruncate(region.fd, 0), -1);
+  EXPECT_EQ(errno, EPERM);
+  // The owner unmaps its only view: the daemon's mapping is its own.
+  ASSERT_EQ(munmap(region.data, region.bytes), 0);
+  region.data = nullptr;
+  EXPECT_TRUE(RawGet(GetRequestFor({0}, reg->region_id, reg->token, {0})).ok());
+  char* view = static_cast<char*>(
+      mmap(nullptr, 4 * kMiB, PROT_READ, MAP_SHARED, region.fd, 0));
+  ASSERT_NE(view, MAP_FAILED);
+  EXPECT_EQ(std::string(view, 4 * kMiB), PatternBytes(0, 4 * kMiB));
+  munmap(view, 4 * kMiB);
+}
+
+TEST_F(ShmTest, AnotherUserIsNotAdmitted) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to run a client as another user";
+  StartDaemon();
+  const v1::DataPlaneResponse info = DataPlane();
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    if (setgid(65534) != 0 || setuid(65534) != 0) _exit(10);
+    auto channel = RegionChannel::Connect(info.region_socket(), info.instance_id());
+    _exit(channel.ok() ? 0 : static_cast<int>(channel.status().code()));
+  }
+  int wstatus = 0;
+  ASSERT_EQ(waitpid(pid, &wstatus, 0), pid);
+  ASSERT_TRUE(WIFEXITED(wstatus));
+  EXPECT_EQ(WEXITSTATUS(wstatus), static_cast<int>(absl::StatusCode::kPermissionDenied));
+}
+
+TEST_F(ShmTest, AnAllowedGroupIsAdmitted) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to run a client as another user";
+  StartDaemon({"--shm-allowed-group=4242"});
+  const v1::DataPlaneResponse info = DataPlane();
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    const gid_t groups[1] = {4242};
+    if (setgroups(1, groups) != 0 || setgid(65534) != 0 || setuid(65534) != 0) _exit(10);
+    auto channel = RegionChannel::Connect(info.region_socket(), info.instance_id());
+    if (!channel.ok()) _exit(static_cast<int>(channel.status().code()));
+    auto buf = SharedBuffer::Create(*channel, kMiB);
+    _exit(buf.ok() ? 0 : 20);
+  }
+  int wstatus = 0;
+  ASSERT_EQ(waitpid(pid, &wstatus, 0), pid);
+  ASSERT_TRUE(WIFEXITED(wstatus));
+  EXPECT_EQ(WEXITSTATUS(wstatus), 0);
+}
+
+TEST_F(ShmTest, ASocketOfAnotherDaemonIsNotUsed) {
+  StartDaemon();
+  const v1::DataPlaneResponse info = DataPlane();
+  auto c = RegionChannel::Connect(info.region_socket(), info.instance_id() + 1);
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kFailedPrecondition) << c.status();
+  auto none = RegionChannel::Connect("@kvtier-test-no-such-socket", 1);
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kUnavailable) << none.status();
+}
+
+TEST_F(ShmTest, WithoutARegionSocketClientsStream) {
+  StartDaemon({"--shm-socket=off"});
+  EXPECT_EQ(client_->data_path(), DataPath::kStream);
+  EXPECT_NE(client_->data_path_detail().find("shm_socket = off"), std::string::npos)
+      << client_->data_path_detail();
+  PutChunk(0);
+  const ChunkKey k = KeyOf(0);
+  auto got = client_->Get(ns_, {&k, 1});
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ((*got)[0].data, PatternBytes(0, 4 * kMiB));
+  std::string out(4 * kMiB, '\0');
+  auto into = client_->GetInto(ns_, {&k, 1}, absl::MakeSpan(out));
+  ASSERT_TRUE(into.ok()) << into.status();
+  EXPECT_EQ(into->path, DataPath::kStream);
+  EXPECT_EQ(out, PatternBytes(0, 4 * kMiB));
+  EXPECT_EQ(client_->AllocateShared(kMiB).status().code(), absl::StatusCode::kFailedPrecondition);
+  // A target or a region reference is refused with the reason.
+  EXPECT_EQ(RawGet(GetRequestFor({0}, 1, 1, {0})).error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
+  // Asked for shared memory only, a client says why it cannot.
+  ClientOptions options;
+  options.data_plane = ClientOptions::DataPlane::kSharedMemory;
+  auto strict = Connect(options);
+  const std::string data = PatternBytes(1, 4 * kMiB);
+  ChunkToPut c{KeyOf(1), data, 256};
+  EXPECT_EQ(strict->Put(ns_, {&c, 1}).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(ShmTest, APathSocketHasTheConfiguredModeAndIsRemovedAtExit) {
+  const std::string dir = MakeTempDir("kvtier-sock");
+  const std::string path = dir + "/shm.sock";
+  StartDaemon({"--shm-socket=" + path});
+  struct stat st;
+  ASSERT_EQ(stat(path.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISSOCK(st.st_mode));
+  EXPECT_EQ(st.st_mode & 0777, 0660u);
+  EXPECT_EQ(client_->data_path(), DataPath::kSharedMemory) << client_->data_path_detail();
+  PutChunk(0);
+  client_.reset();
+  auto code = daemon_->Terminate();
+  ASSERT_TRUE(code.ok());
+  EXPECT_EQ(*code, 0);
+  EXPECT_FALSE(std::filesystem::exists(path));
+}
+
+TEST_F(ShmTest, TheCliSaysWhichPathItTook) {
+  for (const char* socket : {"--shm-socket=auto", "--shm-socket=off"}) {
+    StartDaemon({socket});
+    const bool shared = std::string(socket) == "--shm-socket=auto";
+    const std::string in = data_dir_ + "/in", out = data_dir_ + "/out";
+    {
+      std::ofstream f(in, std::ios::binary);
+      f << PatternBytes(0, 4 * kMiB);
+    }
+    const std::string ns = absl::StrCat(absl::Hex(ns_, absl::kZeroPad16));
+    const std::string key = KeyOf(0).ToHex();
+    auto put = testing::RunCommand({KVTIER_CLI_PATH, "--target", daemon_->target(), "put",
+                                    "--namespace", ns, key + "=" + in});
+    EXPECT_EQ(put.exit_code, 0) << put.output;
+    auto get = testing::RunCommand({KVTIER_CLI_PATH, "--target", daemon_->target(), "get",
+                                    "--namespace", ns, key + "=" + out});
+    EXPECT_EQ(get.exit_code, 0) << get.output;
+    for (const auto* r : {&put, &get}) {
+      EXPECT_NE(r->output.find(shared ? "data path: shared memory" : "data path: stream"),
+                std::string::npos)
+          << r->output;
+    }
+    std::ifstream f(out, std::ios::binary);
+    const std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    EXPECT_EQ(bytes, PatternBytes(0, 4 * kMiB));
+    client_.reset();
+    daemon_.reset();
+  }
+}
+
+}  // namespace
+}  // namespace kvtier
