@@ -6,11 +6,12 @@ set -euo pipefail
 KVTIER_BUILD_PACKAGES=(
   build-essential cmake pkg-config ccache
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
-  libabsl-dev librocksdb-dev prometheus-cpp-dev libxxhash-dev libtomlplusplus-dev
+  libabsl-dev librocksdb-dev prometheus-cpp-dev libxxhash-dev libtomlplusplus-dev libisal-dev
   libsystemd-dev libgtest-dev
-  # Tests of deploy/: promtool (Prometheus config and rules), and `file`, which CPack's
-  # DEB generator needs to run dpkg-shlibdeps.
-  prometheus file
+  # Tests of deploy/: promtool (Prometheus config and rules), `file`, which CPack's
+  # DEB generator needs to run dpkg-shlibdeps, and strace (the unit's system-call filter
+  # is checked against a traced daemon session).
+  prometheus file strace
   # The Python package (client/python: a pybind11 binding of the C++ client) and its
   # tests, and the reference worker (worker/: a Llama decoder in torch, CPU).
   pybind11-dev python3-dev python3-numpy python3-protobuf python3-xxhash python3-grpcio

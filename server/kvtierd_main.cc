@@ -31,7 +31,6 @@
 #include "server/region_socket.h"
 #include "server/rpc_metrics.h"
 #include "server/store_collector.h"
-#include "storage/crc32c.h"
 #include "storage/log.h"
 #include "storage/tiered_store.h"
 
@@ -71,7 +70,6 @@ int Run(const DaemonConfig& config, const sigset_t& signals) {
   SetMinLogLevel(ParseLogLevel(config.log_level));
   LogInfo("kvtierd ", KVTIER_VERSION, " starting: ", config.Describe());
   LogInfo("GPU staging tier: off (this build has no GPU tier; RAM and SSD serve all reads)");
-  LogInfo("CRC32C: ", crc32c::IsHardwareAccelerated() ? "SSE4.2" : "software");
 
   auto store_options = config.ToStoreOptions();
   if (!store_options.ok()) {
