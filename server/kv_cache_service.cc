@@ -131,6 +131,10 @@ absl::StatusOr<KvCacheService::FrameBytesView> KvCacheService::FrameBytes(
   if (!region.ok()) return region.status();
   auto src = (*region)->Range(ref.offset(), ref.length(), "region");
   if (!src.ok()) return src.status();
+  if (absl::Status s = (*region)->Populate(*src, ref.length(), MappedRegion::Access::kRead);
+      !s.ok()) {
+    return s;
+  }
   // The reference keeps the mapping for the copy even if the owner goes away meanwhile.
   return FrameBytesView{absl::string_view(*src, ref.length()), *std::move(region)};
 }

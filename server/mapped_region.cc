@@ -77,4 +77,27 @@ absl::StatusOr<char*> MappedRegion::Range(uint64_t offset, uint64_t length,
   return base_ + offset;
 }
 
+absl::Status MappedRegion::Populate(const char* p, uint64_t n, Access access) const {
+#if defined(MADV_POPULATE_READ) && defined(MADV_POPULATE_WRITE)
+  const uintptr_t page = 4096;
+  const uintptr_t start = reinterpret_cast<uintptr_t>(p) & ~(page - 1);
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(p) + n + page - 1) & ~(page - 1);
+  const int advice = access == Access::kWrite ? MADV_POPULATE_WRITE : MADV_POPULATE_READ;
+  if (madvise(reinterpret_cast<void*>(start), end - start, advice) == 0) return absl::OkStatus();
+  const int err = errno;
+  if (err == EINVAL || err == ENOSYS) return absl::OkStatus();  // Kernel without the advice.
+  if (err == ENOMEM) {
+    return absl::ResourceExhaustedError(
+        "region: no memory to fault in the region's pages (holes punched in it need new "
+        "pages); retry later");
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "region: its pages cannot be faulted in (", std::strerror(err),
+      "); register it again from fresh memory"));
+#else
+  (void)p, (void)n, (void)access;
+  return absl::OkStatus();
+#endif
+}
+
 }  // namespace kvtier

@@ -44,6 +44,10 @@ absl::StatusOr<ResolvedTarget> ResolveRegionTarget(RegionTable* regions,
           dst.status().message(), " (each key needs ", key_bytes,
           " bytes: register a larger region, or ask for fewer keys)"));
     }
+    if (absl::Status s = out.region->Populate(*dst, key_bytes, MappedRegion::Access::kWrite);
+        !s.ok()) {
+      return s;
+    }
     out.dest.push_back(*dst);
     starts.emplace_back(off, k);
   }

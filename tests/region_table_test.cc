@@ -3,11 +3,14 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstring>
+#include <vector>
 
 #include "gtest/gtest.h"
+#include "server/mapped_region.h"
 #include "server/region_socket.h"
 
 namespace kvtier {
@@ -77,3 +80,30 @@ TEST(AdmitPeerTest, OwnUserRootAndTheAllowedGroup) {
 
 }  // namespace
 }  // namespace kvtier
+
+TEST(MappedRegionTest, PopulateFaultsInExactlyTheRangeBeforeACopy) {
+  constexpr uint64_t kPage = 4096, kBytes = 256 * kPage;
+  const int fd = SealedMemfd(kBytes);  // Sparse: no page allocated yet.
+  auto region = MappedRegion::Map(fd, kBytes, kBytes);
+  ASSERT_TRUE(region.ok()) << region.status();
+  auto p = (*region)->Range(16 * kPage, 32 * kPage, "x");
+  ASSERT_TRUE(p.ok());
+  ASSERT_TRUE((*region)->Populate(*p, 32 * kPage, MappedRegion::Access::kWrite).ok());
+  // The memfd now holds exactly the populated pages, and the daemon's mapping has them.
+  struct stat st;
+  ASSERT_EQ(fstat(fd, &st), 0);
+#if defined(MADV_POPULATE_WRITE)
+  EXPECT_EQ(static_cast<uint64_t>(st.st_blocks) * 512, 32 * kPage);
+  auto whole = (*region)->Range(0, kBytes, "x");
+  ASSERT_TRUE(whole.ok());
+  std::vector<unsigned char> resident(kBytes / kPage);
+  ASSERT_EQ(mincore(*whole, kBytes, resident.data()), 0);
+  for (uint64_t i = 0; i < resident.size(); ++i) {
+    EXPECT_EQ(resident[i] & 1, i >= 16 && i < 48 ? 1 : 0) << "page " << i;
+  }
+#endif
+  // Populating pages that are already there is a no-op, as is reading them.
+  EXPECT_TRUE((*region)->Populate(*p, 32 * kPage, MappedRegion::Access::kWrite).ok());
+  EXPECT_TRUE((*region)->Populate(*p, kPage, MappedRegion::Access::kRead).ok());
+  close(fd);
+}
