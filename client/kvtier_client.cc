@@ -188,6 +188,15 @@ absl::StatusOr<std::shared_ptr<SharedBuffer>> KvTierClient::AllocateShared(uint6
   return (*plane)->Allocate(bytes);
 }
 
+bool KvTierClient::InSharedMemory(const void* p, uint64_t n) {
+  SharedMemoryPlane* plane;
+  {
+    absl::MutexLock lock(&mu_);
+    plane = plane_.get();  // Buffers exist only once the plane does; it is never reset.
+  }
+  return plane != nullptr && plane->Find(p, n) != nullptr;
+}
+
 std::optional<std::pair<uint64_t, uint64_t>> KvTierClient::ItemSizes(
     uint64_t namespace_id, std::optional<LayerRange> layers) {
   uint64_t chunk_bytes = 0;
@@ -777,6 +786,7 @@ absl::StatusOr<GetIntoResult> KvTierClient::GetInto(uint64_t namespace_id,
   GetIntoResult result;
   result.found.assign(keys.size(), false);
   result.tiers.assign(keys.size(), v1::TIER_UNSPECIFIED);
+  result.token_counts.assign(keys.size(), 0);
   auto plane = Plane();
   if (!plane.ok()) return plane.status();
   std::shared_ptr<SharedBuffer> shared =
@@ -786,7 +796,10 @@ absl::StatusOr<GetIntoResult> KvTierClient::GetInto(uint64_t namespace_id,
                       absl::Span<const absl::string_view> data) -> absl::Status {
     if (!frame.found()) return absl::OkStatus();
     result.found[index] = true;
-    if (frame.total_bytes() != 0) result.tiers[index] = frame.tier();
+    if (frame.total_bytes() != 0) {
+      result.tiers[index] = frame.tier();
+      result.token_counts[index] = frame.token_count();
+    }
     if (!shared) {
       char* dst = out.data() + index * key_bytes +
                   (layer_major ? uint64_t{frame.layer() - first} * layer_bytes : 0) +
@@ -796,7 +809,7 @@ absl::StatusOr<GetIntoResult> KvTierClient::GetInto(uint64_t namespace_id,
         dst += piece.size();
       }
     }
-    if (frame.last() && on_item) on_item(index, layer_major ? frame.layer() : first);
+    if (frame.last() && on_item) return on_item(index, layer_major ? frame.layer() : first);
     return absl::OkStatus();
   };
   absl::Status status;

@@ -131,12 +131,14 @@ struct GotChunk {
 enum class DataPath { kStream, kSharedMemory };
 
 // Called as items of a GetInto land: key `key_index`'s bytes (chunk-major) or its layer
-// `layer` (layer-major) are in place. Not called for absent keys.
-using GetIntoItemCallback = std::function<void(uint32_t key_index, uint32_t layer)>;
+// `layer` (layer-major) are in place. Not called for absent keys. Returning non-Ok
+// cancels the transfer and GetInto returns that status.
+using GetIntoItemCallback = std::function<absl::Status(uint32_t key_index, uint32_t layer)>;
 
 struct GetIntoResult {
   std::vector<bool> found;                // Per key.
   std::vector<v1::Tier> tiers;            // Per key; TIER_UNSPECIFIED when absent.
+  std::vector<uint32_t> token_counts;     // Per key, as given at Put; 0 when absent.
   DataPath path = DataPath::kStream;      // How the bytes came.
 };
 
@@ -281,6 +283,9 @@ class KvTierClient {
   // each byte once. Returns: Ok, FailedPrecondition (the data path is the stream: see
   // data_path_detail()), the daemon's refusal (ResourceExhausted: region limit).
   absl::StatusOr<std::shared_ptr<SharedBuffer>> AllocateShared(uint64_t bytes);
+  // True when [p, p + n) lies in one buffer from this client's AllocateShared: GetInto
+  // and Put of that memory move the bytes without staging.
+  bool InSharedMemory(const void* p, uint64_t n);
   // The data path this client's transfers take, and why (e.g. which socket, or why not
   // shared memory). Decided once, at the first transfer or call of these.
   DataPath data_path();

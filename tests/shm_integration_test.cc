@@ -198,7 +198,10 @@ TEST_F(ShmTest, PutAndGetIntoAllocatedMemoryMoveBytesThroughTheRegion) {
   ASSERT_TRUE(big.ok()) << big.status();
   auto got = client_->GetInto(ns_, keys, {(*big)->data(), 12 * kMiB}, std::nullopt,
                          v1::GET_ORDER_CHUNK_MAJOR, 0,
-                         [&](uint32_t k, uint32_t) { items.push_back(k); });
+                         [&](uint32_t k, uint32_t) {
+                           items.push_back(k);
+                           return absl::OkStatus();
+                         });
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ(got->path, DataPath::kSharedMemory);
   EXPECT_EQ(got->found, (std::vector<bool>{true, false, true}));
@@ -236,7 +239,10 @@ TEST_F(ShmTest, TransparentForTheCallersOwnMemory) {
   std::vector<std::pair<uint32_t, uint32_t>> items;
   auto into = client_->GetInto(ns_, keys, absl::MakeSpan(out), std::nullopt,
                                v1::GET_ORDER_LAYER_MAJOR, 0,
-                               [&](uint32_t k, uint32_t l) { items.emplace_back(k, l); });
+                               [&](uint32_t k, uint32_t l) {
+                                 items.emplace_back(k, l);
+                                 return absl::OkStatus();
+                               });
   ASSERT_TRUE(into.ok()) << into.status();
   EXPECT_EQ(into->path, DataPath::kSharedMemory);
   for (uint64_t i = 0; i < 3; ++i) {
@@ -264,6 +270,7 @@ TEST_F(ShmTest, LayerMajorIntoRegisteredMemoryAnnouncesEachPieceInPlace) {
                                                       kMiB),
                                           want);
                                 items.emplace_back(k, l);
+                                return absl::OkStatus();
                               });
   ASSERT_TRUE(got.ok()) << got.status();
   ASSERT_EQ(items.size(), 8u);

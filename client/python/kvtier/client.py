@@ -254,6 +254,9 @@ class Client:
         layer by layer (layer ``begin`` of every chunk first) and calls
         ``on_layer(l)`` once layer ``l`` of every found chunk has landed. Whole chunks
         are CRC32C-checked; the call returns only when every byte is in and checked.
+        When ``out`` is one span of a ``shared_buffer()``, the daemon writes into it
+        directly (one copy) and may already be writing later layers while
+        ``on_layer(l)`` runs; elsewhere the bytes come through the stream or staging.
         If it raises, treat every buffer as garbage: nothing counts as loaded.
         ``lease``: from lookup(lease_seconds=...); held until this call ends, then over.
         """

@@ -305,6 +305,14 @@ py::tuple PyClient::GetInto(uint64_t namespace_id, const py::list& keys, const p
   }
   std::optional<LayerRange> range = LayersFromObject(layers);
   std::vector<BufferRef> refs = AcquireAll(outs, /*writable=*/true);
+  if (IsOneSpan(refs) &&
+      client_->InSharedMemory(refs[0].data(), refs.size() * refs[0].size())) {
+    // One span of a shared_buffer() (usually: one buffer split per key): the daemon
+    // writes the bytes there directly.
+    return GetIntoSpan(namespace_id, k,
+                       absl::Span<char>(refs[0].data(), refs.size() * refs[0].size()), range,
+                       get_order, on_layer, lease_id, canceller);
+  }
   FrameSink sink(
       k.size(),
       [&refs, layer_major](uint32_t i, uint64_t total) -> absl::StatusOr<char*> {
@@ -352,6 +360,70 @@ py::tuple PyClient::GetInto(uint64_t namespace_id, const py::list& keys, const p
   if (callback_error.has_value()) throw std::move(*callback_error);
   ThrowIfError(s);
   return sink.Result();
+}
+
+bool PyClient::IsOneSpan(const std::vector<BufferRef>& refs) {
+  if (refs.empty() || refs[0].size() == 0) return false;
+  for (size_t i = 1; i < refs.size(); ++i) {
+    if (refs[i].size() != refs[0].size() || refs[i].data() != refs[0].data() + i * refs[0].size()) {
+      return false;
+    }
+  }
+  return true;
+}
+
+py::tuple PyClient::GetIntoSpan(uint64_t namespace_id, const std::vector<ChunkKey>& keys,
+                                absl::Span<char> out, std::optional<LayerRange> range,
+                                v1::GetOrder order, const py::object& on_layer,
+                                uint64_t lease_id, PyCanceller* canceller) {
+  // on_layer(l) once layer l of every found key is in: the daemon finishes a layer's
+  // pass before it starts the next, so a new layer in on_item closes the previous
+  // pass, and the end of the call closes the last.
+  std::optional<uint32_t> pass;
+  std::optional<py::error_already_set> callback_error;
+  auto close_pass = [&](uint32_t layer) -> absl::Status {
+    if (on_layer.is_none()) return absl::OkStatus();
+    py::gil_scoped_acquire gil;
+    try {
+      on_layer(layer);
+    } catch (py::error_already_set& e) {
+      callback_error.emplace(std::move(e));
+      return absl::CancelledError(absl::StrCat("on_layer(", layer, ") raised"));
+    }
+    return absl::OkStatus();
+  };
+  const bool layer_major = order == v1::GET_ORDER_LAYER_MAJOR;
+  absl::StatusOr<GetIntoResult> r;
+  {
+    py::gil_scoped_release nogil;
+    r = client_->GetInto(
+        namespace_id, keys, out, range, order, lease_id,
+        [&](uint32_t, uint32_t layer) -> absl::Status {
+          if (canceller != nullptr) {
+            if (absl::Status s = canceller->Check(); !s.ok()) return s;
+          }
+          if (layer_major && pass.has_value() && *pass != layer) {
+            if (absl::Status s = close_pass(*pass); !s.ok()) return s;
+          }
+          pass = layer;
+          return absl::OkStatus();
+        });
+    if (r.ok() && layer_major && pass.has_value()) {
+      if (absl::Status s = close_pass(*pass); !s.ok()) r = s;
+    }
+  }
+  if (callback_error.has_value()) throw std::move(*callback_error);
+  GetIntoResult v = ValueOrThrow(std::move(r));
+  py::list found, tiers, tokens;
+  uint64_t bytes = 0;
+  const uint64_t key_bytes = keys.empty() ? 0 : out.size() / keys.size();
+  for (size_t i = 0; i < keys.size(); ++i) {
+    found.append(static_cast<bool>(v.found[i]));
+    tiers.append(static_cast<int>(v.tiers[i]));
+    tokens.append(v.token_counts[i]);
+    if (v.found[i]) bytes += key_bytes;
+  }
+  return py::make_tuple(found, tiers, tokens, bytes);
 }
 
 py::list PyClient::Get(uint64_t namespace_id, const py::list& keys, const py::object& layers,

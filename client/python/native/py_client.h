@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "client/kvtier_client.h"
+#include "client/python/native/buffer_ref.h"
 #include "client/python/native/py_canceller.h"
 
 namespace kvtier::python {
@@ -77,6 +78,14 @@ class PyClient {
   KvTierClient& client() { return *client_; }
 
  private:
+  // True when refs are equal-sized and back to back: one span of memory.
+  static bool IsOneSpan(const std::vector<BufferRef>& refs);
+  // GetInto of one span through KvTierClient::GetInto (same result tuple).
+  pybind11::tuple GetIntoSpan(uint64_t namespace_id, const std::vector<ChunkKey>& keys,
+                              absl::Span<char> out, std::optional<LayerRange> range,
+                              v1::GetOrder order, const pybind11::object& on_layer,
+                              uint64_t lease_id, PyCanceller* canceller);
+
   std::unique_ptr<KvTierClient> client_;
 };
 

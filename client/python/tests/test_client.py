@@ -369,6 +369,55 @@ def test_same_host_shared_memory(client, ns, layout):
     assert client.stats().regions >= 1
 
 
+def test_get_into_a_shared_buffer_is_written_by_the_daemon_directly(daemon, layout):
+    # A fresh client: its only region is the shared buffer. A staged transfer would
+    # register a second (the staging buffer), so the region count shows the path.
+    with kvtier.Client(daemon.target) as c:
+        ns = c.register_layout(layout).namespace_id
+        before = c.stats().regions
+        n = layout.chunk_bytes
+        buf = c.shared_buffer(2 * n)
+        assert c.stats().regions == before + 1
+        view = np.frombuffer(buf, dtype=np.uint8)[:2 * n]
+        keys = keys_of(ns, 2, layout, seed=91)
+        data = [p.tobytes() for p in payloads(layout, 2, seed=91)]
+        view[:n] = np.frombuffer(data[0], dtype=np.uint8)
+        view[n:] = np.frombuffer(data[1], dtype=np.uint8)
+        assert c.put(ns, keys, [view[:n], view[n:]], token_counts=[5, 6]).stored == 2
+        view[:] = 0
+        r = c.get_into(ns, keys, view)
+        assert r.found == [True, True]
+        assert r.token_counts == [5, 6]
+        assert view.tobytes() == data[0] + data[1]
+        # Layer-major into the same memory: on_layer(l) once layer l of both chunks is in.
+        view[:] = 0
+        seen = []
+        per_layer = n // layout.num_layers
+
+        def on_layer(l):
+            for k in range(2):
+                at = k * n + l * per_layer
+                assert view[at:at + per_layer].tobytes() == data[k][l * per_layer:(l + 1) * per_layer]
+            seen.append(l)
+        r = c.get_into(ns, keys, view, order="layer", on_layer=on_layer)
+        assert r.found == [True, True]
+        assert seen == list(range(layout.num_layers))
+        assert view.tobytes() == data[0] + data[1]
+        # An absent key: its bytes stay as they were, and it is reported absent.
+        view[:] = 7
+        missing = keys_of(ns, 1, layout, seed=92)
+        r = c.get_into(ns, [keys[0], missing[0]], view)
+        assert r.found == [True, False]
+        assert view[:n].tobytes() == data[0] and set(view[n:].tobytes()) == {7}
+        # An exception in on_layer cancels the load and is raised as is.
+
+        def boom(l):
+            raise RuntimeError(f"layer {l}")
+        with pytest.raises(RuntimeError, match="layer 0"):
+            c.get_into(ns, keys, view, order="layer", on_layer=boom)
+        assert c.stats().regions == before + 1  # Nothing was staged.
+
+
 def test_stream_when_the_daemon_has_no_region_socket(tmp_path, layout):
     d = Daemon(str(tmp_path / "data"), args=["--shm-socket=off"])
     try:
