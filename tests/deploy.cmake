@@ -13,6 +13,7 @@ kvtier_deploy_test(deploy_unit_verify unit-verify $<TARGET_FILE:kvtierd>)
 kvtier_deploy_test(deploy_unit_security unit-security)
 kvtier_deploy_test(deploy_prometheus prometheus)
 kvtier_deploy_test(deploy_alert_metric_names metric-names $<TARGET_FILE:kvtierd>)
+kvtier_deploy_test(deploy_unit_shm unit-shm $<TARGET_FILE:kvtierd> $<TARGET_FILE:kvtier>)
 # Installs and purges the package on this machine (root only). RUN_SERIAL: cpack first
 # runs the build's `preinstall` step, which must not race other tests' binaries.
 kvtier_deploy_test(deploy_deb deb ${CMAKE_BINARY_DIR})

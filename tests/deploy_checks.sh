@@ -7,6 +7,10 @@
 #   deploy_checks.sh unit-security   SRC           systemd-analyze security: exposure <= 2.0
 #   deploy_checks.sh prometheus      SRC           promtool check config/rules, test rules
 #   deploy_checks.sh metric-names    SRC KVTIERD   every kvtier_* name in the rules is exported
+#   deploy_checks.sh unit-shm        SRC KVTIERD KVTIER
+#                                                  the unit's sandbox admits the shared-memory
+#                                                  data plane (address families, namespaces,
+#                                                  every system call of a traced session)
 #   deploy_checks.sh deb             SRC BUILD     cpack, dpkg -i, run, dpkg -r, dpkg -P
 #
 # Exit status 77 means skipped (a tool is missing, or the deb test is not root).
@@ -154,6 +158,62 @@ metric_names() {
 # Builds the package, installs it on this machine, runs the installed daemon as `kvtier`
 # from the installed config, then removes and purges it. Purges on any exit (trap). A
 # kvtier package that this test did not install is left alone: the test skips.
+# The shared-memory data plane under the unit's sandbox. What systemd would apply cannot
+# be applied here without systemd as PID 1, so each setting that could stop it is checked
+# against what the daemon actually does: a kvtierd with the packaged shm settings runs
+# under strace while the CLI puts and gets a chunk through shared memory, and every system
+# call it made must pass the unit's SystemCallFilter (tests/unit_syscalls.py expands it
+# with systemd-analyze). The rest is read from the unit: AF_UNIX must be allowed (the
+# region socket), the network namespace shared (the default socket is abstract, and
+# abstract names live in the network namespace), and memfds are not IPC objects that
+# RemoveIPC= would remove.
+unit_shm() {
+  local kvtierd="${3:?kvtierd path}" cli="${4:?kvtier CLI path}" dir spid pid port ns key out
+  need strace; need systemd-analyze
+  [ -x "$kvtierd" ] || fail "$kvtierd is not built"
+  [ -x "$cli" ] || fail "$cli is not built"
+  strace -f -qq -o /dev/null true 2>/dev/null || skip "strace cannot trace here (ptrace denied)"
+  grep -Eq '^RestrictAddressFamilies=.*\bAF_UNIX\b' "$UNIT" ||
+    fail "RestrictAddressFamilies= does not allow AF_UNIX: the region socket cannot be created"
+  if grep -Eq '^PrivateNetwork=(yes|true|on|1)' "$UNIT"; then
+    fail "PrivateNetwork=yes hides the abstract region socket from clients"
+  fi
+  grep -qx 'shm_socket = "auto"' "$SRC/deploy/kvtierd.toml" ||
+    fail "deploy/kvtierd.toml does not ship shm_socket = \"auto\" (abstract, unaffected by PrivateTmp)"
+  dir=$WORK
+  # The packaged configuration's shm settings, on a small pool in a scratch directory.
+  strace -f -qq -o "$dir/trace" "$kvtierd" --config "$SRC/deploy/kvtierd.toml" \
+    --listen=127.0.0.1:0 --metrics-listen=127.0.0.1:0 --data-dir="$dir/data" \
+    --ram-capacity=64MiB --ssd-capacity=256MiB --port-file="$dir/port" >"$dir/log" 2>&1 &
+  spid=$!; DAEMON_PID=$spid
+  wait_port_file "$dir/port" "$spid" "$dir/log" || fail "kvtierd did not start under strace"
+  pid=$(cat /proc/"$spid"/task/*/children | tr ' ' '\n' | grep -m1 .) ||
+    fail "no kvtierd child of strace"
+  port=$(sed -n 1p "$dir/port")
+  ns=$("$cli" --target "127.0.0.1:$port" register --model-id unit-shm --dtype fp16 --layers 2 \
+         --kv-heads 2 --head-dim 64 --tokens-per-chunk 16 | awk '/^namespace_id/ {print $2}')
+  [ -n "$ns" ] || fail "register failed"
+  key=00112233445566778899aabbccddeeff
+  head -c 16384 /dev/urandom >"$dir/in"
+  out=$("$cli" --target "127.0.0.1:$port" put --namespace "$ns" "$key=$dir/in" 2>&1) ||
+    { printf '%s\n' "$out" >&2; fail "put"; }
+  printf '%s\n' "$out" | grep -q 'data path: shared memory' ||
+    { printf '%s\n' "$out" >&2; fail "put did not go through shared memory"; }
+  out=$("$cli" --target "127.0.0.1:$port" get --namespace "$ns" "$key=$dir/out" 2>&1) ||
+    { printf '%s\n' "$out" >&2; fail "get"; }
+  printf '%s\n' "$out" | grep -q 'data path: shared memory' ||
+    { printf '%s\n' "$out" >&2; fail "get did not go through shared memory"; }
+  cmp "$dir/in" "$dir/out" || fail "the chunk read back differs from the one put"
+  # SIGTERM the daemon (strace passes it on and exits with the daemon's status).
+  kill -TERM "$pid"
+  local rc=0; wait "$spid" || rc=$?
+  DAEMON_PID=""
+  [ "$rc" -eq 0 ] || { cat "$dir/log" >&2; fail "kvtierd exited with status $rc under strace"; }
+  /usr/bin/python3 "$SRC/tests/unit_syscalls.py" "$UNIT" "$dir/trace" ||
+    fail "the unit's SystemCallFilter would deny system calls the daemon made (above)"
+  log "OK: the shared-memory data plane works within the unit's sandbox settings"
+}
+
 MARKER=/var/tmp/kvtier-deploy-test.installed
 DEB_OWNS_MARKER=""
 
@@ -282,6 +342,7 @@ case "$cmd" in
   unit-security) unit_security "$@" ;;
   prometheus) prometheus_checks "$@" ;;
   metric-names) metric_names "$@" ;;
+  unit-shm) unit_shm "$@" ;;
   deb) deb_test "$@" ;;
   *) fail "unknown command $cmd" ;;
 esac
