@@ -78,9 +78,6 @@ TEST(AdmitPeerTest, OwnUserRootAndTheAllowedGroup) {
   EXPECT_TRUE(AdmitPeer({1, 1001, 1001, {5, 7}}, 1000, gid_t{7}).ok());
 }
 
-}  // namespace
-}  // namespace kvtier
-
 TEST(MappedRegionTest, PopulateFaultsInExactlyTheRangeBeforeACopy) {
   constexpr uint64_t kPage = 4096, kBytes = 256 * kPage;
   const int fd = SealedMemfd(kBytes);  // Sparse: no page allocated yet.
@@ -107,3 +104,6 @@ TEST(MappedRegionTest, PopulateFaultsInExactlyTheRangeBeforeACopy) {
   EXPECT_TRUE((*region)->Populate(*p, kPage, MappedRegion::Access::kRead).ok());
   close(fd);
 }
+
+}  // namespace
+}  // namespace kvtier
