@@ -603,6 +603,45 @@ absl::Status KvTierClient::GetStream(uint64_t namespace_id, absl::Span<const Chu
                       order, lease_id);
 }
 
+namespace {
+
+// The Get request both data paths send.
+v1::GetRequest MakeGetRequest(uint64_t namespace_id, absl::Span<const ChunkKey> keys,
+                              std::optional<LayerRange> layers, v1::GetOrder order,
+                              uint64_t lease_id) {
+  v1::GetRequest request;
+  request.set_namespace_id(namespace_id);
+  AddKeys(keys, request.mutable_keys());
+  if (layers.has_value()) {
+    request.mutable_layer_range()->set_begin(layers->begin);
+    request.mutable_layer_range()->set_end(layers->end);
+  }
+  if (order == v1::GET_ORDER_LAYER_MAJOR) request.set_order(order);
+  request.set_lease_id(lease_id);
+  return request;
+}
+
+// Ends a Get stream after its read loop. On a client-side error (a bad frame, or the
+// caller's callback refusing one): cancel, drain, and return that error, the cause the
+// caller needs (the stream itself ends CANCELLED, or with a server error racing the
+// cancel). Otherwise the server's status, then the checker's verdict on the whole.
+template <typename Message>
+absl::Status FinishGetStream(grpc::ClientContext& ctx, grpc::ClientReader<Message>& reader,
+                             Message& scratch, const absl::Status& client_error,
+                             GetFrameChecker& checker) {
+  if (!client_error.ok()) {
+    ctx.TryCancel();
+    while (reader.Read(&scratch)) {
+    }
+    FromGrpcStatus(reader.Finish()).IgnoreError();
+    return client_error;
+  }
+  if (grpc::Status status = reader.Finish(); !status.ok()) return FromGrpcStatus(status);
+  return checker.Finish();
+}
+
+}  // namespace
+
 absl::Status KvTierClient::GetStreamRaw(uint64_t namespace_id,
                                         absl::Span<const ChunkKey> keys,
                                         std::optional<LayerRange> layers,
@@ -637,17 +676,9 @@ absl::Status KvTierClient::GetStreamRaw(uint64_t namespace_id,
       }
     }
   }
-  v1::GetRequest request;
-  request.set_namespace_id(namespace_id);
-  AddKeys(keys, request.mutable_keys());
-  if (layers.has_value()) {
-    request.mutable_layer_range()->set_begin(layers->begin);
-    request.mutable_layer_range()->set_end(layers->end);
-  }
+  v1::GetRequest request = MakeGetRequest(namespace_id, keys, layers, order, lease_id);
   request.set_max_frame_bytes(options_.max_frame_bytes);
   const bool layer_major = order == v1::GET_ORDER_LAYER_MAJOR;
-  if (layer_major) request.set_order(order);
-  request.set_lease_id(lease_id);
 
   grpc::ClientContext ctx;
   PrepareContext(&ctx);
@@ -680,17 +711,7 @@ absl::Status KvTierClient::GetStreamRaw(uint64_t namespace_id,
     }
     if (!client_error.ok()) break;
   }
-  if (!client_error.ok()) {
-    ctx.TryCancel();
-    while (reader->Read(&message)) {
-    }
-    // Ends CANCELLED (or with a server error racing the cancel); client_error is the
-    // cause the caller needs.
-    FromGrpcStatus(reader->Finish()).IgnoreError();
-    return client_error;
-  }
-  if (grpc::Status status = reader->Finish(); !status.ok()) return FromGrpcStatus(status);
-  return checker.Finish();
+  return FinishGetStream(ctx, *reader, message, client_error, checker);
 }
 
 absl::Status KvTierClient::GetViaRegion(uint64_t namespace_id, absl::Span<const ChunkKey> keys,
@@ -700,15 +721,7 @@ absl::Status KvTierClient::GetViaRegion(uint64_t namespace_id, absl::Span<const 
                                         uint64_t layer_bytes,
                                         const GetFrameRawCallback& on_frame) {
   const bool layer_major = order == v1::GET_ORDER_LAYER_MAJOR;
-  v1::GetRequest request;
-  request.set_namespace_id(namespace_id);
-  AddKeys(keys, request.mutable_keys());
-  if (layers.has_value()) {
-    request.mutable_layer_range()->set_begin(layers->begin);
-    request.mutable_layer_range()->set_end(layers->end);
-  }
-  if (layer_major) request.set_order(order);
-  request.set_lease_id(lease_id);
+  v1::GetRequest request = MakeGetRequest(namespace_id, keys, layers, order, lease_id);
   v1::RegionTarget* target = request.mutable_target();
   target->set_region_id(region.region_id());
   target->set_token(region.token());
@@ -752,15 +765,7 @@ absl::Status KvTierClient::GetViaRegion(uint64_t namespace_id, absl::Span<const 
     if (client_error.ok()) client_error = on_frame(frame.key_index(), frame, pieces);
     if (!client_error.ok()) break;
   }
-  if (!client_error.ok()) {
-    ctx.TryCancel();
-    while (reader->Read(&frame)) {
-    }
-    FromGrpcStatus(reader->Finish()).IgnoreError();
-    return client_error;
-  }
-  if (grpc::Status status = reader->Finish(); !status.ok()) return FromGrpcStatus(status);
-  return checker.Finish();
+  return FinishGetStream(ctx, *reader, frame, client_error, checker);
 }
 
 absl::StatusOr<GetIntoResult> KvTierClient::GetInto(uint64_t namespace_id,
