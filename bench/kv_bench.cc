@@ -43,6 +43,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "bench/bench_flags.h"
+#include "bench/json_line.h"
 #include "client/kvtier_client.h"
 #include "tests/support/daemon_process.h"
 #include "tests/support/test_data.h"
@@ -55,6 +56,7 @@ using Clock = std::chrono::steady_clock;
 
 using kvtier::bench::DFlag;
 using kvtier::bench::Flag;
+using kvtier::bench::JsonLine;
 using kvtier::bench::ListFlag;
 using kvtier::bench::Pct;
 using kvtier::bench::StrFlag;
@@ -63,36 +65,6 @@ double Secs(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
 
-
-// JSON line writer (flat objects of numbers and strings).
-class JsonLine {
- public:
-  JsonLine& S(const std::string& k, const std::string& v) {
-    Sep();
-    s_ += absl::StrCat("\"", k, "\": \"", v, "\"");
-    return *this;
-  }
-  JsonLine& N(const std::string& k, double v) {
-    Sep();
-    char buf[64];
-    std::snprintf(buf, sizeof buf, "%.6g", v);
-    s_ += absl::StrCat("\"", k, "\": ", buf);
-    return *this;
-  }
-  void Emit() {
-    s_ += "}";
-    const std::string path = StrFlag("json", "");
-    if (!path.empty()) {
-      std::ofstream f(path, std::ios::app);
-      f << s_ << "\n";
-    }
-    std::fprintf(stderr, "%s\n", s_.c_str());
-  }
-
- private:
-  void Sep() { s_ += s_.size() > 1 ? ", " : ""; }
-  std::string s_ = "{";
-};
 
 std::unique_ptr<KvTierClient> MakeClient(const std::string& target, int i) {
   kvtier::ClientOptions o;

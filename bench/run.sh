@@ -47,7 +47,7 @@ if [ "${KVTIER_BENCH_SKIP_DEPS:-0}" != 1 ]; then
 fi
 
 cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build "$BUILD" -j"$JOBS" --target kvtierd kv_bench redis_bench rss_bench
+cmake --build "$BUILD" -j"$JOBS" --target kvtierd kv_bench redis_bench rss_bench samehost_bench
 # Another engineer's planner benchmark; included when it builds.
 cmake --build "$BUILD" -j"$JOBS" --target cake_bench >/dev/null 2>&1 || true
 B=$BUILD/bench
@@ -119,6 +119,17 @@ step redis "$B/redis_bench" --port="$P" --chunks=2,32,128 --clients=1,4,16,64 \
   --budget-mib="$(mib 1536)" --hot-mib=1024 --json="$JSON"
 redis-cli -p "$P" shutdown nosave >/dev/null 2>&1 || kill "$REDIS"
 wait "$REDIS" 2>/dev/null || true
+
+# ---- same host: shared memory vs gRPC, memcpy, loopback TCP (its own folder) ----
+mkdir -p "$RES/samehost"
+rm -f "$RES/samehost/samehost.jsonl"
+SAMEHOST=("$B/samehost_bench" --chunks=2,32,128 --clients=1,4,16 --budget-mib="$(mib 2048)"
+          --regions=1000 --json="$RES/samehost/samehost.jsonl")
+echo "${SAMEHOST[*]}" | sed "s|$B/|build/bench/|; s|$RES/|bench/results/|" > "$RES/samehost/command.txt"
+cp "$RES/machine.txt" "$RES/samehost/machine.txt"
+step samehost "${SAMEHOST[@]}"
+cp "$RES/samehost.log" "$RES/samehost/samehost.log"
+/usr/bin/python3 bench/plot_samehost.py "$RES/samehost" || true
 
 # ---- resident memory, planner ----
 step rss "$B/rss_bench" --mode=write-back
