@@ -37,9 +37,6 @@ absl::StatusOr<std::unique_ptr<SlotArena>> SlotArena::Create(const SlotArenaOpti
     return absl::ResourceExhaustedError(
         absl::StrCat("ram_capacity: mmap of ", bytes, " bytes failed: ", std::strerror(errno)));
   }
-  // Transparent huge pages where the kernel offers them: a chunk's first write then
-  // faults once per 2 MiB instead of once per 4 KiB page. Advice only; failure is fine.
-  madvise(p, bytes, MADV_HUGEPAGE);
   if (options.lock_memory && mlock(p, bytes) != 0) {
     int err = errno;
     munmap(p, bytes);
