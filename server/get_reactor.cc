@@ -26,6 +26,18 @@ constexpr char kDataTag = (4 << 3) | 2;
 
 void ReleaseKeepAlive(void* p) { delete static_cast<std::shared_ptr<const void>*>(p); }
 
+
+// The status a Get ends with when a streamed read of key `key` failed. NotFound means the
+// chunk was deleted mid-transfer: Aborted, and `what` says where the partial bytes are
+// ("sent; the bytes received for it are"). Anything else keeps its code.
+absl::Status StreamedReadError(uint32_t key, const absl::Status& read, absl::string_view what) {
+  if (absl::IsNotFound(read)) {
+    return absl::AbortedError(absl::StrCat("keys[", key, "]: the chunk was deleted while being ",
+                                           what, " incomplete"));
+  }
+  return absl::Status(read.code(), absl::StrCat("keys[", key, "]: ", read.message()));
+}
+
 }  // namespace
 
 GetReactor::GetReactor(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request,
@@ -199,12 +211,7 @@ void GetReactor::Pump() {
       Pending p = std::move(pending_.front());
       pending_.pop_front();
       if (!p.status.ok()) {
-        error_ = absl::IsNotFound(p.status)
-                     ? absl::AbortedError(absl::StrCat(
-                           "keys[", key, "]: the chunk was deleted while being copied; "
-                           "its bytes in the region are incomplete"))
-                     : absl::Status(p.status.code(), absl::StrCat("keys[", key, "]: ",
-                                                                  p.status.message()));
+        error_ = StreamedReadError(key, p.status, "copied; its bytes in the region are");
         break;
       }
       const absl::string_view piece(p.buf.get(), p.len);
@@ -221,12 +228,7 @@ void GetReactor::Pump() {
       Pending p = std::move(pending_.front());
       pending_.pop_front();
       if (!p.status.ok()) {
-        error_ = absl::IsNotFound(p.status)
-                     ? absl::AbortedError(absl::StrCat(
-                           "keys[", key, "]: the chunk was deleted while being sent; "
-                           "the bytes received for it are incomplete"))
-                     : absl::Status(p.status.code(), absl::StrCat("keys[", key, "]: ",
-                                                                  p.status.message()));
+        error_ = StreamedReadError(key, p.status, "sent; the bytes received for it are");
       } else {
         // Every layer asked for: the key's bytes, over all its items, are the chunk.
         const bool whole = first_layer_ == 0 && end_layer_ == num_layers_;

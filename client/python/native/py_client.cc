@@ -157,6 +157,20 @@ class FrameSink {
   PassFn on_pass_;
 };
 
+// Calls on_layer(layer) with the GIL. If it raises, keeps the exception in `error` (to
+// re-raise once the transfer is torn down) and returns Cancelled to stop the transfer.
+absl::Status CallOnLayer(const py::object& on_layer, uint32_t layer,
+                         std::optional<py::error_already_set>* error) {
+  py::gil_scoped_acquire gil;
+  try {
+    on_layer(layer);
+  } catch (py::error_already_set& e) {
+    error->emplace(std::move(e));
+    return absl::CancelledError(absl::StrCat("on_layer(", layer, ") raised"));
+  }
+  return absl::OkStatus();
+}
+
 v1::GetOrder OrderFromInt(int order) {
   switch (order) {
     case 0:
@@ -332,15 +346,8 @@ py::tuple PyClient::GetInto(uint64_t namespace_id, const py::list& keys, const p
     for (const BufferRef& r : refs) sizes.push_back(r.size());
     FrameSink::PassFn on_pass;
     if (!on_layer.is_none()) {
-      on_pass = [&on_layer, &callback_error](uint32_t layer) -> absl::Status {
-        py::gil_scoped_acquire gil;
-        try {
-          on_layer(layer);
-        } catch (py::error_already_set& e) {
-          callback_error.emplace(std::move(e));
-          return absl::CancelledError(absl::StrCat("on_layer(", layer, ") raised"));
-        }
-        return absl::OkStatus();
+      on_pass = [&on_layer, &callback_error](uint32_t layer) {
+        return CallOnLayer(on_layer, layer, &callback_error);
       };
     }
     sink.SetLayerMajor(range.has_value() ? range->begin : 0, std::move(sizes),
@@ -383,14 +390,7 @@ py::tuple PyClient::GetIntoSpan(uint64_t namespace_id, const std::vector<ChunkKe
   std::optional<py::error_already_set> callback_error;
   auto close_pass = [&](uint32_t layer) -> absl::Status {
     if (on_layer.is_none()) return absl::OkStatus();
-    py::gil_scoped_acquire gil;
-    try {
-      on_layer(layer);
-    } catch (py::error_already_set& e) {
-      callback_error.emplace(std::move(e));
-      return absl::CancelledError(absl::StrCat("on_layer(", layer, ") raised"));
-    }
-    return absl::OkStatus();
+    return CallOnLayer(on_layer, layer, &callback_error);
   };
   const bool layer_major = order == v1::GET_ORDER_LAYER_MAJOR;
   absl::StatusOr<GetIntoResult> r;
