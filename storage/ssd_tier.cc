@@ -11,100 +11,21 @@
 #include "rocksdb/write_batch.h"
 #include "storage/crc32c.h"
 #include "storage/log.h"
+#include "storage/ssd_row.h"
 
 namespace kvtier {
 namespace {
-
-constexpr uint32_t kMetaVersion = 1;
-constexpr size_t kMetaBytes = 32;
-constexpr size_t kRowKeyBytes = 8 + ChunkKey::kWireBytes;
-
-void PutLe(std::string& out, uint64_t v, int bytes) {
-  for (int i = 0; i < bytes; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
-}
-uint64_t GetLe(absl::string_view in, size_t at, int bytes) {
-  uint64_t v = 0;
-  for (int i = 0; i < bytes; ++i) v |= uint64_t{static_cast<uint8_t>(in[at + i])} << (8 * i);
-  return v;
-}
-
-// Meta row: le64 size, le32 crc32c, le32 token_count, le32 codec, le64 written_at (unix
-// micros), le32 version.
-std::string EncodeMeta(const ChunkMeta& m, absl::Time written_at) {
-  std::string out;
-  out.reserve(kMetaBytes);
-  PutLe(out, m.size, 8);
-  PutLe(out, m.crc32c, 4);
-  PutLe(out, m.token_count, 4);
-  PutLe(out, m.codec, 4);
-  PutLe(out, static_cast<uint64_t>(absl::ToUnixMicros(written_at)), 8);
-  PutLe(out, kMetaVersion, 4);
-  return out;
-}
-
-bool DecodeMeta(absl::string_view in, ChunkMeta& m, absl::Time& written_at) {
-  if (in.size() != kMetaBytes || GetLe(in, 28, 4) != kMetaVersion) return false;
-  m.size = GetLe(in, 0, 8);
-  m.crc32c = static_cast<uint32_t>(GetLe(in, 8, 4));
-  m.token_count = static_cast<uint32_t>(GetLe(in, 12, 4));
-  m.codec = static_cast<uint32_t>(GetLe(in, 16, 4));
-  written_at = absl::FromUnixMicros(static_cast<int64_t>(GetLe(in, 20, 8)));
-  return true;
-}
-
-std::string Be64(uint64_t v) {
-  std::string out(8, '\0');
-  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((v >> (8 * (7 - i))) & 0xff);
-  return out;
-}
-uint64_t GetBe64(absl::string_view in) {
-  uint64_t v = 0;
-  for (int i = 0; i < 8; ++i) v = (v << 8) | static_cast<uint8_t>(in[i]);
-  return v;
-}
-
-bool ParseRowKey(absl::string_view row, ChunkId& id) {
-  if (row.size() != kRowKeyBytes) return false;
-  id.ns = GetBe64(row);
-  auto key = ChunkKey::FromBytes(row.substr(8));
-  if (!key.ok()) return false;
-  id.key = *key;
-  return true;
-}
 
 absl::Status Unavailable(absl::string_view what, const rocksdb::Status& s) {
   return absl::UnavailableError(absl::StrCat("SSD tier: ", what, ": ", s.ToString()));
 }
 
-}  // namespace
+rocksdb::Slice AsSlice(absl::string_view s) { return rocksdb::Slice(s.data(), s.size()); }
 
-std::string SsdRowKey(const ChunkId& id) { return Be64(id.ns) + id.key.ToByteString(); }
-
-namespace {
-
-std::string SegmentKey(const std::string& row, uint32_t segment) {
-  std::string key = row;
-  for (int i = 3; i >= 0; --i) key.push_back(static_cast<char>((segment >> (8 * i)) & 0xff));
-  return key;
-}
+// Column families of the version-1 layout (payload segments in BlobDB): dropped at open.
+constexpr const char* kOldFamilies[] = {"data", "pending"};
 
 }  // namespace
-
-uint32_t SsdTier::SegmentCount(uint64_t size) const {
-  return static_cast<uint32_t>((size + options_.segment_bytes - 1) / options_.segment_bytes);
-}
-
-void SsdTier::AddDeletes(rocksdb::WriteBatch& batch, const std::string& row,
-                         uint64_t size) const {
-  batch.Delete(meta_cf_, row);
-  if (size == 0) {
-    batch.DeleteRange(data_cf_, SegmentKey(row, 0), row + std::string(5, '\xff'));
-    return;
-  }
-  for (uint32_t i = 0, n = SegmentCount(size); i < n; ++i) {
-    batch.Delete(data_cf_, SegmentKey(row, i));
-  }
-}
 
 absl::Status SsdTierOptions::Validate() const {
   if (path.empty()) return absl::InvalidArgumentError("data_dir must not be empty");
@@ -118,10 +39,18 @@ absl::Status SsdTierOptions::Validate() const {
     return absl::InvalidArgumentError("ssd_write_buffer must be at least 4 MiB");
   }
   if (read_threads < 1) return absl::InvalidArgumentError("ssd read_threads must be >= 1");
-  if (segment_bytes < (64ull << 10)) {
-    return absl::InvalidArgumentError("ssd segment_bytes must be at least 64 KiB");
-  }
-  return absl::OkStatus();
+  PayloadLogOptions log;
+  log.dir = path;
+  log.piece_bytes = piece_bytes;
+  log.io_bytes = io_bytes;
+  log.file_bytes = FileBytes();
+  log.write_depth = write_depth;
+  return log.Validate();
+}
+
+uint64_t SsdTierOptions::FileBytes() const {
+  if (file_bytes != 0) return file_bytes;
+  return std::clamp<uint64_t>(capacity_bytes / 32, io_bytes, std::max<uint64_t>(io_bytes, 256ull << 20));
 }
 
 absl::StatusOr<std::unique_ptr<SsdTier>> SsdTier::Open(SsdTierOptions options) {
@@ -143,27 +72,23 @@ absl::StatusOr<std::unique_ptr<SsdTier>> SsdTier::Open(SsdTierOptions options) {
 
   rocksdb::ColumnFamilyOptions small;
   small.compression = rocksdb::kNoCompression;
-  small.write_buffer_size = 4ull << 20;
-
-  // KV tensors are high-entropy floats: compression costs CPU and saves little.
-  rocksdb::ColumnFamilyOptions data;
-  data.compression = rocksdb::kNoCompression;
-  data.enable_blob_files = true;
-  data.min_blob_size = options.blob_min_bytes;
-  data.blob_file_size = 256ull << 20;
-  data.blob_compression_type = rocksdb::kNoCompression;
-  data.enable_blob_garbage_collection = true;
-  data.blob_garbage_collection_age_cutoff = 0.25;
-  data.write_buffer_size = options.write_buffer_bytes / 2;
-  data.max_write_buffer_number = 2;
+  small.write_buffer_size = std::min<uint64_t>(options.write_buffer_bytes / 2, 64ull << 20);
 
   std::vector<rocksdb::ColumnFamilyDescriptor> families = {
       {rocksdb::kDefaultColumnFamilyName, small},
       {"meta", small},
-      {"data", data},
       {"layouts", small},
-      {"pending", small},
   };
+  // A database from before the payload files has two more families; they must be opened
+  // to be dropped.
+  std::vector<std::string> existing;
+  if (rocksdb::DB::ListColumnFamilies(db_options, options.path, &existing).ok()) {
+    for (const char* old : kOldFamilies) {
+      if (std::find(existing.begin(), existing.end(), old) != existing.end()) {
+        families.push_back({old, small});
+      }
+    }
+  }
   std::vector<rocksdb::ColumnFamilyHandle*> handles;
   rocksdb::DB* raw = nullptr;
   rocksdb::Status s = rocksdb::DB::Open(db_options, options.path, families, &handles, &raw);
@@ -171,24 +96,51 @@ absl::StatusOr<std::unique_ptr<SsdTier>> SsdTier::Open(SsdTierOptions options) {
     return absl::UnavailableError(
         absl::StrCat("data_dir: cannot open RocksDB at ", options.path, ": ", s.ToString()));
   }
-  std::unique_ptr<SsdTier> tier(new SsdTier(std::move(options), std::move(env),
-                                            std::unique_ptr<rocksdb::DB>(raw),
-                                            std::move(handles)));
-  if (absl::Status r = tier->RebuildIndex(); !r.ok()) return r;
+  std::unique_ptr<rocksdb::DB> db(raw);
+  uint64_t old_format_rows = 0;
+  while (handles.size() > 3) {
+    rocksdb::ColumnFamilyHandle* h = handles.back();
+    handles.pop_back();
+    if (h->GetName() == "data") {
+      // Count the version-1 chunks (their meta rows are dropped as unreadable below).
+      std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(rocksdb::ReadOptions(), handles[1]));
+      for (it->SeekToFirst(); it->Valid(); it->Next()) ++old_format_rows;
+    }
+    rocksdb::Status d = db->DropColumnFamily(h);
+    db->DestroyColumnFamilyHandle(h).PermitUncheckedError();
+    if (!d.ok()) return Unavailable("dropping the version-1 payload rows", d);
+  }
+
+  PayloadLogOptions log_options;
+  log_options.dir = options.path + "/payload";
+  log_options.file_bytes = options.FileBytes();
+  log_options.io_bytes = options.io_bytes;
+  log_options.piece_bytes = options.piece_bytes;
+  log_options.write_depth = options.write_depth;
+  log_options.read_depth = 2 * options.read_threads;
+  log_options.direct_io = options.direct_io;
+  log_options.sync = options.sync_writes;
+  log_options.file_ops = options.file_ops;
+  auto log = PayloadLog::Open(std::move(log_options));
+  if (!log.ok()) return log.status();
+
+  std::unique_ptr<SsdTier> tier(new SsdTier(std::move(options), std::move(env), std::move(db),
+                                            std::move(handles), *std::move(log)));
+  if (absl::Status r = tier->RebuildIndex(old_format_rows); !r.ok()) return r;
   return tier;
 }
 
 SsdTier::SsdTier(SsdTierOptions options, std::unique_ptr<rocksdb::Env> env,
                  std::unique_ptr<rocksdb::DB> db,
-                 std::vector<rocksdb::ColumnFamilyHandle*> handles)
+                 std::vector<rocksdb::ColumnFamilyHandle*> handles,
+                 std::unique_ptr<PayloadLog> log)
     : options_(std::move(options)),
       env_(std::move(env)),
       db_(std::move(db)),
       handles_(std::move(handles)),
       meta_cf_(handles_[1]),
-      data_cf_(handles_[2]),
-      layouts_cf_(handles_[3]),
-      pending_cf_(handles_[4]),
+      layouts_cf_(handles_[2]),
+      log_(std::move(log)),
       readers_(std::make_unique<IoPool>(options_.read_threads)) {}
 
 SsdTier::~SsdTier() {
@@ -201,92 +153,85 @@ SsdTier::~SsdTier() {
   if (!s.ok()) LogWarning("SSD tier: closing RocksDB: ", s.ToString());
 }
 
-absl::Status SsdTier::RebuildIndex() {
+absl::Status SsdTier::RebuildIndex(uint64_t old_format_rows) {
   struct Found {
     ChunkId id;
-    IndexEntry entry;
+    SsdRow row;
   };
   std::vector<Found> found;
-  std::vector<std::string> bad_rows;
+  std::vector<std::string> drop_rows;  // Unreadable, expired, over capacity, or lost.
   std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), meta_cf_));
+  uint64_t bad = 0;
   for (it->SeekToFirst(); it->Valid(); it->Next()) {
-    ChunkId id;
-    ChunkMeta meta;
-    absl::Time written_at;
-    if (!ParseRowKey(absl::string_view(it->key().data(), it->key().size()), id) ||
-        !DecodeMeta(absl::string_view(it->value().data(), it->value().size()), meta, written_at)) {
-      bad_rows.push_back(it->key().ToString());
+    Found f;
+    const absl::string_view key(it->key().data(), it->key().size());
+    if (!ParseSsdRowKey(key, &f.id) ||
+        !DecodeSsdRow(absl::string_view(it->value().data(), it->value().size()), &f.row)) {
+      drop_rows.emplace_back(key);
+      ++bad;
       continue;
     }
-    found.push_back({id, {meta.size, written_at}});
+    found.push_back(std::move(f));
   }
   if (!it->status().ok()) return Unavailable("scanning the index at start-up", it->status());
   it.reset();
 
-  // Oldest first, so the least recently written chunks sit at the LRU's cold end.
+  // Newest first: capacity keeps the most recently written.
   std::sort(found.begin(), found.end(), [](const Found& a, const Found& b) {
-    return a.entry.written_at < b.entry.written_at;
+    return a.row.written_at > b.row.written_at;
   });
-  std::vector<std::pair<ChunkId, uint64_t>> drop;  // With their sizes.
-  uint64_t expired = 0;
+  uint64_t expired = 0, over = 0, lost = 0, kept_bytes = 0;
+  std::vector<Found*> keep;
+  for (Found& f : found) {
+    if (options_.ttl > absl::ZeroDuration() && f.row.written_at + options_.ttl <= options_.now()) {
+      ++expired;
+    } else if (kept_bytes + f.row.extent.footprint() > options_.capacity_bytes) {
+      ++over;  // A smaller capacity than last run.
+    } else if (f.row.piece_bytes != log_->piece_bytes() || !log_->Adopt(f.row.extent)) {
+      ++lost;  // Its payload file is gone or too short (or written with other pieces).
+    } else {
+      kept_bytes += f.row.extent.footprint();
+      keep.push_back(&f);
+      continue;
+    }
+    drop_rows.push_back(SsdRowKey(f.id));
+  }
   {
     absl::MutexLock lock(&mu_);
-    for (const Found& f : found) {
-      if (ExpiredLocked(f.entry)) {
-        drop.emplace_back(f.id, f.entry.size);
-        ++expired;
-        continue;
-      }
-      index_[f.id] = f.entry;
-      lru_.OnInsert(f.id);
-      used_bytes_ += f.entry.size;
+    // Oldest first, so the least recently written sit at the LRU's cold end.
+    for (auto k = keep.rbegin(); k != keep.rend(); ++k) {
+      Found& f = **k;
+      InsertLocked(f.id, IndexEntry{f.row.meta, f.row.written_at, f.row.extent,
+                                    std::make_shared<const std::vector<uint32_t>>(
+                                        std::move(f.row.piece_crcs))});
     }
-    // A smaller capacity than last run: drop the oldest until it fits.
-    while (used_bytes_ > options_.capacity_bytes) {
-      auto victim = lru_.PickVictim([](const ChunkId&) { return true; });
-      drop.emplace_back(*victim, index_[*victim].size);
-      ForgetLocked(*victim);
-      ++counters_.evictions;
-    }
+    counters_.expirations += expired;
+    counters_.evictions += over;
+    counters_.lost_at_start += lost;
   }
-  rocksdb::WriteBatch batch;
-  for (const std::string& row : bad_rows) AddDeletes(batch, row, 0);
-  for (const auto& [id, size] : drop) AddDeletes(batch, SsdRowKey(id), size);
-  // Puts cut off by a crash: their segments may be on disk, their meta row is not.
-  uint64_t abandoned = 0;
-  std::unique_ptr<rocksdb::Iterator> pit(db_->NewIterator(rocksdb::ReadOptions(), pending_cf_));
-  for (pit->SeekToFirst(); pit->Valid(); pit->Next()) {
-    const std::string row = pit->key().ToString();
-    const uint64_t size =
-        pit->value().size() == 8 ? GetLe(absl::string_view(pit->value().data(), 8), 0, 8) : 0;
-    ChunkId id;
-    const bool committed = ParseRowKey(row, id) && [&] {
-      absl::MutexLock lock(&mu_);
-      return index_.contains(id);
-    }();
-    if (!committed) {
-      AddDeletes(batch, row, size);
-      ++abandoned;
-    }
-    batch.Delete(pending_cf_, row);
-  }
-  if (!pit->status().ok()) return Unavailable("scanning pending puts at start-up", pit->status());
-  pit.reset();
-  if (abandoned > 0) {
-    LogWarning("SSD tier: removed ", abandoned, " chunks whose put was cut off by a crash");
-  }
-  if (batch.Count() > 0) {
+  if (!drop_rows.empty()) {
+    rocksdb::WriteBatch batch;
+    for (const std::string& row : drop_rows) batch.Delete(meta_cf_, row);
     rocksdb::Status s = db_->Write(rocksdb::WriteOptions(), &batch);
     if (!s.ok()) return Unavailable("dropping stale rows at start-up", s);
   }
-  absl::MutexLock lock(&mu_);
-  counters_.expirations += expired;
-  if (!bad_rows.empty()) {
-    LogWarning("SSD tier: dropped ", bad_rows.size(), " unreadable index rows at start-up");
+  // Files no row points into: puts cut off by a crash, chunks dropped above.
+  const int dead_files = log_->FinishRecovery();
+  if (old_format_rows > 0) {
+    LogWarning("SSD tier: dropped ", old_format_rows,
+               " chunks stored in the version-1 layout (payloads in RocksDB); clients "
+               "recompute them");
+  } else if (bad > 0) {
+    LogWarning("SSD tier: dropped ", bad, " unreadable index rows at start-up");
   }
-  LogInfo("SSD tier: recovered ", index_.size(), " chunks (", used_bytes_,
-          " bytes) from ", options_.path, "; dropped ", expired, " expired and ",
-          drop.size() - expired, " over capacity");
+  if (lost > 0) {
+    LogWarning("SSD tier: dropped ", lost, " chunks whose payload file is missing or short");
+  }
+  absl::MutexLock lock(&mu_);
+  LogInfo("SSD tier: recovered ", index_.size(), " chunks (", payload_bytes_, " bytes) from ",
+          options_.path, "; dropped ", expired, " expired and ", over,
+          " over capacity; deleted ", dead_files, " payload files holding nothing live",
+          log_->GetStats().direct_io ? "" : "; the filesystem has no O_DIRECT, writes are buffered");
   return absl::OkStatus();
 }
 
@@ -294,12 +239,27 @@ bool SsdTier::ExpiredLocked(const IndexEntry& e) const {
   return options_.ttl > absl::ZeroDuration() && e.written_at + options_.ttl <= options_.now();
 }
 
-void SsdTier::ForgetLocked(const ChunkId& id) {
+void SsdTier::InsertLocked(const ChunkId& id, IndexEntry e) {
+  used_bytes_ += e.extent.footprint();
+  payload_bytes_ += e.meta.size;
+  by_file_[e.extent.file].insert(id);
+  index_[id] = std::move(e);
+  lru_.OnInsert(id);
+}
+
+std::optional<SsdTier::IndexEntry> SsdTier::ForgetLocked(const ChunkId& id) {
   auto it = index_.find(id);
-  if (it == index_.end()) return;
-  used_bytes_ -= it->second.size;
-  lru_.OnRemove(id);
+  if (it == index_.end()) return std::nullopt;
+  IndexEntry e = std::move(it->second);
   index_.erase(it);
+  used_bytes_ -= e.extent.footprint();
+  payload_bytes_ -= e.meta.size;
+  lru_.OnRemove(id);
+  if (auto f = by_file_.find(e.extent.file); f != by_file_.end()) {
+    f->second.erase(id);
+    if (f->second.empty()) by_file_.erase(f);
+  }
+  return e;
 }
 
 absl::Status SsdTier::MapWriteError(const rocksdb::Status& s, absl::string_view what) {
@@ -323,117 +283,174 @@ absl::Status SsdTier::MapWriteError(const rocksdb::Status& s, absl::string_view 
   return Unavailable(what, s);
 }
 
+void SsdTier::MakeRoom(uint64_t incoming) {
+  const uint64_t limit = options_.capacity_bytes + options_.capacity_bytes / 16;
+  if (log_->disk_bytes() + incoming <= limit) return;
+  absl::MutexLock gc(&gc_mu_);
+  // Each round deletes one file (less what its live chunks take again), so this ends;
+  // the bound on rounds only guards against files that cannot be moved.
+  for (int round = 0; round < 256 && log_->disk_bytes() + incoming > limit; ++round) {
+    auto candidate = log_->MostGarbage();
+    if (!candidate) return;
+    Relocate(candidate->file);
+  }
+}
+
+void SsdTier::Relocate(uint32_t file) {
+  std::vector<std::pair<ChunkId, IndexEntry>> chunks;
+  {
+    absl::MutexLock lock(&mu_);
+    if (auto it = by_file_.find(file); it != by_file_.end()) {
+      for (const ChunkId& id : it->second) chunks.emplace_back(id, index_.at(id));
+    }
+  }
+  uint64_t moved_bytes = 0;
+  for (auto& [id, e] : chunks) {
+    auto moved = log_->Move(e.extent, *e.piece_crcs);
+    if (absl::IsDataLoss(moved.status())) {
+      Corrupt(id, moved.status().message()).IgnoreError();
+      continue;
+    }
+    if (!moved.ok()) {
+      LogWarning("SSD tier: garbage collection of ", PayloadLog::FileName(file),
+                 " stopped: ", moved.status().message());
+      return;
+    }
+    bool committed = false;
+    {
+      // Under the index lock, so that a delete of this chunk cannot fall between the
+      // check and the row write and be undone by it.
+      absl::MutexLock lock(&mu_);
+      auto it = index_.find(id);
+      if (it != index_.end() && it->second.extent == e.extent) {
+        SsdRow row{e.meta, e.written_at, *moved, static_cast<uint32_t>(log_->piece_bytes()),
+                   *e.piece_crcs};
+        rocksdb::WriteOptions wo;
+        wo.sync = options_.sync_writes;
+        rocksdb::Status s = db_->Put(wo, meta_cf_, SsdRowKey(id), EncodeSsdRow(row));
+        if (s.ok()) {
+          auto f = by_file_.find(file);
+          if (f != by_file_.end()) {
+            f->second.erase(id);
+            if (f->second.empty()) by_file_.erase(f);
+          }
+          it->second.extent = *moved;
+          by_file_[moved->file].insert(id);
+          committed = true;
+        }
+      }
+    }
+    log_->Release(committed ? e.extent : *moved);
+    if (committed) moved_bytes += e.extent.footprint();
+  }
+  absl::MutexLock lock(&mu_);
+  ++counters_.gc_files;
+  counters_.gc_bytes += moved_bytes;
+}
+
 absl::Status SsdTier::Put(const ChunkId& id, const ChunkMeta& meta,
                           absl::Span<const absl::string_view> parts) {
+  const PayloadExtent shape{0, 0, meta.size};
+  const uint64_t footprint = shape.footprint();
   std::vector<std::pair<ChunkId, IndexEntry>> victims;
   {
     absl::MutexLock lock(&mu_);
+    // A second put of a chunk waits for the first, then finds it stored.
+    struct Waiting {
+      const absl::flat_hash_set<ChunkId>* putting;
+      const ChunkId* id;
+    } waiting{&putting_, &id};
+    mu_.Await(absl::Condition(
+        +[](Waiting* w) { return !w->putting->contains(*w->id); }, &waiting));
     if (auto it = index_.find(id); it != index_.end()) {
       if (!ExpiredLocked(it->second)) return absl::OkStatus();
-      // Past its TTL but not swept yet: this put replaces it (the batch below
-      // overwrites both rows), so the chunk is stored afresh rather than acknowledged
-      // and then hidden as expired.
-      ForgetLocked(id);
+      // Past its TTL but not swept yet: this put replaces it, so the chunk is stored
+      // afresh rather than acknowledged and then hidden as expired. Its old bytes are
+      // dead once the new row overwrites the old one.
+      victims.emplace_back(id, *ForgetLocked(id));
       ++counters_.expirations;
     }
-    if (meta.size > options_.capacity_bytes) {
+    if (footprint > options_.capacity_bytes) {
       return absl::InvalidArgumentError(absl::StrCat(
           "chunk of ", meta.size, " bytes exceeds ssd_capacity (", options_.capacity_bytes,
           ")"));
     }
-    while (used_bytes_ + reserved_bytes_ + meta.size > options_.capacity_bytes) {
+    while (used_bytes_ + reserved_bytes_ + footprint > options_.capacity_bytes) {
       auto victim = lru_.PickVictim([](const ChunkId&) { return true; });
-      if (!victim) break;  // The rest is reserved by puts in flight; let RocksDB decide.
-      victims.emplace_back(*victim, index_[*victim]);
-      ForgetLocked(*victim);
+      if (!victim) break;  // The rest is reserved by puts in flight.
+      victims.emplace_back(*victim, *ForgetLocked(*victim));
       ++counters_.evictions;
     }
-    reserved_bytes_ += meta.size;
+    reserved_bytes_ += footprint;
+    putting_.insert(id);
   }
-  // One chunk write at a time: RocksDB queues concurrent writers behind one WAL anyway,
-  // so letting N writers build their batches at once only multiplies memory outside the
-  // RAM pool by N.
-  absl::MutexLock write_lock(&write_mu_);
-  const std::string row = SsdRowKey(id);
-  const absl::Time now = options_.now();
   rocksdb::WriteOptions wo;
   wo.sync = options_.sync_writes;
 
-  // Step 1: evictions and the pending marker, atomically.
-  rocksdb::WriteBatch start_batch;
-  for (const auto& [v, e] : victims) AddDeletes(start_batch, SsdRowKey(v), e.size);
-  std::string size_le;
-  PutLe(size_le, meta.size, 8);
-  start_batch.Put(pending_cf_, row, size_le);
-  rocksdb::Status s = db_->Write(wo, &start_batch);
-  const bool victims_gone = s.ok();
-
-  // Step 2: the segments. A segment's bytes may span several of `parts`.
-  size_t part = 0, part_off = 0;
-  std::vector<rocksdb::Slice> slices;
-  for (uint32_t seg = 0, n = SegmentCount(meta.size); s.ok() && seg < n; ++seg) {
-    uint64_t want = std::min<uint64_t>(options_.segment_bytes,
-                                       meta.size - uint64_t{seg} * options_.segment_bytes);
-    slices.clear();
-    while (want > 0 && part < parts.size()) {
-      const uint64_t take = std::min<uint64_t>(want, parts[part].size() - part_off);
-      slices.emplace_back(parts[part].data() + part_off, take);
-      want -= take;
-      part_off += take;
-      if (part_off == parts[part].size()) {
-        ++part;
-        part_off = 0;
-      }
-    }
-    if (want > 0) {
-      s = rocksdb::Status::InvalidArgument("payload parts shorter than meta.size");
-      break;
-    }
-    const std::string seg_key = SegmentKey(row, seg);
-    rocksdb::Slice key_slice(seg_key);
-    rocksdb::WriteBatch seg_batch;
-    seg_batch.Put(data_cf_, rocksdb::SliceParts(&key_slice, 1),
-                  rocksdb::SliceParts(slices.data(), static_cast<int>(slices.size())));
-    s = db_->Write(rocksdb::WriteOptions(), &seg_batch);
-  }
-
-  // Step 3: the commit record.
-  if (s.ok()) {
-    rocksdb::WriteBatch commit;
-    commit.Put(meta_cf_, row, EncodeMeta(meta, now));
-    commit.Delete(pending_cf_, row);
-    s = db_->Write(wo, &commit);
-  }
-  if (!s.ok() && victims_gone) {
-    // Best effort; whatever is left stays marked pending and is removed at start-up.
-    rocksdb::WriteBatch undo;
-    AddDeletes(undo, row, meta.size);
-    undo.Delete(pending_cf_, row);
-    db_->Write(rocksdb::WriteOptions(), &undo).PermitUncheckedError();
-  }
+  // The victims' rows go first (their bytes are freed only once no row points at them).
+  rocksdb::Status s;
+  bool expired_self = false;
   {
-    absl::MutexLock lock(&mu_);
-    reserved_bytes_ -= meta.size;
-    if (s.ok() && !index_.contains(id)) {
-      index_[id] = IndexEntry{meta.size, now};
-      lru_.OnInsert(id);
-      used_bytes_ += meta.size;
-    }
-    if (!victims_gone) {
-      // Step 1 was not applied, so the victims' rows are still there: put them back
-      // in the index rather than lose them to a put that stored nothing. (They return
-      // as most recently used; the LRU has no way to insert at the cold end.)
-      for (const auto& [v, e] : victims) {
-        if (index_.contains(v)) continue;  // Stored again meanwhile.
-        index_[v] = e;
-        lru_.OnInsert(v);
-        used_bytes_ += e.size;
-        --counters_.evictions;
+    rocksdb::WriteBatch batch;
+    for (const auto& [v, e] : victims) {
+      if (v == id) {
+        expired_self = true;  // Overwritten by this put's row instead.
+        continue;
       }
+      batch.Delete(meta_cf_, SsdRowKey(v));
+    }
+    if (batch.Count() > 0) s = db_->Write(wo, &batch);
+  }
+  const bool victims_gone = s.ok();
+  if (victims_gone) {
+    for (const auto& [v, e] : victims) {
+      if (v != id) log_->Release(e.extent);
     }
   }
-  if (!s.ok()) return MapWriteError(s, "writing a chunk");
-  return absl::OkStatus();
+
+  std::vector<uint32_t> piece_crcs;
+  absl::StatusOr<PayloadExtent> extent = absl::UnknownError("not written");
+  absl::Status status;
+  if (victims_gone) {
+    MakeRoom(footprint);
+    extent = log_->Append(parts, meta.size, &piece_crcs);
+    status = extent.status();
+  } else {
+    status = MapWriteError(s, "evicting chunks");
+  }
+  const absl::Time now = options_.now();
+  if (status.ok()) {
+    SsdRow row{meta, now, *extent, static_cast<uint32_t>(log_->piece_bytes()), piece_crcs};
+    rocksdb::Status c = db_->Put(wo, meta_cf_, SsdRowKey(id), EncodeSsdRow(row));
+    if (!c.ok()) {
+      log_->Release(*extent);
+      status = MapWriteError(c, "writing a chunk's index row");
+    } else if (expired_self) {
+      log_->Release(victims.front().second.extent);  // The row no longer points there.
+    }
+  } else if (victims_gone && (absl::IsResourceExhausted(status) || absl::IsUnavailable(status))) {
+    absl::MutexLock lock(&mu_);
+    ++counters_.write_errors;
+  }
+  absl::MutexLock lock(&mu_);
+  reserved_bytes_ -= footprint;
+  putting_.erase(id);
+  if (status.ok()) {
+    InsertLocked(id, IndexEntry{meta, now, *extent,
+                                std::make_shared<const std::vector<uint32_t>>(
+                                    std::move(piece_crcs))});
+  }
+  if (!victims_gone) {
+    // Their rows are still there: put them back in the index rather than lose them to a
+    // put that stored nothing. (They return as most recently used; the LRU has no way
+    // to insert at the cold end.)
+    for (auto& [v, e] : victims) {
+      if (index_.contains(v)) continue;
+      InsertLocked(v, std::move(e));
+      if (v != id) --counters_.evictions;
+    }
+  }
+  return status;
 }
 
 void StringSink::Write(uint64_t offset, absl::string_view bytes) {
@@ -453,13 +470,13 @@ absl::StatusOr<SsdTier::Chunk> SsdTier::Get(const ChunkId& id) {
   return chunk;
 }
 
-absl::Status SsdTier::Corrupt(const ChunkId& id, const rocksdb::Status& cause) {
+absl::Status SsdTier::Corrupt(const ChunkId& id, absl::string_view cause) {
   {
     absl::MutexLock lock(&mu_);
     ++counters_.checksum_failures;
   }
   LogWarning("SSD tier: chunk ", id.DebugString(), " failed its checksum and was deleted",
-             cause.ok() ? "" : absl::StrCat(" (", cause.ToString(), ")"));
+             cause.empty() ? "" : absl::StrCat(" (", cause, ")"));
   if (absl::Status d = DeleteChunk(id); !d.ok()) {
     LogError("SSD tier: could not delete corrupt chunk ", id.DebugString(), ": ", d.message());
   }
@@ -469,7 +486,6 @@ absl::Status SsdTier::Corrupt(const ChunkId& id, const rocksdb::Status& cause) {
 }
 
 absl::StatusOr<ChunkMeta> SsdTier::ReadMeta(const ChunkId& id) {
-  bool expired = false;
   {
     absl::MutexLock lock(&mu_);
     auto it = index_.find(id);
@@ -477,79 +493,64 @@ absl::StatusOr<ChunkMeta> SsdTier::ReadMeta(const ChunkId& id) {
       ++counters_.misses;
       return absl::NotFoundError("chunk not on SSD");
     }
-    if (ExpiredLocked(it->second)) {
-      expired = true;
-      ++counters_.misses;
-      ++counters_.expirations;  // DeleteChunk below forgets it (and knows its size).
-    } else {
+    if (!ExpiredLocked(it->second)) {
       lru_.OnAccess(id);
+      return it->second.meta;
     }
-  }
-  if (expired) {
-    if (absl::Status s = DeleteChunk(id); !s.ok()) return s;
-    return absl::NotFoundError("chunk on SSD expired (ssd_ttl)");
-  }
-  std::string meta_bytes;
-  rocksdb::ReadOptions ro;
-  ro.verify_checksums = true;
-  rocksdb::Status s = db_->Get(ro, meta_cf_, SsdRowKey(id), &meta_bytes);
-  if (s.IsNotFound()) {
-    absl::MutexLock lock(&mu_);
-    ForgetLocked(id);
     ++counters_.misses;
-    return absl::NotFoundError("chunk not on SSD");
+    ++counters_.expirations;
   }
-  if (!s.ok() && !s.IsCorruption()) return Unavailable("reading a chunk's meta", s);
-  ChunkMeta meta;
-  absl::Time written_at;
-  if (!s.ok() || !DecodeMeta(meta_bytes, meta, written_at)) return Corrupt(id, s);
-  return meta;
+  if (absl::Status s = DeleteChunk(id); !s.ok()) return s;
+  return absl::NotFoundError("chunk on SSD expired (ssd_ttl)");
+}
+
+absl::Status SsdTier::ReadChunkRange(const ChunkId& id, uint64_t offset, uint64_t len,
+                                     absl::FunctionRef<void(uint64_t, absl::string_view)> out) {
+  // A GC move between the lookup and the read makes the old file vanish: look again.
+  for (int attempt = 0;; ++attempt) {
+    IndexEntry e;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = index_.find(id);
+      if (it == index_.end()) return absl::NotFoundError("chunk not on SSD (deleted meanwhile)");
+      e = it->second;
+    }
+    absl::Status s = log_->Read(e.extent, *e.piece_crcs, offset, len, out);
+    if (absl::IsDataLoss(s)) return Corrupt(id, s.message());
+    if (!absl::IsNotFound(s) || attempt == 2) return s;
+  }
 }
 
 absl::Status SsdTier::ReadPayload(const ChunkId& id, const ChunkMeta& meta, ChunkSink& sink) {
-  const std::string row = SsdRowKey(id);
-  const uint32_t n = SegmentCount(meta.size);
-  rocksdb::ReadOptions ro;
-  ro.verify_checksums = true;
-  // One segment per task; the first failure wins. A segment of the wrong size is as bad
-  // as a bad byte.
+  const uint64_t step = log_->io_bytes();
+  const uint64_t n = (meta.size + step - 1) / step;
   absl::Mutex mu;
-  uint32_t pending = n;
-  rocksdb::Status first_error;
-  auto read_one = [&](uint32_t seg) {
-    rocksdb::PinnableSlice value;
-    rocksdb::Status st = db_->Get(ro, data_cf_, SegmentKey(row, seg), &value);
-    const uint64_t offset = uint64_t{seg} * options_.segment_bytes;
-    const uint64_t want = std::min<uint64_t>(options_.segment_bytes, meta.size - offset);
-    if (st.ok() && value.size() != want) st = rocksdb::Status::Corruption("segment size");
-    if (st.ok()) sink.Write(offset, absl::string_view(value.data(), value.size()));
+  uint64_t pending = n;
+  absl::Status first_error;
+  auto read_one = [&](uint64_t i) {
+    const uint64_t offset = i * step;
+    absl::Status s = ReadChunkRange(id, offset, std::min(step, meta.size - offset),
+                                    [&sink](uint64_t at, absl::string_view b) { sink.Write(at, b); });
     absl::MutexLock lock(&mu);
-    if (!st.ok() && first_error.ok()) first_error = st;
+    if (!s.ok() && first_error.ok()) first_error = std::move(s);
     --pending;
   };
-  if (n == 1) {
-    read_one(0);
+  if (n <= 1) {
+    if (n == 1) read_one(0);
   } else {
-    for (uint32_t seg = 0; seg < n; ++seg) readers_->Submit([&read_one, seg] { read_one(seg); });
+    for (uint64_t i = 0; i < n; ++i) readers_->Submit([&read_one, i] { read_one(i); });
     absl::MutexLock lock(&mu);
-    auto all_done = [&pending]() { return pending == 0; };
-    mu.Await(absl::Condition(&all_done));
+    mu.Await(absl::Condition(+[](uint64_t* p) { return *p == 0; }, &pending));
   }
-  if (first_error.IsNotFound()) {
-    // Deleted while we read it, or a committed chunk with a segment missing.
-    std::string ignored;
-    if (db_->Get(ro, meta_cf_, row, &ignored).IsNotFound()) {
-      absl::MutexLock lock(&mu_);
-      ForgetLocked(id);
-      ++counters_.misses;
-      return absl::NotFoundError("chunk not on SSD");
-    }
-    return Corrupt(id, first_error);
+  if (absl::IsNotFound(first_error)) {
+    absl::MutexLock lock(&mu_);
+    ++counters_.misses;
+    return first_error;
   }
-  if (!first_error.ok() && !first_error.IsCorruption()) {
-    return Unavailable("reading a chunk", first_error);
-  }
-  if (!first_error.ok() || sink.Crc32c() != meta.crc32c) return Corrupt(id, first_error);
+  if (!first_error.ok()) return first_error;
+  // Every piece checked out; the whole-chunk CRC catches a row whose piece checksums
+  // belong to other bytes.
+  if (sink.Crc32c() != meta.crc32c) return Corrupt(id, "whole-chunk CRC32C");
   absl::MutexLock lock(&mu_);
   ++counters_.hits;
   return absl::OkStatus();
@@ -562,34 +563,9 @@ absl::Status SsdTier::ReadRange(const ChunkId& id, const ChunkMeta& meta, uint64
                                                    ") is past the chunk's ", meta.size,
                                                    " bytes"));
   }
-  const std::string row = SsdRowKey(id);
-  rocksdb::ReadOptions ro;
-  ro.verify_checksums = true;
-  rocksdb::Status st;
-  for (uint64_t at = offset; at < offset + len && st.ok();) {
-    const uint32_t seg = static_cast<uint32_t>(at / options_.segment_bytes);
-    const uint64_t seg_begin = uint64_t{seg} * options_.segment_bytes;
-    const uint64_t want = std::min<uint64_t>(options_.segment_bytes, meta.size - seg_begin);
-    rocksdb::PinnableSlice value;
-    st = db_->Get(ro, data_cf_, SegmentKey(row, seg), &value);
-    if (st.ok() && value.size() != want) st = rocksdb::Status::Corruption("segment size");
-    if (!st.ok()) break;
-    const uint64_t n = std::min(offset + len, seg_begin + want) - at;
-    std::memcpy(out + (at - offset), value.data() + (at - seg_begin), n);
-    at += n;
-  }
-  if (st.IsNotFound()) {
-    std::string ignored;
-    if (db_->Get(ro, meta_cf_, row, &ignored).IsNotFound()) {
-      absl::MutexLock lock(&mu_);
-      ForgetLocked(id);
-      return absl::NotFoundError("chunk not on SSD (deleted while being read)");
-    }
-    return Corrupt(id, st);
-  }
-  if (!st.ok() && !st.IsCorruption()) return Unavailable("reading a chunk", st);
-  if (!st.ok()) return Corrupt(id, st);
-  return absl::OkStatus();
+  return ReadChunkRange(id, offset, len, [out, offset](uint64_t at, absl::string_view b) {
+    std::memcpy(out + (at - offset), b.data(), b.size());
+  });
 }
 
 void SsdTier::CountRangedRead() {
@@ -597,9 +573,7 @@ void SsdTier::CountRangedRead() {
   ++counters_.hits;
 }
 
-absl::Status SsdTier::DropCorrupt(const ChunkId& id) {
-  return Corrupt(id, rocksdb::Status::OK());
-}
+absl::Status SsdTier::DropCorrupt(const ChunkId& id) { return Corrupt(id, ""); }
 
 bool SsdTier::Contains(const ChunkId& id) const {
   absl::MutexLock lock(&mu_);
@@ -608,16 +582,15 @@ bool SsdTier::Contains(const ChunkId& id) const {
 }
 
 absl::Status SsdTier::DeleteChunk(const ChunkId& id) {
-  uint64_t size = 0;  // Unknown if no longer indexed: every segment goes.
+  std::optional<IndexEntry> e;
   {
     absl::MutexLock lock(&mu_);
-    if (auto it = index_.find(id); it != index_.end()) size = it->second.size;
-    ForgetLocked(id);
+    e = ForgetLocked(id);
   }
-  rocksdb::WriteBatch batch;
-  AddDeletes(batch, SsdRowKey(id), size);
-  rocksdb::Status s = db_->Write(rocksdb::WriteOptions(), &batch);
+  rocksdb::Status s = db_->Delete(rocksdb::WriteOptions(), meta_cf_, SsdRowKey(id));
   if (!s.ok()) return MapWriteError(s, "deleting a chunk");
+  // Freed only now: until the row is gone, a restart would still look for the bytes.
+  if (e) log_->Release(e->extent);
   return absl::OkStatus();
 }
 
@@ -633,21 +606,23 @@ absl::StatusOr<bool> SsdTier::Delete(const ChunkId& id) {
 }
 
 absl::StatusOr<uint64_t> SsdTier::DeleteNamespace(uint64_t ns) {
-  std::vector<std::pair<ChunkId, uint64_t>> ids;  // With their sizes.
+  std::vector<std::pair<ChunkId, IndexEntry>> gone;
   {
     absl::MutexLock lock(&mu_);
+    std::vector<ChunkId> ids;
     for (const auto& [id, e] : index_) {
-      if (id.ns == ns) ids.emplace_back(id, e.size);
+      if (id.ns == ns) ids.push_back(id);
     }
-    for (const auto& [id, _] : ids) ForgetLocked(id);
+    for (const ChunkId& id : ids) gone.emplace_back(id, *ForgetLocked(id));
   }
   rocksdb::WriteBatch batch;
-  for (const auto& [id, size] : ids) AddDeletes(batch, SsdRowKey(id), size);
+  for (const auto& [id, e] : gone) batch.Delete(meta_cf_, SsdRowKey(id));
   if (batch.Count() > 0) {
     rocksdb::Status s = db_->Write(rocksdb::WriteOptions(), &batch);
     if (!s.ok()) return MapWriteError(s, "clearing a namespace");
   }
-  return ids.size();
+  for (const auto& [id, e] : gone) log_->Release(e.extent);
+  return gone.size();
 }
 
 uint64_t SsdTier::ExpireOld() {
@@ -672,7 +647,7 @@ uint64_t SsdTier::ExpireOld() {
 absl::Status SsdTier::SaveLayout(uint64_t ns, absl::string_view encoding) {
   rocksdb::WriteOptions wo;
   wo.sync = true;  // Rare and small; a namespace must not vanish under its chunks.
-  rocksdb::Status s = db_->Put(wo, layouts_cf_, Be64(ns), rocksdb::Slice(encoding.data(), encoding.size()));
+  rocksdb::Status s = db_->Put(wo, layouts_cf_, SsdLayoutKey(ns), AsSlice(encoding));
   if (!s.ok()) return MapWriteError(s, "saving a layout");
   return absl::OkStatus();
 }
@@ -681,23 +656,30 @@ absl::StatusOr<std::vector<std::pair<uint64_t, std::string>>> SsdTier::LoadLayou
   std::vector<std::pair<uint64_t, std::string>> out;
   std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), layouts_cf_));
   for (it->SeekToFirst(); it->Valid(); it->Next()) {
-    if (it->key().size() != 8) continue;
-    out.emplace_back(GetBe64(absl::string_view(it->key().data(), it->key().size())), it->value().ToString());
+    uint64_t ns;
+    if (!ParseSsdLayoutKey(absl::string_view(it->key().data(), it->key().size()), &ns)) continue;
+    out.emplace_back(ns, it->value().ToString());
   }
   if (!it->status().ok()) return Unavailable("loading layouts", it->status());
   return out;
 }
 
 SsdTierStats SsdTier::GetStats() const {
+  const PayloadLogStats log = log_->GetStats();
   absl::MutexLock lock(&mu_);
   SsdTierStats s = counters_;
   s.capacity_bytes = options_.capacity_bytes;
   s.used_bytes = used_bytes_;
+  s.payload_bytes = payload_bytes_;
+  s.disk_bytes = log.disk_bytes;
+  s.bytes_written = log.bytes_written;
+  s.direct_io = log.direct_io;
   s.chunks = index_.size();
   return s;
 }
 
 absl::Status SsdTier::Flush() {
+  if (absl::Status s = log_->SyncAll(); !s.ok()) return s;
   rocksdb::FlushOptions fo;
   fo.wait = true;
   rocksdb::Status s = db_->Flush(fo, handles_);

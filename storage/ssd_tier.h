@@ -1,29 +1,40 @@
-// SsdTier: the SSD tier (L2) on RocksDB. Payloads go to a BlobDB-enabled column family
-// ("data") so they are written once into blob files instead of being rewritten by
-// compaction. A chunk is stored as segments of segment_bytes (rows <row key><be32 i>), so
-// that neither a write batch nor a memtable ever holds a whole 32-256 MiB chunk: the
-// memory the SSD tier needs outside the RAM pool stays at about the memtable budget plus
-// one segment, whatever the chunk size.
+// SsdTier: the SSD tier (L2). Payload bytes go to append-only files (PayloadLog) in
+// large aligned writes, each byte once; RocksDB keeps what it is good at: one small row
+// per chunk (size, CRC32C, token count, where its payload is, a CRC32C per piece), the
+// registered layouts, and recovery of both (SsdRow has the schema).
 //
-// A put is three steps: a marker in "pending", the segments, then one batch that writes
-// the chunk's "meta" row (size, CRC32C, token count, write time) and deletes the marker.
-// The meta row is the commit record: a chunk without one does not exist. After a crash,
-// start-up deletes the segments of every chunk still marked pending. The in-memory index
-// (what is here, how big, recency) is rebuilt by scanning "meta" only. A fourth column
-// family, "layouts", keeps registered layouts so namespaces survive restarts.
+// A put appends the payload to the active file, then writes the chunk's row: the row is
+// the commit record, so a chunk is visible only once its bytes are in its file (and, with
+// sync_writes, on the device: the file is fdatasync'd and the row's WAL write synced
+// before the put returns). Without sync_writes an acknowledged put survives a killed
+// daemon (its bytes are written through O_DIRECT or sit in the page cache), not a power
+// cut. A put cut off by a crash leaves bytes no row points at; they are reclaimed like
+// any other dead bytes. The in-memory index (what is here, where, recency) is rebuilt at
+// start-up from the rows alone; a row whose payload file is missing or too short is
+// dropped, as is a row that fails its own CRC32C, and files no row points into are
+// deleted.
 //
-// Every read is verified against the stored CRC32C; a chunk that fails is deleted,
-// counted and reported as DataLoss, never returned. Capacity (payload bytes) is bounded:
-// a put that would exceed it first evicts least recently used chunks. An optional TTL
-// hides and deletes chunks older than it.
+// Every read is verified piece by piece (piece_bytes, 256 KiB by default) before any of
+// its bytes are handed out, so even a chunk streamed a frame at a time never sends an
+// unverified byte; a chunk that fails is deleted, counted and reported as DataLoss.
 //
-// Thread-safety: all methods are thread-safe. RocksDB calls run without the index lock.
+// Space. Capacity bounds the live chunks' footprint (payload rounded up to 4 KiB); a put
+// that would exceed it evicts least recently used chunks first. Deleted and evicted
+// chunks leave dead bytes in their files; a file with nothing live is deleted, and when
+// the files hold more than capacity + capacity/16, the put about to write first moves the
+// live chunks of the file with the most dead bytes forward (garbage collection), so the
+// payload files stay within capacity * 17/16 plus the file being filled (file_bytes).
+// An optional TTL hides and deletes chunks older than it.
+//
+// Thread-safety: all methods are thread-safe. Payload I/O and RocksDB writes run without
+// the index lock, except a GC move's commit, which must not race a delete of its chunk.
 #ifndef KVTIER_STORAGE_SSD_TIER_H_
 #define KVTIER_STORAGE_SSD_TIER_H_
 
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include "absl/strings/string_view.h"
 #include <utility>
@@ -38,43 +49,64 @@
 #include "rocksdb/db.h"
 #include "rocksdb/file_system.h"
 #include "rocksdb/write_batch.h"
+#include "absl/container/flat_hash_set.h"
 #include "storage/chunk_id.h"
 #include "storage/io_pool.h"
 #include "storage/lru_policy.h"
+#include "storage/payload_log.h"
 
 namespace kvtier {
 
 struct SsdTierOptions {
-  // Directory of the RocksDB database; created if missing.
+  // Directory of the tier: the RocksDB index, and the payload files in payload/.
+  // Created if missing.
   std::string path;
-  // Most payload bytes kept; older chunks are evicted past it. Blob files not yet
-  // garbage-collected can make disk use run somewhat above it.
+  // Most bytes of live chunks kept (each counted rounded up to 4 KiB); the least
+  // recently used are evicted past it.
   uint64_t capacity_bytes = 16ull << 30;
   // Chunks older than this are hidden and deleted; zero keeps them until evicted.
   absl::Duration ttl = absl::ZeroDuration();
-  // fsync the WAL on every put. Off by default: an acknowledged put survives a killed
-  // daemon either way (the WAL is in the page cache), only not a power cut.
+  // fdatasync the payload and sync the index row on every put, so an acknowledged put
+  // survives a power cut. Off by default: an acknowledged put survives a killed daemon
+  // either way.
   bool sync_writes = false;
-  // Values at least this large go to blob files.
-  uint64_t blob_min_bytes = 4096;
-  // Chunks are stored in segments of this many bytes (>= 64 KiB).
-  uint64_t segment_bytes = 4ull << 20;
-  // Threads reading one chunk's segments in parallel (the SSD's queue depth per read).
+  // Payload bytes per checksum (a multiple of 4 KiB): the unit a read verifies.
+  uint64_t piece_bytes = 256ull << 10;
+  // Bytes per payload write or read (a multiple of piece_bytes).
+  uint64_t io_bytes = 4ull << 20;
+  // A payload file takes no new chunks past this size. Zero: capacity / 32, between
+  // io_bytes and 256 MiB.
+  uint64_t file_bytes = 0;
+  // Payload writes in flight across all puts (the SSD's write queue depth).
+  int write_depth = 4;
+  // Threads reading one chunk's pieces in parallel (the SSD's queue depth per read).
   int read_threads = 4;
-  // Memtable budget across column families (bytes). Payloads pass through the memtable
-  // before they reach a blob file, so this is also the SSD tier's RAM overhead.
-  uint64_t write_buffer_bytes = 32ull << 20;
-  // Filesystem to use; null means the real one. Tests inject faults here.
+  // Open payload files with O_DIRECT where the filesystem supports it.
+  bool direct_io = true;
+  // RocksDB memtable budget (bytes). Only index rows pass through it now.
+  uint64_t write_buffer_bytes = 8ull << 20;
+  // RocksDB's filesystem; null means the real one. Tests inject index faults here.
   std::shared_ptr<rocksdb::FileSystem> file_system;
+  // Payload file system calls; null means the real ones. Tests inject faults here.
+  std::shared_ptr<PayloadFileOps> file_ops;
   // Clock for TTL; tests inject a fake one.
   std::function<absl::Time()> now = [] { return absl::Now(); };
 
   absl::Status Validate() const;
+  // file_bytes, or its default for this capacity.
+  uint64_t FileBytes() const;
 };
 
 struct SsdTierStats {
   uint64_t capacity_bytes = 0;
-  uint64_t used_bytes = 0;
+  uint64_t used_bytes = 0;     // Footprint of the chunks held (what capacity bounds).
+  uint64_t payload_bytes = 0;  // Their payload bytes.
+  uint64_t disk_bytes = 0;     // Bytes in payload files, dead ones included.
+  uint64_t bytes_written = 0;  // Payload file bytes written since start (GC included).
+  uint64_t gc_files = 0;       // Files reclaimed by moving their live chunks.
+  uint64_t gc_bytes = 0;       // Bytes those moves wrote.
+  uint64_t lost_at_start = 0;  // Rows dropped at start-up: payload file gone or short.
+  bool direct_io = false;
   uint64_t chunks = 0;
   uint64_t hits = 0;
   uint64_t misses = 0;
@@ -127,16 +159,16 @@ class SsdTier {
   absl::StatusOr<Chunk> Get(const ChunkId& id);
 
   // The same in two steps, so the caller can choose where the bytes go: the stored
-  // meta (Returns: Ok, NotFound, DataLoss, Unavailable), then the payload, read in
-  // parallel segments into `sink` and verified against meta.crc32c (Returns: Ok,
+  // meta (Returns: Ok, NotFound), then the payload, read in parallel pieces into `sink`,
+  // each piece verified, and the whole against meta.crc32c (Returns: Ok,
   // NotFound (deleted meanwhile), DataLoss (now deleted), Unavailable).
   absl::StatusOr<ChunkMeta> ReadMeta(const ChunkId& id);
   absl::Status ReadPayload(const ChunkId& id, const ChunkMeta& meta, ChunkSink& sink);
-  // Reads bytes [offset, offset + len) of the payload into `out` (len bytes), from the
-  // segments that cover it; for streaming a chunk a frame at a time. RocksDB verifies
-  // each segment's checksum; the chunk's CRC32C is the caller's to check, over the whole
-  // payload. Returns: Ok, InvalidArgument (range past the chunk), NotFound (deleted
-  // meanwhile), DataLoss (a segment is bad: the chunk is now deleted), Unavailable.
+  // Reads bytes [offset, offset + len) of the payload into `out` (len bytes), for
+  // streaming a chunk a frame at a time. Every piece the range touches is verified
+  // against its CRC32C first. Returns: Ok, InvalidArgument (range past the chunk),
+  // NotFound (deleted meanwhile), DataLoss (a piece is bad: the chunk is now deleted),
+  // Unavailable.
   absl::Status ReadRange(const ChunkId& id, const ChunkMeta& meta, uint64_t offset,
                          uint64_t len, char* out);
   // Counts a hit for a chunk that will be read with ReadRange (ReadPayload counts its own).
@@ -156,58 +188,66 @@ class SsdTier {
   absl::StatusOr<std::vector<std::pair<uint64_t, std::string>>> LoadLayouts() const;
 
   SsdTierStats GetStats() const;
-  // Flushes memtables so a clean shutdown leaves no WAL to replay.
+  // Syncs the payload files and flushes memtables, so a clean shutdown leaves no WAL to
+  // replay.
   absl::Status Flush();
 
  private:
   struct IndexEntry {
-    uint64_t size = 0;
+    ChunkMeta meta;
     absl::Time written_at;
+    PayloadExtent extent;
+    std::shared_ptr<const std::vector<uint32_t>> piece_crcs;
   };
 
   SsdTier(SsdTierOptions options, std::unique_ptr<rocksdb::Env> env,
           std::unique_ptr<rocksdb::DB> db,
-          std::vector<rocksdb::ColumnFamilyHandle*> handles);
-  absl::Status RebuildIndex();
+          std::vector<rocksdb::ColumnFamilyHandle*> handles, std::unique_ptr<PayloadLog> log);
+  absl::Status RebuildIndex(uint64_t old_format_rows);
   bool ExpiredLocked(const IndexEntry& e) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  // Deletes from RocksDB and the index. Errors: Unavailable.
+  void InsertLocked(const ChunkId& id, IndexEntry e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Removes a chunk from the index; returns its entry if it was there.
+  std::optional<IndexEntry> ForgetLocked(const ChunkId& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Deletes from the index, then the row, then frees its bytes. Errors: Unavailable.
   absl::Status DeleteChunk(const ChunkId& id);
-  // Adds the deletes of a chunk's rows to `batch`. size 0: unknown, delete every
-  // possible segment with a range tombstone.
-  void AddDeletes(rocksdb::WriteBatch& batch, const std::string& row, uint64_t size) const;
-  uint32_t SegmentCount(uint64_t size) const;
-  void ForgetLocked(const ChunkId& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Reads [offset, offset + len) of a chunk's payload, following it if GC moves it.
+  absl::Status ReadChunkRange(const ChunkId& id, uint64_t offset, uint64_t len,
+                              absl::FunctionRef<void(uint64_t, absl::string_view)> out);
+  // Garbage collection: moves live chunks out of the files with the most dead bytes
+  // until `incoming` more bytes fit under the disk limit (or nothing more is freed).
+  void MakeRoom(uint64_t incoming) ABSL_LOCKS_EXCLUDED(mu_);
+  void Relocate(uint32_t file) ABSL_EXCLUSIVE_LOCKS_REQUIRED(gc_mu_);
   absl::Status MapWriteError(const rocksdb::Status& s, absl::string_view what);
   // Deletes a chunk that failed verification, counts it, and says so.
-  absl::Status Corrupt(const ChunkId& id, const rocksdb::Status& cause);
+  absl::Status Corrupt(const ChunkId& id, absl::string_view cause);
 
   const SsdTierOptions options_;
   // Wraps options_.file_system when set; must outlive db_.
   std::unique_ptr<rocksdb::Env> env_;
   std::unique_ptr<rocksdb::DB> db_;
-  // Order: default, meta, data, layouts, pending. Owned; destroyed before db_.
+  // Order: default, meta, layouts. Owned; destroyed before db_.
   std::vector<rocksdb::ColumnFamilyHandle*> handles_;
   rocksdb::ColumnFamilyHandle* meta_cf_;
-  rocksdb::ColumnFamilyHandle* data_cf_;
   rocksdb::ColumnFamilyHandle* layouts_cf_;
-  rocksdb::ColumnFamilyHandle* pending_cf_;
+  std::unique_ptr<PayloadLog> log_;
 
-  // Serializes chunk writes (see Put). Never held together with mu_ in the other order:
-  // Put takes write_mu_ after releasing mu_, and takes mu_ inside it.
-  absl::Mutex write_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  // One garbage collection at a time.
+  absl::Mutex gc_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   mutable absl::Mutex mu_;
   absl::flat_hash_map<ChunkId, IndexEntry> index_ ABSL_GUARDED_BY(mu_);
+  // The chunks of each payload file, for GC.
+  absl::flat_hash_map<uint32_t, absl::flat_hash_set<ChunkId>> by_file_ ABSL_GUARDED_BY(mu_);
+  // Chunks being put: a second put of one waits for the first.
+  absl::flat_hash_set<ChunkId> putting_ ABSL_GUARDED_BY(mu_);
   LruPolicy lru_ ABSL_GUARDED_BY(mu_);
   uint64_t used_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t payload_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   // Bytes reserved by puts in flight, so concurrent puts do not overshoot capacity.
   uint64_t reserved_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   SsdTierStats counters_ ABSL_GUARDED_BY(mu_);
-  // Last: its threads read through db_ and must stop first.
+  // Last: its threads read through log_ and must stop first.
   std::unique_ptr<IoPool> readers_;
 };
-
-// Encoding of RocksDB keys: be64(namespace) || 16-byte chunk key. Exposed for tests.
-std::string SsdRowKey(const ChunkId& id);
 
 }  // namespace kvtier
 

@@ -379,7 +379,7 @@ void TieredStore::ReadForStreamAsync(const ChunkId& id,
 }
 
 char* TieredStore::TakeRangeBuffer(uint64_t len) {
-  if (has_ssd() && len == options_.ssd.segment_bytes) {
+  if (has_ssd() && len == options_.ssd.io_bytes) {
     absl::MutexLock lock(&spare_mu_);
     if (!spare_buffers_.empty()) {
       char* buf = spare_buffers_.back().release();
@@ -391,7 +391,7 @@ char* TieredStore::TakeRangeBuffer(uint64_t len) {
 }
 
 void TieredStore::GiveRangeBuffer(char* buf, uint64_t len) {
-  if (has_ssd() && len == options_.ssd.segment_bytes) {
+  if (has_ssd() && len == options_.ssd.io_bytes) {
     absl::MutexLock lock(&spare_mu_);
     // Never more spares than the budget could hold at once.
     if ((spare_buffers_.size() + 1) * len <= options_.stream_buffer_bytes) {

@@ -316,10 +316,10 @@ TEST_F(BadInputTest, CorruptedSsdRecordIsNeverServed) {
   ASSERT_TRUE(code.ok() && *code == 0);
   daemon_.reset();
 
-  // Flip bytes in the middle of every blob file: the chunk's payload lives there.
-  const int corrupted = testing::CorruptBlobFiles(
+  // Flip bytes in the middle of every payload file: the chunk's payload lives there.
+  const int corrupted = testing::CorruptPayloadFiles(
       data_dir_ + "/ssd", [](uint64_t size) { return std::vector<uint64_t>{size / 3}; });
-  ASSERT_GT(corrupted, 0) << "no blob file found: is BlobDB on?";
+  ASSERT_GT(corrupted, 0) << "no payload file found";
 
   Start();
   auto got = client_->Get(ns_, std::vector<ChunkKey>{KeyOf(7)});

@@ -339,17 +339,17 @@ TEST_F(StreamedGetTest, ConcurrentAndCancelledStreamsGiveTheirBuffersBack) {
 }
 
 TEST_F(StreamedGetTest, CorruptStreamedChunkEndsDataLossAndIsDeleted) {
-  // Corrupt every blob file while the daemon is down, then fill the pool with pinned
+  // Corrupt every payload file while the daemon is down, then fill the pool with pinned
   // chunks written after the restart (in fresh files), and stream chunk 1.
   client_.reset();
   StopDaemon();
   // Every MiB, so every chunk in a file has bad bytes.
-  const int corrupted = testing::CorruptBlobFiles(data_dir_ + "/ssd", [](uint64_t size) {
+  const int corrupted = testing::CorruptPayloadFiles(data_dir_ + "/ssd", [](uint64_t size) {
     std::vector<uint64_t> at;
     for (uint64_t off = 512 << 10; off + 64 < size; off += 1 << 20) at.push_back(off);
     return at;
   });
-  ASSERT_GT(corrupted, 0) << "no blob file found: is BlobDB on?";
+  ASSERT_GT(corrupted, 0) << "no payload file found";
   StartDaemon({"--ram-capacity=16MiB", "--max-pinned-fraction=1", "--write-mode=write-through",
                "--ssd-stream-buffer=4MiB"});
   ns_ = Register(8);
@@ -375,12 +375,12 @@ TEST_F(StreamedGetTest, CorruptStreamedChunkEndsDataLossAndIsDeleted) {
 TEST_F(StreamedGetTest, CorruptStreamedChunkInLayerMajorOrderEndsDataLoss) {
   client_.reset();
   StopDaemon();
-  const int corrupted = testing::CorruptBlobFiles(data_dir_ + "/ssd", [](uint64_t size) {
+  const int corrupted = testing::CorruptPayloadFiles(data_dir_ + "/ssd", [](uint64_t size) {
     std::vector<uint64_t> at;
     for (uint64_t off = 512 << 10; off + 64 < size; off += 1 << 20) at.push_back(off);
     return at;
   });
-  ASSERT_GT(corrupted, 0) << "no blob file found: is BlobDB on?";
+  ASSERT_GT(corrupted, 0) << "no payload file found";
   StartDaemon({"--ram-capacity=16MiB", "--max-pinned-fraction=1", "--write-mode=write-through",
                "--ssd-stream-buffer=4MiB"});
   ns_ = Register(8);

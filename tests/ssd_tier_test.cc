@@ -5,11 +5,13 @@
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <memory>
 #include <string>
@@ -20,10 +22,13 @@
 #include "absl/strings/match.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "rocksdb/db.h"
 #include "storage/crc32c.h"
 #include "tests/support/fake_clock.h"
 #include "storage/log.h"
+#include "storage/ssd_row.h"
 #include "tests/support/fault_injection_fs.h"
+#include "tests/support/faulty_payload_ops.h"
 
 namespace kvtier {
 namespace {
@@ -32,6 +37,7 @@ using ::kvtier::testing::FakeClock;
 using ::kvtier::testing::TempDir;
 
 using ::kvtier::testing::FaultInjectionFs;
+using ::kvtier::testing::FaultyPayloadOps;
 
 constexpr uint64_t kMiB = 1 << 20;
 
@@ -148,7 +154,7 @@ TEST_F(SsdTierTest, PutGetRoundTripMultiPart) {
   const ChunkId big = Id(1), odd = Id(2), tiny = Id(3);
   const std::string big_data = Payload(big, 6 * kMiB);
   const std::string odd_data = Payload(odd, 3 * kMiB + 12345);
-  const std::string tiny_data = Payload(tiny, 100);  // Below blob_min_bytes: inline.
+  const std::string tiny_data = Payload(tiny, 100);  // Shorter than one 4 KiB block.
   ASSERT_TRUE(Put(big, big_data, 7).ok());
   ASSERT_TRUE(Put(odd, odd_data, 3).ok());
   ASSERT_TRUE(Put(tiny, tiny_data, 1).ok());
@@ -157,14 +163,17 @@ TEST_F(SsdTierTest, PutGetRoundTripMultiPart) {
 
   SsdTierStats s = tier_->GetStats();
   EXPECT_EQ(s.chunks, 3u);
-  EXPECT_EQ(s.used_bytes, big_data.size() + odd_data.size() + tiny_data.size());
+  EXPECT_EQ(s.payload_bytes, big_data.size() + odd_data.size() + tiny_data.size());
+  // Capacity counts each chunk rounded up to 4 KiB, as it sits in its payload file.
+  EXPECT_EQ(s.used_bytes, 6 * kMiB + (3 * kMiB + 16384) + 4096);
   EXPECT_EQ(s.capacity_bytes, 64 * kMiB);
+  // Each payload byte is written once, into a payload file (padding to 4 KiB included).
+  EXPECT_EQ(s.bytes_written, s.used_bytes);
 
-  // From the memtable.
+  // Before and after a flush.
   ExpectStored(big, 6 * kMiB);
   ExpectStored(odd, 3 * kMiB + 12345);
   ExpectStored(tiny, 100);
-  // And from blob files.
   ASSERT_TRUE(tier_->Flush().ok());
   ExpectStored(big, 6 * kMiB);
   ExpectStored(odd, 3 * kMiB + 12345);
@@ -246,7 +255,7 @@ TEST_F(SsdTierTest, ReopenRebuildsTheIndexFromTheWal) {
   Open();
   SsdTierStats s = tier_->GetStats();
   EXPECT_EQ(s.chunks, 3u);
-  EXPECT_EQ(s.used_bytes, 4 * kMiB + 200);
+  EXPECT_EQ(s.payload_bytes, 4 * kMiB + 200);
   EXPECT_TRUE(tier_->Contains(Id(1)));
   ExpectStored(Id(1), 3 * kMiB);
   ExpectStored(Id(2), 1 * kMiB);
@@ -475,6 +484,254 @@ TEST_F(SsdTierTest, ConcurrentPutsStayWithinCapacity) {
   EXPECT_EQ(tier_->GetStats().chunks, s.chunks) << "index and RocksDB agree";
 }
 
+uint64_t DirBytes(const std::string& dir) {
+  uint64_t n = 0;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(dir)) {
+    if (e.is_regular_file()) n += e.file_size();
+  }
+  return n;
+}
+
+std::vector<std::string> PayloadFiles(const std::string& db) {
+  std::vector<std::string> out;
+  for (const auto& e : std::filesystem::directory_iterator(db + "/payload")) {
+    if (e.path().extension() == ".kvp") out.push_back(e.path().string());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+TEST_F(SsdTierTest, PayloadsAreWrittenOnceAndNotIntoRocksDb) {
+  for (uint64_t i = 0; i < 8; ++i) PutOk(Id(i), 4 * kMiB, 3);
+  ASSERT_TRUE(tier_->Flush().ok());
+  const uint64_t payload_dir = DirBytes(options_.path + "/payload");
+  const uint64_t all = DirBytes(options_.path);
+  EXPECT_EQ(payload_dir, 32 * kMiB);
+  EXPECT_EQ(tier_->GetStats().bytes_written, 32 * kMiB);
+  // RocksDB holds only the rows (and its own small files): far below one chunk.
+  EXPECT_LT(all - payload_dir, kMiB) << "payload bytes went into RocksDB";
+}
+
+// Churn ten times the capacity through the tier with chunks of mixed sizes, deleting
+// some and re-reading others (so LRU order and file order differ): the payload files
+// never hold more than capacity * 17/16 plus one file being filled, and every chunk the
+// index holds reads back exactly, before and after a reopen.
+TEST_F(SsdTierTest, DiskSpaceStaysBoundedUnderChurn) {
+  options_.capacity_bytes = 16 * kMiB;
+  options_.file_bytes = kMiB;
+  options_.io_bytes = 256 * 1024;
+  options_.piece_bytes = 64 * 1024;
+  Open();
+  const uint64_t bound = options_.capacity_bytes + options_.capacity_bytes / 16 + options_.file_bytes;
+  uint64_t written = 0, max_disk = 0;
+  std::vector<std::pair<ChunkId, uint64_t>> live;
+  uint64_t x = 12345;
+  for (uint64_t i = 0; written < 10 * options_.capacity_bytes; ++i) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    const uint64_t size = 64 * 1024 * (1 + x % 12) + (x % 3 == 0 ? 777 : 0);
+    PutOk(Id(i), size, 1 + i % 3);
+    written += size;
+    live.emplace_back(Id(i), size);
+    if (x % 5 == 0 && live.size() > 4) {  // Delete one from the middle.
+      const size_t k = x % live.size();
+      ASSERT_TRUE(tier_->Delete(live[k].first).ok());
+      live.erase(live.begin() + static_cast<long>(k));
+    }
+    if (x % 7 == 0 && live.size() > 8) {  // Re-read an older one: it becomes recent.
+      const auto& [id, sz] = live[x % (live.size() / 2)];
+      if (tier_->Contains(id)) ExpectStored(id, sz);
+    }
+    const uint64_t disk = DirBytes(options_.path + "/payload");
+    max_disk = std::max(max_disk, disk);
+    ASSERT_LE(disk, bound) << "after " << written << " bytes";
+    ASSERT_EQ(disk, tier_->GetStats().disk_bytes);
+  }
+  const SsdTierStats s = tier_->GetStats();
+  EXPECT_GT(s.gc_files, 0u) << "churn never needed a garbage collection";
+  EXPECT_LE(s.used_bytes, options_.capacity_bytes);
+  // GC moves some bytes, but most dead space comes free with whole files.
+  EXPECT_LT(s.bytes_written, 2 * written);
+  uint64_t held = 0;
+  for (const auto& [id, size] : live) {
+    if (!tier_->Contains(id)) continue;
+    ExpectStored(id, size);
+    ++held;
+  }
+  EXPECT_EQ(held, s.chunks);
+  Open();
+  EXPECT_EQ(tier_->GetStats().chunks, held);
+  for (const auto& [id, size] : live) {
+    if (tier_->Contains(id)) ExpectStored(id, size);
+  }
+  EXPECT_LE(DirBytes(options_.path + "/payload"), bound);
+}
+
+TEST_F(SsdTierTest, CorruptPayloadFileIsDataLossForItsChunkOnly) {
+  PutOk(Id(1), 2 * kMiB, 2);
+  PutOk(Id(2), 2 * kMiB);
+  ASSERT_TRUE(tier_->Flush().ok());
+  auto files = PayloadFiles(options_.path);
+  ASSERT_EQ(files.size(), 1u);
+  {
+    // Chunk 1 is first in the file: flip a byte 1 MiB + 5 into it.
+    std::fstream f(files[0], std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(kMiB + 5));
+    f.put('\x7f');
+  }
+  const ChunkMeta meta = MetaOf(Payload(Id(1), 2 * kMiB));
+  std::string out(256 * 1024, '\0');
+  // A streamed range clear of the bad piece still reads; the whole chunk does not.
+  ASSERT_TRUE(tier_->ReadRange(Id(1), meta, 0, out.size(), out.data()).ok());
+  EXPECT_EQ(tier_->Get(Id(1)).status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_FALSE(tier_->Contains(Id(1)));
+  EXPECT_EQ(tier_->GetStats().checksum_failures, 1u);
+  ExpectStored(Id(2), 2 * kMiB);
+  Open();
+  EXPECT_FALSE(tier_->Contains(Id(1)));
+  ExpectStored(Id(2), 2 * kMiB);
+}
+
+TEST_F(SsdTierTest, CorruptIndexRowIsDroppedAtStartUp) {
+  PutOk(Id(1), kMiB);
+  PutOk(Id(2), kMiB);
+  tier_.reset();
+  {
+    // Rewrite chunk 1's row with one bit flipped, through RocksDB itself (so its own
+    // block checksums are fine and only the row's CRC can tell).
+    rocksdb::DBOptions o;
+    std::vector<rocksdb::ColumnFamilyDescriptor> cfs = {
+        {rocksdb::kDefaultColumnFamilyName, {}}, {"meta", {}}, {"layouts", {}}};
+    std::vector<rocksdb::ColumnFamilyHandle*> h;
+    rocksdb::DB* raw;
+    ASSERT_TRUE(rocksdb::DB::Open(o, options_.path, cfs, &h, &raw).ok());
+    std::unique_ptr<rocksdb::DB> db(raw);
+    std::string row;
+    ASSERT_TRUE(db->Get({}, h[1], SsdRowKey(Id(1)), &row).ok());
+    SsdRow decoded;
+    ASSERT_TRUE(DecodeSsdRow(row, &decoded));
+    row[14] ^= 0x10;  // In the token count.
+    EXPECT_FALSE(DecodeSsdRow(row, &decoded));
+    ASSERT_TRUE(db->Put({}, h[1], SsdRowKey(Id(1)), row).ok());
+    for (auto* x : h) ASSERT_TRUE(db->DestroyColumnFamilyHandle(x).ok());
+    ASSERT_TRUE(db->Close().ok());
+  }
+  Open();
+  EXPECT_FALSE(tier_->Contains(Id(1)));
+  ExpectStored(Id(2), kMiB);
+  EXPECT_EQ(tier_->GetStats().chunks, 1u);
+}
+
+TEST_F(SsdTierTest, PayloadFileDeletedBehindTheDaemonsBack) {
+  options_.file_bytes = 4 * kMiB;
+  Open();
+  PutOk(Id(1), 4 * kMiB);
+  PutOk(Id(2), 4 * kMiB);  // In a second file.
+  auto files = PayloadFiles(options_.path);
+  ASSERT_EQ(files.size(), 2u);
+  ASSERT_EQ(::unlink(files[0].c_str()), 0);
+  // While running, the open descriptor still holds the bytes: served intact.
+  ExpectStored(Id(1), 4 * kMiB);
+  // At restart the chunk whose file is gone is dropped; the other is served.
+  Open();
+  EXPECT_FALSE(tier_->Contains(Id(1)));
+  EXPECT_EQ(tier_->Get(Id(1)).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(tier_->GetStats().lost_at_start, 1u);
+  ExpectStored(Id(2), 4 * kMiB);
+  // Truncated behind its back: the chunk past the new end is dropped too.
+  tier_.reset();
+  files = PayloadFiles(options_.path);
+  ASSERT_EQ(files.size(), 1u);
+  ASSERT_EQ(::truncate(files[0].c_str(), kMiB), 0);
+  Open();
+  EXPECT_FALSE(tier_->Contains(Id(2)));
+  EXPECT_TRUE(PayloadFiles(options_.path).empty()) << "a file holding nothing is deleted";
+  PutOk(Id(3), kMiB);
+  ExpectStored(Id(3), kMiB);
+}
+
+TEST_F(SsdTierTest, BytesOfAPutCutOffBeforeItsRowAreReclaimed) {
+  options_.file_bytes = 2 * kMiB;
+  options_.io_bytes = kMiB;
+  Open();
+  PutOk(Id(1), 2 * kMiB);
+  tier_.reset();
+  // What a crash between the payload write and the row leaves: a payload file no row
+  // points into (and a stray file from an interrupted probe).
+  const std::string orphan = options_.path + "/payload/" + PayloadLog::FileName(77);
+  std::ofstream(orphan) << std::string(8192, 'x');
+  std::ofstream(options_.path + "/payload/.direct-probe") << "x";
+  Open();
+  EXPECT_FALSE(std::filesystem::exists(orphan));
+  EXPECT_FALSE(std::filesystem::exists(options_.path + "/payload/.direct-probe"));
+  ExpectStored(Id(1), 2 * kMiB);
+  EXPECT_EQ(tier_->GetStats().disk_bytes, 2 * kMiB);
+}
+
+TEST_F(SsdTierTest, AVersionOneDatabaseOpensWithItsChunksDroppedAndLayoutsKept) {
+  tier_.reset();
+  std::filesystem::remove_all(options_.path);
+  {
+    rocksdb::Options o;
+    o.create_if_missing = true;
+    o.create_missing_column_families = true;
+    std::vector<rocksdb::ColumnFamilyDescriptor> cfs = {
+        {rocksdb::kDefaultColumnFamilyName, {}}, {"meta", {}}, {"data", {}},
+        {"layouts", {}}, {"pending", {}}};
+    std::vector<rocksdb::ColumnFamilyHandle*> h;
+    rocksdb::DB* raw;
+    ASSERT_TRUE(rocksdb::DB::Open(o, options_.path, cfs, &h, &raw).ok());
+    std::unique_ptr<rocksdb::DB> db(raw);
+    // A version-1 meta row (32 bytes ending in version 1) and its one segment.
+    std::string v1(32, '\0');
+    v1[0] = 16;
+    v1[28] = 1;
+    ASSERT_TRUE(db->Put({}, h[1], SsdRowKey(Id(1)), v1).ok());
+    ASSERT_TRUE(db->Put({}, h[2], SsdRowKey(Id(1)) + std::string(4, '\0'), std::string(16, 'a')).ok());
+    ASSERT_TRUE(db->Put({}, h[3], std::string(8, '\x01'), "a layout").ok());
+    for (auto* x : h) ASSERT_TRUE(db->DestroyColumnFamilyHandle(x).ok());
+    ASSERT_TRUE(db->Close().ok());
+  }
+  Open();
+  EXPECT_EQ(tier_->GetStats().chunks, 0u);
+  auto layouts = tier_->LoadLayouts();
+  ASSERT_TRUE(layouts.ok());
+  ASSERT_EQ(layouts->size(), 1u);
+  EXPECT_EQ((*layouts)[0].second, "a layout");
+  PutOk(Id(2), kMiB);
+  Open();  // The old families are gone for good.
+  ExpectStored(Id(2), kMiB);
+  std::vector<std::string> families;
+  tier_.reset();
+  ASSERT_TRUE(rocksdb::DB::ListColumnFamilies({}, options_.path, &families).ok());
+  EXPECT_EQ(std::count(families.begin(), families.end(), "data"), 0);
+  EXPECT_EQ(std::count(families.begin(), families.end(), "pending"), 0);
+}
+
+TEST(SsdRowTest, RoundTripsAndRejectsDamage) {
+  SsdRow row;
+  row.meta = ChunkMeta{5 * 65536 + 3, 0xdeadbeef, 256, 0};
+  row.written_at = absl::FromUnixMicros(1234567);
+  row.extent = PayloadExtent{7, 8192, row.meta.size};
+  row.piece_bytes = 65536;
+  row.piece_crcs = {1, 2, 3, 4, 5, 6};
+  const std::string enc = EncodeSsdRow(row);
+  SsdRow back;
+  ASSERT_TRUE(DecodeSsdRow(enc, &back));
+  EXPECT_EQ(back.meta, row.meta);
+  EXPECT_EQ(back.written_at, row.written_at);
+  EXPECT_EQ(back.extent, row.extent);
+  EXPECT_EQ(back.piece_crcs, row.piece_crcs);
+  for (size_t i = 0; i < enc.size(); ++i) {
+    std::string bad = enc;
+    bad[i] ^= 0x04;
+    EXPECT_FALSE(DecodeSsdRow(bad, &back)) << "flipped byte " << i;
+  }
+  EXPECT_FALSE(DecodeSsdRow(enc.substr(0, enc.size() - 1), &back));
+  SsdRow wrong = row;
+  wrong.piece_crcs.pop_back();  // Too few checksums for the size.
+  EXPECT_FALSE(DecodeSsdRow(EncodeSsdRow(wrong), &back));
+}
+
 // ---------------------------------------------------------------------------------
 // Faults.
 
@@ -482,8 +739,15 @@ class SsdTierFaultTest : public SsdTierTest {
  protected:
   void SetUp() override {
     fs_ = std::make_shared<FaultInjectionFs>(/*seed=*/42);
+    ops_ = std::make_shared<FaultyPayloadOps>();
     options_.file_system = fs_;
+    options_.file_ops = ops_;
     SsdTierTest::SetUp();
+  }
+  // The whole disk: payload files and RocksDB alike.
+  void SetNoSpace(bool on) {
+    fs_->SetNoSpace(on);
+    ops_->SetNoSpace(on);
   }
   // Puts, retrying while RocksDB still refuses writes after a full disk: it clears its
   // stopped state itself once its SstFileManager sees free space again, which it polls
@@ -503,6 +767,7 @@ class SsdTierFaultTest : public SsdTierTest {
   }
 
   std::shared_ptr<FaultInjectionFs> fs_;
+  std::shared_ptr<FaultyPayloadOps> ops_;
 };
 
 TEST_F(SsdTierFaultTest, FullDiskIsResourceExhaustedAndRecovers) {
@@ -511,11 +776,11 @@ TEST_F(SsdTierFaultTest, FullDiskIsResourceExhaustedAndRecovers) {
   ASSERT_TRUE(tier_->Flush().ok());
   PutOk(Id(3), kMiB);  // Still in the WAL and memtable.
 
-  fs_->SetNoSpace(true);
+  SetNoSpace(true);
   const std::string data = Payload(Id(4), 2 * kMiB);
   const absl::Status full = Put(Id(4), data, 3);
   EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted) << full;
-  EXPECT_GT(fs_->no_space_errors(), 0u);
+  EXPECT_GT(ops_->no_space_errors(), 0u);
   EXPECT_FALSE(tier_->Contains(Id(4)));
   EXPECT_EQ(tier_->Get(Id(4)).status().code(), absl::StatusCode::kNotFound);
   EXPECT_GE(tier_->GetStats().write_errors, 1u);
@@ -532,7 +797,7 @@ TEST_F(SsdTierFaultTest, FullDiskIsResourceExhaustedAndRecovers) {
   // append and clears that itself once its SstFileManager sees free space again, which
   // it polls every 5 s; until then puts keep failing with ResourceExhausted (never
   // anything else, never a half-stored chunk).
-  fs_->SetNoSpace(false);
+  SetNoSpace(false);
   ASSERT_TRUE(PutOnceRecovered(Id(4), data, 3).ok());
   ExpectStored(Id(4), 2 * kMiB);
   PutOk(Id(5), kMiB);
@@ -548,11 +813,11 @@ TEST_F(SsdTierFaultTest, FailedPutEvictsNothing) {
   PutOk(Id(1), kMiB);
   PutOk(Id(2), kMiB);
   PutOk(Id(3), kMiB);
-  fs_->SetNoSpace(true);
+  SetNoSpace(true);
   // The tier is at capacity, so this put would evict 1 to make room; it fails, and
   // 1 must still be there.
   EXPECT_EQ(Put(Id(4), Payload(Id(4), kMiB)).code(), absl::StatusCode::kResourceExhausted);
-  fs_->SetNoSpace(false);
+  SetNoSpace(false);
   EXPECT_EQ(tier_->GetStats().evictions, 0u);
   EXPECT_EQ(tier_->GetStats().chunks, 3u);
   EXPECT_EQ(tier_->GetStats().used_bytes, 3 * kMiB);
@@ -571,13 +836,12 @@ TEST_F(SsdTierFaultTest, FailedPutEvictsNothing) {
 TEST_F(SsdTierFaultTest, CorruptReadIsDataLossAndDeletesTheChunk) {
   PutOk(Id(1), 2 * kMiB, 3);
   PutOk(Id(2), kMiB);
-  ASSERT_TRUE(tier_->Flush().ok());  // Payloads now live in blob files.
 
-  fs_->SetCorruptReads(true);
+  ops_->SetCorruptReads(true);
   auto bad = tier_->Get(Id(1));
-  fs_->SetCorruptReads(false);
+  ops_->SetCorruptReads(false);
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kDataLoss) << bad.status();
-  EXPECT_GT(fs_->corrupted_reads(), 0u) << "the fault never fired";
+  EXPECT_GT(ops_->corrupted_reads(), 0u) << "the fault never fired";
   EXPECT_TRUE(absl::StrContains(bad.status().message(), Id(1).key.ToHex())) << bad.status();
   SsdTierStats s = tier_->GetStats();
   EXPECT_EQ(s.checksum_failures, 1u);
@@ -597,11 +861,11 @@ TEST_F(SsdTierFaultTest, CorruptRangeReadIsDataLossAndDeletesTheChunk) {
   ASSERT_TRUE(tier_->Flush().ok());
   const ChunkMeta meta = MetaOf(Payload(Id(1), 6 * kMiB));
   std::string out(2 * kMiB, '\0');
-  fs_->SetCorruptReads(true);
+  ops_->SetCorruptReads(true);
   absl::Status st = tier_->ReadRange(Id(1), meta, 3 * kMiB, out.size(), out.data());
-  fs_->SetCorruptReads(false);
+  ops_->SetCorruptReads(false);
   EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss) << st;
-  EXPECT_GT(fs_->corrupted_reads(), 0u) << "the fault never fired";
+  EXPECT_GT(ops_->corrupted_reads(), 0u) << "the fault never fired";
   EXPECT_EQ(tier_->GetStats().checksum_failures, 1u);
   EXPECT_FALSE(tier_->Contains(Id(1)));
 }
@@ -610,13 +874,13 @@ TEST_F(SsdTierFaultTest, NeverReturnsCorruptBytes) {
   constexpr int kChunks = 12;
   for (int i = 0; i < kChunks; ++i) PutOk(Id(i), 64 * 1024 + 4096 * i, 1 + i % 3);
   ASSERT_TRUE(tier_->Flush().ok());
-  fs_->SetCorruptReads(true);
+  ops_->SetCorruptReads(true);
   for (int i = 0; i < kChunks; ++i) {
     auto c = tier_->Get(Id(i));
     EXPECT_EQ(c.status().code(), absl::StatusCode::kDataLoss) << "chunk " << i;
   }
-  fs_->SetCorruptReads(false);
-  EXPECT_GE(fs_->corrupted_reads(), static_cast<uint64_t>(kChunks));
+  ops_->SetCorruptReads(false);
+  EXPECT_GE(ops_->corrupted_reads(), static_cast<uint64_t>(kChunks));
   EXPECT_EQ(tier_->GetStats().checksum_failures, static_cast<uint64_t>(kChunks));
   EXPECT_EQ(tier_->GetStats().chunks, 0u);
   // The tier still works.

@@ -26,6 +26,7 @@
 #include "tests/support/fake_clock.h"
 #include "storage/log.h"
 #include "tests/support/fault_injection_fs.h"
+#include "tests/support/faulty_payload_ops.h"
 
 namespace kvtier {
 
@@ -39,6 +40,7 @@ using ::kvtier::testing::FakeClock;
 using ::kvtier::testing::TempDir;
 
 using ::kvtier::testing::FaultInjectionFs;
+using ::kvtier::testing::FaultyPayloadOps;
 
 constexpr uint64_t kMiB = 1 << 20;
 constexpr uint64_t kChunkBytes = kMiB;  // From SmallLayout().
@@ -103,6 +105,7 @@ class TieredStoreTestBase : public ::testing::Test {
     o.ssd.capacity_bytes = 256 * kMiB;
     o.ssd.write_buffer_bytes = 16 * kMiB;
     o.ssd.file_system = fs_;
+    o.ssd.file_ops = ops_;
     o.max_chunk_bytes = 4 * kMiB;
     o.put_wait = absl::Milliseconds(50);  // Tests of a full pool want the answer now.
     return o;
@@ -171,6 +174,7 @@ class TieredStoreTestBase : public ::testing::Test {
   TempDir dir_{"kvtier_store"};
   FakeClock clock_;
   std::shared_ptr<FaultInjectionFs> fs_ = std::make_shared<FaultInjectionFs>(/*seed=*/7);
+  std::shared_ptr<FaultyPayloadOps> ops_ = std::make_shared<FaultyPayloadOps>();
   TieredStoreOptions options_;
   std::unique_ptr<TieredStore> store_;
   uint64_t ns_ = 0;
@@ -531,6 +535,7 @@ TEST_F(TieredStoreWriteBackTest, DemotesDirtyChunksWhenRamIsFull) {
 // demotion fails loudly (counted) and the chunk is dropped rather than blocking puts.
 TEST_F(TieredStoreWriteBackTest, DemotionFailureDropsAndCounts) {
   fs_->SetNoSpace(true);
+  ops_->SetNoSpace(true);
   for (uint64_t i = 0; i < kRamChunks; ++i) PutOk(Id(i));
   PutOk(Id(kRamChunks));
   TieredStoreStats s = store_->GetStats();
@@ -543,6 +548,7 @@ TEST_F(TieredStoreWriteBackTest, DemotionFailureDropsAndCounts) {
   // Space comes back: the flusher retries and everything left reaches the SSD. (RocksDB
   // lifts its stopped-writes state once it polls free space again, within ~5 s.)
   fs_->SetNoSpace(false);
+  ops_->SetNoSpace(false);
   WaitFlushed(kRamChunks + 1 - lost);
   EXPECT_TRUE(store_->Close().ok());
 }
@@ -790,10 +796,10 @@ TEST_F(TieredStoreWriteBackTest, ReopenAfterCloseRecoversChunksAndLayouts) {
 TEST_F(TieredStoreWriteBackTest, CorruptSsdChunkIsDataLossNeverServed) {
   PutOk(Id(1));
   PutOk(Id(2));
-  Reopen();  // RAM starts empty; Close flushed the chunks into blob files.
-  fs_->SetCorruptReads(true);
+  Reopen();  // RAM starts empty; Close flushed the chunks to SSD.
+  ops_->SetCorruptReads(true);
   auto v = store_->Read(Id(1));
-  fs_->SetCorruptReads(false);
+  ops_->SetCorruptReads(false);
   EXPECT_EQ(v.status().code(), absl::StatusCode::kDataLoss) << v.status();
   EXPECT_EQ(store_->Locate(Id(1)), Tier::kNone) << "deleted";
   EXPECT_EQ(store_->GetStats().checksum_failures, 1u);

@@ -245,11 +245,11 @@ CommandResult RunCommand(const std::vector<std::string>& argv) {
   return result;
 }
 
-int CorruptBlobFiles(const std::string& dir,
+int CorruptPayloadFiles(const std::string& dir,
                      const std::function<std::vector<uint64_t>(uint64_t size)>& offsets) {
   int corrupted = 0;
   for (const auto& e : std::filesystem::recursive_directory_iterator(dir)) {
-    if (e.path().extension() != ".blob") continue;
+    if (e.path().extension() != ".kvp") continue;
     std::fstream f(e.path(), std::ios::in | std::ios::out | std::ios::binary);
     for (uint64_t at : offsets(std::filesystem::file_size(e.path()))) {
       for (uint64_t off = at; off < at + 64; ++off) {

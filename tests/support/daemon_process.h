@@ -72,10 +72,10 @@ struct CommandResult {
 };
 CommandResult RunCommand(const std::vector<std::string>& argv);
 
-// Flips 64 bytes at each of `offsets(size)` in every RocksDB blob file (*.blob) below
+// Flips 64 bytes at each of `offsets(size)` in every SSD payload file (*.kvp) below
 // `dir`, where chunk payloads live; the daemon must be stopped. Returns the number of
 // files changed.
-int CorruptBlobFiles(const std::string& dir,
+int CorruptPayloadFiles(const std::string& dir,
                      const std::function<std::vector<uint64_t>(uint64_t size)>& offsets);
 
 }  // namespace kvtier::testing

@@ -1,0 +1,527 @@
+#include "storage/payload_log.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <system_error>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "storage/crc32c.h"
+#include "storage/log.h"
+
+namespace kvtier {
+namespace {
+
+uint64_t AlignUp(uint64_t n) { return (n + kPayloadAlign - 1) / kPayloadAlign * kPayloadAlign; }
+
+absl::Status IoError(absl::string_view what, const std::string& path, int err) {
+  if (err == ENOSPC || err == EDQUOT) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "SSD tier: disk full while ", what, " ", path, " (", std::strerror(err),
+        "); free space under data_dir or lower ssd_capacity"));
+  }
+  return absl::UnavailableError(
+      absl::StrCat("SSD tier: ", what, " ", path, ": ", std::strerror(err)));
+}
+
+bool ParseFileName(const std::string& name, uint32_t* number) {
+  if (name.size() != 12 || name.substr(8) != ".kvp") return false;
+  uint32_t n = 0;
+  for (int i = 0; i < 8; ++i) {
+    const char c = name[i];
+    int v;
+    if (c >= '0' && c <= '9') {
+      v = c - '0';
+    } else if (c >= 'a' && c <= 'f') {
+      v = c - 'a' + 10;
+    } else {
+      return false;
+    }
+    n = n << 4 | static_cast<uint32_t>(v);
+  }
+  *number = n;
+  return true;
+}
+
+}  // namespace
+
+ssize_t PayloadFileOps::PWrite(int fd, const void* buf, size_t n, off_t offset) {
+  return ::pwrite(fd, buf, n, offset);
+}
+ssize_t PayloadFileOps::PRead(int fd, void* buf, size_t n, off_t offset) {
+  return ::pread(fd, buf, n, offset);
+}
+int PayloadFileOps::DataSync(int fd) { return ::fdatasync(fd); }
+
+struct PayloadLog::File {
+  uint32_t number = 0;
+  std::string path;
+  int wfd = -1;  // -1 for the files of an earlier run: never written again.
+  int rfd = -1;
+  // Guarded by PayloadLog::mu_.
+  uint64_t end = 0;    // Bytes reserved; the file's size once the writes land.
+  uint64_t live = 0;   // Footprint of live extents.
+  int writing = 0;     // Reservations whose writes are in flight.
+  bool sealed = false;  // Takes no more reservations.
+
+  ~File() {
+    if (wfd >= 0) ::close(wfd);
+    if (rfd >= 0) ::close(rfd);
+  }
+};
+
+// A fixed set of aligned buffers; Acquire waits for a free one.
+class PayloadLog::Staging {
+ public:
+  Staging(int count, size_t bytes) {
+    for (int i = 0; i < count; ++i) {
+      char* b = static_cast<char*>(std::aligned_alloc(kPayloadAlign, bytes));
+      if (b == nullptr) std::abort();
+      all_.push_back(b);
+    }
+    free_ = all_;
+  }
+  ~Staging() {
+    for (char* b : all_) std::free(b);
+  }
+  char* Acquire() {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(+[](std::vector<char*>* f) { return !f->empty(); }, &free_));
+    char* b = free_.back();
+    free_.pop_back();
+    return b;
+  }
+  void Release(char* b) {
+    absl::MutexLock lock(&mu_);
+    free_.push_back(b);
+  }
+
+ private:
+  std::vector<char*> all_;
+  absl::Mutex mu_;
+  std::vector<char*> free_ ABSL_GUARDED_BY(mu_);
+};
+
+absl::Status PayloadLogOptions::Validate() const {
+  if (dir.empty()) return absl::InvalidArgumentError("payload directory must not be empty");
+  if (piece_bytes == 0 || piece_bytes % kPayloadAlign != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ssd piece_bytes must be a positive multiple of ", kPayloadAlign));
+  }
+  if (io_bytes < piece_bytes || io_bytes % piece_bytes != 0) {
+    return absl::InvalidArgumentError("ssd io_bytes must be a multiple of piece_bytes");
+  }
+  if (file_bytes < io_bytes) {
+    return absl::InvalidArgumentError("ssd file_bytes must be at least io_bytes");
+  }
+  if (write_depth < 1) return absl::InvalidArgumentError("ssd write_depth must be >= 1");
+  if (read_depth < 1) return absl::InvalidArgumentError("ssd read_depth must be >= 1");
+  return absl::OkStatus();
+}
+
+std::string PayloadLog::FileName(uint32_t file) { return absl::StrFormat("%08x.kvp", file); }
+
+PayloadLog::PayloadLog(PayloadLogOptions options, bool direct_io)
+    : options_(std::move(options)),
+      direct_io_(direct_io),
+      ops_(options_.file_ops ? options_.file_ops : std::make_shared<PayloadFileOps>()),
+      // One being filled while write_depth are written.
+      write_staging_(std::make_unique<Staging>(options_.write_depth + 1, options_.io_bytes)),
+      read_staging_(std::make_unique<Staging>(options_.read_depth, options_.io_bytes)),
+      writers_(std::make_unique<IoPool>(options_.write_depth)) {}
+
+PayloadLog::~PayloadLog() { writers_.reset(); }
+
+absl::StatusOr<std::unique_ptr<PayloadLog>> PayloadLog::Open(PayloadLogOptions options) {
+  if (absl::Status s = options.Validate(); !s.ok()) return s;
+  std::error_code ec;
+  std::filesystem::create_directories(options.dir, ec);
+  if (ec) {
+    return absl::UnavailableError(
+        absl::StrCat("SSD tier: cannot create ", options.dir, ": ", ec.message()));
+  }
+  // Does the filesystem take O_DIRECT? (tmpfs does not.)
+  bool direct = false;
+  if (options.direct_io) {
+    const std::string probe = options.dir + "/.direct-probe";
+    const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_DIRECT | O_CLOEXEC, 0600);
+    if (fd >= 0) {
+      direct = true;
+      ::close(fd);
+    }
+    ::unlink(probe.c_str());
+  }
+  std::unique_ptr<PayloadLog> log(new PayloadLog(std::move(options), direct));
+  int removed = 0;
+  absl::MutexLock lock(&log->mu_);
+  for (const auto& entry : std::filesystem::directory_iterator(log->options_.dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    uint32_t number = 0;
+    if (!ParseFileName(name, &number)) {
+      // Nothing else belongs here (a probe or a stray file from a crash).
+      std::filesystem::remove_all(entry.path(), ec);
+      ++removed;
+      continue;
+    }
+    auto file = log->OpenFile(number, /*create=*/false);
+    if (!file.ok()) return file.status();
+    struct stat st;
+    if (::fstat((*file)->rfd, &st) != 0) {
+      return IoError("reading the size of", (*file)->path, errno);
+    }
+    (*file)->end = static_cast<uint64_t>(st.st_size);
+    (*file)->sealed = true;
+    log->disk_bytes_ += (*file)->end;
+    log->next_file_ = std::max(log->next_file_, number + 1);
+    log->files_[number] = *std::move(file);
+  }
+  if (ec) {
+    return absl::UnavailableError(
+        absl::StrCat("SSD tier: cannot list ", log->options_.dir, ": ", ec.message()));
+  }
+  if (removed > 0) LogWarning("SSD tier: removed ", removed, " stray files from ", log->options_.dir);
+  return log;
+}
+
+absl::StatusOr<std::shared_ptr<PayloadLog::File>> PayloadLog::OpenFile(uint32_t number,
+                                                                       bool create) {
+  auto file = std::make_shared<File>();
+  file->number = number;
+  file->path = absl::StrCat(options_.dir, "/", FileName(number));
+  const int direct = direct_io_ ? O_DIRECT : 0;
+  if (create) {
+    file->wfd = ::open(file->path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | direct, 0600);
+    if (file->wfd < 0) return IoError("creating", file->path, errno);
+  }
+  file->rfd = ::open(file->path.c_str(), O_RDONLY | O_CLOEXEC | direct);
+  if (file->rfd < 0) return IoError("opening", file->path, errno);
+  return file;
+}
+
+std::shared_ptr<PayloadLog::File> PayloadLog::FindFile(uint32_t number) const {
+  absl::MutexLock lock(&mu_);
+  auto it = files_.find(number);
+  return it == files_.end() ? nullptr : it->second;
+}
+
+bool PayloadLog::Adopt(const PayloadExtent& extent) {
+  absl::MutexLock lock(&mu_);
+  auto it = files_.find(extent.file);
+  if (it == files_.end() || extent.offset % kPayloadAlign != 0 ||
+      extent.offset + extent.footprint() > it->second->end) {
+    return false;
+  }
+  it->second->live += extent.footprint();
+  live_bytes_ += extent.footprint();
+  return true;
+}
+
+int PayloadLog::FinishRecovery() {
+  absl::MutexLock lock(&mu_);
+  std::vector<uint32_t> dead;
+  for (const auto& [number, file] : files_) {
+    if (file->live == 0) dead.push_back(number);
+  }
+  for (uint32_t n : dead) DeleteIfDeadLocked(n);
+  return static_cast<int>(dead.size());
+}
+
+void PayloadLog::DeleteIfDeadLocked(uint32_t number) {
+  auto it = files_.find(number);
+  if (it == files_.end()) return;
+  File& f = *it->second;
+  if (!f.sealed || f.live != 0 || f.writing != 0) return;
+  if (::unlink(f.path.c_str()) != 0 && errno != ENOENT) {
+    LogWarning("SSD tier: cannot delete ", f.path, ": ", std::strerror(errno));
+    return;  // Tried again on the next release; its bytes still count.
+  }
+  disk_bytes_ -= f.end;
+  if (active_ == it->second) active_ = nullptr;
+  files_.erase(it);  // Readers holding it finish on their open descriptor.
+}
+
+absl::StatusOr<std::pair<std::shared_ptr<PayloadLog::File>, PayloadExtent>> PayloadLog::Reserve(
+    uint64_t footprint) {
+  absl::MutexLock lock(&mu_);
+  if (active_ && active_->end > 0 && active_->end + footprint > options_.file_bytes) {
+    active_->sealed = true;
+    const uint32_t old = active_->number;
+    active_ = nullptr;
+    DeleteIfDeadLocked(old);
+  }
+  if (!active_) {
+    auto file = OpenFile(next_file_, /*create=*/true);
+    if (!file.ok()) return file.status();
+    ++next_file_;
+    active_ = *std::move(file);
+    files_[active_->number] = active_;
+  }
+  PayloadExtent ext{active_->number, active_->end, 0};
+  active_->end += footprint;
+  active_->live += footprint;
+  ++active_->writing;
+  disk_bytes_ += footprint;
+  live_bytes_ += footprint;
+  return std::make_pair(active_, ext);
+}
+
+void PayloadLog::EndWrite(const std::shared_ptr<File>& file) {
+  absl::MutexLock lock(&mu_);
+  --file->writing;
+  DeleteIfDeadLocked(file->number);
+}
+
+void PayloadLog::Release(const PayloadExtent& extent) {
+  absl::MutexLock lock(&mu_);
+  auto it = files_.find(extent.file);
+  if (it == files_.end()) return;
+  it->second->live -= std::min(it->second->live, extent.footprint());
+  live_bytes_ -= std::min(live_bytes_, extent.footprint());
+  DeleteIfDeadLocked(extent.file);
+}
+
+absl::Status PayloadLog::WriteAt(const File& file, const char* buf, uint64_t n,
+                                 uint64_t offset) {
+  while (n > 0) {
+    const ssize_t w = ops_->PWrite(file.wfd, buf, n, static_cast<off_t>(offset));
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return IoError("writing", file.path, errno);
+    }
+    if (w == 0) return IoError("writing", file.path, EIO);
+    buf += w;
+    n -= static_cast<uint64_t>(w);
+    offset += static_cast<uint64_t>(w);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PayloadLog::ReadAt(const File& file, char* buf, uint64_t n, uint64_t offset,
+                                uint64_t* got) {
+  *got = 0;
+  while (*got < n) {
+    const ssize_t r = ops_->PRead(file.rfd, buf + *got, n - *got, static_cast<off_t>(offset + *got));
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      return IoError("reading", file.path, errno);
+    }
+    if (r == 0) break;  // End of file.
+    *got += static_cast<uint64_t>(r);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<PayloadExtent> PayloadLog::Append(absl::Span<const absl::string_view> parts,
+                                                 uint64_t size,
+                                                 std::vector<uint32_t>* piece_crcs) {
+  uint64_t total = 0;
+  for (absl::string_view p : parts) total += p.size();
+  if (total < size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("payload parts hold ", total, " bytes, fewer than the chunk's ", size));
+  }
+  auto reserved = Reserve(AlignUp(size));
+  if (!reserved.ok()) return reserved.status();
+  auto [file, ext] = *std::move(reserved);
+  ext.size = size;
+
+  const uint64_t piece = options_.piece_bytes;
+  piece_crcs->assign((size + piece - 1) / piece, 0);
+  absl::Mutex mu;
+  int pending = 0;
+  absl::Status first_error;
+  size_t part = 0, part_off = 0;
+  for (uint64_t done = 0; done < size;) {
+    const uint64_t n = std::min(options_.io_bytes, size - done);
+    char* buf = write_staging_->Acquire();
+    // Copy the io's pieces into the staging buffer, each piece's CRC in the same pass.
+    for (uint64_t at = 0; at < n; at += piece) {
+      const uint64_t want = std::min(piece, n - at);
+      uint32_t crc = 0;
+      for (uint64_t got = 0; got < want;) {
+        const uint64_t take = std::min<uint64_t>(want - got, parts[part].size() - part_off);
+        crc = crc32c::CopyAndExtend(crc, buf + at + got, parts[part].data() + part_off, take,
+                                    crc32c::CrcOver::kSource);
+        got += take;
+        part_off += take;
+        if (part_off == parts[part].size()) {
+          ++part;
+          part_off = 0;
+        }
+      }
+      (*piece_crcs)[(done + at) / piece] = crc;
+    }
+    const uint64_t padded = AlignUp(n);
+    std::memset(buf + n, 0, padded - n);
+    {
+      absl::MutexLock lock(&mu);
+      ++pending;
+    }
+    writers_->Submit([this, &mu, &pending, &first_error, file = file.get(), buf, padded,
+                      offset = ext.offset + done] {
+      absl::Status s = WriteAt(*file, buf, padded, offset);
+      write_staging_->Release(buf);
+      absl::MutexLock lock(&mu);
+      if (!s.ok() && first_error.ok()) first_error = std::move(s);
+      --pending;
+    });
+    done += n;
+  }
+  {
+    absl::MutexLock lock(&mu);
+    mu.Await(absl::Condition(+[](int* p) { return *p == 0; }, &pending));
+  }
+  absl::Status s = first_error;
+  if (s.ok() && options_.sync && ops_->DataSync(file->wfd) != 0) {
+    s = IoError("syncing", file->path, errno);
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    bytes_written_ += AlignUp(size);
+  }
+  EndWrite(file);
+  if (!s.ok()) {
+    Release(ext);
+    return s;
+  }
+  return ext;
+}
+
+absl::Status PayloadLog::Read(const PayloadExtent& extent, absl::Span<const uint32_t> piece_crcs,
+                              uint64_t offset, uint64_t len,
+                              absl::FunctionRef<void(uint64_t, absl::string_view)> out) {
+  if (offset > extent.size || len > extent.size - offset) {
+    return absl::InvalidArgumentError(absl::StrCat("range [", offset, ", +", len,
+                                                   ") is past the chunk's ", extent.size,
+                                                   " bytes"));
+  }
+  const uint64_t piece = options_.piece_bytes;
+  if (piece_crcs.size() != (extent.size + piece - 1) / piece) {
+    return absl::DataLossError(absl::StrCat("SSD tier: the index holds ", piece_crcs.size(),
+                                            " piece checksums for a chunk of ", extent.size,
+                                            " bytes"));
+  }
+  if (len == 0) return absl::OkStatus();
+  std::shared_ptr<File> file = FindFile(extent.file);
+  if (!file) {
+    return absl::NotFoundError(
+        absl::StrCat("SSD tier: payload file ", FileName(extent.file), " is gone"));
+  }
+  char* buf = read_staging_->Acquire();
+  absl::Status status;
+  const uint64_t end = offset + len;
+  for (uint64_t at = offset / piece * piece; at < end && status.ok();) {
+    // Whole pieces from `at` up to the one holding the range's last byte, io_bytes at most.
+    const uint64_t need_end = std::min(extent.size, (end + piece - 1) / piece * piece);
+    const uint64_t n = std::min(options_.io_bytes, need_end - at);
+    uint64_t got = 0;
+    status = ReadAt(*file, buf, AlignUp(n), extent.offset + at, &got);
+    if (!status.ok()) break;
+    if (got < n) {
+      status = absl::DataLossError(absl::StrCat("SSD tier: payload file ", file->path,
+                                                " ends before the chunk it should hold"));
+      break;
+    }
+    for (uint64_t p = 0; p < n; p += piece) {
+      const uint64_t plen = std::min(piece, n - p);
+      const uint32_t want = piece_crcs[(at + p) / piece];
+      const uint32_t crc = crc32c::Value(buf + p, plen);
+      if (crc != want) {
+        status = absl::DataLossError(absl::StrFormat(
+            "SSD tier: bytes [%d, +%d) of a chunk in %s fail their CRC32C (%08x, expected "
+            "%08x)",
+            at + p, plen, file->path, crc, want));
+        break;
+      }
+    }
+    if (!status.ok()) break;
+    const uint64_t lo = std::max(at, offset), hi = std::min(at + n, end);
+    out(lo, absl::string_view(buf + (lo - at), hi - lo));
+    at += n;
+  }
+  read_staging_->Release(buf);
+  return status;
+}
+
+absl::StatusOr<PayloadExtent> PayloadLog::Move(const PayloadExtent& from,
+                                               absl::Span<const uint32_t> piece_crcs) {
+  std::shared_ptr<File> src = FindFile(from.file);
+  if (!src) {
+    return absl::NotFoundError(
+        absl::StrCat("SSD tier: payload file ", FileName(from.file), " is gone"));
+  }
+  auto reserved = Reserve(from.footprint());
+  if (!reserved.ok()) return reserved.status();
+  auto [dst, ext] = *std::move(reserved);
+  ext.size = from.size;
+  // Read verifies every piece; each verified io is written at the same place in the new
+  // extent (io boundaries are piece boundaries, and both extents start aligned).
+  char* wbuf = write_staging_->Acquire();
+  absl::Status written;
+  absl::Status s = Read(from, piece_crcs, 0, from.size, [&](uint64_t at, absl::string_view b) {
+    if (!written.ok()) return;
+    std::memcpy(wbuf, b.data(), b.size());
+    const uint64_t padded = AlignUp(b.size());
+    std::memset(wbuf + b.size(), 0, padded - b.size());
+    written = WriteAt(*dst, wbuf, padded, ext.offset + at);
+  });
+  write_staging_->Release(wbuf);
+  if (s.ok()) s = written;
+  if (s.ok() && options_.sync && ops_->DataSync(dst->wfd) != 0) {
+    s = IoError("syncing", dst->path, errno);
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    bytes_written_ += from.footprint();
+  }
+  EndWrite(dst);
+  if (!s.ok()) {
+    Release(ext);
+    return s;
+  }
+  return ext;
+}
+
+std::optional<PayloadLog::Candidate> PayloadLog::MostGarbage() const {
+  absl::MutexLock lock(&mu_);
+  std::optional<Candidate> best;
+  for (const auto& [number, file] : files_) {
+    if (!file->sealed || file->writing != 0 || file->end <= file->live) continue;
+    const uint64_t garbage = file->end - file->live;
+    if (!best || garbage > best->garbage_bytes) best = Candidate{number, garbage};
+  }
+  return best;
+}
+
+absl::Status PayloadLog::SyncAll() {
+  std::vector<std::shared_ptr<File>> files;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [_, f] : files_) {
+      if (f->wfd >= 0) files.push_back(f);
+    }
+  }
+  for (const auto& f : files) {
+    if (ops_->DataSync(f->wfd) != 0) return IoError("syncing", f->path, errno);
+  }
+  return absl::OkStatus();
+}
+
+uint64_t PayloadLog::disk_bytes() const {
+  absl::MutexLock lock(&mu_);
+  return disk_bytes_;
+}
+
+PayloadLogStats PayloadLog::GetStats() const {
+  absl::MutexLock lock(&mu_);
+  return PayloadLogStats{files_.size(), disk_bytes_, live_bytes_, bytes_written_, direct_io_};
+}
+
+}  // namespace kvtier
