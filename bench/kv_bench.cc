@@ -81,6 +81,18 @@ std::unique_ptr<KvTierClient> MakeClient(const std::string& target, int i) {
   return *std::move(c);
 }
 
+// Bytes the daemon has caused to be written to the storage device (write_bytes in
+// /proc/<pid>/io: page-cache writeback and O_DIRECT writes alike); 0 if unreadable.
+uint64_t DeviceWriteBytes(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/io");
+  std::string key;
+  uint64_t value = 0;
+  while (in >> key >> value) {
+    if (key == "write_bytes:") return value;
+  }
+  return 0;
+}
+
 // Peak RSS of the daemon, sampled every 20 ms while alive.
 class RssSampler {
  public:
@@ -110,6 +122,8 @@ struct Cell {
   double secs = 0;
   std::vector<double> lat_ms;
   std::atomic<uint64_t> from_ram{0}, from_ssd{0}, errors{0}, retries{0}, absent{0};
+  // Put cells: bytes the daemon wrote to the device during the cell (0: not measured).
+  uint64_t device_write_bytes = 0;
 };
 
 void EmitCell(Cell& c) {
@@ -121,6 +135,8 @@ void EmitCell(Cell& c) {
       .N("p50_ms", Pct(c.lat_ms, 0.5)).N("p99_ms", Pct(c.lat_ms, 0.99))
       .N("from_ram", c.from_ram).N("from_ssd", c.from_ssd).N("absent", c.absent)
       .N("errors", c.errors).N("retries", c.retries)
+      .N("device_write_bytes", c.device_write_bytes)
+      .N("write_amp", c.bytes ? double(c.device_write_bytes) / c.bytes : 0.0)
       .Emit();
   std::printf("| %s | %s | %.0f MiB | %lu | %lu | %.2f GiB | %.2f s | %.3f | %.2f | %.2f | %lu/%lu | %lu |\n",
               c.tier.c_str(), c.op.c_str(), c.chunk_bytes / 1048576.0, c.clients, c.ops,
@@ -289,9 +305,13 @@ int Grid(const std::string& dir) {
       cell.ops = std::max(clients * min_ops, budget / cb);
       const uint64_t base = key_base;
       key_base += cell.ops;
+      const uint64_t device_before = DeviceWriteBytes(daemon.pid());
       RunCell(daemon.target(), cell, [&](KvTierClient& c, uint64_t i, Cell& cl) {
         return PutOne(c, ns, kvtier::testing::KeyOf(base + i), payload, cl);
       });
+      // Write-through: every acknowledged byte is on the device by now. (Page-cache
+      // writeback still pending is missed; the SSD tier writes payloads with O_DIRECT.)
+      cell.device_write_bytes = DeviceWriteBytes(daemon.pid()) - device_before;
       for (uint64_t i = 0; i < cell.ops; ++i) written.push_back(kvtier::testing::KeyOf(base + i));
       EmitCell(cell);
     }

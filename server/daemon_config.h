@@ -32,8 +32,8 @@ struct DaemonConfig {
   double max_pinned_fraction = 0.5;        // Share of the pool pins may hold.
   uint64_t ssd_capacity = 16ull << 30;     // SSD tier payload bytes.
   absl::Duration ssd_ttl = absl::ZeroDuration();  // Zero: no expiry.
-  bool ssd_sync_writes = false;            // fsync the WAL per put.
-  uint64_t ssd_write_buffer = 32ull << 20; // RocksDB memtable budget, bytes.
+  bool ssd_sync_writes = false;            // fdatasync payload and index row per put.
+  uint64_t ssd_write_buffer = 32ull << 20; // RocksDB memtable budget (index rows), bytes.
   uint64_t ssd_stream_buffer = 64ull << 20; // Frame buffers of streamed SSD reads, bytes.
   std::string write_mode = "write-back";   // write-back | write-through | ram-only.
   uint64_t max_frame_size = 4ull << 20;    // Largest data field of one frame, bytes.

@@ -93,8 +93,23 @@ std::vector<MetricFamily> StoreCollector::Collect() const {
   if (ssd) {
     f.push_back(Family("kvtier_ssd_expirations_total", "SSD chunks dropped by ssd_ttl", C,
                        {{{}, static_cast<double>(s.ssd.expirations)}}));
-    f.push_back(Family("kvtier_ssd_write_errors_total", "Failed RocksDB writes (e.g. disk full)",
-                       C, {{{}, static_cast<double>(s.ssd.write_errors)}}));
+    f.push_back(Family("kvtier_ssd_write_errors_total",
+                       "Failed SSD writes, payload or index (e.g. disk full)", C,
+                       {{{}, static_cast<double>(s.ssd.write_errors)}}));
+    f.push_back(Family("kvtier_ssd_payload_bytes", "Payload bytes of the chunks on SSD", G,
+                       {{{}, static_cast<double>(s.ssd.payload_bytes)}}));
+    f.push_back(Family("kvtier_ssd_disk_bytes",
+                       "Bytes in SSD payload files, dead bytes not yet reclaimed included", G,
+                       {{{}, static_cast<double>(s.ssd.disk_bytes)}}));
+    f.push_back(Family("kvtier_ssd_written_bytes_total",
+                       "Bytes written to SSD payload files (puts and garbage collection)", C,
+                       {{{}, static_cast<double>(s.ssd.bytes_written)}}));
+    f.push_back(Family("kvtier_ssd_gc_bytes_total",
+                       "Bytes garbage collection moved to reclaim partly dead payload files", C,
+                       {{{}, static_cast<double>(s.ssd.gc_bytes)}}));
+    f.push_back(Family("kvtier_ssd_lost_at_start_total",
+                       "Chunks dropped at start-up because their payload file was missing or short",
+                       C, {{{}, static_cast<double>(s.ssd.lost_at_start)}}));
   }
   return f;
 }

@@ -110,6 +110,33 @@ TEST_F(MetricsTest, ExposesWhatTheTrafficDid) {
   EXPECT_EQ(h->body, "ok\n");
 }
 
+// Write-through, so the SSD figures are settled when the puts return.
+TEST(SsdMetricsTest, PayloadFilesAreAccountedFor) {
+  const std::string dir = testing::MakeTempDir("kvtier-metrics-ssd");
+  auto d = testing::DaemonProcess::Start(dir + "/data",
+                                         {"--ram-capacity=64MiB", "--write-mode=write-through"});
+  ASSERT_TRUE(d.ok()) << d.status();
+  auto c = KvTierClient::Connect(d->target());
+  ASSERT_TRUE(c.ok());
+  auto reg = (*c)->RegisterLayout(testing::LayoutOfMiB(1));
+  ASSERT_TRUE(reg.ok());
+  for (uint64_t i = 0; i < 3; ++i) {
+    const std::string data = PatternBytes(i, 1 << 20);
+    ChunkToPut chunk{KeyOf(i), data, 256};
+    ASSERT_TRUE((*c)->Put(reg->namespace_id, {&chunk, 1}).ok());
+  }
+  ASSERT_TRUE((*c)->Delete(reg->namespace_id, std::vector<ChunkKey>{KeyOf(1)}).ok());
+  auto r = HttpGet(d->metrics_port(), "/metrics");
+  ASSERT_TRUE(r.ok()) << r.status();
+  const std::string& m = r->body;
+  EXPECT_EQ(SeriesValue(m, "kvtier_ssd_payload_bytes"), 2 << 20) << m;
+  EXPECT_EQ(SeriesValue(m, "kvtier_ssd_written_bytes_total"), 3 << 20);
+  // The deleted chunk's bytes are dead but still in their (active) file.
+  EXPECT_EQ(SeriesValue(m, "kvtier_ssd_disk_bytes"), 3 << 20);
+  EXPECT_EQ(SeriesValue(m, "kvtier_ssd_gc_bytes_total"), 0);
+  EXPECT_EQ(SeriesValue(m, "kvtier_ssd_lost_at_start_total"), 0);
+}
+
 TEST_F(MetricsTest, PromtoolFindsNoProblemsInABusyScrape) {
   if (access("/usr/bin/promtool", X_OK) != 0) GTEST_FAIL() << "promtool missing (package prometheus)";
   DriveTraffic();
