@@ -14,7 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "client/get_frame_checker.h"
-#include "client/get_frame_parser.h"
+#include "client/frame_parser.h"
 #include "client/layout_convert.h"
 #include "client/shared_memory_plane.h"
 #include "storage/crc32c.h"
@@ -702,7 +702,10 @@ absl::Status KvTierClient::GetStreamRaw(uint64_t namespace_id,
   grpc::ByteBuffer message;
   absl::Status client_error;
   while (reader->Read(&message)) {
-    client_error = parser.Parse(message);
+    client_error = parser.Parse(message)
+                       ? absl::OkStatus()
+                       : absl::InternalError(
+                             "Get: server protocol violation: a message that is not a GetFrame");
     if (client_error.ok()) {
       client_error = checker.Check(parser.header(), parser.pieces(), parser.data_size());
     }

@@ -1,13 +1,10 @@
-#include "client/get_frame_parser.h"
+#include "client/frame_parser.h"
 
 #include <algorithm>
 #include <utility>
 
 namespace kvtier {
 namespace {
-
-// GetFrame.data is field 4.
-constexpr uint32_t kDataField = 4;
 
 enum WireType : uint32_t {
   kVarint = 0,
@@ -77,22 +74,14 @@ class SliceCursor {
 
 }  // namespace
 
-absl::Status GetFrameParser::Parse(const grpc::ByteBuffer& message) {
+bool FrameSplitter::Split(const grpc::ByteBuffer& message, uint32_t data_field) {
   slices_.clear();
-  // Dump takes a reference on each slice; the bytes are not copied.
-  if (!message.Dump(&slices_).ok()) {
-    return absl::InternalError(
-        "Get: server protocol violation: unreadable GetFrame message");
-  }
-  if (!Walk()) return ParseFlat(message);
-  if (!header_.ParseFromString(header_bytes_)) {
-    return absl::InternalError(
-        "Get: server protocol violation: a message that is not a GetFrame");
-  }
-  return absl::OkStatus();
+  // An empty message may come as a buffer with no slices at all.
+  if (message.Valid() && !message.Dump(&slices_).ok()) return false;  // Refs, no copy.
+  return Walk(data_field);
 }
 
-bool GetFrameParser::Walk() {
+bool FrameSplitter::Walk(uint32_t data_field) {
   header_bytes_.clear();
   pieces_.clear();
   data_size_ = 0;
@@ -106,7 +95,7 @@ bool GetFrameParser::Walk() {
     tag_bytes.clear();
     if (!cursor.ReadVarint(&tag, &tag_bytes)) return false;
     const auto wire_type = static_cast<uint32_t>(tag & 7);
-    if (wire_type == kLengthDelimited && (tag >> 3) == kDataField) {
+    if (wire_type == kLengthDelimited && (tag >> 3) == data_field) {
       uint64_t n;
       std::string len_bytes;
       if (!cursor.ReadVarint(&n, &len_bytes)) return false;
@@ -141,21 +130,6 @@ bool GetFrameParser::Walk() {
     }
   }
   return true;
-}
-
-absl::Status GetFrameParser::ParseFlat(const grpc::ByteBuffer& message) {
-  grpc::Slice flat;
-  if (!message.DumpToSingleSlice(&flat).ok() ||
-      !header_.ParseFromArray(flat.begin(), static_cast<int>(flat.size()))) {
-    return absl::InternalError(
-        "Get: server protocol violation: a message that is not a GetFrame");
-  }
-  flat_data_ = std::move(*header_.mutable_data());
-  header_.clear_data();
-  pieces_.clear();
-  data_size_ = flat_data_.size();
-  if (!flat_data_.empty()) pieces_.push_back(flat_data_);
-  return absl::OkStatus();
 }
 
 }  // namespace kvtier
