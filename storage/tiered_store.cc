@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/synchronization/notification.h"
 #include "storage/crc32c.h"
 #include "storage/log.h"
 #include "storage/lru_policy.h"
@@ -48,7 +49,10 @@ absl::Status TieredStoreOptions::Validate() const {
   if (stream_buffer_bytes == 0) {
     return absl::InvalidArgumentError("stream_buffer_bytes must be greater than zero");
   }
-  return absl::OkStatus();
+  if (read_threads < 1 || commit_threads < 1) {
+    return absl::InvalidArgumentError("read_threads and commit_threads must be at least 1");
+  }
+  return PutAdmissionOptions{put_wait, absl::Milliseconds(1), now}.Validate();
 }
 
 absl::Status ChunkWriter::Append(absl::string_view bytes) {
@@ -88,18 +92,24 @@ absl::StatusOr<std::unique_ptr<TieredStore>> TieredStore::Open(TieredStoreOption
   if (store->options_.write_mode == WriteMode::kWriteBack) {
     store->flusher_ = std::thread([s = store.get()] { s->FlusherLoop(); });
   }
+  store->admission_ = std::make_unique<PutAdmission>(
+      PutAdmissionOptions{store->options_.put_wait, absl::Milliseconds(1),
+                          store->options_.now},
+      [s = store.get()](uint64_t size, bool may_block) { return s->TryRoom(size, may_block); });
   return store;
 }
 
 TieredStore::TieredStore(TieredStoreOptions options)
     : options_(std::move(options)),
       buffered_reads_(std::max(1, options_.max_buffered_reads)),
-      put_admission_(1),
       stream_gate_(options_.stream_buffer_bytes),
-      read_pool_(std::make_unique<IoPool>(options_.read_threads)) {}
+      read_pool_(std::make_unique<IoPool>(options_.read_threads)),
+      commit_pool_(std::make_unique<IoPool>(options_.commit_threads)) {}
 
 TieredStore::~TieredStore() {
-  read_pool_.reset();  // Reads in flight finish before the tiers go.
+  admission_.reset();     // Waiting puts are answered Unavailable.
+  commit_pool_.reset();   // Commits in flight finish before the tiers go,
+  read_pool_.reset();     // and reads.
   if (absl::Status s = Close(); !s.ok()) LogWarning("tiered store: close: ", s.message());
 }
 
@@ -158,38 +168,70 @@ absl::StatusOr<LayoutSpec> TieredStore::FindLayout(uint64_t ns) const {
   return it->second;
 }
 
-absl::StatusOr<std::shared_ptr<PoolChunk>> TieredStore::AllocateRam(uint64_t size) {
-  // Puts queue for room in arrival order (a put whose chunk does not fit waits for
-  // puts in flight and readers to finish, then for demotions), for at most put_wait.
-  // Without the queue, under more concurrent puts than the pool holds, whoever polls
-  // at the right moment wins and some clients starve.
-  const absl::Time deadline = absl::Now() + options_.put_wait;
-  put_admission_.Enter();
-  absl::StatusOr<std::shared_ptr<PoolChunk>> chunk;
-  for (;;) {
+absl::StatusOr<std::shared_ptr<PoolChunk>> TieredStore::TryRoom(uint64_t size,
+                                                                 bool may_block) {
+  absl::StatusOr<std::shared_ptr<PoolChunk>> chunk = ram_->Allocate(size);
+  // Each demotion makes one dirty chunk clean (evictable) or drops it.
+  while (!chunk.ok() && absl::IsResourceExhausted(chunk.status()) && may_block &&
+         has_ssd() && FlushOne(/*demotion=*/true)) {
     chunk = ram_->Allocate(size);
-    if (chunk.ok() || !absl::IsResourceExhausted(chunk.status())) break;
-    if (has_ssd() && FlushOne(/*demotion=*/true)) continue;
-    if (absl::Now() >= deadline) break;
-    absl::SleepFor(absl::Milliseconds(2));
-  }
-  put_admission_.Leave();
-  if (!chunk.ok() && absl::IsResourceExhausted(chunk.status())) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        chunk.status().message(), "; waited ", absl::FormatDuration(options_.put_wait),
-        " (put_wait) for room: back off and retry, or raise ram_capacity"));
   }
   return chunk;
 }
 
+uint64_t TieredStore::BeginPutAsync(const ChunkId& id, uint32_t token_count,
+                                    PutStarted done) {
+  auto layout = FindLayout(id.ns);
+  if (!layout.ok()) {
+    done(layout.status());
+    return 0;
+  }
+  if (Locate(id) != Tier::kNone) {
+    done(std::unique_ptr<ChunkWriter>());
+    return 0;
+  }
+  return admission_->Admit(
+      layout->ChunkBytes(),
+      [this, id, token_count, done = std::move(done)](PutAdmission::Room room) {
+        if (!room.ok()) {
+          if (absl::IsResourceExhausted(room.status())) {
+            done(absl::ResourceExhaustedError(absl::StrCat(
+                room.status().message(), " (put_wait): back off and retry, or raise "
+                "ram_capacity")));
+          } else {
+            done(room.status());
+          }
+          return;
+        }
+        done(std::make_unique<ChunkWriter>(id, token_count, *std::move(room)));
+      });
+}
+
 absl::StatusOr<std::unique_ptr<ChunkWriter>> TieredStore::BeginPut(const ChunkId& id,
                                                                    uint32_t token_count) {
-  auto layout = FindLayout(id.ns);
-  if (!layout.ok()) return layout.status();
-  if (Locate(id) != Tier::kNone) return nullptr;
-  auto chunk = AllocateRam(layout->ChunkBytes());
-  if (!chunk.ok()) return chunk.status();
-  return std::make_unique<ChunkWriter>(id, token_count, *std::move(chunk));
+  absl::Notification answered;
+  absl::StatusOr<std::unique_ptr<ChunkWriter>> out;
+  BeginPutAsync(id, token_count, [&](absl::StatusOr<std::unique_ptr<ChunkWriter>> w) {
+    out = std::move(w);
+    answered.Notify();
+  });
+  answered.WaitForNotification();
+  return out;
+}
+
+bool TieredStore::CancelPut(uint64_t ticket) { return admission_->Cancel(ticket); }
+
+void TieredStore::CommitPutAsync(std::unique_ptr<ChunkWriter> writer, uint32_t crc32c,
+                                 std::function<void(absl::Status)> done) {
+  if (options_.write_mode != WriteMode::kWriteThrough) {
+    done(CommitPut(std::move(writer), crc32c));
+    return;
+  }
+  // std::function needs a copyable task: the writer travels in a shared_ptr.
+  auto w = std::make_shared<std::unique_ptr<ChunkWriter>>(std::move(writer));
+  commit_pool_->Submit([this, w, crc32c, done = std::move(done)] {
+    done(CommitPut(std::move(*w), crc32c));
+  });
 }
 
 absl::Status TieredStore::CommitPut(std::unique_ptr<ChunkWriter> writer, uint32_t crc32c) {
@@ -244,6 +286,7 @@ bool TieredStore::FlushOne(bool demotion) {
       // Deleted while we wrote it: do not let it come back from SSD.
       ssd_->Delete(d->id).IgnoreError();  // Best effort; a leftover is only a stale hit.
     }
+    if (!demotion) NotifyRoom();  // The chunk is evictable now.
     return true;
   }
   if (demotion) {
@@ -449,10 +492,19 @@ absl::Status TieredStore::Pin(const ChunkId& id, absl::Duration ttl) {
   return ram_->Pin(id, until);
 }
 
-bool TieredStore::Unpin(const ChunkId& id) { return ram_->Unpin(id); }
+bool TieredStore::Unpin(const ChunkId& id) {
+  const bool unpinned = ram_->Unpin(id);
+  if (unpinned) NotifyRoom();
+  return unpinned;
+}
+
+void TieredStore::NotifyRoom() {
+  if (admission_ != nullptr) admission_->Notify();
+}
 
 absl::StatusOr<bool> TieredStore::Delete(const ChunkId& id) {
   bool present = ram_->Remove(id);
+  if (present) NotifyRoom();
   if (has_ssd()) {
     auto on_ssd = ssd_->Delete(id);
     if (!on_ssd.ok()) return on_ssd.status();
@@ -464,6 +516,7 @@ absl::StatusOr<bool> TieredStore::Delete(const ChunkId& id) {
 absl::StatusOr<uint64_t> TieredStore::Clear(uint64_t ns) {
   // A chunk in both tiers counts once: count the SSD's, plus RAM-only (dirty) ones.
   const uint64_t in_ram = ram_->RemoveNamespace(ns);
+  if (in_ram > 0) NotifyRoom();
   if (!has_ssd()) return in_ram;
   auto on_ssd = ssd_->DeleteNamespace(ns);
   if (!on_ssd.ok()) return on_ssd.status();
@@ -488,6 +541,11 @@ TieredStoreStats TieredStore::GetStats() const {
   s.ram_bytes_out = ram_bytes_out_.load(std::memory_order_relaxed);
   s.ssd_bytes_in = ssd_bytes_in_.load(std::memory_order_relaxed);
   s.ssd_bytes_out = ssd_bytes_out_.load(std::memory_order_relaxed);
+  if (admission_ != nullptr) {
+    s.puts_waiting = admission_->waiting();
+    s.puts_queued = admission_->queued_total();
+    s.put_wait_timeouts = admission_->timed_out_total();
+  }
   return s;
 }
 

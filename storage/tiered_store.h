@@ -43,6 +43,7 @@
 #include "storage/host_pool.h"
 #include "storage/io_pool.h"
 #include "storage/layout_spec.h"
+#include "storage/put_admission.h"
 #include "storage/ssd_tier.h"
 
 namespace kvtier {
@@ -70,6 +71,11 @@ struct TieredStoreOptions {
   uint64_t stream_buffer_bytes = 64ull << 20;
   // How long a put waits (in arrival order) for room in RAM before RESOURCE_EXHAUSTED.
   absl::Duration put_wait = absl::Seconds(5);
+  // Threads committing write-through puts (their SSD writes), off the callers' threads.
+  // Also how many such commits run at once.
+  int commit_threads = 8;
+  // Clock for put_wait; tests inject a fake one.
+  std::function<absl::Time()> now = [] { return absl::Now(); };
 
   absl::Status Validate() const;
 };
@@ -83,6 +89,10 @@ struct TieredStoreStats {
   uint64_t demotion_failures = 0;
   uint64_t writeback_queue_depth = 0;
   uint64_t checksum_failures = 0;  // Put payloads that failed theirs, plus SSD's.
+  // Puts waiting for room in RAM now; puts that ever waited; those that timed out.
+  uint64_t puts_waiting = 0;
+  uint64_t puts_queued = 0;
+  uint64_t put_wait_timeouts = 0;
   // Payload bytes written into and read out of each tier (whole chunks).
   uint64_t ram_bytes_in = 0;
   uint64_t ram_bytes_out = 0;
@@ -157,14 +167,27 @@ class TieredStore {
   absl::StatusOr<LayoutSpec> FindLayout(uint64_t ns) const;
 
   // Starts a put. Returns a writer, or nullptr when the chunk is already stored (the
-  // caller drains and discards its bytes). Waits up to put_wait for room. Returns: Ok,
-  // NotFound (namespace), ResourceExhausted (still no room in RAM).
+  // caller drains and discards its bytes). Waits up to put_wait, in arrival order, for
+  // room. Returns: Ok, NotFound (namespace), ResourceExhausted (still no room in RAM),
+  // Cancelled (CancelPut), Unavailable (closing).
+  using PutStarted = std::function<void(absl::StatusOr<std::unique_ptr<ChunkWriter>>)>;
+  // The same without blocking the caller: `done` runs inline when the answer is quick
+  // (known chunk, room at once), otherwise on the store's admission thread. Returns a
+  // ticket for CancelPut, 0 when `done` already ran.
+  uint64_t BeginPutAsync(const ChunkId& id, uint32_t token_count, PutStarted done);
   absl::StatusOr<std::unique_ptr<ChunkWriter>> BeginPut(const ChunkId& id,
                                                         uint32_t token_count);
+  // Gives up a put still waiting for room; its `done` gets Cancelled on this thread.
+  // False when it is no longer waiting.
+  bool CancelPut(uint64_t ticket);
   // Verifies and publishes a fully received chunk. Returns: Ok, InvalidArgument
   // (incomplete), DataLoss (CRC32C mismatch: nothing stored), ResourceExhausted or
   // Unavailable (write-through SSD write failed: nothing stored).
   absl::Status CommitPut(std::unique_ptr<ChunkWriter> writer, uint32_t crc32c);
+  // The same without blocking the caller on SSD: a write-through commit runs on the
+  // commit threads, which call `done`; the others call `done` inline.
+  void CommitPutAsync(std::unique_ptr<ChunkWriter> writer, uint32_t crc32c,
+                      std::function<void(absl::Status)> done);
 
   Tier Locate(const ChunkId& id) const;
   // A view of the chunk if it is in RAM, taken without reading it or counting a hit.
@@ -214,9 +237,12 @@ class TieredStore {
   // Writes one dirty chunk to SSD. Returns false if there was none.
   bool FlushOne(bool demotion);
   void FlusherLoop();
-  // RAM for a chunk, demoting dirty chunks to SSD if that is what it takes.
-  absl::StatusOr<std::shared_ptr<PoolChunk>> AllocateRam(uint64_t size);
+  // RAM for a chunk, evicting clean chunks; with `may_block`, also demoting dirty
+  // chunks to SSD if that is what it takes. PutAdmission's TryRoom.
+  absl::StatusOr<std::shared_ptr<PoolChunk>> TryRoom(uint64_t size, bool may_block);
   bool has_ssd() const { return ssd_ != nullptr; }
+  // Room in RAM may have appeared: puts waiting for it retry now.
+  void NotifyRoom();
   absl::StatusOr<ChunkView> Read(const ChunkId& id, bool stream);
   // Frame buffers of streamed reads: recycled, so steady streaming does not map, fault
   // in and unmap a fresh buffer per frame. Only segment-sized ones are kept.
@@ -227,12 +253,13 @@ class TieredStore {
   std::unique_ptr<HostPool> ram_;
   std::unique_ptr<SsdTier> ssd_;  // Null in ram-only mode.
   FairGate buffered_reads_;
-  FairGate put_admission_;  // Capacity 1: puts waiting for RAM, in arrival order.
   AsyncGate stream_gate_;   // stream_buffer_bytes.
   absl::Mutex spare_mu_;
   std::vector<std::unique_ptr<char[]>> spare_buffers_ ABSL_GUARDED_BY(spare_mu_);
-  // Declared after ssd_ and ram_: destroyed first, so no read outlives them.
+  // Declared after ssd_ and ram_: destroyed first, so no read or commit outlives them.
   std::unique_ptr<IoPool> read_pool_;
+  std::unique_ptr<IoPool> commit_pool_;
+  std::unique_ptr<PutAdmission> admission_;  // Set in Open.
 
   mutable absl::Mutex layouts_mu_;
   absl::flat_hash_map<uint64_t, LayoutSpec> layouts_ ABSL_GUARDED_BY(layouts_mu_);

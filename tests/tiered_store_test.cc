@@ -14,6 +14,7 @@
 #include <memory>
 #include <ostream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -654,7 +655,7 @@ TEST_F(TieredStoreWriteBackTest, ReadAsyncRunsSsdReadsOffTheCallersThread) {
 }
 
 // A put that finds RAM full of puts in flight waits for one to end (up to put_wait)
-// instead of failing at once.
+// instead of failing at once, without holding the caller's thread.
 TEST_F(TieredStoreWriteBackTest, PutWaitsForRoomInsteadOfFailing) {
   auto o = Options(WriteMode::kWriteBack);
   o.put_wait = absl::Seconds(10);
@@ -666,18 +667,72 @@ TEST_F(TieredStoreWriteBackTest, PutWaitsForRoomInsteadOfFailing) {
     ASSERT_TRUE(w.ok()) << w.status();
     in_flight.push_back(*std::move(w));
   }
-  std::atomic<bool> admitted{false};
-  absl::Status waited;
-  std::thread t([&] {
-    auto w = store_->BeginPut(Id(100), 256);
-    waited = w.status();
-    admitted = true;
-  });
-  absl::SleepFor(absl::Milliseconds(200));
-  EXPECT_FALSE(admitted.load()) << "the put should be waiting for room";
+  absl::Notification admitted;
+  absl::StatusOr<std::unique_ptr<ChunkWriter>> waited;
+  const uint64_t ticket =
+      store_->BeginPutAsync(Id(100), 256, [&](absl::StatusOr<std::unique_ptr<ChunkWriter>> w) {
+        waited = std::move(w);
+        admitted.Notify();
+      });
+  EXPECT_NE(ticket, 0u) << "no room: the put must wait";
+  EXPECT_FALSE(admitted.HasBeenNotified());
+  EXPECT_EQ(store_->GetStats().puts_waiting, 1u);
+  EXPECT_EQ(store_->GetStats().puts_queued, 1u);
   in_flight.pop_back();  // An abandoned put gives its room back.
-  t.join();
-  EXPECT_TRUE(waited.ok()) << waited;
+  admitted.WaitForNotification();
+  ASSERT_TRUE(waited.ok()) << waited.status();
+  ASSERT_NE(*waited, nullptr);
+  EXPECT_EQ(store_->GetStats().puts_waiting, 0u);
+  EXPECT_EQ(store_->GetStats().put_wait_timeouts, 0u);
+}
+
+// A waiting put given up (its stream ended) leaves the queue at once; the room it would
+// have had goes to the next put.
+TEST_F(TieredStoreWriteBackTest, CancelledPutLeavesTheQueue) {
+  auto o = Options(WriteMode::kWriteBack);
+  o.put_wait = absl::Seconds(10);
+  OpenWith(o);
+  ns_ = Register();
+  std::vector<std::unique_ptr<ChunkWriter>> in_flight;
+  for (uint64_t i = 0; i < kRamChunks; ++i) in_flight.push_back(*store_->BeginPut(Id(i), 256));
+  absl::Status first;
+  const uint64_t ticket = store_->BeginPutAsync(
+      Id(100), 256, [&](absl::StatusOr<std::unique_ptr<ChunkWriter>> w) { first = w.status(); });
+  ASSERT_NE(ticket, 0u);
+  absl::Notification second_admitted;
+  store_->BeginPutAsync(Id(101), 256, [&](absl::StatusOr<std::unique_ptr<ChunkWriter>> w) {
+    EXPECT_TRUE(w.ok()) << w.status();
+    second_admitted.Notify();
+  });
+  EXPECT_TRUE(store_->CancelPut(ticket));
+  EXPECT_EQ(first.code(), absl::StatusCode::kCancelled) << first;
+  EXPECT_FALSE(store_->CancelPut(ticket));
+  in_flight.pop_back();
+  second_admitted.WaitForNotification();
+  EXPECT_EQ(store_->GetStats().puts_waiting, 0u);
+}
+
+// put_wait runs on the injected clock: once it has passed, a put still without room is
+// refused RESOURCE_EXHAUSTED, and the message says what to do.
+TEST_F(TieredStoreWriteBackTest, PutWaitEndsResourceExhausted) {
+  auto o = Options(WriteMode::kWriteBack);
+  o.put_wait = absl::Seconds(10);
+  o.now = [this] { return clock_.Now(); };
+  OpenWith(o);
+  ns_ = Register();
+  std::vector<std::unique_ptr<ChunkWriter>> in_flight;
+  for (uint64_t i = 0; i < kRamChunks; ++i) in_flight.push_back(*store_->BeginPut(Id(i), 256));
+  absl::Notification answered;
+  absl::Status status;
+  store_->BeginPutAsync(Id(100), 256, [&](absl::StatusOr<std::unique_ptr<ChunkWriter>> w) {
+    status = w.status();
+    answered.Notify();
+  });
+  clock_.Advance(absl::Seconds(10));
+  answered.WaitForNotification();
+  EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted) << status;
+  EXPECT_NE(status.message().find("put_wait"), absl::string_view::npos) << status;
+  EXPECT_EQ(store_->GetStats().put_wait_timeouts, 1u);
 }
 
 TEST_F(TieredStoreWriteBackTest, PinPromotesFromSsdAndHolds) {
@@ -836,6 +891,28 @@ TEST_F(TieredStoreWriteThroughTest, OnSsdWhenAcknowledged) {
   ExpectReadable(Id(1), Tier::kSsd);
   EXPECT_EQ(store_->Locate(Id(1)), Tier::kRam);
   EXPECT_EQ(store_->GetStats().promotions, 1u);
+}
+
+// CommitPutAsync runs a write-through commit (its SSD write) on the commit threads, not
+// the caller's; the chunk is on SSD when `done` runs.
+TEST_F(TieredStoreWriteThroughTest, AsyncCommitRunsOffTheCallersThread) {
+  auto w = store_->BeginPut(Id(1), 256);
+  ASSERT_TRUE(w.ok() && *w != nullptr);
+  const std::string data = Payload(Id(1), (*w)->size());
+  ASSERT_TRUE((*w)->Append(data).ok());
+  absl::Notification committed;
+  absl::Status status;
+  std::thread::id thread;
+  store_->CommitPutAsync(*std::move(w), crc32c::Value(data), [&](absl::Status s) {
+    status = s;
+    thread = std::this_thread::get_id();
+    committed.Notify();
+  });
+  committed.WaitForNotification();
+  EXPECT_TRUE(status.ok()) << status;
+  EXPECT_NE(thread, std::this_thread::get_id());
+  EXPECT_EQ(store_->GetStats().ssd.chunks, 1u);
+  ExpectReadable(Id(1));
 }
 
 TEST_F(TieredStoreWriteThroughTest, SsdFullFailsThePutAndStoresNothing) {

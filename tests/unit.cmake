@@ -9,11 +9,12 @@ kvtier_test(async_gate_test LIBS kvtier_storage)
 kvtier_test(crc32c_test LIBS kvtier_storage)
 kvtier_test(lru_policy_test LIBS kvtier_storage)
 kvtier_test(host_pool_test LIBS kvtier_storage)
+kvtier_test(put_admission_test LIBS kvtier_storage)
 kvtier_test(payload_log_test LIBS kvtier_storage)
 kvtier_test(ssd_tier_test LIBS kvtier_storage)
 kvtier_test(tiered_store_test LIBS kvtier_storage)
 kvtier_test(scheduler_test LIBS kvtier_scheduler)
 
 # Client internals.
-kvtier_test(get_frame_parser_test LIBS kvtier_client)
+kvtier_test(frame_parser_test LIBS kvtier_frame_parser)
 kvtier_test(get_frame_checker_test LIBS kvtier_client)
