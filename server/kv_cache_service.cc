@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "server/get_reactor.h"
+#include "server/put_reactor.h"
 #include "server/status_util.h"
 #include "client/layout_convert.h"
 
@@ -75,11 +76,11 @@ grpc::Status KvCacheService::Lookup(grpc::ServerContext*, const v1::LookupReques
                                     v1::LookupResponse* resp) {
   return Serve(RpcMethod::kLookup, [&](TieredStore* store) { return LookupImpl(store, req, resp); });
 }
-grpc::Status KvCacheService::Put(grpc::ServerContext* ctx,
-                                 grpc::ServerReader<v1::PutFrame>* reader,
-                                 v1::PutResponse* resp) {
-  return Serve(RpcMethod::kPut,
-               [&](TieredStore* store) { return PutImpl(store, ctx, reader, resp); });
+grpc::ServerReadReactor<grpc::ByteBuffer>* KvCacheService::Put(
+    grpc::CallbackServerContext* ctx, grpc::ByteBuffer* response) {
+  leases_->Expire();  // Expired leases give their RAM back before this put needs it.
+  return new PutReactor(ctx, response, store_.load(std::memory_order_acquire), metrics_,
+                        data_plane_.regions, limits_.max_frame_bytes);
 }
 grpc::ServerWriteReactor<grpc::ByteBuffer>* KvCacheService::Get(
     grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request) {
@@ -105,38 +106,6 @@ grpc::Status KvCacheService::DataPlane(grpc::ServerContext*, const v1::DataPlane
     resp->set_max_regions(data_plane_.regions->options().max_regions);
   }
   return scope.Done(grpc::Status::OK);
-}
-
-absl::StatusOr<KvCacheService::FrameBytesView> KvCacheService::FrameBytes(
-    const v1::PutFrame& frame) const {
-  if (!frame.has_region()) {
-    const std::string& data = frame.data();
-    if (data.empty() || data.size() > limits_.max_frame_bytes) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "data: frame carries ", data.size(), " bytes; must be 1 to max_frame_size (",
-          limits_.max_frame_bytes, ")"));
-    }
-    return FrameBytesView{data, nullptr};
-  }
-  if (!frame.data().empty()) {
-    return absl::InvalidArgumentError(
-        "region: a frame names a region or carries data, not both");
-  }
-  if (data_plane_.regions == nullptr) {
-    return absl::FailedPreconditionError(
-        "region: this daemon serves no registered memory (shm_socket is off); send data");
-  }
-  const v1::RegionRef& ref = frame.region();
-  auto region = data_plane_.regions->Find(ref.region_id(), ref.token());
-  if (!region.ok()) return region.status();
-  auto src = (*region)->Range(ref.offset(), ref.length(), "region");
-  if (!src.ok()) return src.status();
-  if (absl::Status s = (*region)->Populate(*src, ref.length(), MappedRegion::Access::kRead);
-      !s.ok()) {
-    return s;
-  }
-  // The reference keeps the mapping for the copy even if the owner goes away meanwhile.
-  return FrameBytesView{absl::string_view(*src, ref.length()), *std::move(region)};
 }
 
 grpc::Status KvCacheService::Pin(grpc::ServerContext*, const v1::PinRequest* req,
@@ -225,100 +194,6 @@ grpc::Status KvCacheService::LookupImpl(TieredStore* store, const v1::LookupRequ
   return grpc::Status::OK;
 }
 
-grpc::Status KvCacheService::PutImpl(TieredStore* store, grpc::ServerContext* ctx,
-                                     grpc::ServerReader<v1::PutFrame>* reader,
-                                     v1::PutResponse* resp) {
-  leases_->Expire();  // Expired leases give their RAM back before this put needs it.
-  // State of the chunk being received. `writer` is null while draining a chunk that is
-  // already stored (idempotent put) or between chunks; dropping it releases its RAM.
-  bool in_chunk = false;
-  ChunkId current;
-  uint64_t chunk_bytes = 0;
-  uint64_t received = 0;
-  std::unique_ptr<ChunkWriter> writer;
-
-  auto fail = [&](absl::Status s) {
-    return ToGrpcStatus(absl::Status(
-        s.code(), absl::StrCat(s.message(), " [", resp->chunks_stored(),
-                               " chunks stored by this stream before the error; the chunk "
-                               "in progress was not stored]")));
-  };
-
-  v1::PutFrame frame;
-  while (reader->Read(&frame)) {
-    auto bytes = FrameBytes(frame);
-    if (!bytes.ok()) return fail(bytes.status());
-    const absl::string_view data = bytes->bytes;
-    auto key = ChunkKey::FromBytes(frame.key());
-    if (!key.ok()) return fail(absl::InvalidArgumentError(absl::StrCat("key: ", key.status().message())));
-    const ChunkId id{frame.namespace_id(), *key};
-
-    if (!in_chunk) {
-      if (frame.offset() != 0) {
-        return fail(absl::InvalidArgumentError(absl::StrCat(
-            "offset: frame out of order: first frame of chunk ", key->ToHex(),
-            " has offset ", frame.offset(), ", expected 0")));
-      }
-      auto layout = RequireNamespace(store, id.ns);
-      if (!layout.ok()) return fail(layout.status());
-      auto w = store->BeginPut(id, frame.token_count());
-      if (!w.ok()) return fail(w.status());
-      // A null writer means the chunk is already stored: its frames are drained.
-      writer = *std::move(w);
-      in_chunk = true;
-      current = id;
-      chunk_bytes = layout->ChunkBytes();
-      received = 0;
-    } else if (!(id == current)) {
-      return fail(absl::InvalidArgumentError(absl::StrCat(
-          "key: frame for chunk ", key->ToHex(), " arrived before chunk ",
-          current.key.ToHex(), " was complete (", received, " of ", chunk_bytes,
-          " bytes); frames of different chunks may not interleave")));
-    } else if (frame.offset() != received) {
-      return fail(absl::InvalidArgumentError(absl::StrCat(
-          "offset: frame out of order for chunk ", key->ToHex(), ": offset ",
-          frame.offset(), ", expected ", received)));
-    }
-    if (data.size() > chunk_bytes - received) {
-      return fail(absl::InvalidArgumentError(absl::StrCat(
-          frame.has_region() ? "region" : "data", ": payload size wrong: chunk ", key->ToHex(),
-          " must be exactly ", chunk_bytes,
-          " bytes for this namespace's layout; this frame would bring it to ",
-          received + data.size())));
-    }
-    if (writer) {
-      if (absl::Status s = writer->Append(data); !s.ok()) return fail(s);
-    }
-    received += data.size();
-    resp->set_bytes_received(resp->bytes_received() + data.size());
-    if (received < chunk_bytes) continue;
-
-    // The chunk is complete.
-    if (!frame.has_crc32c()) {
-      return fail(absl::InvalidArgumentError(absl::StrCat(
-          "crc32c: required on the frame that completes chunk ", key->ToHex())));
-    }
-    if (writer) {
-      if (absl::Status s = store->CommitPut(std::move(writer), frame.crc32c()); !s.ok()) {
-        return fail(s);
-      }
-      resp->set_chunks_stored(resp->chunks_stored() + 1);
-    } else {
-      resp->set_chunks_already_present(resp->chunks_already_present() + 1);
-    }
-    in_chunk = false;
-  }
-  if (ctx->IsCancelled()) {
-    return fail(absl::CancelledError("put stream cancelled by the client"));
-  }
-  if (in_chunk) {
-    return fail(absl::InvalidArgumentError(absl::StrCat(
-        "data: payload size wrong: stream ended with chunk ", current.key.ToHex(), " at ",
-        received, " of ", chunk_bytes, " bytes")));
-  }
-  return grpc::Status::OK;
-}
-
 grpc::Status KvCacheService::PinImpl(TieredStore* store, const v1::PinRequest* req,
                                      v1::PinResponse* resp) {
   if (auto l = RequireNamespace(store, req->namespace_id()); !l.ok()) {
@@ -392,6 +267,7 @@ grpc::Status KvCacheService::StatsImpl(TieredStore* store, v1::StatsResponse* re
   ram->set_misses(s.ram.misses);
   ram->set_evictions(s.ram.evictions);
   ram->set_pinned_bytes(s.ram.pinned_bytes);
+  ram->set_prefaulted_bytes(s.ram.prefaulted_bytes);
   if (store->write_mode() != WriteMode::kRamOnly) {
     auto* ssd = resp->add_tiers();
     ssd->set_tier(v1::TIER_SSD);

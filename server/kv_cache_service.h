@@ -7,8 +7,9 @@
 // SetStore() every call fails with UNAVAILABLE.
 //
 // Thread-safety: gRPC's synchronous server calls the handlers on its thread pool, any
-// number at once; the service keeps no per-call state outside the handler's stack and
-// the store is thread-safe. The store pointer is published once with release order and
+// number at once, and its callback API drives the Put and Get reactors; the service
+// keeps no per-call state outside the handlers' stacks and the reactors, and the store
+// is thread-safe. The store pointer is published once with release order and
 // read with acquire order, which is all the handlers need to see a fully opened store.
 #ifndef KVTIER_SERVER_KV_CACHE_SERVICE_H_
 #define KVTIER_SERVER_KV_CACHE_SERVICE_H_
@@ -40,9 +41,12 @@ struct DataPlaneInfo {
   uint64_t instance_id = 0;
 };
 
-// Get runs on gRPC's callback API with raw buffers (GetReactor: zero-copy sends); the
-// other methods are synchronous.
-class KvCacheService final : public v1::KvCache::WithRawCallbackMethod_Get<v1::KvCache::Service> {
+// Put and Get run on gRPC's callback API with raw buffers (PutReactor: one copy from
+// gRPC's buffers into the pool; GetReactor: zero-copy sends); the other methods are
+// synchronous.
+class KvCacheService final
+    : public v1::KvCache::WithRawCallbackMethod_Put<
+          v1::KvCache::WithRawCallbackMethod_Get<v1::KvCache::Service>> {
  public:
   // `metrics` (may be null) and the store given to SetStore must outlive the service.
   // `prefill` runs the Cake sessions and `leases` keeps the Lookup leases; both must
@@ -56,8 +60,8 @@ class KvCacheService final : public v1::KvCache::WithRawCallbackMethod_Get<v1::K
                               v1::RegisterLayoutResponse* resp) override;
   grpc::Status Lookup(grpc::ServerContext* ctx, const v1::LookupRequest* req,
                       v1::LookupResponse* resp) override;
-  grpc::Status Put(grpc::ServerContext* ctx, grpc::ServerReader<v1::PutFrame>* reader,
-                   v1::PutResponse* resp) override;
+  grpc::ServerReadReactor<grpc::ByteBuffer>* Put(grpc::CallbackServerContext* ctx,
+                                                 grpc::ByteBuffer* response) override;
   grpc::ServerWriteReactor<grpc::ByteBuffer>* Get(grpc::CallbackServerContext* ctx,
                                                   const grpc::ByteBuffer* request) override;
   grpc::Status Pin(grpc::ServerContext* ctx, const v1::PinRequest* req,
@@ -77,20 +81,10 @@ class KvCacheService final : public v1::KvCache::WithRawCallbackMethod_Get<v1::K
                          v1::DataPlaneResponse* resp) override;
 
  private:
-  // The bytes a Put frame brings: its data, or the region range it names (with the
-  // region held while they are used).
-  struct FrameBytesView {
-    absl::string_view bytes;
-    std::shared_ptr<const MappedRegion> region;
-  };
-  absl::StatusOr<FrameBytesView> FrameBytes(const v1::PutFrame& frame) const;
-
   grpc::Status RegisterLayoutImpl(TieredStore* store, const v1::RegisterLayoutRequest* req,
                                   v1::RegisterLayoutResponse* resp);
   grpc::Status LookupImpl(TieredStore* store, const v1::LookupRequest* req,
                           v1::LookupResponse* resp);
-  grpc::Status PutImpl(TieredStore* store, grpc::ServerContext* ctx,
-                       grpc::ServerReader<v1::PutFrame>* reader, v1::PutResponse* resp);
   grpc::Status PinImpl(TieredStore* store, const v1::PinRequest* req, v1::PinResponse* resp);
   grpc::Status UnpinImpl(TieredStore* store, const v1::UnpinRequest* req,
                          v1::UnpinResponse* resp);

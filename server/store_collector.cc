@@ -88,6 +88,17 @@ std::vector<MetricFamily> StoreCollector::Collect() const {
        {{{"source", "put"}}, static_cast<double>(s.checksum_failures - s.ssd.checksum_failures)}}));
   f.push_back(Family("kvtier_writeback_queue_depth", "Chunks in RAM waiting to be written to SSD",
                      G, {{{}, static_cast<double>(s.writeback_queue_depth)}}));
+  f.push_back(Family("kvtier_ram_prefaulted_bytes",
+                     "Bytes of the RAM pool faulted in ahead of use (ram_prefault)", G,
+                     {{{}, static_cast<double>(s.ram.prefaulted_bytes)}}));
+  f.push_back(Family("kvtier_puts_waiting", "Puts waiting for room in RAM now", G,
+                     {{{}, static_cast<double>(s.puts_waiting)}}));
+  f.push_back(Family("kvtier_puts_queued_total",
+                     "Puts that found no room in RAM at once and waited for it (put_wait)", C,
+                     {{{}, static_cast<double>(s.puts_queued)}}));
+  f.push_back(Family("kvtier_put_wait_timeouts_total",
+                     "Puts refused RESOURCE_EXHAUSTED after waiting put_wait for room", C,
+                     {{{}, static_cast<double>(s.put_wait_timeouts)}}));
   f.push_back(Family("kvtier_namespaces", "Registered layouts", G,
                      {{{}, static_cast<double>(s.namespaces)}}));
   if (ssd) {

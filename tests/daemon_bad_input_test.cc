@@ -5,8 +5,14 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <thread>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "client/kvtier_client.h"
 #include "gtest/gtest.h"
 #include "storage/crc32c.h"
@@ -31,10 +37,12 @@ class BadInputTest : public ::testing::Test {
     data_dir_ = MakeTempDir("kvtierd-bad");
     Start();
   }
-  void Start() {
-    auto d = DaemonProcess::Start(
-        data_dir_, {"--max-frame-size=256KiB", "--max-keys-per-request=8",
-                    "--ram-capacity=32MiB", "--write-mode=write-through"});
+  void Start(std::vector<std::string> extra = {}) {
+    std::vector<std::string> args = {"--max-frame-size=256KiB", "--max-keys-per-request=8",
+                                     "--ram-capacity=32MiB", "--write-mode=write-through"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    daemon_.reset();
+    auto d = DaemonProcess::Start(data_dir_, args);
     ASSERT_TRUE(d.ok()) << d.status();
     daemon_.emplace(*std::move(d));
     ClientOptions o;
@@ -46,6 +54,35 @@ class BadInputTest : public ::testing::Test {
     ASSERT_TRUE(r.ok()) << r.status();
     ns_ = r->namespace_id;
     baseline_ram_ = RamUsed();
+  }
+
+  // A gauge from the daemon's /metrics, -1 if absent.
+  double Metric(const std::string& name) {
+    auto r = testing::HttpGet(daemon_->metrics_port(), "/metrics");
+    if (!r.ok()) return -1;
+    for (absl::string_view line : absl::StrSplit(r->body, '\n')) {
+      if (absl::ConsumePrefix(&line, name + " ")) {
+        double v;
+        if (absl::SimpleAtod(line, &v)) return v;
+      }
+    }
+    return -1;
+  }
+  // Polls `cond` (the daemon works on its own threads) for up to 30 s.
+  static bool Eventually(const std::function<bool()>& cond) {
+    for (int i = 0; i < 3000; ++i) {
+      if (cond()) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return cond();
+  }
+  int DaemonThreads() {
+    std::ifstream in(absl::StrCat("/proc/", daemon_->pid(), "/status"));
+    std::string line;
+    while (std::getline(in, line)) {
+      if (absl::StartsWith(line, "Threads:")) return std::stoi(line.substr(8));
+    }
+    return -1;
   }
 
   uint64_t RamUsed() {
@@ -201,6 +238,79 @@ TEST_F(BadInputTest, OversizedFrame) {
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_NE(s.error_message().find("max_frame_size"), std::string::npos) << s.error_message();
   ExpectNothingLeft(KeyOf(1));
+}
+
+// The daemon parses Put frames itself (one copy from gRPC's buffers into the pool): bytes
+// that are not a PutFrame at all are INVALID_ARGUMENT, not a crash or a stuck stream.
+TEST_F(BadInputTest, NotAPutFrameIsInvalidArgument) {
+  const grpc::internal::RpcMethod method("/kvtier.v1.KvCache/Put",
+                                         grpc::internal::RpcMethod::CLIENT_STREAMING);
+  for (const std::string& junk : {std::string("\xff\xff\xff", 3),   // A varint cut short.
+                                  std::string("\x22\x80\x80\x01x", 5),  // data longer than sent
+                                  std::string("\x00\x01", 2)}) {       // Field number 0.
+    grpc::ClientContext ctx;
+    grpc::ByteBuffer response;
+    auto channel = grpc::CreateChannel(daemon_->target(), grpc::InsecureChannelCredentials());
+    std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> w(
+        grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(channel.get(), method,
+                                                                      &ctx, &response));
+    grpc::Slice slice(junk);
+    w->Write(grpc::ByteBuffer(&slice, 1));
+    w->WritesDone();
+    grpc::Status s = w->Finish();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+    EXPECT_NE(s.error_message().find("not a PutFrame"), std::string::npos) << s.error_message();
+  }
+  ExpectNothingLeft(KeyOf(1));
+}
+
+// Puts that find RAM full wait for room (put_wait) in arrival order without a daemon
+// thread each; a waiting stream the client cancels leaves the queue and takes no room.
+TEST_F(BadInputTest, WaitingPutsHoldNoThreadAndCancelCleanly) {
+  Start({"--put-wait=120s"});  // No waiter may time out while the test looks.
+  struct Stream {
+    grpc::ClientContext ctx;
+    v1::PutResponse resp;
+    std::unique_ptr<grpc::ClientWriter<v1::PutFrame>> w;
+  };
+  const std::string data = PatternBytes(7, kChunk);
+  auto open = [&](uint64_t key) {
+    auto s = std::make_unique<Stream>();
+    s->w = client_->stub()->Put(&s->ctx, &s->resp);
+    EXPECT_TRUE(s->w->Write(Frame(KeyOf(key), 0, data.substr(0, kFrameLimit))));
+    return s;
+  };
+  // Puts in flight fill the pool: each stream sent its chunk's first frame and stops.
+  constexpr int kHolders = 32, kWaiters = 16;  // 32 MiB of 1 MiB chunks.
+  std::vector<std::unique_ptr<Stream>> holders, waiters;
+  for (int i = 0; i < kHolders; ++i) holders.push_back(open(100 + i));
+  ASSERT_TRUE(Eventually([&] { return RamUsed() == kHolders * kChunk; })) << RamUsed();
+  const int threads_before = DaemonThreads();
+  for (int i = 0; i < kWaiters; ++i) waiters.push_back(open(200 + i));
+  ASSERT_TRUE(Eventually([&] { return Metric("kvtier_puts_waiting") == kWaiters; }))
+      << Metric("kvtier_puts_waiting");
+  EXPECT_LT(DaemonThreads() - threads_before, kWaiters / 2)
+      << "waiting puts must not each hold a thread (" << threads_before << " threads before)";
+  // Cancelled waiters leave the queue; nothing of theirs is held.
+  for (auto& s : waiters) {
+    s->ctx.TryCancel();
+    EXPECT_EQ(s->w->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  }
+  ASSERT_TRUE(Eventually([&] { return Metric("kvtier_puts_waiting") == 0; }));
+  EXPECT_EQ(RamUsed(), kHolders * kChunk);
+  // Room appears when a holder gives up: a new put gets it and completes.
+  holders.back()->ctx.TryCancel();
+  holders.back()->w->Finish();
+  holders.pop_back();
+  std::vector<v1::PutFrame> whole = WholeChunk(KeyOf(300), data, crc32c::Value(data));
+  grpc::Status put = SendPut(whole);
+  EXPECT_TRUE(put.ok()) << put.error_message();
+  for (auto& s : holders) {
+    s->ctx.TryCancel();
+    s->w->Finish();
+  }
+  ASSERT_TRUE(Eventually([&] { return RamUsed() == kChunk; })) << RamUsed();
+  EXPECT_GE(Metric("kvtier_puts_queued_total"), kWaiters);  // The last put may have waited.
 }
 
 TEST_F(BadInputTest, TooManyKeys) {

@@ -1,0 +1,270 @@
+#include "server/put_reactor.h"
+
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "server/status_util.h"
+
+namespace kvtier {
+
+PutReactor::PutReactor(grpc::CallbackServerContext* ctx, grpc::ByteBuffer* response,
+                       TieredStore* store, RpcMetrics* metrics, RegionTable* regions,
+                       uint64_t max_frame_bytes)
+    : ctx_(ctx),
+      response_(response),
+      store_(store),
+      regions_(regions),
+      max_frame_bytes_(max_frame_bytes),
+      scope_(metrics, RpcMethod::kPut) {
+  if (store_ == nullptr) {
+    Finish(scope_.Done(ToGrpcStatus(absl::UnavailableError(
+        "kvtierd is starting up (recovering the SSD tier's index); retry shortly"))));
+    return;
+  }
+  StartRead(&message_);
+}
+
+void PutReactor::OnReadDone(bool ok) {
+  if (!ok) {
+    EndOfStream();
+    return;
+  }
+  OnFrame();
+}
+
+void PutReactor::OnFrame() {
+  if (!parser_.Parse(message_)) {
+    Fail(absl::InvalidArgumentError("frame: not a PutFrame message"));
+    return;
+  }
+  const v1::PutFrame& frame = parser_.header();
+  if (absl::Status s = FrameBytes(); !s.ok()) {
+    Fail(s);
+    return;
+  }
+  auto key = ChunkKey::FromBytes(frame.key());
+  if (!key.ok()) {
+    Fail(absl::InvalidArgumentError(absl::StrCat("key: ", key.status().message())));
+    return;
+  }
+  const ChunkId id{frame.namespace_id(), *key};
+  if (!in_chunk_) {
+    if (frame.offset() != 0) {
+      Fail(absl::InvalidArgumentError(
+          absl::StrCat("offset: frame out of order: first frame of chunk ", key->ToHex(),
+                       " has offset ", frame.offset(), ", expected 0")));
+      return;
+    }
+    auto layout = store_->FindLayout(id.ns);
+    if (!layout.ok()) {
+      Fail(layout.status());
+      return;
+    }
+    in_chunk_ = true;
+    current_ = id;
+    chunk_bytes_ = layout->ChunkBytes();
+    received_ = 0;
+    BeginChunk(id, frame.token_count());
+    return;
+  }
+  if (!(id == current_)) {
+    Fail(absl::InvalidArgumentError(absl::StrCat(
+        "key: frame for chunk ", key->ToHex(), " arrived before chunk ", current_.key.ToHex(),
+        " was complete (", received_, " of ", chunk_bytes_,
+        " bytes); frames of different chunks may not interleave")));
+    return;
+  }
+  if (frame.offset() != received_) {
+    Fail(absl::InvalidArgumentError(
+        absl::StrCat("offset: frame out of order for chunk ", key->ToHex(), ": offset ",
+                     frame.offset(), ", expected ", received_)));
+    return;
+  }
+  Consume();
+}
+
+absl::Status PutReactor::FrameBytes() {
+  const v1::PutFrame& frame = parser_.header();
+  region_.reset();
+  region_bytes_ = {};
+  data_ = {};
+  if (!frame.has_region()) {
+    data_size_ = parser_.data_size();
+    if (data_size_ == 0 || data_size_ > max_frame_bytes_) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("data: frame carries ", data_size_,
+                       " bytes; must be 1 to max_frame_size (", max_frame_bytes_, ")"));
+    }
+    data_ = parser_.pieces();
+    return absl::OkStatus();
+  }
+  if (parser_.data_size() != 0) {
+    return absl::InvalidArgumentError(
+        "region: a frame names a region or carries data, not both");
+  }
+  if (regions_ == nullptr) {
+    return absl::FailedPreconditionError(
+        "region: this daemon serves no registered memory (shm_socket is off); send data");
+  }
+  const v1::RegionRef& ref = frame.region();
+  auto region = regions_->Find(ref.region_id(), ref.token());
+  if (!region.ok()) return region.status();
+  auto src = (*region)->Range(ref.offset(), ref.length(), "region");
+  if (!src.ok()) return src.status();
+  if (absl::Status s = (*region)->Populate(*src, ref.length(), MappedRegion::Access::kRead);
+      !s.ok()) {
+    return s;
+  }
+  // The reference keeps the mapping for the copy even if the owner goes away meanwhile.
+  region_ = *std::move(region);
+  region_bytes_ = absl::string_view(*src, ref.length());
+  data_ = absl::MakeConstSpan(&region_bytes_, 1);
+  data_size_ = ref.length();
+  return absl::OkStatus();
+}
+
+void PutReactor::BeginChunk(const ChunkId& id, uint32_t token_count) {
+  {
+    absl::MutexLock lock(&mu_);
+    admitting_ = true;
+  }
+  const uint64_t ticket = store_->BeginPutAsync(
+      id, token_count, [this](Admission writer) { OnAdmission(std::move(writer)); });
+  std::optional<Admission> answer;
+  bool cancel = false;
+  {
+    absl::MutexLock lock(&mu_);
+    admitting_ = false;
+    if (early_answer_.has_value()) {
+      answer = std::move(early_answer_);
+      early_answer_.reset();
+    } else {
+      ticket_ = ticket;
+      cancel = cancelled_;
+    }
+  }
+  if (answer.has_value()) {
+    Admitted(*std::move(answer));
+  } else if (cancel) {
+    store_->CancelPut(ticket);  // Its answer (Cancelled) ends the call.
+  }
+}
+
+void PutReactor::OnAdmission(Admission writer) {
+  {
+    absl::MutexLock lock(&mu_);
+    ticket_ = 0;
+    if (admitting_) {  // BeginChunk takes it from here.
+      early_answer_ = std::move(writer);
+      return;
+    }
+  }
+  Admitted(std::move(writer));
+}
+
+void PutReactor::Admitted(Admission writer) {
+  if (!writer.ok()) {
+    Fail(writer.status());
+    return;
+  }
+  writer_ = *std::move(writer);  // Null: already stored; the chunk's frames are drained.
+  Consume();
+}
+
+void PutReactor::Consume() {
+  const v1::PutFrame& frame = parser_.header();
+  if (data_size_ > chunk_bytes_ - received_) {
+    Fail(absl::InvalidArgumentError(absl::StrCat(
+        frame.has_region() ? "region" : "data", ": payload size wrong: chunk ",
+        current_.key.ToHex(), " must be exactly ", chunk_bytes_,
+        " bytes for this namespace's layout; this frame would bring it to ",
+        received_ + data_size_)));
+    return;
+  }
+  if (writer_) {
+    for (absl::string_view piece : data_) {
+      if (absl::Status s = writer_->Append(piece); !s.ok()) {
+        Fail(s);
+        return;
+      }
+    }
+  }
+  received_ += data_size_;
+  resp_.set_bytes_received(resp_.bytes_received() + data_size_);
+  if (received_ < chunk_bytes_) {
+    ReadNext();
+    return;
+  }
+  // The chunk is complete.
+  if (!frame.has_crc32c()) {
+    Fail(absl::InvalidArgumentError(absl::StrCat(
+        "crc32c: required on the frame that completes chunk ", current_.key.ToHex())));
+    return;
+  }
+  if (!writer_) {
+    resp_.set_chunks_already_present(resp_.chunks_already_present() + 1);
+    in_chunk_ = false;
+    ReadNext();
+    return;
+  }
+  store_->CommitPutAsync(std::move(writer_), frame.crc32c(),
+                         [this](absl::Status s) { Committed(std::move(s)); });
+}
+
+void PutReactor::Committed(absl::Status status) {
+  if (!status.ok()) {
+    Fail(status);
+    return;
+  }
+  resp_.set_chunks_stored(resp_.chunks_stored() + 1);
+  in_chunk_ = false;
+  ReadNext();
+}
+
+void PutReactor::ReadNext() {
+  region_.reset();  // The frame is consumed: its region may go.
+  StartRead(&message_);
+}
+
+void PutReactor::EndOfStream() {
+  if (ctx_->IsCancelled()) {
+    Fail(absl::CancelledError("put stream cancelled by the client"));
+    return;
+  }
+  if (in_chunk_) {
+    Fail(absl::InvalidArgumentError(absl::StrCat(
+        "data: payload size wrong: stream ended with chunk ", current_.key.ToHex(), " at ",
+        received_, " of ", chunk_bytes_, " bytes")));
+    return;
+  }
+  const std::string bytes = resp_.SerializeAsString();
+  grpc::Slice slice(bytes);
+  *response_ = grpc::ByteBuffer(&slice, 1);
+  Finish(scope_.Done(grpc::Status::OK));
+}
+
+void PutReactor::Fail(const absl::Status& status) {
+  writer_.reset();  // Its slots go back to the pool; nothing was indexed.
+  region_.reset();
+  Finish(scope_.Done(ToGrpcStatus(absl::Status(
+      status.code(),
+      absl::StrCat(status.message(), " [", resp_.chunks_stored(),
+                   " chunks stored by this stream before the error; the chunk in progress "
+                   "was not stored]")))));
+}
+
+void PutReactor::OnCancel() {
+  uint64_t ticket;
+  {
+    absl::MutexLock lock(&mu_);
+    cancelled_ = true;
+    ticket = ticket_;
+  }
+  // A put waiting for room gives up its place; the Cancelled answer ends the call.
+  if (ticket != 0) store_->CancelPut(ticket);
+}
+
+void PutReactor::OnDone() { delete this; }
+
+}  // namespace kvtier

@@ -1,0 +1,111 @@
+// PutReactor: serves one Put call on gRPC's callback API with raw byte buffers, so that a
+// frame's data is copied once, from gRPC's receive slices straight into the chunk's pool
+// slots, its CRC32C computed in the same pass (FrameParser splits the frame without
+// copying the data; ChunkWriter::Append does the copy). A frame naming a registered
+// region is copied from the client's shared memory the same way.
+//
+// No thread waits on behalf of the call: a chunk's first frame asks the store for room
+// with BeginPutAsync (answered at once, or later by the store's admission thread, in
+// arrival order across all puts), and a write-through commit runs on the store's commit
+// threads. The next read is started only when the frame in hand has been consumed, so
+// gRPC's flow control holds back a client whose put waits for room.
+//
+// The stream's rules are those of the synchronous handler it replaced: frames of one
+// chunk in order and not interleaved with another chunk's, the exact chunk size of the
+// namespace's layout, crc32c on the completing frame, a chunk stored only once it is
+// complete and verified; on an error the call ends with it and says how many chunks
+// this stream stored before.
+//
+// Thread-safety: the call advances one step at a time (read done, room found, commit
+// done), each on whichever thread finished the previous step, so its state needs no
+// lock; only what OnCancel shares with those steps (the admission ticket) is under mu_.
+// Finish is always the last thing a step does; gRPC calls OnDone after it, and OnDone
+// deletes the reactor.
+#ifndef KVTIER_SERVER_PUT_REACTOR_H_
+#define KVTIER_SERVER_PUT_REACTOR_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
+#include <optional>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "client/frame_parser.h"
+#include "kvtier/v1/kvtier.pb.h"
+#include "server/mapped_region.h"
+#include "server/region_table.h"
+#include "server/rpc_metrics.h"
+#include "storage/tiered_store.h"
+
+namespace kvtier {
+
+class PutReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
+ public:
+  // `store` may be null (still starting: the call fails UNAVAILABLE). `metrics` and
+  // `regions` may be null (no regions: a frame naming one is FAILED_PRECONDITION). All
+  // must outlive the call.
+  PutReactor(grpc::CallbackServerContext* ctx, grpc::ByteBuffer* response, TieredStore* store,
+             RpcMetrics* metrics, RegionTable* regions, uint64_t max_frame_bytes);
+
+  void OnReadDone(bool ok) override;
+  void OnCancel() override;
+  void OnDone() override;
+
+ private:
+  using Admission = absl::StatusOr<std::unique_ptr<ChunkWriter>>;
+
+  // Takes the frame just read: checks it, then starts its chunk or consumes it.
+  void OnFrame();
+  // Points data_ at the frame's bytes: its data pieces, or the region range it names
+  // (held in region_ until consumed).
+  absl::Status FrameBytes();
+  // Asks the store for the chunk's room; continues in Admitted.
+  void BeginChunk(const ChunkId& id, uint32_t token_count);
+  void OnAdmission(Admission writer);
+  void Admitted(Admission writer);
+  // Copies the frame's bytes into the chunk; commits a complete chunk, else reads on.
+  void Consume();
+  void Committed(absl::Status status);
+  void ReadNext();
+  // The client half-closed (or the call was cancelled): ends the call.
+  void EndOfStream();
+  // Ends the call with `status`, noting what this stream stored before.
+  void Fail(const absl::Status& status);
+
+  grpc::CallbackServerContext* const ctx_;
+  grpc::ByteBuffer* const response_;
+  TieredStore* const store_;
+  RegionTable* const regions_;
+  const uint64_t max_frame_bytes_;
+  RpcMetrics::Scope scope_;
+
+  grpc::ByteBuffer message_;  // The frame being read or handled.
+  PutFrameParser parser_;
+  // The frame's bytes: pieces of gRPC's buffers, or one range of region_.
+  absl::Span<const absl::string_view> data_;
+  absl::string_view region_bytes_;
+  uint64_t data_size_ = 0;
+  std::shared_ptr<const MappedRegion> region_;
+
+  // The chunk being received. `writer_` is null while draining a chunk that is already
+  // stored (idempotent put).
+  bool in_chunk_ = false;
+  ChunkId current_;
+  uint64_t chunk_bytes_ = 0;
+  uint64_t received_ = 0;
+  std::unique_ptr<ChunkWriter> writer_;
+  v1::PutResponse resp_;
+
+  absl::Mutex mu_;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  // BeginChunk is inside BeginPutAsync: an answer arriving meanwhile is parked in
+  // early_answer_ and taken up by BeginChunk, which still uses the reactor after the call.
+  bool admitting_ ABSL_GUARDED_BY(mu_) = false;
+  std::optional<Admission> early_answer_ ABSL_GUARDED_BY(mu_);
+  uint64_t ticket_ ABSL_GUARDED_BY(mu_) = 0;  // Waiting for room; 0 when not.
+};
+
+}  // namespace kvtier
+
+#endif  // KVTIER_SERVER_PUT_REACTOR_H_
