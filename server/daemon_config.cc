@@ -93,6 +93,9 @@ const std::vector<Option>& Options() {
       SizeOption("ram_slot_size", "host-RAM pool slot size (multiple of 4KiB)",
                  &DaemonConfig::ram_slot_size),
       BoolOption("lock_memory", "mlock the host-RAM pool", &DaemonConfig::lock_memory),
+      BoolOption("ram_prefault",
+                 "fault the host-RAM pool's pages in at start-up, in the background",
+                 &DaemonConfig::ram_prefault),
       {"max_pinned_fraction", "largest share of the RAM pool pinned chunks may hold", false,
        [](DaemonConfig& c, absl::string_view v) -> absl::Status {
          if (!absl::SimpleAtod(v, &c.max_pinned_fraction)) {
@@ -305,6 +308,7 @@ absl::StatusOr<TieredStoreOptions> DaemonConfig::ToStoreOptions() const {
   o.ram.arena.capacity_bytes = ram_capacity;
   o.ram.arena.slot_bytes = ram_slot_size;
   o.ram.arena.lock_memory = lock_memory;
+  o.ram.arena.prefault = ram_prefault;
   o.ram.max_pinned_fraction = max_pinned_fraction;
   o.ssd.path = data_dir + "/ssd";
   o.ssd.capacity_bytes = ssd_capacity;

@@ -29,6 +29,7 @@ struct DaemonConfig {
   uint64_t ram_capacity = 1ull << 30;      // Host-RAM pool, bytes.
   uint64_t ram_slot_size = 1ull << 20;     // Pool slot, bytes.
   bool lock_memory = false;                // mlock the pool.
+  bool ram_prefault = true;                // Fault the pool in at start, in the background.
   double max_pinned_fraction = 0.5;        // Share of the pool pins may hold.
   uint64_t ssd_capacity = 16ull << 30;     // SSD tier payload bytes.
   absl::Duration ssd_ttl = absl::ZeroDuration();  // Zero: no expiry.

@@ -247,8 +247,15 @@ int main(int argc, char** argv) {
   // each keeps its high-water mark: with gRPC's thread pool that is tens of MiB of
   // resident memory that no chunk uses. Four arenas keep contention low on the paths
   // that allocate (chunk bytes never come from malloc).
+  // With that trim threshold alone, each arena's top was given back and faulted in again
+  // on every put (gRPC's receive buffers for a frame grow the heap, then free it): 20-40
+  // thousand page faults a second at 0.4 GB/s of 2 MiB puts, a fifth of the daemon's CPU
+  // on a VM where a fault costs about 20 microseconds. A top pad keeps 8 MiB per arena
+  // (32 MiB at most) mapped across the churn; puts then fault almost never
+  // (bench/RESULTS.md, optimisation log).
   mallopt(M_MMAP_THRESHOLD, 256 << 10);
   mallopt(M_TRIM_THRESHOLD, 1 << 20);
+  mallopt(M_TOP_PAD, 8 << 20);
   mallopt(M_ARENA_MAX, 4);
   // SIGTERM and SIGINT are taken synchronously by sigwait in Run(). Block them first
   // thing, before any library can start a thread, so that every thread inherits the

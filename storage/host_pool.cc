@@ -227,6 +227,7 @@ HostPoolStats HostPool::GetStats() const {
   HostPoolStats s;
   s.capacity_bytes = capacity_bytes();
   s.used_bytes = (arena_->num_slots() - arena_->free_slots()) * arena_->slot_bytes();
+  s.prefaulted_bytes = arena_->prefaulted_bytes();
   s.chunk_bytes = chunk_bytes_;
   s.chunks = index_.size();
   for (const auto& [_, e] : index_) {

@@ -47,6 +47,7 @@ struct HostPoolStats {
   uint64_t hits = 0;
   uint64_t misses = 0;
   uint64_t evictions = 0;
+  uint64_t prefaulted_bytes = 0;  // SlotArena::prefaulted_bytes().
 };
 
 class HostPool {

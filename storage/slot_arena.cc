@@ -1,11 +1,19 @@
 #include "storage/slot_arena.h"
 
 #include <sys/mman.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "storage/log.h"
+
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23  // Linux 5.14; older C library headers lack the name.
+#endif
 
 namespace kvtier {
 
@@ -44,9 +52,39 @@ absl::StatusOr<std::unique_ptr<SlotArena>> SlotArena::Create(const SlotArenaOpti
         "lock_memory: mlock of ", bytes, " bytes failed: ", std::strerror(err),
         " (raise LimitMEMLOCK or turn lock_memory off)"));
   }
-  return std::unique_ptr<SlotArena>(
+  std::unique_ptr<SlotArena> arena(
       new SlotArena(static_cast<char*>(p), bytes, options.slot_bytes, num_slots));
+  if (options.lock_memory) {
+    arena->prefaulted_ = bytes;  // mlock faulted every page in.
+    arena->prefault_done_.Notify();
+  } else if (options.prefault) {
+    arena->prefault_thread_ = std::thread([a = arena.get()] { a->Prefault(); });
+  } else {
+    arena->prefault_done_.Notify();
+  }
+  return arena;
 }
+
+void SlotArena::Prefault() {
+  // Lowest CPU priority for this thread only (Linux: a thread id is a PRIO_PROCESS who).
+  setpriority(PRIO_PROCESS, static_cast<id_t>(gettid()), 19);
+  constexpr uint64_t kStep = 16ull << 20;
+  // From the lowest slots up: the free list hands those out first.
+  for (uint64_t off = 0; off < mapped_bytes_ && !stop_prefault_.load(); off += kStep) {
+    const uint64_t n = std::min(kStep, mapped_bytes_ - off);
+    if (madvise(base_ + off, n, MADV_POPULATE_WRITE) != 0) {
+      // EINVAL: a kernel older than 5.14. ENOMEM/EFAULT: no memory for the pool now; the
+      // first writes will fault (and fail) the same way without the prefault.
+      LogWarning("ram_prefault: stopped after ", off, " of ", mapped_bytes_,
+                 " bytes: madvise(MADV_POPULATE_WRITE): ", std::strerror(errno));
+      break;
+    }
+    prefaulted_.store(off + n, std::memory_order_relaxed);
+  }
+  prefault_done_.Notify();
+}
+
+void SlotArena::WaitForPrefault() { prefault_done_.WaitForNotification(); }
 
 SlotArena::SlotArena(char* base, uint64_t mapped_bytes, uint64_t slot_bytes,
                      uint64_t num_slots)
@@ -55,7 +93,11 @@ SlotArena::SlotArena(char* base, uint64_t mapped_bytes, uint64_t slot_bytes,
   for (uint64_t i = num_slots; i > 0; --i) free_.push_back(static_cast<uint32_t>(i - 1));
 }
 
-SlotArena::~SlotArena() { munmap(base_, mapped_bytes_); }
+SlotArena::~SlotArena() {
+  stop_prefault_ = true;
+  if (prefault_thread_.joinable()) prefault_thread_.join();
+  munmap(base_, mapped_bytes_);
+}
 
 absl::StatusOr<std::vector<uint32_t>> SlotArena::Take(size_t n) {
   absl::MutexLock lock(&mu_);

@@ -9,14 +9,17 @@
 #ifndef KVTIER_STORAGE_SLOT_ARENA_H_
 #define KVTIER_STORAGE_SLOT_ARENA_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
+#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/types/span.h"
 
 namespace kvtier {
@@ -31,6 +34,13 @@ struct SlotArenaOptions {
   // mlock() the arena so the kernel never swaps chunk bytes out. Needs CAP_IPC_LOCK or
   // a large enough RLIMIT_MEMLOCK; failure is a start-up error when set.
   bool lock_memory = false;
+  // Fault the arena's pages in at start-up, on a background thread (lowest priority,
+  // 16 MiB at a time, MADV_POPULATE_WRITE), so that puts do not pay a page fault per
+  // 4 KiB of their first pass over the pool: on this project's VMs a fault costs about
+  // as much as copying the page 20 times. The arena is usable meanwhile; populating a
+  // page a put has already written leaves it alone. Off: pages are faulted in by the
+  // first chunk written to them, and an idle daemon with a large pool stays small.
+  bool prefault = false;
 
   absl::Status Validate() const;
 };
@@ -51,10 +61,16 @@ class SlotArena {
   uint64_t num_slots() const { return num_slots_; }
   uint64_t capacity_bytes() const { return num_slots_ * slot_bytes_; }
   uint64_t free_slots() const;
+  // Bytes the prefault thread has populated so far (capacity_bytes() once it is done,
+  // and with lock_memory); 0 without prefault.
+  uint64_t prefaulted_bytes() const { return prefaulted_.load(std::memory_order_relaxed); }
+  // Blocks until the prefault thread has finished (at once without one).
+  void WaitForPrefault();
   size_t SlotsFor(uint64_t bytes) const { return (bytes + slot_bytes_ - 1) / slot_bytes_; }
 
  private:
   SlotArena(char* base, uint64_t mapped_bytes, uint64_t slot_bytes, uint64_t num_slots);
+  void Prefault();
 
   char* const base_;
   const uint64_t mapped_bytes_;
@@ -63,6 +79,10 @@ class SlotArena {
   mutable absl::Mutex mu_;
   // LIFO free list: recently freed slots are still warm in the page tables and caches.
   std::vector<uint32_t> free_ ABSL_GUARDED_BY(mu_);
+  std::atomic<uint64_t> prefaulted_{0};
+  std::atomic<bool> stop_prefault_{false};
+  absl::Notification prefault_done_;
+  std::thread prefault_thread_;
 };
 
 }  // namespace kvtier

@@ -137,6 +137,36 @@ TEST(SsdMetricsTest, PayloadFilesAreAccountedFor) {
   EXPECT_EQ(SeriesValue(m, "kvtier_ssd_lost_at_start_total"), 0);
 }
 
+// ram_prefault (the daemon's default; test daemons turn it off): the pool is faulted in
+// after start-up, Stats and the metric say how far, and the daemon serves meanwhile.
+TEST(RamPrefaultTest, PoolIsFaultedInAndReported) {
+  const std::string dir = testing::MakeTempDir("kvtier-prefault");
+  auto d = testing::DaemonProcess::Start(
+      dir + "/data", {"--ram-capacity=64MiB", "--write-mode=ram-only", "--ram-prefault=true"});
+  ASSERT_TRUE(d.ok()) << d.status();
+  auto c = KvTierClient::Connect(d->target());
+  ASSERT_TRUE(c.ok());
+  uint64_t prefaulted = 0;
+  // Polls the daemon's own progress (its thread), for at most 30 s.
+  for (int i = 0; i < 3000 && prefaulted < (64u << 20); ++i) {
+    auto stats = (*c)->Stats();
+    ASSERT_TRUE(stats.ok()) << stats.status();
+    ASSERT_EQ(stats->tiers(0).tier(), v1::TIER_RAM);
+    prefaulted = stats->tiers(0).prefaulted_bytes();
+    if (prefaulted < (64u << 20)) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(prefaulted, 64u << 20);
+  auto r = HttpGet(d->metrics_port(), "/metrics");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(SeriesValue(r->body, "kvtier_ram_prefaulted_bytes"), 64 << 20);
+  // Off (as test daemons run): nothing is faulted in ahead.
+  auto off = testing::DaemonProcess::Start(dir + "/off", {"--ram-capacity=64MiB"});
+  ASSERT_TRUE(off.ok()) << off.status();
+  auto m = HttpGet(off->metrics_port(), "/metrics");
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(SeriesValue(m->body, "kvtier_ram_prefaulted_bytes"), 0);
+}
+
 TEST_F(MetricsTest, PromtoolFindsNoProblemsInABusyScrape) {
   if (access("/usr/bin/promtool", X_OK) != 0) GTEST_FAIL() << "promtool missing (package prometheus)";
   DriveTraffic();

@@ -77,7 +77,11 @@ absl::StatusOr<DaemonProcess> DaemonProcess::Start(const std::string& data_dir,
                                    "--port-file=" + port_file,
                                    // Clients stream unless a test asks for shared memory
                                    // (a later --shm-socket overrides this one).
-                                   "--shm-socket=off"};
+                                   "--shm-socket=off",
+                                   // Test daemons live for seconds: faulting their pool
+                                   // in would only take CPU from the tests (benchmarks
+                                   // and the prefault test turn it back on).
+                                   "--ram-prefault=false"};
   args.insert(args.end(), extra_args.begin(), extra_args.end());
   pid_t pid = fork();
   if (pid < 0) return absl::UnavailableError(absl::StrCat("fork: ", std::strerror(errno)));
