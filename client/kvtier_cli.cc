@@ -702,15 +702,15 @@ Result RunStats(const Args& args, KvTierClient& client) {
   if (auto e = NoPositional(args)) return *e;
   absl::StatusOr<v1::StatsResponse> r = client.Stats();
   if (!r.ok()) return Fail("stats", r.status());
-  Table tiers("lrrrrrrrr");
-  tiers.AddRow({"tier", "capacity", "used", "used%", "pinned", "chunks", "hits", "misses",
-                "evictions"});
+  Table tiers("lrrrrrrrrr");
+  tiers.AddRow({"tier", "capacity", "used", "used%", "payload", "pinned", "chunks", "hits",
+                "misses", "evictions"});
   for (const v1::TierStats& t : r->tiers()) {
     const double used_pct =
         t.capacity_bytes() > 0 ? 100.0 * t.used_bytes() / t.capacity_bytes() : 0.0;
     tiers.AddRow({TierLabel(t.tier()), ProgressMeter::Bytes(t.capacity_bytes()),
                   ProgressMeter::Bytes(t.used_bytes()), absl::StrFormat("%.1f", used_pct),
-                  ProgressMeter::Bytes(t.pinned_bytes()), absl::StrCat(t.chunks()),
+                  ProgressMeter::Bytes(t.payload_bytes()), ProgressMeter::Bytes(t.pinned_bytes()), absl::StrCat(t.chunks()),
                   absl::StrCat(t.hits()), absl::StrCat(t.misses()),
                   absl::StrCat(t.evictions())});
   }

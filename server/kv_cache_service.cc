@@ -268,11 +268,13 @@ grpc::Status KvCacheService::StatsImpl(TieredStore* store, v1::StatsResponse* re
   ram->set_evictions(s.ram.evictions);
   ram->set_pinned_bytes(s.ram.pinned_bytes);
   ram->set_prefaulted_bytes(s.ram.prefaulted_bytes);
+  ram->set_payload_bytes(s.ram.chunk_bytes);
   if (store->write_mode() != WriteMode::kRamOnly) {
     auto* ssd = resp->add_tiers();
     ssd->set_tier(v1::TIER_SSD);
     ssd->set_capacity_bytes(s.ssd.capacity_bytes);
     ssd->set_used_bytes(s.ssd.used_bytes);
+    ssd->set_payload_bytes(s.ssd.payload_bytes);
     ssd->set_chunks(s.ssd.chunks);
     ssd->set_hits(s.ssd.hits);
     ssd->set_misses(s.ssd.misses);

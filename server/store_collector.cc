@@ -54,8 +54,12 @@ std::vector<MetricFamily> StoreCollector::Collect() const {
   f.push_back(Family("kvtier_tier_capacity_bytes", "Configured capacity of each tier", G,
                      per_tier(s.ram.capacity_bytes, s.ssd.capacity_bytes)));
   f.push_back(Family("kvtier_tier_used_bytes",
-                     "Bytes in use in each tier (RAM: slots taken, puts in flight included)", G,
+                     "Bytes taken in each tier (RAM: whole slots, puts in flight included; SSD: "
+                     "chunks rounded up to 4 KiB)", G,
                      per_tier(s.ram.used_bytes, s.ssd.used_bytes)));
+  f.push_back(Family("kvtier_tier_payload_bytes",
+                     "Payload bytes of the chunks held in each tier (no slot or 4 KiB rounding)",
+                     G, per_tier(s.ram.chunk_bytes, s.ssd.payload_bytes)));
   f.push_back(Family("kvtier_tier_chunks", "Chunks held in each tier", G,
                      per_tier(s.ram.chunks, s.ssd.chunks)));
   f.push_back(Family("kvtier_tier_pinned_bytes", "Payload bytes of pinned chunks", G,

@@ -137,6 +137,39 @@ TEST(SsdMetricsTest, PayloadFilesAreAccountedFor) {
   EXPECT_EQ(SeriesValue(m, "kvtier_ssd_lost_at_start_total"), 0);
 }
 
+// Chunks smaller than a pool slot: Stats, the CLI's source, and the metrics tell the
+// payload held apart from the slots it takes.
+TEST(TierBytesTest, PayloadAndSlotBytesAreReportedApart) {
+  const std::string dir = testing::MakeTempDir("kvtier-payload");
+  auto d = testing::DaemonProcess::Start(
+      dir + "/data", {"--ram-capacity=64MiB", "--ram-slot-size=1MiB", "--write-mode=write-through"});
+  ASSERT_TRUE(d.ok()) << d.status();
+  auto c = KvTierClient::Connect(d->target());
+  ASSERT_TRUE(c.ok());
+  LayoutSpec small = testing::LayoutOfMiB(1);
+  small.tokens_per_chunk = 16;  // 64 KiB chunks.
+  auto reg = (*c)->RegisterLayout(small);
+  ASSERT_TRUE(reg.ok()) << reg.status();
+  ASSERT_EQ(reg->chunk_bytes, 64u << 10);
+  for (uint64_t i = 0; i < 4; ++i) {
+    const std::string data = PatternBytes(i, 64 << 10);
+    ChunkToPut chunk{KeyOf(i), data, 16};
+    ASSERT_TRUE((*c)->Put(reg->namespace_id, {&chunk, 1}).ok());
+  }
+  auto stats = (*c)->Stats();
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  ASSERT_EQ(stats->tiers_size(), 2);
+  EXPECT_EQ(stats->tiers(0).payload_bytes(), 4u * (64 << 10));  // RAM
+  EXPECT_EQ(stats->tiers(0).used_bytes(), 4u << 20);             // four whole slots
+  EXPECT_EQ(stats->tiers(1).payload_bytes(), 4u * (64 << 10));  // SSD
+  EXPECT_EQ(stats->tiers(1).used_bytes(), 4u * (64 << 10));     // 4 KiB multiples already
+  auto r = HttpGet(d->metrics_port(), "/metrics");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(SeriesValue(r->body, "kvtier_tier_payload_bytes{tier=\"ram\"}"), 4 * (64 << 10))
+      << r->body;
+  EXPECT_EQ(SeriesValue(r->body, "kvtier_tier_used_bytes{tier=\"ram\"}"), 4 << 20);
+}
+
 // ram_prefault (the daemon's default; test daemons turn it off): the pool is faulted in
 // after start-up, Stats and the metric say how far, and the daemon serves meanwhile.
 TEST(RamPrefaultTest, PoolIsFaultedInAndReported) {
