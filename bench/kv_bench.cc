@@ -224,9 +224,15 @@ int64_t GetOne(KvTierClient& c, uint64_t ns, const kvtier::ChunkKey& key, Cell& 
 // the pool pays a page fault per 4 KiB); the default, as the daemon's, faults them in at
 // start-up, and the cells start once that is done (a long-running daemon's pool is warm).
 std::vector<std::string> DaemonArgs(const std::string& mode, uint64_t ram_mib, uint64_t ssd_mib) {
-  return {absl::StrCat("--ram-capacity=", ram_mib, "MiB"), "--write-mode=" + mode,
-          absl::StrCat("--ssd-capacity=", ssd_mib, "MiB"), "--log-level=warn",
-          Flag("prefault", 1) != 0 ? "--ram-prefault=true" : "--ram-prefault=false"};
+  std::vector<std::string> args = {
+      absl::StrCat("--ram-capacity=", ram_mib, "MiB"), "--write-mode=" + mode,
+      absl::StrCat("--ssd-capacity=", ssd_mib, "MiB"), "--log-level=warn",
+      Flag("prefault", 1) != 0 ? "--ram-prefault=true" : "--ram-prefault=false"};
+  // --slot-kib: the pool's slot size (the daemon's default when unset).
+  if (const uint64_t kib = Flag("slot-kib", 0); kib != 0) {
+    args.push_back(absl::StrCat("--ram-slot-size=", kib, "KiB"));
+  }
+  return args;
 }
 
 // Waits until the daemon's pool is faulted in (with --prefault), at most two minutes.
