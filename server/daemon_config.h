@@ -27,7 +27,7 @@ struct DaemonConfig {
   std::string listen = "127.0.0.1:50051";  // gRPC address, host:port; port 0 picks one.
   std::string data_dir = "./var/kvtier";   // RocksDB lives in <data_dir>/ssd.
   uint64_t ram_capacity = 1ull << 30;      // Host-RAM pool, bytes.
-  uint64_t ram_slot_size = 1ull << 20;     // Pool slot, bytes.
+  uint64_t ram_slot_size = 64ull << 10;    // Pool slot, bytes (see SlotArenaOptions).
   bool lock_memory = false;                // mlock the pool.
   bool ram_prefault = true;                // Fault the pool in at start, in the background.
   double max_pinned_fraction = 0.5;        // Share of the pool pins may hold.
