@@ -149,6 +149,22 @@ class TieredStoreTestBase : public ::testing::Test {
   }
   void PutOk(const ChunkId& id) { ASSERT_TRUE(Put(id).ok()) << id.DebugString(); }
 
+  // Opens a write-back store (put_wait 10 s) whose RAM is all taken by puts in flight,
+  // and returns them: dropping one gives its room back.
+  std::vector<std::unique_ptr<ChunkWriter>> OpenFullOfPutsInFlight(TieredStoreOptions o) {
+    o.write_mode = WriteMode::kWriteBack;
+    o.put_wait = absl::Seconds(10);
+    OpenWith(o);
+    ns_ = Register();
+    std::vector<std::unique_ptr<ChunkWriter>> in_flight;
+    for (uint64_t i = 0; i < kRamChunks; ++i) {
+      auto w = store_->BeginPut(Id(i), 256);
+      EXPECT_TRUE(w.ok()) << w.status();
+      if (w.ok()) in_flight.push_back(*std::move(w));
+    }
+    return in_flight;
+  }
+
   // In write-back mode, waits until the flusher has written every dirty chunk. A
   // chunk deleted while its write-back is in flight can show on SSD for a moment
   // before the flusher undoes its write (see DeleteDuringWriteBackDoesNotResurrect);
@@ -657,16 +673,7 @@ TEST_F(TieredStoreWriteBackTest, ReadAsyncRunsSsdReadsOffTheCallersThread) {
 // A put that finds RAM full of puts in flight waits for one to end (up to put_wait)
 // instead of failing at once, without holding the caller's thread.
 TEST_F(TieredStoreWriteBackTest, PutWaitsForRoomInsteadOfFailing) {
-  auto o = Options(WriteMode::kWriteBack);
-  o.put_wait = absl::Seconds(10);
-  OpenWith(o);
-  ns_ = Register();
-  std::vector<std::unique_ptr<ChunkWriter>> in_flight;
-  for (uint64_t i = 0; i < kRamChunks; ++i) {
-    auto w = store_->BeginPut(Id(i), 256);
-    ASSERT_TRUE(w.ok()) << w.status();
-    in_flight.push_back(*std::move(w));
-  }
+  auto in_flight = OpenFullOfPutsInFlight(Options(WriteMode::kWriteBack));
   absl::Notification admitted;
   absl::StatusOr<std::unique_ptr<ChunkWriter>> waited;
   const uint64_t ticket =
@@ -689,12 +696,7 @@ TEST_F(TieredStoreWriteBackTest, PutWaitsForRoomInsteadOfFailing) {
 // A waiting put given up (its stream ended) leaves the queue at once; the room it would
 // have had goes to the next put.
 TEST_F(TieredStoreWriteBackTest, CancelledPutLeavesTheQueue) {
-  auto o = Options(WriteMode::kWriteBack);
-  o.put_wait = absl::Seconds(10);
-  OpenWith(o);
-  ns_ = Register();
-  std::vector<std::unique_ptr<ChunkWriter>> in_flight;
-  for (uint64_t i = 0; i < kRamChunks; ++i) in_flight.push_back(*store_->BeginPut(Id(i), 256));
+  auto in_flight = OpenFullOfPutsInFlight(Options(WriteMode::kWriteBack));
   absl::Status first;
   const uint64_t ticket = store_->BeginPutAsync(
       Id(100), 256, [&](absl::StatusOr<std::unique_ptr<ChunkWriter>> w) { first = w.status(); });
@@ -716,12 +718,8 @@ TEST_F(TieredStoreWriteBackTest, CancelledPutLeavesTheQueue) {
 // refused RESOURCE_EXHAUSTED, and the message says what to do.
 TEST_F(TieredStoreWriteBackTest, PutWaitEndsResourceExhausted) {
   auto o = Options(WriteMode::kWriteBack);
-  o.put_wait = absl::Seconds(10);
   o.now = [this] { return clock_.Now(); };
-  OpenWith(o);
-  ns_ = Register();
-  std::vector<std::unique_ptr<ChunkWriter>> in_flight;
-  for (uint64_t i = 0; i < kRamChunks; ++i) in_flight.push_back(*store_->BeginPut(Id(i), 256));
+  auto in_flight = OpenFullOfPutsInFlight(o);
   absl::Notification answered;
   absl::Status status;
   store_->BeginPutAsync(Id(100), 256, [&](absl::StatusOr<std::unique_ptr<ChunkWriter>> w) {
