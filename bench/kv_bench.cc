@@ -232,6 +232,10 @@ std::vector<std::string> DaemonArgs(const std::string& mode, uint64_t ram_mib, u
   if (const uint64_t kib = Flag("slot-kib", 0); kib != 0) {
     args.push_back(absl::StrCat("--ram-slot-size=", kib, "KiB"));
   }
+  // --writeback-threads: the daemon's background SSD writers (its default when unset).
+  if (const uint64_t n = Flag("writeback-threads", 0); n != 0) {
+    args.push_back(absl::StrCat("--writeback-threads=", n));
+  }
   return args;
 }
 

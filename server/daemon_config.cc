@@ -156,6 +156,9 @@ const std::vector<Option>& Options() {
                  &DaemonConfig::prefill_prefetch_window),
       UintOption("prefill_ssd_reads", "SSD reads in flight across all Prefill sessions",
                  &DaemonConfig::prefill_ssd_reads),
+      UintOption("writeback_threads",
+                 "write-back: threads writing dirty chunks to SSD, one chunk each at a time",
+                 &DaemonConfig::writeback_threads),
       StringOption("metrics_listen",
                    "HTTP address of /metrics and /healthz, host:port; empty turns it off",
                    &DaemonConfig::metrics_listen),
@@ -285,6 +288,9 @@ absl::Status DaemonConfig::Validate() const {
   if (prefill_prefetch_window == 0) {
     return absl::InvalidArgumentError("option prefill_prefetch_window: must be at least 1");
   }
+  if (writeback_threads == 0 || writeback_threads > 64) {
+    return absl::InvalidArgumentError("option writeback_threads: must be 1 to 64");
+  }
   if (prefill_ssd_reads == 0) {
     return absl::InvalidArgumentError("option prefill_ssd_reads: must be at least 1");
   }
@@ -317,6 +323,7 @@ absl::StatusOr<TieredStoreOptions> DaemonConfig::ToStoreOptions() const {
   o.ssd.write_buffer_bytes = ssd_write_buffer;
   o.max_chunk_bytes = max_chunk_size;
   o.put_wait = put_wait;
+  o.flush_threads = static_cast<int>(writeback_threads);
   o.stream_buffer_bytes = ssd_stream_buffer;
   return o;
 }

@@ -50,6 +50,7 @@ struct DaemonConfig {
   uint64_t prefill_bandwidth_limit = 0;    // Daemon-wide Prefill streaming cap, bytes/s; 0: none.
   uint32_t prefill_prefetch_window = 2;    // Chunks a session reads ahead of the one it sends.
   uint32_t prefill_ssd_reads = 2;          // SSD reads in flight across all sessions.
+  uint32_t writeback_threads = 4;          // Write-back: chunks written to SSD at once.
   // Same-host data plane: the region socket clients register shared memory on.
   // "auto": an abstract socket named after the daemon's instance; "off": none; else an
   // absolute path or an "@abstract" name.

@@ -49,8 +49,9 @@ absl::Status TieredStoreOptions::Validate() const {
   if (stream_buffer_bytes == 0) {
     return absl::InvalidArgumentError("stream_buffer_bytes must be greater than zero");
   }
-  if (read_threads < 1 || commit_threads < 1) {
-    return absl::InvalidArgumentError("read_threads and commit_threads must be at least 1");
+  if (read_threads < 1 || commit_threads < 1 || flush_threads < 1) {
+    return absl::InvalidArgumentError(
+        "read_threads, commit_threads and flush_threads must be at least 1");
   }
   return PutAdmissionOptions{put_wait, absl::Milliseconds(1), now}.Validate();
 }
@@ -90,7 +91,9 @@ absl::StatusOr<std::unique_ptr<TieredStore>> TieredStore::Open(TieredStoreOption
     if (absl::Status s = store->LoadLayouts(); !s.ok()) return s;
   }
   if (store->options_.write_mode == WriteMode::kWriteBack) {
-    store->flusher_ = std::thread([s = store.get()] { s->FlusherLoop(); });
+    for (int i = 0; i < store->options_.flush_threads; ++i) {
+      store->flushers_.emplace_back([s = store.get(), i] { s->FlusherLoop(/*expire=*/i == 0); });
+    }
   }
   store->admission_ = std::make_unique<PutAdmission>(
       PutAdmissionOptions{store->options_.put_wait, absl::Milliseconds(1),
@@ -261,7 +264,7 @@ absl::Status TieredStore::CommitPut(std::unique_ptr<ChunkWriter> writer, uint32_
       if (ram_->Insert(writer->id_, std::move(writer->data_), meta, /*dirty=*/true)) {
         ram_bytes_in_.fetch_add(meta.size, std::memory_order_relaxed);
         absl::MutexLock lock(&flusher_mu_);
-        work_ = true;
+        ++work_gen_;
       }
       break;
     }
@@ -303,24 +306,35 @@ bool TieredStore::FlushOne(bool demotion) {
   return false;
 }
 
-void TieredStore::FlusherLoop() {
+void TieredStore::FlusherLoop(bool expire) {
+  uint64_t seen = 0;
   for (;;) {
     {
       absl::MutexLock lock(&flusher_mu_);
       // Wakes on new dirty chunks, at stop, and every second to retry failed writes.
-      flusher_mu_.AwaitWithTimeout(absl::Condition(
-                                       +[](TieredStore* s) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-                                         return s->stopping_ || s->work_;
-                                       },
-                                       this),
-                                   absl::Seconds(1));
+      const auto wake = [this, &seen]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(flusher_mu_) {
+        return stopping_ || work_gen_ != seen;
+      };
+      flusher_mu_.AwaitWithTimeout(absl::Condition(&wake), absl::Seconds(1));
       if (stopping_) return;
-      work_ = false;
+      seen = work_gen_;
     }
     while (FlushOne(/*demotion=*/false)) {
     }
-    if (ssd_) ssd_->ExpireOld();
+    if (expire && ssd_) ssd_->ExpireOld();
   }
+}
+
+uint64_t TieredStore::FlushAll() {
+  std::atomic<uint64_t> flushed{0};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < options_.flush_threads; ++i) {
+    threads.emplace_back([this, &flushed] {
+      while (FlushOne(/*demotion=*/false)) flushed.fetch_add(1, std::memory_order_relaxed);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  return flushed.load();
 }
 
 Tier TieredStore::Locate(const ChunkId& id) const {
@@ -556,10 +570,10 @@ absl::Status TieredStore::Close() {
     closed_ = true;
     stopping_ = true;
   }
-  if (flusher_.joinable()) flusher_.join();
+  for (std::thread& t : flushers_) t.join();
+  flushers_.clear();
   if (!has_ssd()) return absl::OkStatus();
-  uint64_t flushed = 0;
-  while (FlushOne(/*demotion=*/false)) ++flushed;
+  const uint64_t flushed = FlushAll();
   const uint64_t left = ram_->dirty_count();
   if (flushed > 0 || left > 0) {
     LogInfo("tiered store: flushed ", flushed, " write-back chunks at close; ", left,

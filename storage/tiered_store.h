@@ -71,6 +71,9 @@ struct TieredStoreOptions {
   uint64_t stream_buffer_bytes = 64ull << 20;
   // How long a put waits (in arrival order) for room in RAM before RESOURCE_EXHAUSTED.
   absl::Duration put_wait = absl::Seconds(5);
+  // Write-back: threads writing dirty chunks to SSD, each one chunk at a time (the SSD
+  // tier batches concurrent writes into its 4 MiB device writes). Also used by Close.
+  int flush_threads = 4;
   // Threads committing write-through puts (their SSD writes), off the callers' threads.
   // Also how many such commits run at once.
   int commit_threads = 8;
@@ -236,7 +239,10 @@ class TieredStore {
   absl::Status LoadLayouts();
   // Writes one dirty chunk to SSD. Returns false if there was none.
   bool FlushOne(bool demotion);
-  void FlusherLoop();
+  // One flusher thread; the first also expires old SSD chunks (ssd_ttl).
+  void FlusherLoop(bool expire);
+  // Writes dirty chunks until none is left, on flush_threads threads. Returns how many.
+  uint64_t FlushAll();
   // RAM for a chunk, evicting clean chunks; with `may_block`, also demoting dirty
   // chunks to SSD if that is what it takes. PutAdmission's TryRoom.
   absl::StatusOr<std::shared_ptr<PoolChunk>> TryRoom(uint64_t size, bool may_block);
@@ -275,9 +281,10 @@ class TieredStore {
 
   absl::Mutex flusher_mu_;
   bool stopping_ ABSL_GUARDED_BY(flusher_mu_) = false;
-  bool work_ ABSL_GUARDED_BY(flusher_mu_) = false;  // New dirty chunks to flush.
+  // Bumped for each new dirty chunk: every flusher that has not seen it wakes.
+  uint64_t work_gen_ ABSL_GUARDED_BY(flusher_mu_) = 0;
   bool closed_ ABSL_GUARDED_BY(flusher_mu_) = false;
-  std::thread flusher_;
+  std::vector<std::thread> flushers_;
 };
 
 }  // namespace kvtier

@@ -733,6 +733,23 @@ TEST_F(TieredStoreWriteBackTest, PutWaitEndsResourceExhausted) {
   EXPECT_EQ(store_->GetStats().put_wait_timeouts, 1u);
 }
 
+// Write-back runs flush_threads writers: with the device stalled, more than one chunk's
+// bytes are on their way to it at once (one writer would have at most one chunk's), and
+// everything lands once the device moves again.
+TEST_F(TieredStoreWriteBackTest, FlushersWriteSeveralChunksAtOnce) {
+  auto o = Options(WriteMode::kWriteBack);
+  o.flush_threads = 4;
+  OpenWith(o);
+  ns_ = Register();
+  ops_->HoldWrites();
+  for (uint64_t i = 0; i < 4; ++i) PutOk(Id(i));
+  const bool concurrent = ops_->WaitForHeldBytes(2 * kChunkBytes);
+  ops_->ReleaseWrites();
+  EXPECT_TRUE(concurrent) << "never more than one chunk on its way to the device";
+  WaitFlushed(4);
+  for (uint64_t i = 0; i < 4; ++i) ExpectReadable(Id(i));
+}
+
 TEST_F(TieredStoreWriteBackTest, PinPromotesFromSsdAndHolds) {
   for (uint64_t i = 0; i < kRamChunks + 1; ++i) PutOk(Id(i));
   WaitFlushed(kRamChunks + 1);

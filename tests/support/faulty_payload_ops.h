@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cstdint>
 
+#include "absl/synchronization/mutex.h"
 #include "storage/payload_log.h"
 
 namespace kvtier::testing {
@@ -24,8 +25,32 @@ class FaultyPayloadOps : public PayloadFileOps {
   uint64_t no_space_errors() const { return no_space_errors_.load(); }
   uint64_t corrupted_reads() const { return corrupted_reads_.load(); }
   uint64_t bytes_written() const { return bytes_written_.load(); }
+  // While held, writes wait (in PWrite) until ReleaseWrites; held_bytes() is what they
+  // carry. For tests that need writes to be in flight at once.
+  void HoldWrites() {
+    absl::MutexLock lock(&hold_mu_);
+    hold_ = true;
+  }
+  void ReleaseWrites() {
+    absl::MutexLock lock(&hold_mu_);
+    hold_ = false;
+  }
+  // Blocks until writes waiting in PWrite carry at least `bytes`; false if that has not
+  // happened within a minute (a test's failure, not its timing).
+  bool WaitForHeldBytes(uint64_t bytes) {
+    absl::MutexLock lock(&hold_mu_);
+    const auto enough = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(hold_mu_) { return held_ >= bytes; };
+    return hold_mu_.AwaitWithTimeout(absl::Condition(&enough), absl::Minutes(1));
+  }
 
   ssize_t PWrite(int fd, const void* buf, size_t n, off_t offset) override {
+    {
+      absl::MutexLock lock(&hold_mu_);
+      held_ += n;
+      const auto released = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(hold_mu_) { return !hold_; };
+      hold_mu_.Await(absl::Condition(&released));
+      held_ -= n;
+    }
     if (no_space_.load() || budget_.fetch_sub(static_cast<int64_t>(n)) < static_cast<int64_t>(n)) {
       no_space_errors_.fetch_add(1);
       errno = ENOSPC;
@@ -52,6 +77,9 @@ class FaultyPayloadOps : public PayloadFileOps {
   }
 
  private:
+  absl::Mutex hold_mu_;
+  bool hold_ ABSL_GUARDED_BY(hold_mu_) = false;
+  uint64_t held_ ABSL_GUARDED_BY(hold_mu_) = 0;
   std::atomic<bool> no_space_{false};
   std::atomic<int64_t> budget_{INT64_MAX / 2};
   std::atomic<bool> corrupt_reads_{false};
