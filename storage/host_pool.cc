@@ -31,11 +31,11 @@ HostPool::~HostPool() {
   index_.clear();
 }
 
-bool HostPool::Evictable(const Entry& e) const {
+bool HostPool::Reclaimable(const Entry& e) const {
   // use_count() == 1 means only the index holds the chunk. New references are made only
   // under mu_, and readers drop theirs without it, so the count can only fall while we
   // hold the lock: a chunk seen unreferenced here stays unreferenced.
-  return !e.dirty && !e.flushing && !IsPinned(e) && e.data.use_count() == 1;
+  return !e.flushing && !IsPinned(e) && e.data.use_count() == 1;
 }
 
 void HostPool::EraseLocked(const ChunkId& id) {
@@ -60,18 +60,27 @@ absl::StatusOr<std::shared_ptr<PoolChunk>> HostPool::Allocate(uint64_t size) {
     absl::MutexLock lock(&mu_);
     uint64_t freed = 0;
     while (arena_->free_slots() + freed < need) {
+      // The policy's victim among the chunks nobody holds, dirty or not: a dirty one is
+      // not skipped for a more recently used clean one, it is written to SSD first
+      // (TakeDirtyVictim), so eviction keeps the policy's order when write-back lags.
       std::optional<ChunkId> victim = policy_->PickVictim([this](const ChunkId& id) {
         mu_.AssertHeld();
         auto it = index_.find(id);
-        return it != index_.end() && Evictable(it->second);
+        return it != index_.end() && Reclaimable(it->second);
       });
       if (!victim) {
         return absl::ResourceExhaustedError(absl::StrCat(
             "host pool full: need ", need, " slots for a ", size,
-            "-byte chunk; the rest are pinned, being read, not yet written to SSD, or in "
+            "-byte chunk; the rest are pinned, being read, being written to SSD, or in "
             "puts in flight"));
       }
       auto it = index_.find(*victim);
+      if (it->second.dirty) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "host pool full: need ", need, " slots for a ", size,
+            "-byte chunk; the least recently used chunk is not yet on SSD (write-back) "
+            "and must be written first"));
+      }
       freed += it->second.data->slot_count();
       victims.push_back(it->second.data);
       EraseLocked(*victim);
@@ -178,6 +187,19 @@ uint64_t HostPool::RemoveNamespace(uint64_t ns) {
     EraseLocked(id);
   }
   return ids.size();
+}
+
+std::optional<HostPool::DirtyChunk> HostPool::TakeDirtyVictim() {
+  absl::MutexLock lock(&mu_);
+  std::optional<ChunkId> victim = policy_->PickVictim([this](const ChunkId& id) {
+    mu_.AssertHeld();
+    auto it = index_.find(id);
+    return it != index_.end() && it->second.dirty && Reclaimable(it->second);
+  });
+  if (!victim) return std::nullopt;
+  Entry& e = index_.find(*victim)->second;
+  e.flushing = true;
+  return DirtyChunk{*victim, e.data, e.meta};
 }
 
 std::optional<HostPool::DirtyChunk> HostPool::TakeDirty() {

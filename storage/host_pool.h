@@ -1,7 +1,9 @@
 // HostPool: the host-RAM tier (L1). An index from ChunkId to the chunk's slots in a
 // SlotArena, pinning, dirty tracking for write-back, and eviction through an
 // EvictionPolicy. A chunk is evictable when it is clean (its bytes are on SSD, or there
-// is no SSD tier), not pinned, and no reader holds it.
+// is no SSD tier), not pinned, and no reader holds it. When the policy's victim is
+// dirty, Allocate does not skip it for a more recently used chunk: it fails, and the
+// caller writes that victim to SSD first (TakeDirtyVictim).
 //
 // Thread-safety: every method is thread-safe (one mutex). Returned PoolChunk pointers
 // stay valid while held, even after the chunk leaves the index.
@@ -95,6 +97,9 @@ class HostPool {
     ChunkMeta meta;
   };
   std::optional<DirtyChunk> TakeDirty();
+  // For a demotion: the policy's victim among dirty chunks nobody holds (Allocate's
+  // victim once it is clean), marked flushing like TakeDirty's.
+  std::optional<DirtyChunk> TakeDirtyVictim();
   // `written`: the SSD write succeeded; the chunk becomes clean. Otherwise it stays
   // dirty and is handed out again later. Returns false if the chunk left the index
   // while it was being flushed (deleted or cleared): the caller then removes the copy
@@ -119,7 +124,8 @@ class HostPool {
   HostPool(HostPoolOptions options, std::unique_ptr<SlotArena> arena,
            std::unique_ptr<EvictionPolicy> policy);
   bool IsPinned(const Entry& e) const { return e.pinned_until > options_.now(); }
-  bool Evictable(const Entry& e) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Not pinned, not being read or written to SSD: evictable once clean.
+  bool Reclaimable(const Entry& e) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EraseLocked(const ChunkId& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const HostPoolOptions options_;

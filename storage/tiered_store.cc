@@ -278,7 +278,8 @@ absl::Status TieredStore::CommitPut(std::unique_ptr<ChunkWriter> writer, uint32_
 }
 
 bool TieredStore::FlushOne(bool demotion) {
-  std::optional<HostPool::DirtyChunk> d = ram_->TakeDirty();
+  // A demotion writes the policy's victim; the flusher writes in arrival order.
+  std::optional<HostPool::DirtyChunk> d = demotion ? ram_->TakeDirtyVictim() : ram_->TakeDirty();
   if (!d) return false;
   const auto parts = Pieces(*d->data);
   absl::Status s = ssd_->Put(d->id, d->meta, parts);

@@ -310,6 +310,39 @@ TEST_F(HostPoolTest, NeverEvictsDirtyChunks) {
   EXPECT_FALSE(pool_->Contains(Id(1)));
 }
 
+// Write-back lagging: the least recently used chunk is dirty. Allocate does not evict a
+// more recently used clean chunk in its place; the victim is written first
+// (TakeDirtyVictim) and then evicted, so eviction keeps the policy's order.
+TEST_F(HostPoolTest, DirtyVictimIsWrittenFirstNotSkipped) {
+  Put(Id(1), kChunk, /*dirty=*/true);
+  Put(Id(2), kChunk, /*dirty=*/true);
+  Put(Id(3));
+  Put(Id(4));
+  ASSERT_TRUE(pool_->Find(Id(2)).has_value());  // LRU order now: 1, 3, 4, 2.
+  const absl::Status s = pool_->Allocate(kSlot).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(s.message().find("not yet on SSD"), absl::string_view::npos) << s;
+  for (uint64_t i = 1; i <= 4; ++i) EXPECT_TRUE(pool_->Contains(Id(i))) << i;
+  auto d = pool_->TakeDirtyVictim();
+  ASSERT_TRUE(d.has_value());
+  EXPECT_EQ(d->id, Id(1)) << "the policy's victim, not the oldest-inserted other";
+  const ChunkId written = d->id;
+  d.reset();
+  ASSERT_TRUE(pool_->FinishFlush(written, /*written=*/true));
+  auto room1 = pool_->Allocate(kChunk);  // Held: its slots stay taken.
+  ASSERT_TRUE(room1.ok()) << room1.status();
+  EXPECT_FALSE(pool_->Contains(Id(1)));
+  EXPECT_TRUE(pool_->Contains(Id(3)));
+  // Next in line is 3 (clean): evicted without any write.
+  auto room2 = pool_->Allocate(kChunk);
+  ASSERT_TRUE(room2.ok()) << room2.status();
+  EXPECT_FALSE(pool_->Contains(Id(3)));
+  EXPECT_TRUE(pool_->Contains(Id(2))) << "the recently used dirty chunk stays";
+  // A dirty chunk being read or pinned is nobody's victim.
+  auto reader = pool_->Find(Id(2));
+  EXPECT_FALSE(pool_->TakeDirtyVictim().has_value());
+}
+
 TEST_F(HostPoolTest, NeverEvictsChunksHeldByAReader) {
   for (uint64_t i = 1; i <= 4; ++i) Put(Id(i));
   std::vector<HostPool::Hit> readers;
