@@ -88,12 +88,16 @@ absl::StatusOr<std::unique_ptr<TieredStore>> TieredStore::Open(TieredStoreOption
     auto ssd = SsdTier::Open(store->options_.ssd);
     if (!ssd.ok()) return ssd.status();
     store->ssd_ = *std::move(ssd);
-    if (absl::Status s = store->LoadLayouts(); !s.ok()) return s;
   }
+  store->layouts_ = std::make_unique<LayoutRegistry>(
+      store->ssd_.get(),
+      std::min(store->options_.max_chunk_bytes, store->ram_->capacity_bytes()));
+  if (absl::Status s = store->layouts_->Load(); !s.ok()) return s;
   if (store->options_.write_mode == WriteMode::kWriteBack) {
-    for (int i = 0; i < store->options_.flush_threads; ++i) {
-      store->flushers_.emplace_back([s = store.get(), i] { s->FlusherLoop(/*expire=*/i == 0); });
-    }
+    TieredStore* s = store.get();
+    store->flusher_ = std::make_unique<WriteBackFlusher>(
+        store->options_.flush_threads, [s] { return s->FlushOne(/*demotion=*/false); },
+        [s] { s->ssd_->ExpireOld(); });
   }
   store->admission_ = std::make_unique<PutAdmission>(
       PutAdmissionOptions{store->options_.put_wait, absl::Milliseconds(1),
@@ -114,61 +118,6 @@ TieredStore::~TieredStore() {
   commit_pool_.reset();   // Commits in flight finish before the tiers go,
   read_pool_.reset();     // and reads.
   if (absl::Status s = Close(); !s.ok()) LogWarning("tiered store: close: ", s.message());
-}
-
-absl::Status TieredStore::LoadLayouts() {
-  auto rows = ssd_->LoadLayouts();
-  if (!rows.ok()) return rows.status();
-  absl::MutexLock lock(&layouts_mu_);
-  for (auto& [ns, encoding] : *rows) {
-    auto layout = LayoutSpec::FromCanonicalEncoding(encoding);
-    if (!layout.ok() || layout->NamespaceId() != ns) {
-      LogWarning("tiered store: skipping an unreadable stored layout for namespace ",
-                 absl::StrFormat("%016x", ns));
-      continue;
-    }
-    layouts_[ns] = *std::move(layout);
-  }
-  LogInfo("tiered store: ", layouts_.size(), " layouts recovered");
-  return absl::OkStatus();
-}
-
-absl::StatusOr<TieredStore::Registered> TieredStore::RegisterLayout(const LayoutSpec& layout) {
-  if (absl::Status s = layout.Validate(); !s.ok()) return s;
-  const uint64_t bytes = layout.ChunkBytes();
-  const uint64_t limit = std::min(options_.max_chunk_bytes, ram_->capacity_bytes());
-  if (bytes > limit) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "layout's chunk is ", bytes, " bytes, more than this daemon accepts (", limit,
-        " = min(max_chunk_size, ram_capacity)); use fewer tokens_per_chunk"));
-  }
-  Registered out{layout.NamespaceId(), bytes, false};
-  {
-    absl::MutexLock lock(&layouts_mu_);
-    if (auto it = layouts_.find(out.namespace_id); it != layouts_.end()) {
-      out.already_registered = true;
-      return out;
-    }
-  }
-  if (has_ssd()) {
-    if (absl::Status s = ssd_->SaveLayout(out.namespace_id, layout.CanonicalEncoding());
-        !s.ok()) {
-      return s;
-    }
-  }
-  absl::MutexLock lock(&layouts_mu_);
-  out.already_registered = !layouts_.try_emplace(out.namespace_id, layout).second;
-  return out;
-}
-
-absl::StatusOr<LayoutSpec> TieredStore::FindLayout(uint64_t ns) const {
-  absl::MutexLock lock(&layouts_mu_);
-  auto it = layouts_.find(ns);
-  if (it == layouts_.end()) {
-    return absl::NotFoundError(absl::StrFormat(
-        "namespace_id %016x is not registered; call RegisterLayout first", ns));
-  }
-  return it->second;
 }
 
 absl::StatusOr<std::shared_ptr<PoolChunk>> TieredStore::TryRoom(uint64_t size,
@@ -263,8 +212,7 @@ absl::Status TieredStore::CommitPut(std::unique_ptr<ChunkWriter> writer, uint32_
     case WriteMode::kWriteBack: {
       if (ram_->Insert(writer->id_, std::move(writer->data_), meta, /*dirty=*/true)) {
         ram_bytes_in_.fetch_add(meta.size, std::memory_order_relaxed);
-        absl::MutexLock lock(&flusher_mu_);
-        ++work_gen_;
+        flusher_->Notify();
       }
       break;
     }
@@ -305,25 +253,6 @@ bool TieredStore::FlushOne(bool demotion) {
              s.message());
   ram_->FinishFlush(d->id, /*written=*/false);
   return false;
-}
-
-void TieredStore::FlusherLoop(bool expire) {
-  uint64_t seen = 0;
-  for (;;) {
-    {
-      absl::MutexLock lock(&flusher_mu_);
-      // Wakes on new dirty chunks, at stop, and every second to retry failed writes.
-      const auto wake = [this, &seen]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(flusher_mu_) {
-        return stopping_ || work_gen_ != seen;
-      };
-      flusher_mu_.AwaitWithTimeout(absl::Condition(&wake), absl::Seconds(1));
-      if (stopping_) return;
-      seen = work_gen_;
-    }
-    while (FlushOne(/*demotion=*/false)) {
-    }
-    if (expire && ssd_) ssd_->ExpireOld();
-  }
 }
 
 uint64_t TieredStore::FlushAll() {
@@ -542,10 +471,7 @@ TieredStoreStats TieredStore::GetStats() const {
   TieredStoreStats s;
   s.ram = ram_->GetStats();
   if (has_ssd()) s.ssd = ssd_->GetStats();
-  {
-    absl::MutexLock lock(&layouts_mu_);
-    s.namespaces = layouts_.size();
-  }
+  s.namespaces = layouts_->size();
   s.promotions = promotions_.load(std::memory_order_relaxed);
   s.demotions = demotions_.load(std::memory_order_relaxed);
   s.demotion_failures = demotion_failures_.load(std::memory_order_relaxed);
@@ -566,13 +492,11 @@ TieredStoreStats TieredStore::GetStats() const {
 
 absl::Status TieredStore::Close() {
   {
-    absl::MutexLock lock(&flusher_mu_);
+    absl::MutexLock lock(&close_mu_);
     if (closed_) return absl::OkStatus();
     closed_ = true;
-    stopping_ = true;
   }
-  for (std::thread& t : flushers_) t.join();
-  flushers_.clear();
+  if (flusher_ != nullptr) flusher_->Stop();
   if (!has_ssd()) return absl::OkStatus();
   const uint64_t flushed = FlushAll();
   const uint64_t left = ram_->dirty_count();

@@ -42,9 +42,11 @@
 #include "storage/fair_gate.h"
 #include "storage/host_pool.h"
 #include "storage/io_pool.h"
+#include "storage/layout_registry.h"
 #include "storage/layout_spec.h"
 #include "storage/put_admission.h"
 #include "storage/ssd_tier.h"
+#include "storage/write_back_flusher.h"
 
 namespace kvtier {
 
@@ -160,14 +162,12 @@ class TieredStore {
   // Layouts. Register validates the layout and persists it (when an SSD tier exists).
   // Returns: Ok, InvalidArgument, FailedPrecondition (chunk larger than allowed),
   // Unavailable.
-  struct Registered {
-    uint64_t namespace_id = 0;
-    uint64_t chunk_bytes = 0;
-    bool already_registered = false;
-  };
-  absl::StatusOr<Registered> RegisterLayout(const LayoutSpec& layout);
+  using Registered = LayoutRegistry::Registered;
+  absl::StatusOr<Registered> RegisterLayout(const LayoutSpec& layout) {
+    return layouts_->Register(layout);
+  }
   // Returns: Ok, NotFound.
-  absl::StatusOr<LayoutSpec> FindLayout(uint64_t ns) const;
+  absl::StatusOr<LayoutSpec> FindLayout(uint64_t ns) const { return layouts_->Find(ns); }
 
   // Starts a put. Returns a writer, or nullptr when the chunk is already stored (the
   // caller drains and discards its bytes). Waits up to put_wait, in arrival order, for
@@ -236,11 +236,8 @@ class TieredStore {
 
  private:
   explicit TieredStore(TieredStoreOptions options);
-  absl::Status LoadLayouts();
   // Writes one dirty chunk to SSD. Returns false if there was none.
   bool FlushOne(bool demotion);
-  // One flusher thread; the first also expires old SSD chunks (ssd_ttl).
-  void FlusherLoop(bool expire);
   // Writes dirty chunks until none is left, on flush_threads threads. Returns how many.
   uint64_t FlushAll();
   // RAM for a chunk, evicting clean chunks; with `may_block`, also demoting dirty
@@ -267,8 +264,7 @@ class TieredStore {
   std::unique_ptr<IoPool> commit_pool_;
   std::unique_ptr<PutAdmission> admission_;  // Set in Open.
 
-  mutable absl::Mutex layouts_mu_;
-  absl::flat_hash_map<uint64_t, LayoutSpec> layouts_ ABSL_GUARDED_BY(layouts_mu_);
+  std::unique_ptr<LayoutRegistry> layouts_;  // Set in Open, after ssd_.
 
   std::atomic<uint64_t> promotions_{0};
   std::atomic<uint64_t> demotions_{0};
@@ -279,12 +275,9 @@ class TieredStore {
   std::atomic<uint64_t> ssd_bytes_in_{0};
   std::atomic<uint64_t> ssd_bytes_out_{0};
 
-  absl::Mutex flusher_mu_;
-  bool stopping_ ABSL_GUARDED_BY(flusher_mu_) = false;
-  // Bumped for each new dirty chunk: every flusher that has not seen it wakes.
-  uint64_t work_gen_ ABSL_GUARDED_BY(flusher_mu_) = 0;
-  bool closed_ ABSL_GUARDED_BY(flusher_mu_) = false;
-  std::vector<std::thread> flushers_;
+  absl::Mutex close_mu_;
+  bool closed_ ABSL_GUARDED_BY(close_mu_) = false;
+  std::unique_ptr<WriteBackFlusher> flusher_;  // Write-back mode only; set in Open.
 };
 
 }  // namespace kvtier

@@ -1,0 +1,69 @@
+#include "storage/layout_registry.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "storage/log.h"
+
+namespace kvtier {
+
+absl::Status LayoutRegistry::Load() {
+  if (ssd_ == nullptr) return absl::OkStatus();
+  auto rows = ssd_->LoadLayouts();
+  if (!rows.ok()) return rows.status();
+  absl::MutexLock lock(&mu_);
+  for (auto& [ns, encoding] : *rows) {
+    auto layout = LayoutSpec::FromCanonicalEncoding(encoding);
+    if (!layout.ok() || layout->NamespaceId() != ns) {
+      LogWarning("tiered store: skipping an unreadable stored layout for namespace ",
+                 absl::StrFormat("%016x", ns));
+      continue;
+    }
+    layouts_[ns] = *std::move(layout);
+  }
+  LogInfo("tiered store: ", layouts_.size(), " layouts recovered");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<LayoutRegistry::Registered> LayoutRegistry::Register(const LayoutSpec& layout) {
+  if (absl::Status s = layout.Validate(); !s.ok()) return s;
+  const uint64_t bytes = layout.ChunkBytes();
+  if (bytes > max_chunk_bytes_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "layout's chunk is ", bytes, " bytes, more than this daemon accepts (",
+        max_chunk_bytes_, " = min(max_chunk_size, ram_capacity)); use fewer tokens_per_chunk"));
+  }
+  Registered out{layout.NamespaceId(), bytes, false};
+  {
+    absl::MutexLock lock(&mu_);
+    if (layouts_.contains(out.namespace_id)) {
+      out.already_registered = true;
+      return out;
+    }
+  }
+  if (ssd_ != nullptr) {
+    if (absl::Status s = ssd_->SaveLayout(out.namespace_id, layout.CanonicalEncoding());
+        !s.ok()) {
+      return s;
+    }
+  }
+  absl::MutexLock lock(&mu_);
+  out.already_registered = !layouts_.try_emplace(out.namespace_id, layout).second;
+  return out;
+}
+
+absl::StatusOr<LayoutSpec> LayoutRegistry::Find(uint64_t ns) const {
+  absl::MutexLock lock(&mu_);
+  auto it = layouts_.find(ns);
+  if (it == layouts_.end()) {
+    return absl::NotFoundError(absl::StrFormat(
+        "namespace_id %016x is not registered; call RegisterLayout first", ns));
+  }
+  return it->second;
+}
+
+size_t LayoutRegistry::size() const {
+  absl::MutexLock lock(&mu_);
+  return layouts_.size();
+}
+
+}  // namespace kvtier

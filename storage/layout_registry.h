@@ -1,0 +1,53 @@
+// LayoutRegistry: the registered layouts, namespace id -> LayoutSpec. A layout is
+// validated and bounded (its chunk must fit max_chunk_bytes) when registered, and
+// persisted in the SSD tier when there is one, so that clients' namespaces survive a
+// restart. Registering the same layout again is not an error (already_registered).
+//
+// Thread-safety: thread-safe.
+#ifndef KVTIER_STORAGE_LAYOUT_REGISTRY_H_
+#define KVTIER_STORAGE_LAYOUT_REGISTRY_H_
+
+#include <cstdint>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "storage/layout_spec.h"
+#include "storage/ssd_tier.h"
+
+namespace kvtier {
+
+class LayoutRegistry {
+ public:
+  // `ssd` may be null (nothing persisted); it must outlive the registry.
+  // `max_chunk_bytes`: the largest chunk a layout may have.
+  LayoutRegistry(SsdTier* ssd, uint64_t max_chunk_bytes)
+      : ssd_(ssd), max_chunk_bytes_(max_chunk_bytes) {}
+
+  // Reads the persisted layouts (no-op without an SSD tier); unreadable rows are skipped
+  // with a warning. Returns: Ok, Unavailable.
+  absl::Status Load();
+
+  struct Registered {
+    uint64_t namespace_id = 0;
+    uint64_t chunk_bytes = 0;
+    bool already_registered = false;
+  };
+  // Returns: Ok, InvalidArgument, FailedPrecondition (chunk larger than allowed),
+  // Unavailable (could not persist).
+  absl::StatusOr<Registered> Register(const LayoutSpec& layout);
+  // Returns: Ok, NotFound.
+  absl::StatusOr<LayoutSpec> Find(uint64_t ns) const;
+  size_t size() const;
+
+ private:
+  SsdTier* const ssd_;
+  const uint64_t max_chunk_bytes_;
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<uint64_t, LayoutSpec> layouts_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace kvtier
+
+#endif  // KVTIER_STORAGE_LAYOUT_REGISTRY_H_
