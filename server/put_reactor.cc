@@ -65,6 +65,12 @@ void PutReactor::OnFrame() {
     current_ = id;
     chunk_bytes_ = layout->ChunkBytes();
     received_ = 0;
+    // A first frame that can never be stored is refused before it asks for room: it
+    // must not wait for RAM and then be told RESOURCE_EXHAUSTED, which means "retry".
+    if (absl::Status s = CheckSize(); !s.ok()) {
+      Fail(s);
+      return;
+    }
     BeginChunk(id, frame.token_count());
     return;
   }
@@ -172,14 +178,26 @@ void PutReactor::Admitted(Admission writer) {
   Consume();
 }
 
-void PutReactor::Consume() {
+absl::Status PutReactor::CheckSize() const {
   const v1::PutFrame& frame = parser_.header();
   if (data_size_ > chunk_bytes_ - received_) {
-    Fail(absl::InvalidArgumentError(absl::StrCat(
+    return absl::InvalidArgumentError(absl::StrCat(
         frame.has_region() ? "region" : "data", ": payload size wrong: chunk ",
         current_.key.ToHex(), " must be exactly ", chunk_bytes_,
         " bytes for this namespace's layout; this frame would bring it to ",
-        received_ + data_size_)));
+        received_ + data_size_));
+  }
+  if (received_ + data_size_ == chunk_bytes_ && !frame.has_crc32c()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "crc32c: required on the frame that completes chunk ", current_.key.ToHex()));
+  }
+  return absl::OkStatus();
+}
+
+void PutReactor::Consume() {
+  const v1::PutFrame& frame = parser_.header();
+  if (absl::Status s = CheckSize(); !s.ok()) {
+    Fail(s);
     return;
   }
   if (writer_) {
@@ -196,12 +214,7 @@ void PutReactor::Consume() {
     ReadNext();
     return;
   }
-  // The chunk is complete.
-  if (!frame.has_crc32c()) {
-    Fail(absl::InvalidArgumentError(absl::StrCat(
-        "crc32c: required on the frame that completes chunk ", current_.key.ToHex())));
-    return;
-  }
+  // The chunk is complete (CheckSize saw its crc32c).
   if (!writer_) {
     resp_.set_chunks_already_present(resp_.chunks_already_present() + 1);
     in_chunk_ = false;

@@ -64,6 +64,9 @@ class PutReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   void BeginChunk(const ChunkId& id, uint32_t token_count);
   void OnAdmission(Admission writer);
   void Admitted(Admission writer);
+  // InvalidArgument if the frame runs past the chunk's end, or completes it without
+  // crc32c.
+  absl::Status CheckSize() const;
   // Copies the frame's bytes into the chunk; commits a complete chunk, else reads on.
   void Consume();
   void Committed(absl::Status status);

@@ -1,5 +1,7 @@
 #include "storage/host_pool.h"
 
+#include "absl/container/flat_hash_set.h"
+
 #include "absl/strings/str_cat.h"
 
 namespace kvtier {
@@ -47,7 +49,8 @@ void HostPool::EraseLocked(const ChunkId& id) {
   index_.erase(it);
 }
 
-absl::StatusOr<std::shared_ptr<PoolChunk>> HostPool::Allocate(uint64_t size) {
+absl::StatusOr<std::shared_ptr<PoolChunk>> HostPool::Allocate(uint64_t size,
+                                                             DirtyVictim dirty) {
   const size_t need = arena_->SlotsFor(size);
   if (need > arena_->num_slots()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -58,32 +61,40 @@ absl::StatusOr<std::shared_ptr<PoolChunk>> HostPool::Allocate(uint64_t size) {
   std::vector<std::shared_ptr<PoolChunk>> victims;
   {
     absl::MutexLock lock(&mu_);
+    // The victims are chosen first and evicted only if they make enough room.
+    std::vector<ChunkId> chosen;
+    absl::flat_hash_set<ChunkId> chosen_set;
     uint64_t freed = 0;
     while (arena_->free_slots() + freed < need) {
-      // The policy's victim among the chunks nobody holds, dirty or not: a dirty one is
-      // not skipped for a more recently used clean one, it is written to SSD first
-      // (TakeDirtyVictim), so eviction keeps the policy's order when write-back lags.
-      std::optional<ChunkId> victim = policy_->PickVictim([this](const ChunkId& id) {
+      // kWriteFirst: the policy's victim among the chunks nobody holds, dirty or not; a
+      // dirty one is not skipped for a more recently used clean one.
+      std::optional<ChunkId> victim = policy_->PickVictim([&](const ChunkId& id) {
         mu_.AssertHeld();
         auto it = index_.find(id);
-        return it != index_.end() && Reclaimable(it->second);
+        return it != index_.end() && Reclaimable(it->second) &&
+               (dirty == DirtyVictim::kWriteFirst || !it->second.dirty) &&
+               !chosen_set.contains(id);
       });
       if (!victim) {
         return absl::ResourceExhaustedError(absl::StrCat(
             "host pool full: need ", need, " slots for a ", size,
-            "-byte chunk; the rest are pinned, being read, being written to SSD, or in "
+            "-byte chunk; the rest are pinned, being read, not yet written to SSD, or in "
             "puts in flight"));
       }
-      auto it = index_.find(*victim);
-      if (it->second.dirty) {
+      const Entry& e = index_.find(*victim)->second;
+      if (e.dirty) {
         return absl::ResourceExhaustedError(absl::StrCat(
             "host pool full: need ", need, " slots for a ", size,
             "-byte chunk; the least recently used chunk is not yet on SSD (write-back) "
             "and must be written first"));
       }
-      freed += it->second.data->slot_count();
-      victims.push_back(it->second.data);
-      EraseLocked(*victim);
+      freed += e.data->slot_count();
+      chosen.push_back(*victim);
+      chosen_set.insert(*victim);
+    }
+    for (const ChunkId& id : chosen) {
+      victims.push_back(index_.find(id)->second.data);
+      EraseLocked(id);
       ++evictions_;
     }
   }

@@ -1,9 +1,9 @@
 // HostPool: the host-RAM tier (L1). An index from ChunkId to the chunk's slots in a
 // SlotArena, pinning, dirty tracking for write-back, and eviction through an
 // EvictionPolicy. A chunk is evictable when it is clean (its bytes are on SSD, or there
-// is no SSD tier), not pinned, and no reader holds it. When the policy's victim is
-// dirty, Allocate does not skip it for a more recently used chunk: it fails, and the
-// caller writes that victim to SSD first (TakeDirtyVictim).
+// is no SSD tier), not pinned, and no reader holds it. For a put, when the policy's
+// victim is dirty, Allocate does not skip it for a more recently used chunk: it fails,
+// and the caller writes that victim to SSD first (TakeDirtyVictim).
 //
 // Thread-safety: every method is thread-safe (one mutex). Returned PoolChunk pointers
 // stay valid while held, even after the chunk leaves the index.
@@ -58,10 +58,17 @@ class HostPool {
       HostPoolOptions options, std::unique_ptr<EvictionPolicy> policy);
   ~HostPool();
 
-  // Space for a chunk of `size` bytes, evicting evictable chunks as needed. The space is
-  // not indexed until Insert. Returns: Ok, ResourceExhausted (what is left is pinned,
-  // dirty or being read), InvalidArgument (larger than the whole pool).
-  absl::StatusOr<std::shared_ptr<PoolChunk>> Allocate(uint64_t size);
+  // What Allocate does when the policy's next victim is dirty (write-back, not yet on
+  // SSD). kWriteFirst (puts, which can wait): fail, evicting nothing, so that the caller
+  // writes that victim first (TakeDirtyVictim) and eviction keeps the policy's order.
+  // kSkip (promotions, which are opportunistic): pass over it to the next clean one.
+  enum class DirtyVictim { kWriteFirst, kSkip };
+  // Space for a chunk of `size` bytes, evicting evictable chunks as needed; on failure
+  // nothing is evicted. The space is not indexed until Insert. Returns: Ok,
+  // ResourceExhausted (what is left is pinned, dirty or being read), InvalidArgument
+  // (larger than the whole pool).
+  absl::StatusOr<std::shared_ptr<PoolChunk>> Allocate(uint64_t size,
+                                                      DirtyVictim dirty = DirtyVictim::kSkip);
 
   // Indexes a filled chunk. Returns false (and leaves the index alone) if `id` is
   // already present: puts are idempotent.

@@ -50,11 +50,17 @@ uint64_t PutAdmission::Admit(uint64_t size, Done done) {
       return 0;
     }
   }
-  absl::MutexLock lock(&mu_);
+  mu_.Lock();
+  if (stopping_) {  // Closing meanwhile: the thread may already have answered the queue.
+    mu_.Unlock();
+    done(absl::UnavailableError("put admission: the store is closing"));
+    return 0;
+  }
   const uint64_t ticket = next_ticket_++;
   queue_.push_back(Waiter{ticket, size, options_.now() + options_.wait, std::move(done)});
   ++queued_;
   notified_ = true;
+  mu_.Unlock();
   return ticket;
 }
 

@@ -93,16 +93,17 @@ absl::StatusOr<std::unique_ptr<TieredStore>> TieredStore::Open(TieredStoreOption
       store->ssd_.get(),
       std::min(store->options_.max_chunk_bytes, store->ram_->capacity_bytes()));
   if (absl::Status s = store->layouts_->Load(); !s.ok()) return s;
+  store->admission_ = std::make_unique<PutAdmission>(
+      PutAdmissionOptions{store->options_.put_wait, absl::Milliseconds(1),
+                          store->options_.now},
+      [s = store.get()](uint64_t size, bool may_block) { return s->TryRoom(size, may_block); });
+  // Last: its threads notify the admission queue.
   if (store->options_.write_mode == WriteMode::kWriteBack) {
     TieredStore* s = store.get();
     store->flusher_ = std::make_unique<WriteBackFlusher>(
         store->options_.flush_threads, [s] { return s->FlushOne(/*demotion=*/false); },
         [s] { s->ssd_->ExpireOld(); });
   }
-  store->admission_ = std::make_unique<PutAdmission>(
-      PutAdmissionOptions{store->options_.put_wait, absl::Milliseconds(1),
-                          store->options_.now},
-      [s = store.get()](uint64_t size, bool may_block) { return s->TryRoom(size, may_block); });
   return store;
 }
 
@@ -114,19 +115,21 @@ TieredStore::TieredStore(TieredStoreOptions options)
       commit_pool_(std::make_unique<IoPool>(options_.commit_threads)) {}
 
 TieredStore::~TieredStore() {
-  admission_.reset();     // Waiting puts are answered Unavailable.
+  if (flusher_ != nullptr) flusher_->Stop();  // Flushers notify the admission queue.
   commit_pool_.reset();   // Commits in flight finish before the tiers go,
-  read_pool_.reset();     // and reads.
+  admission_.reset();     // waiting puts are answered Unavailable,
+  read_pool_.reset();     // and reads finish.
   if (absl::Status s = Close(); !s.ok()) LogWarning("tiered store: close: ", s.message());
 }
 
 absl::StatusOr<std::shared_ptr<PoolChunk>> TieredStore::TryRoom(uint64_t size,
                                                                  bool may_block) {
-  absl::StatusOr<std::shared_ptr<PoolChunk>> chunk = ram_->Allocate(size);
+  constexpr auto kWriteFirst = HostPool::DirtyVictim::kWriteFirst;
+  absl::StatusOr<std::shared_ptr<PoolChunk>> chunk = ram_->Allocate(size, kWriteFirst);
   // Each demotion makes one dirty chunk clean (evictable) or drops it.
   while (!chunk.ok() && absl::IsResourceExhausted(chunk.status()) && may_block &&
          has_ssd() && FlushOne(/*demotion=*/true)) {
-    chunk = ram_->Allocate(size);
+    chunk = ram_->Allocate(size, kWriteFirst);
   }
   return chunk;
 }

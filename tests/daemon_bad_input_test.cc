@@ -298,6 +298,22 @@ TEST_F(BadInputTest, WaitingPutsHoldNoThreadAndCancelCleanly) {
   }
   ASSERT_TRUE(Eventually([&] { return Metric("kvtier_puts_waiting") == 0; }));
   EXPECT_EQ(RamUsed(), kHolders * kChunk);
+  // With the pool still full, a first frame that can never be stored (larger than its
+  // 64 KiB chunk, or completing it without crc32c) is refused INVALID_ARGUMENT at once:
+  // it does not queue for room and then get the retryable RESOURCE_EXHAUSTED.
+  LayoutSpec small = LayoutOfMiB(1);
+  small.tokens_per_chunk = 16;  // 64 KiB chunks.
+  auto small_ns = client_->RegisterLayout(small);
+  ASSERT_TRUE(small_ns.ok()) << small_ns.status();
+  const double queued = Metric("kvtier_puts_queued_total");
+  grpc::Status too_big =
+      SendPut({Frame(KeyOf(400), 0, data.substr(0, 128 << 10), 1, small_ns->namespace_id)});
+  EXPECT_EQ(too_big.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << too_big.error_message();
+  EXPECT_NE(too_big.error_message().find("payload size wrong"), std::string::npos);
+  grpc::Status no_crc =
+      SendPut({Frame(KeyOf(401), 0, data.substr(0, 64 << 10), std::nullopt, small_ns->namespace_id)});
+  EXPECT_EQ(no_crc.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << no_crc.error_message();
+  EXPECT_EQ(Metric("kvtier_puts_queued_total"), queued) << "they must not have waited";
   // Room appears when a holder gives up: a new put gets it and completes.
   holders.back()->ctx.TryCancel();
   holders.back()->w->Finish();

@@ -314,12 +314,13 @@ TEST_F(HostPoolTest, NeverEvictsDirtyChunks) {
 // more recently used clean chunk in its place; the victim is written first
 // (TakeDirtyVictim) and then evicted, so eviction keeps the policy's order.
 TEST_F(HostPoolTest, DirtyVictimIsWrittenFirstNotSkipped) {
+  constexpr auto kWriteFirst = HostPool::DirtyVictim::kWriteFirst;
   Put(Id(1), kChunk, /*dirty=*/true);
   Put(Id(2), kChunk, /*dirty=*/true);
   Put(Id(3));
   Put(Id(4));
   ASSERT_TRUE(pool_->Find(Id(2)).has_value());  // LRU order now: 1, 3, 4, 2.
-  const absl::Status s = pool_->Allocate(kSlot).status();
+  const absl::Status s = pool_->Allocate(kSlot, kWriteFirst).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_NE(s.message().find("not yet on SSD"), absl::string_view::npos) << s;
   for (uint64_t i = 1; i <= 4; ++i) EXPECT_TRUE(pool_->Contains(Id(i))) << i;
@@ -329,18 +330,38 @@ TEST_F(HostPoolTest, DirtyVictimIsWrittenFirstNotSkipped) {
   const ChunkId written = d->id;
   d.reset();
   ASSERT_TRUE(pool_->FinishFlush(written, /*written=*/true));
-  auto room1 = pool_->Allocate(kChunk);  // Held: its slots stay taken.
+  auto room1 = pool_->Allocate(kChunk, kWriteFirst);  // Held: its slots stay taken.
   ASSERT_TRUE(room1.ok()) << room1.status();
   EXPECT_FALSE(pool_->Contains(Id(1)));
   EXPECT_TRUE(pool_->Contains(Id(3)));
   // Next in line is 3 (clean): evicted without any write.
-  auto room2 = pool_->Allocate(kChunk);
+  auto room2 = pool_->Allocate(kChunk, kWriteFirst);
   ASSERT_TRUE(room2.ok()) << room2.status();
   EXPECT_FALSE(pool_->Contains(Id(3)));
   EXPECT_TRUE(pool_->Contains(Id(2))) << "the recently used dirty chunk stays";
   // A dirty chunk being read or pinned is nobody's victim.
   auto reader = pool_->Find(Id(2));
   EXPECT_FALSE(pool_->TakeDirtyVictim().has_value());
+}
+
+// A failed Allocate evicts nothing: room for two chunks, LRU order clean 1, dirty 2,
+// clean 3, 4, would have evicted 1 before meeting 2. A promotion (kSkip, the default)
+// passes over the dirty victim instead.
+TEST_F(HostPoolTest, FailedAllocateEvictsNothingAndPromotionsSkipDirty) {
+  Put(Id(1));
+  Put(Id(2), kChunk, /*dirty=*/true);
+  Put(Id(3));
+  Put(Id(4));
+  EXPECT_EQ(pool_->Allocate(2 * kChunk, HostPool::DirtyVictim::kWriteFirst).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  for (uint64_t i = 1; i <= 4; ++i) EXPECT_TRUE(pool_->Contains(Id(i))) << i;
+  EXPECT_EQ(pool_->GetStats().evictions, 0u);
+  auto room = pool_->Allocate(2 * kChunk);
+  ASSERT_TRUE(room.ok()) << room.status();
+  EXPECT_FALSE(pool_->Contains(Id(1)));
+  EXPECT_TRUE(pool_->Contains(Id(2)));
+  EXPECT_FALSE(pool_->Contains(Id(3)));
+  EXPECT_TRUE(pool_->Contains(Id(4)));
 }
 
 TEST_F(HostPoolTest, NeverEvictsChunksHeldByAReader) {
