@@ -128,7 +128,7 @@ void PutAdmission::Loop() {
     }
     mu_.Unlock();
     if (done) {
-      done(std::move(room));
+      Answer(std::move(done), std::move(room));
     } else {
       room = absl::CancelledError("");  // Gives a cancelled put's room back, unlocked.
     }
@@ -137,7 +137,19 @@ void PutAdmission::Loop() {
   std::deque<Waiter> left = std::move(queue_);
   queue_.clear();
   mu_.Unlock();
-  for (Waiter& w : left) w.done(absl::UnavailableError("put admission: the store is closing"));
+  for (Waiter& w : left) {
+    Answer(std::move(w.done), absl::UnavailableError("put admission: the store is closing"));
+  }
+}
+
+void PutAdmission::Answer(Done done, Room room) {
+  if (!options_.answer_on) {
+    done(std::move(room));
+    return;
+  }
+  // std::function needs a copyable task: the answer travels in a shared_ptr.
+  auto task = std::make_shared<std::pair<Done, Room>>(std::move(done), std::move(room));
+  options_.answer_on([task] { task->first(std::move(task->second)); });
 }
 
 size_t PutAdmission::waiting() const {

@@ -11,7 +11,8 @@
 // `retry_interval`, and at once on Notify().
 //
 // Thread-safety: thread-safe. `done` runs exactly once, without the queue's lock held,
-// on the caller's thread, the admission thread, or the thread that calls Cancel.
+// on the caller's thread, the thread that calls Cancel, or (answers from the admission
+// thread) through `answer_on`.
 #ifndef KVTIER_STORAGE_PUT_ADMISSION_H_
 #define KVTIER_STORAGE_PUT_ADMISSION_H_
 
@@ -36,6 +37,10 @@ struct PutAdmissionOptions {
   absl::Duration retry_interval = absl::Milliseconds(1);
   // Clock for the deadlines; tests inject a fake one.
   std::function<absl::Time()> now = [] { return absl::Now(); };
+  // Runs the answers the admission thread gives (a put's `done` may copy its first
+  // frame, megabytes, which must not hold up the queue). Null: on the admission thread.
+  // Must accept tasks until the PutAdmission is destroyed.
+  std::function<void(std::function<void()>)> answer_on;
 
   absl::Status Validate() const;
 };
@@ -78,6 +83,8 @@ class PutAdmission {
     Done done;
   };
   void Loop();
+  // Runs `done(room)` through answer_on, or here without one.
+  void Answer(Done done, Room room);
   bool ShouldWake() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const PutAdmissionOptions options_;

@@ -93,9 +93,14 @@ absl::StatusOr<std::unique_ptr<TieredStore>> TieredStore::Open(TieredStoreOption
       store->ssd_.get(),
       std::min(store->options_.max_chunk_bytes, store->ram_->capacity_bytes()));
   if (absl::Status s = store->layouts_->Load(); !s.ok()) return s;
+  // Answers given on the admission thread run on the commit threads: a put's first
+  // frame is copied in its answer.
   store->admission_ = std::make_unique<PutAdmission>(
       PutAdmissionOptions{store->options_.put_wait, absl::Milliseconds(1),
-                          store->options_.now},
+                          store->options_.now,
+                          [s = store.get()](std::function<void()> task) {
+                            s->commit_pool_->Submit(std::move(task));
+                          }},
       [s = store.get()](uint64_t size, bool may_block) { return s->TryRoom(size, may_block); });
   // Last: its threads notify the admission queue.
   if (store->options_.write_mode == WriteMode::kWriteBack) {
@@ -116,8 +121,8 @@ TieredStore::TieredStore(TieredStoreOptions options)
 
 TieredStore::~TieredStore() {
   if (flusher_ != nullptr) flusher_->Stop();  // Flushers notify the admission queue.
-  commit_pool_.reset();   // Commits in flight finish before the tiers go,
-  admission_.reset();     // waiting puts are answered Unavailable,
+  admission_.reset();     // Waiting puts are answered Unavailable (on the commit threads),
+  commit_pool_.reset();   // commits in flight finish before the tiers go,
   read_pool_.reset();     // and reads finish.
   if (absl::Status s = Close(); !s.ok()) LogWarning("tiered store: close: ", s.message());
 }

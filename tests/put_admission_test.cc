@@ -201,6 +201,49 @@ TEST_F(PutAdmissionTest, DestroyingTheQueueAnswersWaitersUnavailable) {
   EXPECT_EQ(b.room.status().code(), absl::StatusCode::kUnavailable);
 }
 
+// Answers the admission thread gives run through answer_on (the store's commit threads),
+// so a put's first-frame copy does not hold up the queue; inline answers stay inline.
+TEST(PutAdmissionAnswerOnTest, ThreadAnswersGoThroughTheExecutor) {
+  SlotArenaOptions ao;
+  ao.capacity_bytes = kSlot;
+  ao.slot_bytes = kSlot;
+  auto arena = *SlotArena::Create(ao);
+  std::atomic<int> submitted{0};
+  std::vector<std::thread> executor;
+  absl::Mutex mu;
+  PutAdmissionOptions o;
+  o.answer_on = [&](std::function<void()> task) {
+    submitted.fetch_add(1);
+    absl::MutexLock lock(&mu);
+    executor.emplace_back(std::move(task));
+  };
+  auto admission = std::make_unique<PutAdmission>(o, [&](uint64_t size, bool) -> PutAdmission::Room {
+    auto slots = arena->Take(1);
+    if (!slots.ok()) return slots.status();
+    return std::make_shared<PoolChunk>(arena.get(), *std::move(slots), size);
+  });
+  PutAdmission::Room held;
+  EXPECT_EQ(admission->Admit(kSlot, [&](PutAdmission::Room r) { held = std::move(r); }), 0u);
+  ASSERT_TRUE(held.ok());
+  EXPECT_EQ(submitted.load(), 0) << "an inline answer runs on the caller's thread";
+  absl::Notification answered;
+  std::thread::id on;
+  admission->Admit(kSlot, [&](PutAdmission::Room r) {
+    EXPECT_TRUE(r.ok()) << r.status();
+    on = std::this_thread::get_id();
+    answered.Notify();
+  });
+  held = absl::CancelledError("given back");
+  admission->Notify();
+  answered.WaitForNotification();
+  EXPECT_EQ(submitted.load(), 1);
+  admission.reset();
+  absl::MutexLock lock(&mu);
+  ASSERT_EQ(executor.size(), 1u);
+  EXPECT_EQ(on, executor[0].get_id());
+  for (std::thread& t : executor) t.join();
+}
+
 TEST(PutAdmissionOptionsTest, ValidateNamesTheBadOption) {
   PutAdmissionOptions o;
   EXPECT_TRUE(o.Validate().ok());
