@@ -9,10 +9,7 @@
 #include <thread>
 
 #include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
-#include "absl/strings/strip.h"
 #include "client/kvtier_client.h"
 #include "gtest/gtest.h"
 #include "storage/crc32c.h"
@@ -23,6 +20,7 @@ namespace kvtier {
 namespace {
 
 using testing::DaemonProcess;
+using testing::Eventually;
 using testing::KeyOf;
 using testing::LayoutOfMiB;
 using testing::MakeTempDir;
@@ -59,22 +57,7 @@ class BadInputTest : public ::testing::Test {
   // A gauge from the daemon's /metrics, -1 if absent.
   double Metric(const std::string& name) {
     auto r = testing::HttpGet(daemon_->metrics_port(), "/metrics");
-    if (!r.ok()) return -1;
-    for (absl::string_view line : absl::StrSplit(r->body, '\n')) {
-      if (absl::ConsumePrefix(&line, name + " ")) {
-        double v;
-        if (absl::SimpleAtod(line, &v)) return v;
-      }
-    }
-    return -1;
-  }
-  // Polls `cond` (the daemon works on its own threads) for up to 30 s.
-  static bool Eventually(const std::function<bool()>& cond) {
-    for (int i = 0; i < 3000; ++i) {
-      if (cond()) return true;
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    return cond();
+    return r.ok() ? testing::SeriesValue(r->body, name) : -1;
   }
   int DaemonThreads() {
     std::ifstream in(absl::StrCat("/proc/", daemon_->pid(), "/status"));

@@ -22,25 +22,12 @@ namespace kvtier {
 namespace {
 
 using testing::HttpGet;
+using testing::SeriesValue;
 using testing::KeyOf;
 using testing::PatternBytes;
 
 // The value of the series whose line starts with `series` (name and labels, exactly as
 // exposed), or -1.
-double SeriesValue(const std::string& text, const std::string& series) {
-  size_t at = 0;
-  while ((at = text.find(series + " ", at)) != std::string::npos) {
-    if (at == 0 || text[at - 1] == '\n') {
-      const size_t end = text.find('\n', at);
-      double v;
-      if (absl::SimpleAtod(text.substr(at + series.size() + 1, end - at - series.size() - 1), &v)) {
-        return v;
-      }
-    }
-    at += series.size();
-  }
-  return -1;
-}
 
 class MetricsTest : public ::testing::Test {
  protected:
@@ -180,14 +167,13 @@ TEST(RamPrefaultTest, PoolIsFaultedInAndReported) {
   auto c = KvTierClient::Connect(d->target());
   ASSERT_TRUE(c.ok());
   uint64_t prefaulted = 0;
-  // Polls the daemon's own progress (its thread), for at most 30 s.
-  for (int i = 0; i < 3000 && prefaulted < (64u << 20); ++i) {
+  const bool done = testing::Eventually([&] {
     auto stats = (*c)->Stats();
-    ASSERT_TRUE(stats.ok()) << stats.status();
-    ASSERT_EQ(stats->tiers(0).tier(), v1::TIER_RAM);
+    if (!stats.ok() || stats->tiers(0).tier() != v1::TIER_RAM) return false;
     prefaulted = stats->tiers(0).prefaulted_bytes();
-    if (prefaulted < (64u << 20)) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+    return prefaulted == (64u << 20);
+  });
+  EXPECT_TRUE(done);
   EXPECT_EQ(prefaulted, 64u << 20);
   auto r = HttpGet(d->metrics_port(), "/metrics");
   ASSERT_TRUE(r.ok()) << r.status();

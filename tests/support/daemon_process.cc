@@ -177,6 +177,29 @@ absl::StatusOr<uint64_t> DaemonProcess::PeakResidentBytes() const {
   return ProcStatusKb(pid_, "VmHWM");
 }
 
+double SeriesValue(const std::string& text, const std::string& series) {
+  size_t at = 0;
+  while ((at = text.find(series + " ", at)) != std::string::npos) {
+    if (at == 0 || text[at - 1] == '\n') {
+      const size_t end = text.find('\n', at);
+      double v;
+      if (absl::SimpleAtod(text.substr(at + series.size() + 1, end - at - series.size() - 1), &v)) {
+        return v;
+      }
+    }
+    at += series.size();
+  }
+  return -1;
+}
+
+bool Eventually(const std::function<bool()>& cond) {
+  for (int i = 0; i < 3000; ++i) {
+    if (cond()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return cond();
+}
+
 absl::StatusOr<HttpResponse> HttpGet(int port, const std::string& path) {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   if (fd < 0) return absl::UnavailableError("socket");

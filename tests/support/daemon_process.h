@@ -62,6 +62,14 @@ struct HttpResponse {
 };
 absl::StatusOr<HttpResponse> HttpGet(int port, const std::string& path);
 
+// The value of `series` (a metric name with its labels, as exposed) in a /metrics
+// text, or -1 if it is not there.
+double SeriesValue(const std::string& text, const std::string& series);
+
+// Polls `cond` every 10 ms for up to 30 s, for tests that wait on a daemon's own
+// progress (its threads, not the test's). Returns whether it came true.
+bool Eventually(const std::function<bool()>& cond);
+
 // A free TCP port on 127.0.0.1 (bound and released; racy, but fine for tests).
 int FreePort();
 
