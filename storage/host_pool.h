@@ -118,6 +118,9 @@ class HostPool {
 
   HostPoolStats GetStats() const;
   uint64_t capacity_bytes() const { return arena_->capacity_bytes(); }
+  // The pool's memory, for page-locking it for a GPU.
+  char* memory() const { return arena_->base(); }
+  uint64_t memory_bytes() const { return arena_->mapped_bytes(); }
 
  private:
   struct Entry {

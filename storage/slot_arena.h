@@ -62,6 +62,9 @@ class SlotArena {
 
   char* SlotData(uint32_t slot) const { return base_ + uint64_t{slot} * slot_bytes_; }
   uint64_t slot_bytes() const { return slot_bytes_; }
+  // The whole mapping (for page-locking it for a GPU).
+  char* base() const { return base_; }
+  uint64_t mapped_bytes() const { return mapped_bytes_; }
   uint64_t num_slots() const { return num_slots_; }
   uint64_t capacity_bytes() const { return num_slots_ * slot_bytes_; }
   uint64_t free_slots() const;

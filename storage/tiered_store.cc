@@ -53,6 +53,9 @@ absl::Status TieredStoreOptions::Validate() const {
     return absl::InvalidArgumentError(
         "read_threads, commit_threads and flush_threads must be at least 1");
   }
+  if (device != nullptr && gpu_staging.capacity_bytes > 0) {
+    if (absl::Status s = gpu_staging.Validate(); !s.ok()) return s;
+  }
   return PutAdmissionOptions{put_wait, absl::Milliseconds(1), now}.Validate();
 }
 
@@ -84,6 +87,10 @@ absl::StatusOr<std::unique_ptr<TieredStore>> TieredStore::Open(TieredStoreOption
   auto ram = HostPool::Create(store->options_.ram, std::make_unique<LruPolicy>());
   if (!ram.ok()) return ram.status();
   store->ram_ = *std::move(ram);
+  if (store->options_.device != nullptr) {
+    store->gpu_ = GpuTier::Create(store->options_.device, store->options_.gpu_staging,
+                                  store->ram_->memory(), store->ram_->memory_bytes());
+  }
   if (store->options_.write_mode != WriteMode::kRamOnly) {
     auto ssd = SsdTier::Open(store->options_.ssd);
     if (!ssd.ok()) return ssd.status();
@@ -276,6 +283,7 @@ uint64_t TieredStore::FlushAll() {
 }
 
 Tier TieredStore::Locate(const ChunkId& id) const {
+  if (gpu_ != nullptr && gpu_->Contains(id)) return Tier::kGpu;
   if (ram_->Contains(id)) return Tier::kRam;
   if (has_ssd() && ssd_->Contains(id)) return Tier::kSsd;
   return Tier::kNone;
@@ -454,7 +462,62 @@ void TieredStore::NotifyRoom() {
   if (admission_ != nullptr) admission_->Notify();
 }
 
+void TieredStore::StageAsync(const ChunkId& id) {
+  if (gpu_ == nullptr || gpu_->Contains(id)) return;
+  std::optional<HostPool::Hit> hit = ram_->Peek(id);
+  if (!hit) return;
+  std::vector<absl::string_view> pieces;
+  hit->data->ForEachPiece(0, hit->meta.size,
+                          [&](absl::string_view p) { pieces.push_back(p); });
+  gpu_->Stage(id, hit->meta, std::move(pieces), hit->data);
+}
+
+void TieredStore::ReadToDeviceAsync(const ChunkId& id, std::vector<DeviceRange> ranges,
+                                    std::function<void(absl::StatusOr<Tier>)> done) {
+  if (gpu_ == nullptr) {
+    done(absl::FailedPreconditionError("this daemon has no GPU"));
+    return;
+  }
+  auto from_host = [this, id, ranges, done](absl::StatusOr<ChunkView> view) mutable {
+    if (!view.ok()) {
+      done(view.status());
+      return;
+    }
+    std::vector<absl::string_view> pieces;
+    view->ForEachPiece(0, view->meta().size,
+                       [&](absl::string_view p) { pieces.push_back(p); });
+    const Tier from = view->tier();
+    gpu_->DeliverFromHost(view->meta(), std::move(pieces), view->KeepAlive(), std::move(ranges),
+                          [this, id, done = std::move(done), from](absl::Status s) {
+                            if (!s.ok()) {
+                              done(s);
+                              return;
+                            }
+                            // A worker on this GPU asked for it: likely again soon.
+                            StageAsync(id);
+                            done(from);
+                          });
+  };
+  if (!gpu_->Contains(id)) {
+    ReadAsync(id, std::move(from_host));
+    return;
+  }
+  gpu_->DeliverFromStaging(
+      id, ranges,
+      [this, id, from_host = std::move(from_host), done](absl::Status s) mutable {
+        if (s.ok()) {
+          done(Tier::kGpu);
+        } else if (absl::IsNotFound(s)) {
+          // Evicted from staging since Contains: the host copy is still there.
+          ReadAsync(id, std::move(from_host));
+        } else {
+          done(s);
+        }
+      });
+}
+
 absl::StatusOr<bool> TieredStore::Delete(const ChunkId& id) {
+  if (gpu_ != nullptr) gpu_->Remove(id);  // A copy of the RAM chunk: never the only one.
   bool present = ram_->Remove(id);
   if (present) NotifyRoom();
   if (has_ssd()) {
@@ -467,6 +530,7 @@ absl::StatusOr<bool> TieredStore::Delete(const ChunkId& id) {
 
 absl::StatusOr<uint64_t> TieredStore::Clear(uint64_t ns) {
   // A chunk in both tiers counts once: count the SSD's, plus RAM-only (dirty) ones.
+  if (gpu_ != nullptr) gpu_->RemoveNamespace(ns);
   const uint64_t in_ram = ram_->RemoveNamespace(ns);
   if (in_ram > 0) NotifyRoom();
   if (!has_ssd()) return in_ram;
@@ -490,6 +554,10 @@ TieredStoreStats TieredStore::GetStats() const {
   s.ram_bytes_out = ram_bytes_out_.load(std::memory_order_relaxed);
   s.ssd_bytes_in = ssd_bytes_in_.load(std::memory_order_relaxed);
   s.ssd_bytes_out = ssd_bytes_out_.load(std::memory_order_relaxed);
+  if (gpu_ != nullptr) {
+    s.gpu_present = true;
+    s.gpu = gpu_->GetStats();
+  }
   if (admission_ != nullptr) {
     s.puts_waiting = admission_->waiting();
     s.puts_queued = admission_->queued_total();

@@ -39,7 +39,9 @@
 #include "absl/types/span.h"
 #include "storage/chunk_id.h"
 #include "storage/async_gate.h"
+#include "storage/device_backend.h"
 #include "storage/fair_gate.h"
+#include "storage/gpu_tier.h"
 #include "storage/host_pool.h"
 #include "storage/io_pool.h"
 #include "storage/layout_registry.h"
@@ -81,6 +83,11 @@ struct TieredStoreOptions {
   int commit_threads = 8;
   // Clock for put_wait; tests inject a fake one.
   std::function<absl::Time()> now = [] { return absl::Now(); };
+  // The GPU, or null for none (not owned; must outlive the store). With one, the host
+  // pool is page-locked for it and `gpu_staging` sizes its staging buffers
+  // (capacity_bytes 0: none); see GpuTier for the degraded modes.
+  DeviceBackend* device = nullptr;
+  GpuStagingOptions gpu_staging;
 
   absl::Status Validate() const;
 };
@@ -103,6 +110,8 @@ struct TieredStoreStats {
   uint64_t ram_bytes_out = 0;
   uint64_t ssd_bytes_in = 0;
   uint64_t ssd_bytes_out = 0;
+  bool gpu_present = false;  // A device backend was given; `gpu` is zero otherwise.
+  GpuTierStats gpu;
 };
 
 // Receives one chunk's bytes during a put. Not thread-safe: one stream fills it.
@@ -220,6 +229,22 @@ class TieredStore {
   // For a streamer that found a chunk's CRC32C wrong once it had all the bytes: deletes
   // it from SSD and counts it. Returns the DataLoss error to report.
   absl::Status DropCorrupt(const ChunkId& id);
+  // GPU. Copies a chunk that is in RAM into the GPU staging buffers, in the
+  // background, because a worker on this GPU is about to read it (a Lookup leased it, a
+  // Prefill session will stream it). Best effort: no GPU, no staging, not in RAM or no
+  // room mean nothing happens.
+  void StageAsync(const ChunkId& id);
+  // Copies `ranges` of a chunk into device memory (a worker's, mapped through CUDA
+  // IPC): device-to-device from staging when staged, else host-to-device from RAM
+  // (reading it from SSD first if needed). `done` gets the tier the bytes came from:
+  // Ok, NotFound, DataLoss, FailedPrecondition (no GPU), InvalidArgument (a range
+  // outside the chunk, a destination the device refuses), Unavailable. Runs on the
+  // GPU's completion threads (or the read threads); never blocks the caller.
+  using DeviceRange = GpuTier::Range;
+  void ReadToDeviceAsync(const ChunkId& id, std::vector<DeviceRange> ranges,
+                         std::function<void(absl::StatusOr<Tier>)> done);
+  bool has_gpu() const { return gpu_ != nullptr; }
+
   // Pins in RAM (promoting from SSD first). Returns: Ok, NotFound, ResourceExhausted.
   absl::Status Pin(const ChunkId& id, absl::Duration ttl);
   bool Unpin(const ChunkId& id);
@@ -255,6 +280,8 @@ class TieredStore {
   const TieredStoreOptions options_;
   std::unique_ptr<HostPool> ram_;
   std::unique_ptr<SsdTier> ssd_;  // Null in ram-only mode.
+  // After ram_: destroyed first, unpinning the pool's memory before it is unmapped.
+  std::unique_ptr<GpuTier> gpu_;  // Null without a device.
   FairGate buffered_reads_;
   AsyncGate stream_gate_;   // stream_buffer_bytes.
   absl::Mutex spare_mu_;

@@ -13,6 +13,8 @@ kvtier_test(put_admission_test LIBS kvtier_storage)
 kvtier_test(payload_log_test LIBS kvtier_storage)
 kvtier_test(ssd_tier_test LIBS kvtier_storage)
 kvtier_test(tiered_store_test LIBS kvtier_storage)
+kvtier_test(gpu_staging_tier_test LIBS kvtier_storage)
+kvtier_test(tiered_store_gpu_test LIBS kvtier_storage)
 kvtier_test(scheduler_test LIBS kvtier_scheduler)
 
 # Client internals.

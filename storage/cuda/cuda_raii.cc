@@ -1,0 +1,69 @@
+#include "storage/cuda/cuda_raii.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace kvtier {
+
+absl::Status CudaError(cudaError_t err, absl::string_view what) {
+  if (err == cudaSuccess) return absl::OkStatus();
+  const std::string message = absl::StrCat(what, ": ", cudaGetErrorName(err), " (",
+                                           cudaGetErrorString(err), ")");
+  switch (err) {
+    case cudaErrorMemoryAllocation:
+      return absl::ResourceExhaustedError(message);
+    case cudaErrorInvalidValue:
+    case cudaErrorInvalidDevicePointer:
+    case cudaErrorInvalidResourceHandle:
+    case cudaErrorMapBufferObjectFailed:
+    case cudaErrorHostMemoryAlreadyRegistered:
+      return absl::InvalidArgumentError(message);
+    case cudaErrorNoDevice:
+    case cudaErrorInsufficientDriver:
+    case cudaErrorInvalidDevice:
+      return absl::NotFoundError(message);
+    default:
+      return absl::UnavailableError(message);
+  }
+}
+
+absl::StatusOr<CudaStream> CudaStream::Create() {
+  cudaStream_t s = nullptr;
+  if (cudaError_t e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking); e != cudaSuccess) {
+    return CudaError(e, "cudaStreamCreateWithFlags");
+  }
+  return CudaStream(s);
+}
+
+absl::StatusOr<CudaEvent> CudaEvent::Create() {
+  cudaEvent_t ev = nullptr;
+  if (cudaError_t e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming); e != cudaSuccess) {
+    return CudaError(e, "cudaEventCreateWithFlags");
+  }
+  return CudaEvent(ev);
+}
+
+absl::StatusOr<CudaDeviceMemory> CudaDeviceMemory::Create(size_t bytes) {
+  void* p = nullptr;
+  if (cudaError_t e = cudaMalloc(&p, bytes); e != cudaSuccess) {
+    return CudaError(e, absl::StrCat("cudaMalloc(", bytes, ")"));
+  }
+  return CudaDeviceMemory(p);
+}
+
+absl::StatusOr<CudaPinnedRange> CudaPinnedRange::Create(void* p, size_t bytes) {
+  if (cudaError_t e = cudaHostRegister(p, bytes, cudaHostRegisterDefault); e != cudaSuccess) {
+    return CudaError(e, absl::StrCat("cudaHostRegister(", bytes, " bytes)"));
+  }
+  return CudaPinnedRange(p);
+}
+
+absl::StatusOr<CudaIpcMapping> CudaIpcMapping::Open(const cudaIpcMemHandle_t& handle) {
+  void* p = nullptr;
+  if (cudaError_t e = cudaIpcOpenMemHandle(&p, handle, cudaIpcMemLazyEnablePeerAccess);
+      e != cudaSuccess) {
+    return CudaError(e, "cudaIpcOpenMemHandle (stale or foreign handle?)");
+  }
+  return CudaIpcMapping(p);
+}
+
+}  // namespace kvtier

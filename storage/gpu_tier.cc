@@ -1,0 +1,196 @@
+#include "storage/gpu_tier.h"
+
+#include <atomic>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "storage/crc32c.h"
+#include "storage/log.h"
+#include "storage/lru_policy.h"
+
+namespace kvtier {
+
+std::unique_ptr<GpuTier> GpuTier::Create(DeviceBackend* device,
+                                         const GpuStagingOptions& staging_options,
+                                         void* pool, uint64_t pool_bytes) {
+  void* pinned = nullptr;
+  if (absl::Status s = device->PinHost(pool, pool_bytes); s.ok()) {
+    pinned = pool;
+  } else {
+    LogWarning("GPU: the host pool (", pool_bytes, " bytes) could not be page-locked: ",
+               s.message(), "; copies to and from the GPU run unpinned, at a fraction of "
+               "the link's speed (kvtier_gpu_pool_pinned 0). Raise RLIMIT_MEMLOCK "
+               "(LimitMEMLOCK= in the unit) or shrink the pool.");
+  }
+  std::unique_ptr<GpuStagingTier> staging;
+  if (staging_options.capacity_bytes > 0) {
+    auto created = GpuStagingTier::Create(staging_options, device, std::make_unique<LruPolicy>());
+    if (created.ok()) {
+      staging = *std::move(created);
+    } else {
+      LogWarning("GPU: no staging buffers (", staging_options.capacity_bytes,
+                 " bytes wanted): ", created.status().message(),
+                 "; chunks go to workers' GPUs from the host pool only "
+                 "(kvtier_gpu_staging_enabled 0)");
+    }
+  }
+  return std::unique_ptr<GpuTier>(new GpuTier(device, pinned, std::move(staging)));
+}
+
+GpuTier::GpuTier(DeviceBackend* device, void* pinned, std::unique_ptr<GpuStagingTier> staging)
+    : device_(device), pinned_(pinned), staging_(std::move(staging)) {
+  stats_.pool_pinned = pinned_ != nullptr;
+  stats_.staging_enabled = staging_ != nullptr;
+}
+
+GpuTier::~GpuTier() {
+  {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(
+        +[](int* n) { return *n == 0; }, &in_flight_));
+  }
+  staging_.reset();  // Waits for its own copies, which may read the pinned pool.
+  if (pinned_ != nullptr) device_->UnpinHost(pinned_);
+}
+
+void GpuTier::Begin() {
+  absl::MutexLock lock(&mu_);
+  ++in_flight_;
+}
+
+void GpuTier::End() {
+  absl::MutexLock lock(&mu_);
+  --in_flight_;
+}
+
+bool GpuTier::Contains(const ChunkId& id) const {
+  return staging_ != nullptr && staging_->Find(id).has_value();
+}
+
+void GpuTier::Stage(const ChunkId& id, const ChunkMeta& meta,
+                    std::vector<absl::string_view> pieces,
+                    std::shared_ptr<const void> keep_alive) {
+  if (staging_ == nullptr || staging_->Find(id).has_value()) return;
+  {
+    absl::MutexLock lock(&mu_);
+    ++stats_.stage_requests;
+  }
+  // Failures are counted by the staging tier (stage_failures, no_room).
+  staging_->Stage(id, meta, std::move(pieces), std::move(keep_alive), [](absl::Status) {});
+}
+
+void GpuTier::DeliverFromStaging(const ChunkId& id, std::vector<Range> ranges, Done done) {
+  if (staging_ == nullptr) {
+    device_->Submit({}, [done = std::move(done)](absl::Status) {
+      done(absl::NotFoundError("no GPU staging buffers"));
+    });
+    return;
+  }
+  uint64_t bytes = 0;
+  for (const Range& r : ranges) bytes += r.len;
+  Begin();
+  staging_->CopyToDevice(id, std::move(ranges),
+                         [this, bytes, done = std::move(done)](absl::Status s) {
+                           {
+                             absl::MutexLock lock(&mu_);
+                             if (s.ok()) {
+                               ++stats_.deliveries_from_staging;
+                               stats_.delivered_bytes += bytes;
+                             } else if (!absl::IsNotFound(s)) {
+                               ++stats_.delivery_failures;
+                             }
+                           }
+                           done(std::move(s));
+                           End();
+                         });
+}
+
+void GpuTier::DeliverFromHost(const ChunkMeta& meta, std::vector<absl::string_view> pieces,
+                              std::shared_ptr<const void> keep_alive,
+                              std::vector<Range> ranges, Done done) {
+  std::vector<DeviceCopy> copies;
+  uint64_t bytes = 0;
+  absl::Status bad;
+  for (const Range& r : ranges) {
+    if (r.offset > meta.size || r.len > meta.size - r.offset) {
+      bad = absl::InvalidArgumentError(absl::StrCat("range [", r.offset, ", +", r.len,
+                                                    ") is outside a chunk of ", meta.size,
+                                                    " bytes"));
+      break;
+    }
+    bytes += r.len;
+    // Walk the pieces for [r.offset, r.offset + r.len).
+    uint64_t at = 0;
+    for (absl::string_view p : pieces) {
+      const uint64_t lo = std::max(at, r.offset);
+      const uint64_t hi = std::min(at + p.size(), r.offset + r.len);
+      if (lo < hi) {
+        copies.push_back(
+            DeviceCopy::HostToDevice(r.dst + (lo - r.offset), p.data() + (lo - at), hi - lo));
+      }
+      at += p.size();
+    }
+  }
+  if (!bad.ok()) {
+    device_->Submit({}, [bad, done = std::move(done)](absl::Status) { done(bad); });
+    return;
+  }
+  // The copy and the CRC32C run at once; whichever finishes last answers.
+  struct Join {
+    std::atomic<int> left{2};
+    absl::Status copy;
+    bool crc_ok = false;
+    Done done;
+  };
+  auto join = std::make_shared<Join>();
+  join->done = std::move(done);
+  const uint32_t expected = meta.crc32c;
+  auto finish = [this, join, bytes, expected] {
+    absl::Status s = join->copy;
+    if (s.ok() && !join->crc_ok) {
+      s = absl::DataLossError(
+          "chunk failed its CRC32C check while being copied to the GPU; do not use the bytes");
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      if (s.ok()) {
+        ++stats_.deliveries_from_host;
+        stats_.delivered_bytes += bytes;
+      } else {
+        ++stats_.delivery_failures;
+      }
+    }
+    join->done(std::move(s));
+    End();
+  };
+  Begin();
+  device_->Submit(CoalesceCopies(std::move(copies)),
+                  [join, finish, keep_alive](absl::Status s) {
+                    join->copy = std::move(s);
+                    if (join->left.fetch_sub(1, std::memory_order_acq_rel) == 1) finish();
+                  });
+  uint32_t crc = 0;
+  for (absl::string_view p : pieces) crc = crc32c::Extend(crc, p.data(), p.size());
+  join->crc_ok = crc == expected;
+  if (join->left.fetch_sub(1, std::memory_order_acq_rel) == 1) finish();
+}
+
+void GpuTier::Remove(const ChunkId& id) {
+  if (staging_ != nullptr) staging_->Remove(id);
+}
+
+void GpuTier::RemoveNamespace(uint64_t ns) {
+  if (staging_ != nullptr) staging_->RemoveNamespace(ns);
+}
+
+GpuTierStats GpuTier::GetStats() const {
+  GpuTierStats s;
+  {
+    absl::MutexLock lock(&mu_);
+    s = stats_;
+  }
+  if (staging_ != nullptr) s.staging = staging_->GetStats();
+  return s;
+}
+
+}  // namespace kvtier

@@ -1,0 +1,104 @@
+// GpuTier: the tiered store's GPU level. With a device it page-locks the host pool (so
+// copies between the pool and the GPU run at the link's speed without a bounce
+// buffer), owns the staging buffers (GpuStagingTier, L0), and delivers chunks into
+// device memory: device-to-device from staging when the chunk is staged, else
+// host-to-device from the bytes the caller read from RAM or SSD.
+//
+// Degraded modes are loud and never fatal: a pool that cannot be page-locked is served
+// unpinned (slower copies), staging buffers that cannot be allocated leave deliveries
+// host-to-device only; each logs a warning once and shows in GpuTierStats (and so in
+// the metrics).
+//
+// Checksums: a host-to-device delivery checks the chunk's CRC32C on the CPU while the
+// DMA runs and answers DataLoss if it is wrong (the bytes may have landed; the worker
+// must not use them). Staged copies were made from host bytes that had passed the same
+// check when they entered the pool and live in ECC-protected device memory; they are
+// not checked again (a GPU kernel would be needed to).
+//
+// Thread-safety: thread-safe. `done` callbacks run on the backend's completion threads,
+// except DeliverFromHost's, which runs on the caller's thread when its CRC32C check
+// finishes after the copy.
+// The destructor waits for deliveries in flight; the device backend and the pool
+// memory must outlive this object.
+#ifndef KVTIER_STORAGE_GPU_TIER_H_
+#define KVTIER_STORAGE_GPU_TIER_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "storage/chunk_id.h"
+#include "storage/device_backend.h"
+#include "storage/gpu_staging_tier.h"
+
+namespace kvtier {
+
+struct GpuTierStats {
+  bool pool_pinned = false;
+  bool staging_enabled = false;
+  GpuStagingStats staging;
+  // Deliveries into device memory that completed, by where the bytes came from.
+  uint64_t deliveries_from_staging = 0;
+  uint64_t deliveries_from_host = 0;
+  uint64_t delivered_bytes = 0;
+  uint64_t delivery_failures = 0;  // Device errors, and DataLoss found during the copy.
+  uint64_t stage_requests = 0;     // StageAsync calls that started a copy in.
+};
+
+class GpuTier {
+ public:
+  // `device` must outlive the tier; `pool`/`pool_bytes` is the host pool's memory to
+  // page-lock (unlocked again by the destructor). Staging with capacity 0 is off.
+  // Never fails: what cannot be set up is a degraded mode (see above).
+  static std::unique_ptr<GpuTier> Create(DeviceBackend* device, const GpuStagingOptions& staging,
+                                         void* pool, uint64_t pool_bytes);
+  ~GpuTier();
+  GpuTier(const GpuTier&) = delete;
+  GpuTier& operator=(const GpuTier&) = delete;
+
+  bool Contains(const ChunkId& id) const;
+
+  // Best effort: copies a chunk into staging from host bytes `pieces` (kept alive by
+  // `keep_alive` until the copy completes). Failures only count.
+  void Stage(const ChunkId& id, const ChunkMeta& meta, std::vector<absl::string_view> pieces,
+             std::shared_ptr<const void> keep_alive);
+
+  using Range = GpuStagingTier::Range;
+  using Done = std::function<void(absl::Status)>;
+  // From staging. `done`: Ok, NotFound (not staged: deliver from host instead),
+  // InvalidArgument, Unavailable.
+  void DeliverFromStaging(const ChunkId& id, std::vector<Range> ranges, Done done);
+  // From host bytes `pieces` covering meta.size, alive while `keep_alive` is held.
+  // `done`: Ok, DataLoss (CRC32C mismatch), InvalidArgument (a range outside the chunk
+  // or a destination the device refuses), Unavailable (device error).
+  void DeliverFromHost(const ChunkMeta& meta, std::vector<absl::string_view> pieces,
+                       std::shared_ptr<const void> keep_alive, std::vector<Range> ranges,
+                       Done done);
+
+  void Remove(const ChunkId& id);
+  void RemoveNamespace(uint64_t ns);
+
+  GpuTierStats GetStats() const;
+
+ private:
+  GpuTier(DeviceBackend* device, void* pinned, std::unique_ptr<GpuStagingTier> staging);
+  void Begin();
+  void End();
+
+  DeviceBackend* const device_;
+  void* const pinned_;  // The page-locked pool, or null.
+  std::unique_ptr<GpuStagingTier> staging_;  // Null: staging off.
+
+  mutable absl::Mutex mu_;
+  int in_flight_ ABSL_GUARDED_BY(mu_) = 0;  // Deliveries whose done has not run.
+  GpuTierStats stats_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace kvtier
+
+#endif  // KVTIER_STORAGE_GPU_TIER_H_

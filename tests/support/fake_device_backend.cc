@@ -1,0 +1,285 @@
+#include "tests/support/fake_device_backend.h"
+
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace kvtier {
+namespace {
+
+constexpr absl::string_view kHandleMagic = "kvtier-fake-ipc:";
+
+}  // namespace
+
+FakeDeviceBackend::FakeDeviceBackend(FakeDeviceOptions options) : options_(options) {
+  if (!options_.hold_copies) thread_ = std::thread([this] { Loop(); });
+}
+
+FakeDeviceBackend::~FakeDeviceBackend() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+absl::StatusOr<DevicePtr> FakeDeviceBackend::Allocate(uint64_t bytes) {
+  absl::MutexLock lock(&mu_);
+  if (bytes == 0) return absl::InvalidArgumentError("zero-byte device allocation");
+  if (allocated_ + bytes > options_.memory_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "out of device memory: ", bytes, " bytes wanted, ",
+        options_.memory_bytes - allocated_, " free"));
+  }
+  auto block = std::make_unique<char[]>(bytes);
+  const DevicePtr p = reinterpret_cast<DevicePtr>(block.get());
+  blocks_.emplace(p, std::move(block));
+  block_bytes_.emplace(p, bytes);
+  allocated_ += bytes;
+  return p;
+}
+
+void FakeDeviceBackend::Free(DevicePtr ptr) {
+  absl::MutexLock lock(&mu_);
+  auto it = blocks_.find(ptr);
+  if (it == blocks_.end()) {
+    misuse_.push_back(absl::StrCat("free of unknown device pointer ", ptr));
+    return;
+  }
+  allocated_ -= block_bytes_.at(ptr);
+  block_bytes_.erase(ptr);
+  blocks_.erase(it);
+}
+
+absl::Status FakeDeviceBackend::PinHost(void* p, uint64_t bytes) {
+  absl::MutexLock lock(&mu_);
+  if (!pin_failure_.ok()) return std::exchange(pin_failure_, absl::OkStatus());
+  if (!pinned_.emplace(p, bytes).second) {
+    misuse_.push_back("host range pinned twice");
+  }
+  return absl::OkStatus();
+}
+
+void FakeDeviceBackend::UnpinHost(void* p) {
+  absl::MutexLock lock(&mu_);
+  if (pinned_.erase(p) == 0) misuse_.push_back("unpin of host memory never pinned");
+}
+
+absl::Status FakeDeviceBackend::CheckDeviceRange(uint64_t addr, uint64_t bytes) const {
+  auto it = block_bytes_.upper_bound(addr);
+  if (it != block_bytes_.begin()) {
+    --it;
+    const uint64_t base = it->first;
+    if (addr - base <= it->second && bytes <= it->second - (addr - base)) {
+      // Memory another process exported is addressable only through an open mapping.
+      bool foreign = false;
+      for (const auto& [handle, p] : exported_) foreign |= (p == base);
+      auto m = open_mappings_.find(base);
+      const bool mapped = m != open_mappings_.end() && m->second > 0;
+      if ((foreign || m != open_mappings_.end()) && !mapped) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("device address ", addr, " is another process's memory, not mapped"));
+      }
+      return absl::OkStatus();
+    }
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("device range [", addr, ", +", bytes, ") is not allocated"));
+}
+
+absl::Status FakeDeviceBackend::Check(const DeviceCopy& c) const {
+  if (c.kind != CopyKind::kHostToDevice) {
+    if (absl::Status s = CheckDeviceRange(c.src, c.bytes); !s.ok()) return s;
+  } else if (c.src == 0) {
+    return absl::InvalidArgumentError("null host source");
+  }
+  if (c.kind != CopyKind::kDeviceToHost) {
+    if (absl::Status s = CheckDeviceRange(c.dst, c.bytes); !s.ok()) return s;
+  } else if (c.dst == 0) {
+    return absl::InvalidArgumentError("null host destination");
+  }
+  return absl::OkStatus();
+}
+
+void FakeDeviceBackend::Submit(std::vector<DeviceCopy> copies,
+                               std::function<void(absl::Status)> done) {
+  absl::MutexLock lock(&mu_);
+  Job job{std::move(copies), std::move(done), absl::OkStatus()};
+  if (!job.copies.empty()) {
+    ++submissions_;
+    if (fail_in_ > 0 && --fail_in_ == 0) job.fail = fail_status_;
+  }
+  queue_.push_back(std::move(job));
+}
+
+void FakeDeviceBackend::Run(Job job) {
+  absl::Status status;
+  for (size_t i = 0; i < job.copies.size(); ++i) {
+    const DeviceCopy& c = job.copies[i];
+    {
+      // Checked when the copy runs, as the device would fault: memory freed between
+      // submission and execution is a use after free.
+      absl::MutexLock lock(&mu_);
+      status = Check(c);
+      if (status.ok()) ++copies_run_;
+    }
+    if (!status.ok()) break;
+    std::memcpy(reinterpret_cast<void*>(c.dst), reinterpret_cast<const void*>(c.src), c.bytes);
+    if (!job.fail.ok()) {
+      status = job.fail;
+      break;
+    }
+  }
+  job.done(status);
+}
+
+void FakeDeviceBackend::Loop() {
+  for (;;) {
+    Job job;
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(
+          +[](FakeDeviceBackend* b) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+            return b->stopping_ || !b->queue_.empty();
+          },
+          this));
+      if (queue_.empty()) return;
+      job = std::move(queue_.front());
+      queue_.pop_front();
+      ++running_;
+    }
+    Run(std::move(job));
+    absl::MutexLock lock(&mu_);
+    --running_;
+  }
+}
+
+size_t FakeDeviceBackend::RunPending() {
+  size_t n = 0;
+  for (;;) {
+    Job job;
+    {
+      absl::MutexLock lock(&mu_);
+      if (queue_.empty()) return n;
+      job = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    Run(std::move(job));
+    ++n;
+  }
+}
+
+bool FakeDeviceBackend::RunNewest() {
+  Job job;
+  {
+    absl::MutexLock lock(&mu_);
+    if (queue_.empty()) return false;
+    job = std::move(queue_.back());
+    queue_.pop_back();
+  }
+  Run(std::move(job));
+  return true;
+}
+
+size_t FakeDeviceBackend::pending() const {
+  absl::MutexLock lock(&mu_);
+  return queue_.size();
+}
+
+void FakeDeviceBackend::Drain() {
+  absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(
+      +[](FakeDeviceBackend* b) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        return b->queue_.empty() && b->running_ == 0;
+      },
+      this));
+}
+
+absl::StatusOr<std::string> FakeDeviceBackend::ExportIpcMemory(DevicePtr base) {
+  absl::MutexLock lock(&mu_);
+  if (!blocks_.contains(base)) return absl::InvalidArgumentError("not an allocation's base");
+  std::string handle = absl::StrCat(kHandleMagic, next_handle_++);
+  handle.resize(kIpcHandleBytes, '\0');
+  exported_.emplace(handle, base);
+  return handle;
+}
+
+void FakeDeviceBackend::RevokeIpcMemory(const std::string& handle) {
+  absl::MutexLock lock(&mu_);
+  exported_.erase(handle);
+}
+
+absl::StatusOr<DevicePtr> FakeDeviceBackend::OpenIpcMemory(absl::string_view handle) {
+  absl::MutexLock lock(&mu_);
+  if (handle.size() != kIpcHandleBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("an IPC memory handle is ", kIpcHandleBytes,
+                                                   " bytes, got ", handle.size()));
+  }
+  auto it = exported_.find(std::string(handle));
+  if (it == exported_.end()) {
+    return absl::InvalidArgumentError("stale or foreign IPC memory handle");
+  }
+  ++open_mappings_[it->second];
+  return it->second;
+}
+
+void FakeDeviceBackend::CloseIpcMemory(DevicePtr base) {
+  absl::MutexLock lock(&mu_);
+  auto it = open_mappings_.find(base);
+  if (it == open_mappings_.end() || it->second == 0) {
+    misuse_.push_back(absl::StrCat("close of unmapped IPC memory ", base));
+    return;
+  }
+  --it->second;
+}
+
+void FakeDeviceBackend::FailNextPin(absl::Status s) {
+  absl::MutexLock lock(&mu_);
+  pin_failure_ = std::move(s);
+}
+
+void FakeDeviceBackend::FailSubmission(int n, absl::Status s) {
+  absl::MutexLock lock(&mu_);
+  fail_in_ = n;
+  fail_status_ = std::move(s);
+}
+
+size_t FakeDeviceBackend::live_allocations() const {
+  absl::MutexLock lock(&mu_);
+  return blocks_.size();
+}
+
+uint64_t FakeDeviceBackend::allocated_bytes() const {
+  absl::MutexLock lock(&mu_);
+  return allocated_;
+}
+
+size_t FakeDeviceBackend::pinned_ranges() const {
+  absl::MutexLock lock(&mu_);
+  return pinned_.size();
+}
+
+size_t FakeDeviceBackend::open_ipc_mappings() const {
+  absl::MutexLock lock(&mu_);
+  size_t n = 0;
+  for (const auto& [base, count] : open_mappings_) n += count;
+  return n;
+}
+
+uint64_t FakeDeviceBackend::copies_run() const {
+  absl::MutexLock lock(&mu_);
+  return copies_run_;
+}
+
+uint64_t FakeDeviceBackend::submissions() const {
+  absl::MutexLock lock(&mu_);
+  return submissions_;
+}
+
+std::vector<std::string> FakeDeviceBackend::misuse() const {
+  absl::MutexLock lock(&mu_);
+  return misuse_;
+}
+
+}  // namespace kvtier

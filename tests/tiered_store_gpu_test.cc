@@ -1,0 +1,257 @@
+// The tiered store's GPU level against the fake device backend: the pool is
+// page-locked, staged chunks are Located as TIER_GPU and delivered device-to-device,
+// others host-to-device with their CRC32C checked; every degraded mode (no pin, no
+// staging memory, a device error mid-copy, corrupt bytes) gets a clear status, leaks
+// nothing, and leaves RAM and SSD serving.
+#include <cstring>
+#include <memory>
+#include <string>
+
+#include "absl/synchronization/notification.h"
+#include "gtest/gtest.h"
+#include "storage/crc32c.h"
+#include "storage/log.h"
+#include "storage/tiered_store.h"
+#include "tests/support/fake_device_backend.h"
+
+namespace kvtier {
+namespace {
+
+constexpr uint64_t kMiB = 1 << 20;
+constexpr uint64_t kChunk = kMiB;  // SmallLayout's chunk.
+
+LayoutSpec SmallLayout() {
+  LayoutSpec l;
+  l.model_id = "test/gpu-model";
+  l.model_revision = "r1";
+  l.dtype = LayoutSpec::DType::kFloat16;
+  l.num_layers = 4;
+  l.num_kv_heads = 2;
+  l.head_dim = 128;
+  l.tokens_per_chunk = 256;
+  l.key_position = LayoutSpec::KeyPosition::kPostRope;
+  return l;
+}
+
+std::string Payload(uint64_t n) {
+  std::string s(kChunk, '\0');
+  for (uint64_t i = 0; i < kChunk; ++i) s[i] = static_cast<char>((i * 31 + n * 7) >> 3);
+  return s;
+}
+
+class TieredStoreGpuTest : public ::testing::Test {
+ protected:
+  void SetUp() override { SetMinLogLevel(LogLevel::kError); }
+
+  void Open(FakeDeviceOptions device = {}, uint64_t staging_chunks = 4,
+            absl::Status pin_failure = absl::OkStatus()) {
+    device_ = std::make_unique<FakeDeviceBackend>(device);
+    if (!pin_failure.ok()) device_->FailNextPin(pin_failure);
+    TieredStoreOptions o;
+    o.write_mode = WriteMode::kRamOnly;
+    o.ram.arena.capacity_bytes = 8 * kChunk;
+    o.ram.arena.slot_bytes = 64 << 10;
+    o.max_chunk_bytes = 4 * kChunk;
+    o.device = device_.get();
+    o.gpu_staging.capacity_bytes = staging_chunks * kChunk;
+    o.gpu_staging.slot_bytes = 256 << 10;
+    auto s = TieredStore::Open(o);
+    ASSERT_TRUE(s.ok()) << s.status();
+    store_ = *std::move(s);
+    auto r = store_->RegisterLayout(SmallLayout());
+    ASSERT_TRUE(r.ok()) << r.status();
+    ns_ = r->namespace_id;
+  }
+
+  void TearDown() override {
+    store_.reset();
+    if (device_ == nullptr) return;
+    EXPECT_EQ(device_->live_allocations(), worker_allocations_);
+    EXPECT_EQ(device_->pinned_ranges(), 0u);
+    EXPECT_TRUE(device_->misuse().empty()) << device_->misuse()[0];
+  }
+
+  ChunkId Id(uint64_t n) const { return ChunkId{ns_, ChunkKey{0x9000 + n, n}}; }
+
+  void Put(uint64_t n) {
+    auto w = store_->BeginPut(Id(n), 256);
+    ASSERT_TRUE(w.ok() && *w != nullptr) << w.status();
+    const std::string data = Payload(n);
+    ASSERT_TRUE((*w)->Append(data).ok());
+    ASSERT_TRUE(store_->CommitPut(*std::move(w), crc32c::Value(data)).ok());
+  }
+
+  // A worker's device buffer (the fake's memory), counted as not leaked at teardown.
+  DevicePtr WorkerBuffer(uint64_t bytes) {
+    absl::StatusOr<DevicePtr> p = device_->Allocate(bytes);
+    EXPECT_TRUE(p.ok()) << p.status();
+    ++worker_allocations_;
+    return p.ok() ? *p : 0;
+  }
+
+  absl::StatusOr<Tier> Deliver(uint64_t n, std::vector<TieredStore::DeviceRange> ranges) {
+    absl::Notification done;
+    absl::StatusOr<Tier> result;
+    store_->ReadToDeviceAsync(Id(n), std::move(ranges), [&](absl::StatusOr<Tier> r) {
+      result = std::move(r);
+      done.Notify();
+    });
+    done.WaitForNotification();
+    return result;
+  }
+
+  // Staging runs on the device's thread; waits for it to finish.
+  void Stage(uint64_t n) {
+    store_->StageAsync(Id(n));
+    device_->Drain();
+  }
+
+  std::unique_ptr<FakeDeviceBackend> device_;
+  std::unique_ptr<TieredStore> store_;
+  uint64_t ns_ = 0;
+  size_t worker_allocations_ = 0;
+};
+
+TEST_F(TieredStoreGpuTest, PoolIsPinnedAndStagedChunksAreServedDeviceToDevice) {
+  Open();
+  EXPECT_EQ(device_->pinned_ranges(), 1u);
+  Put(1);
+  EXPECT_EQ(store_->Locate(Id(1)), Tier::kRam);
+  Stage(1);
+  EXPECT_EQ(store_->Locate(Id(1)), Tier::kGpu);
+
+  const DevicePtr dst = WorkerBuffer(kChunk);
+  absl::StatusOr<Tier> from = Deliver(1, {{0, kChunk, dst}});
+  ASSERT_TRUE(from.ok()) << from.status();
+  EXPECT_EQ(*from, Tier::kGpu);
+  EXPECT_EQ(std::string(device_->HostView(dst), kChunk), Payload(1));
+
+  TieredStoreStats stats = store_->GetStats();
+  EXPECT_TRUE(stats.gpu_present);
+  EXPECT_TRUE(stats.gpu.pool_pinned);
+  EXPECT_TRUE(stats.gpu.staging_enabled);
+  EXPECT_EQ(stats.gpu.staging.chunks, 1u);
+  EXPECT_EQ(stats.gpu.deliveries_from_staging, 1u);
+  EXPECT_EQ(stats.gpu.delivered_bytes, kChunk);
+
+  // Delete takes the staged copy too.
+  ASSERT_TRUE(store_->Delete(Id(1)).ok());
+  EXPECT_EQ(store_->Locate(Id(1)), Tier::kNone);
+  EXPECT_EQ(store_->GetStats().gpu.staging.chunks, 0u);
+  EXPECT_EQ(Deliver(1, {{0, kChunk, dst}}).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(TieredStoreGpuTest, UnstagedChunksGoHostToDeviceInLayerRanges) {
+  Open();
+  Put(2);
+  // Two "layers" in reverse order into separate places: each lands where it was sent.
+  const DevicePtr dst = WorkerBuffer(kChunk);
+  absl::StatusOr<Tier> from =
+      Deliver(2, {{kChunk / 2, kChunk / 2, dst}, {0, kChunk / 2, dst + kChunk / 2}});
+  ASSERT_TRUE(from.ok()) << from.status();
+  EXPECT_EQ(*from, Tier::kRam);
+  const std::string want = Payload(2);
+  EXPECT_EQ(std::string(device_->HostView(dst), kChunk / 2), want.substr(kChunk / 2));
+  EXPECT_EQ(std::string(device_->HostView(dst) + kChunk / 2, kChunk / 2),
+            want.substr(0, kChunk / 2));
+  EXPECT_EQ(store_->GetStats().gpu.deliveries_from_host, 1u);
+
+  EXPECT_EQ(Deliver(2, {{kChunk - 1, 2, dst}}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Deliver(2, {{0, 64, 0x40}}).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Deliver(99, {{0, 64, dst}}).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(TieredStoreGpuTest, CorruptPoolBytesAreDataLossNotDelivered) {
+  Open();
+  Put(3);
+  // Flip a byte of the pool's copy behind the store's back.
+  std::optional<ChunkView> view = store_->HoldInRam(Id(3));
+  ASSERT_TRUE(view.has_value());
+  view->ForEachPiece(4096, 1, [](absl::string_view p) { const_cast<char*>(p.data())[0] ^= 1; });
+  view.reset();
+  const DevicePtr dst = WorkerBuffer(kChunk);
+  absl::StatusOr<Tier> from = Deliver(3, {{0, kChunk, dst}});
+  EXPECT_EQ(from.status().code(), absl::StatusCode::kDataLoss) << from.status();
+  EXPECT_EQ(store_->GetStats().gpu.delivery_failures, 1u);
+}
+
+TEST_F(TieredStoreGpuTest, DeviceErrorMidCopyIsUnavailableAndRamStillServes) {
+  Open();
+  Put(4);
+  const DevicePtr dst = WorkerBuffer(kChunk);
+  device_->FailSubmission(1, absl::UnavailableError("injected: uncorrectable ECC error"));
+  absl::StatusOr<Tier> from = Deliver(4, {{0, kChunk, dst}});
+  EXPECT_EQ(from.status().code(), absl::StatusCode::kUnavailable) << from.status();
+  auto read = store_->Read(Id(4));
+  ASSERT_TRUE(read.ok());
+  EXPECT_EQ(read->tier(), Tier::kRam);
+  // And the next delivery works.
+  EXPECT_TRUE(Deliver(4, {{0, kChunk, dst}}).ok());
+}
+
+TEST_F(TieredStoreGpuTest, PinFailureIsALoudDegradedModeNotAFailure) {
+  Open({}, 4, absl::ResourceExhaustedError("RLIMIT_MEMLOCK"));
+  EXPECT_EQ(device_->pinned_ranges(), 0u);
+  EXPECT_FALSE(store_->GetStats().gpu.pool_pinned);
+  Put(5);
+  const DevicePtr dst = WorkerBuffer(kChunk);
+  ASSERT_TRUE(Deliver(5, {{0, kChunk, dst}}).ok());
+  EXPECT_EQ(std::string(device_->HostView(dst), kChunk), Payload(5));
+}
+
+TEST_F(TieredStoreGpuTest, NoDeviceMemoryForStagingLeavesHostDeliveries) {
+  // The device has room for the worker's buffer but not the staging buffers.
+  Open({.memory_bytes = 2 * kChunk}, /*staging_chunks=*/4);
+  const TieredStoreStats stats = store_->GetStats();
+  EXPECT_TRUE(stats.gpu_present);
+  EXPECT_FALSE(stats.gpu.staging_enabled);
+  Put(6);
+  Stage(6);
+  EXPECT_EQ(store_->Locate(Id(6)), Tier::kRam);
+  const DevicePtr dst = WorkerBuffer(kChunk);
+  absl::StatusOr<Tier> from = Deliver(6, {{0, kChunk, dst}});
+  ASSERT_TRUE(from.ok()) << from.status();
+  EXPECT_EQ(*from, Tier::kRam);
+}
+
+TEST_F(TieredStoreGpuTest, StagingEvictionFallsBackToTheHostCopy) {
+  Open({}, /*staging_chunks=*/1);
+  Put(7);
+  Put(8);
+  Stage(7);
+  Stage(8);  // Evicts 7 from staging; RAM still has it.
+  EXPECT_EQ(store_->Locate(Id(7)), Tier::kRam);
+  EXPECT_EQ(store_->Locate(Id(8)), Tier::kGpu);
+  EXPECT_EQ(store_->GetStats().gpu.staging.evictions, 1u);
+  const DevicePtr dst = WorkerBuffer(kChunk);
+  absl::StatusOr<Tier> from = Deliver(7, {{0, kChunk, dst}});
+  ASSERT_TRUE(from.ok());
+  EXPECT_EQ(*from, Tier::kRam);
+  EXPECT_EQ(std::string(device_->HostView(dst), kChunk), Payload(7));
+  // Clearing the namespace clears staging too.
+  ASSERT_TRUE(store_->Clear(ns_).ok());
+  EXPECT_EQ(store_->GetStats().gpu.staging.chunks, 0u);
+}
+
+TEST(TieredStoreNoGpuTest, DeliveryWithoutAGpuIsFailedPrecondition) {
+  SetMinLogLevel(LogLevel::kError);
+  TieredStoreOptions o;
+  o.write_mode = WriteMode::kRamOnly;
+  o.ram.arena.capacity_bytes = 4 * kChunk;
+  auto store = TieredStore::Open(o);
+  ASSERT_TRUE(store.ok());
+  EXPECT_FALSE((*store)->has_gpu());
+  EXPECT_FALSE((*store)->GetStats().gpu_present);
+  absl::Notification done;
+  absl::StatusOr<Tier> result;
+  (*store)->ReadToDeviceAsync(ChunkId{}, {{0, 1, 1}}, [&](absl::StatusOr<Tier> r) {
+    result = std::move(r);
+    done.Notify();
+  });
+  done.WaitForNotification();
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+}  // namespace
+}  // namespace kvtier
