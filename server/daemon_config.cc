@@ -159,6 +159,12 @@ const std::vector<Option>& Options() {
       UintOption("writeback_threads",
                  "write-back: threads writing dirty chunks to SSD, one chunk each at a time",
                  &DaemonConfig::writeback_threads),
+      StringOption("gpu", "GPU for the staging tier: auto | off | device ordinal",
+                   &DaemonConfig::gpu),
+      SizeOption("gpu_staging_size", "GPU staging buffers (device memory); 0: none",
+                 &DaemonConfig::gpu_staging_size),
+      UintOption("gpu_copy_streams", "CUDA streams the GPU tier's copies are spread over",
+                 &DaemonConfig::gpu_copy_streams),
       StringOption("metrics_listen",
                    "HTTP address of /metrics and /healthz, host:port; empty turns it off",
                    &DaemonConfig::metrics_listen),
@@ -291,6 +297,18 @@ absl::Status DaemonConfig::Validate() const {
   if (writeback_threads == 0 || writeback_threads > 64) {
     return absl::InvalidArgumentError("option writeback_threads: must be 1 to 64");
   }
+  if (int device = 0; gpu != "auto" && gpu != "off" &&
+                      (!absl::SimpleAtoi(gpu, &device) || device < 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "option gpu: '", gpu, "' is not auto, off or a device ordinal (0, 1, ...)"));
+  }
+  if (gpu_copy_streams == 0 || gpu_copy_streams > 16) {
+    return absl::InvalidArgumentError("option gpu_copy_streams: must be 1 to 16");
+  }
+  if (gpu_staging_size != 0 && gpu_staging_size < (2ull << 20)) {
+    return absl::InvalidArgumentError(
+        "option gpu_staging_size: must be 0 (none) or at least 2MiB (one staging slot)");
+  }
   if (prefill_ssd_reads == 0) {
     return absl::InvalidArgumentError("option prefill_ssd_reads: must be at least 1");
   }
@@ -325,7 +343,15 @@ absl::StatusOr<TieredStoreOptions> DaemonConfig::ToStoreOptions() const {
   o.put_wait = put_wait;
   o.flush_threads = static_cast<int>(writeback_threads);
   o.stream_buffer_bytes = ssd_stream_buffer;
+  o.gpu_staging.capacity_bytes = gpu_staging_size;  // Used only with a device.
   return o;
+}
+
+std::optional<int> DaemonConfig::GpuDevice() const {
+  if (gpu == "off") return std::nullopt;
+  int device = 0;
+  if (gpu != "auto" && !absl::SimpleAtoi(gpu, &device)) return std::nullopt;  // Validated.
+  return device;
 }
 
 std::string DaemonConfig::Describe() const {

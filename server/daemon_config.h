@@ -58,6 +58,12 @@ struct DaemonConfig {
   std::string shm_allowed_group;           // Group (name or gid) admitted besides our user.
   uint32_t shm_max_regions = 1024;         // Regions registered at once, all clients.
   uint64_t shm_max_region_bytes = 64ull << 30;  // Largest region.
+  // GPU: "auto" uses device 0 when the build has CUDA and the host a GPU, and says once
+  // at start-up when it does not; "off"; or a device ordinal (a missing one is a loud
+  // degraded mode, not a start-up failure).
+  std::string gpu = "auto";
+  uint64_t gpu_staging_size = 1ull << 30;  // GPU staging buffers (L0), bytes; 0: none.
+  uint32_t gpu_copy_streams = 2;           // CUDA streams copies are spread over.
   std::string metrics_listen = "127.0.0.1:9464";  // HTTP /metrics and /healthz; "" = off.
   // If set, written once serving: the bound gRPC port on line 1, the metrics port (0 if
   // off) on line 2. For supervisors and tests that listen on port 0.
@@ -73,6 +79,8 @@ struct DaemonConfig {
   absl::StatusOr<std::optional<gid_t>> AllowedGid() const;
   // One "name = value" line per option, for the start-up log.
   std::string Describe() const;
+  // The GPU device to open: nullopt for "off", else the ordinal ("auto": 0).
+  std::optional<int> GpuDevice() const;
 };
 
 // Parses argv (without argv[0]). Returns InvalidArgument naming the bad flag, option or

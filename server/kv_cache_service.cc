@@ -183,6 +183,8 @@ grpc::Status KvCacheService::LookupImpl(TieredStore* store, const v1::LookupRequ
     held.reserve(hits);
     for (uint32_t i = 0; i < hits; ++i) {
       if (auto view = store->HoldInRam((*ids)[i])) held.push_back(*std::move(view));
+      // A leased hit is about to be loaded: on a GPU host, stage it for the worker.
+      store->StageAsync((*ids)[i]);
     }
     resp->set_lease_id(leases_->Grant(req->namespace_id(), std::move(held),
                                       absl::Seconds(req->lease_seconds())));
@@ -258,6 +260,18 @@ grpc::Status KvCacheService::ClearImpl(TieredStore* store, const v1::ClearReques
 grpc::Status KvCacheService::StatsImpl(TieredStore* store, v1::StatsResponse* resp) {
   leases_->Expire();
   const TieredStoreStats s = store->GetStats();
+  if (s.gpu.staging_enabled) {
+    const GpuStagingStats& g = s.gpu.staging;
+    auto* gpu = resp->add_tiers();
+    gpu->set_tier(v1::TIER_GPU);
+    gpu->set_capacity_bytes(g.capacity_bytes);
+    gpu->set_used_bytes(g.used_bytes);
+    gpu->set_payload_bytes(g.chunk_bytes);
+    gpu->set_chunks(g.chunks);
+    gpu->set_hits(g.hits);
+    gpu->set_misses(g.misses);
+    gpu->set_evictions(g.evictions);
+  }
   auto* ram = resp->add_tiers();
   ram->set_tier(v1::TIER_RAM);
   ram->set_capacity_bytes(s.ram.capacity_bytes);

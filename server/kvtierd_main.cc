@@ -33,6 +33,9 @@
 #include "server/store_collector.h"
 #include "storage/log.h"
 #include "storage/tiered_store.h"
+#ifdef KVTIER_HAVE_CUDA
+#include "storage/cuda/cuda_device_backend.h"
+#endif
 
 #ifndef KVTIER_VERSION
 #define KVTIER_VERSION "dev"
@@ -66,16 +69,56 @@ void Notify(const std::string& state) {
   if (sd_notify(0, state.c_str()) < 0) LogWarning("sd_notify failed: ", state);
 }
 
+// The GPU the staging tier runs on, or null; says once, at start-up, which it is.
+std::unique_ptr<DeviceBackend> OpenGpu(const DaemonConfig& config) {
+  const std::optional<int> device = config.GpuDevice();
+  if (!device) {
+    LogInfo("GPU staging tier: off (gpu=off); RAM and SSD serve all reads");
+    return nullptr;
+  }
+#ifdef KVTIER_HAVE_CUDA
+  CudaBackendOptions options;
+  options.device = *device;
+  options.copy_streams = static_cast<int>(config.gpu_copy_streams);
+  auto backend = OpenCudaBackend(options);
+  if (!backend.ok()) {
+    // Asked for by number: the operator expects a GPU, so this is a degraded mode.
+    const std::string why = std::string(backend.status().message());
+    if (config.gpu == "auto") {
+      LogInfo("GPU staging tier: off (no usable GPU: ", why, "); RAM and SSD serve all reads");
+    } else {
+      LogWarning("GPU staging tier: off: gpu=", config.gpu, " was asked for but ", why,
+                 "; RAM and SSD serve all reads (kvtier_gpu_available 0)");
+    }
+    return nullptr;
+  }
+  LogInfo("GPU staging tier: on ", (*backend)->Describe(), ", staging buffers ",
+          FormatBytes(config.gpu_staging_size), ", ", config.gpu_copy_streams,
+          " copy streams");
+  return *std::move(backend);
+#else
+  if (config.gpu == "auto") {
+    LogInfo("GPU staging tier: off (this build has no CUDA); RAM and SSD serve all reads");
+  } else {
+    LogWarning("GPU staging tier: off: gpu=", config.gpu, " was asked for but this build has "
+               "no CUDA; RAM and SSD serve all reads (kvtier_gpu_available 0)");
+  }
+  return nullptr;
+#endif
+}
+
 int Run(const DaemonConfig& config, const sigset_t& signals) {
   SetMinLogLevel(ParseLogLevel(config.log_level));
   LogInfo("kvtierd ", KVTIER_VERSION, " starting: ", config.Describe());
-  LogInfo("GPU staging tier: off (this build has no GPU tier; RAM and SSD serve all reads)");
 
   auto store_options = config.ToStoreOptions();
   if (!store_options.ok()) {
     LogError(store_options.status().message());
     return 2;
   }
+  // Before the store, which page-locks its pool through it; destroyed after it.
+  std::unique_ptr<DeviceBackend> gpu = OpenGpu(config);
+  store_options->device = gpu.get();
   if (store_options->write_mode != WriteMode::kRamOnly) {
     std::error_code ec;
     std::filesystem::create_directories(store_options->ssd.path, ec);

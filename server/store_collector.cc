@@ -39,11 +39,15 @@ StoreCollector::StoreCollector(const TieredStore* store, std::string version)
 std::vector<MetricFamily> StoreCollector::Collect() const {
   const TieredStoreStats s = store_->GetStats();
   const bool ssd = store_->write_mode() != WriteMode::kRamOnly;
-  auto per_tier = [&](double ram, double ssd_value) {
+  // The GPU staging tier shows as tier="gpu" where this daemon has one.
+  const bool gpu = s.gpu.staging_enabled;
+  auto per_tier = [&](double ram, double ssd_value, double gpu_value = 0) {
     std::vector<std::pair<std::vector<ClientMetric::Label>, double>> out = {{TierLabel("ram"), ram}};
     if (ssd) out.push_back({TierLabel("ssd"), ssd_value});
+    if (gpu) out.push_back({TierLabel("gpu"), gpu_value});
     return out;
   };
+  const GpuStagingStats& g = s.gpu.staging;
   const auto C = MetricType::Counter;
   const auto G = MetricType::Gauge;
   std::vector<MetricFamily> f;
@@ -52,29 +56,54 @@ std::vector<MetricFamily> StoreCollector::Collect() const {
                      {{{{"version", version_}, {"write_mode", WriteModeName(store_->write_mode())}},
                        1}}));
   f.push_back(Family("kvtier_tier_capacity_bytes", "Configured capacity of each tier", G,
-                     per_tier(s.ram.capacity_bytes, s.ssd.capacity_bytes)));
+                     per_tier(s.ram.capacity_bytes, s.ssd.capacity_bytes, g.capacity_bytes)));
   f.push_back(Family("kvtier_tier_used_bytes",
                      "Bytes taken in each tier (RAM: whole slots, puts in flight included; SSD: "
                      "chunks rounded up to 4 KiB)", G,
-                     per_tier(s.ram.used_bytes, s.ssd.used_bytes)));
+                     per_tier(s.ram.used_bytes, s.ssd.used_bytes, g.used_bytes)));
   f.push_back(Family("kvtier_tier_payload_bytes",
                      "Payload bytes of the chunks held in each tier (no slot or 4 KiB rounding)",
-                     G, per_tier(s.ram.chunk_bytes, s.ssd.payload_bytes)));
+                     G, per_tier(s.ram.chunk_bytes, s.ssd.payload_bytes, g.chunk_bytes)));
   f.push_back(Family("kvtier_tier_chunks", "Chunks held in each tier", G,
-                     per_tier(s.ram.chunks, s.ssd.chunks)));
+                     per_tier(s.ram.chunks, s.ssd.chunks, g.chunks)));
   f.push_back(Family("kvtier_tier_pinned_bytes", "Payload bytes of pinned chunks", G,
                      {{TierLabel("ram"), static_cast<double>(s.ram.pinned_bytes)}}));
   f.push_back(Family("kvtier_tier_hits_total", "Chunk reads that found the chunk in the tier",
-                     C, per_tier(s.ram.hits, s.ssd.hits)));
+                     C, per_tier(s.ram.hits, s.ssd.hits, g.hits)));
   f.push_back(Family("kvtier_tier_misses_total",
                      "Chunk reads that did not find the chunk in the tier", C,
-                     per_tier(s.ram.misses, s.ssd.misses)));
+                     per_tier(s.ram.misses, s.ssd.misses, g.misses)));
   f.push_back(Family("kvtier_tier_bytes_in_total", "Payload bytes written into each tier", C,
-                     per_tier(s.ram_bytes_in, s.ssd_bytes_in)));
+                     per_tier(s.ram_bytes_in, s.ssd_bytes_in, g.bytes_in)));
   f.push_back(Family("kvtier_tier_bytes_out_total", "Payload bytes read out of each tier", C,
-                     per_tier(s.ram_bytes_out, s.ssd_bytes_out)));
+                     per_tier(s.ram_bytes_out, s.ssd_bytes_out, g.bytes_out)));
   f.push_back(Family("kvtier_tier_evictions_total", "Chunks evicted from each tier", C,
-                     per_tier(s.ram.evictions, s.ssd.evictions)));
+                     per_tier(s.ram.evictions, s.ssd.evictions, g.evictions)));
+  f.push_back(Family("kvtier_gpu_available",
+                     "1 when this kvtierd drives a GPU (CUDA build, device present)", G,
+                     {{{}, s.gpu_present ? 1.0 : 0.0}}));
+  if (s.gpu_present) {
+    f.push_back(Family("kvtier_gpu_pool_pinned",
+                       "1 when the host pool is page-locked for the GPU; 0 is a degraded mode "
+                       "(copies run unpinned)", G, {{{}, s.gpu.pool_pinned ? 1.0 : 0.0}}));
+    f.push_back(Family("kvtier_gpu_staging_enabled",
+                       "1 when GPU staging buffers were allocated; 0 is a degraded mode", G,
+                       {{{}, s.gpu.staging_enabled ? 1.0 : 0.0}}));
+    f.push_back(Family("kvtier_gpu_deliveries_total",
+                       "Chunk deliveries into workers' GPU memory, by where the bytes came from",
+                       C, {{{{"source", "staging"}}, double(s.gpu.deliveries_from_staging)},
+                           {{{"source", "host"}}, double(s.gpu.deliveries_from_host)}}));
+    f.push_back(Family("kvtier_gpu_delivered_bytes_total",
+                       "Bytes delivered into workers' GPU memory", C,
+                       {{{}, double(s.gpu.delivered_bytes)}}));
+    f.push_back(Family("kvtier_gpu_delivery_failures_total",
+                       "Deliveries into GPU memory that failed (device error, bad checksum)", C,
+                       {{{}, double(s.gpu.delivery_failures)}}));
+    f.push_back(Family("kvtier_gpu_staging_failures_total",
+                       "Copies into the staging buffers that failed, or found no room", C,
+                       {{{{"reason", "error"}}, double(g.stage_failures)},
+                        {{{"reason", "no_room"}}, double(g.no_room)}}));
+  }
   f.push_back(Family("kvtier_promotions_total", "Chunks copied from SSD into RAM on a read", C,
                      {{{}, static_cast<double>(s.promotions)}}));
   f.push_back(Family("kvtier_demotions_total",

@@ -67,6 +67,35 @@ TEST(DaemonConfigTest, SharedMemoryOptions) {
   EXPECT_EQ(c.Validate().code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST(DaemonConfigTest, GpuOptions) {
+  DaemonConfig c;
+  EXPECT_EQ(c.GpuDevice(), std::optional<int>(0));  // auto
+  c.gpu = "off";
+  EXPECT_EQ(c.GpuDevice(), std::nullopt);
+  c.gpu = "3";
+  EXPECT_TRUE(c.Validate().ok());
+  EXPECT_EQ(c.GpuDevice(), std::optional<int>(3));
+  for (const char* bad : {"-1", "gpu0", "", "on"}) {
+    c.gpu = bad;
+    const absl::Status s = c.Validate();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(s.message().find("option gpu"), absl::string_view::npos) << s;
+  }
+  c.gpu = "auto";
+  c.gpu_copy_streams = 0;
+  EXPECT_EQ(c.Validate().code(), absl::StatusCode::kInvalidArgument);
+  c.gpu_copy_streams = 2;
+  c.gpu_staging_size = 4096;
+  EXPECT_EQ(c.Validate().code(), absl::StatusCode::kInvalidArgument);
+  c.gpu_staging_size = 0;
+  EXPECT_TRUE(c.Validate().ok());
+  auto parsed = ParseDaemonArgs({"--gpu=off", "--gpu-staging-size=256MiB"});
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->config.gpu, "off");
+  EXPECT_EQ(parsed->config.gpu_staging_size, 256ull << 20);
+  EXPECT_EQ(parsed->config.ToStoreOptions()->gpu_staging.capacity_bytes, 256ull << 20);
+}
+
 TEST(DaemonConfigTest, FlagsOverrideFileWhateverTheOrder) {
   const std::string path = ::testing::TempDir() + "/override.toml";
   std::ofstream(path) << "ram_capacity = \"2GiB\"\nwrite_mode = \"ram-only\"\n"

@@ -263,3 +263,42 @@ TEST_F(MetricsTest, RealPrometheusScrapesTheDaemon) {
 
 }  // namespace
 }  // namespace kvtier
+
+namespace kvtier {
+namespace {
+
+// Without a GPU (turned off, or a device that is not there) the daemon says so once at
+// start-up, exports it, and serves from RAM and SSD. (A GPU host runs the `gpu` tests.)
+TEST(GpuMetricsTest, NoGpuIsSaidOnceExportedAndServes) {
+  for (const char* flag : {"--gpu=off", "--gpu=99"}) {
+    const std::string dir = testing::MakeTempDir("kvtier-nogpu");
+    auto d = testing::DaemonProcess::Start(dir + "/data", {"--ram-capacity=64MiB", flag});
+    ASSERT_TRUE(d.ok()) << d.status();
+    auto c = KvTierClient::Connect(d->target());
+    ASSERT_TRUE(c.ok());
+    auto reg = (*c)->RegisterLayout(testing::LayoutOfMiB(1));
+    ASSERT_TRUE(reg.ok());
+    const std::string data = PatternBytes(1, 1 << 20);
+    ChunkToPut chunk{KeyOf(1), data, 256};
+    ASSERT_TRUE((*c)->Put(reg->namespace_id, {&chunk, 1}).ok());
+    auto r = HttpGet(d->metrics_port(), "/metrics");
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(SeriesValue(r->body, "kvtier_gpu_available"), 0) << flag;
+    EXPECT_EQ(r->body.find("tier=\"gpu\""), std::string::npos) << flag;
+    const std::string log = d->ReadLog();
+    size_t lines = 0;
+    for (size_t at = log.find("GPU staging tier: off"); at != std::string::npos;
+         at = log.find("GPU staging tier: off", at + 1)) {
+      ++lines;
+    }
+    EXPECT_EQ(lines, 1u) << log;
+    if (std::string(flag) == "--gpu=99") {
+      // Asked for by number and missing: a warning, not a start-up failure.
+      EXPECT_NE(log.find("WARN"), std::string::npos) << log;
+      EXPECT_NE(log.find("gpu=99 was asked for"), std::string::npos) << log;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace kvtier
