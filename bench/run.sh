@@ -48,6 +48,7 @@ fi
 
 cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build "$BUILD" -j"$JOBS" --target kvtierd kv_bench redis_bench rss_bench samehost_bench
+cmake --build "$BUILD" -j"$JOBS" --target gpu_bench 2>/dev/null || true  # CUDA builds only.
 # Another engineer's planner benchmark; included when it builds.
 cmake --build "$BUILD" -j"$JOBS" --target cake_bench >/dev/null 2>&1 || true
 B=$BUILD/bench
@@ -134,6 +135,11 @@ cp "$RES/samehost.log" "$RES/samehost/samehost.log"
 # ---- resident memory, planner ----
 step rss "$B/rss_bench" --mode=write-back
 if [ -x "$B/cake_bench" ]; then step cake "$B/cake_bench"; fi
+# ---- GPU tier vs cudaMemcpyAsync from pinned memory (CUDA builds; no-op without a GPU) ----
+if [ -x "$B/gpu_bench" ]; then
+  rm -f "$RES/gpu.jsonl"
+  step gpu "$B/gpu_bench" --sizes-mib=32,128 --reps=20 --json="$RES/gpu.jsonl"
+fi
 
 echo "suite took $((SECONDS - T0)) s" >> "$RES/machine.txt"
 /usr/bin/python3 bench/plot.py "$RES" "$PLOTS"

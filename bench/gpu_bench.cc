@@ -1,0 +1,177 @@
+// GPU tier bandwidth, against the device's own baseline in the same run:
+//   baseline   cudaMemcpyAsync host-to-device from a cudaHostAlloc'd buffer, one call;
+//   host       the store's GPU path from a RAM chunk: TieredStore::ReadToDeviceAsync of
+//              a chunk in the page-locked pool (64 KiB slots, coalesced copies, CRC32C
+//              checked on the CPU during the DMA) into device memory;
+//   staging    the same for a chunk in the GPU staging buffers (device to device).
+// In-process: this measures the daemon's data path without the RPC that names a
+// worker's IPC-mapped memory. Medians of --reps transfers per chunk size.
+//
+//   build/bench/gpu_bench --sizes-mib=32,128 --reps=20 [--json=FILE]
+//
+// Without a GPU it prints why and exits 0 (nothing to measure).
+#include <cuda_runtime_api.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "absl/synchronization/notification.h"
+#include "bench/bench_flags.h"
+#include "bench/json_line.h"
+#include "storage/crc32c.h"
+#include "storage/cuda/cuda_device_backend.h"
+#include "storage/log.h"
+#include "storage/tiered_store.h"
+
+namespace kvtier::bench {
+namespace {
+
+double Seconds(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+double BaselineSeconds(uint64_t bytes, void* dst) {
+  void* host = nullptr;
+  if (cudaHostAlloc(&host, bytes, cudaHostAllocDefault) != cudaSuccess) return 0;
+  std::memset(host, 7, bytes);
+  cudaStream_t stream;
+  cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+  std::vector<double> t;
+  for (uint64_t r = 0; r < Flag("reps", 20); ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, stream);
+    cudaStreamSynchronize(stream);
+    t.push_back(Seconds(t0));
+  }
+  cudaStreamDestroy(stream);
+  cudaFreeHost(host);
+  return Pct(t, 50);
+}
+
+double StoreSeconds(TieredStore& store, const ChunkId& id, uint64_t bytes, DevicePtr dst,
+                    Tier want) {
+  std::vector<double> t;
+  for (uint64_t r = 0; r < Flag("reps", 20); ++r) {
+    absl::Notification done;
+    absl::StatusOr<Tier> from;
+    const auto t0 = std::chrono::steady_clock::now();
+    store.ReadToDeviceAsync(id, {{0, bytes, dst}}, [&](absl::StatusOr<Tier> s) {
+      from = s;
+      done.Notify();
+    });
+    done.WaitForNotification();
+    t.push_back(Seconds(t0));
+    if (!from.ok() || *from != want) {
+      std::fprintf(stderr, "delivery from %s failed: %s\n", TierName(want),
+                   from.ok() ? TierName(*from) : std::string(from.status().message()).c_str());
+      return 0;
+    }
+  }
+  return Pct(t, 50);
+}
+
+int Main() {
+  SetMinLogLevel(LogLevel::kWarning);
+  auto backend = OpenCudaBackend({});
+  if (!backend.ok()) {
+    std::fprintf(stderr, "gpu_bench: no GPU (%s); nothing to measure\n",
+                 std::string(backend.status().message()).c_str());
+    return 0;
+  }
+  std::fprintf(stderr, "gpu_bench on %s\n", (*backend)->Describe().c_str());
+  for (uint64_t mib : ListFlag("sizes-mib", "32,128")) {
+    const uint64_t bytes = mib << 20;
+    TieredStoreOptions o;
+    o.write_mode = WriteMode::kRamOnly;
+    o.ram.arena.capacity_bytes = 2 * bytes + (64 << 20);
+    o.ram.arena.prefault = true;
+    o.max_chunk_bytes = bytes;
+    o.device = backend->get();
+    o.gpu_staging.capacity_bytes = bytes + (2 << 20);
+    auto store = TieredStore::Open(o);
+    if (!store.ok()) {
+      std::fprintf(stderr, "store: %s\n", std::string(store.status().message()).c_str());
+      return 1;
+    }
+    LayoutSpec layout;
+    layout.model_id = "bench/gpu";
+    layout.model_revision = "r1";
+    layout.dtype = LayoutSpec::DType::kFloat16;
+    layout.num_layers = static_cast<uint32_t>(mib);  // 1 MiB per layer.
+    layout.num_kv_heads = 8;
+    layout.head_dim = 128;
+    layout.tokens_per_chunk = 256;
+    auto reg = (*store)->RegisterLayout(layout);
+    if (!reg.ok()) {
+      std::fprintf(stderr, "layout: %s\n", std::string(reg.status().message()).c_str());
+      return 1;
+    }
+    const std::string data(bytes, 'x');
+    const uint32_t crc = crc32c::Value(data);
+    auto put = [&](const ChunkId& id) {
+      auto w = (*store)->BeginPut(id, 256);
+      if (!w.ok() || *w == nullptr || !(*w)->Append(data).ok()) return false;
+      return (*store)->CommitPut(*std::move(w), crc).ok();
+    };
+    auto dst = (*backend)->Allocate(bytes);
+    if (!dst.ok()) return 1;
+
+    const double base = BaselineSeconds(bytes, reinterpret_cast<void*>(*dst));
+    // Host path: a fresh chunk each rep, so that it is never staged.
+    std::vector<double> host_t;
+    for (uint64_t r = 0; r < Flag("reps", 20); ++r) {
+      const ChunkId id{reg->namespace_id, ChunkKey{r + 1, mib}};
+      if (!put(id)) return 1;
+      absl::Notification done;
+      absl::StatusOr<Tier> from;
+      const auto t0 = std::chrono::steady_clock::now();
+      (*store)->ReadToDeviceAsync(id, {{0, bytes, *dst}}, [&](absl::StatusOr<Tier> s) {
+        from = s;
+        done.Notify();
+      });
+      done.WaitForNotification();
+      host_t.push_back(Seconds(t0));
+      if (!from.ok()) return 1;
+      // The delivery staged the chunk in the background; let that copy finish before the
+      // next rep is timed, then drop the chunk.
+      cudaDeviceSynchronize();
+      (*store)->Delete(id).IgnoreError();
+    }
+    const double host = Pct(host_t, 50);
+    // Staging path.
+    const ChunkId staged{reg->namespace_id, ChunkKey{0, mib}};
+    if (!put(staged)) return 1;
+    (*store)->StageAsync(staged);
+    for (int i = 0; i < 10000 && (*store)->Locate(staged) != Tier::kGpu; ++i) {
+      cudaDeviceSynchronize();
+    }
+    if ((*store)->Locate(staged) != Tier::kGpu) {
+      std::fprintf(stderr, "the chunk did not reach the staging buffers\n");
+      return 1;
+    }
+    const double staging = StoreSeconds(**store, staged, bytes, *dst, Tier::kGpu);
+
+    JsonLine()
+        .S("bench", "gpu")
+        .S("device", (*backend)->Describe())
+        .N("chunk_mib", mib)
+        .N("baseline_gbps", bytes / base / 1e9)
+        .N("host_gbps", bytes / host / 1e9)
+        .N("staging_gbps", staging > 0 ? bytes / staging / 1e9 : 0)
+        .N("host_vs_baseline", base / host)
+        .Emit();
+    (*backend)->Free(*dst);
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace kvtier::bench
+
+int main(int argc, char** argv) {
+  kvtier::bench::InitFlags(argc, argv);
+  return kvtier::bench::Main();
+}
