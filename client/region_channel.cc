@@ -92,6 +92,19 @@ absl::StatusOr<v1::RegionSocketResponse> RegionChannel::Call(
 absl::StatusOr<RegionChannel::Registration> RegionChannel::Add(int fd, uint64_t bytes) {
   v1::RegionSocketRequest req;
   req.mutable_add()->set_bytes(bytes);
+  return Register(req, fd);
+}
+
+absl::StatusOr<RegionChannel::Registration> RegionChannel::AddDevice(
+    absl::string_view ipc_handle, uint64_t bytes) {
+  v1::RegionSocketRequest req;
+  req.mutable_add_device()->set_ipc_handle(std::string(ipc_handle));
+  req.mutable_add_device()->set_bytes(bytes);
+  return Register(req, -1);
+}
+
+absl::StatusOr<RegionChannel::Registration> RegionChannel::Register(
+    const v1::RegionSocketRequest& req, int fd) {
   auto answer = Call(req, fd);
   if (!answer.ok()) return answer.status();
   if (answer->code() != 0) {

@@ -39,6 +39,12 @@ class RegionChannel {
   // Registers memfd `fd` of `bytes` bytes (the daemon checks its seals and size).
   // Returns the daemon's status otherwise (InvalidArgument, ResourceExhausted, ...).
   absl::StatusOr<Registration> Add(int fd, uint64_t bytes);
+  // Registers `bytes` of GPU memory from the start of the allocation whose CUDA IPC
+  // handle (cudaIpcGetMemHandle, 64 bytes) is `ipc_handle`, on a daemon with a GPU
+  // (DataPlaneResponse.device_memory). Get then copies chunks straight into it.
+  // Returns: Ok, FailedPrecondition (the daemon has no GPU), InvalidArgument (a stale
+  // or foreign handle, or an allocation smaller than `bytes`), ResourceExhausted.
+  absl::StatusOr<Registration> AddDevice(absl::string_view ipc_handle, uint64_t bytes);
   absl::Status Remove(uint64_t region_id);
 
   // Sends `request` with `fd` attached (-1: none) and reads the answer. For tests that
@@ -47,6 +53,7 @@ class RegionChannel {
 
  private:
   explicit RegionChannel(int fd) : fd_(fd) {}
+  absl::StatusOr<Registration> Register(const v1::RegionSocketRequest& req, int fd);
   const int fd_;
   absl::Mutex mu_;  // One request in flight.
 };

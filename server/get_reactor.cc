@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "server/get_plan.h"
 #include "server/region_target.h"
 #include "server/status_util.h"
 #include "storage/crc32c.h"
@@ -71,65 +72,22 @@ absl::Status GetReactor::Start(const grpc::ByteBuffer* request, LeaseTable* leas
     auto held = leases->Take(req.namespace_id(), req.lease_id());
     if (held.ok()) lease_hold_ = *std::move(held);
   }
-  if (req.keys_size() > static_cast<int>(max_keys)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "keys: ", req.keys_size(), " keys in one request, more than max_keys_per_request (",
-        max_keys, "); split the request"));
-  }
-  for (int i = 0; i < req.keys_size(); ++i) {
-    auto key = ChunkKey::FromBytes(req.keys(i));
-    if (!key.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("keys[", i, "]: ", key.status().message()));
-    }
-    ids_.push_back(ChunkId{req.namespace_id(), *key});
-  }
-  num_layers_ = layout->num_layers;
-  first_layer_ = 0;
-  end_layer_ = num_layers_;
-  if (req.has_layer_range()) {
-    first_layer_ = req.layer_range().begin();
-    end_layer_ = req.layer_range().end();
-    if (first_layer_ >= end_layer_ || end_layer_ > num_layers_) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "layer_range: [", first_layer_, ", ", end_layer_,
-          ") is not a non-empty range within [0, ", num_layers_, ")"));
-    }
-  }
-  frame_bytes_ = max_frame_bytes;
-  if (req.max_frame_bytes() > 0) {
-    frame_bytes_ = std::min<uint64_t>(frame_bytes_, req.max_frame_bytes());
-  }
-  switch (req.order()) {
-    case v1::GET_ORDER_UNSPECIFIED:
-    case v1::GET_ORDER_CHUNK_MAJOR:
-      layer_major_ = false;
-      break;
-    case v1::GET_ORDER_LAYER_MAJOR:
-      layer_major_ = true;
-      break;
-    default:
-      return absl::InvalidArgumentError(absl::StrCat(
-          "order: ", static_cast<int>(req.order()),
-          " is not a GetOrder this daemon knows (chunk-major 1, layer-major 2)"));
-  }
+  auto plan = MakeGetPlan(req, *layout, max_frame_bytes, max_keys);
+  if (!plan.ok()) return plan.status();
+  ids_ = std::move(plan->ids);
+  items_ = std::move(plan->items);
+  layer_major_ = plan->layer_major;
+  num_layers_ = plan->num_layers;
+  first_layer_ = plan->first_layer;
+  end_layer_ = plan->end_layer;
+  frame_bytes_ = plan->frame_bytes;
   if (req.has_target()) {
-    const uint64_t key_bytes =
-        layout->ChunkBytes() / num_layers_ * (end_layer_ - first_layer_);
-    auto target = ResolveRegionTarget(regions, req.target(), ids_.size(), key_bytes);
+    auto target = ResolveRegionTarget(regions, req.target(), ids_.size(), plan->KeyBytes());
     if (!target.ok()) return target.status();
     region_ = std::move(target->region);
     dest_ = std::move(target->dest);
   }
   const uint32_t n = static_cast<uint32_t>(ids_.size());
-  if (layer_major_) {
-    items_.reserve(size_t{n} * (end_layer_ - first_layer_));
-    for (uint32_t l = first_layer_; l < end_layer_; ++l) {
-      for (uint32_t k = 0; k < n; ++k) items_.push_back(Item{k, l, l + 1});
-    }
-  } else {
-    items_.reserve(n);
-    for (uint32_t k = 0; k < n; ++k) items_.push_back(Item{k, first_layer_, end_layer_});
-  }
   absl::MutexLock lock(&mu_);
   held_.resize(n);
   absent_.assign(n, false);

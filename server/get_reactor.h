@@ -47,6 +47,7 @@
 #include "absl/synchronization/mutex.h"
 #include "kvtier/v1/kvtier.pb.h"
 #include "server/lease_table.h"
+#include "server/get_plan.h"
 #include "server/region_table.h"
 #include "server/rpc_metrics.h"
 #include "storage/tiered_store.h"
@@ -78,11 +79,7 @@ class GetReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     TieredStore::RangeBuffer buf;
   };
 
-  // One unit of the stream: layers [begin, end) of key `key`.
-  struct Item {
-    uint32_t key = 0;
-    uint32_t begin = 0, end = 0;
-  };
+  using Item = GetPlan::Item;
 
   absl::Status Start(const grpc::ByteBuffer* request, LeaseTable* leases,
                      RegionTable* regions, uint64_t max_frame_bytes, uint32_t max_keys);

@@ -1,3 +1,4 @@
+#include "server/device_get_reactor.h"
 #include "server/kv_cache_service.h"
 
 #include <algorithm>
@@ -84,6 +85,19 @@ grpc::ServerReadReactor<grpc::ByteBuffer>* KvCacheService::Put(
 }
 grpc::ServerWriteReactor<grpc::ByteBuffer>* KvCacheService::Get(
     grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request) {
+  // A target in a worker's GPU memory takes the device path; everything else (and any
+  // request that does not parse, which GetReactor answers) the streamed one.
+  if (data_plane_.regions != nullptr) {
+    grpc::Slice flat;
+    v1::GetRequest req;
+    if (request->DumpToSingleSlice(&flat).ok() &&
+        req.ParseFromArray(flat.begin(), static_cast<int>(flat.size())) && req.has_target() &&
+        data_plane_.regions->IsDevice(req.target().region_id())) {
+      return new DeviceGetReactor(ctx, req, store_.load(std::memory_order_acquire), metrics_,
+                                  leases_, data_plane_.regions, limits_.max_frame_bytes,
+                                  limits_.max_keys_per_request);
+    }
+  }
   return new GetReactor(ctx, request, store_.load(std::memory_order_acquire), metrics_,
                         leases_, data_plane_.regions, limits_.max_frame_bytes,
                         limits_.max_keys_per_request);
@@ -104,6 +118,8 @@ grpc::Status KvCacheService::DataPlane(grpc::ServerContext*, const v1::DataPlane
     resp->set_instance_id(data_plane_.instance_id);
     resp->set_max_region_bytes(data_plane_.regions->options().max_region_bytes);
     resp->set_max_regions(data_plane_.regions->options().max_regions);
+    TieredStore* store = store_.load(std::memory_order_acquire);
+    resp->set_device_memory(store != nullptr && store->has_gpu());
   }
   return scope.Done(grpc::Status::OK);
 }

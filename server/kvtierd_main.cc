@@ -269,6 +269,9 @@ int Run(const DaemonConfig& config, const sigset_t& signals) {
   LogInfo("RPCs drained; flushing the store");
   http.reset();
   absl::Status closed = (*store)->Close();
+  // Leases hold pool chunks, which give their slots back to the pool when dropped:
+  // end them while the pool still exists.
+  leases.Clear();
   store->reset();
   if (!closed.ok()) {
     LogError("shutdown: ", closed.message());

@@ -99,6 +99,17 @@ uint64_t LeaseTable::Expire() {
   return ExpireLocked(dropped);
 }
 
+uint64_t LeaseTable::Clear() {
+  std::vector<ChunkView> dropped;  // Dropped after the lock is released.
+  absl::MutexLock lock(&mu_);
+  const uint64_t n = leases_.size();
+  while (!leases_.empty()) {
+    std::vector<ChunkView> held = EraseLocked(leases_.begin());
+    std::move(held.begin(), held.end(), std::back_inserter(dropped));
+  }
+  return n;
+}
+
 LeaseTableStats LeaseTable::GetStats() const {
   absl::MutexLock lock(&mu_);
   LeaseTableStats s = stats_;

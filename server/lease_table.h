@@ -65,6 +65,10 @@ class LeaseTable {
   bool Release(uint64_t ns, uint64_t id);
   // Drops expired leases; returns how many.
   uint64_t Expire();
+  // Ends every lease, giving their chunks back: before the store they hold chunks of is
+  // destroyed (a held chunk gives its slots back to the pool when dropped). Returns how
+  // many there were.
+  uint64_t Clear();
 
   LeaseTableStats GetStats() const;
 

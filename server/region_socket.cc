@@ -243,6 +243,21 @@ bool RegionSocket::Serve(Connection& conn) {
     } else {
       status = added.status();
     }
+  } else if (req.has_add_device()) {
+    if (options_.device == nullptr) {
+      status = absl::FailedPreconditionError(
+          "region socket: this daemon has no GPU; register host memory (a memfd) instead");
+    } else {
+      auto added = regions_->AddDevice(conn.id, options_.device, req.add_device().ipc_handle(),
+                                       req.add_device().bytes());
+      if (added.ok()) {
+        resp.set_region_id(added->id);
+        resp.set_token(added->token);
+        resp.set_bytes(added->bytes);
+      } else {
+        status = added.status();
+      }
+    }
   } else if (req.has_remove()) {
     status = regions_->Remove(conn.id, req.remove().region_id());
   } else {

@@ -30,6 +30,7 @@
 
 #include "absl/status/statusor.h"
 #include "server/region_table.h"
+#include "storage/device_backend.h"
 
 namespace kvtier {
 
@@ -52,6 +53,8 @@ struct RegionSocketOptions {
   std::optional<gid_t> allowed_gid;  // Group admitted besides the daemon's user and root.
   uint64_t instance_id = 0;         // Told to every client (DataPlane says the same).
   uint32_t max_connections = 1024;  // Further connections are closed at accept.
+  // The GPU device memory registrations are opened on; null: they are refused.
+  DeviceBackend* device = nullptr;
 };
 
 class RegionSocket {

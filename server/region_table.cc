@@ -18,32 +18,54 @@ uint64_t RandomToken() {
 
 }  // namespace
 
+absl::Status RegionTable::CheckRoom() const {
+  if (regions_.size() >= options_.max_regions) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "region: ", regions_.size(), " regions are registered, the daemon's limit "
+        "(shm_max_regions); remove one or retry after another client exits"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<RegionTable::Added> RegionTable::Insert(Entry entry) {
+  Added added;
+  added.token = RandomToken();
+  added.bytes = entry.size();
+  entry.token = added.token;
+  absl::MutexLock lock(&mu_);
+  // Checked again: others may have registered while this one was being mapped.
+  if (absl::Status s = CheckRoom(); !s.ok()) return s;
+  do {
+    added.id = absl::Uniform<uint64_t>(rng_);
+  } while (added.id == 0 || regions_.contains(added.id));
+  regions_.emplace(added.id, std::move(entry));
+  bytes_ += added.bytes;
+  return added;
+}
+
 absl::StatusOr<RegionTable::Added> RegionTable::Add(uint64_t owner, int fd,
                                                     uint64_t expected_bytes) {
   {
     absl::MutexLock lock(&mu_);
-    if (regions_.size() >= options_.max_regions) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "region: ", regions_.size(), " regions are registered, the daemon's limit "
-          "(shm_max_regions); remove one or retry after another client exits"));
-    }
+    if (absl::Status s = CheckRoom(); !s.ok()) return s;
   }
   auto region = MappedRegion::Map(fd, expected_bytes, options_.max_region_bytes);
   if (!region.ok()) return region.status();
-  Added added;
-  added.token = RandomToken();
-  added.bytes = (*region)->size();
-  absl::MutexLock lock(&mu_);
-  if (regions_.size() >= options_.max_regions) {
-    return absl::ResourceExhaustedError(
-        "region: the daemon's limit of regions (shm_max_regions) was reached meanwhile");
+  return Insert(Entry{owner, 0, *std::move(region), nullptr});
+}
+
+absl::StatusOr<RegionTable::Added> RegionTable::AddDevice(uint64_t owner,
+                                                          DeviceBackend* backend,
+                                                          absl::string_view ipc_handle,
+                                                          uint64_t expected_bytes) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (absl::Status s = CheckRoom(); !s.ok()) return s;
   }
-  do {
-    added.id = absl::Uniform<uint64_t>(rng_);
-  } while (added.id == 0 || regions_.contains(added.id));
-  regions_.emplace(added.id, Entry{owner, added.token, *std::move(region)});
-  bytes_ += added.bytes;
-  return added;
+  auto device =
+      DeviceRegion::Open(backend, ipc_handle, expected_bytes, options_.max_region_bytes);
+  if (!device.ok()) return device.status();
+  return Insert(Entry{owner, 0, nullptr, *std::move(device)});
 }
 
 absl::Status RegionTable::Remove(uint64_t owner, uint64_t id) {
@@ -52,7 +74,7 @@ absl::Status RegionTable::Remove(uint64_t owner, uint64_t id) {
   if (it == regions_.end() || it->second.owner != owner) {
     return absl::NotFoundError(absl::StrCat("region ", id, ": not registered on this connection"));
   }
-  bytes_ -= it->second.region->size();
+  bytes_ -= it->second.size();
   regions_.erase(it);
   return absl::OkStatus();
 }
@@ -62,7 +84,7 @@ int RegionTable::RemoveOwner(uint64_t owner) {
   int removed = 0;
   for (auto it = regions_.begin(); it != regions_.end();) {
     if (it->second.owner == owner) {
-      bytes_ -= it->second.region->size();
+      bytes_ -= it->second.size();
       regions_.erase(it++);
       ++removed;
     } else {
@@ -72,9 +94,8 @@ int RegionTable::RemoveOwner(uint64_t owner) {
   return removed;
 }
 
-absl::StatusOr<std::shared_ptr<const MappedRegion>> RegionTable::Find(uint64_t id,
-                                                                      uint64_t token) const {
-  absl::MutexLock lock(&mu_);
+absl::StatusOr<const RegionTable::Entry*> RegionTable::FindEntry(uint64_t id,
+                                                                 uint64_t token) const {
   auto it = regions_.find(id);
   if (it == regions_.end()) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -86,7 +107,37 @@ absl::StatusOr<std::shared_ptr<const MappedRegion>> RegionTable::Find(uint64_t i
         "region ", id, ": wrong token; a region is usable only by the client that "
         "registered it"));
   }
-  return it->second.region;
+  return &it->second;
+}
+
+absl::StatusOr<std::shared_ptr<const MappedRegion>> RegionTable::Find(uint64_t id,
+                                                                      uint64_t token) const {
+  absl::MutexLock lock(&mu_);
+  auto e = FindEntry(id, token);
+  if (!e.ok()) return e.status();
+  if ((*e)->region == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "region ", id, ": is GPU memory, which this transfer cannot use"));
+  }
+  return (*e)->region;
+}
+
+absl::StatusOr<std::shared_ptr<const DeviceRegion>> RegionTable::FindDevice(
+    uint64_t id, uint64_t token) const {
+  absl::MutexLock lock(&mu_);
+  auto e = FindEntry(id, token);
+  if (!e.ok()) return e.status();
+  if ((*e)->device == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("region ", id, ": is host memory, not GPU memory"));
+  }
+  return (*e)->device;
+}
+
+bool RegionTable::IsDevice(uint64_t id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = regions_.find(id);
+  return it != regions_.end() && it->second.device != nullptr;
 }
 
 uint64_t RegionTable::regions() const {

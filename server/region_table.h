@@ -19,6 +19,7 @@
 #include "absl/random/random.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "server/device_region.h"
 #include "server/mapped_region.h"
 
 namespace kvtier {
@@ -43,13 +44,23 @@ class RegionTable {
   // Maps `fd` (see MappedRegion::Map) for connection `owner`. Returns: Ok,
   // InvalidArgument (the memfd), ResourceExhausted (max_regions are registered).
   absl::StatusOr<Added> Add(uint64_t owner, int fd, uint64_t expected_bytes);
+  // Opens a worker's GPU memory from its CUDA IPC handle (see DeviceRegion::Open) for
+  // connection `owner`. Returns: Ok, InvalidArgument, ResourceExhausted (max_regions).
+  absl::StatusOr<Added> AddDevice(uint64_t owner, DeviceBackend* backend,
+                                  absl::string_view ipc_handle, uint64_t expected_bytes);
   // Returns: Ok, NotFound (no such region of this owner).
   absl::Status Remove(uint64_t owner, uint64_t id);
   // Forgets every region of `owner`; returns how many.
   int RemoveOwner(uint64_t owner);
   // The region, for one transfer. Returns: Ok, FailedPrecondition (unknown id: never
   // registered, or its owner went away), PermissionDenied (wrong token).
+  // FailedPrecondition also for a device region.
   absl::StatusOr<std::shared_ptr<const MappedRegion>> Find(uint64_t id, uint64_t token) const;
+  // The same for a device region (FailedPrecondition for host memory).
+  absl::StatusOr<std::shared_ptr<const DeviceRegion>> FindDevice(uint64_t id,
+                                                                 uint64_t token) const;
+  // Whether region `id` is device memory (false for unknown ids), to route a transfer.
+  bool IsDevice(uint64_t id) const;
 
   uint64_t regions() const;
   uint64_t bytes() const;
@@ -58,8 +69,15 @@ class RegionTable {
   struct Entry {
     uint64_t owner;
     uint64_t token;
-    std::shared_ptr<const MappedRegion> region;
+    std::shared_ptr<const MappedRegion> region;  // Host memory, or
+    std::shared_ptr<const DeviceRegion> device;  // a worker's GPU memory.
+    uint64_t size() const { return region ? region->size() : device->size(); }
   };
+  absl::Status CheckRoom() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Indexes a mapped region under a fresh id and token.
+  absl::StatusOr<Added> Insert(Entry entry) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<const Entry*> FindEntry(uint64_t id, uint64_t token) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
 
   const RegionTableOptions options_;
   mutable absl::Mutex mu_;

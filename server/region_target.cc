@@ -7,25 +7,18 @@
 
 namespace kvtier {
 
-absl::StatusOr<ResolvedTarget> ResolveRegionTarget(RegionTable* regions,
-                                                   const v1::RegionTarget& target,
-                                                   size_t keys, uint64_t key_bytes) {
-  if (regions == nullptr) {
-    return absl::FailedPreconditionError(
-        "target: this daemon serves no registered memory (shm_socket is off); use the stream");
-  }
-  auto region = regions->Find(target.region_id(), target.token());
-  if (!region.ok()) return region.status();
-  ResolvedTarget out;
-  out.region = *std::move(region);
+absl::StatusOr<std::vector<uint64_t>> TargetOffsets(const v1::RegionTarget& target,
+                                                    size_t keys, uint64_t key_bytes,
+                                                    uint64_t region_bytes) {
   if (target.offsets_size() != 1 && static_cast<size_t>(target.offsets_size()) != keys) {
     return absl::InvalidArgumentError(absl::StrCat(
         "target.offsets: ", target.offsets_size(), " offsets for ", keys,
         " keys; give one per key, or one for all of them back to back"));
   }
+  std::vector<uint64_t> offsets;
   std::vector<std::pair<uint64_t, size_t>> starts;  // (offset, key), to find overlaps.
   starts.reserve(keys);
-  out.dest.reserve(keys);
+  offsets.reserve(keys);
   for (size_t k = 0; k < keys; ++k) {
     uint64_t off = 0;
     if (target.offsets_size() == 1) {
@@ -38,17 +31,13 @@ absl::StatusOr<ResolvedTarget> ResolveRegionTarget(RegionTable* regions,
     } else {
       off = target.offsets(static_cast<int>(k));
     }
-    auto dst = out.region->Range(off, key_bytes, absl::StrCat("target: key ", k));
-    if (!dst.ok()) {
+    if (off > region_bytes || key_bytes > region_bytes - off) {
       return absl::InvalidArgumentError(absl::StrCat(
-          dst.status().message(), " (each key needs ", key_bytes,
+          "target: key ", k, ": [", off, ", +", key_bytes, ") is outside the region of ",
+          region_bytes, " bytes (each key needs ", key_bytes,
           " bytes: register a larger region, or ask for fewer keys)"));
     }
-    if (absl::Status s = out.region->Populate(*dst, key_bytes, MappedRegion::Access::kWrite);
-        !s.ok()) {
-      return s;
-    }
-    out.dest.push_back(*dst);
+    offsets.push_back(off);
     starts.emplace_back(off, k);
   }
   std::sort(starts.begin(), starts.end());
@@ -59,6 +48,49 @@ absl::StatusOr<ResolvedTarget> ResolveRegionTarget(RegionTable* regions,
           starts[i].second, " overlap (each key needs ", key_bytes, " bytes)"));
     }
   }
+  return offsets;
+}
+
+absl::StatusOr<ResolvedTarget> ResolveRegionTarget(RegionTable* regions,
+                                                   const v1::RegionTarget& target,
+                                                   size_t keys, uint64_t key_bytes) {
+  if (regions == nullptr) {
+    return absl::FailedPreconditionError(
+        "target: this daemon serves no registered memory (shm_socket is off); use the stream");
+  }
+  auto region = regions->Find(target.region_id(), target.token());
+  if (!region.ok()) return region.status();
+  ResolvedTarget out;
+  out.region = *std::move(region);
+  auto offsets = TargetOffsets(target, keys, key_bytes, out.region->size());
+  if (!offsets.ok()) return offsets.status();
+  out.dest.reserve(keys);
+  for (size_t k = 0; k < keys; ++k) {
+    auto dst = out.region->Range((*offsets)[k], key_bytes, absl::StrCat("target: key ", k));
+    if (!dst.ok()) return dst.status();
+    if (absl::Status s = out.region->Populate(*dst, key_bytes, MappedRegion::Access::kWrite);
+        !s.ok()) {
+      return s;
+    }
+    out.dest.push_back(*dst);
+  }
+  return out;
+}
+
+absl::StatusOr<ResolvedDeviceTarget> ResolveDeviceTarget(RegionTable* regions,
+                                                         const v1::RegionTarget& target,
+                                                         size_t keys, uint64_t key_bytes) {
+  if (regions == nullptr) {
+    return absl::FailedPreconditionError(
+        "target: this daemon serves no registered memory (shm_socket is off); use the stream");
+  }
+  auto region = regions->FindDevice(target.region_id(), target.token());
+  if (!region.ok()) return region.status();
+  ResolvedDeviceTarget out;
+  out.region = *std::move(region);
+  auto offsets = TargetOffsets(target, keys, key_bytes, out.region->size());
+  if (!offsets.ok()) return offsets.status();
+  for (uint64_t off : *offsets) out.dest.push_back(out.region->base() + off);
   return out;
 }
 

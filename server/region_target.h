@@ -28,6 +28,21 @@ absl::StatusOr<ResolvedTarget> ResolveRegionTarget(RegionTable* regions,
                                                    const v1::RegionTarget& target,
                                                    size_t keys, uint64_t key_bytes);
 
+// The same for a worker's GPU memory (a region registered with RegionAddDevice).
+struct ResolvedDeviceTarget {
+  std::shared_ptr<const DeviceRegion> region;  // Held for the call.
+  std::vector<DevicePtr> dest;                 // Key i's bytes go to dest[i].
+};
+absl::StatusOr<ResolvedDeviceTarget> ResolveDeviceTarget(RegionTable* regions,
+                                                         const v1::RegionTarget& target,
+                                                         size_t keys, uint64_t key_bytes);
+
+// Key i's offset in a region of `region_bytes` bytes. Returns: Ok, InvalidArgument
+// (wrong count, out of the region, overflowing, or overlapping).
+absl::StatusOr<std::vector<uint64_t>> TargetOffsets(const v1::RegionTarget& target,
+                                                    size_t keys, uint64_t key_bytes,
+                                                    uint64_t region_bytes);
+
 }  // namespace kvtier
 
 #endif  // KVTIER_SERVER_REGION_TARGET_H_

@@ -78,10 +78,15 @@ class DeviceBackend {
   virtual void Submit(std::vector<DeviceCopy> copies,
                       std::function<void(absl::Status)> done) = 0;
 
-  // Another process's device memory, from its IPC handle (kIpcHandleBytes bytes).
-  // Returns the base address: Ok, InvalidArgument (not a handle, or a stale or foreign
-  // one), Unavailable.
-  virtual absl::StatusOr<DevicePtr> OpenIpcMemory(absl::string_view handle) = 0;
+  // Another process's device memory, from its IPC handle (kIpcHandleBytes bytes): its
+  // base address here and the size of the allocation, as the device knows it (so a
+  // client cannot make the daemon copy past the end of its memory by claiming more).
+  // Returns: Ok, InvalidArgument (not a handle, or a stale or foreign one), Unavailable.
+  struct IpcMemory {
+    DevicePtr base = 0;
+    uint64_t bytes = 0;
+  };
+  virtual absl::StatusOr<IpcMemory> OpenIpcMemory(absl::string_view handle) = 0;
   virtual void CloseIpcMemory(DevicePtr base) = 0;
 };
 

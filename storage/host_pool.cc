@@ -103,7 +103,7 @@ absl::StatusOr<std::shared_ptr<PoolChunk>> HostPool::Allocate(uint64_t size,
   // Take then fails cleanly and the caller sees ResourceExhausted (it may retry).
   auto slots = arena_->Take(need);
   if (!slots.ok()) return slots.status();
-  return std::make_shared<PoolChunk>(arena_.get(), *std::move(slots), size);
+  return std::make_shared<PoolChunk>(arena_, *std::move(slots), size);
 }
 
 bool HostPool::Insert(const ChunkId& id, std::shared_ptr<PoolChunk> data,

@@ -140,7 +140,7 @@ class HostPool {
 
   const HostPoolOptions options_;
   // Declared before the index: entries hold PoolChunks that release into the arena.
-  const std::unique_ptr<SlotArena> arena_;
+  const std::shared_ptr<SlotArena> arena_;  // Shared with the PoolChunks it hands out.
   mutable absl::Mutex mu_;
   std::unique_ptr<EvictionPolicy> policy_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<ChunkId, Entry> index_ ABSL_GUARDED_BY(mu_);

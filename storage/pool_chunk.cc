@@ -7,8 +7,9 @@
 
 namespace kvtier {
 
-PoolChunk::PoolChunk(SlotArena* arena, std::vector<uint32_t> slots, uint64_t size)
-    : arena_(arena), slots_(std::move(slots)), size_(size) {}
+PoolChunk::PoolChunk(std::shared_ptr<SlotArena> arena, std::vector<uint32_t> slots,
+                     uint64_t size)
+    : arena_(std::move(arena)), slots_(std::move(slots)), size_(size) {}
 
 PoolChunk::~PoolChunk() { arena_->Release(slots_); }
 

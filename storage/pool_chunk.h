@@ -9,6 +9,7 @@
 #define KVTIER_STORAGE_POOL_CHUNK_H_
 
 #include <cstdint>
+#include <memory>
 #include "absl/strings/string_view.h"
 #include <vector>
 
@@ -19,8 +20,9 @@ namespace kvtier {
 
 class PoolChunk {
  public:
-  // `arena` must outlive this object.
-  PoolChunk(SlotArena* arena, std::vector<uint32_t> slots, uint64_t size);
+  // Shares ownership of `arena`: a chunk held past its pool (a view kept by a lease, a
+  // GPU copy, a reply in flight) keeps the arena's memory mapped until it is dropped.
+  PoolChunk(std::shared_ptr<SlotArena> arena, std::vector<uint32_t> slots, uint64_t size);
   ~PoolChunk();
   PoolChunk(const PoolChunk&) = delete;
   PoolChunk& operator=(const PoolChunk&) = delete;
@@ -42,7 +44,7 @@ class PoolChunk {
   uint32_t Crc32c() const;
 
  private:
-  SlotArena* const arena_;
+  const std::shared_ptr<SlotArena> arena_;
   const std::vector<uint32_t> slots_;
   const uint64_t size_;
 };

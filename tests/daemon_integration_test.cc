@@ -630,6 +630,11 @@ TEST_F(DaemonTest, SigtermStopsCleanly) {
   StartDaemon();
   const uint64_t ns = Register(1);
   ASSERT_TRUE(PutOne(ns, 1, 1 << 20).ok());
+  // A lease still live at shutdown holds a pool chunk: it must be given back before the
+  // pool goes (it once was not, and the daemon's heap was corrupted on the way out).
+  auto looked = client_->Lookup(ns, std::vector<ChunkKey>{KeyOf(1)}, /*lease_seconds=*/60);
+  ASSERT_TRUE(looked.ok()) << looked.status();
+  ASSERT_NE(looked->lease_id, 0u);
   client_.reset();
   auto code = daemon_->Terminate();
   ASSERT_TRUE(code.ok());

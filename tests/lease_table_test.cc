@@ -134,6 +134,38 @@ TEST_F(LeaseTableTest, ReleaseAndExpiryEndLeases) {
   EXPECT_EQ(s.live, 0u);
 }
 
+// Shutdown ends every lease before the store goes (a held chunk gives its slots back to
+// the pool when dropped, so it must not outlive the pool).
+TEST_F(LeaseTableTest, ClearEndsEveryLeaseAndGivesTheChunksBack) {
+  for (uint64_t i = 1; i <= 2; ++i) ASSERT_TRUE(Put(i).ok());
+  LeaseTable leases = MakeTable();
+  ASSERT_NE(leases.Grant(ns_, Hold({1}), absl::Seconds(30)), 0u);
+  ASSERT_NE(leases.Grant(ns_, Hold({2}), absl::Seconds(30)), 0u);
+  EXPECT_EQ(leases.Clear(), 2u);
+  EXPECT_EQ(leases.GetStats().live, 0u);
+  EXPECT_EQ(leases.GetStats().held_bytes, 0u);
+  Churn(100);
+  EXPECT_EQ(store_->Locate(Id(1)), Tier::kNone);
+  EXPECT_EQ(store_->Locate(Id(2)), Tier::kNone);
+  EXPECT_EQ(leases.Clear(), 0u);
+}
+
+// A lease that outlives the store (any path that forgets to Clear first) still holds
+// readable bytes, and dropping it afterwards is safe: chunks share the pool's memory.
+TEST_F(LeaseTableTest, ALeaseOutlivingItsStoreIsSafe) {
+  ASSERT_TRUE(Put(1).ok());
+  LeaseTable leases = MakeTable();
+  const uint64_t id = leases.Grant(ns_, Hold({1}), absl::Seconds(30));
+  ASSERT_NE(id, 0u);
+  store_.reset();
+  auto held = leases.Take(ns_, id);
+  ASSERT_TRUE(held.ok());
+  ASSERT_EQ(held->size(), 1u);
+  std::string bytes;
+  (*held)[0].ForEachPiece(0, kChunk, [&](absl::string_view p) { bytes.append(p.data(), p.size()); });
+  EXPECT_TRUE(bytes == testing::PatternBytes(1, kChunk));
+}
+
 TEST_F(LeaseTableTest, BoundsRefuseLeasesWithoutHoldingAnything) {
   for (uint64_t i = 1; i <= 3; ++i) ASSERT_TRUE(Put(i).ok());
   LeaseTable by_bytes = MakeTable(/*max_leases=*/16, /*max_bytes=*/2 * kChunk);

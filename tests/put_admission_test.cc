@@ -47,7 +47,7 @@ class PutAdmissionTest : public ::testing::Test {
     }
     auto slots = arena_->Take(1);
     if (!slots.ok()) return slots.status();
-    return std::make_shared<PoolChunk>(arena_.get(), *std::move(slots), size);
+    return std::make_shared<PoolChunk>(arena_, *std::move(slots), size);
   }
 
   // One put's answer, for a test thread to wait on.
@@ -67,7 +67,7 @@ class PutAdmissionTest : public ::testing::Test {
   }
 
   FakeClock clock_;
-  std::unique_ptr<SlotArena> arena_;
+  std::shared_ptr<SlotArena> arena_;
   absl::Mutex mu_;
   absl::Status error_ ABSL_GUARDED_BY(mu_);
   std::vector<std::thread::id> blocking_threads_ ABSL_GUARDED_BY(mu_);
@@ -207,7 +207,7 @@ TEST(PutAdmissionAnswerOnTest, ThreadAnswersGoThroughTheExecutor) {
   SlotArenaOptions ao;
   ao.capacity_bytes = kSlot;
   ao.slot_bytes = kSlot;
-  auto arena = *SlotArena::Create(ao);
+  std::shared_ptr<SlotArena> arena = *SlotArena::Create(ao);
   std::atomic<int> submitted{0};
   std::vector<std::thread> executor;
   absl::Mutex mu;
@@ -220,7 +220,7 @@ TEST(PutAdmissionAnswerOnTest, ThreadAnswersGoThroughTheExecutor) {
   auto admission = std::make_unique<PutAdmission>(o, [&](uint64_t size, bool) -> PutAdmission::Room {
     auto slots = arena->Take(1);
     if (!slots.ok()) return slots.status();
-    return std::make_shared<PoolChunk>(arena.get(), *std::move(slots), size);
+    return std::make_shared<PoolChunk>(arena, *std::move(slots), size);
   });
   PutAdmission::Room held;
   EXPECT_EQ(admission->Admit(kSlot, [&](PutAdmission::Room r) { held = std::move(r); }), 0u);

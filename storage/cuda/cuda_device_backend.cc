@@ -1,5 +1,7 @@
 #include "storage/cuda/cuda_device_backend.h"
 
+#include <cuda.h>  // CUdeviceptr, CUresult: the one driver call, made through the runtime.
+
 #include <atomic>
 #include <cstring>
 #include <deque>
@@ -152,6 +154,18 @@ class CudaDeviceBackend final : public DeviceBackend {
     cudaSetDevice(device_);
   }
 
+  // cuMemGetAddressRange, through the runtime's driver entry points (the driver library
+  // is loaded by the runtime; kvtier does not link it).
+  void LoadDriverCalls() {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found;
+    if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fn, 12000, cudaEnableDefault,
+                                         &found) == cudaSuccess &&
+        found == cudaDriverEntryPointSuccess) {
+      get_address_range_ = reinterpret_cast<GetAddressRange>(fn);
+    }
+  }
+
   absl::Status AddLane() {
     cudaSetDevice(device_);
     absl::StatusOr<CudaStream> stream = CudaStream::Create();
@@ -198,7 +212,7 @@ class CudaDeviceBackend final : public DeviceBackend {
     lanes_[lane]->Submit(std::move(copies), std::move(done));
   }
 
-  absl::StatusOr<DevicePtr> OpenIpcMemory(absl::string_view handle) override {
+  absl::StatusOr<IpcMemory> OpenIpcMemory(absl::string_view handle) override {
     if (handle.size() != sizeof(cudaIpcMemHandle_t)) {
       return absl::InvalidArgumentError(absl::StrCat("an IPC memory handle is ",
                                                      sizeof(cudaIpcMemHandle_t),
@@ -210,9 +224,21 @@ class CudaDeviceBackend final : public DeviceBackend {
     absl::StatusOr<CudaIpcMapping> mapping = CudaIpcMapping::Open(h);
     if (!mapping.ok()) return mapping.status();
     const DevicePtr p = reinterpret_cast<DevicePtr>(mapping->get());
+    // The allocation's real size, from the driver (the runtime has no call for it).
+    CUdeviceptr base = 0;
+    size_t size = 0;
+    if (get_address_range_ == nullptr) {
+      return absl::UnavailableError("cuMemGetAddressRange is not available from the driver");
+    }
+    if (CUresult r = get_address_range_(&base, &size, static_cast<CUdeviceptr>(p));
+        r != CUDA_SUCCESS || base != p) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "IPC memory: cannot tell the mapped allocation's size (CUresult ", r,
+          "), or the handle is not of an allocation's start"));
+    }
     absl::MutexLock lock(&mu_);
     ipc_.emplace(p, *std::move(mapping));
-    return p;
+    return IpcMemory{p, size};
   }
 
   void CloseIpcMemory(DevicePtr base) override {
@@ -222,8 +248,11 @@ class CudaDeviceBackend final : public DeviceBackend {
   }
 
  private:
+  using GetAddressRange = CUresult (*)(CUdeviceptr*, size_t*, CUdeviceptr);
+
   const int device_;
   const std::string description_;
+  GetAddressRange get_address_range_ = nullptr;  // Set once, before the backend is shared.
   std::vector<std::unique_ptr<CopyLane>> lanes_;  // Fixed after OpenCudaBackend.
   std::atomic<uint64_t> next_lane_{0};
   absl::Mutex mu_;
@@ -261,6 +290,7 @@ absl::StatusOr<std::unique_ptr<DeviceBackend>> OpenCudaBackend(const CudaBackend
   auto backend = std::make_unique<CudaDeviceBackend>(
       options.device, absl::StrFormat("%s (device %d, %.1f GiB)", prop.name, options.device,
                                       prop.totalGlobalMem / double(1ull << 30)));
+  backend->LoadDriverCalls();
   for (int i = 0; i < options.copy_streams; ++i) {
     if (absl::Status s = backend->AddLane(); !s.ok()) return s;
   }

@@ -210,7 +210,8 @@ void FakeDeviceBackend::RevokeIpcMemory(const std::string& handle) {
   exported_.erase(handle);
 }
 
-absl::StatusOr<DevicePtr> FakeDeviceBackend::OpenIpcMemory(absl::string_view handle) {
+absl::StatusOr<DeviceBackend::IpcMemory> FakeDeviceBackend::OpenIpcMemory(
+    absl::string_view handle) {
   absl::MutexLock lock(&mu_);
   if (handle.size() != kIpcHandleBytes) {
     return absl::InvalidArgumentError(absl::StrCat("an IPC memory handle is ", kIpcHandleBytes,
@@ -221,7 +222,7 @@ absl::StatusOr<DevicePtr> FakeDeviceBackend::OpenIpcMemory(absl::string_view han
     return absl::InvalidArgumentError("stale or foreign IPC memory handle");
   }
   ++open_mappings_[it->second];
-  return it->second;
+  return IpcMemory{it->second, block_bytes_.at(it->second)};
 }
 
 void FakeDeviceBackend::CloseIpcMemory(DevicePtr base) {

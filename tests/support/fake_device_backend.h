@@ -45,7 +45,7 @@ class FakeDeviceBackend final : public DeviceBackend {
   absl::Status PinHost(void* p, uint64_t bytes) override;
   void UnpinHost(void* p) override;
   void Submit(std::vector<DeviceCopy> copies, std::function<void(absl::Status)> done) override;
-  absl::StatusOr<DevicePtr> OpenIpcMemory(absl::string_view handle) override;
+  absl::StatusOr<IpcMemory> OpenIpcMemory(absl::string_view handle) override;
   void CloseIpcMemory(DevicePtr base) override;
 
   // What a worker process does: allocates device memory and exports its IPC handle.

@@ -1,0 +1,142 @@
+#include "server/device_get_reactor.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "server/status_util.h"
+
+namespace kvtier {
+
+DeviceGetReactor::DeviceGetReactor(grpc::CallbackServerContext* ctx, const v1::GetRequest& req,
+                                   TieredStore* store, RpcMetrics* metrics, LeaseTable* leases,
+                                   RegionTable* regions, uint64_t max_frame_bytes,
+                                   uint32_t max_keys)
+    : ctx_(ctx), store_(store), scope_(metrics, RpcMethod::kGet) {
+  absl::Status s = Start(req, leases, regions, max_frame_bytes, max_keys);
+  {
+    absl::MutexLock lock(&mu_);
+    error_ = s;
+    results_.resize(plan_.items.size());
+  }
+  Pump();
+}
+
+absl::Status DeviceGetReactor::Start(const v1::GetRequest& req, LeaseTable* leases,
+                                     RegionTable* regions, uint64_t max_frame_bytes,
+                                     uint32_t max_keys) {
+  if (store_ == nullptr) {
+    return absl::UnavailableError(
+        "kvtierd is starting up (recovering the SSD tier's index); retry shortly");
+  }
+  auto layout = store_->FindLayout(req.namespace_id());
+  if (!layout.ok()) return layout.status();
+  if (req.lease_id() != 0 && leases != nullptr) {
+    auto held = leases->Take(req.namespace_id(), req.lease_id());
+    if (held.ok()) lease_hold_ = *std::move(held);
+  }
+  auto plan = MakeGetPlan(req, *layout, max_frame_bytes, max_keys);
+  if (!plan.ok()) return plan.status();
+  if (!store_->has_gpu()) {
+    return absl::FailedPreconditionError("target: this daemon has no GPU");
+  }
+  auto target = ResolveDeviceTarget(regions, req.target(), plan->ids.size(), plan->KeyBytes());
+  if (!target.ok()) return target.status();
+  plan_ = *std::move(plan);
+  target_ = *std::move(target);
+  return absl::OkStatus();
+}
+
+void DeviceGetReactor::Pump() {
+  std::vector<size_t> issue;
+  bool write = false, finish = false;
+  absl::Status finish_status;
+  {
+    absl::MutexLock lock(&mu_);
+    if (finished_) return;
+    if (error_.ok() && ctx_->IsCancelled()) error_ = absl::CancelledError("get cancelled");
+    if (error_.ok()) {
+      while (next_issue_ < plan_.items.size() && next_issue_ - next_write_ < kWindow) {
+        issue.push_back(next_issue_++);
+        ++in_flight_;
+      }
+    }
+    if (!writing_ && error_.ok() && next_write_ < results_.size() &&
+        results_[next_write_].has_value()) {
+      const size_t i = next_write_++;
+      const absl::StatusOr<Tier>& r = *results_[i];
+      const GetPlan::Item& item = plan_.items[i];
+      v1::GetFrame frame;
+      frame.set_key_index(item.key);
+      frame.set_last(true);
+      if (plan_.layer_major) frame.set_layer(item.begin);
+      if (r.ok()) {
+        frame.set_found(true);
+        frame.set_total_bytes(plan_.layer_bytes * (item.end - item.begin));
+        frame.set_tier(static_cast<v1::Tier>(static_cast<int>(*r)));
+      }
+      const std::string bytes = frame.SerializeAsString();
+      grpc::Slice slice(bytes);
+      frame_ = grpc::ByteBuffer(&slice, 1);
+      writing_ = write = true;
+    }
+    // The end: every frame written, or an error once nothing is being written (the
+    // deliveries still in flight finish into memory the call holds).
+    if (!writing_ && (!error_.ok() || next_write_ == plan_.items.size())) {
+      finished_ = finish = true;
+      finish_status = error_;
+    }
+  }
+  for (size_t i : issue) {
+    const GetPlan::Item& item = plan_.items[i];
+    const DevicePtr key_dst = target_.dest[item.key];
+    std::vector<TieredStore::DeviceRange> ranges{
+        {item.begin * plan_.layer_bytes, (item.end - item.begin) * plan_.layer_bytes,
+         key_dst + (item.begin - plan_.first_layer) * plan_.layer_bytes}};
+    store_->ReadToDeviceAsync(plan_.ids[item.key], std::move(ranges),
+                              [this, i](absl::StatusOr<Tier> r) { OnDelivered(i, std::move(r)); });
+  }
+  if (write) StartWrite(&frame_);
+  if (finish) Finish(scope_.Done(ToGrpcStatus(finish_status)));
+}
+
+void DeviceGetReactor::OnDelivered(size_t item, absl::StatusOr<Tier> result) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!result.ok() && !absl::IsNotFound(result.status()) && error_.ok()) {
+      error_ = absl::Status(result.status().code(),
+                            absl::StrCat("keys[", plan_.items[item].key, "]: ",
+                                         result.status().message()));
+    }
+    results_[item] = std::move(result);
+  }
+  Pump();
+  // Counted out only after its last use of the reactor: OnDone (which may run as soon
+  // as Pump has finished the call) deletes it only once no callback is left.
+  bool last;
+  {
+    absl::MutexLock lock(&mu_);
+    last = --in_flight_ == 0 && done_;
+  }
+  if (last) delete this;
+}
+
+void DeviceGetReactor::OnWriteDone(bool ok) {
+  {
+    absl::MutexLock lock(&mu_);
+    writing_ = false;
+    if (!ok && error_.ok()) error_ = absl::CancelledError("client went away");
+  }
+  Pump();
+}
+
+void DeviceGetReactor::OnDone() {
+  bool last;
+  {
+    absl::MutexLock lock(&mu_);
+    done_ = true;
+    last = in_flight_ == 0;
+  }
+  if (last) delete this;
+}
+
+}  // namespace kvtier

@@ -1,0 +1,83 @@
+// DeviceGetReactor: a Get whose target is a worker's GPU memory (a region registered
+// with RegionAddDevice). Each item (a key's layers, or in layer-major order one layer of
+// one key) is copied by the store's GPU tier straight into the worker's memory:
+// device-to-device from the staging buffers, or host-to-device from the pinned pool
+// with the CRC32C checked during the DMA. Up to kWindow items are in flight at once, on
+// the GPU's copy streams; each item's frame (no data, last = true, `tier` saying where
+// the bytes came from) is sent in item order once that item's bytes have landed, so a
+// worker can start computing on a layer as soon as its frame arrives.
+//
+// An absent chunk gets found = false for each of its items; any other failure (a
+// corrupt chunk, a device error, a destination the device refuses) ends the call with
+// that status. crc32c is 0 in the frames: the daemon has checked it.
+//
+// Thread-safety: gRPC calls the reactions one at a time; store callbacks (GPU
+// completion threads) run concurrently with them; all state is under mu_. The reactor
+// deletes itself once OnDone has run and no store callback is outstanding.
+#ifndef KVTIER_SERVER_DEVICE_GET_REACTOR_H_
+#define KVTIER_SERVER_DEVICE_GET_REACTOR_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "kvtier/v1/kvtier.pb.h"
+#include "server/get_plan.h"
+#include "server/lease_table.h"
+#include "server/region_table.h"
+#include "server/region_target.h"
+#include "server/rpc_metrics.h"
+#include "storage/tiered_store.h"
+
+namespace kvtier {
+
+class DeviceGetReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
+ public:
+  static constexpr size_t kWindow = 8;
+
+  // `req` was parsed by the caller and names a device region. `store` may be null
+  // (starting up: UNAVAILABLE). Everything given must outlive the call.
+  DeviceGetReactor(grpc::CallbackServerContext* ctx, const v1::GetRequest& req,
+                   TieredStore* store, RpcMetrics* metrics, LeaseTable* leases,
+                   RegionTable* regions, uint64_t max_frame_bytes, uint32_t max_keys);
+
+  void OnWriteDone(bool ok) override;
+  void OnDone() override;
+
+ private:
+  absl::Status Start(const v1::GetRequest& req, LeaseTable* leases, RegionTable* regions,
+                     uint64_t max_frame_bytes, uint32_t max_keys);
+  // Issues deliveries up to the window, writes the next finished item's frame, or
+  // finishes the call. Call without mu_.
+  void Pump();
+  void OnDelivered(size_t item, absl::StatusOr<Tier> result);
+
+  grpc::CallbackServerContext* const ctx_;
+  TieredStore* const store_;
+  RpcMetrics::Scope scope_;
+  // Set in Start, before any other thread sees the reactor; read-only after.
+  GetPlan plan_;
+  ResolvedDeviceTarget target_;
+  std::vector<ChunkView> lease_hold_;
+
+  absl::Mutex mu_;
+  absl::Status error_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::optional<absl::StatusOr<Tier>>> results_ ABSL_GUARDED_BY(mu_);
+  size_t next_issue_ ABSL_GUARDED_BY(mu_) = 0;
+  size_t next_write_ ABSL_GUARDED_BY(mu_) = 0;
+  int in_flight_ ABSL_GUARDED_BY(mu_) = 0;  // Deliveries whose callback has not run.
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;  // OnDone has run.
+  grpc::ByteBuffer frame_;                  // The frame being written.
+};
+
+}  // namespace kvtier
+
+#endif  // KVTIER_SERVER_DEVICE_GET_REACTOR_H_

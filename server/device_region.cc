@@ -1,0 +1,32 @@
+#include "server/device_region.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace kvtier {
+
+absl::StatusOr<std::shared_ptr<const DeviceRegion>> DeviceRegion::Open(
+    DeviceBackend* backend, absl::string_view handle, uint64_t expected_bytes,
+    uint64_t max_bytes) {
+  if (expected_bytes == 0 || expected_bytes > max_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "device region: bytes must be 1 to ", max_bytes, " (shm_max_region_bytes), got ",
+        expected_bytes));
+  }
+  absl::StatusOr<DeviceBackend::IpcMemory> mem = backend->OpenIpcMemory(handle);
+  if (!mem.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("device region: cannot open the IPC handle: ", mem.status().message()));
+  }
+  if (mem->bytes < expected_bytes) {
+    backend->CloseIpcMemory(mem->base);
+    return absl::InvalidArgumentError(absl::StrCat(
+        "device region: the allocation behind the handle is ", mem->bytes,
+        " bytes, smaller than the ", expected_bytes, " registered"));
+  }
+  return std::shared_ptr<const DeviceRegion>(
+      new DeviceRegion(backend, mem->base, expected_bytes));
+}
+
+DeviceRegion::~DeviceRegion() { backend_->CloseIpcMemory(base_); }
+
+}  // namespace kvtier

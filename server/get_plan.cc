@@ -1,0 +1,69 @@
+#include "server/get_plan.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+
+namespace kvtier {
+
+absl::StatusOr<GetPlan> MakeGetPlan(const v1::GetRequest& req, const LayoutSpec& layout,
+                                    uint64_t max_frame_bytes, uint32_t max_keys) {
+  GetPlan plan;
+  if (req.keys_size() > static_cast<int>(max_keys)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "keys: ", req.keys_size(), " keys in one request, more than max_keys_per_request (",
+        max_keys, "); split the request"));
+  }
+  for (int i = 0; i < req.keys_size(); ++i) {
+    auto key = ChunkKey::FromBytes(req.keys(i));
+    if (!key.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("keys[", i, "]: ", key.status().message()));
+    }
+    plan.ids.push_back(ChunkId{req.namespace_id(), *key});
+  }
+  plan.num_layers = layout.num_layers;
+  plan.layer_bytes = layout.ChunkBytes() / layout.num_layers;
+  plan.first_layer = 0;
+  plan.end_layer = plan.num_layers;
+  if (req.has_layer_range()) {
+    plan.first_layer = req.layer_range().begin();
+    plan.end_layer = req.layer_range().end();
+    if (plan.first_layer >= plan.end_layer || plan.end_layer > plan.num_layers) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "layer_range: [", plan.first_layer, ", ", plan.end_layer,
+          ") is not a non-empty range within [0, ", plan.num_layers, ")"));
+    }
+  }
+  plan.frame_bytes = max_frame_bytes;
+  if (req.max_frame_bytes() > 0) {
+    plan.frame_bytes = std::min<uint64_t>(plan.frame_bytes, req.max_frame_bytes());
+  }
+  switch (req.order()) {
+    case v1::GET_ORDER_UNSPECIFIED:
+    case v1::GET_ORDER_CHUNK_MAJOR:
+      plan.layer_major = false;
+      break;
+    case v1::GET_ORDER_LAYER_MAJOR:
+      plan.layer_major = true;
+      break;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          "order: ", static_cast<int>(req.order()),
+          " is not a GetOrder this daemon knows (chunk-major 1, layer-major 2)"));
+  }
+  const uint32_t n = static_cast<uint32_t>(plan.ids.size());
+  if (plan.layer_major) {
+    plan.items.reserve(size_t{n} * (plan.end_layer - plan.first_layer));
+    for (uint32_t l = plan.first_layer; l < plan.end_layer; ++l) {
+      for (uint32_t k = 0; k < n; ++k) plan.items.push_back(GetPlan::Item{k, l, l + 1});
+    }
+  } else {
+    plan.items.reserve(n);
+    for (uint32_t k = 0; k < n; ++k) {
+      plan.items.push_back(GetPlan::Item{k, plan.first_layer, plan.end_layer});
+    }
+  }
+  return plan;
+}
+
+}  // namespace kvtier

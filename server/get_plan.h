@@ -1,0 +1,45 @@
+// GetPlan: a GetRequest checked against the daemon's limits and its namespace's layout,
+// and cut into the items a Get stream delivers in order (a key's layers, or in
+// layer-major order one layer of one key). Shared by the Get reactors (streamed and
+// host-region: GetReactor; GPU-memory targets: DeviceGetReactor).
+//
+// Thread-safety: a pure function over its arguments.
+#ifndef KVTIER_SERVER_GET_PLAN_H_
+#define KVTIER_SERVER_GET_PLAN_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "kvtier/v1/kvtier.pb.h"
+#include "storage/chunk_id.h"
+#include "storage/layout_spec.h"
+
+namespace kvtier {
+
+struct GetPlan {
+  // One unit of the stream: layers [begin, end) of key `key`.
+  struct Item {
+    uint32_t key = 0;
+    uint32_t begin = 0, end = 0;
+  };
+  std::vector<ChunkId> ids;
+  std::vector<Item> items;
+  bool layer_major = false;
+  uint32_t num_layers = 1;
+  uint32_t first_layer = 0, end_layer = 1;
+  uint64_t layer_bytes = 0;  // One layer of one chunk.
+  uint64_t frame_bytes = 0;  // Data bytes per streamed frame.
+
+  // Bytes each key delivers (its layers [first_layer, end_layer)).
+  uint64_t KeyBytes() const { return layer_bytes * (end_layer - first_layer); }
+};
+
+// `req` for namespace layout `layout`. Returns: Ok, InvalidArgument (naming the field:
+// too many keys, a malformed key, a bad layer range or order).
+absl::StatusOr<GetPlan> MakeGetPlan(const v1::GetRequest& req, const LayoutSpec& layout,
+                                    uint64_t max_frame_bytes, uint32_t max_keys);
+
+}  // namespace kvtier
+
+#endif  // KVTIER_SERVER_GET_PLAN_H_

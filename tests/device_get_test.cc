@@ -1,0 +1,337 @@
+// Get into a worker's GPU memory, end to end through a real gRPC server and region
+// socket in this process, on the fake device backend (a GPU made of host memory, so it
+// runs everywhere): a worker registers device memory by its IPC handle, Gets chunks and
+// layer ranges into it, and sees one frame per item once its bytes landed, saying which
+// tier they came from. Then what workers get wrong or the device does: stale, foreign
+// and too-small handles, a daemon without a GPU, targets outside the region, a wrong
+// token, a device error mid-copy, and a worker that exits with a transfer in flight.
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "client/kvtier_client.h"
+#include "client/region_channel.h"
+#include "gtest/gtest.h"
+#include "kvtier/v1/kvtier.grpc.pb.h"
+#include "server/kv_cache_service.h"
+#include "server/lease_table.h"
+#include "server/prefill_runner.h"
+#include "server/region_socket.h"
+#include "server/region_table.h"
+#include "storage/log.h"
+#include "storage/tiered_store.h"
+#include "tests/support/daemon_process.h"
+#include "tests/support/fake_device_backend.h"
+#include "tests/support/test_data.h"
+
+namespace kvtier {
+namespace {
+
+using testing::KeyOf;
+using testing::LayoutOfMiB;
+using testing::PatternBytes;
+
+constexpr uint64_t kMiB = 1 << 20;
+constexpr uint32_t kLayers = 4;  // LayoutOfMiB(4): 4 layers of 1 MiB.
+constexpr uint64_t kChunk = kLayers * kMiB;
+constexpr uint64_t kInstance = 0x6b7674696572;
+
+struct Frames {
+  std::vector<v1::GetFrame> frames;
+  grpc::Status status;
+};
+
+class DeviceGetTest : public ::testing::Test {
+ protected:
+  void Start(FakeDeviceOptions device_options = {}, bool with_gpu = true) {
+    SetMinLogLevel(LogLevel::kError);
+    device_ = std::make_unique<FakeDeviceBackend>(device_options);
+    TieredStoreOptions o;
+    o.write_mode = WriteMode::kRamOnly;
+    o.ram.arena.capacity_bytes = 8 * kChunk;
+    o.max_chunk_bytes = kChunk;
+    if (with_gpu) o.device = device_.get();
+    o.gpu_staging.capacity_bytes = 2 * kChunk;
+    auto store = TieredStore::Open(o);
+    ASSERT_TRUE(store.ok()) << store.status();
+    store_ = *std::move(store);
+
+    regions_ = std::make_unique<RegionTable>(RegionTableOptions{});
+    RegionSocketOptions socket_options;
+    socket_name_ = "@kvtier-device-get-test-" + std::to_string(getpid());
+    socket_options.name = socket_name_;
+    socket_options.instance_id = kInstance;
+    socket_options.device = with_gpu ? device_.get() : nullptr;
+    auto socket = RegionSocket::Start(socket_options, regions_.get());
+    ASSERT_TRUE(socket.ok()) << socket.status();
+    socket_ = *std::move(socket);
+
+    prefill_ = std::make_unique<PrefillRunner>(PrefillRunnerOptions{}, nullptr);
+    leases_ = std::make_unique<LeaseTable>(LeaseTableOptions{});
+    service_ = std::make_unique<KvCacheService>(
+        ServiceLimits{}, "test", nullptr, prefill_.get(), leases_.get(),
+        DataPlaneInfo{regions_.get(), socket_name_, kInstance});
+    service_->SetStore(store_.get());
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.RegisterService(service_.get());
+    server_ = builder.BuildAndStart();
+    ASSERT_NE(server_, nullptr);
+    target_ = "127.0.0.1:" + std::to_string(port);
+    stub_ = v1::KvCache::NewStub(grpc::CreateChannel(target_, grpc::InsecureChannelCredentials()));
+
+    auto client = KvTierClient::Connect(target_);
+    ASSERT_TRUE(client.ok()) << client.status();
+    client_ = *std::move(client);
+    auto reg = client_->RegisterLayout(LayoutOfMiB(kLayers));
+    ASSERT_TRUE(reg.ok()) << reg.status();
+    ns_ = reg->namespace_id;
+  }
+
+  void TearDown() override {
+    client_.reset();
+    if (server_) server_->Shutdown();
+    server_.reset();
+    if (device_ != nullptr) device_->RunPending();  // Held copies (hold_copies tests).
+    service_.reset();
+    socket_.reset();
+    regions_.reset();
+    leases_.reset();  // Its leases hold pool chunks: before the store.
+    store_.reset();
+    if (device_ == nullptr) return;
+    // Only the worker's own buffers are left; every IPC mapping was closed.
+    EXPECT_EQ(device_->open_ipc_mappings(), 0u);
+    EXPECT_EQ(device_->pinned_ranges(), 0u);
+    EXPECT_EQ(device_->live_allocations(), worker_buffers_);
+    EXPECT_TRUE(device_->misuse().empty()) << device_->misuse()[0];
+  }
+
+  void Put(uint64_t i) {
+    const std::string data = PatternBytes(i, kChunk);
+    ChunkToPut chunk{KeyOf(i), data, 256};
+    ASSERT_TRUE(client_->Put(ns_, {&chunk, 1}).ok());
+  }
+
+  // A worker's device buffer and its IPC handle.
+  std::pair<DevicePtr, std::string> WorkerBuffer(uint64_t bytes) {
+    auto p = device_->Allocate(bytes);
+    EXPECT_TRUE(p.ok());
+    ++worker_buffers_;
+    auto handle = device_->ExportIpcMemory(*p);
+    EXPECT_TRUE(handle.ok());
+    return {*p, *handle};
+  }
+
+  std::shared_ptr<RegionChannel> Channel() {
+    auto ch = RegionChannel::Connect(socket_name_, kInstance);
+    EXPECT_TRUE(ch.ok()) << ch.status();
+    return ch.ok() ? *ch : nullptr;
+  }
+
+  v1::GetRequest Request(const std::vector<uint64_t>& keys, uint64_t region, uint64_t token) {
+    v1::GetRequest req;
+    req.set_namespace_id(ns_);
+    for (uint64_t k : keys) {
+      const auto b = KeyOf(k).ToBytes();
+      req.add_keys(std::string(reinterpret_cast<const char*>(b.data()), b.size()));
+    }
+    req.mutable_target()->set_region_id(region);
+    req.mutable_target()->set_token(token);
+    req.mutable_target()->add_offsets(0);
+    return req;
+  }
+
+  Frames Get(const v1::GetRequest& req) {
+    grpc::ClientContext ctx;
+    auto reader = stub_->Get(&ctx, req);
+    Frames out;
+    v1::GetFrame f;
+    while (reader->Read(&f)) out.frames.push_back(f);
+    out.status = reader->Finish();
+    return out;
+  }
+
+  std::string Landed(DevicePtr p, uint64_t n) { return std::string(device_->HostView(p), n); }
+
+  std::unique_ptr<FakeDeviceBackend> device_;
+  std::unique_ptr<TieredStore> store_;
+  std::unique_ptr<RegionTable> regions_;
+  std::unique_ptr<RegionSocket> socket_;
+  std::unique_ptr<PrefillRunner> prefill_;
+  std::unique_ptr<LeaseTable> leases_;
+  std::unique_ptr<KvCacheService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<v1::KvCache::Stub> stub_;
+  std::unique_ptr<KvTierClient> client_;
+  std::string socket_name_, target_;
+  uint64_t ns_ = 0;
+  size_t worker_buffers_ = 0;
+};
+
+TEST_F(DeviceGetTest, ChunksLandInTheWorkersGpuMemoryFromStagingAndFromRam) {
+  Start();
+  for (uint64_t i = 0; i < 3; ++i) Put(i);
+  // A leased Lookup stages its hits for the worker.
+  v1::LookupRequest lookup;
+  lookup.set_namespace_id(ns_);
+  const auto b = KeyOf(0).ToBytes();
+  lookup.add_keys(std::string(reinterpret_cast<const char*>(b.data()), b.size()));
+  lookup.set_lease_seconds(10);
+  v1::LookupResponse looked;
+  grpc::ClientContext lctx;
+  ASSERT_TRUE(stub_->Lookup(&lctx, lookup, &looked).ok());
+  device_->Drain();
+  EXPECT_EQ(store_->Locate(ChunkId{ns_, KeyOf(0)}), Tier::kGpu);
+
+  grpc::ClientContext dctx;
+  v1::DataPlaneResponse plane;
+  ASSERT_TRUE(stub_->DataPlane(&dctx, v1::DataPlaneRequest(), &plane).ok());
+  EXPECT_TRUE(plane.device_memory());
+
+  auto [buf, handle] = WorkerBuffer(4 * kChunk);
+  auto ch = Channel();
+  auto reg = ch->AddDevice(handle, 4 * kChunk);
+  ASSERT_TRUE(reg.ok()) << reg.status();
+  const Frames got = Get(Request({0, 1, 2, 99}, reg->region_id, reg->token));
+  ASSERT_TRUE(got.status.ok()) << got.status.error_message();
+  ASSERT_EQ(got.frames.size(), 4u);
+  for (uint32_t k = 0; k < 4; ++k) {
+    EXPECT_EQ(got.frames[k].key_index(), k);
+    EXPECT_TRUE(got.frames[k].last());
+    EXPECT_TRUE(got.frames[k].data().empty());
+  }
+  EXPECT_EQ(got.frames[0].tier(), v1::TIER_GPU);
+  EXPECT_EQ(got.frames[1].tier(), v1::TIER_RAM);
+  EXPECT_EQ(got.frames[2].total_bytes(), kChunk);
+  EXPECT_FALSE(got.frames[3].found());
+  for (uint64_t k = 0; k < 3; ++k) {
+    EXPECT_TRUE(Landed(buf + k * kChunk, kChunk) == PatternBytes(k, kChunk)) << "key " << k;
+  }
+  const TieredStoreStats stats = store_->GetStats();
+  EXPECT_EQ(stats.gpu.deliveries_from_staging, 1u);
+  EXPECT_EQ(stats.gpu.deliveries_from_host, 2u);
+}
+
+TEST_F(DeviceGetTest, LayerMajorSendsAFramePerLayerAsItLands) {
+  Start();
+  Put(0);
+  Put(1);
+  auto [buf, handle] = WorkerBuffer(4 * kChunk);
+  auto ch = Channel();
+  auto reg = ch->AddDevice(handle, 4 * kChunk);
+  ASSERT_TRUE(reg.ok());
+  v1::GetRequest req = Request({0, 1}, reg->region_id, reg->token);
+  req.set_order(v1::GET_ORDER_LAYER_MAJOR);
+  req.mutable_layer_range()->set_begin(1);
+  req.mutable_layer_range()->set_end(3);
+  const Frames got = Get(req);
+  ASSERT_TRUE(got.status.ok()) << got.status.error_message();
+  // Layer 1 of keys 0 and 1, then layer 2 of both.
+  ASSERT_EQ(got.frames.size(), 4u);
+  const uint32_t want[4][2] = {{1, 0}, {1, 1}, {2, 0}, {2, 1}};
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(got.frames[i].layer(), want[i][0]) << i;
+    EXPECT_EQ(got.frames[i].key_index(), want[i][1]) << i;
+    EXPECT_EQ(got.frames[i].total_bytes(), kMiB);
+  }
+  // Key k's two layers back to back at k * 2 MiB.
+  for (uint64_t k = 0; k < 2; ++k) {
+    const std::string chunk = PatternBytes(k, kChunk);
+    EXPECT_TRUE(Landed(buf + k * 2 * kMiB, 2 * kMiB) == chunk.substr(kMiB, 2 * kMiB)) << k;
+  }
+}
+
+TEST_F(DeviceGetTest, BadHandlesAndTargetsGetClearStatuses) {
+  Start();
+  Put(0);
+  auto ch = Channel();
+  auto [buf, handle] = WorkerBuffer(kChunk);
+  // Not a handle; a handle nobody exported; one whose allocation is smaller than claimed.
+  EXPECT_EQ(ch->AddDevice("short", kChunk).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ch->AddDevice(std::string(kIpcHandleBytes, 'x'), kChunk).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  const auto too_small = ch->AddDevice(handle, 2 * kChunk);
+  EXPECT_EQ(too_small.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(too_small.status().message().find("smaller"), std::string::npos);
+  EXPECT_EQ(device_->open_ipc_mappings(), 0u);  // The refused ones were closed.
+
+  auto reg = ch->AddDevice(handle, kChunk);
+  ASSERT_TRUE(reg.ok());
+  // Two chunks do not fit a one-chunk region; a wrong token; a region gone.
+  EXPECT_EQ(Get(Request({0, 1}, reg->region_id, reg->token)).status.error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(Get(Request({0}, reg->region_id, reg->token + 1)).status.error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+  ASSERT_TRUE(ch->Remove(reg->region_id).ok());
+  EXPECT_EQ(Get(Request({0}, reg->region_id, reg->token)).status.error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
+  // A revoked (stale) handle.
+  device_->RevokeIpcMemory(handle);
+  EXPECT_EQ(ch->AddDevice(handle, kChunk).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(DeviceGetTest, DeviceErrorMidCopyFailsTheGetAndTheDaemonGoesOn) {
+  Start();
+  Put(0);
+  auto [buf, handle] = WorkerBuffer(kChunk);
+  auto ch = Channel();
+  auto reg = ch->AddDevice(handle, kChunk);
+  ASSERT_TRUE(reg.ok());
+  device_->FailSubmission(1, absl::UnavailableError("injected: device fell off the bus"));
+  const Frames failed = Get(Request({0}, reg->region_id, reg->token));
+  EXPECT_EQ(failed.status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_NE(failed.status.error_message().find("injected"), std::string::npos);
+  // RAM still serves the stream, and the next device Get works.
+  auto streamed = client_->Get(ns_, std::vector<ChunkKey>{KeyOf(0)});
+  ASSERT_TRUE(streamed.ok()) << streamed.status();
+  const Frames again = Get(Request({0}, reg->region_id, reg->token));
+  ASSERT_TRUE(again.status.ok()) << again.status.error_message();
+  EXPECT_TRUE(Landed(buf, kChunk) == PatternBytes(0, kChunk));
+}
+
+TEST_F(DeviceGetTest, WorkerThatExitsMidTransferLeaksNothing) {
+  Start({.hold_copies = true});
+  Put(0);
+  auto [buf, handle] = WorkerBuffer(kChunk);
+  auto ch = Channel();
+  auto reg = ch->AddDevice(handle, kChunk);
+  ASSERT_TRUE(reg.ok());
+  grpc::ClientContext ctx;
+  auto reader = stub_->Get(&ctx, Request({0}, reg->region_id, reg->token));
+  ASSERT_TRUE(testing::Eventually([&] { return device_->pending() > 0; }));
+  // The worker's region socket closes (it exited): the region is forgotten at once, but
+  // its mapping stays open while the copy into it is in flight.
+  ch.reset();
+  // (The KvTierClient's own shared-memory region for puts stays registered.)
+  ASSERT_TRUE(testing::Eventually([&] { return !regions_->IsDevice(reg->region_id); }));
+  EXPECT_EQ(device_->open_ipc_mappings(), 1u);
+  ctx.TryCancel();
+  device_->RunPending();
+  v1::GetFrame f;
+  while (reader->Read(&f)) {
+  }
+  reader->Finish().error_code();  // Cancelled or OK: the worker is gone either way.
+  ASSERT_TRUE(testing::Eventually([&] {
+    device_->RunPending();  // The delivery staged the chunk afterwards.
+    return device_->open_ipc_mappings() == 0;
+  }));
+}
+
+TEST_F(DeviceGetTest, ADaemonWithoutAGpuRefusesDeviceMemory) {
+  Start({}, /*with_gpu=*/false);
+  auto [buf, handle] = WorkerBuffer(kChunk);
+  auto ch = Channel();
+  const auto reg = ch->AddDevice(handle, kChunk);
+  EXPECT_EQ(reg.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(reg.status().message().find("no GPU"), std::string::npos);
+  grpc::ClientContext dctx;
+  v1::DataPlaneResponse plane;
+  ASSERT_TRUE(stub_->DataPlane(&dctx, v1::DataPlaneRequest(), &plane).ok());
+  EXPECT_FALSE(plane.device_memory());
+}
+
+}  // namespace
+}  // namespace kvtier
