@@ -103,16 +103,30 @@ unit_verify() {
 }
 
 unit_security() {
-  local out score
   need systemd-analyze
-  out=$(systemd-analyze security --offline=true --no-pager "$UNIT" 2>&1) ||
-    { printf '%s\n' "$out"; fail "systemd-analyze security failed"; }
+  score_unit "$UNIT" "the packaged unit"
+  # The same unit with the GPU drop-in (deploy/kvtierd-gpu.conf) applied: its settings
+  # appended to [Service], where later assignments win as in a drop-in.
+  local dir
+  dir=$(mktemp -d)
+  trap 'rm -rf "$dir"' RETURN
+  awk -v dropin="$SRC/deploy/kvtierd-gpu.conf" '
+    /^\[Install\]/ { while ((getline line < dropin) > 0) if (line !~ /^(#|\[Service\])/) print line }
+    { print }' "$UNIT" >"$dir/kvtierd.service"
+  grep -q '^PrivateDevices=no$' "$dir/kvtierd.service" || fail "GPU drop-in was not applied"
+  score_unit "$dir/kvtierd.service" "the unit with the GPU drop-in"
+}
+
+score_unit() {
+  local unit=$1 what=$2 out score
+  out=$(systemd-analyze security --offline=true --no-pager "$unit" 2>&1) ||
+    { printf '%s\n' "$out"; fail "systemd-analyze security failed ($what)"; }
   printf '%s\n' "$out" | grep -v '^✓' || true
   score=$(printf '%s\n' "$out" | sed -n 's/.*Overall exposure level for kvtierd.service: \([0-9.]*\).*/\1/p')
-  [ -n "$score" ] || fail "no exposure level in systemd-analyze security's output"
+  [ -n "$score" ] || fail "no exposure level in systemd-analyze security's output ($what)"
   awk -v s="$score" -v m="$MAX_EXPOSURE" 'BEGIN { exit !(s + 0 <= m + 0) }' ||
-    fail "exposure $score is above $MAX_EXPOSURE"
-  log "OK: exposure $score <= $MAX_EXPOSURE"
+    fail "exposure $score of $what is above $MAX_EXPOSURE"
+  log "OK: exposure $score <= $MAX_EXPOSURE ($what)"
 }
 
 prometheus_checks() {
