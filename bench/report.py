@@ -125,6 +125,27 @@ def samehost(res, w, ratio, met):
           f"closed its connection).\n")
 
 
+def gpu(res, w):
+    """The GPU tier (gpu_bench, run by bench/run.sh on CUDA builds)."""
+    w("## GPU tier: host-to-device and staging vs cudaMemcpyAsync (issue 11)\n")
+    w("Command: `build/bench/gpu_bench --sizes-mib=32,128 --reps=20 "
+      "--json=bench/results/gpu.jsonl` (medians; in-process: the store's GPU path, "
+      "not the RPC). Target: host-to-device through the daemon >= 0.8 x "
+      "cudaMemcpyAsync from pinned memory.\n")
+    rows = [json.loads(l) for l in rd(os.path.join(res, "gpu.jsonl")).splitlines() if l.strip()]
+    if not rows:
+        w("Not measured: no GPU has been available to this project (the benchmark exits "
+          "saying so). The GPU logic is tested against a fake device; `ctest -L gpu` and "
+          "the command above are what to run on a GPU host.\n")
+        return
+    w(f"Device: {rows[0].get('device', '?')}\n")
+    w("| chunk | cudaMemcpyAsync GB/s | host path GB/s | ratio (>= 0.8) | staging (D2D) GB/s |\n")
+    w("|---|---|---|---|---|\n")
+    for r in rows:
+        w(f"| {r['chunk_mib']:.0f} MiB | {r['baseline_gbps']:.2f} | {r['host_gbps']:.2f} | "
+          f"{r['host_vs_baseline']:.2f} | {r['staging_gbps']:.2f} |\n")
+
+
 def main():
     res, header, out = sys.argv[1:4]
     rows = [json.loads(l) for l in rd(os.path.join(res, "results.jsonl")).splitlines() if l.strip()]
@@ -354,6 +375,7 @@ def main():
           "`bench/results/python/py_client.jsonl`.\n")
         w(py + "\n")
     samehost(res, w, ratio, met)
+    gpu(res, w)
     worker = rd(os.path.join(res, "worker", "summary.md")).strip()
     if worker:
         w("## Reference worker: layer-wise overlap, Cake with real compute, context overflow\n")

@@ -193,6 +193,20 @@ void RegionSocket::Accept(std::vector<Connection>& conns) {
   }
 }
 
+namespace {
+
+// A registration's answer: the region's id, token and size, or the error.
+absl::Status Answer(const absl::StatusOr<RegionTable::Added>& added,
+                    v1::RegionSocketResponse& resp) {
+  if (!added.ok()) return added.status();
+  resp.set_region_id(added->id);
+  resp.set_token(added->token);
+  resp.set_bytes(added->bytes);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 bool RegionSocket::Serve(Connection& conn) {
   char buf[kMaxPacket];
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFds)];
@@ -235,28 +249,16 @@ bool RegionSocket::Serve(Connection& conn) {
   } else if (req.has_hello()) {
     // The answer's instance_id is the whole reply.
   } else if (req.has_add()) {
-    auto added = regions_->Add(conn.id, fds[0], req.add().bytes());
-    if (added.ok()) {
-      resp.set_region_id(added->id);
-      resp.set_token(added->token);
-      resp.set_bytes(added->bytes);
-    } else {
-      status = added.status();
-    }
+    status = Answer(regions_->Add(conn.id, fds[0], req.add().bytes()), resp);
   } else if (req.has_add_device()) {
     if (options_.device == nullptr) {
       status = absl::FailedPreconditionError(
           "region socket: this daemon has no GPU; register host memory (a memfd) instead");
     } else {
-      auto added = regions_->AddDevice(conn.id, options_.device, req.add_device().ipc_handle(),
-                                       req.add_device().bytes());
-      if (added.ok()) {
-        resp.set_region_id(added->id);
-        resp.set_token(added->token);
-        resp.set_bytes(added->bytes);
-      } else {
-        status = added.status();
-      }
+      status = Answer(regions_->AddDevice(conn.id, options_.device,
+                                          req.add_device().ipc_handle(),
+                                          req.add_device().bytes()),
+                      resp);
     }
   } else if (req.has_remove()) {
     status = regions_->Remove(conn.id, req.remove().region_id());

@@ -13,25 +13,13 @@
 #include "storage/log.h"
 #include "storage/tiered_store.h"
 #include "tests/support/fake_device_backend.h"
+#include "tests/support/test_data.h"
 
 namespace kvtier {
 namespace {
 
 constexpr uint64_t kMiB = 1 << 20;
-constexpr uint64_t kChunk = kMiB;  // SmallLayout's chunk.
-
-LayoutSpec SmallLayout() {
-  LayoutSpec l;
-  l.model_id = "test/gpu-model";
-  l.model_revision = "r1";
-  l.dtype = LayoutSpec::DType::kFloat16;
-  l.num_layers = 4;
-  l.num_kv_heads = 2;
-  l.head_dim = 128;
-  l.tokens_per_chunk = 256;
-  l.key_position = LayoutSpec::KeyPosition::kPostRope;
-  return l;
-}
+constexpr uint64_t kChunk = kMiB;  // LayoutOfMiB(1)'s chunk.
 
 std::string Payload(uint64_t n) {
   std::string s(kChunk, '\0');
@@ -58,7 +46,7 @@ class TieredStoreGpuTest : public ::testing::Test {
     auto s = TieredStore::Open(o);
     ASSERT_TRUE(s.ok()) << s.status();
     store_ = *std::move(s);
-    auto r = store_->RegisterLayout(SmallLayout());
+    auto r = store_->RegisterLayout(testing::LayoutOfMiB(1));
     ASSERT_TRUE(r.ok()) << r.status();
     ns_ = r->namespace_id;
   }
