@@ -93,6 +93,7 @@ void PutReactor::OnFrame() {
 absl::Status PutReactor::FrameBytes() {
   const v1::PutFrame& frame = parser_.header();
   region_.reset();
+  device_region_.reset();
   region_bytes_ = {};
   data_ = {};
   if (!frame.has_region()) {
@@ -114,6 +115,21 @@ absl::Status PutReactor::FrameBytes() {
         "region: this daemon serves no registered memory (shm_socket is off); send data");
   }
   const v1::RegionRef& ref = frame.region();
+  if (regions_->IsDevice(ref.region_id())) {
+    // A worker's GPU memory: copied on the device in Consume.
+    auto device = regions_->FindDevice(ref.region_id(), ref.token());
+    if (!device.ok()) return device.status();
+    if (ref.length() == 0 || ref.offset() > (*device)->size() ||
+        ref.length() > (*device)->size() - ref.offset()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "region: [", ref.offset(), ", +", ref.length(), ") is not a non-empty range of "
+          "the ", (*device)->size(), "-byte GPU region"));
+    }
+    device_region_ = *std::move(device);
+    device_src_ = device_region_->base() + ref.offset();
+    data_size_ = ref.length();
+    return absl::OkStatus();
+  }
   auto region = regions_->Find(ref.region_id(), ref.token());
   if (!region.ok()) return region.status();
   auto src = (*region)->Range(ref.offset(), ref.length(), "region");
@@ -195,9 +211,21 @@ absl::Status PutReactor::CheckSize() const {
 }
 
 void PutReactor::Consume() {
-  const v1::PutFrame& frame = parser_.header();
   if (absl::Status s = CheckSize(); !s.ok()) {
     Fail(s);
+    return;
+  }
+  if (writer_ && device_region_) {
+    // No reaction can come meanwhile (no read is pending), so the call cannot end
+    // before the copy's callback runs.
+    store_->AppendFromDeviceAsync(writer_.get(), device_src_, data_size_,
+                                  [this](absl::Status s) {
+                                    if (!s.ok()) {
+                                      Fail(s);
+                                      return;
+                                    }
+                                    Consumed();
+                                  });
     return;
   }
   if (writer_) {
@@ -208,6 +236,11 @@ void PutReactor::Consume() {
       }
     }
   }
+  Consumed();
+}
+
+void PutReactor::Consumed() {
+  const v1::PutFrame& frame = parser_.header();
   received_ += data_size_;
   resp_.set_bytes_received(resp_.bytes_received() + data_size_);
   if (received_ < chunk_bytes_) {
@@ -237,6 +270,7 @@ void PutReactor::Committed(absl::Status status) {
 
 void PutReactor::ReadNext() {
   region_.reset();  // The frame is consumed: its region may go.
+  device_region_.reset();
   StartRead(&message_);
 }
 
@@ -260,6 +294,7 @@ void PutReactor::EndOfStream() {
 void PutReactor::Fail(const absl::Status& status) {
   writer_.reset();  // Its slots go back to the pool; nothing was indexed.
   region_.reset();
+  device_region_.reset();
   Finish(scope_.Done(ToGrpcStatus(absl::Status(
       status.code(),
       absl::StrCat(status.message(), " [", resp_.chunks_stored(),

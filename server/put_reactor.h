@@ -67,8 +67,11 @@ class PutReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   // InvalidArgument if the frame runs past the chunk's end, or completes it without
   // crc32c.
   absl::Status CheckSize() const;
-  // Copies the frame's bytes into the chunk; commits a complete chunk, else reads on.
+  // Copies the frame's bytes into the chunk (from GPU memory: on the device, continuing
+  // in Consumed), then Consumed.
   void Consume();
+  // The frame's bytes are in: commits a complete chunk, else reads on.
+  void Consumed();
   void Committed(absl::Status status);
   void ReadNext();
   // The client half-closed (or the call was cancelled): ends the call.
@@ -90,6 +93,10 @@ class PutReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   absl::string_view region_bytes_;
   uint64_t data_size_ = 0;
   std::shared_ptr<const MappedRegion> region_;
+  // A frame naming a worker's GPU memory: the region (held until consumed) and the
+  // device address of the frame's bytes.
+  std::shared_ptr<const DeviceRegion> device_region_;
+  DevicePtr device_src_ = 0;
 
   // The chunk being received. `writer_` is null while draining a chunk that is already
   // stored (idempotent put).

@@ -175,6 +175,15 @@ void GpuTier::DeliverFromHost(const ChunkMeta& meta, std::vector<absl::string_vi
   if (join->left.fetch_sub(1, std::memory_order_acq_rel) == 1) finish();
 }
 
+void GpuTier::Copy(std::vector<DeviceCopy> copies, Done done) {
+  Begin();
+  device_->Submit(CoalesceCopies(std::move(copies)),
+                  [this, done = std::move(done)](absl::Status s) {
+                    done(std::move(s));
+                    End();
+                  });
+}
+
 void GpuTier::Remove(const ChunkId& id) {
   if (staging_ != nullptr) staging_->Remove(id);
 }

@@ -80,6 +80,10 @@ class GpuTier {
                        std::shared_ptr<const void> keep_alive, std::vector<Range> ranges,
                        Done done);
 
+  // Runs `copies` on the device (a put from a worker's GPU memory into the pool),
+  // counted like a delivery for the destructor's wait. `done`: the backend's status.
+  void Copy(std::vector<DeviceCopy> copies, Done done);
+
   void Remove(const ChunkId& id);
   void RemoveNamespace(uint64_t ns);
 

@@ -59,6 +59,14 @@ void PoolChunk::CopyOut(uint64_t offset, uint64_t len, char* out) const {
   });
 }
 
+void PoolChunk::ForEachWritablePiece(uint64_t offset, uint64_t len,
+                                     absl::FunctionRef<void(char*, uint64_t)> fn) {
+  ForEachPiece(offset, len, [&](absl::string_view p) {
+    // The arena's memory is writable; the const is ForEachPiece's promise to readers.
+    fn(const_cast<char*>(p.data()), p.size());
+  });
+}
+
 uint32_t PoolChunk::Crc32c() const {
   uint32_t crc = 0;
   ForEachPiece(0, size_, [&crc](absl::string_view piece) {

@@ -39,6 +39,10 @@ class PoolChunk {
   // slot; the pieces point into the pool (no copy).
   void ForEachPiece(uint64_t offset, uint64_t len,
                     absl::FunctionRef<void(absl::string_view)> fn) const;
+  // The same, writable: for a device copy (DMA) into the pool. The caller keeps the
+  // range within size() and writes only before the chunk is published.
+  void ForEachWritablePiece(uint64_t offset, uint64_t len,
+                            absl::FunctionRef<void(char*, uint64_t)> fn);
   // Copies [offset, offset + len) to `out`.
   void CopyOut(uint64_t offset, uint64_t len, char* out) const;
   uint32_t Crc32c() const;

@@ -462,6 +462,39 @@ void TieredStore::NotifyRoom() {
   if (admission_ != nullptr) admission_->Notify();
 }
 
+void TieredStore::AppendFromDeviceAsync(ChunkWriter* writer, DevicePtr src, uint64_t n,
+                                        std::function<void(absl::Status)> done) {
+  if (gpu_ == nullptr) {
+    done(absl::FailedPreconditionError("this daemon has no GPU"));
+    return;
+  }
+  const uint64_t at = writer->received_;
+  if (n > writer->size() - at) {
+    done(absl::InvalidArgumentError(absl::StrCat(
+        "frame data runs past the chunk's end: chunk is ", writer->size(),
+        " bytes, frame covers [", at, ", ", at + n, ")")));
+    return;
+  }
+  std::vector<DeviceCopy> copies;
+  uint64_t off = 0;
+  writer->data_->ForEachWritablePiece(at, n, [&](char* dst, uint64_t len) {
+    copies.push_back(DeviceCopy::DeviceToHost(dst, src + off, len));
+    off += len;
+  });
+  gpu_->Copy(std::move(copies), [writer, at, n, done = std::move(done)](absl::Status s) {
+    if (!s.ok()) {
+      done(absl::Status(s.code(), absl::StrCat("copy from GPU memory: ", s.message())));
+      return;
+    }
+    // Checksum what the pool now holds: what is checked is what is stored.
+    writer->data_->ForEachPiece(at, n, [&](absl::string_view p) {
+      writer->crc_ = crc32c::Extend(writer->crc_, p.data(), p.size());
+    });
+    writer->received_ += n;
+    done(absl::OkStatus());
+  });
+}
+
 void TieredStore::StageAsync(const ChunkId& id) {
   if (gpu_ == nullptr || gpu_->Contains(id)) return;
   std::optional<HostPool::Hit> hit = ram_->Peek(id);

@@ -243,6 +243,14 @@ class TieredStore {
   using DeviceRange = GpuTier::Range;
   void ReadToDeviceAsync(const ChunkId& id, std::vector<DeviceRange> ranges,
                          std::function<void(absl::StatusOr<Tier>)> done);
+  // Put from GPU memory: copies the next `n` bytes of `writer`'s chunk from device
+  // address `src` (a worker's mapped memory) straight into its pool slots, then extends
+  // the chunk's CRC32C over the pool's copy, as Append does. `writer` must stay alive
+  // and untouched until `done` runs (on the GPU's completion thread). Returns (to
+  // `done`): Ok, FailedPrecondition (no GPU), InvalidArgument (past the chunk's end, or
+  // a source the device refuses), Unavailable (device error).
+  void AppendFromDeviceAsync(ChunkWriter* writer, DevicePtr src, uint64_t n,
+                             std::function<void(absl::Status)> done);
   bool has_gpu() const { return gpu_ != nullptr; }
 
   // Pins in RAM (promoting from SSD first). Returns: Ok, NotFound, ResourceExhausted.

@@ -7,7 +7,9 @@
 // token, a device error mid-copy, and a worker that exits with a transfer in flight.
 #include <grpcpp/grpcpp.h>
 
+#include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -20,6 +22,7 @@
 #include "server/prefill_runner.h"
 #include "server/region_socket.h"
 #include "server/region_table.h"
+#include "storage/crc32c.h"
 #include "storage/log.h"
 #include "storage/tiered_store.h"
 #include "tests/support/daemon_process.h"
@@ -318,6 +321,69 @@ TEST_F(DeviceGetTest, WorkerThatExitsMidTransferLeaksNothing) {
     device_->RunPending();  // The delivery staged the chunk afterwards.
     return device_->open_ipc_mappings() == 0;
   }));
+}
+
+// Put takes chunks from a worker's GPU memory too: copied on the device into the pool,
+// checksummed there, stored only if the CRC32C matches.
+TEST_F(DeviceGetTest, PutTakesChunksFromTheWorkersGpuMemory) {
+  Start();
+  auto [buf, handle] = WorkerBuffer(2 * kChunk);
+  const std::string a = PatternBytes(7, kChunk), b = PatternBytes(8, kChunk);
+  std::memcpy(device_->HostView(buf), a.data(), kChunk);
+  std::memcpy(device_->HostView(buf) + kChunk, b.data(), kChunk);
+  auto ch = Channel();
+  auto reg = ch->AddDevice(handle, 2 * kChunk);
+  ASSERT_TRUE(reg.ok());
+  auto frame = [&](uint64_t key, uint64_t offset, uint64_t length, uint64_t region_off,
+                   std::optional<uint32_t> crc) {
+    v1::PutFrame f;
+    f.set_namespace_id(ns_);
+    const auto kb = KeyOf(key).ToBytes();
+    f.set_key(std::string(reinterpret_cast<const char*>(kb.data()), kb.size()));
+    f.set_offset(offset);
+    f.set_token_count(256);
+    f.mutable_region()->set_region_id(reg->region_id);
+    f.mutable_region()->set_token(reg->token);
+    f.mutable_region()->set_offset(region_off);
+    f.mutable_region()->set_length(length);
+    if (crc) f.set_crc32c(*crc);
+    return f;
+  };
+  auto put = [&](const std::vector<v1::PutFrame>& frames) {
+    grpc::ClientContext ctx;
+    v1::PutResponse resp;
+    auto writer = stub_->Put(&ctx, &resp);
+    for (const auto& f : frames) {
+      if (!writer->Write(f)) break;
+    }
+    writer->WritesDone();
+    grpc::Status st = writer->Finish();
+    return std::make_pair(st, resp);
+  };
+  // Chunk 7 in two frames, chunk 8 in one.
+  auto [st, resp] = put({frame(7, 0, kMiB, 0, std::nullopt),
+                         frame(7, kMiB, kChunk - kMiB, kMiB, crc32c::Value(a)),
+                         frame(8, 0, kChunk, kChunk, crc32c::Value(b))});
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  EXPECT_EQ(resp.chunks_stored(), 2u);
+  auto got = client_->Get(ns_, std::vector<ChunkKey>{KeyOf(7), KeyOf(8)});
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(got->size(), 2u);
+  EXPECT_TRUE((*got)[0].data == a);
+  EXPECT_TRUE((*got)[1].data == b);
+
+  // A wrong CRC stores nothing; a range past the region is refused before any copy; a
+  // device error mid-copy fails the put, and nothing is stored.
+  auto [bad_crc, r1] = put({frame(9, 0, kChunk, 0, crc32c::Value(a) ^ 1)});
+  // (DATA_LOSS, as for any put whose CRC32C does not match; see issue 13's contract.)
+  EXPECT_EQ(bad_crc.error_code(), grpc::StatusCode::DATA_LOSS) << bad_crc.error_message();
+  EXPECT_EQ(store_->Locate(ChunkId{ns_, KeyOf(9)}), Tier::kNone);
+  auto [outside, r2] = put({frame(9, 0, kChunk, kChunk + 1, crc32c::Value(a))});
+  EXPECT_EQ(outside.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  device_->FailSubmission(1, absl::UnavailableError("injected: DMA fault"));
+  auto [fault, r3] = put({frame(9, 0, kChunk, 0, crc32c::Value(a))});
+  EXPECT_EQ(fault.error_code(), grpc::StatusCode::UNAVAILABLE) << fault.error_message();
+  EXPECT_EQ(store_->Locate(ChunkId{ns_, KeyOf(9)}), Tier::kNone);
 }
 
 TEST_F(DeviceGetTest, ADaemonWithoutAGpuRefusesDeviceMemory) {
