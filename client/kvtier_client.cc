@@ -665,8 +665,10 @@ absl::Status KvTierClient::GetStreamRaw(uint64_t namespace_id,
   if (*plane != nullptr) {
     if (auto sizes = ItemSizes(namespace_id, layers)) {
       if (auto staging = (*plane)->AcquireStaging(keys.size() * sizes->first)) {
-        absl::Status s = GetViaRegion(namespace_id, keys, layers, order, lease_id, *staging, 0,
-                                      sizes->first, sizes->second, on_frame);
+        absl::Status s = GetViaRegion(namespace_id, keys, layers, order, lease_id,
+                                      staging->region_id(), staging->token(),
+                                      staging->data(), 0, sizes->first, sizes->second,
+                                      on_frame);
         if (s.ok()) {
           (*plane)->ReleaseStaging(std::move(staging));
         } else {
@@ -719,15 +721,15 @@ absl::Status KvTierClient::GetStreamRaw(uint64_t namespace_id,
 
 absl::Status KvTierClient::GetViaRegion(uint64_t namespace_id, absl::Span<const ChunkKey> keys,
                                         std::optional<LayerRange> layers, v1::GetOrder order,
-                                        uint64_t lease_id, const SharedBuffer& region,
-                                        uint64_t offset, uint64_t key_bytes,
-                                        uint64_t layer_bytes,
+                                        uint64_t lease_id, uint64_t region_id,
+                                        uint64_t token, const char* host, uint64_t offset,
+                                        uint64_t key_bytes, uint64_t layer_bytes,
                                         const GetFrameRawCallback& on_frame) {
   const bool layer_major = order == v1::GET_ORDER_LAYER_MAJOR;
   v1::GetRequest request = MakeGetRequest(namespace_id, keys, layers, order, lease_id);
   v1::RegionTarget* target = request.mutable_target();
-  target->set_region_id(region.region_id());
-  target->set_token(region.token());
+  target->set_region_id(region_id);
+  target->set_token(token);
   target->add_offsets(offset);
 
   grpc::ClientContext ctx;
@@ -746,6 +748,7 @@ absl::Status KvTierClient::GetViaRegion(uint64_t namespace_id, absl::Span<const 
   absl::Status client_error;
   while (reader->Read(&frame)) {
     absl::string_view bytes;
+    uint64_t n = 0;
     if (frame.found()) {
       // Every found item is one frame, whole, with its bytes already in the region.
       const uint64_t item = layer_major ? layer_bytes : key_bytes;
@@ -760,11 +763,12 @@ absl::Status KvTierClient::GetViaRegion(uint64_t namespace_id, absl::Span<const 
       }
       const uint64_t at = offset + frame.key_index() * key_bytes +
                           (layer_major ? uint64_t{frame.layer() - first} * layer_bytes : 0);
-      bytes = absl::string_view(region.data() + at, item);
+      n = item;
+      if (host != nullptr) bytes = absl::string_view(host + at, item);
     }
     const absl::Span<const absl::string_view> pieces =
         bytes.empty() ? absl::Span<const absl::string_view>() : absl::MakeConstSpan(&bytes, 1);
-    client_error = checker.Check(frame, pieces, bytes.size());
+    client_error = checker.Check(frame, pieces, n);
     if (client_error.ok()) client_error = on_frame(frame.key_index(), frame, pieces);
     if (!client_error.ok()) break;
   }
@@ -823,13 +827,49 @@ absl::StatusOr<GetIntoResult> KvTierClient::GetInto(uint64_t namespace_id,
   absl::Status status;
   if (shared) {
     result.path = DataPath::kSharedMemory;
-    status = GetViaRegion(namespace_id, keys, layers, order, lease_id, *shared,
+    status = GetViaRegion(namespace_id, keys, layers, order, lease_id, shared->region_id(),
+                          shared->token(), shared->data(),
                           static_cast<uint64_t>(out.data() - shared->data()), key_bytes,
                           layer_bytes, on_frame);
   } else {
     result.path = *plane != nullptr ? DataPath::kSharedMemory : DataPath::kStream;
     status = GetStreamRaw(namespace_id, keys, layers, on_frame, order, lease_id);
   }
+  if (!status.ok()) return status;
+  return result;
+}
+
+absl::StatusOr<GetIntoResult> KvTierClient::GetIntoDevice(
+    uint64_t namespace_id, absl::Span<const ChunkKey> keys,
+    const RegionChannel::Registration& region, uint64_t offset,
+    std::optional<LayerRange> layers, v1::GetOrder order, uint64_t lease_id,
+    const GetIntoItemCallback& on_item) {
+  const auto sizes = ItemSizes(namespace_id, layers);
+  if (!sizes.has_value()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "GetIntoDevice: namespace ", absl::Hex(namespace_id, absl::kZeroPad16),
+        " is not registered (or the layer range is outside its layers)"));
+  }
+  const auto [key_bytes, layer_bytes] = *sizes;
+  const bool layer_major = order == v1::GET_ORDER_LAYER_MAJOR;
+  const uint32_t first = layers.has_value() ? layers->begin : 0;
+  GetIntoResult result;
+  result.path = DataPath::kSharedMemory;
+  result.found.assign(keys.size(), false);
+  result.tiers.assign(keys.size(), v1::TIER_UNSPECIFIED);
+  result.token_counts.assign(keys.size(), 0);
+  auto on_frame = [&](uint32_t index, const GetFrameHeader& frame,
+                      absl::Span<const absl::string_view>) -> absl::Status {
+    if (!frame.found()) return absl::OkStatus();
+    result.found[index] = true;
+    result.tiers[index] = frame.tier();
+    if (frame.last() && on_item) return on_item(index, layer_major ? frame.layer() : first);
+    return absl::OkStatus();
+  };
+  if (keys.empty()) return result;
+  absl::Status status =
+      GetViaRegion(namespace_id, keys, layers, order, lease_id, region.region_id,
+                   region.token, /*host=*/nullptr, offset, key_bytes, layer_bytes, on_frame);
   if (!status.ok()) return status;
   return result;
 }

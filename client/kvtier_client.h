@@ -38,6 +38,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "client/region_channel.h"
 #include "client/shared_buffer.h"
 #include "kvtier/v1/kvtier.grpc.pb.h"
 #include "storage/chunk_key.h"
@@ -279,6 +280,22 @@ class KvTierClient {
                                         uint64_t lease_id = 0,
                                         const GetIntoItemCallback& on_item = nullptr);
 
+  // Same host, GPU: reads `keys` straight into GPU memory this process registered on
+  // the daemon's region socket (RegionChannel::AddDevice, on a daemon whose DataPlane
+  // says device_memory): key k's bytes (its layers `layers`) at `offset` + k *
+  // key_bytes of the region. The daemon copies on its CUDA streams and answers each key
+  // (chunk-major) or each layer (layer-major) once it has landed, when `on_item` runs.
+  // Returns: as GetInto, plus FailedPrecondition (no GPU on the daemon, region unknown)
+  // and InvalidArgument (the keys do not fit the region).
+  absl::StatusOr<GetIntoResult> GetIntoDevice(uint64_t namespace_id,
+                                              absl::Span<const ChunkKey> keys,
+                                              const RegionChannel::Registration& region,
+                                              uint64_t offset,
+                                              std::optional<LayerRange> layers = std::nullopt,
+                                              v1::GetOrder order = v1::GET_ORDER_CHUNK_MAJOR,
+                                              uint64_t lease_id = 0,
+                                              const GetIntoItemCallback& on_item = nullptr);
+
   // Memory shared with the daemon (same host only): Put from it and GetInto it move
   // each byte once. Returns: Ok, FailedPrecondition (the data path is the stream: see
   // data_path_detail()), the daemon's refusal (ResourceExhausted: region limit).
@@ -319,11 +336,13 @@ class KvTierClient {
   // GetStreamRaw over shared memory: the bytes land in `staging` (key i at
   // i * key_bytes) and `on_frame` gets views of them. Error kUnimplemented: not
   // applicable (stream instead).
+  // `host` is the region's memory in this process, or null for GPU memory (the frames'
+  // data views are then empty).
   absl::Status GetViaRegion(uint64_t namespace_id, absl::Span<const ChunkKey> keys,
                             std::optional<LayerRange> layers, v1::GetOrder order,
-                            uint64_t lease_id, const SharedBuffer& region, uint64_t offset,
-                            uint64_t key_bytes, uint64_t layer_bytes,
-                            const GetFrameRawCallback& on_frame);
+                            uint64_t lease_id, uint64_t region_id, uint64_t token,
+                            const char* host, uint64_t offset, uint64_t key_bytes,
+                            uint64_t layer_bytes, const GetFrameRawCallback& on_frame);
   // Key bytes and layer bytes of a namespace this client registered.
   std::optional<std::pair<uint64_t, uint64_t>> ItemSizes(uint64_t namespace_id,
                                                          std::optional<LayerRange> layers);

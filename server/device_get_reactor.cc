@@ -17,6 +17,7 @@ DeviceGetReactor::DeviceGetReactor(grpc::CallbackServerContext* ctx, const v1::G
     absl::MutexLock lock(&mu_);
     error_ = s;
     results_.resize(plan_.items.size());
+    found_.assign(plan_.ids.size(), false);
   }
   Pump();
 }
@@ -60,6 +61,21 @@ void DeviceGetReactor::Pump() {
         ++in_flight_;
       }
     }
+    // Later-pass items of keys absent in the first pass get no frame.
+    while (!writing_ && error_.ok() && next_write_ < results_.size() &&
+           results_[next_write_].has_value() && !FirstItemOfKey(next_write_) &&
+           !found_[plan_.items[next_write_].key]) {
+      ++next_write_;
+    }
+    if (!writing_ && error_.ok() && next_write_ < results_.size() &&
+        results_[next_write_].has_value() && !FirstItemOfKey(next_write_) &&
+        !results_[next_write_]->ok()) {
+      // Found in the first pass (the loop above skipped the others), gone now: the
+      // stream cannot stay consistent.
+      error_ = absl::UnavailableError(absl::StrCat(
+          "keys[", plan_.items[next_write_].key, "]: the chunk left the cache during this "
+          "Get (evicted or deleted); retry"));
+    }
     if (!writing_ && error_.ok() && next_write_ < results_.size() &&
         results_[next_write_].has_value()) {
       const size_t i = next_write_++;
@@ -99,13 +115,23 @@ void DeviceGetReactor::Pump() {
   if (finish) Finish(scope_.Done(ToGrpcStatus(finish_status)));
 }
 
+bool DeviceGetReactor::FirstItemOfKey(size_t item) const {
+  return !plan_.layer_major || plan_.items[item].begin == plan_.first_layer;
+}
+
 void DeviceGetReactor::OnDelivered(size_t item, absl::StatusOr<Tier> result) {
+  const uint32_t key = plan_.items[item].key;
+  const bool first = FirstItemOfKey(item);
+  // A chunk found by its first pass is held in RAM for the later ones.
+  std::optional<ChunkView> hold;
+  if (first && result.ok() && plan_.layer_major) hold = store_->HoldInRam(plan_.ids[key]);
   {
     absl::MutexLock lock(&mu_);
+    if (first && result.ok()) found_[key] = true;
+    if (hold) held_.push_back(*std::move(hold));
     if (!result.ok() && !absl::IsNotFound(result.status()) && error_.ok()) {
       error_ = absl::Status(result.status().code(),
-                            absl::StrCat("keys[", plan_.items[item].key, "]: ",
-                                         result.status().message()));
+                            absl::StrCat("keys[", key, "]: ", result.status().message()));
     }
     results_[item] = std::move(result);
   }

@@ -7,9 +7,13 @@
 // the bytes came from) is sent in item order once that item's bytes have landed, so a
 // worker can start computing on a layer as soon as its frame arrives.
 //
-// An absent chunk gets found = false for each of its items; any other failure (a
-// corrupt chunk, a device error, a destination the device refuses) ends the call with
-// that status. crc32c is 0 in the frames: the daemon has checked it.
+// Frames follow GetFrame's protocol: an absent chunk gets found = false once (in
+// layer-major order, in the first pass only; later passes leave it out). A chunk found
+// in the first pass is held in RAM for the rest of the call, so later passes find it;
+// one that left anyway (not in RAM when first delivered, then evicted or deleted) ends
+// the call UNAVAILABLE. Any other failure (a corrupt chunk, a device error, a
+// destination the device refuses) ends the call with that status. crc32c is 0 in the
+// frames: the daemon has checked it.
 //
 // Thread-safety: gRPC calls the reactions one at a time; store callbacks (GPU
 // completion threads) run concurrently with them; all state is under mu_. The reactor
@@ -57,6 +61,8 @@ class DeviceGetReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>
   // finishes the call. Call without mu_.
   void Pump();
   void OnDelivered(size_t item, absl::StatusOr<Tier> result);
+  // Whether `item` is its key's first (chunk-major: its only) item.
+  bool FirstItemOfKey(size_t item) const;
 
   grpc::CallbackServerContext* const ctx_;
   TieredStore* const store_;
@@ -69,6 +75,10 @@ class DeviceGetReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>
   absl::Mutex mu_;
   absl::Status error_ ABSL_GUARDED_BY(mu_);
   std::vector<std::optional<absl::StatusOr<Tier>>> results_ ABSL_GUARDED_BY(mu_);
+  // Per key: found by its first item (later passes then must find it too).
+  std::vector<bool> found_ ABSL_GUARDED_BY(mu_);
+  // Layer-major: chunks found in the first pass, held in RAM for the later passes.
+  std::vector<ChunkView> held_ ABSL_GUARDED_BY(mu_);
   size_t next_issue_ ABSL_GUARDED_BY(mu_) = 0;
   size_t next_write_ ABSL_GUARDED_BY(mu_) = 0;
   int in_flight_ ABSL_GUARDED_BY(mu_) = 0;  // Deliveries whose callback has not run.

@@ -22,6 +22,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "absl/synchronization/mutex.h"
 
 namespace kvtier::testing {
 namespace {
@@ -51,14 +52,40 @@ absl::StatusOr<uint64_t> ProcStatusKb(pid_t pid, const std::string& field) {
 
 }  // namespace
 
+namespace {
+
+// Directories MakeTempDir made, removed when the process exits normally (a daemon's data
+// dir is hundreds of MiB: thousands of test runs filled a disk). KVTIER_KEEP_TEST_DIRS=1
+// keeps them, for reading a failed test's daemon log.
+std::vector<std::string>& TempDirs() {
+  static auto* dirs = new std::vector<std::string>();
+  return *dirs;
+}
+
+void RemoveTempDirs() {
+  if (const char* keep = std::getenv("KVTIER_KEEP_TEST_DIRS"); keep && *keep == '1') return;
+  for (const std::string& d : TempDirs()) {
+    std::error_code ec;
+    std::filesystem::remove_all(d, ec);
+    std::filesystem::remove(d + ".log", ec);  // A daemon started on the dir itself.
+  }
+}
+
+}  // namespace
+
 std::string MakeTempDir(const std::string& prefix) {
   static std::atomic<int> counter{0};
+  static const bool registered = std::atexit(RemoveTempDirs) == 0;
+  (void)registered;
   const char* base = std::getenv("TEST_TMPDIR");
   std::string root = base ? base : std::filesystem::temp_directory_path().string();
   std::string templ = absl::StrCat(root, "/", prefix, "-", getpid(), "-", counter++, "-XXXXXX");
   std::vector<char> buf(templ.begin(), templ.end());
   buf.push_back('\0');
   if (mkdtemp(buf.data()) == nullptr) return "";
+  static absl::Mutex mu(absl::kConstInit);
+  absl::MutexLock lock(&mu);
+  TempDirs().push_back(buf.data());
   return std::string(buf.data());
 }
 
