@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "scheduler/cake_planner.h"
 #include "scheduler/compute_model.h"
 #include "server/status_util.h"
@@ -65,6 +66,9 @@ class Session {
   RegionTable* const regions_;
   // PrefillOpen.target: chunks are copied into this region instead of sent.
   std::optional<ResolvedTarget> target_;
+  // PrefillOpen.target in a worker's GPU memory: each streamed chunk is copied there by
+  // the GPU tier (from staging, where the session staged it at open, or from the pool).
+  std::optional<ResolvedDeviceTarget> device_target_;
   const Clock::time_point opened_ = Clock::now();
 
   // Set by Open, then read-only.
@@ -126,7 +130,15 @@ absl::Status Session::Open() {
     open_cost_given_ = true;
   }
   chunk_bytes_ = layout->ChunkBytes();
-  if (open.has_target()) {
+  if (open.has_target() && regions_ != nullptr && regions_->IsDevice(open.target().region_id())) {
+    if (!store_->has_gpu()) return absl::FailedPreconditionError("open.target: this daemon has no GPU");
+    auto target = ResolveDeviceTarget(regions_, open.target(), ids_.size(), chunk_bytes_);
+    if (!target.ok()) {
+      return absl::Status(target.status().code(),
+                          absl::StrCat("open.", target.status().message()));
+    }
+    device_target_ = *std::move(target);
+  } else if (open.has_target()) {
     auto target = ResolveRegionTarget(regions_, open.target(), ids_.size(), chunk_bytes_);
     if (!target.ok()) {
       return absl::Status(target.status().code(),
@@ -148,6 +160,12 @@ absl::Status Session::Open() {
     tiers_.push_back(t);
   }
   h_ = static_cast<uint32_t>(tiers_.size());
+  if (device_target_) {
+    // The chunks this session may stream, into the GPU staging buffers ahead of their
+    // turn. Ascending: streaming starts at h-1, so that one is staged last and is the
+    // last an LRU would evict if they do not all fit.
+    for (uint32_t j = 0; j < h_; ++j) store_->StageAsync(ids_[j]);
+  }
   {
     absl::MutexLock lock(&mu_);
     model_.emplace(open_cost_given_ ? open_cost_ : runner_->estimators().ComputePrior());
@@ -297,6 +315,12 @@ absl::Status Session::SendChunk(uint32_t j, const ChunkView& view, bool* aborted
       *aborted = true;
       return absl::OkStatus();
     }
+    if (device_target_) {
+      // GPU target: the rate limits pace it a frame at a time; the chunk is copied on
+      // the device once they allowed all of it, below.
+      off += n;
+      continue;
+    }
     if (target_) {
       // Region target: copy this frame's worth into place (the rate limits above still
       // pace it); the chunk is announced once, whole and verified, below.
@@ -333,6 +357,32 @@ absl::Status Session::SendChunk(uint32_t j, const ChunkView& view, bool* aborted
     connection_->Record(n, took);
     runner_->estimators().send().Record(n, took);
     if (runner_->metrics()) runner_->metrics()->Streamed(n);
+  }
+  if (device_target_) {
+    // Device-to-device from staging, or host-to-device with the CRC32C checked during
+    // the DMA; this session thread waits for the bytes to land.
+    absl::Notification landed;
+    absl::StatusOr<Tier> from;
+    store_->ReadToDeviceAsync(ids_[j], {{0, size, device_target_->dest[j]}},
+                              [&](absl::StatusOr<Tier> r) {
+                                from = std::move(r);
+                                landed.Notify();
+                              });
+    landed.WaitForNotification();
+    if (!from.ok()) return from.status();
+    if (runner_->metrics()) runner_->metrics()->Streamed(size);
+    msg.Clear();
+    auto* frame = msg.mutable_chunk();
+    frame->set_index(j);
+    frame->set_last(true);
+    frame->set_crc32c(view.meta().crc32c);
+    frame->set_tier(static_cast<v1::Tier>(static_cast<int>(*from)));
+    const auto start = Clock::now();
+    if (!stream_->Write(msg)) return absl::CancelledError("client went away");
+    const double took = std::max(SecondsSince(copy_start), SecondsSince(start));
+    connection_->Record(size, took);
+    runner_->estimators().send().Record(size, took);
+    return absl::OkStatus();
   }
   if (target_) {
     if (crc != view.meta().crc32c) return store_->DropCorrupt(ids_[j]);
