@@ -57,8 +57,21 @@ void DeviceGetReactor::Pump() {
     if (error_.ok() && ctx_->IsCancelled()) error_ = absl::CancelledError("get cancelled");
     if (error_.ok()) {
       while (next_issue_ < plan_.items.size() && next_issue_ - next_write_ < kWindow) {
+        const size_t i = next_issue_;
+        if (!FirstItemOfKey(i)) {
+          // A later pass: only for keys the first pass found (layer-major items are
+          // pass by pass, so key k's first item is item k).
+          const uint32_t key = plan_.items[i].key;
+          if (!results_[key].has_value()) break;  // Not known yet: wait for it.
+          if (!found_[key]) {
+            results_[i] = absl::NotFoundError("absent");  // Skipped, never copied.
+            ++next_issue_;
+            continue;
+          }
+        }
         issue.push_back(next_issue_++);
         ++in_flight_;
+        ++copies_;
       }
     }
     // Later-pass items of keys absent in the first pass get no frame.
@@ -95,9 +108,9 @@ void DeviceGetReactor::Pump() {
       frame_ = grpc::ByteBuffer(&slice, 1);
       writing_ = write = true;
     }
-    // The end: every frame written, or an error once nothing is being written (the
-    // deliveries still in flight finish into memory the call holds).
-    if (!writing_ && (!error_.ok() || next_write_ == plan_.items.size())) {
+    // The end: every frame written, or an error; either way only once no copy is still
+    // writing into the worker's memory (which it may reuse as soon as the call ends).
+    if (!writing_ && copies_ == 0 && (!error_.ok() || next_write_ == plan_.items.size())) {
       finished_ = finish = true;
       finish_status = error_;
     }
@@ -127,6 +140,7 @@ void DeviceGetReactor::OnDelivered(size_t item, absl::StatusOr<Tier> result) {
   if (first && result.ok() && plan_.layer_major) hold = store_->HoldInRam(plan_.ids[key]);
   {
     absl::MutexLock lock(&mu_);
+    --copies_;
     if (first && result.ok()) found_[key] = true;
     if (hold) held_.push_back(*std::move(hold));
     if (!result.ok() && !absl::IsNotFound(result.status()) && error_.ok()) {

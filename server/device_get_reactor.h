@@ -5,7 +5,9 @@
 // with the CRC32C checked during the DMA. Up to kWindow items are in flight at once, on
 // the GPU's copy streams; each item's frame (no data, last = true, `tier` saying where
 // the bytes came from) is sent in item order once that item's bytes have landed, so a
-// worker can start computing on a layer as soon as its frame arrives.
+// worker can start computing on a layer as soon as its frame arrives. A later pass's
+// item is copied only once its key's first item was found. The call ends (even on an
+// error or a cancel) only when no copy is still writing into the worker's memory.
 //
 // Frames follow GetFrame's protocol: an absent chunk gets found = false once (in
 // layer-major order, in the first pass only; later passes leave it out). A chunk found
@@ -81,7 +83,8 @@ class DeviceGetReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>
   std::vector<ChunkView> held_ ABSL_GUARDED_BY(mu_);
   size_t next_issue_ ABSL_GUARDED_BY(mu_) = 0;
   size_t next_write_ ABSL_GUARDED_BY(mu_) = 0;
-  int in_flight_ ABSL_GUARDED_BY(mu_) = 0;  // Deliveries whose callback has not run.
+  int in_flight_ ABSL_GUARDED_BY(mu_) = 0;  // Deliveries whose callback has not returned.
+  int copies_ ABSL_GUARDED_BY(mu_) = 0;     // Deliveries whose copy has not completed.
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   bool done_ ABSL_GUARDED_BY(mu_) = false;  // OnDone has run.

@@ -14,8 +14,14 @@ absl::StatusOr<std::shared_ptr<const DeviceRegion>> DeviceRegion::Open(
   }
   absl::StatusOr<DeviceBackend::IpcMemory> mem = backend->OpenIpcMemory(handle);
   if (!mem.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("device region: cannot open the IPC handle: ", mem.status().message()));
+    // A bad, stale or foreign handle is the client's (never worth a retry); the device
+    // being out of memory or failing keeps its own code.
+    const absl::StatusCode code =
+        absl::IsInvalidArgument(mem.status()) || absl::IsNotFound(mem.status())
+            ? absl::StatusCode::kInvalidArgument
+            : mem.status().code();
+    return absl::Status(code, absl::StrCat("device region: cannot open the IPC handle: ",
+                                           mem.status().message()));
   }
   if (mem->bytes < expected_bytes) {
     backend->CloseIpcMemory(mem->base);

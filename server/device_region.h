@@ -22,7 +22,8 @@ class DeviceRegion {
  public:
   // Opens `handle` and checks the client's `expected_bytes` against the allocation.
   // Returns: Ok, InvalidArgument (not a handle, stale or foreign, or the allocation is
-  // smaller than expected_bytes, or expected_bytes is 0 or above max_bytes), Unavailable.
+  // smaller than expected_bytes, or expected_bytes is 0 or above max_bytes),
+  // ResourceExhausted, FailedPrecondition, Unavailable (the device's own errors).
   static absl::StatusOr<std::shared_ptr<const DeviceRegion>> Open(DeviceBackend* backend,
                                                                   absl::string_view handle,
                                                                   uint64_t expected_bytes,

@@ -171,6 +171,7 @@ int Run(const DaemonConfig& config, const sigset_t& signals) {
     socket_options.name = name;
     socket_options.instance_id = instance_id;
     socket_options.allowed_gid = *config.AllowedGid();  // Checked by Validate().
+    socket_options.device = gpu.get();  // Null without a GPU: add_device is refused.
     auto socket = RegionSocket::Start(std::move(socket_options), &regions);
     if (!socket.ok()) {
       LogError(socket.status().message());

@@ -127,6 +127,8 @@ TieredStore::TieredStore(TieredStoreOptions options)
       commit_pool_(std::make_unique<IoPool>(options_.commit_threads)) {}
 
 TieredStore::~TieredStore() {
+  // GPU deliveries still completing must not start reads on pools going away.
+  stopping_.store(true, std::memory_order_release);
   if (flusher_ != nullptr) flusher_->Stop();  // Flushers notify the admission queue.
   admission_.reset();     // Waiting puts are answered Unavailable (on the commit threads),
   commit_pool_.reset();   // commits in flight finish before the tiers go,
@@ -282,8 +284,17 @@ uint64_t TieredStore::FlushAll() {
   return flushed.load();
 }
 
+bool TieredStore::StagedAndBacked(const ChunkId& id) const {
+  if (gpu_ == nullptr || !gpu_->Contains(id)) return false;
+  // Staging is a cache of the pool: a staged copy of a chunk that RAM and SSD no longer
+  // hold (evicted in ram-only mode, deleted in a race with StageAsync) is dropped.
+  if (ram_->Contains(id) || (has_ssd() && ssd_->Contains(id))) return true;
+  gpu_->Remove(id);
+  return false;
+}
+
 Tier TieredStore::Locate(const ChunkId& id) const {
-  if (gpu_ != nullptr && gpu_->Contains(id)) return Tier::kGpu;
+  if (StagedAndBacked(id)) return Tier::kGpu;
   if (ram_->Contains(id)) return Tier::kRam;
   if (has_ssd() && ssd_->Contains(id)) return Tier::kSsd;
   return Tier::kNone;
@@ -495,6 +506,17 @@ void TieredStore::AppendFromDeviceAsync(ChunkWriter* writer, DevicePtr src, uint
   });
 }
 
+void TieredStore::DropCorruptInRam(const ChunkId& id, const std::shared_ptr<const void>& chunk) {
+  // Only if the index still holds the very chunk that failed (not a newer put of it).
+  std::optional<HostPool::Hit> now = ram_->Peek(id);
+  if (!now || std::static_pointer_cast<const void>(now->data) != chunk) return;
+  if (gpu_ != nullptr) gpu_->Remove(id);
+  if (ram_->Remove(id)) NotifyRoom();
+  ram_checksum_failures_.fetch_add(1, std::memory_order_relaxed);
+  LogWarning("RAM copy of ", id.DebugString(), " failed its CRC32C on the way to a GPU; "
+             "dropped (an SSD copy, if any, is still served)");
+}
+
 void TieredStore::StageAsync(const ChunkId& id) {
   if (gpu_ == nullptr || gpu_->Contains(id)) return;
   std::optional<HostPool::Hit> hit = ram_->Peek(id);
@@ -502,7 +524,12 @@ void TieredStore::StageAsync(const ChunkId& id) {
   std::vector<absl::string_view> pieces;
   hit->data->ForEachPiece(0, hit->meta.size,
                           [&](absl::string_view p) { pieces.push_back(p); });
-  gpu_->Stage(id, hit->meta, std::move(pieces), hit->data);
+  gpu_->Stage(id, hit->meta, pieces, hit->data);
+  // A Delete (or a Delete and a new put) between the Peek and the Stage would leave a
+  // staged copy of bytes the store no longer has: Delete removes from staging before
+  // RAM, so checking that RAM still holds the very chunk staged closes the gap.
+  std::optional<HostPool::Hit> now = ram_->Peek(id);
+  if (!now || now->data != hit->data) gpu_->Remove(id);
 }
 
 void TieredStore::ReadToDeviceAsync(const ChunkId& id, std::vector<DeviceRange> ranges,
@@ -516,12 +543,14 @@ void TieredStore::ReadToDeviceAsync(const ChunkId& id, std::vector<DeviceRange> 
       done(view.status());
       return;
     }
+    std::shared_ptr<const void> chunk = view->KeepAlive();
     std::vector<absl::string_view> pieces;
     view->ForEachPiece(0, view->meta().size,
                        [&](absl::string_view p) { pieces.push_back(p); });
     const Tier from = view->tier();
     gpu_->DeliverFromHost(view->meta(), std::move(pieces), view->KeepAlive(), std::move(ranges),
-                          [this, id, done = std::move(done), from](absl::Status s) {
+                          [this, id, done = std::move(done), from, chunk](absl::Status s) {
+                            if (absl::IsDataLoss(s)) DropCorruptInRam(id, chunk);
                             if (!s.ok()) {
                               done(s);
                               return;
@@ -531,7 +560,7 @@ void TieredStore::ReadToDeviceAsync(const ChunkId& id, std::vector<DeviceRange> 
                             done(from);
                           });
   };
-  if (!gpu_->Contains(id)) {
+  if (!StagedAndBacked(id)) {
     ReadAsync(id, std::move(from_host));
     return;
   }
@@ -540,6 +569,8 @@ void TieredStore::ReadToDeviceAsync(const ChunkId& id, std::vector<DeviceRange> 
       [this, id, from_host = std::move(from_host), done](absl::Status s) mutable {
         if (s.ok()) {
           done(Tier::kGpu);
+        } else if (absl::IsNotFound(s) && stopping_.load(std::memory_order_acquire)) {
+          done(absl::UnavailableError("kvtierd is shutting down"));
         } else if (absl::IsNotFound(s)) {
           // Evicted from staging since Contains: the host copy is still there.
           ReadAsync(id, std::move(from_host));
@@ -581,8 +612,9 @@ TieredStoreStats TieredStore::GetStats() const {
   s.demotions = demotions_.load(std::memory_order_relaxed);
   s.demotion_failures = demotion_failures_.load(std::memory_order_relaxed);
   s.writeback_queue_depth = s.ram.dirty_chunks;
-  s.checksum_failures =
-      put_checksum_failures_.load(std::memory_order_relaxed) + s.ssd.checksum_failures;
+  s.checksum_failures = put_checksum_failures_.load(std::memory_order_relaxed) +
+                        ram_checksum_failures_.load(std::memory_order_relaxed) +
+                        s.ssd.checksum_failures;
   s.ram_bytes_in = ram_bytes_in_.load(std::memory_order_relaxed);
   s.ram_bytes_out = ram_bytes_out_.load(std::memory_order_relaxed);
   s.ssd_bytes_in = ssd_bytes_in_.load(std::memory_order_relaxed);

@@ -277,6 +277,11 @@ class TieredStore {
   // chunks to SSD if that is what it takes. PutAdmission's TryRoom.
   absl::StatusOr<std::shared_ptr<PoolChunk>> TryRoom(uint64_t size, bool may_block);
   bool has_ssd() const { return ssd_ != nullptr; }
+  // Staged on the GPU and still held by RAM or SSD (a staged copy of neither is dropped).
+  bool StagedAndBacked(const ChunkId& id) const;
+  // A RAM chunk whose bytes failed their CRC32C (`chunk`, its pool memory): removed from
+  // RAM and staging, counted and logged, unless a newer put replaced it meanwhile.
+  void DropCorruptInRam(const ChunkId& id, const std::shared_ptr<const void>& chunk);
   // Room in RAM may have appeared: puts waiting for it retry now.
   void NotifyRoom();
   absl::StatusOr<ChunkView> Read(const ChunkId& id, bool stream);
@@ -305,6 +310,8 @@ class TieredStore {
   std::atomic<uint64_t> demotions_{0};
   std::atomic<uint64_t> demotion_failures_{0};
   std::atomic<uint64_t> put_checksum_failures_{0};
+  std::atomic<uint64_t> ram_checksum_failures_{0};  // Pool copies found corrupt.
+  std::atomic<bool> stopping_{false};               // The destructor has begun.
   std::atomic<uint64_t> ram_bytes_in_{0};
   std::atomic<uint64_t> ram_bytes_out_{0};
   std::atomic<uint64_t> ssd_bytes_in_{0};

@@ -162,6 +162,13 @@ TEST_F(TieredStoreGpuTest, CorruptPoolBytesAreDataLossNotDelivered) {
   absl::StatusOr<Tier> from = Deliver(3, {{0, kChunk, dst}});
   EXPECT_EQ(from.status().code(), absl::StatusCode::kDataLoss) << from.status();
   EXPECT_EQ(store_->GetStats().gpu.delivery_failures, 1u);
+  // DATA_LOSS means the chunk is gone: a re-put stores it again, nothing serves the
+  // corrupt copy.
+  EXPECT_EQ(store_->Locate(Id(3)), Tier::kNone);
+  EXPECT_EQ(store_->GetStats().checksum_failures, 1u);
+  Put(3);
+  EXPECT_TRUE(Deliver(3, {{0, kChunk, dst}}).ok());
+  EXPECT_EQ(std::string(device_->HostView(dst), kChunk), Payload(3));
 }
 
 TEST_F(TieredStoreGpuTest, DeviceErrorMidCopyIsUnavailableAndRamStillServes) {
@@ -220,6 +227,21 @@ TEST_F(TieredStoreGpuTest, StagingEvictionFallsBackToTheHostCopy) {
   // Clearing the namespace clears staging too.
   ASSERT_TRUE(store_->Clear(ns_).ok());
   EXPECT_EQ(store_->GetStats().gpu.staging.chunks, 0u);
+}
+
+// Staging caches the pool: once RAM (the only other tier in ram-only mode) has evicted a
+// chunk, its staged copy is not a hit, so a re-put stores it and nothing stale is served.
+TEST_F(TieredStoreGpuTest, AStagedCopyOfAChunkTheStoreDroppedIsNotAHit) {
+  Open();
+  Put(1);
+  Stage(1);
+  ASSERT_EQ(store_->Locate(Id(1)), Tier::kGpu);
+  for (uint64_t i = 100; i < 108; ++i) Put(i);  // Fills the 8-chunk pool: 1 is evicted.
+  EXPECT_EQ(store_->Locate(Id(1)), Tier::kNone);
+  const DevicePtr dst = WorkerBuffer(kChunk);
+  EXPECT_EQ(Deliver(1, {{0, kChunk, dst}}).status().code(), absl::StatusCode::kNotFound);
+  Put(1);  // Stored again, not drained as already present.
+  EXPECT_EQ(store_->Locate(Id(1)), Tier::kRam);
 }
 
 TEST(TieredStoreNoGpuTest, DeliveryWithoutAGpuIsFailedPrecondition) {

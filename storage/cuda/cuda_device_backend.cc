@@ -42,15 +42,15 @@ class CopyLane {
     absl::MutexLock lock(&mu_);
     cudaSetDevice(device_);
     p.status = Enqueue(copies);
-    if (p.status.ok() && !copies.empty()) {
+    if (!copies.empty()) {
+      // Even when enqueueing failed partway, the copies already queued must finish
+      // before `done` hears of it: the caller frees their memory on an error.
       absl::StatusOr<CudaEvent> ev = TakeEvent();
-      if (!ev.ok()) {
-        p.status = ev.status();
-      } else if (cudaError_t e = cudaEventRecord(ev->get(), stream_.get()); e != cudaSuccess) {
-        p.status = CudaError(e, "cudaEventRecord");
-        spare_events_.push_back(*std::move(ev));
-      } else {
+      if (ev.ok() && cudaEventRecord(ev->get(), stream_.get()) == cudaSuccess) {
         p.event = *std::move(ev);
+      } else {
+        if (ev.ok()) spare_events_.push_back(*std::move(ev));
+        p.sync_stream = true;
       }
     }
     queue_.push_back(std::move(p));
@@ -59,13 +59,15 @@ class CopyLane {
  private:
   struct Pending {
     std::optional<CudaEvent> event;  // Unset: nothing to wait for (error or no copies).
-    absl::Status status;
+    bool sync_stream = false;        // No event could be recorded: wait for the stream.
+    absl::Status status;             // An error from enqueueing, reported after the wait.
     std::function<void(absl::Status)> done;
   };
 
   absl::Status Enqueue(const std::vector<DeviceCopy>& copies)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (copies.empty()) return absl::OkStatus();
+#if CUDART_VERSION >= 13000  // The batch call's signature from CUDA 13 on.
     if (copies.size() > 1 && batch_supported_) {
       std::vector<void*> dsts;
       std::vector<const void*> srcs;
@@ -92,6 +94,7 @@ class CopyLane {
       cudaGetLastError();  // Clears the non-sticky error.
       if (e == cudaErrorNotSupported) batch_supported_ = false;
     }
+#endif
     for (const DeviceCopy& c : copies) {
       cudaError_t e = cudaMemcpyAsync(reinterpret_cast<void*>(c.dst),
                                       reinterpret_cast<const void*>(c.src), c.bytes,
@@ -125,19 +128,23 @@ class CopyLane {
         p = std::move(queue_.front());
         queue_.pop_front();
       }
+      absl::Status waited;
       if (p.event) {
         // Blocks this thread only: submissions keep being enqueued meanwhile.
-        p.status = CudaError(cudaEventSynchronize(p.event->get()), "copy");
+        waited = CudaError(cudaEventSynchronize(p.event->get()), "copy");
         absl::MutexLock lock(&mu_);
         spare_events_.push_back(*std::move(p.event));
+      } else if (p.sync_stream) {
+        waited = CudaError(cudaStreamSynchronize(stream_.get()), "copy");
       }
+      if (p.status.ok()) p.status = waited;
       p.done(std::move(p.status));
     }
   }
 
   const int device_;
   absl::Mutex mu_;
-  CudaStream stream_ ABSL_GUARDED_BY(mu_);
+  const CudaStream stream_;  // Fixed for the lane's life.
   bool batch_supported_ ABSL_GUARDED_BY(mu_) = true;
   std::vector<CudaEvent> spare_events_ ABSL_GUARDED_BY(mu_);
   std::deque<Pending> queue_ ABSL_GUARDED_BY(mu_);
@@ -237,14 +244,19 @@ class CudaDeviceBackend final : public DeviceBackend {
           "), or the handle is not of an allocation's start"));
     }
     absl::MutexLock lock(&mu_);
-    ipc_.emplace(p, *std::move(mapping));
+    // Opening a handle this context already opened returns the same address (CUDA counts
+    // the opens): keep every open, and close one per CloseIpcMemory.
+    ipc_[p].push_back(*std::move(mapping));
     return IpcMemory{p, size};
   }
 
   void CloseIpcMemory(DevicePtr base) override {
     cudaSetDevice(device_);
     absl::MutexLock lock(&mu_);
-    ipc_.erase(base);
+    auto it = ipc_.find(base);
+    if (it == ipc_.end()) return;
+    it->second.pop_back();
+    if (it->second.empty()) ipc_.erase(it);
   }
 
  private:
@@ -258,7 +270,8 @@ class CudaDeviceBackend final : public DeviceBackend {
   absl::Mutex mu_;
   absl::flat_hash_map<DevicePtr, CudaDeviceMemory> memory_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<void*, CudaPinnedRange> pinned_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<DevicePtr, CudaIpcMapping> ipc_ ABSL_GUARDED_BY(mu_);
+  // Every open of each base address (the same handle opened twice maps once).
+  absl::flat_hash_map<DevicePtr, std::vector<CudaIpcMapping>> ipc_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace

@@ -21,6 +21,18 @@ absl::Status CudaError(cudaError_t err, absl::string_view what) {
     case cudaErrorInsufficientDriver:
     case cudaErrorInvalidDevice:
       return absl::NotFoundError(message);
+    // Sticky errors: the CUDA context is unusable until the process restarts, so no
+    // retry against this daemon can succeed.
+    case cudaErrorIllegalAddress:
+    case cudaErrorMisalignedAddress:
+    case cudaErrorIllegalInstruction:
+    case cudaErrorInvalidPc:
+    case cudaErrorHardwareStackError:
+    case cudaErrorLaunchFailure:
+    case cudaErrorECCUncorrectable:
+      return absl::FailedPreconditionError(absl::StrCat(
+          message, "; the GPU context is unusable until kvtierd restarts (gpu=off serves "
+          "from RAM and SSD meanwhile)"));
     default:
       return absl::UnavailableError(message);
   }
