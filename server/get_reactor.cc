@@ -41,7 +41,7 @@ absl::Status StreamedReadError(uint32_t key, const absl::Status& read, absl::str
 
 }  // namespace
 
-GetReactor::GetReactor(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request,
+GetReactor::GetReactor(grpc::CallbackServerContext* ctx, const v1::GetRequest* request,
                        TieredStore* store, RpcMetrics* metrics, LeaseTable* leases,
                        RegionTable* regions, uint64_t max_frame_bytes, uint32_t max_keys)
     : ctx_(ctx), store_(store), scope_(metrics, RpcMethod::kGet) {
@@ -52,19 +52,15 @@ GetReactor::GetReactor(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer*
   Pump();
 }
 
-absl::Status GetReactor::Start(const grpc::ByteBuffer* request, LeaseTable* leases,
+absl::Status GetReactor::Start(const v1::GetRequest* request, LeaseTable* leases,
                                RegionTable* regions, uint64_t max_frame_bytes,
                                uint32_t max_keys) {
   if (store_ == nullptr) {
     return absl::UnavailableError(
         "kvtierd is starting up (recovering the SSD tier's index); retry shortly");
   }
-  grpc::Slice flat;
-  v1::GetRequest req;
-  if (!request->DumpToSingleSlice(&flat).ok() ||
-      !req.ParseFromArray(flat.begin(), static_cast<int>(flat.size()))) {
-    return absl::InvalidArgumentError("request: not a GetRequest");
-  }
+  if (request == nullptr) return absl::InvalidArgumentError("request: not a GetRequest");
+  const v1::GetRequest& req = *request;
   auto layout = store_->FindLayout(req.namespace_id());
   if (!layout.ok()) return layout.status();
   if (req.lease_id() != 0 && leases != nullptr) {

@@ -63,7 +63,8 @@ class GetReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   // `leases` and `regions` may be null (no regions: a target is FAILED_PRECONDITION).
   // All must outlive the call. A lease the request names is taken
   // from `leases` at the start and its chunks held until the call ends.
-  GetReactor(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request,
+  // `request` is the parsed GetRequest, or null when the bytes were not one.
+  GetReactor(grpc::CallbackServerContext* ctx, const v1::GetRequest* request,
              TieredStore* store, RpcMetrics* metrics, LeaseTable* leases,
              RegionTable* regions, uint64_t max_frame_bytes, uint32_t max_keys);
 
@@ -81,7 +82,7 @@ class GetReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
 
   using Item = GetPlan::Item;
 
-  absl::Status Start(const grpc::ByteBuffer* request, LeaseTable* leases,
+  absl::Status Start(const v1::GetRequest* request, LeaseTable* leases,
                      RegionTable* regions, uint64_t max_frame_bytes, uint32_t max_keys);
   // Region target: copies bytes [off, off + n) of the current item's chunk from `src`
   // pieces into the region, extending the key's CRC.

@@ -85,21 +85,21 @@ grpc::ServerReadReactor<grpc::ByteBuffer>* KvCacheService::Put(
 }
 grpc::ServerWriteReactor<grpc::ByteBuffer>* KvCacheService::Get(
     grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request) {
-  // A target in a worker's GPU memory takes the device path; everything else (and any
-  // request that does not parse, which GetReactor answers) the streamed one.
-  if (data_plane_.regions != nullptr) {
-    grpc::Slice flat;
-    v1::GetRequest req;
-    if (request->DumpToSingleSlice(&flat).ok() &&
-        req.ParseFromArray(flat.begin(), static_cast<int>(flat.size())) && req.has_target() &&
-        data_plane_.regions->IsDevice(req.target().region_id())) {
-      return new DeviceGetReactor(ctx, req, store_.load(std::memory_order_acquire), metrics_,
-                                  leases_, data_plane_.regions, limits_.max_frame_bytes,
-                                  limits_.max_keys_per_request);
-    }
+  // Parsed once here: a target in a worker's GPU memory takes the device path;
+  // everything else (and bytes that are not a GetRequest, which GetReactor answers
+  // INVALID_ARGUMENT) the streamed one.
+  grpc::Slice flat;
+  v1::GetRequest req;
+  const bool parsed = request->DumpToSingleSlice(&flat).ok() &&
+                      req.ParseFromArray(flat.begin(), static_cast<int>(flat.size()));
+  if (parsed && req.has_target() && data_plane_.regions != nullptr &&
+      data_plane_.regions->IsDevice(req.target().region_id())) {
+    return new DeviceGetReactor(ctx, req, store_.load(std::memory_order_acquire), metrics_,
+                                leases_, data_plane_.regions, limits_.max_frame_bytes,
+                                limits_.max_keys_per_request);
   }
-  return new GetReactor(ctx, request, store_.load(std::memory_order_acquire), metrics_,
-                        leases_, data_plane_.regions, limits_.max_frame_bytes,
+  return new GetReactor(ctx, parsed ? &req : nullptr, store_.load(std::memory_order_acquire),
+                        metrics_, leases_, data_plane_.regions, limits_.max_frame_bytes,
                         limits_.max_keys_per_request);
 }
 

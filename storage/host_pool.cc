@@ -66,14 +66,16 @@ absl::StatusOr<std::shared_ptr<PoolChunk>> HostPool::Allocate(uint64_t size,
     absl::flat_hash_set<ChunkId> chosen_set;
     uint64_t freed = 0;
     while (arena_->free_slots() + freed < need) {
-      // kWriteFirst: the policy's victim among the chunks nobody holds, dirty or not; a
-      // dirty one is not skipped for a more recently used clean one.
+      // kWriteFirst: the policy's victim among the chunks nobody else holds, dirty or
+      // not, including one the flusher is writing right now (it holds the only other
+      // reference); such a victim is not skipped for a more recently used clean one.
       std::optional<ChunkId> victim = policy_->PickVictim([&](const ChunkId& id) {
         mu_.AssertHeld();
         auto it = index_.find(id);
-        return it != index_.end() && Reclaimable(it->second) &&
-               (dirty == DirtyVictim::kWriteFirst || !it->second.dirty) &&
-               !chosen_set.contains(id);
+        if (it == index_.end() || chosen_set.contains(id)) return false;
+        const Entry& e = it->second;
+        if (dirty == DirtyVictim::kSkip) return Reclaimable(e) && !e.dirty;
+        return !IsPinned(e) && e.data.use_count() <= (e.flushing ? 2 : 1);
       });
       if (!victim) {
         return absl::ResourceExhaustedError(absl::StrCat(
@@ -82,7 +84,7 @@ absl::StatusOr<std::shared_ptr<PoolChunk>> HostPool::Allocate(uint64_t size,
             "puts in flight"));
       }
       const Entry& e = index_.find(*victim)->second;
-      if (e.dirty) {
+      if (e.dirty || e.flushing) {
         return absl::ResourceExhaustedError(absl::StrCat(
             "host pool full: need ", need, " slots for a ", size,
             "-byte chunk; the least recently used chunk is not yet on SSD (write-back) "

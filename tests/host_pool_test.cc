@@ -313,6 +313,29 @@ TEST_F(HostPoolTest, NeverEvictsDirtyChunks) {
 // Write-back lagging: the least recently used chunk is dirty. Allocate does not evict a
 // more recently used clean chunk in its place; the victim is written first
 // (TakeDirtyVictim) and then evicted, so eviction keeps the policy's order.
+// The flusher writing the policy's victim right now does not make a put evict a more
+// recently used clean chunk instead: the put waits for that write (a race the write-back
+// store test once lost, now and then).
+TEST_F(HostPoolTest, AVictimBeingFlushedIsWaitedForNotSkipped) {
+  constexpr auto kWriteFirst = HostPool::DirtyVictim::kWriteFirst;
+  Put(Id(1), kChunk, /*dirty=*/true);
+  Put(Id(2));
+  Put(Id(3));
+  Put(Id(4));  // The pool is full; LRU order: 1, 2, 3, 4.
+  auto flushing = pool_->TakeDirty();  // The flusher takes 1 and is writing it.
+  ASSERT_TRUE(flushing.has_value());
+  ASSERT_EQ(flushing->id, Id(1));
+  const absl::Status s = pool_->Allocate(kSlot, kWriteFirst).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  for (uint64_t i = 1; i <= 4; ++i) EXPECT_TRUE(pool_->Contains(Id(i))) << i;
+  flushing->data.reset();
+  ASSERT_TRUE(pool_->FinishFlush(Id(1), /*written=*/true));
+  auto room = pool_->Allocate(kSlot, kWriteFirst);
+  ASSERT_TRUE(room.ok()) << room.status();
+  EXPECT_FALSE(pool_->Contains(Id(1)));
+  EXPECT_TRUE(pool_->Contains(Id(2)));
+}
+
 TEST_F(HostPoolTest, DirtyVictimIsWrittenFirstNotSkipped) {
   constexpr auto kWriteFirst = HostPool::DirtyVictim::kWriteFirst;
   Put(Id(1), kChunk, /*dirty=*/true);
