@@ -839,6 +839,25 @@ absl::StatusOr<GetIntoResult> KvTierClient::GetInto(uint64_t namespace_id,
   return result;
 }
 
+absl::StatusOr<RegionChannel::Registration> KvTierClient::RegisterDeviceMemory(
+    absl::string_view ipc_handle, uint64_t bytes) {
+  auto plane = Plane();
+  if (!plane.ok()) return plane.status();
+  if (*plane == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "GPU memory can be registered only with a daemon on this host: ",
+        data_path_detail()));
+  }
+  return (*plane)->channel().AddDevice(ipc_handle, bytes);
+}
+
+absl::Status KvTierClient::ReleaseDeviceMemory(uint64_t region_id) {
+  auto plane = Plane();
+  if (!plane.ok()) return plane.status();
+  if (*plane == nullptr) return absl::FailedPreconditionError("no same-host data plane");
+  return (*plane)->channel().Remove(region_id);
+}
+
 absl::StatusOr<GetIntoResult> KvTierClient::GetIntoDevice(
     uint64_t namespace_id, absl::Span<const ChunkKey> keys,
     const RegionChannel::Registration& region, uint64_t offset,

@@ -280,6 +280,16 @@ class KvTierClient {
                                         uint64_t lease_id = 0,
                                         const GetIntoItemCallback& on_item = nullptr);
 
+  // Same host, GPU: registers `bytes` of this process's GPU memory, from the start of
+  // the allocation whose CUDA IPC handle (cudaIpcGetMemHandle, 64 bytes) is
+  // `ipc_handle`, on the daemon's region socket. Returns: Ok, FailedPrecondition (the
+  // data path is the stream, or the daemon has no GPU), InvalidArgument (a stale or
+  // foreign handle, an allocation smaller than `bytes`), ResourceExhausted.
+  absl::StatusOr<RegionChannel::Registration> RegisterDeviceMemory(absl::string_view ipc_handle,
+                                                                   uint64_t bytes);
+  // Forgets a registration. Returns: Ok, NotFound, FailedPrecondition (no data plane).
+  absl::Status ReleaseDeviceMemory(uint64_t region_id);
+
   // Same host, GPU: reads `keys` straight into GPU memory this process registered on
   // the daemon's region socket (RegionChannel::AddDevice, on a daemon whose DataPlane
   // says device_memory): key k's bytes (its layers `layers`) at `offset` + k *

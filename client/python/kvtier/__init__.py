@@ -14,7 +14,7 @@ The wire contract is proto/kvtier/v1/kvtier.proto; kvtier.v1.kvtier_pb2 has its 
 """
 
 from ._layout import DType, KeyPosition, Layout, Tier, chunk_keys, namespace_id
-from .client import (Client, GetResult, LoadHandle, LookupResult, PutResult,
+from .client import (Client, DeviceRegion, GetResult, LoadHandle, LookupResult, PutResult,
                      RegisterResult)
 from .errors import (AbortedError, CancelledError, DataLossError, DeadlineExceededError,
                      FailedPreconditionError, InternalError, InvalidArgumentError,
@@ -30,7 +30,7 @@ def crc32c(data, crc: int = 0) -> int:
 
 
 __all__ = [
-    "AbortedError", "CancelledError", "Client", "DType", "DataLossError",
+    "AbortedError", "CancelledError", "Client", "DType", "DataLossError", "DeviceRegion",
     "DeadlineExceededError", "FailedPreconditionError", "GetResult", "InternalError",
     "InvalidArgumentError", "KeyPosition", "KvTierError", "Layout", "LoadHandle",
     "LookupResult", "NotFoundError", "PrefillResult", "PrefillSession", "PutResult",

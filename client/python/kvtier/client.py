@@ -55,6 +55,16 @@ class GetResult:
         return n
 
 
+@dataclass(frozen=True)
+class DeviceRegion:
+    """GPU memory of this process registered with a same-host daemon that drives a GPU
+    (Client.register_device_memory). get_into_device() copies chunks straight into it
+    on the daemon's CUDA streams."""
+    region_id: int
+    token: int
+    nbytes: int
+
+
 def _order(order: str) -> int:
     if order not in _ORDERS:
         raise InvalidArgumentError(f"order: {order!r} is not 'chunk' or 'layer'")
@@ -109,6 +119,44 @@ class Client:
         it move each byte once; other buffers are staged through shared memory
         automatically. Raises FailedPreconditionError when the data path is the stream."""
         return self._native.shared_buffer(nbytes)
+
+    def register_device_memory(self, ipc_handle: bytes, nbytes: int) -> DeviceRegion:
+        """Registers ``nbytes`` of this process's GPU memory, from the start of the
+        allocation whose CUDA IPC handle is ``ipc_handle`` (the 64 bytes of
+        cudaIpcGetMemHandle; with PyTorch, a tensor's storage handle). The daemon opens
+        it in its own CUDA context and checks ``nbytes`` against the allocation.
+        Raises FailedPreconditionError when the daemon is on another host or has no
+        GPU, InvalidArgumentError for a stale or foreign handle or too small an
+        allocation. The registration lasts until release_device_memory() or until this
+        client's process exits."""
+        region_id, token, n = self._native.register_device_memory(bytes(ipc_handle), nbytes)
+        return DeviceRegion(region_id, token, n)
+
+    def release_device_memory(self, region: DeviceRegion) -> None:
+        """Forgets a registration (copies in flight into it still finish)."""
+        self._native.release_device_memory(region.region_id)
+
+    def get_into_device(self, namespace_id: int, keys: Sequence[bytes], region: DeviceRegion,
+                        offset: int = 0, layers: Optional[LayerRange] = None,
+                        order: str = "chunk",
+                        on_layer: Optional[Callable[[int], None]] = None, *,
+                        lease: int = 0) -> GetResult:
+        """Loads ``keys`` into registered GPU memory: key i's bytes (the chunk, or
+        ``layers`` of it) at ``offset + i * bytes per key`` of ``region``. The daemon
+        copies device-to-device from its staging buffers or host-to-device from its
+        pinned pool, checking each chunk's CRC32C, and reports each key (or each layer
+        with ``order="layer"``, where ``on_layer(l)`` runs once layer ``l`` of every
+        found key has landed) only when its bytes are there. ``bytes`` in the result is
+        0: the bytes never pass through this process."""
+        keys = _keys(keys)
+        layers = _layers(layers)
+        o = _order(order)
+        if on_layer is not None and o != 1:
+            raise InvalidArgumentError("on_layer: only with order='layer'")
+        found, tiers, tokens, nbytes = self._native.get_into_device(
+            namespace_id, keys, region.region_id, region.token, offset, layers, o, on_layer,
+            lease, None)
+        return GetResult(list(found), [Tier(t) for t in tiers], list(tokens), nbytes)
 
     @property
     def target(self) -> str:

@@ -78,6 +78,13 @@ PYBIND11_MODULE(_native, m) {
       .def("get_into", &PyClient::GetInto, py::arg("namespace_id"), py::arg("keys"),
            py::arg("outs"), py::arg("layers"), py::arg("order"), py::arg("on_layer"),
            py::arg("lease_id"), py::arg("canceller"))
+      .def("register_device_memory", &PyClient::RegisterDeviceMemory, py::arg("ipc_handle"),
+           py::arg("nbytes"))
+      .def("release_device_memory", &PyClient::ReleaseDeviceMemory, py::arg("region_id"))
+      .def("get_into_device", &PyClient::GetIntoDevice, py::arg("namespace_id"),
+           py::arg("keys"), py::arg("region_id"), py::arg("token"), py::arg("offset"),
+           py::arg("layers"), py::arg("order"), py::arg("on_layer"), py::arg("lease_id"),
+           py::arg("canceller"))
       .def("get", &PyClient::Get, py::arg("namespace_id"), py::arg("keys"), py::arg("layers"),
            py::arg("order"), py::arg("lease_id"), py::arg("canceller"))
       .def("pin", &PyClient::Pin)

@@ -379,51 +379,124 @@ bool PyClient::IsOneSpan(const std::vector<BufferRef>& refs) {
   return true;
 }
 
-py::tuple PyClient::GetIntoSpan(uint64_t namespace_id, const std::vector<ChunkKey>& keys,
-                                absl::Span<char> out, std::optional<LayerRange> range,
-                                v1::GetOrder order, const py::object& on_layer,
-                                uint64_t lease_id, PyCanceller* canceller) {
-  // on_layer(l) once layer l of every found key is in: the daemon finishes a layer's
-  // pass before it starts the next, so a new layer in on_item closes the previous
-  // pass, and the end of the call closes the last.
-  std::optional<uint32_t> pass;
-  std::optional<py::error_already_set> callback_error;
-  auto close_pass = [&](uint32_t layer) -> absl::Status {
-    if (on_layer.is_none()) return absl::OkStatus();
-    return CallOnLayer(on_layer, layer, &callback_error);
-  };
-  const bool layer_major = order == v1::GET_ORDER_LAYER_MAJOR;
-  absl::StatusOr<GetIntoResult> r;
-  {
-    py::gil_scoped_release nogil;
-    r = client_->GetInto(
-        namespace_id, keys, out, range, order, lease_id,
-        [&](uint32_t, uint32_t layer) -> absl::Status {
-          if (canceller != nullptr) {
-            if (absl::Status s = canceller->Check(); !s.ok()) return s;
-          }
-          if (layer_major && pass.has_value() && *pass != layer) {
-            if (absl::Status s = close_pass(*pass); !s.ok()) return s;
-          }
-          pass = layer;
-          return absl::OkStatus();
-        });
-    if (r.ok() && layer_major && pass.has_value()) {
-      if (absl::Status s = close_pass(*pass); !s.ok()) r = s;
+// on_layer(l) once layer l of every found key is in: the daemon finishes a layer's pass
+// before it starts the next, so a new layer in on_item closes the previous pass, and
+// the end of the call closes the last.
+class PyClient::PassCloser {
+ public:
+  PassCloser(const py::object& on_layer, bool layer_major, PyCanceller* canceller)
+      : on_layer_(on_layer), layer_major_(layer_major), canceller_(canceller) {}
+
+  // KvTierClient's on_item (runs without the GIL).
+  absl::Status OnItem(uint32_t layer) {
+    if (canceller_ != nullptr) {
+      if (absl::Status s = canceller_->Check(); !s.ok()) return s;
     }
+    if (layer_major_ && pass_.has_value() && *pass_ != layer) {
+      if (absl::Status s = Close(*pass_); !s.ok()) return s;
+    }
+    pass_ = layer;
+    return absl::OkStatus();
   }
-  if (callback_error.has_value()) throw std::move(*callback_error);
-  GetIntoResult v = ValueOrThrow(std::move(r));
+  // After a successful call: closes the last pass.
+  absl::Status Finish() {
+    if (layer_major_ && pass_.has_value()) return Close(*pass_);
+    return absl::OkStatus();
+  }
+  // Re-raises an exception on_layer raised.
+  void Rethrow() {
+    if (callback_error_.has_value()) throw std::move(*callback_error_);
+  }
+
+ private:
+  absl::Status Close(uint32_t layer) {
+    if (on_layer_.is_none()) return absl::OkStatus();
+    return CallOnLayer(on_layer_, layer, &callback_error_);
+  }
+
+  const py::object& on_layer_;
+  const bool layer_major_;
+  PyCanceller* const canceller_;
+  std::optional<uint32_t> pass_;
+  std::optional<py::error_already_set> callback_error_;
+};
+
+py::tuple PyClient::ResultTuple(const GetIntoResult& v, uint64_t key_bytes) {
   py::list found, tiers, tokens;
   uint64_t bytes = 0;
-  const uint64_t key_bytes = keys.empty() ? 0 : out.size() / keys.size();
-  for (size_t i = 0; i < keys.size(); ++i) {
+  for (size_t i = 0; i < v.found.size(); ++i) {
     found.append(static_cast<bool>(v.found[i]));
     tiers.append(static_cast<int>(v.tiers[i]));
     tokens.append(v.token_counts[i]);
     if (v.found[i]) bytes += key_bytes;
   }
   return py::make_tuple(found, tiers, tokens, bytes);
+}
+
+py::tuple PyClient::GetIntoSpan(uint64_t namespace_id, const std::vector<ChunkKey>& keys,
+                                absl::Span<char> out, std::optional<LayerRange> range,
+                                v1::GetOrder order, const py::object& on_layer,
+                                uint64_t lease_id, PyCanceller* canceller) {
+  PassCloser passes(on_layer, order == v1::GET_ORDER_LAYER_MAJOR, canceller);
+  absl::StatusOr<GetIntoResult> r;
+  {
+    py::gil_scoped_release nogil;
+    r = client_->GetInto(namespace_id, keys, out, range, order, lease_id,
+                         [&](uint32_t, uint32_t layer) { return passes.OnItem(layer); });
+    if (r.ok()) {
+      if (absl::Status s = passes.Finish(); !s.ok()) r = s;
+    }
+  }
+  passes.Rethrow();
+  GetIntoResult v = ValueOrThrow(std::move(r));
+  return ResultTuple(v, keys.empty() ? 0 : out.size() / keys.size());
+}
+
+py::tuple PyClient::RegisterDeviceMemory(const py::bytes& ipc_handle, uint64_t nbytes) {
+  const std::string handle = ipc_handle;
+  absl::StatusOr<RegionChannel::Registration> r;
+  {
+    py::gil_scoped_release nogil;
+    r = client_->RegisterDeviceMemory(handle, nbytes);
+  }
+  RegionChannel::Registration reg = ValueOrThrow(std::move(r));
+  return py::make_tuple(reg.region_id, reg.token, reg.bytes);
+}
+
+void PyClient::ReleaseDeviceMemory(uint64_t region_id) {
+  absl::Status s;
+  {
+    py::gil_scoped_release nogil;
+    s = client_->ReleaseDeviceMemory(region_id);
+  }
+  ThrowIfError(s);
+}
+
+py::tuple PyClient::GetIntoDevice(uint64_t namespace_id, const py::list& keys,
+                                  uint64_t region_id, uint64_t token, uint64_t offset,
+                                  const py::object& layers, int order,
+                                  const py::object& on_layer, uint64_t lease_id,
+                                  PyCanceller* canceller) {
+  std::vector<ChunkKey> k = KeysFromList(keys);
+  const v1::GetOrder get_order = OrderFromInt(order);
+  if (!on_layer.is_none() && get_order != v1::GET_ORDER_LAYER_MAJOR) {
+    throw StatusError(absl::InvalidArgumentError("on_layer: only with layer-major order"));
+  }
+  const std::optional<LayerRange> range = LayersFromObject(layers);
+  PassCloser passes(on_layer, get_order == v1::GET_ORDER_LAYER_MAJOR, canceller);
+  absl::StatusOr<GetIntoResult> r;
+  {
+    py::gil_scoped_release nogil;
+    r = client_->GetIntoDevice(namespace_id, k, {region_id, token, 0}, offset, range,
+                               get_order, lease_id,
+                               [&](uint32_t, uint32_t layer) { return passes.OnItem(layer); });
+    if (r.ok()) {
+      if (absl::Status s = passes.Finish(); !s.ok()) r = s;
+    }
+  }
+  passes.Rethrow();
+  GetIntoResult v = ValueOrThrow(std::move(r));
+  return ResultTuple(v, 0);
 }
 
 py::list PyClient::Get(uint64_t namespace_id, const py::list& keys, const py::object& layers,

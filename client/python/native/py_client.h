@@ -62,6 +62,18 @@ class PyClient {
                           const pybind11::list& outs, const pybind11::object& layers,
                           int order, const pybind11::object& on_layer, uint64_t lease_id,
                           PyCanceller* canceller);
+  // GPU memory of this process, registered by its CUDA IPC handle. Returns (region_id,
+  // token, bytes).
+  pybind11::tuple RegisterDeviceMemory(const pybind11::bytes& ipc_handle, uint64_t nbytes);
+  void ReleaseDeviceMemory(uint64_t region_id);
+  // Loads keys into a registered GPU region at `offset` (key i at offset + i x bytes
+  // per key), the daemon copying on its CUDA streams. on_layer as GetInto. Same result
+  // tuple as GetInto.
+  pybind11::tuple GetIntoDevice(uint64_t namespace_id, const pybind11::list& keys,
+                                uint64_t region_id, uint64_t token, uint64_t offset,
+                                const pybind11::object& layers, int order,
+                                const pybind11::object& on_layer, uint64_t lease_id,
+                                PyCanceller* canceller);
   // Returns a list with, per key, bytes (the chunk or its layer range) or None (absent).
   pybind11::list Get(uint64_t namespace_id, const pybind11::list& keys,
                      const pybind11::object& layers, int order, uint64_t lease_id,
@@ -85,6 +97,13 @@ class PyClient {
                               absl::Span<char> out, std::optional<LayerRange> range,
                               v1::GetOrder order, const pybind11::object& on_layer,
                               uint64_t lease_id, PyCanceller* canceller);
+
+  // The per-item callback of KvTierClient::GetInto/GetIntoDevice for on_layer: checks
+  // the canceller, and calls on_layer(l) once a layer's pass is over (a new layer, or
+  // the end, via ClosePasses).
+  class PassCloser;
+  // The (found, tiers, token_counts, bytes) tuple of a GetIntoResult.
+  static pybind11::tuple ResultTuple(const GetIntoResult& v, uint64_t key_bytes);
 
   std::unique_ptr<KvTierClient> client_;
 };

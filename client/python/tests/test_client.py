@@ -433,3 +433,27 @@ def test_stream_when_the_daemon_has_no_region_socket(tmp_path, layout):
             assert c.get(ns, keys) == data
     finally:
         d.close()
+
+
+def test_device_memory_needs_a_daemon_with_a_gpu(tmp_path):
+    # The device-memory calls reach the daemon and map its answers; a real GPU runs them
+    # end to end (the C++ device_get_test covers the daemon's side on a fake device).
+    d = Daemon(str(tmp_path / "data"),
+               args=["--ram-capacity=64MiB", "--gpu=off"])
+    try:
+        with kvtier.Client(d.target, connect_timeout=30) as c:
+            assert c.data_path.startswith("shared memory"), c.data_path
+            with pytest.raises(kvtier.FailedPreconditionError, match="no GPU"):
+                c.register_device_memory(b"\0" * 64, 1 << 20)
+            layout = small_layout()
+            ns = c.register_layout(layout).namespace_id
+            keys = keys_of(ns, 1, layout)
+            region = kvtier.DeviceRegion(region_id=1, token=2, nbytes=1 << 20)
+            with pytest.raises(kvtier.FailedPreconditionError, match="not registered"):
+                c.get_into_device(ns, keys, region)
+            with pytest.raises(kvtier.InvalidArgumentError, match="on_layer"):
+                c.get_into_device(ns, keys, region, on_layer=lambda layer: None)
+            with pytest.raises(kvtier.NotFoundError):
+                c.release_device_memory(region)
+    finally:
+        d.close()
