@@ -54,6 +54,10 @@ class Session {
   // meanwhile (sets *aborted) or the client went away (returns the status).
   absl::Status SendChunk(uint32_t j, const ChunkView& view, bool* aborted);
   double StreamSeconds(uint32_t j) const;
+  // A region target: chunk j is whole in the client's memory (copied from `from` since
+  // copy_start); sends its data-less last frame and records the transfer.
+  absl::Status AnnounceLanded(uint32_t j, const ChunkMeta& meta, Tier from,
+                              Clock::time_point copy_start);
   bool Cancelled() const { return ctx_->IsCancelled(); }
   grpc::Status Finish(uint32_t first_streamed, v1::PrefillDone::Reason reason,
                       std::string detail, grpc::Status status = grpc::Status::OK);
@@ -371,33 +375,29 @@ absl::Status Session::SendChunk(uint32_t j, const ChunkView& view, bool* aborted
     landed.WaitForNotification();
     if (!from.ok()) return from.status();
     if (runner_->metrics()) runner_->metrics()->Streamed(size);
-    msg.Clear();
-    auto* frame = msg.mutable_chunk();
-    frame->set_index(j);
-    frame->set_last(true);
-    frame->set_crc32c(view.meta().crc32c);
-    frame->set_tier(static_cast<v1::Tier>(static_cast<int>(*from)));
-    const auto start = Clock::now();
-    if (!stream_->Write(msg)) return absl::CancelledError("client went away");
-    const double took = std::max(SecondsSince(copy_start), SecondsSince(start));
-    connection_->Record(size, took);
-    runner_->estimators().send().Record(size, took);
-    return absl::OkStatus();
+    return AnnounceLanded(j, view.meta(), *from, copy_start);
   }
   if (target_) {
     if (crc != view.meta().crc32c) return store_->DropCorrupt(ids_[j]);
-    msg.Clear();
-    auto* frame = msg.mutable_chunk();
-    frame->set_index(j);
-    frame->set_last(true);
-    frame->set_crc32c(view.meta().crc32c);
-    frame->set_tier(static_cast<v1::Tier>(static_cast<int>(view.tier())));
-    const auto start = Clock::now();
-    if (!stream_->Write(msg)) return absl::CancelledError("client went away");
-    const double took = std::max(SecondsSince(copy_start), SecondsSince(start));
-    connection_->Record(size, took);
-    runner_->estimators().send().Record(size, took);
+    return AnnounceLanded(j, view.meta(), view.tier(), copy_start);
   }
+  return absl::OkStatus();
+}
+
+absl::Status Session::AnnounceLanded(uint32_t j, const ChunkMeta& meta, Tier from,
+                                     Clock::time_point copy_start) {
+  v1::PrefillServerMessage msg;
+  auto* frame = msg.mutable_chunk();
+  frame->set_index(j);
+  frame->set_last(true);
+  frame->set_crc32c(meta.crc32c);
+  frame->set_tier(static_cast<v1::Tier>(static_cast<int>(from)));
+  const auto start = Clock::now();
+  if (!stream_->Write(msg)) return absl::CancelledError("client went away");
+  // The copy and the announcement together are what the connection delivered.
+  const double took = std::max(SecondsSince(copy_start), SecondsSince(start));
+  connection_->Record(meta.size, took);
+  runner_->estimators().send().Record(meta.size, took);
   return absl::OkStatus();
 }
 
