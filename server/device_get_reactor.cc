@@ -25,17 +25,7 @@ DeviceGetReactor::DeviceGetReactor(grpc::CallbackServerContext* ctx, const v1::G
 absl::Status DeviceGetReactor::Start(const v1::GetRequest& req, LeaseTable* leases,
                                      RegionTable* regions, uint64_t max_frame_bytes,
                                      uint32_t max_keys) {
-  if (store_ == nullptr) {
-    return absl::UnavailableError(
-        "kvtierd is starting up (recovering the SSD tier's index); retry shortly");
-  }
-  auto layout = store_->FindLayout(req.namespace_id());
-  if (!layout.ok()) return layout.status();
-  if (req.lease_id() != 0 && leases != nullptr) {
-    auto held = leases->Take(req.namespace_id(), req.lease_id());
-    if (held.ok()) lease_hold_ = *std::move(held);
-  }
-  auto plan = MakeGetPlan(req, *layout, max_frame_bytes, max_keys);
+  auto plan = StartGet(store_, &req, leases, &lease_hold_, max_frame_bytes, max_keys);
   if (!plan.ok()) return plan.status();
   if (!store_->has_gpu()) {
     return absl::FailedPreconditionError("target: this daemon has no GPU");

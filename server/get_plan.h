@@ -3,7 +3,8 @@
 // layer-major order one layer of one key). Shared by the Get reactors (streamed and
 // host-region: GetReactor; GPU-memory targets: DeviceGetReactor).
 //
-// Thread-safety: a pure function over its arguments.
+// Thread-safety: MakeGetPlan is a pure function; StartGet calls the thread-safe store
+// and lease table.
 #ifndef KVTIER_SERVER_GET_PLAN_H_
 #define KVTIER_SERVER_GET_PLAN_H_
 
@@ -12,8 +13,10 @@
 
 #include "absl/status/statusor.h"
 #include "kvtier/v1/kvtier.pb.h"
+#include "server/lease_table.h"
 #include "storage/chunk_id.h"
 #include "storage/layout_spec.h"
+#include "storage/tiered_store.h"
 
 namespace kvtier {
 
@@ -39,6 +42,15 @@ struct GetPlan {
 // too many keys, a malformed key, a bad layer range or order).
 absl::StatusOr<GetPlan> MakeGetPlan(const v1::GetRequest& req, const LayoutSpec& layout,
                                     uint64_t max_frame_bytes, uint32_t max_keys);
+
+// The start every Get reactor shares: the store is open, `req` parsed (null: its bytes
+// were not a GetRequest), its namespace registered, the Lookup lease it names taken
+// into `lease_hold` (from here the lease ends with the call, whatever happens), and
+// the plan made. `store` and `leases` may be null. Returns: Ok, Unavailable (starting
+// up), InvalidArgument, NotFound (namespace).
+absl::StatusOr<GetPlan> StartGet(TieredStore* store, const v1::GetRequest* req,
+                                 LeaseTable* leases, std::vector<ChunkView>* lease_hold,
+                                 uint64_t max_frame_bytes, uint32_t max_keys);
 
 }  // namespace kvtier
 

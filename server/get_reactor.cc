@@ -55,21 +55,9 @@ GetReactor::GetReactor(grpc::CallbackServerContext* ctx, const v1::GetRequest* r
 absl::Status GetReactor::Start(const v1::GetRequest* request, LeaseTable* leases,
                                RegionTable* regions, uint64_t max_frame_bytes,
                                uint32_t max_keys) {
-  if (store_ == nullptr) {
-    return absl::UnavailableError(
-        "kvtierd is starting up (recovering the SSD tier's index); retry shortly");
-  }
-  if (request == nullptr) return absl::InvalidArgumentError("request: not a GetRequest");
-  const v1::GetRequest& req = *request;
-  auto layout = store_->FindLayout(req.namespace_id());
-  if (!layout.ok()) return layout.status();
-  if (req.lease_id() != 0 && leases != nullptr) {
-    // Whatever happens to this call from here, the lease ends with it.
-    auto held = leases->Take(req.namespace_id(), req.lease_id());
-    if (held.ok()) lease_hold_ = *std::move(held);
-  }
-  auto plan = MakeGetPlan(req, *layout, max_frame_bytes, max_keys);
+  auto plan = StartGet(store_, request, leases, &lease_hold_, max_frame_bytes, max_keys);
   if (!plan.ok()) return plan.status();
+  const v1::GetRequest& req = *request;
   ids_ = std::move(plan->ids);
   items_ = std::move(plan->items);
   layer_major_ = plan->layer_major;
