@@ -17,7 +17,10 @@ class EvictionPolicy {
  public:
   virtual ~EvictionPolicy() = default;
 
-  virtual void OnInsert(const ChunkId& id) = 0;
+  // `lineage` is what the chunk's writer said of its place in a key chain (possibly
+  // nothing); policies that do not use it ignore it.
+  virtual void OnInsert(const ChunkId& id, const ChunkLineage& lineage) = 0;
+  void OnInsert(const ChunkId& id) { OnInsert(id, ChunkLineage{}); }
   virtual void OnAccess(const ChunkId& id) = 0;
   virtual void OnRemove(const ChunkId& id) = 0;
 

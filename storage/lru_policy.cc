@@ -2,7 +2,7 @@
 
 namespace kvtier {
 
-void LruPolicy::OnInsert(const ChunkId& id) {
+void LruPolicy::OnInsert(const ChunkId& id, const ChunkLineage& /*lineage*/) {
   if (auto it = where_.find(id); it != where_.end()) {
     order_.splice(order_.begin(), order_, it->second);
     return;

@@ -14,7 +14,8 @@ namespace kvtier {
 
 class LruPolicy final : public EvictionPolicy {
  public:
-  void OnInsert(const ChunkId& id) override;
+  using EvictionPolicy::OnInsert;
+  void OnInsert(const ChunkId& id, const ChunkLineage& lineage) override;
   void OnAccess(const ChunkId& id) override;
   void OnRemove(const ChunkId& id) override;
   std::optional<ChunkId> PickVictim(

@@ -5,8 +5,11 @@
 namespace kvtier {
 namespace {
 
-constexpr uint32_t kRowVersion = 2;
+// Version 3 appends the lineage; version 2 rows (written before it) still decode, with
+// an unknown lineage.
+constexpr uint32_t kRowVersion = 3;
 constexpr size_t kFixedBytes = 4 + 8 + 4 + 4 + 4 + 8 + 4 + 8 + 4 + 4;
+constexpr size_t kLineageBytes = 4 + 1 + ChunkKey::kWireBytes;
 constexpr size_t kKeyBytes = 8 + ChunkKey::kWireBytes;
 
 void PutLe(std::string& out, uint64_t v, int bytes) {
@@ -24,6 +27,7 @@ class Reader {
     return v;
   }
   size_t at() const { return at_; }
+  void Skip(size_t bytes) { at_ += bytes; }
 
  private:
   absl::string_view in_;
@@ -45,7 +49,7 @@ uint64_t GetBe64(absl::string_view in) {
 
 std::string EncodeSsdRow(const SsdRow& row) {
   std::string out;
-  out.reserve(kFixedBytes + 4 * row.piece_crcs.size() + 4);
+  out.reserve(kFixedBytes + 4 * row.piece_crcs.size() + kLineageBytes + 4);
   PutLe(out, kRowVersion, 4);
   PutLe(out, row.meta.size, 8);
   PutLe(out, row.meta.crc32c, 4);
@@ -57,6 +61,10 @@ std::string EncodeSsdRow(const SsdRow& row) {
   PutLe(out, row.piece_bytes, 4);
   PutLe(out, row.piece_crcs.size(), 4);
   for (uint32_t c : row.piece_crcs) PutLe(out, c, 4);
+  PutLe(out, row.meta.lineage.position, 4);
+  PutLe(out, row.meta.lineage.has_parent ? 1 : 0, 1);
+  const ChunkKey parent = row.meta.lineage.has_parent ? row.meta.lineage.parent : ChunkKey{};
+  out.append(parent.ToByteString());
   PutLe(out, crc32c::Value(out), 4);
   return out;
 }
@@ -64,7 +72,9 @@ std::string EncodeSsdRow(const SsdRow& row) {
 bool DecodeSsdRow(absl::string_view in, SsdRow* row) {
   if (in.size() < kFixedBytes + 4) return false;
   Reader r(in);
-  if (r.Le(4) != kRowVersion) return false;
+  const uint64_t version = r.Le(4);
+  if (version != 2 && version != kRowVersion) return false;
+  const size_t lineage_bytes = version == 2 ? 0 : kLineageBytes;
   row->meta.size = r.Le(8);
   row->meta.crc32c = static_cast<uint32_t>(r.Le(4));
   row->meta.token_count = static_cast<uint32_t>(r.Le(4));
@@ -75,13 +85,24 @@ bool DecodeSsdRow(absl::string_view in, SsdRow* row) {
   row->extent.size = row->meta.size;
   row->piece_bytes = static_cast<uint32_t>(r.Le(4));
   const uint64_t pieces = r.Le(4);
-  if (in.size() != kFixedBytes + 4 * pieces + 4) return false;
+  if (in.size() != kFixedBytes + 4 * pieces + lineage_bytes + 4) return false;
   if (row->piece_bytes == 0 ||
       pieces != (row->meta.size + row->piece_bytes - 1) / row->piece_bytes) {
     return false;
   }
   row->piece_crcs.resize(pieces);
   for (uint64_t i = 0; i < pieces; ++i) row->piece_crcs[i] = static_cast<uint32_t>(r.Le(4));
+  row->meta.lineage = ChunkLineage{};
+  if (version >= 3) {
+    row->meta.lineage.position = static_cast<uint32_t>(r.Le(4));
+    const uint64_t has_parent = r.Le(1);
+    if (has_parent > 1) return false;
+    row->meta.lineage.has_parent = has_parent == 1;
+    auto parent = ChunkKey::FromBytes(in.substr(r.at(), ChunkKey::kWireBytes));
+    if (!parent.ok()) return false;
+    r.Skip(ChunkKey::kWireBytes);
+    if (row->meta.lineage.has_parent) row->meta.lineage.parent = *parent;
+  }
   const size_t body = r.at();
   return r.Le(4) == crc32c::Value(in.substr(0, body));
 }

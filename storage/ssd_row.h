@@ -3,11 +3,12 @@
 // written only after the payload it points to is in its file, and a chunk without one
 // does not exist. Layouts live in the "layouts" column family, keyed by be64(namespace).
 //
-// Row (version 2), little-endian: u32 version, u64 size, u32 crc32c, u32 token_count,
+// Row (version 3), little-endian: u32 version, u64 size, u32 crc32c, u32 token_count,
 // u32 codec, i64 written_at (unix micros), u32 file, u64 offset, u32 piece_bytes,
-// u32 piece count, piece count x u32 piece CRC32C, and last a u32 CRC32C of everything
-// before it, so that a flipped bit in a row is caught even where RocksDB's block
-// checksum is not consulted.
+// u32 piece count, piece count x u32 piece CRC32C, the lineage (u32 position, u8
+// has_parent, 16-byte parent key, zeros without one), and last a u32 CRC32C of
+// everything before it, so that a flipped bit in a row is caught even where RocksDB's
+// block checksum is not consulted. Version 2 rows (no lineage) still decode.
 //
 // Thread-safety: pure functions.
 #ifndef KVTIER_STORAGE_SSD_ROW_H_

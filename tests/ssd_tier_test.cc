@@ -714,10 +714,12 @@ TEST(SsdRowTest, RoundTripsAndRejectsDamage) {
   row.extent = PayloadExtent{7, 8192, row.meta.size};
   row.piece_bytes = 65536;
   row.piece_crcs = {1, 2, 3, 4, 5, 6};
+  row.meta.lineage = ChunkLineage{41, true, ChunkKey{7, 9}};
   const std::string enc = EncodeSsdRow(row);
   SsdRow back;
   ASSERT_TRUE(DecodeSsdRow(enc, &back));
   EXPECT_EQ(back.meta, row.meta);
+  EXPECT_EQ(back.meta.lineage, row.meta.lineage);
   EXPECT_EQ(back.written_at, row.written_at);
   EXPECT_EQ(back.extent, row.extent);
   EXPECT_EQ(back.piece_crcs, row.piece_crcs);
@@ -730,6 +732,34 @@ TEST(SsdRowTest, RoundTripsAndRejectsDamage) {
   SsdRow wrong = row;
   wrong.piece_crcs.pop_back();  // Too few checksums for the size.
   EXPECT_FALSE(DecodeSsdRow(EncodeSsdRow(wrong), &back));
+}
+
+TEST(SsdRowTest, AVersionTwoRowDecodesWithAnUnknownLineage) {
+  SsdRow row;
+  row.meta = ChunkMeta{65536, 0xfeed, 16, 0};
+  row.meta.lineage = ChunkLineage{3, true, ChunkKey{1, 2}};
+  row.extent = PayloadExtent{1, 0, row.meta.size};
+  row.piece_bytes = 65536;
+  row.piece_crcs = {42};
+  // Version 2 is version 3 without the 21 lineage bytes before the trailing CRC.
+  std::string v2 = EncodeSsdRow(row);
+  v2.resize(v2.size() - 4 - 21);
+  v2[0] = 2;
+  const uint32_t crc = crc32c::Value(v2);
+  for (int i = 0; i < 4; ++i) v2.push_back(static_cast<char>((crc >> (8 * i)) & 0xff));
+  SsdRow back;
+  back.meta.lineage = ChunkLineage{9, true, ChunkKey{5, 5}};  // Overwritten by Decode.
+  ASSERT_TRUE(DecodeSsdRow(v2, &back));
+  EXPECT_EQ(back.meta, row.meta);
+  EXPECT_EQ(back.meta.lineage, ChunkLineage{});
+  EXPECT_EQ(back.piece_crcs, row.piece_crcs);
+  // A version-3 row's has_parent byte must be 0 or 1, even with a matching CRC.
+  std::string v3 = EncodeSsdRow(row);
+  v3.resize(v3.size() - 4);
+  v3[v3.size() - 17] = 2;
+  const uint32_t crc3 = crc32c::Value(v3);
+  for (int i = 0; i < 4; ++i) v3.push_back(static_cast<char>((crc3 >> (8 * i)) & 0xff));
+  EXPECT_FALSE(DecodeSsdRow(v3, &back));
 }
 
 // ---------------------------------------------------------------------------------
