@@ -318,6 +318,40 @@ absl::StatusOr<bool> KvTierClient::ReleaseLease(uint64_t namespace_id, uint64_t 
   return response->released();
 }
 
+absl::StatusOr<v1::HintResponse> KvTierClient::Hint(const std::string& client_id,
+                                                    absl::Span<const HintedRequest> requests) {
+  v1::HintRequest request;
+  request.set_client_id(client_id);
+  for (const HintedRequest& r : requests) {
+    v1::HintedRequest* out = request.add_requests();
+    out->set_namespace_id(r.namespace_id);
+    for (const ChunkKey& k : r.keys) out->add_keys(k.ToByteString());
+  }
+  return CallUnary(*this, &v1::KvCache::Stub::Hint, request);
+}
+
+absl::Status KvTierClient::WatchEvents(
+    uint64_t namespace_id, uint64_t after,
+    const std::function<bool(const v1::EventBatch&)>& on_batch) {
+  v1::EventsRequest request;
+  request.set_namespace_id(namespace_id);
+  request.set_after_sequence(after);
+  grpc::ClientContext ctx;
+  std::unique_ptr<grpc::ClientReader<v1::EventBatch>> reader = stub_->Events(&ctx, request);
+  v1::EventBatch batch;
+  bool stopped = false;
+  while (reader->Read(&batch)) {
+    if (!on_batch(batch)) {
+      stopped = true;
+      ctx.TryCancel();
+      break;
+    }
+  }
+  grpc::Status s = reader->Finish();
+  if (stopped) return absl::OkStatus();
+  return FromGrpcStatus(s);
+}
+
 absl::StatusOr<PutResult> KvTierClient::Put(uint64_t namespace_id,
                                             absl::Span<const ChunkToPut> chunks,
                                             const ProgressCallback& progress) {
@@ -425,6 +459,16 @@ absl::StatusOr<PutResult> KvTierClient::Put(uint64_t namespace_id,
     const ChunkToPut& chunk = chunks[i];
     frame.set_key(chunk.key.ToByteString());
     frame.set_token_count(chunk.token_count);
+    if (chunk.chunk_index.has_value()) {
+      frame.set_chunk_index(*chunk.chunk_index);
+    } else {
+      frame.clear_chunk_index();
+    }
+    if (chunk.prev_key.has_value()) {
+      frame.set_prev_key(chunk.prev_key->ToByteString());
+    } else {
+      frame.clear_prev_key();
+    }
     const uint64_t size = chunk.data.size();
     if (const Source& src = sources[i]; src.buffer != nullptr) {
       // One frame naming the bytes in shared memory; the daemon copies them.

@@ -103,12 +103,22 @@ struct ChunkToPut {
   ChunkKey key;
   absl::string_view data;    // The whole chunk: exactly the namespace's chunk_bytes.
   uint32_t token_count = 0;  // Informational (tokens_per_chunk for a full chunk).
+  // Optional, for the daemon's eviction: i for key[i], and key[i-1] (none for chunk 0).
+  // A worker putting a request's chunks knows both; see kvtier.proto PutFrame.
+  std::optional<uint32_t> chunk_index;
+  std::optional<ChunkKey> prev_key;
 };
 
 struct PutResult {
   uint32_t stored = 0;           // Chunks newly stored.
   uint32_t already_present = 0;  // Chunks the server already had.
   uint64_t bytes = 0;            // Payload bytes the server received.
+};
+
+// One upcoming request of a scheduler's queue, for Hint: its keys from chunk 0.
+struct HintedRequest {
+  uint64_t namespace_id = 0;
+  std::vector<ChunkKey> keys;
 };
 
 // A half-open layer range [begin, end), end exclusive.
@@ -218,6 +228,21 @@ class KvTierClient {
   // Ends a Lookup lease without a Get. Returns whether there was one to end.
   // Returns: Ok, NotFound (namespace), Unavailable.
   absl::StatusOr<bool> ReleaseLease(uint64_t namespace_id, uint64_t lease_id);
+
+  // Tells the daemon what this scheduler will run next (see HintRequest): replaces the
+  // previous hint of `client_id`; an empty `requests` withdraws it.
+  // Returns: Ok, InvalidArgument, NotFound (a namespace), ResourceExhausted (too many
+  // hinting clients), Unavailable.
+  absl::StatusOr<v1::HintResponse> Hint(const std::string& client_id,
+                                        absl::Span<const HintedRequest> requests);
+
+  // Follows the daemon's chunk events (Events) of `namespace_id` (0: all), from after
+  // sequence `after` (0: from now on), calling `on_batch` for each batch until it
+  // returns false (the call is then cancelled and this returns Ok) or the stream ends.
+  // No deadline: it runs until stopped. Returns: Ok, ResourceExhausted (too many
+  // subscribers), Unavailable, Cancelled.
+  absl::Status WatchEvents(uint64_t namespace_id, uint64_t after,
+                           const std::function<bool(const v1::EventBatch&)>& on_batch);
 
   // Stores `chunks` in one Put stream, each cut into frames of max_frame_bytes, the last
   // frame of each carrying the CRC32C of the whole chunk. `progress`, if set, is called

@@ -72,6 +72,15 @@ Option UintOption(const char* name, const char* help, uint32_t DaemonConfig::*fi
           [field](const DaemonConfig& c) { return absl::StrCat(c.*field); }};
 }
 
+Option DoubleOption(const char* name, const char* help, double DaemonConfig::*field) {
+  return {name, help, false,
+          [name, field](DaemonConfig& c, absl::string_view v) -> absl::Status {
+            if (!absl::SimpleAtod(v, &(c.*field))) return BadValue(name, v, "not a number");
+            return absl::OkStatus();
+          },
+          [field](const DaemonConfig& c) { return absl::StrCat(c.*field); }};
+}
+
 Option DurationOption(const char* name, const char* help, absl::Duration DaemonConfig::*field) {
   return {name, help, false,
           [name, field](DaemonConfig& c, absl::string_view v) -> absl::Status {
@@ -96,14 +105,8 @@ const std::vector<Option>& Options() {
       BoolOption("ram_prefault",
                  "fault the host-RAM pool's pages in at start-up, in the background",
                  &DaemonConfig::ram_prefault),
-      {"max_pinned_fraction", "largest share of the RAM pool pinned chunks may hold", false,
-       [](DaemonConfig& c, absl::string_view v) -> absl::Status {
-         if (!absl::SimpleAtod(v, &c.max_pinned_fraction)) {
-           return BadValue("max_pinned_fraction", v, "not a number");
-         }
-         return absl::OkStatus();
-       },
-       [](const DaemonConfig& c) { return absl::StrCat(c.max_pinned_fraction); }},
+      DoubleOption("max_pinned_fraction", "largest share of the RAM pool pinned chunks may hold",
+                   &DaemonConfig::max_pinned_fraction),
       SizeOption("ssd_capacity", "SSD tier capacity (chunk bytes, each rounded up to 4 KiB)",
                  &DaemonConfig::ssd_capacity),
       DurationOption("ssd_ttl", "drop SSD chunks older than this; 0 keeps them",
@@ -159,6 +162,25 @@ const std::vector<Option>& Options() {
       UintOption("writeback_threads",
                  "write-back: threads writing dirty chunks to SSD, one chunk each at a time",
                  &DaemonConfig::writeback_threads),
+      StringOption("eviction_policy", "RAM and SSD eviction: lru | prefix-lru | prefix-cost",
+                   &DaemonConfig::eviction_policy),
+      DoubleOption("eviction_cost_slope",
+                   "prefix-cost: recomputing chunk i costs 1 + slope * i times chunk 0",
+                   &DaemonConfig::eviction_cost_slope),
+      DoubleOption("eviction_cost_weight",
+                   "prefix-cost: recency (inserts and accesses) one unit of cost is worth",
+                   &DaemonConfig::eviction_cost_weight),
+      DoubleOption("hint_window_fraction",
+                   "share of the RAM pool that hinted chunks (Hint) may hold and prefetch into",
+                   &DaemonConfig::hint_window_fraction),
+      UintOption("max_hint_keys", "most keys one client's Hint may name; more are cut",
+                 &DaemonConfig::max_hint_keys),
+      UintOption("max_hint_clients", "most clients with a live Hint",
+                 &DaemonConfig::max_hint_clients),
+      DurationOption("hint_ttl", "a client's Hint not renewed for this long is dropped",
+                     &DaemonConfig::hint_ttl),
+      UintOption("event_buffer", "chunk events kept for Events subscribers",
+                 &DaemonConfig::event_buffer),
       StringOption("gpu", "GPU for the staging tier: auto | off | device ordinal",
                    &DaemonConfig::gpu),
       SizeOption("gpu_staging_size", "GPU staging buffers (device memory); 0: none",
@@ -317,6 +339,14 @@ absl::Status DaemonConfig::Validate() const {
     return absl::InvalidArgumentError(absl::StrCat(
         "option log_level: must be debug, info, warn or error, got '", log_level, "'"));
   }
+  if (!(hint_window_fraction > 0 && hint_window_fraction <= 1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "option hint_window_fraction: must be in (0, 1], got ", hint_window_fraction));
+  }
+  if (max_hint_keys == 0 || max_hint_clients == 0 || event_buffer == 0) {
+    return absl::InvalidArgumentError(
+        "option max_hint_keys, max_hint_clients and event_buffer must be at least 1");
+  }
   auto store = ToStoreOptions();
   if (!store.ok()) return store.status();
   absl::Status s = store->Validate();
@@ -329,6 +359,13 @@ absl::StatusOr<TieredStoreOptions> DaemonConfig::ToStoreOptions() const {
   auto mode = ParseWriteMode(write_mode);
   if (!mode.ok()) return absl::InvalidArgumentError(absl::StrCat("option ", mode.status().message()));
   o.write_mode = *mode;
+  auto policy = ParseEvictionPolicy(eviction_policy);
+  if (!policy.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("option eviction_policy: ", policy.status().message()));
+  }
+  o.eviction.kind = *policy;
+  o.eviction.prefix_cost.cost_slope = eviction_cost_slope;
+  o.eviction.prefix_cost.cost_weight = eviction_cost_weight;
   o.ram.arena.capacity_bytes = ram_capacity;
   o.ram.arena.slot_bytes = ram_slot_size;
   o.ram.arena.lock_memory = lock_memory;
@@ -343,6 +380,11 @@ absl::StatusOr<TieredStoreOptions> DaemonConfig::ToStoreOptions() const {
   o.put_wait = put_wait;
   o.flush_threads = static_cast<int>(writeback_threads);
   o.stream_buffer_bytes = ssd_stream_buffer;
+  o.hints.max_bytes = std::max<uint64_t>(
+      1, static_cast<uint64_t>(hint_window_fraction * static_cast<double>(ram_capacity)));
+  o.hints.max_keys = max_hint_keys;
+  o.hints.max_clients = max_hint_clients;
+  o.hints.ttl = hint_ttl;
   o.gpu_staging.capacity_bytes = gpu_staging_size;  // Used only with a device.
   return o;
 }

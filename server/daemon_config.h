@@ -51,6 +51,17 @@ struct DaemonConfig {
   uint32_t prefill_prefetch_window = 2;    // Chunks a session reads ahead of the one it sends.
   uint32_t prefill_ssd_reads = 2;          // SSD reads in flight across all sessions.
   uint32_t writeback_threads = 4;          // Write-back: chunks written to SSD at once.
+  // RAM and SSD eviction: lru | prefix-lru | prefix-cost (storage/eviction_policies.h).
+  std::string eviction_policy = "lru";
+  double eviction_cost_slope = 0.1154;     // prefix-cost: b / a of the recompute cost a + b*i.
+  double eviction_cost_weight = 16;        // prefix-cost: ticks of recency per unit of cost.
+  // Hint: share of the RAM pool the look-ahead window may hold; most keys per client's
+  // hint; most hinting clients.
+  double hint_window_fraction = 0.5;
+  uint32_t max_hint_keys = 65536;
+  uint32_t max_hint_clients = 64;
+  absl::Duration hint_ttl = absl::Seconds(60);  // A hint not renewed is dropped after this.
+  uint32_t event_buffer = 65536;           // Events: chunk events kept for subscribers.
   // Same-host data plane: the region socket clients register shared memory on.
   // "auto": an abstract socket named after the daemon's instance; "off": none; else an
   // absolute path or an "@abstract" name.

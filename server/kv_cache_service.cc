@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "server/events_reactor.h"
 #include "server/get_reactor.h"
 #include "server/put_reactor.h"
 #include "server/status_util.h"
@@ -48,11 +49,12 @@ absl::StatusOr<LayoutSpec> RequireNamespace(TieredStore* store, uint64_t ns) {
 
 KvCacheService::KvCacheService(ServiceLimits limits, std::string version, RpcMetrics* metrics,
                                PrefillRunner* prefill, LeaseTable* leases,
-                               DataPlaneInfo data_plane)
+                               DataPlaneInfo data_plane, EventLog* events)
     : metrics_(metrics),
       prefill_(prefill),
       leases_(leases),
       data_plane_(std::move(data_plane)),
+      events_(events),
       limits_(limits),
       version_(std::move(version)) {}
 
@@ -156,6 +158,72 @@ grpc::Status KvCacheService::ReleaseLease(grpc::ServerContext*,
     return grpc::Status::OK;
   });
 }
+grpc::Status KvCacheService::Hint(grpc::ServerContext*, const v1::HintRequest* req,
+                                  v1::HintResponse* resp) {
+  return Serve(RpcMethod::kHint,
+               [&](TieredStore* store) { return HintImpl(store, req, resp); });
+}
+
+grpc::Status KvCacheService::HintImpl(TieredStore* store, const v1::HintRequest* req,
+                                      v1::HintResponse* resp) {
+  if (req->client_id().empty() || req->client_id().size() > 128) {
+    return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
+        "client_id: ", req->client_id().size(), " bytes; must be 1 to 128")));
+  }
+  std::vector<TieredStore::HintedRequest> requests;
+  requests.reserve(req->requests_size());
+  for (int i = 0; i < req->requests_size(); ++i) {
+    const v1::HintedRequest& r = req->requests(i);
+    if (auto l = RequireNamespace(store, r.namespace_id()); !l.ok()) {
+      return ToGrpcStatus(absl::Status(
+          l.status().code(), absl::StrCat("requests[", i, "]: ", l.status().message())));
+    }
+    auto ids = ParseKeys(r.namespace_id(), r.keys(), limits_.max_keys_per_request);
+    if (!ids.ok()) {
+      return ToGrpcStatus(absl::InvalidArgumentError(
+          absl::StrCat("requests[", i, "].", ids.status().message())));
+    }
+    TieredStore::HintedRequest& out = requests.emplace_back();
+    out.ns = r.namespace_id();
+    out.keys.reserve(ids->size());
+    for (const ChunkId& id : *ids) out.keys.push_back(id.key);
+  }
+  auto result = store->Hint(req->client_id(), requests);
+  if (!result.ok()) return ToGrpcStatus(result.status());
+  resp->set_requests_accepted(result->requests_accepted);
+  resp->set_keys_accepted(result->keys_accepted);
+  resp->set_truncated(result->truncated);
+  resp->set_prefetching(result->prefetching);
+  resp->set_cached(result->cached);
+  return grpc::Status::OK;
+}
+
+grpc::ServerWriteReactor<v1::EventBatch>* KvCacheService::Events(
+    grpc::CallbackServerContext* ctx, const v1::EventsRequest* req) {
+  (void)ctx;
+  class Refused final : public grpc::ServerWriteReactor<v1::EventBatch> {
+   public:
+    Refused(RpcMetrics* metrics, grpc::Status status) : scope_(metrics, RpcMethod::kEvents) {
+      Finish(scope_.Done(std::move(status)));
+    }
+    void OnDone() override { delete this; }
+
+   private:
+    RpcMetrics::Scope scope_;
+  };
+  if (events_ == nullptr) {
+    return new Refused(metrics_, grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
+                                              "events: this daemon keeps no event log"));
+  }
+  if (subscribers_->fetch_add(1) >= kMaxEventSubscribers) {
+    subscribers_->fetch_sub(1);
+    return new Refused(metrics_, ToGrpcStatus(absl::ResourceExhaustedError(absl::StrCat(
+                                     "events: ", kMaxEventSubscribers,
+                                     " subscribers already; retry later"))));
+  }
+  return new EventsReactor(events_, *req, metrics_, subscribers_);
+}
+
 grpc::Status KvCacheService::Prefill(grpc::ServerContext* ctx, PrefillStream* stream) {
   return Serve(RpcMethod::kPrefill,
                [&](TieredStore* store) { return prefill_->Run(store, ctx, stream, data_plane_.regions); });

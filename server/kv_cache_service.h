@@ -45,15 +45,17 @@ struct DataPlaneInfo {
 // gRPC's buffers into the pool; GetReactor: zero-copy sends); the other methods are
 // synchronous.
 class KvCacheService final
-    : public v1::KvCache::WithRawCallbackMethod_Put<
-          v1::KvCache::WithRawCallbackMethod_Get<v1::KvCache::Service>> {
+    : public v1::KvCache::WithCallbackMethod_Events<v1::KvCache::WithRawCallbackMethod_Put<
+          v1::KvCache::WithRawCallbackMethod_Get<v1::KvCache::Service>>> {
  public:
   // `metrics` (may be null) and the store given to SetStore must outlive the service.
   // `prefill` runs the Cake sessions and `leases` keeps the Lookup leases; both must
   // outlive the service.
-  // `data_plane.regions`, when set, must outlive the service.
+  // `data_plane.regions`, when set, must outlive the service; so must `events` (null:
+  // Events answers UNIMPLEMENTED).
   KvCacheService(ServiceLimits limits, std::string version, RpcMetrics* metrics,
-                 PrefillRunner* prefill, LeaseTable* leases, DataPlaneInfo data_plane = {});
+                 PrefillRunner* prefill, LeaseTable* leases, DataPlaneInfo data_plane = {},
+                 EventLog* events = nullptr);
   void SetStore(TieredStore* store) { store_.store(store, std::memory_order_release); }
 
   grpc::Status RegisterLayout(grpc::ServerContext* ctx, const v1::RegisterLayoutRequest* req,
@@ -79,6 +81,13 @@ class KvCacheService final
                             v1::ReleaseLeaseResponse* resp) override;
   grpc::Status DataPlane(grpc::ServerContext* ctx, const v1::DataPlaneRequest* req,
                          v1::DataPlaneResponse* resp) override;
+  grpc::Status Hint(grpc::ServerContext* ctx, const v1::HintRequest* req,
+                    v1::HintResponse* resp) override;
+  grpc::ServerWriteReactor<v1::EventBatch>* Events(grpc::CallbackServerContext* ctx,
+                                                   const v1::EventsRequest* req) override;
+
+  // Most Events subscribers at once; more are answered RESOURCE_EXHAUSTED.
+  static constexpr int kMaxEventSubscribers = 1024;
 
  private:
   grpc::Status RegisterLayoutImpl(TieredStore* store, const v1::RegisterLayoutRequest* req,
@@ -93,6 +102,7 @@ class KvCacheService final
   grpc::Status ClearImpl(TieredStore* store, const v1::ClearRequest* req,
                          v1::ClearResponse* resp);
   grpc::Status StatsImpl(TieredStore* store, v1::StatsResponse* resp);
+  grpc::Status HintImpl(TieredStore* store, const v1::HintRequest* req, v1::HintResponse* resp);
 
   // Runs `impl` with the store, under a metrics scope; UNAVAILABLE before SetStore.
   template <typename Impl>
@@ -103,6 +113,8 @@ class KvCacheService final
   PrefillRunner* const prefill_;
   LeaseTable* const leases_;
   const DataPlaneInfo data_plane_;
+  EventLog* const events_;
+  std::shared_ptr<std::atomic<int>> subscribers_ = std::make_shared<std::atomic<int>>(0);
   const ServiceLimits limits_;
   const std::string version_;
   const absl::Time started_ = absl::Now();

@@ -153,6 +153,8 @@ int Run(const DaemonConfig& config, const sigset_t& signals) {
   lease_options.max_held_bytes =
       config.max_lease_bytes != 0 ? config.max_lease_bytes : config.ram_capacity / 2;
   LeaseTable leases(lease_options);
+  // Chunk events for Events subscribers; outlives the server and the store.
+  EventLog events(config.event_buffer);
 
   // The same-host data plane: its region socket is up before gRPC, so DataPlane() never
   // names a socket that does not answer yet.
@@ -181,7 +183,8 @@ int Run(const DaemonConfig& config, const sigset_t& signals) {
     data_plane = DataPlaneInfo{&regions, name, instance_id};
     LogInfo("same-host shared memory: region socket ", name);
   }
-  KvCacheService service(limits, KVTIER_VERSION, &rpc_metrics, &prefill, &leases, data_plane);
+  KvCacheService service(limits, KVTIER_VERSION, &rpc_metrics, &prefill, &leases, data_plane,
+                         &events);
   std::atomic<bool> serving{false};
 
   // gRPC first, so that health checks get NOT_SERVING (and KvCache calls UNAVAILABLE)
@@ -226,6 +229,7 @@ int Run(const DaemonConfig& config, const sigset_t& signals) {
   }
 
   Notify("STATUS=recovering the SSD tier");
+  store_options->events = &events;
   auto store = TieredStore::Open(*std::move(store_options));
   if (!store.ok()) {
     LogError("cannot open the store: ", store.status().message());

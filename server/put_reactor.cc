@@ -7,6 +7,34 @@
 #include "server/status_util.h"
 
 namespace kvtier {
+namespace {
+
+// The chunk's place in its key chain, from its first frame (chunk_index, prev_key).
+absl::StatusOr<ChunkLineage> ParseLineage(const v1::PutFrame& frame) {
+  ChunkLineage lineage;
+  if (frame.has_chunk_index()) {
+    if (frame.chunk_index() == ChunkLineage::kUnknownPosition) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("chunk_index: ", frame.chunk_index(), " is out of range"));
+    }
+    lineage.position = frame.chunk_index();
+  }
+  if (!frame.prev_key().empty()) {
+    auto parent = ChunkKey::FromBytes(frame.prev_key());
+    if (!parent.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("prev_key: ", parent.status().message()));
+    }
+    if (frame.has_chunk_index() && frame.chunk_index() == 0) {
+      return absl::InvalidArgumentError("prev_key: chunk 0 of a chain has no previous key");
+    }
+    lineage.has_parent = true;
+    lineage.parent = *parent;
+  }
+  return lineage;
+}
+
+}  // namespace
 
 PutReactor::PutReactor(grpc::CallbackServerContext* ctx, grpc::ByteBuffer* response,
                        TieredStore* store, RpcMetrics* metrics, RegionTable* regions,
@@ -71,6 +99,12 @@ void PutReactor::OnFrame() {
       Fail(s);
       return;
     }
+    auto lineage = ParseLineage(frame);
+    if (!lineage.ok()) {
+      Fail(lineage.status());
+      return;
+    }
+    lineage_ = *lineage;
     BeginChunk(id, frame.token_count());
     return;
   }
@@ -191,6 +225,7 @@ void PutReactor::Admitted(Admission writer) {
     return;
   }
   writer_ = *std::move(writer);  // Null: already stored; the chunk's frames are drained.
+  if (writer_) writer_->set_lineage(lineage_);
   Consume();
 }
 

@@ -102,6 +102,7 @@ class PutReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   // stored (idempotent put).
   bool in_chunk_ = false;
   ChunkId current_;
+  ChunkLineage lineage_;  // From its first frame; given to its writer.
   uint64_t chunk_bytes_ = 0;
   uint64_t received_ = 0;
   std::unique_ptr<ChunkWriter> writer_;

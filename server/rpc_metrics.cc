@@ -7,7 +7,7 @@ namespace kvtier {
 const char* RpcMethodName(RpcMethod method) {
   static constexpr const char* kNames[kRpcMethodCount] = {
       "RegisterLayout", "Lookup", "Put", "Get", "Pin", "Unpin", "Delete", "Clear", "Stats",
-      "Prefill", "ReleaseLease", "DataPlane"};
+      "Prefill", "ReleaseLease", "DataPlane", "Hint", "Events"};
   return kNames[static_cast<int>(method)];
 }
 

@@ -23,9 +23,9 @@ namespace kvtier {
 
 enum class RpcMethod {
   kRegisterLayout, kLookup, kPut, kGet, kPin, kUnpin, kDelete, kClear, kStats, kPrefill,
-  kReleaseLease, kDataPlane,
+  kReleaseLease, kDataPlane, kHint, kEvents,
 };
-inline constexpr int kRpcMethodCount = 12;
+inline constexpr int kRpcMethodCount = 14;
 inline constexpr int kGrpcCodeCount = 17;
 const char* RpcMethodName(RpcMethod method);
 const char* GrpcCodeName(grpc::StatusCode code);

@@ -106,6 +106,13 @@ std::vector<MetricFamily> StoreCollector::Collect() const {
   }
   f.push_back(Family("kvtier_promotions_total", "Chunks copied from SSD into RAM on a read", C,
                      {{{}, static_cast<double>(s.promotions)}}));
+  f.push_back(Family("kvtier_hint_clients", "Clients with a live Hint", G,
+                     {{{}, static_cast<double>(s.hint_clients)}}));
+  f.push_back(Family("kvtier_hint_window_chunks", "Chunks in the merged hint window", G,
+                     {{{}, static_cast<double>(s.hinted_chunks)}}));
+  f.push_back(Family("kvtier_hint_prefetches_total",
+                     "Hint window chunks the prefetcher looked at (promoted from SSD if there)",
+                     C, {{{}, static_cast<double>(s.prefetched)}}));
   f.push_back(Family("kvtier_demotions_total",
                      "Chunks written to SSD because RAM needed their room", C,
                      {{{}, static_cast<double>(s.demotions)}}));

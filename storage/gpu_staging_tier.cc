@@ -165,7 +165,7 @@ void GpuStagingTier::Stage(const ChunkId& id, const ChunkMeta& meta,
     stats_.used_bytes += need * options_.slot_bytes;
     ++stats_.loading;
     index_.emplace(id, entry);
-    policy_->OnInsert(id);
+    policy_->OnInsert(id, meta.lineage);
     ++in_flight_;
   }
   std::vector<DeviceCopy> copies;

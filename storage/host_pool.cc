@@ -59,6 +59,7 @@ absl::StatusOr<std::shared_ptr<PoolChunk>> HostPool::Allocate(uint64_t size,
   // Evicted entries' slots return to the arena when their PoolChunk dies, which happens
   // when `victims` is destroyed after the lock is released (the arena has its own lock).
   std::vector<std::shared_ptr<PoolChunk>> victims;
+  std::vector<ChunkId> evicted;
   {
     absl::MutexLock lock(&mu_);
     // The victims are chosen first and evicted only if they make enough room.
@@ -99,8 +100,12 @@ absl::StatusOr<std::shared_ptr<PoolChunk>> HostPool::Allocate(uint64_t size,
       EraseLocked(id);
       ++evictions_;
     }
+    evicted.swap(chosen);
   }
   victims.clear();
+  if (options_.on_evict) {
+    for (const ChunkId& id : evicted) options_.on_evict(id);
+  }
   // Between releasing the victims and taking slots another thread may have taken them;
   // Take then fails cleanly and the caller sees ResourceExhausted (it may retry).
   auto slots = arena_->Take(need);
@@ -121,7 +126,7 @@ bool HostPool::Insert(const ChunkId& id, std::shared_ptr<PoolChunk> data,
     ++dirty_count_;
     dirty_order_.push_back(id);
   }
-  policy_->OnInsert(id);
+  policy_->OnInsert(id, meta.lineage);
   return true;
 }
 
@@ -244,12 +249,15 @@ bool HostPool::FinishFlush(const ChunkId& id, bool written) {
 
 void HostPool::DropFlushing(const ChunkId& id) {
   std::shared_ptr<PoolChunk> keep;
-  absl::MutexLock lock(&mu_);
-  auto it = index_.find(id);
-  if (it == index_.end()) return;
-  keep = it->second.data;
-  EraseLocked(id);
-  ++evictions_;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = index_.find(id);
+    if (it == index_.end()) return;
+    keep = it->second.data;
+    EraseLocked(id);
+    ++evictions_;
+  }
+  if (options_.on_evict) options_.on_evict(id);
 }
 
 uint64_t HostPool::dirty_count() const {

@@ -35,6 +35,8 @@ struct HostPoolOptions {
   double max_pinned_fraction = 0.5;
   // Clock for pin expiry; tests inject a fake one.
   std::function<absl::Time()> now = [] { return absl::Now(); };
+  // Called (without the pool's lock) for each chunk evicted for room.
+  std::function<void(const ChunkId&)> on_evict;
 
   absl::Status Validate() const;
 };

@@ -39,6 +39,7 @@ absl::Status SsdTierOptions::Validate() const {
     return absl::InvalidArgumentError("ssd_write_buffer must be at least 4 MiB");
   }
   if (read_threads < 1) return absl::InvalidArgumentError("ssd read_threads must be >= 1");
+  if (absl::Status s = eviction.Validate(); !s.ok()) return s;
   PayloadLogOptions log;
   log.dir = path;
   log.piece_bytes = piece_bytes;
@@ -141,6 +142,7 @@ SsdTier::SsdTier(SsdTierOptions options, std::unique_ptr<rocksdb::Env> env,
       meta_cf_(handles_[1]),
       layouts_cf_(handles_[2]),
       log_(std::move(log)),
+      policy_(MakeEvictionPolicy(options_.eviction)),
       readers_(std::make_unique<IoPool>(options_.read_threads)) {}
 
 SsdTier::~SsdTier() {
@@ -244,7 +246,7 @@ void SsdTier::InsertLocked(const ChunkId& id, IndexEntry e) {
   payload_bytes_ += e.meta.size;
   by_file_[e.extent.file].insert(id);
   index_[id] = std::move(e);
-  lru_.OnInsert(id);
+  policy_->OnInsert(id, e.meta.lineage);
 }
 
 std::optional<SsdTier::IndexEntry> SsdTier::ForgetLocked(const ChunkId& id) {
@@ -254,7 +256,7 @@ std::optional<SsdTier::IndexEntry> SsdTier::ForgetLocked(const ChunkId& id) {
   index_.erase(it);
   used_bytes_ -= e.extent.footprint();
   payload_bytes_ -= e.meta.size;
-  lru_.OnRemove(id);
+  policy_->OnRemove(id);
   if (auto f = by_file_.find(e.extent.file); f != by_file_.end()) {
     f->second.erase(id);
     if (f->second.empty()) by_file_.erase(f);
@@ -376,7 +378,10 @@ absl::Status SsdTier::Put(const ChunkId& id, const ChunkMeta& meta,
           ")"));
     }
     while (used_bytes_ + reserved_bytes_ + footprint > options_.capacity_bytes) {
-      auto victim = lru_.PickVictim([](const ChunkId&) { return true; });
+      auto victim = policy_->PickVictim([&](const ChunkId& c) {
+        mu_.AssertHeld();
+        return index_.contains(c);
+      });
       if (!victim) break;  // The rest is reserved by puts in flight.
       victims.emplace_back(*victim, *ForgetLocked(*victim));
       ++counters_.evictions;
@@ -404,7 +409,9 @@ absl::Status SsdTier::Put(const ChunkId& id, const ChunkMeta& meta,
   const bool victims_gone = s.ok();
   if (victims_gone) {
     for (const auto& [v, e] : victims) {
-      if (v != id) log_->Release(e.extent);
+      if (v == id) continue;
+      log_->Release(e.extent);
+      if (options_.on_evict) options_.on_evict(v);
     }
   }
 
@@ -494,7 +501,7 @@ absl::StatusOr<ChunkMeta> SsdTier::ReadMeta(const ChunkId& id) {
       return absl::NotFoundError("chunk not on SSD");
     }
     if (!ExpiredLocked(it->second)) {
-      lru_.OnAccess(id);
+      policy_->OnAccess(id);
       return it->second.meta;
     }
     ++counters_.misses;

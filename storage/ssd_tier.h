@@ -52,7 +52,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "storage/chunk_id.h"
 #include "storage/io_pool.h"
-#include "storage/lru_policy.h"
+#include "storage/eviction_policies.h"
 #include "storage/payload_log.h"
 
 namespace kvtier {
@@ -61,9 +61,10 @@ struct SsdTierOptions {
   // Directory of the tier: the RocksDB index, and the payload files in payload/.
   // Created if missing.
   std::string path;
-  // Most bytes of live chunks kept (each counted rounded up to 4 KiB); the least
-  // recently used are evicted past it.
+  // Most bytes of live chunks kept (each counted rounded up to 4 KiB); the eviction
+  // policy's victims are evicted past it.
   uint64_t capacity_bytes = 16ull << 30;
+  EvictionPolicyOptions eviction;
   // Chunks older than this are hidden and deleted; zero keeps them until evicted.
   absl::Duration ttl = absl::ZeroDuration();
   // fdatasync the payload and sync the index row on every put, so an acknowledged put
@@ -91,6 +92,8 @@ struct SsdTierOptions {
   std::shared_ptr<PayloadFileOps> file_ops;
   // Clock for TTL; tests inject a fake one.
   std::function<absl::Time()> now = [] { return absl::Now(); };
+  // Called (without the tier's locks) for each chunk a put evicted for room.
+  std::function<void(const ChunkId&)> on_evict;
 
   absl::Status Validate() const;
   // file_bytes, or its default for this capacity.
@@ -239,7 +242,7 @@ class SsdTier {
   absl::flat_hash_map<uint32_t, absl::flat_hash_set<ChunkId>> by_file_ ABSL_GUARDED_BY(mu_);
   // Chunks being put: a second put of one waits for the first.
   absl::flat_hash_set<ChunkId> putting_ ABSL_GUARDED_BY(mu_);
-  LruPolicy lru_ ABSL_GUARDED_BY(mu_);
+  const std::unique_ptr<EvictionPolicy> policy_ ABSL_GUARDED_BY(mu_);
   uint64_t used_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t payload_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   // Bytes reserved by puts in flight, so concurrent puts do not overshoot capacity.

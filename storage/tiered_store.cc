@@ -2,12 +2,13 @@
 
 #include <cstring>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/notification.h"
 #include "storage/crc32c.h"
 #include "storage/log.h"
-#include "storage/lru_policy.h"
+#include "storage/eviction_policies.h"
 
 namespace kvtier {
 namespace {
@@ -40,6 +41,9 @@ absl::StatusOr<WriteMode> ParseWriteMode(absl::string_view name) {
 
 absl::Status TieredStoreOptions::Validate() const {
   if (absl::Status s = ram.Validate(); !s.ok()) return s;
+  if (absl::Status s = eviction.Validate(); !s.ok()) return s;
+  if (absl::Status s = hints.Validate(); !s.ok()) return s;
+  if (prefetch_threads < 1) return absl::InvalidArgumentError("prefetch_threads must be >= 1");
   if (write_mode != WriteMode::kRamOnly) {
     if (absl::Status s = ssd.Validate(); !s.ok()) return s;
   }
@@ -84,7 +88,16 @@ void ChunkView::ForEachPiece(uint64_t offset, uint64_t len,
 absl::StatusOr<std::unique_ptr<TieredStore>> TieredStore::Open(TieredStoreOptions options) {
   if (absl::Status s = options.Validate(); !s.ok()) return s;
   std::unique_ptr<TieredStore> store(new TieredStore(std::move(options)));
-  auto ram = HostPool::Create(store->options_.ram, std::make_unique<LruPolicy>());
+  EvictionPolicyOptions eviction = store->options_.eviction;
+  eviction.hints = store->hints_.get();
+  HostPoolOptions ram_options = store->options_.ram;
+  EventLog* events = store->options_.events;
+  if (events != nullptr) {
+    ram_options.on_evict = [events](const ChunkId& id) {
+      events->Append(ChunkEventKind::kEvicted, id, Tier::kRam);
+    };
+  }
+  auto ram = HostPool::Create(std::move(ram_options), MakeEvictionPolicy(eviction));
   if (!ram.ok()) return ram.status();
   store->ram_ = *std::move(ram);
   if (store->options_.device != nullptr) {
@@ -92,7 +105,14 @@ absl::StatusOr<std::unique_ptr<TieredStore>> TieredStore::Open(TieredStoreOption
                                   store->ram_->memory(), store->ram_->memory_bytes());
   }
   if (store->options_.write_mode != WriteMode::kRamOnly) {
-    auto ssd = SsdTier::Open(store->options_.ssd);
+    SsdTierOptions ssd_options = store->options_.ssd;
+    ssd_options.eviction = eviction;
+    if (events != nullptr) {
+      ssd_options.on_evict = [events](const ChunkId& id) {
+        events->Append(ChunkEventKind::kEvicted, id, Tier::kSsd);
+      };
+    }
+    auto ssd = SsdTier::Open(std::move(ssd_options));
     if (!ssd.ok()) return ssd.status();
     store->ssd_ = *std::move(ssd);
   }
@@ -116,11 +136,17 @@ absl::StatusOr<std::unique_ptr<TieredStore>> TieredStore::Open(TieredStoreOption
         store->options_.flush_threads, [s] { return s->FlushOne(/*demotion=*/false); },
         [s] { s->ssd_->ExpireOld(); });
   }
+  if (store->has_ssd()) {
+    TieredStore* s = store.get();
+    store->prefetcher_ = std::make_unique<Prefetcher>(
+        store->options_.prefetch_threads, [s](const ChunkId& id) { s->Prefetch(id); });
+  }
   return store;
 }
 
 TieredStore::TieredStore(TieredStoreOptions options)
     : options_(std::move(options)),
+      hints_(std::make_unique<HintWindow>(options_.hints)),
       buffered_reads_(std::max(1, options_.max_buffered_reads)),
       stream_gate_(options_.stream_buffer_bytes),
       read_pool_(std::make_unique<IoPool>(options_.read_threads)),
@@ -129,6 +155,7 @@ TieredStore::TieredStore(TieredStoreOptions options)
 TieredStore::~TieredStore() {
   // GPU deliveries still completing must not start reads on pools going away.
   stopping_.store(true, std::memory_order_release);
+  if (prefetcher_ != nullptr) prefetcher_->Stop();
   if (flusher_ != nullptr) flusher_->Stop();  // Flushers notify the admission queue.
   admission_.reset();     // Waiting puts are answered Unavailable (on the commit threads),
   commit_pool_.reset();   // commits in flight finish before the tiers go,
@@ -215,7 +242,7 @@ absl::Status TieredStore::CommitPut(std::unique_ptr<ChunkWriter> writer, uint32_
         "resend the chunk",
         writer->id_.key.ToHex(), writer->crc_, crc32c));
   }
-  const ChunkMeta meta{writer->size(), crc32c, writer->token_count_, 0};
+  ChunkMeta meta{writer->size(), crc32c, writer->token_count_, 0, writer->lineage_};
   switch (options_.write_mode) {
     case WriteMode::kWriteThrough: {
       const auto parts = Pieces(*writer->data_);
@@ -223,6 +250,7 @@ absl::Status TieredStore::CommitPut(std::unique_ptr<ChunkWriter> writer, uint32_
       ssd_bytes_in_.fetch_add(meta.size, std::memory_order_relaxed);
       if (ram_->Insert(writer->id_, std::move(writer->data_), meta, /*dirty=*/false)) {
         ram_bytes_in_.fetch_add(meta.size, std::memory_order_relaxed);
+        Emit(ChunkEventKind::kStored, writer->id_, Tier::kRam);
       }
       break;
     }
@@ -230,12 +258,14 @@ absl::Status TieredStore::CommitPut(std::unique_ptr<ChunkWriter> writer, uint32_
       if (ram_->Insert(writer->id_, std::move(writer->data_), meta, /*dirty=*/true)) {
         ram_bytes_in_.fetch_add(meta.size, std::memory_order_relaxed);
         flusher_->Notify();
+        Emit(ChunkEventKind::kStored, writer->id_, Tier::kRam);
       }
       break;
     }
     case WriteMode::kRamOnly:
       if (ram_->Insert(writer->id_, std::move(writer->data_), meta, /*dirty=*/false)) {
         ram_bytes_in_.fetch_add(meta.size, std::memory_order_relaxed);
+        Emit(ChunkEventKind::kStored, writer->id_, Tier::kRam);
       }
       break;
   }
@@ -341,17 +371,11 @@ absl::StatusOr<ChunkView> TieredStore::Read(const ChunkId& id, bool stream) {
   if (!meta.ok()) return meta.status();
   view.meta_ = *meta;
   view.tier_ = Tier::kSsd;
-  // Promote when there is room without demoting anything (a read must not cascade into
-  // SSD writes): the segments are read straight into the new pool chunk.
-  auto room = ram_->Allocate(meta->size);
+  auto room = Promote(id, *meta);
   if (room.ok()) {
-    PoolSink sink(room->get());
-    if (absl::Status s = ssd_->ReadPayload(id, *meta, sink); !s.ok()) return s;
-    if (ram_->Insert(id, *room, *meta, /*dirty=*/false)) {
-      promotions_.fetch_add(1, std::memory_order_relaxed);
-      ram_bytes_in_.fetch_add(meta->size, std::memory_order_relaxed);
-    }
     view.pool_ = *std::move(room);
+  } else if (!absl::IsResourceExhausted(room.status())) {
+    return room.status();
   } else if (stream) {
     // Nothing read yet: the caller reads a frame at a time (ReadRangeAsync).
     ssd_->CountRangedRead();
@@ -372,6 +396,87 @@ absl::StatusOr<ChunkView> TieredStore::Read(const ChunkId& id, bool stream) {
   }
   ssd_bytes_out_.fetch_add(meta->size, std::memory_order_relaxed);
   return view;
+}
+
+absl::StatusOr<std::shared_ptr<PoolChunk>> TieredStore::Promote(const ChunkId& id,
+                                                                const ChunkMeta& meta) {
+  // Only when there is room without demoting anything (a read must not cascade into SSD
+  // writes): the segments are read straight into the new pool chunk.
+  auto room = ram_->Allocate(meta.size);
+  if (!room.ok()) return room.status();
+  PoolSink sink(room->get());
+  if (absl::Status s = ssd_->ReadPayload(id, meta, sink); !s.ok()) return s;
+  if (ram_->Insert(id, *room, meta, /*dirty=*/false)) {
+    promotions_.fetch_add(1, std::memory_order_relaxed);
+    ram_bytes_in_.fetch_add(meta.size, std::memory_order_relaxed);
+    Emit(ChunkEventKind::kPromoted, id, Tier::kRam);
+  }
+  return room;
+}
+
+absl::StatusOr<TieredStore::HintResult> TieredStore::Hint(
+    const std::string& client, const std::vector<HintedRequest>& requests) {
+  std::vector<HintWindow::Request> window_requests;
+  window_requests.reserve(requests.size());
+  absl::flat_hash_map<uint64_t, uint64_t> chunk_bytes;
+  for (const HintedRequest& r : requests) {
+    auto it = chunk_bytes.find(r.ns);
+    if (it == chunk_bytes.end()) {
+      auto layout = layouts_->Find(r.ns);
+      if (!layout.ok()) return layout.status();
+      it = chunk_bytes.emplace(r.ns, layout->ChunkBytes()).first;
+    }
+    window_requests.push_back({r.ns, it->second, r.keys});
+  }
+  auto accepted = hints_->Set(client, window_requests);
+  if (!accepted.ok()) return accepted.status();
+  HintResult out;
+  out.requests_accepted = accepted->requests;
+  out.keys_accepted = accepted->keys;
+  out.truncated = accepted->truncated;
+  // The merged window, nearest first, as far as max_bytes reaches: what sits only on
+  // SSD is fetched; the rest is counted.
+  const auto snapshot = hints_->snapshot();
+  std::vector<ChunkId> fetch;
+  absl::flat_hash_set<ChunkId> fetching;
+  uint64_t bytes = 0;
+  for (const ChunkId& id : snapshot->by_rank) {
+    auto size = chunk_bytes.find(id.ns);
+    uint64_t n = 0;
+    if (size != chunk_bytes.end()) {
+      n = size->second;
+    } else if (auto layout = layouts_->Find(id.ns); layout.ok()) {
+      n = chunk_bytes.emplace(id.ns, layout->ChunkBytes()).first->second;
+    }
+    if (bytes + n > options_.hints.max_bytes) break;
+    bytes += n;
+    if (has_ssd() && !ram_->Contains(id) && ssd_->Contains(id)) {
+      fetch.push_back(id);
+      fetching.insert(id);
+    } else if (gpu_ != nullptr) {
+      StageAsync(id);
+    }
+  }
+  for (const ChunkId& id : accepted->window) {
+    if (fetching.contains(id)) {
+      ++out.prefetching;
+    } else if (Locate(id) != Tier::kNone) {
+      ++out.cached;
+    }
+  }
+  if (prefetcher_ != nullptr) prefetcher_->Replace(std::move(fetch));
+  return out;
+}
+
+void TieredStore::Prefetch(const ChunkId& id) {
+  if (stopping_.load(std::memory_order_acquire) || ram_->Contains(id)) return;
+  auto meta = ssd_->ReadMeta(id);
+  if (!meta.ok()) return;  // Gone meanwhile; a corrupt row was already dropped.
+  auto room = Promote(id, *meta);
+  // No room now, or the read failed (the SSD tier deletes and counts a corrupt chunk).
+  if (!room.ok()) return;
+  ssd_bytes_out_.fetch_add(meta->size, std::memory_order_relaxed);
+  if (gpu_ != nullptr) StageAsync(id);
 }
 
 void TieredStore::ReadAsync(const ChunkId& id,
@@ -443,8 +548,13 @@ void TieredStore::ReadRangeAsync(const ChunkId& id, const ChunkMeta& meta, uint6
 }
 
 absl::Status TieredStore::DropCorrupt(const ChunkId& id) {
+  Emit(ChunkEventKind::kDeleted, id, Tier::kNone);
   if (!has_ssd()) return absl::DataLossError("chunk failed its checksum");
   return ssd_->DropCorrupt(id);
+}
+
+void TieredStore::Emit(ChunkEventKind kind, const ChunkId& id, Tier tier) {
+  if (options_.events != nullptr) options_.events->Append(kind, id, tier);
 }
 
 absl::Status TieredStore::Pin(const ChunkId& id, absl::Duration ttl) {
@@ -589,6 +699,7 @@ absl::StatusOr<bool> TieredStore::Delete(const ChunkId& id) {
     if (!on_ssd.ok()) return on_ssd.status();
     present = present || *on_ssd;
   }
+  if (present) Emit(ChunkEventKind::kDeleted, id, Tier::kNone);
   return present;
 }
 
@@ -597,9 +708,16 @@ absl::StatusOr<uint64_t> TieredStore::Clear(uint64_t ns) {
   if (gpu_ != nullptr) gpu_->RemoveNamespace(ns);
   const uint64_t in_ram = ram_->RemoveNamespace(ns);
   if (in_ram > 0) NotifyRoom();
-  if (!has_ssd()) return in_ram;
+  // One event for the whole namespace: a zero key.
+  if (!has_ssd()) {
+    if (in_ram > 0) Emit(ChunkEventKind::kDeleted, ChunkId{ns, ChunkKey{}}, Tier::kNone);
+    return in_ram;
+  }
   auto on_ssd = ssd_->DeleteNamespace(ns);
   if (!on_ssd.ok()) return on_ssd.status();
+  if (in_ram > 0 || *on_ssd > 0) {
+    Emit(ChunkEventKind::kDeleted, ChunkId{ns, ChunkKey{}}, Tier::kNone);
+  }
   return std::max(in_ram, *on_ssd);
 }
 
@@ -609,6 +727,9 @@ TieredStoreStats TieredStore::GetStats() const {
   if (has_ssd()) s.ssd = ssd_->GetStats();
   s.namespaces = layouts_->size();
   s.promotions = promotions_.load(std::memory_order_relaxed);
+  s.prefetched = prefetched();
+  s.hint_clients = hints_->clients();
+  s.hinted_chunks = hints_->snapshot()->by_rank.size();
   s.demotions = demotions_.load(std::memory_order_relaxed);
   s.demotion_failures = demotion_failures_.load(std::memory_order_relaxed);
   s.writeback_queue_depth = s.ram.dirty_chunks;
@@ -637,6 +758,7 @@ absl::Status TieredStore::Close() {
     if (closed_) return absl::OkStatus();
     closed_ = true;
   }
+  if (prefetcher_ != nullptr) prefetcher_->Stop();
   if (flusher_ != nullptr) flusher_->Stop();
   if (!has_ssd()) return absl::OkStatus();
   const uint64_t flushed = FlushAll();

@@ -40,6 +40,10 @@
 #include "storage/chunk_id.h"
 #include "storage/async_gate.h"
 #include "storage/device_backend.h"
+#include "storage/event_log.h"
+#include "storage/eviction_policies.h"
+#include "storage/hint_window.h"
+#include "storage/prefetcher.h"
 #include "storage/fair_gate.h"
 #include "storage/gpu_tier.h"
 #include "storage/host_pool.h"
@@ -88,6 +92,16 @@ struct TieredStoreOptions {
   // (capacity_bytes 0: none); see GpuTier for the degraded modes.
   DeviceBackend* device = nullptr;
   GpuStagingOptions gpu_staging;
+  // The RAM and SSD tiers' eviction policy (each tier builds its own instance). Both
+  // are wrapped so that chunks in the hint window go last.
+  EvictionPolicyOptions eviction;
+  // The hint window (Hint): max_bytes is also how much of the window is prefetched
+  // from SSD into RAM, by prefetch_threads threads.
+  HintWindowOptions hints;
+  int prefetch_threads = 2;
+  // Where chunk events go (stored, promoted, evicted, deleted); null for none. Not
+  // owned; must outlive the store.
+  EventLog* events = nullptr;
 
   absl::Status Validate() const;
 };
@@ -97,6 +111,9 @@ struct TieredStoreStats {
   SsdTierStats ssd;  // Zero in ram-only mode.
   uint64_t namespaces = 0;
   uint64_t promotions = 0;
+  uint64_t prefetched = 0;      // Prefetch jobs run for the hint window (Hint).
+  uint64_t hint_clients = 0;    // Clients with a live hint.
+  uint64_t hinted_chunks = 0;   // Chunks in the merged hint window.
   uint64_t demotions = 0;
   uint64_t demotion_failures = 0;
   uint64_t writeback_queue_depth = 0;
@@ -124,6 +141,9 @@ class ChunkWriter {
   uint64_t size() const { return data_->size(); }
   uint64_t received() const { return received_; }
   uint32_t token_count() const { return token_count_; }
+  // Where the chunk sits in its key chain, as its writer said; kept with the chunk for
+  // eviction.
+  void set_lineage(const ChunkLineage& lineage) { lineage_ = lineage; }
   // Appends the next bytes. Returns: Ok, InvalidArgument (past the chunk's end).
   absl::Status Append(absl::string_view bytes);
 
@@ -131,6 +151,7 @@ class ChunkWriter {
   friend class TieredStore;
   ChunkId id_;
   uint32_t token_count_;
+  ChunkLineage lineage_;
   std::shared_ptr<PoolChunk> data_;
   uint64_t received_ = 0;
   uint32_t crc_ = 0;  // CRC32C of the bytes so far, computed as they arrive.
@@ -253,6 +274,31 @@ class TieredStore {
                              std::function<void(absl::Status)> done);
   bool has_gpu() const { return gpu_ != nullptr; }
 
+  // A scheduler's queue (see HintWindow): replaces `client`'s hint, then prefetches the
+  // merged window's chunks that sit only on SSD into RAM, nearest first, as far as
+  // hints.max_bytes reaches (staging them on the GPU too where there is one). Returns:
+  // Ok, NotFound (a namespace is not registered: nothing changes), ResourceExhausted
+  // (too many clients hold hints).
+  struct HintResult {
+    uint32_t requests_accepted = 0;
+    uint32_t keys_accepted = 0;
+    bool truncated = false;
+    uint32_t prefetching = 0;  // Of this client's window: queued for promotion.
+    uint32_t cached = 0;       // Of this client's window: in some tier now.
+  };
+  struct HintedRequest {
+    uint64_t ns = 0;
+    std::vector<ChunkKey> keys;
+  };
+  absl::StatusOr<HintResult> Hint(const std::string& client,
+                                  const std::vector<HintedRequest>& requests);
+  uint64_t prefetched() const { return prefetcher_ ? prefetcher_->fetched() : 0; }
+  // Waits until the prefetch queue is drained (tests, benchmarks).
+  void WaitForPrefetch() {
+    if (prefetcher_) prefetcher_->WaitIdle();
+  }
+  size_t hint_clients() const { return hints_->clients(); }
+
   // Pins in RAM (promoting from SSD first). Returns: Ok, NotFound, ResourceExhausted.
   absl::Status Pin(const ChunkId& id, absl::Duration ttl);
   bool Unpin(const ChunkId& id);
@@ -285,12 +331,21 @@ class TieredStore {
   // Room in RAM may have appeared: puts waiting for it retry now.
   void NotifyRoom();
   absl::StatusOr<ChunkView> Read(const ChunkId& id, bool stream);
+  // Copies an SSD chunk into RAM if there is room without demoting anything (dirty
+  // chunks are passed over). Returns the pool copy; ResourceExhausted (no room), or the
+  // SSD read's error.
+  absl::StatusOr<std::shared_ptr<PoolChunk>> Promote(const ChunkId& id, const ChunkMeta& meta);
+  // A prefetch thread's job: promote `id` if it is still only on SSD, then stage it.
+  void Prefetch(const ChunkId& id);
+  void Emit(ChunkEventKind kind, const ChunkId& id, Tier tier);
   // Frame buffers of streamed reads: recycled, so steady streaming does not map, fault
   // in and unmap a fresh buffer per frame. Only segment-sized ones are kept.
   char* TakeRangeBuffer(uint64_t len);
   void GiveRangeBuffer(char* buf, uint64_t len);
 
   const TieredStoreOptions options_;
+  // Before the tiers: their policies read it until they are gone.
+  const std::unique_ptr<HintWindow> hints_;
   std::unique_ptr<HostPool> ram_;
   std::unique_ptr<SsdTier> ssd_;  // Null in ram-only mode.
   // After ram_: destroyed first, unpinning the pool's memory before it is unmapped.
@@ -320,6 +375,8 @@ class TieredStore {
   absl::Mutex close_mu_;
   bool closed_ ABSL_GUARDED_BY(close_mu_) = false;
   std::unique_ptr<WriteBackFlusher> flusher_;  // Write-back mode only; set in Open.
+  // Last: destroyed first, its fetches use the tiers. Null in ram-only mode.
+  std::unique_ptr<Prefetcher> prefetcher_;
 };
 
 }  // namespace kvtier

@@ -171,6 +171,104 @@ TEST_F(BadInputTest, UnknownNamespace) {
   ExpectNothingLeft(KeyOf(1));
 }
 
+TEST_F(BadInputTest, BadLineageIsInvalidArgumentAndStoresNothing) {
+  const std::string data = PatternBytes(1, kChunk);
+  auto frames = WholeChunk(KeyOf(1), data, crc32c::Value(data));
+  frames[0].set_prev_key("short");
+  grpc::Status s = SendPut(frames);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("prev_key"), std::string::npos) << s.error_message();
+  ExpectNothingLeft(KeyOf(1));
+  frames[0].set_prev_key(KeyOf(0).ToByteString());
+  frames[0].set_chunk_index(0);  // Chunk 0 has no previous key.
+  s = SendPut(frames);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("chunk 0"), std::string::npos) << s.error_message();
+  ExpectNothingLeft(KeyOf(1));
+  frames[0].set_chunk_index(UINT32_MAX);
+  frames[0].clear_prev_key();
+  s = SendPut(frames);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("chunk_index"), std::string::npos) << s.error_message();
+  ExpectNothingLeft(KeyOf(1));
+  // Good lineage is accepted and changes nothing about the chunk.
+  frames[0].set_chunk_index(3);
+  frames[0].set_prev_key(KeyOf(0).ToByteString());
+  ASSERT_TRUE(SendPut(frames).ok());
+  auto got = client_->Get(ns_, std::vector<ChunkKey>{KeyOf(1)});
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ((*got)[0].data, data);
+}
+
+TEST_F(BadInputTest, BadHintsGetClearStatusesAndLeaveThePreviousHint) {
+  auto hint = [&](const std::string& client, std::vector<std::pair<uint64_t, std::vector<std::string>>> reqs) {
+    grpc::ClientContext ctx;
+    v1::HintRequest req;
+    req.set_client_id(client);
+    for (auto& [ns, keys] : reqs) {
+      v1::HintedRequest* r = req.add_requests();
+      r->set_namespace_id(ns);
+      for (auto& k : keys) r->add_keys(k);
+    }
+    v1::HintResponse resp;
+    grpc::Status s = client_->stub()->Hint(&ctx, req, &resp);
+    return std::make_pair(s, resp);
+  };
+  const std::string k1 = KeyOf(1).ToByteString(), k2 = KeyOf(2).ToByteString();
+  auto [ok, first] = hint("sched", {{ns_, {k1}}});
+  ASSERT_TRUE(ok.ok()) << ok.error_message();
+  EXPECT_EQ(first.keys_accepted(), 1u);
+  EXPECT_EQ(first.cached(), 0u);  // Hinted chunks need not exist.
+
+  auto [empty_id, r1] = hint("", {{ns_, {k1}}});
+  EXPECT_EQ(empty_id.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(empty_id.error_message().find("client_id"), std::string::npos);
+  auto [long_id, r2] = hint(std::string(129, 'x'), {{ns_, {k1}}});
+  EXPECT_EQ(long_id.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  auto [unknown, r3] = hint("sched", {{ns_, {k2}}, {0x1234, {k1}}});
+  EXPECT_EQ(unknown.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_NE(unknown.error_message().find("requests[1]"), std::string::npos)
+      << unknown.error_message();
+  auto [malformed, r4] = hint("sched", {{ns_, {k2, "short"}}});
+  EXPECT_EQ(malformed.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(malformed.error_message().find("requests[0].keys[1]"), std::string::npos)
+      << malformed.error_message();
+  auto [too_many, r5] = hint("sched", {{ns_, std::vector<std::string>(9, k1)}});
+  EXPECT_EQ(too_many.error_code(), grpc::StatusCode::INVALID_ARGUMENT);  // max_keys_per_request 8.
+  EXPECT_EQ(Metric("kvtier_hint_window_chunks"), 1);  // The first hint stands.
+  EXPECT_EQ(Metric("kvtier_hint_clients"), 1);
+
+  // Far larger than the window (half of the 32 MiB pool: 16 one-MiB chunks): cut, said so.
+  std::vector<std::pair<uint64_t, std::vector<std::string>>> big;
+  for (uint64_t r = 0; r < 10; ++r) {
+    std::vector<std::string> keys;
+    for (uint64_t i = 0; i < 8; ++i) keys.push_back(KeyOf(100 + r * 8 + i).ToByteString());
+    big.emplace_back(ns_, keys);
+  }
+  auto [cut, resp] = hint("sched", big);
+  ASSERT_TRUE(cut.ok()) << cut.error_message();
+  EXPECT_TRUE(resp.truncated());
+  EXPECT_EQ(resp.requests_accepted(), 2u);
+  EXPECT_EQ(resp.keys_accepted(), 16u);
+  // A flood from one client replaces, never accumulates.
+  for (int i = 0; i < 50; ++i) ASSERT_TRUE(hint("sched", big).first.ok());
+  EXPECT_EQ(Metric("kvtier_hint_window_chunks"), 16);
+  // Withdrawn.
+  ASSERT_TRUE(hint("sched", {}).first.ok());
+  EXPECT_EQ(Metric("kvtier_hint_clients"), 0);
+}
+
+TEST_F(BadInputTest, MoreHintingClientsThanTheBoundIsResourceExhausted) {
+  Start({"--max-hint-clients=1"});
+  std::vector<HintedRequest> req = {{ns_, {KeyOf(1)}}};
+  ASSERT_TRUE(client_->Hint("a", req).ok());
+  auto second = client_->Hint("b", req);
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(second.status().message().find("max_hint_clients"), std::string::npos);
+  ASSERT_TRUE(client_->Hint("a", {}).ok());  // Withdrawn: room for b.
+  EXPECT_TRUE(client_->Hint("b", req).ok());
+}
+
 TEST_F(BadInputTest, MalformedKey) {
   v1::PutFrame f = Frame(KeyOf(1), 0, PatternBytes(1, 1024));
   f.set_key("short");

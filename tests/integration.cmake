@@ -23,6 +23,7 @@ add_dependencies(kvtier_daemon_support kvtierd kvtier)
 
 kvtier_test(daemon_integration_test LIBS kvtier_daemon_support LABELS integration)
 kvtier_test(daemon_bad_input_test LIBS kvtier_daemon_support LABELS integration)
+kvtier_test(hint_events_integration_test LIBS kvtier_daemon_support LABELS integration)
 # Get into GPU memory through an in-process server on the fake device backend.
 kvtier_test(device_get_test LIBS kvtier_server kvtier_daemon_support LABELS integration)
 

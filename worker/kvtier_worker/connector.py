@@ -236,8 +236,10 @@ class KvTierConnector:
         try:
             if n:
                 keys = kvtier.chunk_keys(self.ns, req.tokens.numpy(), self.C)
-                keys = keys[req.save_first:req.save_first + n]
-                req.put_result = self.client.put(self.ns, keys, list(req.save_buf))
+                first = req.save_first
+                req.put_result = self.client.put(
+                    self.ns, keys[first:first + n], list(req.save_buf), chain_start=first,
+                    prev_key=keys[first - 1] if first > 0 else None)
         except BaseException as e:  # Handed to wait_for_save.
             req.put_error = e
         req.timings["put"] = time.perf_counter() - t0

@@ -289,7 +289,8 @@ class Worker:
         if put and n // C > h:
             t_put = time.perf_counter()
             buf = self.chunks.pack([(k[:, p:], v[:, p:]) for k, v in cache.past(n // C * C)])
-            pr = self.client.put(self.ns, keys_all[h:n // C], list(buf))
+            pr = self.client.put(self.ns, keys_all[h:n // C], list(buf), chain_start=h,
+                                 prev_key=keys_all[h - 1] if h > 0 else None)
             result.stored_chunks = pr.stored
             result.timings["put"] = time.perf_counter() - t_put
         result.logits, result.kv, result.chunk_times = logits, cache.past(n), times
@@ -350,8 +351,9 @@ class Worker:
             if end > first:
                 packed = self.chunks.pack([(k[:, p:(end - drop) * C], v[:, p:(end - drop) * C])
                                            for k, v in cache.past(len(sub))])
-                result.stored_chunks = self.client.put(self.ns, keys[first:end],
-                                                       list(packed)).stored
+                result.stored_chunks = self.client.put(
+                    self.ns, keys[first:end], list(packed), chain_start=first,
+                    prev_key=keys[first - 1] if first > 0 else None).stored
         result.timings["total"] = time.perf_counter() - t_start
         result.timings["dropped_chunks"] = drop
         return result

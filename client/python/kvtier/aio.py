@@ -71,11 +71,16 @@ class Client:
     async def lookup(self, namespace_id: int, keys: Sequence[bytes], lease_seconds: int = 0):
         return await self._call(self._sync.lookup, namespace_id, keys, lease_seconds)
 
+    async def hint(self, client_id: str, requests):
+        return await self._call(self._sync.hint, client_id, requests)
+
     async def release_lease(self, namespace_id: int, lease: int):
         return await self._call(self._sync.release_lease, namespace_id, lease)
 
-    async def put(self, namespace_id: int, keys, buffers, token_counts=None):
-        return await self._transfer(self._sync.put, namespace_id, keys, buffers, token_counts)
+    async def put(self, namespace_id: int, keys, buffers, token_counts=None, *,
+                  chain_start=None, prev_key=None):
+        return await self._transfer(self._sync.put, namespace_id, keys, buffers, token_counts,
+                                    chain_start=chain_start, prev_key=prev_key)
 
     async def get_into(self, namespace_id: int, keys, out, layers=None, order: str = "chunk",
                        on_layer=None, *, lease: int = 0):

@@ -223,6 +223,17 @@ class Client:
     def clear(self, namespace_id: int) -> int:
         return self._native.clear(namespace_id)
 
+    def hint(self, client_id: str, requests) -> "kvtier_pb2.HintResponse":
+        """Tells the daemon what this scheduler runs next: ``requests`` is its queue in
+        order, each a ``(namespace_id, keys)`` pair with the request's keys from chunk 0.
+        Replaces this ``client_id``'s previous hint (an empty list withdraws it). The
+        daemon prefetches the window from SSD into RAM and evicts it last; the answer
+        says how much it took (``truncated`` when it cut the hint)."""
+        reqs = [(int(ns), _keys(keys)) for ns, keys in requests]
+        resp = kvtier_pb2.HintResponse()
+        resp.ParseFromString(self._native.hint(str(client_id), reqs))
+        return resp
+
     def stats(self) -> "kvtier_pb2.StatsResponse":
         resp = kvtier_pb2.StatsResponse()
         resp.ParseFromString(self._native.stats())
@@ -231,10 +242,17 @@ class Client:
     # -- Data ------------------------------------------------------------------------
 
     def put(self, namespace_id: int, keys: Sequence[bytes], buffers: Sequence,
-            token_counts: Optional[Sequence[int]] = None, *, _canceller=None) -> PutResult:
+            token_counts: Optional[Sequence[int]] = None, *,
+            chain_start: Optional[int] = None, prev_key: Optional[bytes] = None,
+            _canceller=None) -> PutResult:
         """Stores one chunk per key from ``buffers`` (each exactly chunk_bytes), in one
         stream, straight from the caller's memory. Chunks completed before an error stay
-        stored."""
+        stored.
+
+        ``chain_start``: the keys are consecutive keys of one request, ``keys[0]`` being
+        its chunk ``chain_start``; the daemon's eviction then knows each chunk's position
+        and parent (chains are evicted from their tails). ``prev_key`` is the key of chunk
+        ``chain_start - 1`` when the put does not start at chunk 0."""
         keys = _keys(keys)
         layout = self.layout(namespace_id)
         dtype = layout.dtype if layout else None
@@ -250,7 +268,12 @@ class Client:
                         f"buffers[{i}]: {v.nbytes} bytes; a chunk of this layout is "
                         f"{layout.chunk_bytes}")
         counts = None if token_counts is None else [int(c) for c in token_counts]
-        stored, present, nbytes = self._native.put(namespace_id, keys, views, counts, _canceller)
+        if chain_start is not None and int(chain_start) < 0:
+            raise InvalidArgumentError(f"chain_start: {chain_start} is negative")
+        stored, present, nbytes = self._native.put(
+            namespace_id, keys, views, counts,
+            None if chain_start is None else int(chain_start),
+            None if prev_key is None else bytes(prev_key), _canceller)
         return PutResult(stored, present, nbytes)
 
     def _bytes_per_key(self, namespace_id: int, layers: Optional[LayerRange]) -> Optional[int]:

@@ -74,7 +74,8 @@ PYBIND11_MODULE(_native, m) {
            py::arg("lease_seconds"))
       .def("release_lease", &PyClient::ReleaseLease)
       .def("put", &PyClient::Put, py::arg("namespace_id"), py::arg("keys"), py::arg("buffers"),
-           py::arg("token_counts"), py::arg("canceller"))
+           py::arg("token_counts"), py::arg("chain_start"), py::arg("prev_key"),
+           py::arg("canceller"))
       .def("get_into", &PyClient::GetInto, py::arg("namespace_id"), py::arg("keys"),
            py::arg("outs"), py::arg("layers"), py::arg("order"), py::arg("on_layer"),
            py::arg("lease_id"), py::arg("canceller"))
@@ -91,7 +92,8 @@ PYBIND11_MODULE(_native, m) {
       .def("unpin", &PyClient::Unpin)
       .def("delete", &PyClient::Delete)
       .def("clear", &PyClient::Clear)
-      .def("stats", &PyClient::Stats);
+      .def("stats", &PyClient::Stats)
+      .def("hint", &PyClient::Hint, py::arg("client_id"), py::arg("requests"));
 
   py::class_<PyPrefillSession>(m, "PrefillSession")
       .def(py::init<PyClient&, uint64_t, const py::list&, const py::object&, const py::object&,

@@ -273,7 +273,8 @@ bool PyClient::ReleaseLease(uint64_t namespace_id, uint64_t lease_id) {
 }
 
 py::tuple PyClient::Put(uint64_t namespace_id, const py::list& keys, const py::list& buffers,
-                        const py::object& token_counts, PyCanceller* canceller) {
+                        const py::object& token_counts, const py::object& chain_start,
+                        const py::object& prev_key, PyCanceller* canceller) {
   std::vector<ChunkKey> k = KeysFromList(keys);
   if (buffers.size() != k.size()) {
     throw StatusError(absl::InvalidArgumentError(absl::StrCat(
@@ -290,6 +291,27 @@ py::tuple PyClient::Put(uint64_t namespace_id, const py::list& keys, const py::l
     chunks[i].key = k[i];
     chunks[i].data = absl::string_view(refs[i].data(), refs[i].size());
     chunks[i].token_count = tokens[i];
+  }
+  if (!chain_start.is_none()) {
+    const uint32_t start = chain_start.cast<uint32_t>();
+    for (size_t i = 0; i < k.size(); ++i) {
+      chunks[i].chunk_index = start + static_cast<uint32_t>(i);
+      if (i > 0) chunks[i].prev_key = k[i - 1];
+    }
+    if (!prev_key.is_none()) {
+      if (start == 0) {
+        throw StatusError(absl::InvalidArgumentError(
+            "prev_key: chunk 0 of a chain has no previous key"));
+      }
+      auto parent = ChunkKey::FromBytes(prev_key.cast<std::string>());
+      if (!parent.ok()) {
+        throw StatusError(absl::InvalidArgumentError(
+            absl::StrCat("prev_key: ", parent.status().message())));
+      }
+      if (!chunks.empty()) chunks[0].prev_key = *parent;
+    }
+  } else if (!prev_key.is_none()) {
+    throw StatusError(absl::InvalidArgumentError("prev_key: needs chain_start"));
   }
   absl::StatusOr<PutResult> r;
   {
@@ -597,6 +619,27 @@ uint64_t PyClient::Clear(uint64_t namespace_id) {
     r = client_->Clear(namespace_id);
   }
   return ValueOrThrow(std::move(r));
+}
+
+py::bytes PyClient::Hint(const std::string& client_id, const py::list& requests) {
+  std::vector<HintedRequest> rs;
+  rs.reserve(requests.size());
+  for (const py::handle item : requests) {
+    auto pair = item.cast<py::tuple>();
+    if (pair.size() != 2) {
+      throw StatusError(absl::InvalidArgumentError(
+          "requests: each entry is a (namespace_id, keys) pair"));
+    }
+    HintedRequest& r = rs.emplace_back();
+    r.namespace_id = pair[0].cast<uint64_t>();
+    r.keys = KeysFromList(pair[1].cast<py::list>());
+  }
+  absl::StatusOr<v1::HintResponse> r;
+  {
+    py::gil_scoped_release nogil;
+    r = client_->Hint(client_id, rs);
+  }
+  return py::bytes(ValueOrThrow(std::move(r)).SerializeAsString());
 }
 
 py::bytes PyClient::Stats() {

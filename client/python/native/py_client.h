@@ -51,6 +51,7 @@ class PyClient {
   // Returns (stored, already_present, bytes). `buffers[i]` is chunk i's whole payload.
   pybind11::tuple Put(uint64_t namespace_id, const pybind11::list& keys,
                       const pybind11::list& buffers, const pybind11::object& token_counts,
+                      const pybind11::object& chain_start, const pybind11::object& prev_key,
                       PyCanceller* canceller);
   // Fills outs[i] (a writable C-contiguous buffer) with key i's bytes: the whole chunk,
   // or layers [layers[0], layers[1]) of it. `order`: 0 chunk-major, 1 layer-major.
@@ -85,6 +86,9 @@ class PyClient {
   uint64_t Clear(uint64_t namespace_id);
   // The serialized kvtier.v1.StatsResponse (parsed by kvtier/v1/kvtier_pb2.py).
   pybind11::bytes Stats();
+  // `requests`: a list of (namespace_id, list of keys). The serialized
+  // kvtier.v1.HintResponse.
+  pybind11::bytes Hint(const std::string& client_id, const pybind11::list& requests);
 
   const std::string& target() const { return client_->target(); }
   KvTierClient& client() { return *client_; }

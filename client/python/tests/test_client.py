@@ -457,3 +457,41 @@ def test_device_memory_needs_a_daemon_with_a_gpu(tmp_path):
                 c.release_device_memory(region)
     finally:
         d.close()
+
+
+def test_chain_puts_steer_a_prefix_policy_and_hints_answer_what_they_took(tmp_path):
+    layout = small_layout(head_dim=128)  # 128 KiB chunks: the 512 KiB pool holds four.
+    d = Daemon(str(tmp_path),  # ram-only makes no data dir of its own: give one that exists.
+               args=["--write-mode=ram-only", "--ram-capacity=512KiB", "--ram-slot-size=128KiB",
+                     "--eviction-policy=prefix-lru", "--hint-window-fraction=1"])
+    try:
+        with kvtier.Client(d.target, connect_timeout=30) as c:
+            ns = c.register_layout(layout).namespace_id
+            keys = keys_of(ns, 6, layout, seed=7)
+            data = payloads(layout, 6, seed=7)
+            assert c.put(ns, keys[:2], data[:2], chain_start=0).stored == 2
+            # The rest of the same request, continuing the chain from chunk 2.
+            assert c.put(ns, keys[2:4], data[2:4], chain_start=2, prev_key=keys[1]).stored == 2
+            other = keys_of(ns, 1, layout, seed=8)
+            c.put(ns, other, payloads(layout, 1, seed=8))
+            tiers = c.lookup(ns, keys[:4]).tiers
+            # The chain's tail made room, not its head (plain LRU would evict keys[0]).
+            assert tiers[0] == kvtier.Tier.RAM and tiers[3] == kvtier.Tier.ABSENT
+
+            with pytest.raises(kvtier.InvalidArgumentError, match="prev_key"):
+                c.put(ns, keys[4:5], data[4:5], prev_key=keys[3])
+            with pytest.raises(kvtier.InvalidArgumentError, match="chunk 0"):
+                c.put(ns, keys[4:5], data[4:5], chain_start=0, prev_key=keys[3])
+            with pytest.raises(kvtier.InvalidArgumentError, match="chain_start"):
+                c.put(ns, keys[4:5], data[4:5], chain_start=-1)
+
+            r = c.hint("scheduler", [(ns, keys[:2]), (ns, keys[4:6])])
+            assert (r.requests_accepted, r.keys_accepted, r.truncated) == (2, 4, False)
+            assert r.cached == 2 and r.prefetching == 0  # ram-only: nothing to prefetch.
+            assert c.hint("scheduler", []).keys_accepted == 0
+            with pytest.raises(kvtier.InvalidArgumentError, match="client_id"):
+                c.hint("", [(ns, keys[:1])])
+            with pytest.raises(kvtier.NotFoundError):
+                c.hint("scheduler", [(ns + 1, keys[:1])])
+    finally:
+        d.close()

@@ -1,0 +1,67 @@
+// EventsReactor: one Events subscriber. Sends the daemon's chunk events (EventLog) in
+// batches, one batch in flight at a time, and parks on the log when it has caught up.
+// The subscriber's only state is its cursor, so a slow reader costs no memory: when the
+// ring has overwritten what it had not read yet, its next batch carries a resync marker.
+// Ends when the client cancels (or the server shuts down), with the call's status.
+//
+// Thread-safety: gRPC calls the reactor's methods; the log's wake-up arrives on an
+// appending thread and reaches the reactor through a small shared state, so it cannot
+// touch a reactor that is gone.
+#ifndef KVTIER_SERVER_EVENTS_REACTOR_H_
+#define KVTIER_SERVER_EVENTS_REACTOR_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "kvtier/v1/kvtier.pb.h"
+#include "server/rpc_metrics.h"
+#include "storage/event_log.h"
+
+namespace kvtier {
+
+class EventsReactor final : public grpc::ServerWriteReactor<v1::EventBatch> {
+ public:
+  static constexpr size_t kMaxBatch = 512;  // Events per batch.
+
+  // `log` must outlive the call. Starts at the request's cursor (0: from now on).
+  // `subscribers` counts live subscribers; decremented when the call is done.
+  EventsReactor(EventLog* log, const v1::EventsRequest& request, RpcMetrics* metrics,
+                std::shared_ptr<std::atomic<int>> subscribers);
+
+  void OnWriteDone(bool ok) override;
+  void OnCancel() override;
+  void OnDone() override;
+
+ private:
+  // What the log's wake-up needs; outlives the reactor if a wake-up is in flight.
+  struct Waker {
+    absl::Mutex mu;
+    EventsReactor* reactor ABSL_GUARDED_BY(mu);
+  };
+
+  // Sends the next batch, or parks on the log when there is none.
+  void Next();
+  void Finish(grpc::Status status);
+
+  EventLog* const log_;
+  const uint64_t ns_;
+  RpcMetrics::Scope scope_;
+  const std::shared_ptr<std::atomic<int>> subscribers_;
+  std::shared_ptr<Waker> waker_;
+
+  absl::Mutex mu_;
+  uint64_t after_ ABSL_GUARDED_BY(mu_);
+  uint64_t wake_handle_ ABSL_GUARDED_BY(mu_) = 0;
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  v1::EventBatch batch_;  // Owned by gRPC between StartWrite and OnWriteDone.
+};
+
+}  // namespace kvtier
+
+#endif  // KVTIER_SERVER_EVENTS_REACTOR_H_

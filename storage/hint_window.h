@@ -1,0 +1,93 @@
+// HintWindow: what schedulers said they will run next (the Hint RPC), merged into one
+// look-ahead window that eviction and prefetch read.
+//
+// Each client's hint is its queue: requests in the order they will run, each the chunk
+// keys of one request from chunk 0. A new hint from a client replaces its previous one;
+// an empty one withdraws it; a hint not renewed within `ttl` is dropped (a scheduler that
+// died must not pin the window). A client's hint is taken in queue order until its
+// distinct chunks would exceed `max_bytes` (the RAM the daemon can spare for the window)
+// or `max_keys` keys; the rest is cut and the answer says so.
+//
+// A chunk's rank is its position among its client's accepted distinct keys (0 = needed
+// first); across clients the nearest rank wins. Readers get an immutable Snapshot,
+// rebuilt on every change, so that a tier's eviction consults it without a lock.
+//
+// Thread-safety: every method is thread-safe. Lock order: a tier's lock may be held
+// while calling snapshot(); this class calls out to nothing.
+#ifndef KVTIER_STORAGE_HINT_WINDOW_H_
+#define KVTIER_STORAGE_HINT_WINDOW_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "storage/chunk_id.h"
+
+namespace kvtier {
+
+struct HintWindowOptions {
+  uint64_t max_bytes = 512ull << 20;  // Distinct chunk bytes one client's window may hold.
+  uint32_t max_keys = 65536;          // Keys of one client's hint past which it is cut.
+  uint32_t max_clients = 64;          // Clients with a live hint.
+  absl::Duration ttl = absl::Seconds(60);  // A hint not renewed for this long is dropped.
+  std::function<absl::Time()> now = [] { return absl::Now(); };
+
+  absl::Status Validate() const;
+};
+
+class HintWindow {
+ public:
+  struct Request {
+    uint64_t ns = 0;
+    uint64_t chunk_bytes = 0;  // The namespace's chunk size.
+    std::vector<ChunkKey> keys;
+  };
+  struct Accepted {
+    uint32_t requests = 0;  // Leading requests taken whole.
+    uint32_t keys = 0;      // Keys taken (a cut request's leading keys included).
+    bool truncated = false;
+    // The client's window: its distinct chunks, nearest first.
+    std::vector<ChunkId> window;
+    std::vector<uint64_t> window_bytes;  // Each one's chunk size.
+  };
+  // The merged view. `rank` holds every hinted chunk; `by_rank` lists them nearest first.
+  struct Snapshot {
+    absl::flat_hash_map<ChunkId, uint64_t> rank;
+    std::vector<ChunkId> by_rank;
+  };
+
+  explicit HintWindow(HintWindowOptions options);
+
+  // Replaces `client`'s hint. Returns: Ok, ResourceExhausted (max_clients other clients
+  // hold live hints; they expire after ttl).
+  absl::StatusOr<Accepted> Set(const std::string& client, const std::vector<Request>& requests);
+  std::shared_ptr<const Snapshot> snapshot() const;
+  size_t clients() const;
+
+ private:
+  struct ClientHint {
+    std::vector<ChunkId> window;  // Nearest first.
+    absl::Time updated;
+    uint64_t order = 0;           // Arrival order of the client's first hint: ties.
+  };
+  void DropExpiredLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RebuildLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const HintWindowOptions options_;
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<std::string, ClientHint> clients_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_order_ ABSL_GUARDED_BY(mu_) = 0;
+  std::shared_ptr<const Snapshot> snapshot_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace kvtier
+
+#endif  // KVTIER_STORAGE_HINT_WINDOW_H_

@@ -1,0 +1,141 @@
+// A real kvtierd: Hint prefetches SSD chunks into RAM (seen through the Events stream),
+// --eviction-policy changes which chunk of a chain goes, lineage travels on PutFrame,
+// and Events filters by namespace and marks a resync when a cursor was overwritten.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "client/kvtier_client.h"
+#include "tests/support/daemon_process.h"
+#include "tests/support/test_data.h"
+
+namespace kvtier {
+namespace {
+
+using testing::DaemonProcess;
+using testing::KeyOf;
+using testing::LayoutOfMiB;
+using testing::MakeTempDir;
+using testing::PatternBytes;
+
+class HintEventsTest : public ::testing::Test {
+ protected:
+  void Start(std::vector<std::string> args) {
+    client_.reset();
+    daemon_.reset();
+    auto d = DaemonProcess::Start(MakeTempDir("kvtierd-hint"), std::move(args));
+    ASSERT_TRUE(d.ok()) << d.status();
+    daemon_.emplace(*std::move(d));
+    auto c = KvTierClient::Connect(daemon_->target());
+    ASSERT_TRUE(c.ok()) << c.status();
+    client_ = *std::move(c);
+    auto r = client_->RegisterLayout(LayoutOfMiB(1));
+    ASSERT_TRUE(r.ok()) << r.status();
+    ns_ = r->namespace_id;
+  }
+
+  // Puts keys[first..last] as one chain in one stream (with chunk_index and prev_key
+  // when `chain`).
+  void Put(uint64_t first, uint64_t last, bool chain, uint64_t ns = 0) {
+    std::vector<std::string> data;
+    std::vector<ChunkToPut> chunks;
+    for (uint64_t n = first; n <= last; ++n) data.push_back(PatternBytes(n, 1 << 20));
+    for (uint64_t n = first; n <= last; ++n) {
+      ChunkToPut c{KeyOf(n), data[n - first], 256};
+      if (chain) {
+        c.chunk_index = static_cast<uint32_t>(n - first);
+        if (n > first) c.prev_key = KeyOf(n - 1);
+      }
+      chunks.push_back(c);
+    }
+    auto r = client_->Put(ns ? ns : ns_, chunks);
+    ASSERT_TRUE(r.ok()) << r.status();
+  }
+  v1::Tier Where(uint64_t n) {
+    std::vector<ChunkKey> keys = {KeyOf(n)};
+    auto l = client_->Lookup(ns_, keys);
+    EXPECT_TRUE(l.ok()) << l.status();
+    return l.ok() ? l->tiers[0] : v1::TIER_UNSPECIFIED;
+  }
+
+  std::optional<DaemonProcess> daemon_;
+  std::unique_ptr<KvTierClient> client_;
+  uint64_t ns_ = 0;
+};
+
+TEST_F(HintEventsTest, HintPromotesAnSsdChunkAndTheEventStreamSaysSo) {
+  Start({"--write-mode=write-through", "--ram-capacity=4MiB", "--ram-slot-size=1MiB",
+         "--hint-window-fraction=0.5"});
+  Put(1, 8, /*chain=*/false);  // RAM keeps 5..8; all eight are on SSD.
+  ASSERT_EQ(Where(2), v1::TIER_SSD);
+  auto r = client_->Hint("scheduler-0", std::vector<HintedRequest>{{ns_, {KeyOf(2), KeyOf(7)}}});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->requests_accepted(), 1u);
+  EXPECT_EQ(r->keys_accepted(), 2u);
+  EXPECT_FALSE(r->truncated());
+  EXPECT_EQ(r->prefetching(), 1u);
+  EXPECT_EQ(r->cached(), 1u);
+  // Sequence 1 is the first put's event; reading after it replays the rest, so the
+  // promotion is seen whether or not it happened before this subscription.
+  std::vector<v1::ChunkEvent> seen;
+  bool promoted = false;
+  absl::Status s = client_->WatchEvents(ns_, 1, [&](const v1::EventBatch& batch) {
+    EXPECT_FALSE(batch.resync());
+    for (const v1::ChunkEvent& e : batch.events()) {
+      seen.push_back(e);
+      promoted |= e.kind() == v1::CHUNK_EVENT_PROMOTED && e.key() == KeyOf(2).ToByteString();
+    }
+    return !promoted;
+  });
+  ASSERT_TRUE(s.ok()) << s;
+  ASSERT_TRUE(promoted);
+  EXPECT_EQ(Where(2), v1::TIER_RAM);
+  ASSERT_FALSE(seen.empty());
+  EXPECT_EQ(seen.front().sequence(), 2u);
+  for (size_t i = 1; i < seen.size(); ++i) EXPECT_GT(seen[i].sequence(), seen[i - 1].sequence());
+  int stored = 0;
+  for (const v1::ChunkEvent& e : seen) stored += e.kind() == v1::CHUNK_EVENT_STORED;
+  EXPECT_EQ(stored, 7);  // Puts 2..8.
+}
+
+TEST_F(HintEventsTest, EvictionPolicyFlagDecidesWhichEndOfAChainGoes) {
+  for (const char* policy : {"lru", "prefix-lru", "prefix-cost"}) {
+    Start({"--write-mode=ram-only", "--ram-capacity=4MiB", "--ram-slot-size=1MiB",
+           std::string("--eviction-policy=") + policy});
+    Put(1, 4, /*chain=*/true);
+    Put(10, 10, /*chain=*/false);
+    const bool lru = std::string(policy) == "lru";
+    EXPECT_EQ(Where(1), lru ? v1::TIER_UNSPECIFIED : v1::TIER_RAM) << policy;
+    EXPECT_EQ(Where(4), lru ? v1::TIER_RAM : v1::TIER_UNSPECIFIED) << policy;
+  }
+  auto bad = DaemonProcess::Start(MakeTempDir("kvtierd-hint"), {"--eviction-policy=belady"});
+  EXPECT_FALSE(bad.ok());
+}
+
+TEST_F(HintEventsTest, EventsFilterByNamespaceAndAnOverwrittenCursorGetsAResyncMarker) {
+  Start({"--write-mode=ram-only", "--ram-capacity=64MiB", "--event-buffer=4"});
+  auto other = client_->RegisterLayout(LayoutOfMiB(1, "other-model"));
+  ASSERT_TRUE(other.ok());
+  Put(1, 5, /*chain=*/false);                        // Sequences 1..5.
+  Put(6, 6, /*chain=*/false, other->namespace_id);   // 6.
+  Put(7, 7, /*chain=*/false);                        // 7.
+  v1::EventBatch first;
+  ASSERT_TRUE(client_->WatchEvents(0, 1, [&](const v1::EventBatch& b) {
+    first = b;
+    return false;
+  }).ok());
+  EXPECT_TRUE(first.resync());
+  EXPECT_EQ(first.resync_sequence(), 4u);  // The ring keeps the last four.
+  ASSERT_EQ(first.events_size(), 4);
+  EXPECT_EQ(first.events(0).sequence(), 4u);
+  std::vector<uint64_t> mine;
+  ASSERT_TRUE(client_->WatchEvents(other->namespace_id, 3, [&](const v1::EventBatch& b) {
+    for (const auto& e : b.events()) mine.push_back(e.sequence());
+    return mine.empty();
+  }).ok());
+  EXPECT_EQ(mine, std::vector<uint64_t>{6});
+}
+
+}  // namespace
+}  // namespace kvtier

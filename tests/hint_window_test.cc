@@ -1,0 +1,154 @@
+// HintWindow (what schedulers said they run next: budgets, replacement, merging, expiry,
+// the client bound) and HintedPolicy (eviction that spares the window, farthest first).
+#include "storage/hint_window.h"
+
+#include <gtest/gtest.h>
+
+#include "storage/hinted_policy.h"
+#include "storage/lru_policy.h"
+#include "tests/support/fake_clock.h"
+
+namespace kvtier {
+namespace {
+
+constexpr uint64_t kChunk = 1000;
+
+ChunkKey K(uint64_t n) { return ChunkKey{n, n * 7}; }
+ChunkId Id(uint64_t n, uint64_t ns = 1) { return ChunkId{ns, K(n)}; }
+HintWindow::Request Req(std::vector<uint64_t> keys, uint64_t ns = 1) {
+  HintWindow::Request r;
+  r.ns = ns;
+  r.chunk_bytes = kChunk;
+  for (uint64_t k : keys) r.keys.push_back(K(k));
+  return r;
+}
+
+HintWindowOptions Options(testing::FakeClock* clock, uint64_t chunks = 100) {
+  HintWindowOptions o;
+  o.max_bytes = chunks * kChunk;
+  o.max_keys = 1000;
+  o.max_clients = 2;
+  o.ttl = absl::Seconds(60);
+  o.now = clock->AsFunction();
+  return o;
+}
+
+TEST(HintWindow, TakesRequestsInQueueOrderUntilTheByteBudgetAndSaysItCut) {
+  testing::FakeClock clock;
+  HintWindow w(Options(&clock, /*chunks=*/3));
+  auto a = w.Set("sched", {Req({1, 2}), Req({1, 3, 4}), Req({5})});
+  ASSERT_TRUE(a.ok()) << a.status();
+  // Request 2 repeats chunk 1 (no new bytes), adds 3, and 4 would be the fourth chunk.
+  EXPECT_EQ(a->requests, 1u);
+  EXPECT_EQ(a->keys, 4u);
+  EXPECT_TRUE(a->truncated);
+  EXPECT_EQ(a->window, (std::vector<ChunkId>{Id(1), Id(2), Id(3)}));
+  auto snap = w.snapshot();
+  EXPECT_EQ(snap->by_rank, a->window);
+  EXPECT_EQ(snap->rank.at(Id(3)), 2u);
+  EXPECT_FALSE(snap->rank.contains(Id(4)));
+}
+
+TEST(HintWindow, TheKeyBoundCutsTooAndAWholeHintIsNotTruncated) {
+  testing::FakeClock clock;
+  HintWindowOptions o = Options(&clock);
+  o.max_keys = 3;
+  HintWindow w(o);
+  auto a = w.Set("sched", {Req({1, 2}), Req({3, 4})});
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(a->keys, 3u);
+  EXPECT_EQ(a->requests, 1u);
+  EXPECT_TRUE(a->truncated);
+  auto b = w.Set("sched", {Req({1, 2, 3})});
+  ASSERT_TRUE(b.ok());
+  EXPECT_FALSE(b->truncated);
+  EXPECT_EQ(b->requests, 1u);
+}
+
+TEST(HintWindow, ANewHintReplacesTheOldAndAnEmptyOneWithdrawsIt) {
+  testing::FakeClock clock;
+  HintWindow w(Options(&clock));
+  ASSERT_TRUE(w.Set("sched", {Req({1, 2})}).ok());
+  ASSERT_TRUE(w.Set("sched", {Req({3})}).ok());
+  auto snap = w.snapshot();
+  EXPECT_EQ(snap->by_rank, std::vector<ChunkId>{Id(3)});
+  EXPECT_EQ(w.clients(), 1u);
+  ASSERT_TRUE(w.Set("sched", {}).ok());
+  EXPECT_EQ(w.clients(), 0u);
+  EXPECT_TRUE(w.snapshot()->by_rank.empty());
+  // The old snapshot a reader still holds is unchanged.
+  EXPECT_EQ(snap->by_rank, std::vector<ChunkId>{Id(3)});
+}
+
+TEST(HintWindow, ClientsMergeByRankNearestFirst) {
+  testing::FakeClock clock;
+  HintWindow w(Options(&clock));
+  ASSERT_TRUE(w.Set("a", {Req({1, 2})}).ok());
+  ASSERT_TRUE(w.Set("b", {Req({3, 1}, /*ns=*/1)}).ok());
+  auto snap = w.snapshot();
+  // Rank 0 of each client (a's first: it hinted first), then rank 1; 1 counts once, at
+  // its nearest rank.
+  EXPECT_EQ(snap->by_rank, (std::vector<ChunkId>{Id(1), Id(3), Id(2)}));
+  EXPECT_EQ(snap->rank.at(Id(1)), 0u);
+  EXPECT_EQ(snap->rank.at(Id(2)), 1u);
+  // Namespaces keep equal keys apart.
+  ASSERT_TRUE(w.Set("b", {Req({1}, /*ns=*/2)}).ok());
+  EXPECT_TRUE(w.snapshot()->rank.contains(Id(1, 2)));
+  EXPECT_TRUE(w.snapshot()->rank.contains(Id(1, 1)));
+}
+
+TEST(HintWindow, ClientsAreBoundedAndAHintNotRenewedExpires) {
+  testing::FakeClock clock;
+  HintWindow w(Options(&clock));  // Two clients at most.
+  ASSERT_TRUE(w.Set("a", {Req({1})}).ok());
+  clock.Advance(absl::Seconds(30));
+  ASSERT_TRUE(w.Set("b", {Req({2})}).ok());
+  auto c = w.Set("c", {Req({3})});
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(c.status().message().find("max_hint_clients"), std::string::npos);
+  // A refused hint changes nothing; renewing a live one is always allowed.
+  EXPECT_FALSE(w.snapshot()->rank.contains(Id(3)));
+  ASSERT_TRUE(w.Set("b", {Req({4})}).ok());
+  clock.Advance(absl::Seconds(31));  // a is 61 s old: gone.
+  ASSERT_TRUE(w.Set("c", {Req({3})}).ok());
+  EXPECT_EQ(w.clients(), 2u);
+  EXPECT_FALSE(w.snapshot()->rank.contains(Id(1)));
+  EXPECT_TRUE(w.snapshot()->rank.contains(Id(4)));
+}
+
+TEST(HintWindow, OptionsAreValidated) {
+  HintWindowOptions o;
+  EXPECT_TRUE(o.Validate().ok());
+  o.max_bytes = 0;
+  EXPECT_EQ(o.Validate().code(), absl::StatusCode::kInvalidArgument);
+  o = HintWindowOptions{};
+  o.ttl = absl::ZeroDuration();
+  EXPECT_EQ(o.Validate().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(HintedPolicy, SparesHintedChunksThenEvictsTheFarthestFirst) {
+  testing::FakeClock clock;
+  HintWindow w(Options(&clock));
+  HintedPolicy p(std::make_unique<LruPolicy>(), &w);
+  for (uint64_t i = 1; i <= 4; ++i) p.OnInsert(Id(i));
+  auto in = [](std::vector<uint64_t> ids) {
+    return [ids](const ChunkId& id) {
+      for (uint64_t n : ids) {
+        if (id == Id(n)) return true;
+      }
+      return false;
+    };
+  };
+  auto all = in({1, 2, 3, 4});
+  EXPECT_EQ(p.PickVictim(all), Id(1));  // No hint: plain LRU.
+  ASSERT_TRUE(w.Set("sched", {Req({2}), Req({1, 9})}).ok());  // 9: not in this tier.
+  EXPECT_EQ(p.PickVictim(all), Id(3));  // The LRU among unhinted chunks.
+  // Only hinted chunks can go: the one needed last (1 is rank 1; 9 is not held).
+  EXPECT_EQ(p.PickVictim(in({1, 2})), Id(1));
+  EXPECT_EQ(p.PickVictim(in({2})), Id(2));
+  EXPECT_FALSE(p.PickVictim(in({})).has_value());
+  EXPECT_EQ(p.size(), 4u);
+}
+
+}  // namespace
+}  // namespace kvtier
