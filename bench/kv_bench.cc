@@ -44,6 +44,7 @@
 #include "absl/strings/strip.h"
 #include "bench/bench_flags.h"
 #include "bench/json_line.h"
+#include "bench/trace.h"
 #include "client/kvtier_client.h"
 #include "tests/support/daemon_process.h"
 #include "tests/support/test_data.h"
@@ -450,37 +451,7 @@ int Lookup(const std::string& dir) {
 }
 
 // ---- trace ----
-struct TraceReq {
-  double ts_ms = 0;
-  std::vector<uint64_t> ids;
-};
-
-std::vector<TraceReq> LoadTrace(const std::string& path, uint64_t limit) {
-  std::vector<TraceReq> out;
-  std::ifstream f(path);
-  std::string line;
-  while (std::getline(f, line) && out.size() < limit) {
-    TraceReq r;
-    auto num_after = [&](const std::string& key) -> double {
-      size_t p = line.find("\"" + key + "\"");
-      if (p == std::string::npos) return 0;
-      p = line.find(':', p) + 1;
-      return std::strtod(line.c_str() + p, nullptr);
-    };
-    r.ts_ms = num_after("timestamp");
-    size_t p = line.find("\"hash_ids\"");
-    if (p == std::string::npos) continue;
-    p = line.find('[', p) + 1;
-    const size_t e = line.find(']', p);
-    for (absl::string_view s : absl::StrSplit(absl::string_view(line).substr(p, e - p), ',',
-                                               absl::SkipWhitespace())) {
-      uint64_t v;
-      if (absl::SimpleAtoi(absl::StripAsciiWhitespace(s), &v)) r.ids.push_back(v);
-    }
-    out.push_back(std::move(r));
-  }
-  return out;
-}
+using kvtier::bench::LoadTrace;
 
 int Trace(const std::string& dir) {
   const std::string path =

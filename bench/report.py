@@ -125,6 +125,72 @@ def samehost(res, w, ratio, met):
           f"closed its connection).\n")
 
 
+def cache(res, w):
+    """Eviction policies and hints on the trace (cache_bench), from bench/results/cache/."""
+    d = os.path.join(res, "cache")
+    rows = [json.loads(l) for l in rd(os.path.join(d, "cache.jsonl")).splitlines() if l.strip()]
+    if not rows:
+        return
+    w("## Keeping what will be reused: eviction policies and hints (issue 12)\n")
+    cmds = rd(os.path.join(d, "commands.txt")).strip()
+    if cmds:
+        w("Commands:\n\n```\n" + cmds + "\n```\n")
+    t = next((r for r in rows if r.get("kind") == "cache_trace"), None)
+    if t:
+        w(f"Trace `{os.path.basename(t['trace'])}`: {int(t['requests'])} requests, "
+          f"{int(t['chunk_refs'])} chunk references, {int(t['unique_chunks'])} distinct chunks of "
+          f"{t['chunk_kib']:.0f} KiB (the pool's slot, so capacity counts chunks). Recompute time "
+          f"saved: the sum of a + b*i over the prefix hits, a = {t['a']} s, b = {t['b']} s (the Cake "
+          f"benchmark's fit).\n")
+    sims = {(int(r["ram_pct"]), r["sim"]): r for r in rows if r.get("kind") == "cache_sim"}
+    cells = [r for r in rows if r.get("kind") == "cache_cell"]
+    if cells:
+        w("### Hit ratio by policy, with and without hints (ram-only, one client in trace order)\n")
+        w("Per request, as an engine does: Lookup, Get the prefix hits, Put the absent chunks after "
+          "them. `sim lru` and `sim belady` are computed by the benchmark over the same sequence "
+          "(Belady: MIN with bypass, an upper bound). \"LRU..Belady\" places the prefix hit ratio "
+          "between the two (0% = LRU, 100% = Belady).\n")
+        w("| RAM % of distinct | policy | hints | prefix hit ratio | vs LRU | LRU..Belady | "
+          "recompute saved s | vs LRU | daemon CPU s | Hint handler s | matches LRU sim |")
+        w("|---|---|---|---|---|---|---|---|---|---|---|")
+        for pct in sorted({int(r["ram_pct"]) for r in cells}):
+            lru, opt = sims.get((pct, "lru")), sims.get((pct, "belady"))
+            for name, s in (("sim lru", lru), ("sim belady", opt)):
+                if s:
+                    w(f"| {pct} | {name} | - | {s['prefix_hit_ratio']:.4f} | | | {s['saved_s']:.1f} | | | | |")
+            for r in (c for c in cells if int(c["ram_pct"]) == pct):
+                base, top = r["lru_sim_prefix_hit_ratio"], r["belady_prefix_hit_ratio"]
+                pos = (r["prefix_hit_ratio"] - base) / (top - base) * 100 if top > base else 0
+                hints = f"next {int(r['hint_depth'])}" if r["hint_depth"] else "off"
+                match = ("yes" if r["matches_lru_sim"] else "NO") if r["policy"] == "lru" and not r["hint_depth"] else ""
+                w(f"| {pct} | {r['policy']} | {hints} | {r['prefix_hit_ratio']:.4f} | "
+                  f"{(r['prefix_hit_ratio'] / base - 1) * 100:+.1f}% | {pos:.0f}% | {r['saved_s']:.1f} | "
+                  f"{(r['saved_s'] / r['lru_sim_saved_s'] - 1) * 100:+.1f}% | {r['daemon_cpu_s']:.1f} | "
+                  f"{r['hint_handler_s']:.2f} | {match} |")
+        w("")
+    timed = [r for r in rows if r.get("kind") == "cache_timed"]
+    if timed:
+        r0 = timed[0]
+        w(f"### Timed replay, write-back (RAM {int(r0['ram_pct'])}% of the distinct chunks, SSD holding "
+          f"all, arrival times compressed {r0['compress']:.0f}x, {int(r0['workers'])} clients, "
+          f"Lookup leases)\n")
+        w("Target: with hints of the next 32 queued requests, >= 80% of the loaded (prefix-hit) chunks "
+          "come from RAM.\n")
+        w("| hints | policy | loaded chunks | from RAM | RAM share | prefix hit ratio | request p50 ms | "
+          "p99 ms | p99.9 ms | daemon CPU s | Hint handler s (share of CPU) | errors |")
+        w("|---|---|---|---|---|---|---|---|---|---|---|---|")
+        for r in timed:
+            hints = f"next {int(r['hint_depth'])}" if r["hint_depth"] else "off"
+            w(f"| {hints} | {r['policy']} | {int(r['loaded'])} | {int(r['from_ram'])} | "
+              f"{r['ram_share']:.3f} | {r['prefix_hit_ratio']:.4f} | {r['p50_ms']:.2f} | "
+              f"{r['p99_ms']:.2f} | {r['p999_ms']:.2f} | {r['daemon_cpu_s']:.1f} | "
+              f"{r['hint_handler_s']:.2f} ({r['hint_cpu_share'] * 100:.1f}%) | {int(r['errors'])} |")
+        w("")
+    notes = rd(os.path.join(d, "notes.md")).strip()
+    if notes:
+        w(notes + "\n")
+
+
 def gpu(res, w):
     """The GPU tier (gpu_bench, run by bench/run.sh on CUDA builds)."""
     w("## GPU tier: host-to-device and staging vs cudaMemcpyAsync (issue 11)\n")
@@ -375,6 +441,7 @@ def main():
           "`bench/results/python/py_client.jsonl`.\n")
         w(py + "\n")
     samehost(res, w, ratio, met)
+    cache(res, w)
     gpu(res, w)
     worker = rd(os.path.join(res, "worker", "summary.md")).strip()
     if worker:

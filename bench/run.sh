@@ -132,6 +132,9 @@ step samehost "${SAMEHOST[@]}"
 cp "$RES/samehost.log" "$RES/samehost/samehost.log"
 /usr/bin/python3 bench/plot_samehost.py "$RES/samehost" || true
 
+# ---- eviction policies and hints on the trace (its own folder; bench/cache.sh reruns it alone) ----
+bash bench/cache.sh "$B"
+
 # ---- resident memory, planner ----
 step rss "$B/rss_bench" --mode=write-back
 if [ -x "$B/cake_bench" ]; then step cake "$B/cake_bench"; fi
