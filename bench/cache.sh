@@ -23,4 +23,9 @@ run() {
 run policies "$B/cache_bench" --section=policies --trace="$TRACE" --fracs=5,10,20 \
   --policies=lru,prefix-lru,prefix-cost --hint-depth=32 --json="$OUT/cache.jsonl"
 run timed "$B/cache_bench" --section=timed --trace="$TRACE" --timed-frac=5 --hint-depth=32 \
-  --compress="${KVTIER_CACHE_COMPRESS:-20}" --workers=16 --json="$OUT/cache.jsonl"
+  --compress="${KVTIER_CACHE_COMPRESS:-20}" --workers=16 --timed-hints=0,32 --hint-every=1 \
+  --json="$OUT/cache.jsonl"
+# The same hints refreshed every 4 dispatches: what a scheduler that hints per step pays.
+run timed4 "$B/cache_bench" --section=timed --trace="$TRACE" --timed-frac=5 --hint-depth=32 \
+  --compress="${KVTIER_CACHE_COMPRESS:-20}" --workers=16 --timed-hints=32 --hint-every=4 \
+  --json="$OUT/cache.jsonl"

@@ -14,9 +14,10 @@
 //     incoming one included), an upper bound no online policy reaches.
 //   --section=timed  Write-back, RAM --timed-frac percent of the distinct chunks, an SSD
 //     tier holding all, arrival times compressed by --compress, --workers clients, with
-//     and without hints of the next --hint-depth queued requests: the share of loaded
-//     chunks served from RAM, request latency percentiles, the daemon's CPU time and
-//     the time its Hint handler took.
+//     and without hints of the next --hint-depth queued requests (sent every
+//     --hint-every dispatches, by the dispatching client, off the request's clock): the
+//     share of loaded chunks served from RAM, request latency percentiles (Lookup, Get,
+//     Put), the daemon's CPU time and the time its Hint handler took.
 //
 // Recompute time saved is the sum of a + b*i over the prefix hits (chunk i of its
 // request), with the Cake benchmark's fit (--a, --b seconds). Results are JSON lines
@@ -162,7 +163,8 @@ struct Replay {
   Outcome o;
   uint64_t from_ram = 0, from_ssd = 0, from_gpu = 0, lost = 0, puts = 0, errors = 0;
   uint64_t truncated_hints = 0;
-  std::vector<double> lat_ms;
+  std::vector<double> lat_ms;   // Lookup + Get + Put of each request.
+  std::vector<double> hint_ms;  // Each Hint call.
   double secs = 0;
 };
 
@@ -181,6 +183,7 @@ std::unique_ptr<KvTierClient> Connect(const std::string& target, int i) {
 
 Replay Run(const Trace& t, const std::string& target, uint64_t ns, uint64_t chunk_bytes,
            uint32_t tokens, int workers, double compress, uint64_t hint_depth, bool lease) {
+  const uint64_t hint_every = std::max<uint64_t>(1, Flag("hint-every", 1));
   const std::string payload = kvtier::testing::PatternBytes(11, chunk_bytes);
   std::atomic<uint64_t> next{0};
   std::mutex mu;
@@ -197,8 +200,10 @@ Replay Run(const Trace& t, const std::string& target, uint64_t ns, uint64_t chun
           std::this_thread::sleep_until(
               t0 + std::chrono::microseconds(static_cast<int64_t>(r.ts_ms * 1000 / compress)));
         }
-        const auto start = Clock::now();
-        if (hint_depth > 0) {
+        if (hint_depth > 0 && i % hint_every == 0) {
+          // The scheduler's side, off the request's clock: it hints as it dispatches,
+          // every --hint-every requests.
+          const auto hint_start = Clock::now();
           std::vector<kvtier::HintedRequest> queue;
           for (uint64_t j = i + 1; j < t.reqs.size() && j <= i + hint_depth; ++j) {
             kvtier::HintedRequest& q = queue.emplace_back();
@@ -211,7 +216,10 @@ Replay Run(const Trace& t, const std::string& target, uint64_t ns, uint64_t chun
           } else if (h->truncated()) {
             ++mine.truncated_hints;
           }
+          mine.hint_ms.push_back(
+              std::chrono::duration<double, std::milli>(Clock::now() - hint_start).count());
         }
+        const auto start = Clock::now();
         std::vector<ChunkKey> keys;
         for (uint64_t id : r.ids) keys.push_back(KeyOfId(id));
         auto lk = c->Lookup(ns, keys, lease ? 30 : 0);
@@ -282,6 +290,7 @@ Replay Run(const Trace& t, const std::string& target, uint64_t ns, uint64_t chun
       total.errors += mine.errors;
       total.truncated_hints += mine.truncated_hints;
       total.lat_ms.insert(total.lat_ms.end(), mine.lat_ms.begin(), mine.lat_ms.end());
+      total.hint_ms.insert(total.hint_ms.end(), mine.hint_ms.begin(), mine.hint_ms.end());
     });
   }
   for (auto& th : threads) th.join();
@@ -400,7 +409,7 @@ int Timed(const Trace& t, const std::string& dir) {
   const std::string policy = StrFlag("timed-policy", "lru");
   std::printf("| hints | policy | loaded from RAM | RAM share | SSD | p50 ms | p99 ms | p99.9 ms | daemon CPU s | Hint handler s | errors |\n");
   std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
-  for (uint64_t hints : {uint64_t{0}, depth}) {
+  for (uint64_t hints : ListFlag("timed-hints", absl::StrCat("0,", depth))) {
     Daemon d = StartDaemon(dir + "/timed-" + std::to_string(hints),
                            {"--write-mode=write-back", "--eviction-policy=" + policy,
                             absl::StrCat("--ram-capacity=", cap * Flag("chunk-kib", 16), "KiB"),
@@ -413,6 +422,7 @@ int Timed(const Trace& t, const std::string& dir) {
     const uint64_t loaded = r.from_ram + r.from_ssd + r.from_gpu;
     const double share = loaded ? double(r.from_ram + r.from_gpu) / loaded : 0;
     JsonLine().S("kind", "cache_timed").S("policy", policy).N("hint_depth", hints)
+        .N("hint_every", hints ? Flag("hint-every", 1) : 0)
         .N("ram_pct", pct).N("capacity_chunks", cap).N("compress", DFlag("compress", 100))
         .N("workers", Flag("workers", 16)).N("span_s", t.reqs.back().ts_ms / 1000)
         .N("secs", r.secs).N("loaded", loaded).N("from_ram", r.from_ram + r.from_gpu)
@@ -421,6 +431,7 @@ int Timed(const Trace& t, const std::string& dir) {
         .N("p50_ms", Pct(r.lat_ms, 0.5)).N("p99_ms", Pct(r.lat_ms, 0.99))
         .N("p999_ms", Pct(r.lat_ms, 0.999)).N("daemon_cpu_s", cpu).N("hint_handler_s", hint_s)
         .N("hint_cpu_share", cpu > 0 ? hint_s / cpu : 0).N("errors", r.errors)
+        .N("hint_p50_ms", Pct(r.hint_ms, 0.5)).N("hint_p99_ms", Pct(r.hint_ms, 0.99))
         .N("truncated_hints", r.truncated_hints).Emit();
     std::printf("| %s | %s | %lu | %.3f | %lu | %.2f | %.2f | %.2f | %.1f | %.2f | %lu |\n",
                 hints ? std::to_string(hints).c_str() : "off", policy.c_str(), r.from_ram + r.from_gpu,

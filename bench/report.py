@@ -150,23 +150,22 @@ def cache(res, w):
           "them. `sim lru` and `sim belady` are computed by the benchmark over the same sequence "
           "(Belady: MIN with bypass, an upper bound). \"LRU..Belady\" places the prefix hit ratio "
           "between the two (0% = LRU, 100% = Belady).\n")
-        w("| RAM % of distinct | policy | hints | prefix hit ratio | vs LRU | LRU..Belady | "
-          "recompute saved s | vs LRU | daemon CPU s | Hint handler s | matches LRU sim |")
-        w("|---|---|---|---|---|---|---|---|---|---|---|")
+        w("| RAM % of distinct | policy | hints | prefix hit ratio | vs LRU sim | LRU..Belady | "
+          "recompute saved s | vs LRU sim | daemon CPU s | Hint handler s |")
+        w("|---|---|---|---|---|---|---|---|---|---|")
         for pct in sorted({int(r["ram_pct"]) for r in cells}):
             lru, opt = sims.get((pct, "lru")), sims.get((pct, "belady"))
             for name, s in (("sim lru", lru), ("sim belady", opt)):
                 if s:
-                    w(f"| {pct} | {name} | - | {s['prefix_hit_ratio']:.4f} | | | {s['saved_s']:.1f} | | | | |")
+                    w(f"| {pct} | {name} | - | {s['prefix_hit_ratio']:.4f} | | | {s['saved_s']:.1f} | | | |")
             for r in (c for c in cells if int(c["ram_pct"]) == pct):
                 base, top = r["lru_sim_prefix_hit_ratio"], r["belady_prefix_hit_ratio"]
                 pos = (r["prefix_hit_ratio"] - base) / (top - base) * 100 if top > base else 0
                 hints = f"next {int(r['hint_depth'])}" if r["hint_depth"] else "off"
-                match = ("yes" if r["matches_lru_sim"] else "NO") if r["policy"] == "lru" and not r["hint_depth"] else ""
                 w(f"| {pct} | {r['policy']} | {hints} | {r['prefix_hit_ratio']:.4f} | "
                   f"{(r['prefix_hit_ratio'] / base - 1) * 100:+.1f}% | {pos:.0f}% | {r['saved_s']:.1f} | "
                   f"{(r['saved_s'] / r['lru_sim_saved_s'] - 1) * 100:+.1f}% | {r['daemon_cpu_s']:.1f} | "
-                  f"{r['hint_handler_s']:.2f} | {match} |")
+                  f"{r['hint_handler_s']:.2f} |")
         w("")
     timed = [r for r in rows if r.get("kind") == "cache_timed"]
     if timed:
@@ -180,7 +179,8 @@ def cache(res, w):
           "p99 ms | p99.9 ms | daemon CPU s | Hint handler s (share of CPU) | errors |")
         w("|---|---|---|---|---|---|---|---|---|---|---|---|")
         for r in timed:
-            hints = f"next {int(r['hint_depth'])}" if r["hint_depth"] else "off"
+            hints = (f"next {int(r['hint_depth'])}, every {int(r.get('hint_every', 1))}"
+                     if r["hint_depth"] else "off")
             w(f"| {hints} | {r['policy']} | {int(r['loaded'])} | {int(r['from_ram'])} | "
               f"{r['ram_share']:.3f} | {r['prefix_hit_ratio']:.4f} | {r['p50_ms']:.2f} | "
               f"{r['p99_ms']:.2f} | {r['p999_ms']:.2f} | {r['daemon_cpu_s']:.1f} | "

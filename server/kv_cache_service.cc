@@ -188,7 +188,7 @@ grpc::Status KvCacheService::HintImpl(TieredStore* store, const v1::HintRequest*
     out.keys.reserve(ids->size());
     for (const ChunkId& id : *ids) out.keys.push_back(id.key);
   }
-  auto result = store->Hint(req->client_id(), requests);
+  auto result = store->Hint(req->client_id(), std::move(requests));
   if (!result.ok()) return ToGrpcStatus(result.status());
   resp->set_requests_accepted(result->requests_accepted);
   resp->set_keys_accepted(result->keys_accepted);

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <utility>
 
-#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 
 namespace kvtier {
@@ -25,13 +24,18 @@ HintWindow::HintWindow(HintWindowOptions options)
 absl::StatusOr<HintWindow::Accepted> HintWindow::Set(const std::string& client,
                                                      const std::vector<Request>& requests) {
   Accepted out;
-  absl::flat_hash_set<ChunkId> seen;
+  size_t keys = 0;
+  for (const Request& r : requests) keys += r.keys.size();
+  // The client's own window, built here, outside the lock: it is the merged snapshot
+  // too while this client is the only one.
+  auto own = std::make_shared<Snapshot>();
+  own->position.reserve(std::min<size_t>(keys, options_.max_keys));
   uint64_t bytes = 0;
   for (const Request& r : requests) {
     bool whole = true;
     for (const ChunkKey& key : r.keys) {
       const ChunkId id{r.ns, key};
-      const bool is_new = !seen.contains(id);
+      const bool is_new = !own->position.contains(id);
       if (out.keys == options_.max_keys ||
           (is_new && bytes + r.chunk_bytes > options_.max_bytes)) {
         whole = false;
@@ -39,10 +43,9 @@ absl::StatusOr<HintWindow::Accepted> HintWindow::Set(const std::string& client,
       }
       ++out.keys;
       if (is_new) {
-        seen.insert(id);
+        own->position.emplace(id, static_cast<uint32_t>(own->by_rank.size()));
+        own->by_rank.push_back(id);
         bytes += r.chunk_bytes;
-        out.window.push_back(id);
-        out.window_bytes.push_back(r.chunk_bytes);
       }
     }
     if (!whole) {
@@ -51,10 +54,11 @@ absl::StatusOr<HintWindow::Accepted> HintWindow::Set(const std::string& client,
     }
     ++out.requests;
   }
+  out.window = own;
   absl::MutexLock lock(&mu_);
   DropExpiredLocked();
   auto it = clients_.find(client);
-  if (out.window.empty()) {
+  if (own->by_rank.empty()) {
     if (it != clients_.end()) {
       clients_.erase(it);
       RebuildLocked();
@@ -70,7 +74,7 @@ absl::StatusOr<HintWindow::Accepted> HintWindow::Set(const std::string& client,
     it = clients_.emplace(client, ClientHint{}).first;
     it->second.order = next_order_++;
   }
-  it->second.window = out.window;
+  it->second.window = std::move(own);
   it->second.updated = options_.now();
   RebuildLocked();
   return out;
@@ -91,7 +95,19 @@ void HintWindow::DropExpiredLocked() {
 }
 
 void HintWindow::RebuildLocked() {
+  if (clients_.empty()) {
+    snapshot_ = std::make_shared<Snapshot>();
+    return;
+  }
+  if (clients_.size() == 1) {
+    snapshot_ = clients_.begin()->second.window;
+    return;
+  }
   auto snap = std::make_shared<Snapshot>();
+  size_t total = 0;
+  for (const auto& [name, h] : clients_) total += h.window->by_rank.size();
+  snap->position.reserve(total);
+  snap->by_rank.reserve(total);
   // Order clients by arrival so that equal ranks break the same way every time.
   std::vector<const ClientHint*> hints;
   for (const auto& [name, h] : clients_) hints.push_back(&h);
@@ -99,11 +115,13 @@ void HintWindow::RebuildLocked() {
             [](const ClientHint* a, const ClientHint* b) { return a->order < b->order; });
   // Interleave by rank: every client's rank-0 chunk, then rank 1, and so on.
   size_t longest = 0;
-  for (const ClientHint* h : hints) longest = std::max(longest, h->window.size());
+  for (const ClientHint* h : hints) longest = std::max(longest, h->window->by_rank.size());
   for (size_t r = 0; r < longest; ++r) {
     for (const ClientHint* h : hints) {
-      if (r >= h->window.size()) continue;
-      if (snap->rank.try_emplace(h->window[r], r).second) snap->by_rank.push_back(h->window[r]);
+      const std::vector<ChunkId>& w = h->window->by_rank;
+      if (r >= w.size()) continue;
+      const uint32_t at = static_cast<uint32_t>(snap->by_rank.size());
+      if (snap->position.try_emplace(w[r], at).second) snap->by_rank.push_back(w[r]);
     }
   }
   snapshot_ = std::move(snap);

@@ -50,18 +50,17 @@ class HintWindow {
     uint64_t chunk_bytes = 0;  // The namespace's chunk size.
     std::vector<ChunkKey> keys;
   };
+  // A window: `by_rank` lists its chunks, nearest first; `position` maps a chunk to its
+  // index there. The merged one takes each client's rank-0 chunk, then rank 1, and so on.
+  struct Snapshot {
+    absl::flat_hash_map<ChunkId, uint32_t> position;
+    std::vector<ChunkId> by_rank;
+  };
   struct Accepted {
     uint32_t requests = 0;  // Leading requests taken whole.
     uint32_t keys = 0;      // Keys taken (a cut request's leading keys included).
     bool truncated = false;
-    // The client's window: its distinct chunks, nearest first.
-    std::vector<ChunkId> window;
-    std::vector<uint64_t> window_bytes;  // Each one's chunk size.
-  };
-  // The merged view. `rank` holds every hinted chunk; `by_rank` lists them nearest first.
-  struct Snapshot {
-    absl::flat_hash_map<ChunkId, uint64_t> rank;
-    std::vector<ChunkId> by_rank;
+    std::shared_ptr<const Snapshot> window;  // The client's window: its distinct chunks.
   };
 
   explicit HintWindow(HintWindowOptions options);
@@ -74,7 +73,7 @@ class HintWindow {
 
  private:
   struct ClientHint {
-    std::vector<ChunkId> window;  // Nearest first.
+    std::shared_ptr<const Snapshot> window;
     absl::Time updated;
     uint64_t order = 0;           // Arrival order of the client's first hint: ties.
   };

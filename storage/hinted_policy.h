@@ -1,7 +1,9 @@
 // HintedPolicy: wraps a tier's eviction policy so that eviction spares the chunks
 // schedulers said they will need (HintWindow): the victim is the inner policy's choice
 // among chunks no hint mentions; only when none of those can go is a hinted chunk
-// evicted, the one needed last (farthest in the window) first.
+// evicted, the one needed last (farthest in the window) first. A hinted chunk that the
+// inner policy offered and that was passed over counts as touched (it is about to be
+// used), so a pick walks past each hinted chunk once, not on every eviction.
 //
 // Thread-safety: not thread-safe (see EvictionPolicy); the window is read through its
 // lock-free snapshot.

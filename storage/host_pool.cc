@@ -154,6 +154,12 @@ bool HostPool::Contains(const ChunkId& id) const {
   return index_.contains(id);
 }
 
+void HostPool::ContainsMany(absl::Span<const ChunkId> ids, std::vector<bool>* present) const {
+  present->assign(ids.size(), false);
+  absl::MutexLock lock(&mu_);
+  for (size_t i = 0; i < ids.size(); ++i) (*present)[i] = index_.contains(ids[i]);
+}
+
 absl::Status HostPool::Pin(const ChunkId& id, absl::Time until) {
   absl::MutexLock lock(&mu_);
   auto it = index_.find(id);

@@ -85,6 +85,8 @@ class HostPool {
   std::optional<Hit> Find(const ChunkId& id);
   // Presence without touching recency or counters.
   bool Contains(const ChunkId& id) const;
+  // Contains for many chunks under one lock: (*present)[i] for ids[i].
+  void ContainsMany(absl::Span<const ChunkId> ids, std::vector<bool>* present) const;
   // The chunk, without touching recency or counters: a caller that holds the returned
   // data keeps the chunk from being evicted (a lease), but reads nothing.
   std::optional<Hit> Peek(const ChunkId& id) const;

@@ -588,6 +588,15 @@ bool SsdTier::Contains(const ChunkId& id) const {
   return it != index_.end() && !ExpiredLocked(it->second);
 }
 
+void SsdTier::ContainsMany(absl::Span<const ChunkId> ids, std::vector<bool>* present) const {
+  present->assign(ids.size(), false);
+  absl::MutexLock lock(&mu_);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    auto it = index_.find(ids[i]);
+    (*present)[i] = it != index_.end() && !ExpiredLocked(it->second);
+  }
+}
+
 absl::Status SsdTier::DeleteChunk(const ChunkId& id) {
   std::optional<IndexEntry> e;
   {

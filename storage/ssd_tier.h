@@ -181,6 +181,8 @@ class SsdTier {
   absl::Status DropCorrupt(const ChunkId& id);
 
   bool Contains(const ChunkId& id) const;
+  // Contains for many chunks under one lock: (*present)[i] for ids[i].
+  void ContainsMany(absl::Span<const ChunkId> ids, std::vector<bool>* present) const;
   // Returns true if the chunk was present. Errors: Unavailable.
   absl::StatusOr<bool> Delete(const ChunkId& id);
   absl::StatusOr<uint64_t> DeleteNamespace(uint64_t ns);

@@ -2,7 +2,6 @@
 
 #include <cstring>
 
-#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/notification.h"
@@ -415,18 +414,18 @@ absl::StatusOr<std::shared_ptr<PoolChunk>> TieredStore::Promote(const ChunkId& i
 }
 
 absl::StatusOr<TieredStore::HintResult> TieredStore::Hint(
-    const std::string& client, const std::vector<HintedRequest>& requests) {
+    const std::string& client, std::vector<HintedRequest> requests) {
   std::vector<HintWindow::Request> window_requests;
   window_requests.reserve(requests.size());
   absl::flat_hash_map<uint64_t, uint64_t> chunk_bytes;
-  for (const HintedRequest& r : requests) {
+  for (HintedRequest& r : requests) {
     auto it = chunk_bytes.find(r.ns);
     if (it == chunk_bytes.end()) {
       auto layout = layouts_->Find(r.ns);
       if (!layout.ok()) return layout.status();
       it = chunk_bytes.emplace(r.ns, layout->ChunkBytes()).first;
     }
-    window_requests.push_back({r.ns, it->second, r.keys});
+    window_requests.push_back({r.ns, it->second, std::move(r.keys)});
   }
   auto accepted = hints_->Set(client, window_requests);
   if (!accepted.ok()) return accepted.status();
@@ -435,31 +434,51 @@ absl::StatusOr<TieredStore::HintResult> TieredStore::Hint(
   out.keys_accepted = accepted->keys;
   out.truncated = accepted->truncated;
   // The merged window, nearest first, as far as max_bytes reaches: what sits only on
-  // SSD is fetched; the rest is counted.
+  // SSD is fetched. One lock per tier for the whole window.
   const auto snapshot = hints_->snapshot();
-  std::vector<ChunkId> fetch;
-  absl::flat_hash_set<ChunkId> fetching;
+  size_t reach = 0;
   uint64_t bytes = 0;
-  for (const ChunkId& id : snapshot->by_rank) {
-    auto size = chunk_bytes.find(id.ns);
-    uint64_t n = 0;
-    if (size != chunk_bytes.end()) {
-      n = size->second;
-    } else if (auto layout = layouts_->Find(id.ns); layout.ok()) {
-      n = chunk_bytes.emplace(id.ns, layout->ChunkBytes()).first->second;
+  for (; reach < snapshot->by_rank.size(); ++reach) {
+    const uint64_t ns = snapshot->by_rank[reach].ns;
+    auto size = chunk_bytes.find(ns);
+    if (size == chunk_bytes.end()) {
+      auto layout = layouts_->Find(ns);
+      size = chunk_bytes.emplace(ns, layout.ok() ? layout->ChunkBytes() : 0).first;
     }
-    if (bytes + n > options_.hints.max_bytes) break;
-    bytes += n;
-    if (has_ssd() && !ram_->Contains(id) && ssd_->Contains(id)) {
-      fetch.push_back(id);
-      fetching.insert(id);
-    } else if (gpu_ != nullptr) {
-      StageAsync(id);
+    if (bytes + size->second > options_.hints.max_bytes) break;
+    bytes += size->second;
+  }
+  const absl::Span<const ChunkId> window = absl::MakeConstSpan(snapshot->by_rank).first(reach);
+  std::vector<bool> in_ram, on_ssd(reach, false);
+  ram_->ContainsMany(window, &in_ram);
+  if (has_ssd()) {
+    // Only what RAM lacks can need a fetch (hinted chunks mostly stay in RAM).
+    std::vector<ChunkId> lacking;
+    std::vector<size_t> where;
+    for (size_t i = 0; i < reach; ++i) {
+      if (!in_ram[i]) lacking.push_back(window[i]), where.push_back(i);
+    }
+    std::vector<bool> found;
+    ssd_->ContainsMany(lacking, &found);
+    for (size_t j = 0; j < lacking.size(); ++j) on_ssd[where[j]] = found[j];
+  }
+  std::vector<ChunkId> fetch;
+  for (size_t i = 0; i < reach; ++i) {
+    if (!in_ram[i] && on_ssd[i]) {
+      fetch.push_back(window[i]);
+    } else if (in_ram[i] && gpu_ != nullptr) {
+      StageAsync(window[i]);
     }
   }
-  for (const ChunkId& id : accepted->window) {
-    if (fetching.contains(id)) {
-      ++out.prefetching;
+  // What became of this client's window (a chunk past the merged reach: only counted).
+  for (const ChunkId& id : accepted->window->by_rank) {
+    auto at = snapshot->position.find(id);
+    if (at != snapshot->position.end() && at->second < reach) {
+      if (!in_ram[at->second] && on_ssd[at->second]) {
+        ++out.prefetching;
+      } else if (in_ram[at->second] || on_ssd[at->second]) {
+        ++out.cached;
+      }
     } else if (Locate(id) != Tier::kNone) {
       ++out.cached;
     }

@@ -291,7 +291,7 @@ class TieredStore {
     std::vector<ChunkKey> keys;
   };
   absl::StatusOr<HintResult> Hint(const std::string& client,
-                                  const std::vector<HintedRequest>& requests);
+                                  std::vector<HintedRequest> requests);
   uint64_t prefetched() const { return prefetcher_ ? prefetcher_->fetched() : 0; }
   // Waits until the prefetch queue is drained (tests, benchmarks).
   void WaitForPrefetch() {

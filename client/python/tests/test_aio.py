@@ -22,8 +22,11 @@ def test_every_call_as_a_coroutine(daemon):
             ns = (await c.register_layout(lay)).namespace_id
             keys = keys_of(ns, 3, lay, seed=40)
             data = payloads(lay, 3, seed=40)
-            assert (await c.put(ns, keys, data)).stored == 3
+            assert (await c.put(ns, keys, data, chain_start=0)).stored == 3
             assert (await c.lookup(ns, keys)).prefix_hits == 3
+            h = await c.hint("pytest-aio", [(ns, keys)])
+            assert (h.requests_accepted, h.keys_accepted, h.cached) == (1, 3, 3)
+            assert (await c.hint("pytest-aio", [])).keys_accepted == 0
             out = np.zeros((3, lay.chunk_bytes // 4), np.float32)
             # Concurrent gets share the loop; each fills its own buffer.
             outs = [np.zeros_like(out) for _ in range(4)]
