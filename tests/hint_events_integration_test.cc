@@ -3,6 +3,8 @@
 // and Events filters by namespace and marks a resync when a cursor was overwritten.
 #include <gtest/gtest.h>
 
+#include <grpcpp/grpcpp.h>
+
 #include <string>
 #include <vector>
 
@@ -135,6 +137,55 @@ TEST_F(HintEventsTest, EventsFilterByNamespaceAndAnOverwrittenCursorGetsAResyncM
     return mine.empty();
   }).ok());
   EXPECT_EQ(mine, std::vector<uint64_t>{6});
+}
+
+TEST_F(HintEventsTest, ASubscriberThatStopsReadingIsLappedAndToldToResync) {
+  Start({"--write-mode=ram-only", "--ram-capacity=64MiB", "--ram-slot-size=4KiB",
+         "--event-buffer=64"});
+  LayoutSpec tiny = LayoutOfMiB(1, "tiny-model");
+  tiny.tokens_per_chunk = 1;  // 4 KiB chunks: many events cheaply.
+  auto reg = client_->RegisterLayout(tiny);
+  ASSERT_TRUE(reg.ok()) << reg.status();
+  // A raw channel with a small, fixed receive window: a reader that stops reading
+  // stops the daemon's writes after a few batches.
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  args.SetInt("grpc.http2.lookahead_bytes", 16384);
+  auto channel = grpc::CreateCustomChannel(daemon_->target(), grpc::InsecureChannelCredentials(), args);
+  auto stub = v1::KvCache::NewStub(channel);
+  grpc::ClientContext ctx;
+  v1::EventsRequest req;
+  req.set_namespace_id(reg->namespace_id);
+  auto reader = stub->Events(&ctx, req);
+  // The stream is open once the first event (the probe below) arrives.
+  const std::string payload = PatternBytes(1, 4096);
+  ChunkToPut probe{KeyOf(0), payload, 1};
+  ASSERT_TRUE(client_->Put(reg->namespace_id, {&probe, 1}).ok());
+  v1::EventBatch batch;
+  ASSERT_TRUE(reader->Read(&batch));
+  ASSERT_GE(batch.events_size(), 1);
+  EXPECT_FALSE(batch.resync());
+  // Now it stops reading while 8000 chunks are stored: far more than the 64 events the
+  // daemon keeps and the few batches the window holds.
+  std::vector<ChunkToPut> chunks;
+  for (uint64_t n = 1; n <= 8000; ++n) chunks.push_back({KeyOf(n), payload, 1});
+  ASSERT_TRUE(client_->Put(reg->namespace_id, chunks).ok());
+  // Reading again: what was in flight, then a resync marker, then the newest events.
+  bool resync = false;
+  uint64_t last = 0;
+  while (!resync && reader->Read(&batch)) {
+    resync = batch.resync();
+    for (const auto& e : batch.events()) {
+      EXPECT_GT(e.sequence(), last);
+      last = e.sequence();
+    }
+  }
+  EXPECT_TRUE(resync);
+  EXPECT_GT(batch.resync_sequence(), 1000u);
+  ctx.TryCancel();
+  reader->Finish().IgnoreError();
+  // The daemon serves on.
+  EXPECT_EQ(Where(1), v1::TIER_UNSPECIFIED);
 }
 
 }  // namespace
