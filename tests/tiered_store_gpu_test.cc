@@ -129,6 +129,21 @@ TEST_F(TieredStoreGpuTest, PoolIsPinnedAndStagedChunksAreServedDeviceToDevice) {
   EXPECT_EQ(Deliver(1, {{0, kChunk, dst}}).status().code(), absl::StatusCode::kNotFound);
 }
 
+TEST_F(TieredStoreGpuTest, AHintStagesItsRamChunksOnTheGpu) {
+  Open();
+  Put(1);
+  Put(2);
+  Put(3);
+  auto r = store_->Hint("sched", {{ns_, {Id(2).key, Id(3).key, Id(9).key}}});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->cached, 2u);
+  device_->Drain();
+  EXPECT_EQ(store_->Locate(Id(1)), Tier::kRam);  // Not hinted: not staged.
+  EXPECT_EQ(store_->Locate(Id(2)), Tier::kGpu);
+  EXPECT_EQ(store_->Locate(Id(3)), Tier::kGpu);
+  EXPECT_EQ(store_->Locate(Id(9)), Tier::kNone);
+}
+
 TEST_F(TieredStoreGpuTest, UnstagedChunksGoHostToDeviceInLayerRanges) {
   Open();
   Put(2);
