@@ -10,12 +10,20 @@ EventsReactor::EventsReactor(EventLog* log, const v1::EventsRequest& request,
       ns_(request.namespace_id()),
       scope_(metrics, RpcMethod::kEvents),
       subscribers_(std::move(subscribers)),
-      waker_(std::make_shared<Waker>()),
-      after_(request.after_sequence() == 0 ? log->last_sequence() : request.after_sequence()) {
+      waker_(std::make_shared<Waker>()) {
+  // A cursor from another run of the daemon (its instance id differs) says nothing
+  // about this one: start from the oldest event kept, marked resync.
+  const bool other_run =
+      request.instance_id() != 0 && request.instance_id() != log->instance_id();
+  after_ = other_run                          ? EventLog::kStaleCursor
+           : request.after_sequence() == 0 ? log->last_sequence()
+                                             : request.after_sequence();
   {
     absl::MutexLock lock(&waker_->mu);
     waker_->reactor = this;
   }
+  // Tells the subscriber that its cursor is fixed: events from here on are its.
+  StartSendInitialMetadata();
   Next();
 }
 
@@ -28,6 +36,11 @@ void EventsReactor::Next() {
       after = after_;
     }
     EventLog::ReadResult r = log_->Read(after, ns_, kMaxBatch);
+    if (r.closed) {
+      Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                          "events: kvtierd is shutting down; resubscribe after it restarts"));
+      return;
+    }
     if (r.events.empty() && !r.gap) {
       {
         absl::MutexLock lock(&mu_);
@@ -38,17 +51,20 @@ void EventsReactor::Next() {
             absl::MutexLock lock(&waker->mu);
             if (waker->reactor != nullptr) waker->reactor->Next();
           });
-      if (handle == 0) continue;  // Events arrived meanwhile.
+      if (handle == 0) continue;  // Events arrived (or the log closed) meanwhile.
       absl::MutexLock lock(&mu_);
       wake_handle_ = handle;
       return;
     }
     {
+      // Decided in one critical section with OnCancel: a write starts only on a call
+      // that is neither finished nor cancelled.
       absl::MutexLock lock(&mu_);
-      if (finished_ || writing_) return;
+      if (finished_ || writing_ || cancelled_) return;
       after_ = r.next_after;
       writing_ = true;
       batch_.Clear();
+      batch_.set_instance_id(log_->instance_id());
       if (r.gap) {
         batch_.set_resync(true);
         batch_.set_resync_sequence(r.first_kept);
@@ -68,11 +84,13 @@ void EventsReactor::Next() {
 }
 
 void EventsReactor::OnWriteDone(bool ok) {
+  bool cancelled;
   {
     absl::MutexLock lock(&mu_);
     writing_ = false;
+    cancelled = cancelled_;
   }
-  if (!ok) {
+  if (!ok || cancelled) {
     Finish(grpc::Status(grpc::StatusCode::CANCELLED, "events: the subscriber went away"));
     return;
   }
@@ -81,23 +99,22 @@ void EventsReactor::OnWriteDone(bool ok) {
 
 void EventsReactor::OnCancel() {
   uint64_t handle = 0;
-  bool writing = false;
+  bool writing;
   {
     absl::MutexLock lock(&mu_);
+    cancelled_ = true;
     std::swap(handle, wake_handle_);
     writing = writing_;
   }
   if (handle != 0) log_->CancelWake(handle);
-  // A write in flight finishes (not ok) first; OnWriteDone then ends the call.
-  if (!writing) {
-    Finish(grpc::Status(grpc::StatusCode::CANCELLED, "events: cancelled"));
-  }
+  // A write in flight completes first (ok or not); OnWriteDone then ends the call.
+  if (!writing) Finish(grpc::Status(grpc::StatusCode::CANCELLED, "events: cancelled"));
 }
 
 void EventsReactor::Finish(grpc::Status status) {
   {
     absl::MutexLock lock(&mu_);
-    if (finished_) return;
+    if (finished_ || writing_) return;  // A write in flight: OnWriteDone finishes.
     finished_ = true;
   }
   grpc::ServerWriteReactor<v1::EventBatch>::Finish(scope_.Done(std::move(status)));

@@ -2,7 +2,9 @@
 // batches, one batch in flight at a time, and parks on the log when it has caught up.
 // The subscriber's only state is its cursor, so a slow reader costs no memory: when the
 // ring has overwritten what it had not read yet, its next batch carries a resync marker.
-// Ends when the client cancels (or the server shuts down), with the call's status.
+// Ends when the client cancels, or UNAVAILABLE once the log is closed at shutdown.
+// A write in flight always completes before the call finishes; nothing is written after
+// a cancel.
 //
 // Thread-safety: gRPC calls the reactor's methods; the log's wake-up arrives on an
 // appending thread and reaches the reactor through a small shared state, so it cannot
@@ -55,9 +57,10 @@ class EventsReactor final : public grpc::ServerWriteReactor<v1::EventBatch> {
   std::shared_ptr<Waker> waker_;
 
   absl::Mutex mu_;
-  uint64_t after_ ABSL_GUARDED_BY(mu_);
+  uint64_t after_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t wake_handle_ ABSL_GUARDED_BY(mu_) = 0;
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   v1::EventBatch batch_;  // Owned by gRPC between StartWrite and OnWriteDone.
 };

@@ -153,8 +153,6 @@ int Run(const DaemonConfig& config, const sigset_t& signals) {
   lease_options.max_held_bytes =
       config.max_lease_bytes != 0 ? config.max_lease_bytes : config.ram_capacity / 2;
   LeaseTable leases(lease_options);
-  // Chunk events for Events subscribers; outlives the server and the store.
-  EventLog events(config.event_buffer);
 
   // The same-host data plane: its region socket is up before gRPC, so DataPlane() never
   // names a socket that does not answer yet.
@@ -166,6 +164,8 @@ int Run(const DaemonConfig& config, const sigset_t& signals) {
   while (instance_id == 0) {
     if (getrandom(&instance_id, sizeof(instance_id), 0) != sizeof(instance_id)) instance_id = 0;
   }
+  // Chunk events for Events subscribers; outlives the server and the store.
+  EventLog events(config.event_buffer, instance_id);
   DataPlaneInfo data_plane;
   std::unique_ptr<RegionSocket> region_socket;
   if (const std::string name = config.RegionSocketName(instance_id); !name.empty()) {
@@ -220,6 +220,7 @@ int Run(const DaemonConfig& config, const sigset_t& signals) {
         HttpEndpoint::Start(config.metrics_listen, [&serving] { return serving.load(); });
     if (!endpoint.ok()) {
       LogError(endpoint.status().message());
+      events.Close();
       server->Shutdown();
       return 1;
     }
@@ -234,6 +235,7 @@ int Run(const DaemonConfig& config, const sigset_t& signals) {
   if (!store.ok()) {
     LogError("cannot open the store: ", store.status().message());
     http.reset();
+    events.Close();
     server->Shutdown();
     return 1;
   }
@@ -248,6 +250,7 @@ int Run(const DaemonConfig& config, const sigset_t& signals) {
     if (absl::Status s = WritePortFile(config.port_file, port, metrics_port); !s.ok()) {
       LogError(s.message());
       http.reset();
+      events.Close();
       server->Shutdown();
       return 1;
     }
@@ -268,6 +271,7 @@ int Run(const DaemonConfig& config, const sigset_t& signals) {
   serving = false;
   health->SetServingStatus(false);
   prefill.BeginShutdown();  // Sessions send Done with what they streamed, then end.
+  events.Close();           // Events subscribers get UNAVAILABLE instead of waiting.
   server->Shutdown(std::chrono::system_clock::now() +
                    absl::ToChronoSeconds(config.shutdown_grace));
   server->Wait();

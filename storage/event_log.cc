@@ -5,8 +5,8 @@
 
 namespace kvtier {
 
-EventLog::EventLog(size_t capacity)
-    : capacity_(std::max<size_t>(1, capacity)), ring_(capacity_) {}
+EventLog::EventLog(size_t capacity, uint64_t instance_id)
+    : capacity_(std::max<size_t>(1, capacity)), instance_id_(instance_id), ring_(capacity_) {}
 
 void EventLog::Append(ChunkEventKind kind, const ChunkId& id, Tier tier) {
   absl::flat_hash_map<uint64_t, std::function<void()>> wakes;
@@ -22,6 +22,7 @@ void EventLog::Append(ChunkEventKind kind, const ChunkId& id, Tier tier) {
 EventLog::ReadResult EventLog::Read(uint64_t after, uint64_t ns, size_t max) const {
   ReadResult out;
   absl::MutexLock lock(&mu_);
+  out.closed = closed_;
   const uint64_t first_kept = last_ > ring_.size() ? last_ - ring_.size() + 1 : 1;
   out.first_kept = first_kept;
   if (after > last_) {
@@ -48,10 +49,20 @@ uint64_t EventLog::last_sequence() const {
 
 uint64_t EventLog::WakeAfter(uint64_t after, std::function<void()> wake) {
   absl::MutexLock lock(&mu_);
-  if (last_ > after) return 0;
+  if (last_ > after || closed_) return 0;
   const uint64_t handle = ++next_wake_;
   wakes_.emplace(handle, std::move(wake));
   return handle;
+}
+
+void EventLog::Close() {
+  absl::flat_hash_map<uint64_t, std::function<void()>> wakes;
+  {
+    absl::MutexLock lock(&mu_);
+    closed_ = true;
+    wakes.swap(wakes_);
+  }
+  for (auto& [handle, wake] : wakes) wake();
 }
 
 bool EventLog::CancelWake(uint64_t handle) {

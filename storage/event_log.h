@@ -32,7 +32,13 @@ struct ChunkEvent {
 
 class EventLog {
  public:
-  explicit EventLog(size_t capacity);
+  // A cursor past any sequence: Read treats it as stale (a gap).
+  static constexpr uint64_t kStaleCursor = UINT64_MAX;
+
+  // `instance_id` names this run of the daemon: sequences restart with each run, so a
+  // subscriber keeps (instance_id, sequence) and resyncs when the instance changes.
+  explicit EventLog(size_t capacity, uint64_t instance_id = 0);
+  uint64_t instance_id() const { return instance_id_; }
 
   void Append(ChunkEventKind kind, const ChunkId& id, Tier tier);
 
@@ -44,6 +50,7 @@ class EventLog {
     uint64_t first_kept = 0;
     // Where the next Read should start (the last sequence this read looked at).
     uint64_t next_after = 0;
+    bool closed = false;  // Close() was called: no more events will come.
   };
   // Up to `max` events with sequence > `after`, of namespace `ns` (0: all). An `after`
   // beyond the last sequence (a cursor from before a restart) is a gap too.
@@ -55,11 +62,16 @@ class EventLog {
   uint64_t WakeAfter(uint64_t after, std::function<void()> wake);
   // Forgets a pending wake. False when it already ran or is running.
   bool CancelWake(uint64_t handle);
+  // At shutdown: runs every pending wake; Reads say `closed` and WakeAfter returns 0
+  // from now on, so subscribers end their calls instead of waiting for events.
+  void Close();
   size_t capacity() const { return capacity_; }
 
  private:
   const size_t capacity_;
+  const uint64_t instance_id_;
   mutable absl::Mutex mu_;
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<ChunkEvent> ring_ ABSL_GUARDED_BY(mu_);  // Sequence s at (s - 1) % size.
   uint64_t last_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t next_wake_ ABSL_GUARDED_BY(mu_) = 0;

@@ -34,7 +34,7 @@ struct EvictionPolicyOptions {
   PrefixCostOptions prefix_cost;  // prefix-cost only (prefix-lru uses weight 0).
   // When set, the policy is wrapped in a HintedPolicy: hinted chunks go last. Not owned;
   // must outlive the policies built.
-  const HintWindow* hints = nullptr;
+  HintWindow* hints = nullptr;
 
   absl::Status Validate() const;
 };

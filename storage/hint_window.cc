@@ -76,6 +76,8 @@ absl::StatusOr<HintWindow::Accepted> HintWindow::Set(const std::string& client,
   }
   it->second.window = std::move(own);
   it->second.updated = options_.now();
+  oldest_update_ = absl::InfiniteFuture();
+  for (const auto& [name, h] : clients_) oldest_update_ = std::min(oldest_update_, h.updated);
   RebuildLocked();
   return out;
 }
@@ -83,11 +85,13 @@ absl::StatusOr<HintWindow::Accepted> HintWindow::Set(const std::string& client,
 void HintWindow::DropExpiredLocked() {
   const absl::Time cutoff = options_.now() - options_.ttl;
   bool dropped = false;
+  oldest_update_ = absl::InfiniteFuture();
   for (auto it = clients_.begin(); it != clients_.end();) {
     if (it->second.updated <= cutoff) {
       clients_.erase(it++);
       dropped = true;
     } else {
+      oldest_update_ = std::min(oldest_update_, it->second.updated);
       ++it;
     }
   }
@@ -127,8 +131,11 @@ void HintWindow::RebuildLocked() {
   snapshot_ = std::move(snap);
 }
 
-std::shared_ptr<const HintWindow::Snapshot> HintWindow::snapshot() const {
+std::shared_ptr<const HintWindow::Snapshot> HintWindow::snapshot() {
   absl::MutexLock lock(&mu_);
+  // A scheduler that died stops hinting: its window lapses here too, not only when
+  // another client hints.
+  if (!clients_.empty() && options_.now() - oldest_update_ >= options_.ttl) DropExpiredLocked();
   return snapshot_;
 }
 

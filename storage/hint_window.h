@@ -68,7 +68,8 @@ class HintWindow {
   // Replaces `client`'s hint. Returns: Ok, ResourceExhausted (max_clients other clients
   // hold live hints; they expire after ttl).
   absl::StatusOr<Accepted> Set(const std::string& client, const std::vector<Request>& requests);
-  std::shared_ptr<const Snapshot> snapshot() const;
+  // The merged window now (dropping hints past their ttl first).
+  std::shared_ptr<const Snapshot> snapshot();
   size_t clients() const;
 
  private:
@@ -84,6 +85,8 @@ class HintWindow {
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, ClientHint> clients_ ABSL_GUARDED_BY(mu_);
   uint64_t next_order_ ABSL_GUARDED_BY(mu_) = 0;
+  // The least recently renewed live hint's time (InfiniteFuture with none).
+  absl::Time oldest_update_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   std::shared_ptr<const Snapshot> snapshot_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -20,7 +20,7 @@ namespace kvtier {
 class HintedPolicy final : public EvictionPolicy {
  public:
   // `window` is not owned and must outlive the policy.
-  HintedPolicy(std::unique_ptr<EvictionPolicy> inner, const HintWindow* window)
+  HintedPolicy(std::unique_ptr<EvictionPolicy> inner, HintWindow* window)
       : inner_(std::move(inner)), window_(window) {}
 
   using EvictionPolicy::OnInsert;
@@ -35,7 +35,7 @@ class HintedPolicy final : public EvictionPolicy {
 
  private:
   const std::unique_ptr<EvictionPolicy> inner_;
-  const HintWindow* const window_;
+  HintWindow* const window_;
 };
 
 }  // namespace kvtier

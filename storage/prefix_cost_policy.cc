@@ -25,7 +25,8 @@ void PrefixCostPolicy::OnInsert(const ChunkId& id, const ChunkLineage& lineage) 
   }
   if (lineage.has_parent) {
     const ChunkId parent{id.ns, lineage.parent};
-    if (auto p = entries_.find(parent); p != entries_.end() && !(parent == id)) {
+    // `id` itself is not tracked yet, so a chunk naming itself finds no parent.
+    if (auto p = entries_.find(parent); p != entries_.end()) {
       Entry& pe = p->second;
       if (pe.children++ == 0) leaves_.erase(pe.rank());
       e.linked = true;

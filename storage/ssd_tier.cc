@@ -245,8 +245,9 @@ void SsdTier::InsertLocked(const ChunkId& id, IndexEntry e) {
   used_bytes_ += e.extent.footprint();
   payload_bytes_ += e.meta.size;
   by_file_[e.extent.file].insert(id);
+  const ChunkLineage lineage = e.meta.lineage;
   index_[id] = std::move(e);
-  policy_->OnInsert(id, e.meta.lineage);
+  policy_->OnInsert(id, lineage);
 }
 
 std::optional<SsdTier::IndexEntry> SsdTier::ForgetLocked(const ChunkId& id) {
@@ -508,6 +509,7 @@ absl::StatusOr<ChunkMeta> SsdTier::ReadMeta(const ChunkId& id) {
     ++counters_.expirations;
   }
   if (absl::Status s = DeleteChunk(id); !s.ok()) return s;
+  if (options_.on_evict) options_.on_evict(id);
   return absl::NotFoundError("chunk on SSD expired (ssd_ttl)");
 }
 
@@ -656,6 +658,7 @@ uint64_t SsdTier::ExpireOld() {
       LogWarning("SSD tier: TTL sweep: ", s.message());
       break;
     }
+    if (options_.on_evict) options_.on_evict(id);
   }
   return ids.size();
 }

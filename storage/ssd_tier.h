@@ -92,7 +92,8 @@ struct SsdTierOptions {
   std::shared_ptr<PayloadFileOps> file_ops;
   // Clock for TTL; tests inject a fake one.
   std::function<absl::Time()> now = [] { return absl::Now(); };
-  // Called (without the tier's locks) for each chunk a put evicted for room.
+  // Called (without the tier's locks) for each chunk that left the tier for room or by
+  // expiry (ssd_ttl).
   std::function<void(const ChunkId&)> on_evict;
 
   absl::Status Validate() const;

@@ -402,7 +402,11 @@ absl::StatusOr<std::shared_ptr<PoolChunk>> TieredStore::Promote(const ChunkId& i
   // Only when there is room without demoting anything (a read must not cascade into SSD
   // writes): the segments are read straight into the new pool chunk.
   auto room = ram_->Allocate(meta.size);
-  if (!room.ok()) return room.status();
+  if (!room.ok()) {
+    // Larger than the pool (a chunk from a run with a bigger ram_capacity) is no room
+    // too: the caller serves it another way.
+    return absl::ResourceExhaustedError(room.status().message());
+  }
   PoolSink sink(room->get());
   if (absl::Status s = ssd_->ReadPayload(id, meta, sink); !s.ok()) return s;
   if (ram_->Insert(id, *room, meta, /*dirty=*/false)) {
@@ -463,10 +467,17 @@ absl::StatusOr<TieredStore::HintResult> TieredStore::Hint(
     for (size_t j = 0; j < lacking.size(); ++j) on_ssd[where[j]] = found[j];
   }
   std::vector<ChunkId> fetch;
+  // Staging takes the nearest chunks, up to half its buffers: staging the whole window
+  // would evict, in LRU order, the nearest for the farthest.
+  uint64_t staged = 0;
+  const uint64_t stage_budget = gpu_ != nullptr ? options_.gpu_staging.capacity_bytes / 2 : 0;
   for (size_t i = 0; i < reach; ++i) {
     if (!in_ram[i] && on_ssd[i]) {
       fetch.push_back(window[i]);
     } else if (in_ram[i] && gpu_ != nullptr) {
+      const uint64_t size = chunk_bytes[window[i].ns];
+      if (staged + size > stage_budget) continue;
+      staged += size;
       StageAsync(window[i]);
     }
   }
@@ -495,7 +506,7 @@ void TieredStore::Prefetch(const ChunkId& id) {
   // No room now, or the read failed (the SSD tier deletes and counts a corrupt chunk).
   if (!room.ok()) return;
   ssd_bytes_out_.fetch_add(meta->size, std::memory_order_relaxed);
-  if (gpu_ != nullptr) StageAsync(id);
+  // Staged, if near enough, by the next Hint: now in RAM, it is counted there.
 }
 
 void TieredStore::ReadAsync(const ChunkId& id,
@@ -567,8 +578,9 @@ void TieredStore::ReadRangeAsync(const ChunkId& id, const ChunkMeta& meta, uint6
 }
 
 absl::Status TieredStore::DropCorrupt(const ChunkId& id) {
-  Emit(ChunkEventKind::kDeleted, id, Tier::kNone);
   if (!has_ssd()) return absl::DataLossError("chunk failed its checksum");
+  // Only the SSD copy goes; a RAM copy, if any, still serves.
+  Emit(ChunkEventKind::kEvicted, id, Tier::kSsd);
   return ssd_->DropCorrupt(id);
 }
 
@@ -640,7 +652,10 @@ void TieredStore::DropCorruptInRam(const ChunkId& id, const std::shared_ptr<cons
   std::optional<HostPool::Hit> now = ram_->Peek(id);
   if (!now || std::static_pointer_cast<const void>(now->data) != chunk) return;
   if (gpu_ != nullptr) gpu_->Remove(id);
-  if (ram_->Remove(id)) NotifyRoom();
+  if (ram_->Remove(id)) {
+    NotifyRoom();
+    Emit(ChunkEventKind::kEvicted, id, Tier::kRam);
+  }
   ram_checksum_failures_.fetch_add(1, std::memory_order_relaxed);
   LogWarning("RAM copy of ", id.DebugString(), " failed its CRC32C on the way to a GPU; "
              "dropped (an SSD copy, if any, is still served)");

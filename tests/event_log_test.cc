@@ -69,5 +69,22 @@ TEST(EventLog, WakesOnceWhenAnEventArrivesAndCanBeCancelled) {
   EXPECT_EQ(woken, 1);
 }
 
+TEST(EventLog, CloseWakesEveryWaiterAndEndsWaiting) {
+  EventLog log(8, /*instance_id=*/42);
+  EXPECT_EQ(log.instance_id(), 42u);
+  int woken = 0;
+  ASSERT_NE(log.WakeAfter(0, [&] { ++woken; }), 0u);
+  ASSERT_NE(log.WakeAfter(0, [&] { ++woken; }), 0u);
+  EXPECT_FALSE(log.Read(0, 0, 10).closed);
+  log.Close();
+  EXPECT_EQ(woken, 2);
+  EXPECT_TRUE(log.Read(0, 0, 10).closed);
+  EXPECT_EQ(log.WakeAfter(0, [&] { ++woken; }), 0u);  // Nothing to wait for.
+  // Appends still work (puts draining at shutdown), and wake nobody.
+  log.Append(ChunkEventKind::kStored, Id(1), Tier::kRam);
+  EXPECT_EQ(log.Read(0, 0, 10).events.size(), 1u);
+  EXPECT_EQ(woken, 2);
+}
+
 }  // namespace
 }  // namespace kvtier

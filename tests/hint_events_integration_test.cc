@@ -157,7 +157,7 @@ TEST_F(HintEventsTest, ASubscriberThatStopsReadingIsLappedAndToldToResync) {
   v1::EventsRequest req;
   req.set_namespace_id(reg->namespace_id);
   auto reader = stub->Events(&ctx, req);
-  // The stream is open once the first event (the probe below) arrives.
+  reader->WaitForInitialMetadata();  // The daemon has fixed the cursor: "from now on".
   const std::string payload = PatternBytes(1, 4096);
   ChunkToPut probe{KeyOf(0), payload, 1};
   ASSERT_TRUE(client_->Put(reg->namespace_id, {&probe, 1}).ok());
@@ -184,8 +184,41 @@ TEST_F(HintEventsTest, ASubscriberThatStopsReadingIsLappedAndToldToResync) {
   EXPECT_GT(batch.resync_sequence(), 1000u);
   ctx.TryCancel();
   reader->Finish().IgnoreError();
-  // The daemon serves on.
-  EXPECT_EQ(Where(1), v1::TIER_UNSPECIFIED);
+  // The daemon serves on, and stored every chunk.
+  std::vector<ChunkKey> keys = {KeyOf(1), KeyOf(8000)};
+  auto l = client_->Lookup(reg->namespace_id, keys);
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_EQ(l->prefix_hits, 2u);
+}
+
+TEST_F(HintEventsTest, ACursorFromAnotherRunResyncsAndShutdownEndsSubscriptions) {
+  Start({"--write-mode=ram-only", "--ram-capacity=64MiB"});
+  Put(1, 2, /*chain=*/false);
+  uint64_t instance = 0;
+  ASSERT_TRUE(client_->WatchEvents(0, 1, [&](const v1::EventBatch& b) {
+    instance = b.instance_id();
+    return false;
+  }).ok());
+  ASSERT_NE(instance, 0u);
+  // Same sequence, another instance: the daemon restarted since; start over.
+  grpc::ClientContext ctx;
+  v1::EventsRequest req;
+  req.set_after_sequence(1);
+  req.set_instance_id(instance ^ 1);
+  auto reader = client_->stub()->Events(&ctx, req);
+  v1::EventBatch batch;
+  ASSERT_TRUE(reader->Read(&batch));
+  EXPECT_TRUE(batch.resync());
+  ASSERT_EQ(batch.events_size(), 2);
+  EXPECT_EQ(batch.events(0).sequence(), 1u);
+  // Parked waiting for events, the subscription does not hold up a SIGTERM (the
+  // default shutdown_grace is 30 s): it ends UNAVAILABLE at once.
+  auto code = daemon_->Terminate(10);
+  ASSERT_TRUE(code.ok()) << code.status();
+  EXPECT_EQ(*code, 0);
+  EXPECT_FALSE(reader->Read(&batch));
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::UNAVAILABLE);
+  daemon_.reset();
 }
 
 }  // namespace

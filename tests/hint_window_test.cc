@@ -114,6 +114,10 @@ TEST(HintWindow, ClientsAreBoundedAndAHintNotRenewedExpires) {
   EXPECT_EQ(w.clients(), 2u);
   EXPECT_FALSE(w.snapshot()->position.contains(Id(1)));
   EXPECT_TRUE(w.snapshot()->position.contains(Id(4)));
+  // Nobody hints again: the windows still lapse, as eviction reads them.
+  clock.Advance(absl::Seconds(61));
+  EXPECT_TRUE(w.snapshot()->by_rank.empty());
+  EXPECT_EQ(w.clients(), 0u);
 }
 
 TEST(HintWindow, OptionsAreValidated) {

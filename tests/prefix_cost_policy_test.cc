@@ -89,9 +89,6 @@ TEST(PrefixCostPolicy, LinksFormOnlyToAPresentParentAndWithinTheNamespace) {
   // Same key bytes in another namespace are another chunk.
   p.OnInsert(Id(3, /*ns=*/2), Child(1, 1));
   EXPECT_EQ(p.children(Id(1)), 0u);
-  // A chunk naming itself as its parent links to nothing.
-  p.OnInsert(Id(4), Child(4, 1));
-  EXPECT_EQ(p.children(Id(4)), 0u);
 }
 
 TEST(PrefixCostPolicy, AReinsertedParentIsNotMiscountedByItsOldChildren) {

@@ -268,8 +268,10 @@ class Client:
                         f"buffers[{i}]: {v.nbytes} bytes; a chunk of this layout is "
                         f"{layout.chunk_bytes}")
         counts = None if token_counts is None else [int(c) for c in token_counts]
-        if chain_start is not None and int(chain_start) < 0:
-            raise InvalidArgumentError(f"chain_start: {chain_start} is negative")
+        if chain_start is not None and not 0 <= int(chain_start) <= 2**32 - 2 - len(keys):
+            raise InvalidArgumentError(
+                f"chain_start: {chain_start} is not a chunk index (0 to 2**32 - 2, "
+                f"with room for {len(keys)} keys)")
         stored, present, nbytes = self._native.put(
             namespace_id, keys, views, counts,
             None if chain_start is None else int(chain_start),
