@@ -6,8 +6,8 @@
 // A write in flight always completes before the call finishes; nothing is written after
 // a cancel.
 //
-// Thread-safety: gRPC calls the reactor's methods; the log's wake-up arrives on an
-// appending thread and reaches the reactor through a small shared state, so it cannot
+// Thread-safety: gRPC calls the reactor's methods; the log's wake-up arrives on its
+// notifier thread and reaches the reactor through a small shared state, so it cannot
 // touch a reactor that is gone.
 #ifndef KVTIER_SERVER_EVENTS_REACTOR_H_
 #define KVTIER_SERVER_EVENTS_REACTOR_H_

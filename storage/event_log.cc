@@ -6,17 +6,46 @@
 namespace kvtier {
 
 EventLog::EventLog(size_t capacity, uint64_t instance_id)
-    : capacity_(std::max<size_t>(1, capacity)), instance_id_(instance_id), ring_(capacity_) {}
+    : capacity_(std::max<size_t>(1, capacity)),
+      instance_id_(instance_id),
+      ring_(capacity_),
+      notifier_([this] { Notify(); }) {}
 
-void EventLog::Append(ChunkEventKind kind, const ChunkId& id, Tier tier) {
-  absl::flat_hash_map<uint64_t, std::function<void()>> wakes;
+EventLog::~EventLog() {
   {
     absl::MutexLock lock(&mu_);
-    ++last_;
-    ring_[(last_ - 1) % ring_.size()] = ChunkEvent{last_, kind, id, tier};
-    wakes.swap(wakes_);
+    stopping_ = true;
   }
-  for (auto& [handle, wake] : wakes) wake();
+  notifier_.join();
+}
+
+void EventLog::Append(ChunkEventKind kind, const ChunkId& id, Tier tier) {
+  absl::MutexLock lock(&mu_);
+  ++last_;
+  ring_[(last_ - 1) % ring_.size()] = ChunkEvent{last_, kind, id, tier};
+  ReadyAllLocked();
+}
+
+void EventLog::ReadyAllLocked() {
+  for (auto& [handle, wake] : wakes_) ready_.push_back(std::move(wake));
+  wakes_.clear();
+}
+
+void EventLog::Notify() {
+  absl::MutexLock lock(&mu_);
+  while (true) {
+    mu_.Await(absl::Condition(
+        +[](EventLog* log) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+          return log->stopping_ || !log->ready_.empty();
+        },
+        this));
+    if (stopping_) return;
+    std::vector<std::function<void()>> run;
+    run.swap(ready_);
+    mu_.Unlock();
+    for (auto& wake : run) wake();
+    mu_.Lock();
+  }
 }
 
 EventLog::ReadResult EventLog::Read(uint64_t after, uint64_t ns, size_t max) const {
@@ -56,13 +85,9 @@ uint64_t EventLog::WakeAfter(uint64_t after, std::function<void()> wake) {
 }
 
 void EventLog::Close() {
-  absl::flat_hash_map<uint64_t, std::function<void()>> wakes;
-  {
-    absl::MutexLock lock(&mu_);
-    closed_ = true;
-    wakes.swap(wakes_);
-  }
-  for (auto& [handle, wake] : wakes) wake();
+  absl::MutexLock lock(&mu_);
+  closed_ = true;
+  ReadyAllLocked();
 }
 
 bool EventLog::CancelWake(uint64_t handle) {

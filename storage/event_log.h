@@ -4,13 +4,15 @@
 // ring's whatever the number or speed of subscribers. A subscriber that falls more
 // than `capacity` events behind finds a gap and is told to resync.
 //
-// Thread-safety: every method is thread-safe. Waiter callbacks run on the appending
-// thread, after its lock is released; they must be quick and must not append.
+// Thread-safety: every method is thread-safe. Wake-ups run on the log's own notifier
+// thread, so an append (on a put's or a flush's thread) costs the same whatever the
+// number of subscribers; a wake-up must not append.
 #ifndef KVTIER_STORAGE_EVENT_LOG_H_
 #define KVTIER_STORAGE_EVENT_LOG_H_
 
 #include <cstdint>
 #include <functional>
+#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -38,6 +40,10 @@ class EventLog {
   // `instance_id` names this run of the daemon: sequences restart with each run, so a
   // subscriber keeps (instance_id, sequence) and resyncs when the instance changes.
   explicit EventLog(size_t capacity, uint64_t instance_id = 0);
+  // Joins the notifier; wake-ups not run yet are dropped.
+  ~EventLog();
+  EventLog(const EventLog&) = delete;
+  EventLog& operator=(const EventLog&) = delete;
   uint64_t instance_id() const { return instance_id_; }
 
   void Append(ChunkEventKind kind, const ChunkId& id, Tier tier);
@@ -57,13 +63,15 @@ class EventLog {
   ReadResult Read(uint64_t after, uint64_t ns, size_t max) const;
   uint64_t last_sequence() const;
 
-  // Runs `wake` once, as soon as the last sequence exceeds `after`. Returns a handle for
-  // CancelWake, or 0 without keeping `wake` when it already does (read again instead).
+  // Runs `wake` once (on the notifier thread), as soon as the last sequence exceeds
+  // `after`. Returns a handle for CancelWake, or 0 without keeping `wake` when it
+  // already does (read again instead).
   uint64_t WakeAfter(uint64_t after, std::function<void()> wake);
-  // Forgets a pending wake. False when it already ran or is running.
+  // Forgets a pending wake. False when it already ran, runs or is about to.
   bool CancelWake(uint64_t handle);
-  // At shutdown: runs every pending wake; Reads say `closed` and WakeAfter returns 0
-  // from now on, so subscribers end their calls instead of waiting for events.
+  // At shutdown: runs every pending wake (soon, on the notifier); Reads say `closed`
+  // and WakeAfter returns 0 from now on, so subscribers end their calls instead of
+  // waiting for events.
   void Close();
   size_t capacity() const { return capacity_; }
 
@@ -76,6 +84,12 @@ class EventLog {
   uint64_t last_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t next_wake_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<uint64_t, std::function<void()>> wakes_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::function<void()>> ready_ ABSL_GUARDED_BY(mu_);  // For the notifier.
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread notifier_;  // Last: started after the state above exists.
+
+  void ReadyAllLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Notify();  // The notifier thread's loop.
 };
 
 }  // namespace kvtier

@@ -4,6 +4,10 @@
 
 #include <gtest/gtest.h>
 
+#include <utility>
+
+#include "absl/synchronization/mutex.h"
+
 namespace kvtier {
 namespace {
 
@@ -50,40 +54,69 @@ TEST(EventLog, ALappedCursorFindsAGapAndResumesAtTheOldestKept) {
   EXPECT_EQ(stale.events.size(), 4u);
 }
 
+// Counts wake-ups, which run on the log's notifier thread.
+class Woken {
+ public:
+  std::function<void()> Wake() {
+    return [this] {
+      absl::MutexLock lock(&mu_);
+      ++n_;
+    };
+  }
+  void WaitFor(int n) {
+    std::pair<Woken*, int> arg(this, n);
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(
+        +[](std::pair<Woken*, int>* a) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+          return a->first->n_ >= a->second;
+        },
+        &arg));
+  }
+  int count() {
+    absl::MutexLock lock(&mu_);
+    return n_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  int n_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
 TEST(EventLog, WakesOnceWhenAnEventArrivesAndCanBeCancelled) {
   EventLog log(8);
-  int woken = 0;
-  const uint64_t h = log.WakeAfter(0, [&] { ++woken; });
+  Woken woken, barrier;
+  const uint64_t h = log.WakeAfter(0, woken.Wake());
   ASSERT_NE(h, 0u);
-  EXPECT_EQ(woken, 0);
   log.Append(ChunkEventKind::kStored, Id(1), Tier::kRam);
-  EXPECT_EQ(woken, 1);
+  woken.WaitFor(1);
   log.Append(ChunkEventKind::kStored, Id(2), Tier::kRam);
-  EXPECT_EQ(woken, 1);  // Once.
-  EXPECT_FALSE(log.CancelWake(h));
+  EXPECT_FALSE(log.CancelWake(h));  // Already ran.
   // Already past the cursor: nothing is kept, the caller reads again.
-  EXPECT_EQ(log.WakeAfter(1, [&] { ++woken; }), 0u);
-  const uint64_t h2 = log.WakeAfter(2, [&] { ++woken; });
+  EXPECT_EQ(log.WakeAfter(1, woken.Wake()), 0u);
+  const uint64_t h2 = log.WakeAfter(2, woken.Wake());
   EXPECT_TRUE(log.CancelWake(h2));
+  // Wake-ups run in order on one thread: once the barrier's has run, any left from the
+  // appends above would have too.
+  ASSERT_NE(log.WakeAfter(2, barrier.Wake()), 0u);
   log.Append(ChunkEventKind::kStored, Id(3), Tier::kRam);
-  EXPECT_EQ(woken, 1);
+  barrier.WaitFor(1);
+  EXPECT_EQ(woken.count(), 1);  // Once, and the cancelled one never.
 }
 
 TEST(EventLog, CloseWakesEveryWaiterAndEndsWaiting) {
   EventLog log(8, /*instance_id=*/42);
   EXPECT_EQ(log.instance_id(), 42u);
-  int woken = 0;
-  ASSERT_NE(log.WakeAfter(0, [&] { ++woken; }), 0u);
-  ASSERT_NE(log.WakeAfter(0, [&] { ++woken; }), 0u);
+  Woken woken;
+  ASSERT_NE(log.WakeAfter(0, woken.Wake()), 0u);
+  ASSERT_NE(log.WakeAfter(0, woken.Wake()), 0u);
   EXPECT_FALSE(log.Read(0, 0, 10).closed);
   log.Close();
-  EXPECT_EQ(woken, 2);
+  woken.WaitFor(2);
   EXPECT_TRUE(log.Read(0, 0, 10).closed);
-  EXPECT_EQ(log.WakeAfter(0, [&] { ++woken; }), 0u);  // Nothing to wait for.
-  // Appends still work (puts draining at shutdown), and wake nobody.
+  EXPECT_EQ(log.WakeAfter(0, woken.Wake()), 0u);  // Nothing to wait for.
+  // Appends still work (puts draining at shutdown).
   log.Append(ChunkEventKind::kStored, Id(1), Tier::kRam);
   EXPECT_EQ(log.Read(0, 0, 10).events.size(), 1u);
-  EXPECT_EQ(woken, 2);
 }
 
 }  // namespace
