@@ -218,14 +218,20 @@ bool TieredStore::CancelPut(uint64_t ticket) { return admission_->Cancel(ticket)
 
 void TieredStore::CommitPutAsync(std::unique_ptr<ChunkWriter> writer, uint32_t crc32c,
                                  std::function<void(absl::Status)> done) {
+  // CommitPut's own statement, not an argument of done(): GCC destroys a by-value
+  // parameter at the end of the caller's full expression, so a refused chunk's slots
+  // would go back to the pool only after `done` had answered the client (which could
+  // then see them still taken).
   if (options_.write_mode != WriteMode::kWriteThrough) {
-    done(CommitPut(std::move(writer), crc32c));
+    absl::Status s = CommitPut(std::move(writer), crc32c);
+    done(std::move(s));
     return;
   }
   // std::function needs a copyable task: the writer travels in a shared_ptr.
   auto w = std::make_shared<std::unique_ptr<ChunkWriter>>(std::move(writer));
   commit_pool_->Submit([this, w, crc32c, done = std::move(done)] {
-    done(CommitPut(std::move(*w), crc32c));
+    absl::Status s = CommitPut(std::move(*w), crc32c);
+    done(std::move(s));
   });
 }
 
