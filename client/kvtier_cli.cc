@@ -78,6 +78,11 @@ Commands:
 Global options:
   --target HOST:PORT   Daemon address, also unix:PATH (default 127.0.0.1:50051).
   --timeout SECONDS    Deadline of each request; a put or get counts as one (default 60).
+  --tls-ca FILE        Use TLS, trusting these CA certificates (PEM) for the daemon.
+  --tls-cert FILE      With --tls-key: a client certificate for mutual TLS.
+  --tls-key FILE
+  --tls-server-name N  The name to check in the daemon's certificate (default: host).
+  --token-file FILE    Send the bearer token in FILE (first line) on every request.
   -h, --help           Show this help.
 
 NS is a namespace id: 16 hex digits, optionally 0x-prefixed. KEYHEX is a chunk key:
@@ -121,7 +126,9 @@ const std::map<std::string, std::set<std::string>>& CommandOptions() {
 }
 
 const std::set<std::string>& GlobalOptions() {
-  static const auto* kSet = new std::set<std::string>{"target", "timeout", "help"};
+  static const auto* kSet = new std::set<std::string>{
+      "target", "timeout", "help", "tls-ca", "tls-cert", "tls-key", "tls-server-name",
+      "token-file"};
   return *kSet;
 }
 
@@ -388,6 +395,18 @@ absl::StatusOr<std::unique_ptr<KvTierClient>> ConnectFromArgs(const Args& args,
                                                               absl::Duration timeout) {
   ClientOptions options;
   options.rpc_deadline = timeout;
+  options.tls_ca_file = args.Get("tls-ca").value_or("");
+  options.tls_cert_file = args.Get("tls-cert").value_or("");
+  options.tls_key_file = args.Get("tls-key").value_or("");
+  options.tls_server_name = args.Get("tls-server-name").value_or("");
+  if (std::optional<std::string> path = args.Get("token-file")) {
+    std::ifstream in(*path);
+    std::string token;
+    if (!std::getline(in, token)) {
+      return absl::InvalidArgumentError(absl::StrCat("--token-file: cannot read a line from ", *path));
+    }
+    options.bearer_token = std::string(absl::StripAsciiWhitespace(token));
+  }
   return KvTierClient::Connect(args.Get("target").value_or(kDefaultTarget), options);
 }
 

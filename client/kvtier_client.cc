@@ -1,5 +1,8 @@
 #include "client/kvtier_client.h"
 
+#include <fstream>
+#include <sstream>
+
 #include <algorithm>
 #include <cstring>
 #include <utility>
@@ -93,6 +96,17 @@ absl::Status ClientOptions::Validate() const {
   }
   if (max_frame_bytes == 0) {
     return absl::InvalidArgumentError("max_frame_bytes must be >= 1");
+  }
+  if (tls_cert_file.empty() != tls_key_file.empty()) {
+    return absl::InvalidArgumentError("tls_cert_file and tls_key_file go together");
+  }
+  if (!tls_cert_file.empty() && tls_ca_file.empty()) {
+    return absl::InvalidArgumentError("tls_cert_file needs tls_ca_file (TLS)");
+  }
+  for (char c : bearer_token) {
+    if (c < 0x21 || c > 0x7e) {
+      return absl::InvalidArgumentError("bearer_token: printable ASCII without spaces only");
+    }
   }
   if (uint64_t{max_frame_bytes} + kFrameOverheadBytes > uint64_t(max_message_bytes)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -239,8 +253,35 @@ absl::StatusOr<std::unique_ptr<KvTierClient>> KvTierClient::Connect(
     args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
     args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, options.receive_window_bytes);
   }
-  std::shared_ptr<grpc::Channel> channel =
-      grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
+  if (!options.tls_ca_file.empty()) {
+    grpc::SslCredentialsOptions ssl;
+    auto read = [](const std::string& path, const char* field) -> absl::StatusOr<std::string> {
+      std::ifstream in(path, std::ios::binary);
+      std::stringstream text;
+      text << in.rdbuf();
+      if (!in.good() && !in.eof()) {
+        return absl::InvalidArgumentError(absl::StrCat(field, ": cannot read ", path));
+      }
+      return text.str();
+    };
+    auto ca = read(options.tls_ca_file, "tls_ca_file");
+    if (!ca.ok()) return ca.status();
+    ssl.pem_root_certs = *std::move(ca);
+    if (!options.tls_cert_file.empty()) {
+      auto cert = read(options.tls_cert_file, "tls_cert_file");
+      if (!cert.ok()) return cert.status();
+      auto key = read(options.tls_key_file, "tls_key_file");
+      if (!key.ok()) return key.status();
+      ssl.pem_cert_chain = *std::move(cert);
+      ssl.pem_private_key = *std::move(key);
+    }
+    credentials = grpc::SslCredentials(ssl);
+    if (!options.tls_server_name.empty()) {
+      args.SetSslTargetNameOverride(options.tls_server_name);
+    }
+  }
+  std::shared_ptr<grpc::Channel> channel = grpc::CreateCustomChannel(target, credentials, args);
   if (channel == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat("cannot create a channel to ", target));
   }
@@ -257,6 +298,9 @@ void KvTierClient::PrepareContext(grpc::ClientContext* ctx) const {
   // absl::ToChronoTime maps InfiniteFuture to time_point::max(), which gRPC reads as
   // "no deadline".
   ctx->set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_deadline));
+  if (!options_.bearer_token.empty()) {
+    ctx->AddMetadata("authorization", absl::StrCat("Bearer ", options_.bearer_token));
+  }
 }
 
 absl::StatusOr<RegisterResult> KvTierClient::RegisterLayout(const LayoutSpec& layout) {
@@ -337,6 +381,10 @@ absl::Status KvTierClient::WatchEvents(
   request.set_namespace_id(namespace_id);
   request.set_after_sequence(after);
   grpc::ClientContext ctx;
+  // No deadline: a subscription lasts until on_batch stops it; only the credentials.
+  if (!options_.bearer_token.empty()) {
+    ctx.AddMetadata("authorization", absl::StrCat("Bearer ", options_.bearer_token));
+  }
   std::unique_ptr<grpc::ClientReader<v1::EventBatch>> reader = stub_->Events(&ctx, request);
   v1::EventBatch batch;
   bool stopped = false;

@@ -81,6 +81,19 @@ struct ClientOptions {
   // streams. 0: stage nothing (only AllocateShared buffers use shared memory).
   uint64_t staging_bytes = 1ull << 30;
 
+  // Security (kvtierd's tls_* and tenants_file options). With tls_ca_file the channel is
+  // TLS, verifying the daemon's certificate against these CA certificates (PEM);
+  // tls_cert_file and tls_key_file add a client certificate (mutual TLS).
+  // tls_server_name overrides the name checked in the daemon's certificate (default:
+  // the target's host). bearer_token is sent as "authorization: Bearer <token>" on
+  // every call. A "unix:/path" target reaches the daemon's listen_unix socket, where the
+  // daemon knows this process's uid.
+  std::string tls_ca_file;
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  std::string tls_server_name;
+  std::string bearer_token;
+
   // Returns: Ok, InvalidArgument naming the bad field.
   absl::Status Validate() const;
 };

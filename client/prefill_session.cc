@@ -81,6 +81,9 @@ absl::StatusOr<std::unique_ptr<PrefillSession>> PrefillSession::Start(
   PrefillSession& s = *session;
   s.start_time_ = absl::Now();
   s.ctx_.set_deadline(absl::ToChronoTime(s.start_time_ + deadline));
+  if (!client.options().bearer_token.empty()) {
+    s.ctx_.AddMetadata("authorization", absl::StrCat("Bearer ", client.options().bearer_token));
+  }
   s.stream_ = client.stub()->Prefill(&s.ctx_);
   s.writer_ = std::make_unique<PrefillStreamWriter>(s.stream_.get());
 

@@ -8,6 +8,8 @@ KVTIER_BUILD_PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev librocksdb-dev prometheus-cpp-dev libxxhash-dev libtomlplusplus-dev libisal-dev
   libsystemd-dev libgtest-dev
+  # TLS tests make their certificates with the openssl command.
+  openssl
   # Tests of deploy/: promtool (Prometheus config and rules), `file`, which CPack's
   # DEB generator needs to run dpkg-shlibdeps, and strace (the unit's system-call filter
   # is checked against a traced daemon session).

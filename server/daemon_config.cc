@@ -13,6 +13,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
@@ -96,6 +97,25 @@ const std::vector<Option>& Options() {
   static const auto* options = new std::vector<Option>{
       StringOption("listen", "gRPC listen address host:port (port 0 picks a free one)",
                    &DaemonConfig::listen),
+      StringOption("tls_cert_file", "TLS: the server's certificate chain (PEM); with tls_key_file",
+                   &DaemonConfig::tls_cert_file),
+      StringOption("tls_key_file", "TLS: the server's private key (PEM)",
+                   &DaemonConfig::tls_key_file),
+      StringOption("tls_client_ca_file",
+                   "mutual TLS: CA certificates (PEM) client certificates must chain to",
+                   &DaemonConfig::tls_client_ca_file),
+      DurationOption("tls_reload_interval",
+                     "how often the TLS files are re-read (rotation without a restart)",
+                     &DaemonConfig::tls_reload_interval),
+      BoolOption("allow_insecure_remote",
+                 "serve plaintext gRPC on a non-loopback address (refused otherwise)",
+                 &DaemonConfig::allow_insecure_remote),
+      StringOption("listen_unix",
+                   "also serve gRPC on this Unix socket path; the peer uid is its identity",
+                   &DaemonConfig::listen_unix),
+      StringOption("tenants_file",
+                   "tenants, credentials, roles and rates; empty: one implicit tenant",
+                   &DaemonConfig::tenants_file),
       StringOption("data_dir", "data directory; RocksDB lives in <data_dir>/ssd",
                    &DaemonConfig::data_dir),
       SizeOption("ram_capacity", "host-RAM pool size", &DaemonConfig::ram_capacity),
@@ -258,10 +278,39 @@ std::string FormatBytes(uint64_t bytes) {
   return absl::StrCat(v, kUnits[u]);
 }
 
+bool DaemonConfig::ListenIsLoopback() const {
+  std::string host = listen.substr(0, listen.rfind(':'));
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  return host == "localhost" || host == "::1" || absl::StartsWith(host, "127.");
+}
+
 absl::Status DaemonConfig::Validate() const {
   if (listen.empty() || listen.find(':') == std::string::npos) {
     return absl::InvalidArgumentError(
         absl::StrCat("option listen: expected host:port, got '", listen, "'"));
+  }
+  if (tls_cert_file.empty() != tls_key_file.empty()) {
+    return absl::InvalidArgumentError(
+        "option tls_cert_file: TLS needs both tls_cert_file and tls_key_file");
+  }
+  if (!tls_client_ca_file.empty() && !tls()) {
+    return absl::InvalidArgumentError(
+        "option tls_client_ca_file: mutual TLS needs tls_cert_file and tls_key_file too");
+  }
+  if (tls() && tls_reload_interval < absl::Seconds(1)) {
+    return absl::InvalidArgumentError("option tls_reload_interval: must be at least 1s");
+  }
+  if (!tls() && !allow_insecure_remote && !ListenIsLoopback()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "option listen: ", listen, " is reachable beyond this host and TLS is off; set "
+        "tls_cert_file and tls_key_file (and tls_client_ca_file for mutual TLS), or "
+        "allow_insecure_remote = true to serve plaintext anyway"));
+  }
+  if (!listen_unix.empty() && listen_unix[0] != '/') {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "option listen_unix: expected an absolute path or empty, got '", listen_unix, "'"));
   }
   if (data_dir.empty()) return absl::InvalidArgumentError("option data_dir: must not be empty");
   if (!metrics_listen.empty() && metrics_listen.find(':') == std::string::npos) {

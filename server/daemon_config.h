@@ -25,6 +25,21 @@ namespace kvtier {
 
 struct DaemonConfig {
   std::string listen = "127.0.0.1:50051";  // gRPC address, host:port; port 0 picks one.
+  // Transport security. TLS with tls_cert_file and tls_key_file (PEM); mutual TLS when
+  // tls_client_ca_file is set too (clients must present a certificate it signed). The
+  // files are re-read every tls_reload_interval, so certificates rotate without a restart.
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  std::string tls_client_ca_file;
+  absl::Duration tls_reload_interval = absl::Seconds(60);
+  // Plaintext gRPC on an address other than loopback is refused unless this is set.
+  bool allow_insecure_remote = false;
+  // Also serve gRPC on this Unix-domain socket (absolute path; "" = off), where the
+  // peer's uid is its identity (tenants_file "uid" lines).
+  std::string listen_unix;
+  // Tenants, their credentials, roles and request rates (server/tenant_table.h);
+  // "" = one implicit tenant for every caller, as before tenants existed.
+  std::string tenants_file;
   std::string data_dir = "./var/kvtier";   // RocksDB lives in <data_dir>/ssd.
   uint64_t ram_capacity = 1ull << 30;      // Host-RAM pool, bytes.
   uint64_t ram_slot_size = 64ull << 10;    // Pool slot, bytes (see SlotArenaOptions).
@@ -88,6 +103,9 @@ struct DaemonConfig {
   // shm_allowed_group as a gid (nullopt when unset). Returns InvalidArgument (no such
   // group).
   absl::StatusOr<std::optional<gid_t>> AllowedGid() const;
+  // Whether the listen host is a loopback address.
+  bool ListenIsLoopback() const;
+  bool tls() const { return !tls_cert_file.empty(); }
   // One "name = value" line per option, for the start-up log.
   std::string Describe() const;
   // The GPU device to open: nullopt for "off", else the ordinal ("auto": 0).

@@ -5,9 +5,11 @@
 namespace kvtier {
 
 EventsReactor::EventsReactor(EventLog* log, const v1::EventsRequest& request,
-                             RpcMetrics* metrics, std::shared_ptr<std::atomic<int>> subscribers)
+                             uint64_t internal_ns, RpcMetrics* metrics,
+                             std::shared_ptr<std::atomic<int>> subscribers)
     : log_(log),
-      ns_(request.namespace_id()),
+      ns_(internal_ns),
+      public_ns_(request.namespace_id()),
       scope_(metrics, RpcMethod::kEvents),
       subscribers_(std::move(subscribers)),
       waker_(std::make_shared<Waker>()) {
@@ -73,7 +75,7 @@ void EventsReactor::Next() {
         v1::ChunkEvent* out = batch_.add_events();
         out->set_sequence(e.sequence);
         out->set_kind(static_cast<v1::ChunkEventKind>(static_cast<int>(e.kind)));
-        out->set_namespace_id(e.id.ns);
+        out->set_namespace_id(public_ns_ != 0 ? public_ns_ : e.id.ns);
         if (!(e.id.key == ChunkKey{})) out->set_key(e.id.key.ToByteString());
         out->set_tier(static_cast<v1::Tier>(static_cast<int>(e.tier)));
       }

@@ -31,9 +31,11 @@ class EventsReactor final : public grpc::ServerWriteReactor<v1::EventBatch> {
   static constexpr size_t kMaxBatch = 512;  // Events per batch.
 
   // `log` must outlive the call. Starts at the request's cursor (0: from now on).
+  // `internal_ns` is the store's id of the request's namespace (the caller's tenant
+  // maps it; 0: all namespaces); events go out under the id the client named.
   // `subscribers` counts live subscribers; decremented when the call is done.
-  EventsReactor(EventLog* log, const v1::EventsRequest& request, RpcMetrics* metrics,
-                std::shared_ptr<std::atomic<int>> subscribers);
+  EventsReactor(EventLog* log, const v1::EventsRequest& request, uint64_t internal_ns,
+                RpcMetrics* metrics, std::shared_ptr<std::atomic<int>> subscribers);
 
   void OnWriteDone(bool ok) override;
   void OnCancel() override;
@@ -51,7 +53,8 @@ class EventsReactor final : public grpc::ServerWriteReactor<v1::EventBatch> {
   void Finish(grpc::Status status);
 
   EventLog* const log_;
-  const uint64_t ns_;
+  const uint64_t ns_;         // Store id filtered on (0: all).
+  const uint64_t public_ns_;  // What the client called it (0: all).
   RpcMetrics::Scope scope_;
   const std::shared_ptr<std::atomic<int>> subscribers_;
   std::shared_ptr<Waker> waker_;

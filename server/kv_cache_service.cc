@@ -10,6 +10,7 @@
 #include "server/events_reactor.h"
 #include "server/get_reactor.h"
 #include "server/put_reactor.h"
+#include "server/refused_reactor.h"
 #include "server/status_util.h"
 #include "client/layout_convert.h"
 
@@ -49,44 +50,86 @@ absl::StatusOr<LayoutSpec> RequireNamespace(TieredStore* store, uint64_t ns) {
 
 KvCacheService::KvCacheService(ServiceLimits limits, std::string version, RpcMetrics* metrics,
                                PrefillRunner* prefill, LeaseTable* leases,
-                               DataPlaneInfo data_plane, EventLog* events)
+                               DataPlaneInfo data_plane, EventLog* events,
+                               ServiceSecurity security)
     : metrics_(metrics),
       prefill_(prefill),
       leases_(leases),
       data_plane_(std::move(data_plane)),
       events_(events),
+      security_(security),
       limits_(limits),
       version_(std::move(version)) {}
 
+absl::StatusOr<TenantScope> KvCacheService::Admit(grpc::ServerContextBase* ctx) {
+  if (security_.auth == nullptr || !security_.auth->enabled()) return TenantScope::Implicit();
+  CallerCredentials creds;
+  const auto& metadata = ctx->client_metadata();
+  if (auto it = metadata.find("authorization"); it != metadata.end()) {
+    creds.authorization = std::string(it->second.data(), it->second.size());
+  }
+  if (std::shared_ptr<const grpc::AuthContext> auth = ctx->auth_context();
+      auth != nullptr && auth->IsPeerAuthenticated()) {
+    for (const char* property : {"x509_common_name", "x509_subject_alternative_name"}) {
+      for (const grpc::string_ref& v : auth->FindPropertyValues(property)) {
+        creds.cert_identities.emplace_back(v.data(), v.size());
+      }
+    }
+  }
+  if (security_.unix_peers != nullptr) {
+    if (auto uid = security_.unix_peers->PeerUid(ctx->peer())) creds.unix_uid = *uid;
+  }
+  Authenticator::Result r = security_.auth->Authenticate(creds);
+  if (r.scope.has_value()) return *std::move(r.scope);
+  if (r.denied.retry_after > absl::ZeroDuration()) {
+    ctx->AddTrailingMetadata(
+        "kvtier-retry-after-ms",
+        absl::StrCat(absl::ToInt64Milliseconds(absl::Ceil(r.denied.retry_after, absl::Milliseconds(1)))));
+  }
+  return r.denied.status;
+}
+
 template <typename Impl>
-grpc::Status KvCacheService::Serve(RpcMethod method, Impl impl) {
+grpc::Status KvCacheService::Serve(grpc::ServerContextBase* ctx, RpcMethod method, Impl impl) {
   RpcMetrics::Scope scope(metrics_, method);
+  absl::StatusOr<TenantScope> tenant = Admit(ctx);
+  if (!tenant.ok()) return scope.Done(ToGrpcStatus(tenant.status()));
   TieredStore* store = store_.load(std::memory_order_acquire);
   if (store == nullptr) {
     return scope.Done(ToGrpcStatus(absl::UnavailableError(
         "kvtierd is starting up (recovering the SSD tier's index); retry shortly")));
   }
-  return scope.Done(impl(store));
+  return scope.Done(impl(store, *tenant));
 }
 
-grpc::Status KvCacheService::RegisterLayout(grpc::ServerContext*,
+grpc::Status KvCacheService::RegisterLayout(grpc::ServerContext* ctx,
                                             const v1::RegisterLayoutRequest* req,
                                             v1::RegisterLayoutResponse* resp) {
-  return Serve(RpcMethod::kRegisterLayout,
-               [&](TieredStore* store) { return RegisterLayoutImpl(store, req, resp); });
+  return Serve(ctx, RpcMethod::kRegisterLayout, [&](TieredStore* store, const TenantScope& t) {
+    return RegisterLayoutImpl(store, t, req, resp);
+  });
 }
-grpc::Status KvCacheService::Lookup(grpc::ServerContext*, const v1::LookupRequest* req,
+grpc::Status KvCacheService::Lookup(grpc::ServerContext* ctx, const v1::LookupRequest* req,
                                     v1::LookupResponse* resp) {
-  return Serve(RpcMethod::kLookup, [&](TieredStore* store) { return LookupImpl(store, req, resp); });
+  return Serve(ctx, RpcMethod::kLookup, [&](TieredStore* store, const TenantScope& t) {
+    return LookupImpl(store, t.Internal(req->namespace_id()), req, resp);
+  });
 }
 grpc::ServerReadReactor<grpc::ByteBuffer>* KvCacheService::Put(
     grpc::CallbackServerContext* ctx, grpc::ByteBuffer* response) {
+  absl::StatusOr<TenantScope> tenant = Admit(ctx);
+  if (!tenant.ok()) return new RefusedReader(metrics_, RpcMethod::kPut, ToGrpcStatus(tenant.status()));
   leases_->Expire();  // Expired leases give their RAM back before this put needs it.
   return new PutReactor(ctx, response, store_.load(std::memory_order_acquire), metrics_,
-                        data_plane_.regions, limits_.max_frame_bytes);
+                        data_plane_.regions, limits_.max_frame_bytes, *std::move(tenant));
 }
 grpc::ServerWriteReactor<grpc::ByteBuffer>* KvCacheService::Get(
     grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request) {
+  absl::StatusOr<TenantScope> tenant = Admit(ctx);
+  if (!tenant.ok()) {
+    return new RefusedWriter<grpc::ByteBuffer>(metrics_, RpcMethod::kGet,
+                                               ToGrpcStatus(tenant.status()));
+  }
   // Parsed once here: a target in a worker's GPU memory takes the device path;
   // everything else (and bytes that are not a GetRequest, which GetReactor answers
   // INVALID_ARGUMENT) the streamed one.
@@ -94,6 +137,8 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* KvCacheService::Get(
   v1::GetRequest req;
   const bool parsed = request->DumpToSingleSlice(&flat).ok() &&
                       req.ParseFromArray(flat.begin(), static_cast<int>(flat.size()));
+  // From here on the request names the store's namespace (the tenant's own).
+  if (parsed) req.set_namespace_id(tenant->Internal(req.namespace_id()));
   if (parsed && req.has_target() && data_plane_.regions != nullptr &&
       data_plane_.regions->IsDevice(req.target().region_id())) {
     return new DeviceGetReactor(ctx, req, store_.load(std::memory_order_acquire), metrics_,
@@ -105,12 +150,14 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* KvCacheService::Get(
                         limits_.max_keys_per_request);
 }
 
-grpc::Status KvCacheService::DataPlane(grpc::ServerContext*, const v1::DataPlaneRequest* req,
+grpc::Status KvCacheService::DataPlane(grpc::ServerContext* ctx, const v1::DataPlaneRequest* req,
                                        v1::DataPlaneResponse* resp) {
   RpcMetrics::Scope scope(metrics_, RpcMethod::kDataPlane);
+  absl::StatusOr<TenantScope> tenant = Admit(ctx);
+  if (!tenant.ok()) return scope.Done(ToGrpcStatus(tenant.status()));
   if (TieredStore* store = store_.load(std::memory_order_acquire);
       store != nullptr && req->namespace_id() != 0) {
-    if (auto layout = store->FindLayout(req->namespace_id()); layout.ok()) {
+    if (auto layout = store->FindLayout(tenant->Internal(req->namespace_id())); layout.ok()) {
       resp->set_chunk_bytes(layout->ChunkBytes());
       resp->set_num_layers(layout->num_layers);
     }
@@ -126,46 +173,63 @@ grpc::Status KvCacheService::DataPlane(grpc::ServerContext*, const v1::DataPlane
   return scope.Done(grpc::Status::OK);
 }
 
-grpc::Status KvCacheService::Pin(grpc::ServerContext*, const v1::PinRequest* req,
+grpc::Status KvCacheService::Pin(grpc::ServerContext* ctx, const v1::PinRequest* req,
                                  v1::PinResponse* resp) {
-  return Serve(RpcMethod::kPin, [&](TieredStore* store) { return PinImpl(store, req, resp); });
+  return Serve(ctx, RpcMethod::kPin, [&](TieredStore* store, const TenantScope& t) {
+    return PinImpl(store, t.Internal(req->namespace_id()), req, resp);
+  });
 }
-grpc::Status KvCacheService::Unpin(grpc::ServerContext*, const v1::UnpinRequest* req,
-                                   v1::UnpinResponse* resp) {
-  return Serve(RpcMethod::kUnpin, [&](TieredStore* store) { return UnpinImpl(store, req, resp); });
+grpc::Status KvCacheService::Unpin(grpc::ServerContext* ctx, const v1::UnpinRequest* req,
+                                 v1::UnpinResponse* resp) {
+  return Serve(ctx, RpcMethod::kUnpin, [&](TieredStore* store, const TenantScope& t) {
+    return UnpinImpl(store, t.Internal(req->namespace_id()), req, resp);
+  });
 }
-grpc::Status KvCacheService::Delete(grpc::ServerContext*, const v1::DeleteRequest* req,
-                                    v1::DeleteResponse* resp) {
-  return Serve(RpcMethod::kDelete,
-               [&](TieredStore* store) { return DeleteImpl(store, req, resp); });
+grpc::Status KvCacheService::Delete(grpc::ServerContext* ctx, const v1::DeleteRequest* req,
+                                 v1::DeleteResponse* resp) {
+  return Serve(ctx, RpcMethod::kDelete, [&](TieredStore* store, const TenantScope& t) {
+    return DeleteImpl(store, t.Internal(req->namespace_id()), req, resp);
+  });
 }
-grpc::Status KvCacheService::Clear(grpc::ServerContext*, const v1::ClearRequest* req,
-                                   v1::ClearResponse* resp) {
-  return Serve(RpcMethod::kClear, [&](TieredStore* store) { return ClearImpl(store, req, resp); });
+grpc::Status KvCacheService::Clear(grpc::ServerContext* ctx, const v1::ClearRequest* req,
+                                 v1::ClearResponse* resp) {
+  return Serve(ctx, RpcMethod::kClear, [&](TieredStore* store, const TenantScope& t) {
+    return ClearImpl(store, t.Internal(req->namespace_id()), req, resp);
+  });
 }
-grpc::Status KvCacheService::Stats(grpc::ServerContext*, const v1::StatsRequest*,
+grpc::Status KvCacheService::Stats(grpc::ServerContext* ctx, const v1::StatsRequest*,
                                    v1::StatsResponse* resp) {
-  return Serve(RpcMethod::kStats, [&](TieredStore* store) { return StatsImpl(store, resp); });
+  return Serve(ctx, RpcMethod::kStats, [&](TieredStore* store, const TenantScope& t) {
+    if (!t.admin()) {
+      // Daemon-wide figures describe every tenant's use.
+      security_.auth->CountForbidden(t);
+      return ToGrpcStatus(absl::PermissionDeniedError(absl::StrCat(
+          "Stats: tenant ", t.tenant(), " lacks the admin role (daemon-wide statistics)")));
+    }
+    return StatsImpl(store, resp);
+  });
 }
-grpc::Status KvCacheService::ReleaseLease(grpc::ServerContext*,
+grpc::Status KvCacheService::ReleaseLease(grpc::ServerContext* ctx,
                                           const v1::ReleaseLeaseRequest* req,
                                           v1::ReleaseLeaseResponse* resp) {
-  return Serve(RpcMethod::kReleaseLease, [&](TieredStore* store) {
-    if (auto l = RequireNamespace(store, req->namespace_id()); !l.ok()) {
+  return Serve(ctx, RpcMethod::kReleaseLease, [&](TieredStore* store, const TenantScope& t) {
+    const uint64_t ns = t.Internal(req->namespace_id());
+    if (auto l = RequireNamespace(store, ns); !l.ok()) {
       return ToGrpcStatus(l.status());
     }
-    resp->set_released(leases_->Release(req->namespace_id(), req->lease_id()));
+    resp->set_released(leases_->Release(ns, req->lease_id()));
     return grpc::Status::OK;
   });
 }
-grpc::Status KvCacheService::Hint(grpc::ServerContext*, const v1::HintRequest* req,
+grpc::Status KvCacheService::Hint(grpc::ServerContext* ctx, const v1::HintRequest* req,
                                   v1::HintResponse* resp) {
-  return Serve(RpcMethod::kHint,
-               [&](TieredStore* store) { return HintImpl(store, req, resp); });
+  return Serve(ctx, RpcMethod::kHint, [&](TieredStore* store, const TenantScope& t) {
+    return HintImpl(store, t, req, resp);
+  });
 }
 
-grpc::Status KvCacheService::HintImpl(TieredStore* store, const v1::HintRequest* req,
-                                      v1::HintResponse* resp) {
+grpc::Status KvCacheService::HintImpl(TieredStore* store, const TenantScope& tenant,
+                                      const v1::HintRequest* req, v1::HintResponse* resp) {
   if (req->client_id().empty() || req->client_id().size() > 128) {
     return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
         "client_id: ", req->client_id().size(), " bytes; must be 1 to 128")));
@@ -174,21 +238,23 @@ grpc::Status KvCacheService::HintImpl(TieredStore* store, const v1::HintRequest*
   requests.reserve(req->requests_size());
   for (int i = 0; i < req->requests_size(); ++i) {
     const v1::HintedRequest& r = req->requests(i);
-    if (auto l = RequireNamespace(store, r.namespace_id()); !l.ok()) {
+    const uint64_t ns = tenant.Internal(r.namespace_id());
+    if (auto l = RequireNamespace(store, ns); !l.ok()) {
       return ToGrpcStatus(absl::Status(
           l.status().code(), absl::StrCat("requests[", i, "]: ", l.status().message())));
     }
-    auto ids = ParseKeys(r.namespace_id(), r.keys(), limits_.max_keys_per_request);
+    auto ids = ParseKeys(ns, r.keys(), limits_.max_keys_per_request);
     if (!ids.ok()) {
       return ToGrpcStatus(absl::InvalidArgumentError(
           absl::StrCat("requests[", i, "].", ids.status().message())));
     }
     TieredStore::HintedRequest& out = requests.emplace_back();
-    out.ns = r.namespace_id();
+    out.ns = ns;
     out.keys.reserve(ids->size());
     for (const ChunkId& id : *ids) out.keys.push_back(id.key);
   }
-  auto result = store->Hint(req->client_id(), std::move(requests));
+  // Each tenant's clients have their own hint windows, whatever names they pick.
+  auto result = store->Hint(tenant.ScopedName(req->client_id()), std::move(requests));
   if (!result.ok()) return ToGrpcStatus(result.status());
   resp->set_requests_accepted(result->requests_accepted);
   resp->set_keys_accepted(result->keys_accepted);
@@ -200,36 +266,36 @@ grpc::Status KvCacheService::HintImpl(TieredStore* store, const v1::HintRequest*
 
 grpc::ServerWriteReactor<v1::EventBatch>* KvCacheService::Events(
     grpc::CallbackServerContext* ctx, const v1::EventsRequest* req) {
-  (void)ctx;
-  class Refused final : public grpc::ServerWriteReactor<v1::EventBatch> {
-   public:
-    Refused(RpcMetrics* metrics, grpc::Status status) : scope_(metrics, RpcMethod::kEvents) {
-      Finish(scope_.Done(std::move(status)));
-    }
-    void OnDone() override { delete this; }
-
-   private:
-    RpcMetrics::Scope scope_;
-  };
+  using Refused = RefusedWriter<v1::EventBatch>;
+  absl::StatusOr<TenantScope> tenant = Admit(ctx);
+  if (!tenant.ok()) return new Refused(metrics_, RpcMethod::kEvents, ToGrpcStatus(tenant.status()));
+  if (!tenant->implicit() && req->namespace_id() == 0) {
+    // The log does not know which namespaces are whose; a tenant names its own.
+    return new Refused(metrics_, RpcMethod::kEvents,
+                       ToGrpcStatus(absl::InvalidArgumentError(
+                           "namespace_id: required for a tenant (subscribe per namespace)")));
+  }
   if (events_ == nullptr) {
-    return new Refused(metrics_, grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
+    return new Refused(metrics_, RpcMethod::kEvents, grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
                                               "events: this daemon keeps no event log"));
   }
   if (subscribers_->fetch_add(1) >= kMaxEventSubscribers) {
     subscribers_->fetch_sub(1);
-    return new Refused(metrics_, ToGrpcStatus(absl::ResourceExhaustedError(absl::StrCat(
+    return new Refused(metrics_, RpcMethod::kEvents, ToGrpcStatus(absl::ResourceExhaustedError(absl::StrCat(
                                      "events: ", kMaxEventSubscribers,
                                      " subscribers already; retry later"))));
   }
-  return new EventsReactor(events_, *req, metrics_, subscribers_);
+  return new EventsReactor(events_, *req, tenant->Internal(req->namespace_id()), metrics_,
+                           subscribers_);
 }
 
 grpc::Status KvCacheService::Prefill(grpc::ServerContext* ctx, PrefillStream* stream) {
-  return Serve(RpcMethod::kPrefill,
-               [&](TieredStore* store) { return prefill_->Run(store, ctx, stream, data_plane_.regions); });
+  return Serve(ctx, RpcMethod::kPrefill, [&](TieredStore* store, const TenantScope& t) {
+    return prefill_->Run(store, ctx, stream, data_plane_.regions, t);
+  });
 }
 
-grpc::Status KvCacheService::RegisterLayoutImpl(TieredStore* store,
+grpc::Status KvCacheService::RegisterLayoutImpl(TieredStore* store, const TenantScope& tenant,
                                                 const v1::RegisterLayoutRequest* req,
                                                 v1::RegisterLayoutResponse* resp) {
   if (!req->has_layout()) {
@@ -237,20 +303,24 @@ grpc::Status KvCacheService::RegisterLayoutImpl(TieredStore* store,
   }
   auto spec = LayoutFromProto(req->layout());
   if (!spec.ok()) return ToGrpcStatus(spec.status());
-  auto registered = store->RegisterLayout(*spec);
+  // The client keeps naming the namespace by the layout's hash (its keys start from
+  // it); the store holds it under the tenant's id for it.
+  const uint64_t public_ns = spec->NamespaceId();
+  auto registered = store->RegisterLayout(*spec, tenant.Internal(public_ns));
   if (!registered.ok()) return ToGrpcStatus(registered.status());
-  resp->set_namespace_id(registered->namespace_id);
+  resp->set_namespace_id(public_ns);
   resp->set_chunk_bytes(registered->chunk_bytes);
   resp->set_already_registered(registered->already_registered);
   return grpc::Status::OK;
 }
 
-grpc::Status KvCacheService::LookupImpl(TieredStore* store, const v1::LookupRequest* req,
+grpc::Status KvCacheService::LookupImpl(TieredStore* store, uint64_t ns,
+                                        const v1::LookupRequest* req,
                                         v1::LookupResponse* resp) {
-  if (auto l = RequireNamespace(store, req->namespace_id()); !l.ok()) {
+  if (auto l = RequireNamespace(store, ns); !l.ok()) {
     return ToGrpcStatus(l.status());
   }
-  auto ids = ParseKeys(req->namespace_id(), req->keys(), limits_.max_keys_per_request);
+  auto ids = ParseKeys(ns, req->keys(), limits_.max_keys_per_request);
   if (!ids.ok()) return ToGrpcStatus(ids.status());
   bool prefix = true;
   uint32_t hits = 0;
@@ -270,7 +340,7 @@ grpc::Status KvCacheService::LookupImpl(TieredStore* store, const v1::LookupRequ
       // A leased hit is about to be loaded: on a GPU host, stage it for the worker.
       store->StageAsync((*ids)[i]);
     }
-    resp->set_lease_id(leases_->Grant(req->namespace_id(), std::move(held),
+    resp->set_lease_id(leases_->Grant(ns, std::move(held),
                                       absl::Seconds(req->lease_seconds())));
   }
   if (metrics_) {
@@ -280,12 +350,13 @@ grpc::Status KvCacheService::LookupImpl(TieredStore* store, const v1::LookupRequ
   return grpc::Status::OK;
 }
 
-grpc::Status KvCacheService::PinImpl(TieredStore* store, const v1::PinRequest* req,
+grpc::Status KvCacheService::PinImpl(TieredStore* store, uint64_t ns,
+                                        const v1::PinRequest* req,
                                      v1::PinResponse* resp) {
-  if (auto l = RequireNamespace(store, req->namespace_id()); !l.ok()) {
+  if (auto l = RequireNamespace(store, ns); !l.ok()) {
     return ToGrpcStatus(l.status());
   }
-  auto ids = ParseKeys(req->namespace_id(), req->keys(), limits_.max_keys_per_request);
+  auto ids = ParseKeys(ns, req->keys(), limits_.max_keys_per_request);
   if (!ids.ok()) return ToGrpcStatus(ids.status());
   for (size_t i = 0; i < ids->size(); ++i) {
     absl::Status s = store->Pin((*ids)[i], absl::Seconds(req->ttl_seconds()));
@@ -302,12 +373,13 @@ grpc::Status KvCacheService::PinImpl(TieredStore* store, const v1::PinRequest* r
   return grpc::Status::OK;
 }
 
-grpc::Status KvCacheService::UnpinImpl(TieredStore* store, const v1::UnpinRequest* req,
+grpc::Status KvCacheService::UnpinImpl(TieredStore* store, uint64_t ns,
+                                        const v1::UnpinRequest* req,
                                        v1::UnpinResponse* resp) {
-  if (auto l = RequireNamespace(store, req->namespace_id()); !l.ok()) {
+  if (auto l = RequireNamespace(store, ns); !l.ok()) {
     return ToGrpcStatus(l.status());
   }
-  auto ids = ParseKeys(req->namespace_id(), req->keys(), limits_.max_keys_per_request);
+  auto ids = ParseKeys(ns, req->keys(), limits_.max_keys_per_request);
   if (!ids.ok()) return ToGrpcStatus(ids.status());
   for (const ChunkId& id : *ids) {
     if (store->Unpin(id)) resp->set_unpinned(resp->unpinned() + 1);
@@ -315,12 +387,13 @@ grpc::Status KvCacheService::UnpinImpl(TieredStore* store, const v1::UnpinReques
   return grpc::Status::OK;
 }
 
-grpc::Status KvCacheService::DeleteImpl(TieredStore* store, const v1::DeleteRequest* req,
+grpc::Status KvCacheService::DeleteImpl(TieredStore* store, uint64_t ns,
+                                        const v1::DeleteRequest* req,
                                         v1::DeleteResponse* resp) {
-  if (auto l = RequireNamespace(store, req->namespace_id()); !l.ok()) {
+  if (auto l = RequireNamespace(store, ns); !l.ok()) {
     return ToGrpcStatus(l.status());
   }
-  auto ids = ParseKeys(req->namespace_id(), req->keys(), limits_.max_keys_per_request);
+  auto ids = ParseKeys(ns, req->keys(), limits_.max_keys_per_request);
   if (!ids.ok()) return ToGrpcStatus(ids.status());
   for (const ChunkId& id : *ids) {
     auto deleted = store->Delete(id);
@@ -330,12 +403,13 @@ grpc::Status KvCacheService::DeleteImpl(TieredStore* store, const v1::DeleteRequ
   return grpc::Status::OK;
 }
 
-grpc::Status KvCacheService::ClearImpl(TieredStore* store, const v1::ClearRequest* req,
+grpc::Status KvCacheService::ClearImpl(TieredStore* store, uint64_t ns,
+                                        const v1::ClearRequest* req,
                                        v1::ClearResponse* resp) {
-  if (auto l = RequireNamespace(store, req->namespace_id()); !l.ok()) {
+  if (auto l = RequireNamespace(store, ns); !l.ok()) {
     return ToGrpcStatus(l.status());
   }
-  auto removed = store->Clear(req->namespace_id());
+  auto removed = store->Clear(ns);
   if (!removed.ok()) return ToGrpcStatus(removed.status());
   resp->set_chunks_removed(*removed);
   return grpc::Status::OK;

@@ -20,10 +20,12 @@
 
 #include "absl/time/time.h"
 #include "kvtier/v1/kvtier.grpc.pb.h"
+#include "server/authenticator.h"
 #include "server/lease_table.h"
 #include "server/prefill_runner.h"
 #include "server/region_table.h"
 #include "server/rpc_metrics.h"
+#include "server/unix_listener.h"
 #include "storage/tiered_store.h"
 
 namespace kvtier {
@@ -41,6 +43,13 @@ struct DataPlaneInfo {
   uint64_t instance_id = 0;
 };
 
+// Who may call, and as which tenant. Without an authenticator every caller is the
+// implicit tenant (admin, today's namespaces).
+struct ServiceSecurity {
+  Authenticator* auth = nullptr;           // Must outlive the service.
+  const UnixListener* unix_peers = nullptr;  // Resolves "fd:N" peers to uids.
+};
+
 // Put and Get run on gRPC's callback API with raw buffers (PutReactor: one copy from
 // gRPC's buffers into the pool; GetReactor: zero-copy sends); the other methods are
 // synchronous.
@@ -55,7 +64,7 @@ class KvCacheService final
   // Events answers UNIMPLEMENTED).
   KvCacheService(ServiceLimits limits, std::string version, RpcMetrics* metrics,
                  PrefillRunner* prefill, LeaseTable* leases, DataPlaneInfo data_plane = {},
-                 EventLog* events = nullptr);
+                 EventLog* events = nullptr, ServiceSecurity security = {});
   void SetStore(TieredStore* store) { store_.store(store, std::memory_order_release); }
 
   grpc::Status RegisterLayout(grpc::ServerContext* ctx, const v1::RegisterLayoutRequest* req,
@@ -90,23 +99,30 @@ class KvCacheService final
   static constexpr int kMaxEventSubscribers = 1024;
 
  private:
-  grpc::Status RegisterLayoutImpl(TieredStore* store, const v1::RegisterLayoutRequest* req,
+  grpc::Status RegisterLayoutImpl(TieredStore* store, const TenantScope& tenant,
+                                  const v1::RegisterLayoutRequest* req,
                                   v1::RegisterLayoutResponse* resp);
-  grpc::Status LookupImpl(TieredStore* store, const v1::LookupRequest* req,
+  grpc::Status LookupImpl(TieredStore* store, uint64_t ns, const v1::LookupRequest* req,
                           v1::LookupResponse* resp);
-  grpc::Status PinImpl(TieredStore* store, const v1::PinRequest* req, v1::PinResponse* resp);
-  grpc::Status UnpinImpl(TieredStore* store, const v1::UnpinRequest* req,
+  grpc::Status PinImpl(TieredStore* store, uint64_t ns, const v1::PinRequest* req, v1::PinResponse* resp);
+  grpc::Status UnpinImpl(TieredStore* store, uint64_t ns, const v1::UnpinRequest* req,
                          v1::UnpinResponse* resp);
-  grpc::Status DeleteImpl(TieredStore* store, const v1::DeleteRequest* req,
+  grpc::Status DeleteImpl(TieredStore* store, uint64_t ns, const v1::DeleteRequest* req,
                           v1::DeleteResponse* resp);
-  grpc::Status ClearImpl(TieredStore* store, const v1::ClearRequest* req,
+  grpc::Status ClearImpl(TieredStore* store, uint64_t ns, const v1::ClearRequest* req,
                          v1::ClearResponse* resp);
   grpc::Status StatsImpl(TieredStore* store, v1::StatsResponse* resp);
-  grpc::Status HintImpl(TieredStore* store, const v1::HintRequest* req, v1::HintResponse* resp);
+  grpc::Status HintImpl(TieredStore* store, const TenantScope& tenant, const v1::HintRequest* req,
+                        v1::HintResponse* resp);
 
-  // Runs `impl` with the store, under a metrics scope; UNAVAILABLE before SetStore.
+  // The caller's tenant, from its credentials; on refusal the status (and, when over the
+  // tenant's rate, a kvtier-retry-after-ms trailer on `ctx`).
+  absl::StatusOr<TenantScope> Admit(grpc::ServerContextBase* ctx);
+
+  // Runs `impl(store, tenant)` under a metrics scope, once the caller is admitted;
+  // UNAVAILABLE before SetStore.
   template <typename Impl>
-  grpc::Status Serve(RpcMethod method, Impl impl);
+  grpc::Status Serve(grpc::ServerContextBase* ctx, RpcMethod method, Impl impl);
 
   std::atomic<TieredStore*> store_{nullptr};
   RpcMetrics* const metrics_;
@@ -114,6 +130,7 @@ class KvCacheService final
   LeaseTable* const leases_;
   const DataPlaneInfo data_plane_;
   EventLog* const events_;
+  const ServiceSecurity security_;
   std::shared_ptr<std::atomic<int>> subscribers_ = std::make_shared<std::atomic<int>>(0);
   const ServiceLimits limits_;
   const std::string version_;

@@ -23,6 +23,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/cleanup/cleanup.h"
+#include "server/authenticator.h"
 #include "server/daemon_config.h"
 #include "server/http_endpoint.h"
 #include "server/kv_cache_service.h"
@@ -31,6 +33,8 @@
 #include "server/region_socket.h"
 #include "server/rpc_metrics.h"
 #include "server/store_collector.h"
+#include "server/transport_credentials.h"
+#include "server/unix_listener.h"
 #include "storage/log.h"
 #include "storage/tiered_store.h"
 #ifdef KVTIER_HAVE_CUDA
@@ -183,8 +187,42 @@ int Run(const DaemonConfig& config, const sigset_t& signals) {
     data_plane = DataPlaneInfo{&regions, name, instance_id};
     LogInfo("same-host shared memory: region socket ", name);
   }
+  // Who may call: the tenants file (if any) and, on the Unix socket, the peer's uid.
+  AuthenticatorOptions auth_options;
+  auth_options.tenants_file = config.tenants_file;
+  auto auth = Authenticator::Create(std::move(auth_options), registry.get());
+  if (!auth.ok()) {
+    LogError(auth.status().message());
+    return 1;
+  }
+  auto credentials = MakeServerCredentials(config);
+  if (!credentials.ok()) {
+    LogError(credentials.status().message());
+    return 1;
+  }
+  std::unique_ptr<UnixListener> unix_listener;
+  if (!config.listen_unix.empty()) {
+    // With tenants every request proves who it is; without, the socket admits whom the
+    // region socket admits: the daemon's user, root and shm_allowed_group.
+    const bool tenants = (*auth)->enabled();
+    const uid_t self = getuid();
+    const std::optional<gid_t> gid = *config.AllowedGid();
+    auto listener = UnixListener::Bind(
+        config.listen_unix, 0666, [tenants, self, gid](const UnixPeer& peer) -> absl::Status {
+          if (tenants || peer.uid == self || peer.uid == 0 || (gid && peer.gid == *gid)) {
+            return absl::OkStatus();
+          }
+          return absl::PermissionDeniedError(
+              "not the daemon's user, root or shm_allowed_group, and no tenants_file");
+        });
+    if (!listener.ok()) {
+      LogError(listener.status().message());
+      return 1;
+    }
+    unix_listener = *std::move(listener);
+  }
   KvCacheService service(limits, KVTIER_VERSION, &rpc_metrics, &prefill, &leases, data_plane,
-                         &events);
+                         &events, ServiceSecurity{auth->get(), unix_listener.get()});
   std::atomic<bool> serving{false};
 
   // gRPC first, so that health checks get NOT_SERVING (and KvCache calls UNAVAILABLE)
@@ -193,7 +231,7 @@ int Run(const DaemonConfig& config, const sigset_t& signals) {
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(config.listen, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(config.listen, *credentials, &port);
   // A frame is the data plus a few dozen bytes of framing; leave 1 MiB of slack.
   const int max_message = static_cast<int>(config.max_frame_size + (1 << 20));
   builder.SetMaxReceiveMessageSize(max_message);
@@ -213,6 +251,11 @@ int Run(const DaemonConfig& config, const sigset_t& signals) {
   }
   auto* health = server->GetHealthCheckService();
   health->SetServingStatus(false);
+  if (unix_listener) unix_listener->Serve(server.get());
+  // On every way out, the listener stops handing connections to the server first.
+  absl::Cleanup stop_unix = [&unix_listener] {
+    if (unix_listener) unix_listener->Stop();
+  };
 
   std::unique_ptr<HttpEndpoint> http;
   if (!config.metrics_listen.empty()) {
@@ -272,6 +315,7 @@ int Run(const DaemonConfig& config, const sigset_t& signals) {
   health->SetServingStatus(false);
   prefill.BeginShutdown();  // Sessions send Done with what they streamed, then end.
   events.Close();           // Events subscribers get UNAVAILABLE instead of waiting.
+  if (unix_listener) unix_listener->Stop();  // No new connections into a closing server.
   server->Shutdown(std::chrono::system_clock::now() +
                    absl::ToChronoSeconds(config.shutdown_grace));
   server->Wait();

@@ -29,8 +29,13 @@ double SecondsSince(Clock::time_point t) {
 class Session {
  public:
   Session(PrefillRunner* runner, TieredStore* store, grpc::ServerContext* ctx,
-          PrefillStream* stream, RegionTable* regions)
-      : runner_(runner), store_(store), ctx_(ctx), stream_(stream), regions_(regions) {}
+          PrefillStream* stream, RegionTable* regions, TenantScope scope)
+      : runner_(runner),
+        store_(store),
+        ctx_(ctx),
+        stream_(stream),
+        regions_(regions),
+        scope_(std::move(scope)) {}
 
   grpc::Status Run();
 
@@ -68,6 +73,7 @@ class Session {
   grpc::ServerContext* const ctx_;
   PrefillStream* const stream_;
   RegionTable* const regions_;
+  const TenantScope scope_;
   // PrefillOpen.target: chunks are copied into this region instead of sent.
   std::optional<ResolvedTarget> target_;
   // PrefillOpen.target in a worker's GPU memory: each streamed chunk is copied there by
@@ -109,7 +115,7 @@ absl::Status Session::Open() {
     return absl::InvalidArgumentError("open: the first message of a Prefill must be open");
   }
   const v1::PrefillOpen& open = first.open();
-  ns_ = open.namespace_id();
+  ns_ = scope_.Internal(open.namespace_id());
   auto layout = store_->FindLayout(ns_);
   if (!layout.ok()) return layout.status();
   const auto& options = runner_->options();
@@ -549,8 +555,9 @@ PrefillRunner::PrefillRunner(PrefillRunnerOptions options, PrefillMetrics* metri
       ssd_gate_(std::max(1, options.ssd_read_concurrency)) {}
 
 grpc::Status PrefillRunner::Run(TieredStore* store, grpc::ServerContext* ctx,
-                                PrefillStream* stream, RegionTable* regions) {
-  Session session(this, store, ctx, stream, regions);
+                                PrefillStream* stream, RegionTable* regions,
+                                const TenantScope& scope) {
+  Session session(this, store, ctx, stream, regions, scope);
   return session.Run();
 }
 

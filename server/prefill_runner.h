@@ -31,6 +31,7 @@
 #include "scheduler/token_bucket.h"
 #include "server/prefill_metrics.h"
 #include "server/region_table.h"
+#include "server/tenant_scope.h"
 #include "storage/tiered_store.h"
 
 namespace kvtier {
@@ -54,9 +55,11 @@ class PrefillRunner {
   // `metrics` may be null.
   PrefillRunner(PrefillRunnerOptions options, PrefillMetrics* metrics);
 
-  // `regions` (may be null: no data plane) serves PrefillOpen.target.
+  // `regions` (may be null: no data plane) serves PrefillOpen.target; `scope` maps the
+  // session's namespace to the caller's tenant.
   grpc::Status Run(TieredStore* store, grpc::ServerContext* ctx, PrefillStream* stream,
-                   RegionTable* regions = nullptr);
+                   RegionTable* regions = nullptr,
+                   const TenantScope& scope = TenantScope::Implicit());
 
   // From now on sessions stop streaming and end with Done{SHUTTING_DOWN}.
   void BeginShutdown() { shutting_down_.store(true, std::memory_order_relaxed); }

@@ -38,12 +38,13 @@ absl::StatusOr<ChunkLineage> ParseLineage(const v1::PutFrame& frame) {
 
 PutReactor::PutReactor(grpc::CallbackServerContext* ctx, grpc::ByteBuffer* response,
                        TieredStore* store, RpcMetrics* metrics, RegionTable* regions,
-                       uint64_t max_frame_bytes)
+                       uint64_t max_frame_bytes, TenantScope tenant)
     : ctx_(ctx),
       response_(response),
       store_(store),
       regions_(regions),
       max_frame_bytes_(max_frame_bytes),
+      tenant_(std::move(tenant)),
       scope_(metrics, RpcMethod::kPut) {
   if (store_ == nullptr) {
     Finish(scope_.Done(ToGrpcStatus(absl::UnavailableError(
@@ -76,7 +77,11 @@ void PutReactor::OnFrame() {
     Fail(absl::InvalidArgumentError(absl::StrCat("key: ", key.status().message())));
     return;
   }
-  const ChunkId id{frame.namespace_id(), *key};
+  if (frame.namespace_id() != public_ns_) {  // One hash per namespace, not per frame.
+    public_ns_ = frame.namespace_id();
+    internal_ns_ = tenant_.Internal(public_ns_);
+  }
+  const ChunkId id{internal_ns_, *key};
   if (!in_chunk_) {
     if (frame.offset() != 0) {
       Fail(absl::InvalidArgumentError(

@@ -36,6 +36,7 @@
 #include "server/mapped_region.h"
 #include "server/region_table.h"
 #include "server/rpc_metrics.h"
+#include "server/tenant_scope.h"
 #include "storage/tiered_store.h"
 
 namespace kvtier {
@@ -44,9 +45,10 @@ class PutReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
  public:
   // `store` may be null (still starting: the call fails UNAVAILABLE). `metrics` and
   // `regions` may be null (no regions: a frame naming one is FAILED_PRECONDITION). All
-  // must outlive the call.
+  // must outlive the call. `tenant` maps the frames' namespaces to the store's.
   PutReactor(grpc::CallbackServerContext* ctx, grpc::ByteBuffer* response, TieredStore* store,
-             RpcMetrics* metrics, RegionTable* regions, uint64_t max_frame_bytes);
+             RpcMetrics* metrics, RegionTable* regions, uint64_t max_frame_bytes,
+             TenantScope tenant = TenantScope::Implicit());
 
   void OnReadDone(bool ok) override;
   void OnCancel() override;
@@ -84,6 +86,9 @@ class PutReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   TieredStore* const store_;
   RegionTable* const regions_;
   const uint64_t max_frame_bytes_;
+  const TenantScope tenant_;
+  uint64_t public_ns_ = 0;    // The last frame's namespace, and
+  uint64_t internal_ns_ = 0;  // its store id.
   RpcMetrics::Scope scope_;
 
   grpc::ByteBuffer message_;  // The frame being read or handled.

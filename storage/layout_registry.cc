@@ -13,7 +13,9 @@ absl::Status LayoutRegistry::Load() {
   absl::MutexLock lock(&mu_);
   for (auto& [ns, encoding] : *rows) {
     auto layout = LayoutSpec::FromCanonicalEncoding(encoding);
-    if (!layout.ok() || layout->NamespaceId() != ns) {
+    // A tenant's namespace is registered under an id derived from its layout's (not
+    // equal to it); only an unreadable encoding or id 0 is skipped.
+    if (!layout.ok() || ns == 0) {
       LogWarning("tiered store: skipping an unreadable stored layout for namespace ",
                  absl::StrFormat("%016x", ns));
       continue;
@@ -24,7 +26,8 @@ absl::Status LayoutRegistry::Load() {
   return absl::OkStatus();
 }
 
-absl::StatusOr<LayoutRegistry::Registered> LayoutRegistry::Register(const LayoutSpec& layout) {
+absl::StatusOr<LayoutRegistry::Registered> LayoutRegistry::Register(const LayoutSpec& layout,
+                                                                    uint64_t ns) {
   if (absl::Status s = layout.Validate(); !s.ok()) return s;
   const uint64_t bytes = layout.ChunkBytes();
   if (bytes > max_chunk_bytes_) {
@@ -32,7 +35,7 @@ absl::StatusOr<LayoutRegistry::Registered> LayoutRegistry::Register(const Layout
         "layout's chunk is ", bytes, " bytes, more than this daemon accepts (",
         max_chunk_bytes_, " = min(max_chunk_size, ram_capacity)); use fewer tokens_per_chunk"));
   }
-  Registered out{layout.NamespaceId(), bytes, false};
+  Registered out{ns != 0 ? ns : layout.NamespaceId(), bytes, false};
   {
     absl::MutexLock lock(&mu_);
     if (layouts_.contains(out.namespace_id)) {

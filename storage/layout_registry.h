@@ -36,7 +36,9 @@ class LayoutRegistry {
   };
   // Returns: Ok, InvalidArgument, FailedPrecondition (chunk larger than allowed),
   // Unavailable (could not persist).
-  absl::StatusOr<Registered> Register(const LayoutSpec& layout);
+  // `ns` is the namespace id to register it under; 0: the layout's own hash (a
+  // tenant's namespaces use other ids, see server/tenant_scope.h).
+  absl::StatusOr<Registered> Register(const LayoutSpec& layout, uint64_t ns = 0);
   // Returns: Ok, NotFound.
   absl::StatusOr<LayoutSpec> Find(uint64_t ns) const;
   size_t size() const;

@@ -193,8 +193,9 @@ class TieredStore {
   // Returns: Ok, InvalidArgument, FailedPrecondition (chunk larger than allowed),
   // Unavailable.
   using Registered = LayoutRegistry::Registered;
-  absl::StatusOr<Registered> RegisterLayout(const LayoutSpec& layout) {
-    return layouts_->Register(layout);
+  // `ns`: the id to register it under (0: the layout's hash).
+  absl::StatusOr<Registered> RegisterLayout(const LayoutSpec& layout, uint64_t ns = 0) {
+    return layouts_->Register(layout, ns);
   }
   // Returns: Ok, NotFound.
   absl::StatusOr<LayoutSpec> FindLayout(uint64_t ns) const { return layouts_->Find(ns); }

@@ -24,10 +24,12 @@ add_dependencies(kvtier_daemon_support kvtierd kvtier)
 kvtier_test(daemon_integration_test LIBS kvtier_daemon_support LABELS integration)
 kvtier_test(daemon_bad_input_test LIBS kvtier_daemon_support LABELS integration)
 kvtier_test(hint_events_integration_test LIBS kvtier_daemon_support LABELS integration)
+kvtier_test(tenant_isolation_test LIBS kvtier_daemon_support kvtier_server LABELS integration)
 # Get into GPU memory through an in-process server on the fake device backend.
 kvtier_test(device_get_test LIBS kvtier_server kvtier_daemon_support LABELS integration)
 
 kvtier_test(daemon_config_test LIBS kvtier_server)
+kvtier_test(tenant_auth_test LIBS kvtier_server)
 kvtier_test(lease_table_test LIBS kvtier_server)
 kvtier_test(region_table_test LIBS kvtier_server)
 target_compile_definitions(daemon_config_test PRIVATE KVTIER_SOURCE_DIR="${CMAKE_SOURCE_DIR}")

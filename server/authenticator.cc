@@ -1,0 +1,166 @@
+#include "server/authenticator.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "prometheus/counter.h"
+#include "prometheus/family.h"
+#include "prometheus/registry.h"
+#include "storage/log.h"
+
+namespace kvtier {
+
+absl::StatusOr<std::unique_ptr<Authenticator>> Authenticator::Create(
+    AuthenticatorOptions options, prometheus::Registry* registry) {
+  std::unique_ptr<Authenticator> auth(new Authenticator(std::move(options), registry));
+  if (auth->enabled()) {
+    absl::MutexLock lock(&auth->mu_);
+    if (absl::Status s = auth->Load(/*initial=*/true); !s.ok()) return s;
+  }
+  return auth;
+}
+
+Authenticator::Authenticator(AuthenticatorOptions options, prometheus::Registry* registry)
+    : options_(std::move(options)) {
+  if (registry == nullptr) return;
+  requests_ = &prometheus::BuildCounter()
+                   .Name("kvtier_tenant_requests_total")
+                   .Help("Requests by tenant and authentication outcome: ok, unauthenticated, "
+                         "rate_limited (RESOURCE_EXHAUSTED), forbidden (admin operation)")
+                   .Register(*registry);
+  reload_failures_metric_ = &prometheus::BuildCounter()
+                                 .Name("kvtier_tenants_file_reload_failures_total")
+                                 .Help("Tenants file reloads that failed to parse; the "
+                                       "previous table stays in force")
+                                 .Register(*registry)
+                                 .Add({});
+}
+
+void Authenticator::Count(const std::string& tenant, const char* outcome) {
+  if (requests_ == nullptr) return;
+  // Labels come from the tenants file (or are empty), so the series are bounded.
+  requests_->Add({{"tenant", tenant}, {"outcome", outcome}}).Increment();
+}
+
+uint64_t Authenticator::reload_failures() const {
+  absl::MutexLock lock(&mu_);
+  return reload_failures_;
+}
+
+absl::Status Authenticator::Load(bool initial) {
+  struct stat st {};
+  const std::string& path = options_.tenants_file;
+  if (stat(path.c_str(), &st) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("option tenants_file: cannot read ", path, ": ", std::strerror(errno)));
+  }
+  const int64_t mtime_ns = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+  if (!initial && mtime_ns == file_mtime_ns_ && st.st_size == file_size_) {
+    return absl::OkStatus();
+  }
+  file_mtime_ns_ = mtime_ns;
+  file_size_ = st.st_size;
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream text;
+  text << in.rdbuf();
+  if (!in.good() && !in.eof()) {
+    return absl::InvalidArgumentError(absl::StrCat("option tenants_file: cannot read ", path));
+  }
+  auto table = TenantTable::Parse(text.str());
+  if (!table.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("option tenants_file: ", path, ": ", table.status().message()));
+  }
+  table_ = std::make_shared<const TenantTable>(*std::move(table));
+  // Buckets of tenants that are gone go too; kept tenants keep their state.
+  absl::erase_if(buckets_, [this](const auto& entry) { return table_->FindTenant(entry.first) < 0; });
+  if (!initial) LogInfo("tenants file ", path, " reloaded: ", table_->tenants().size(), " tenants");
+  return absl::OkStatus();
+}
+
+void Authenticator::MaybeReload(absl::Time now) {
+  if (now < next_check_) return;
+  next_check_ = now + options_.reload_check;
+  if (absl::Status s = Load(/*initial=*/false); !s.ok()) {
+    ++reload_failures_;
+    if (reload_failures_metric_ != nullptr) reload_failures_metric_->Increment();
+    LogError(s.message(), " (keeping the previous tenants)");
+  }
+}
+
+Authenticator::Result Authenticator::Authenticate(const CallerCredentials& creds) {
+  Result result;
+  if (!enabled()) {
+    result.scope = TenantScope::Implicit();
+    return result;
+  }
+  const absl::Time now = options_.clock();
+  absl::MutexLock lock(&mu_);
+  MaybeReload(now);
+  int index = -1;
+  if (creds.authorization.has_value()) {
+    absl::string_view value = *creds.authorization;
+    if (!absl::ConsumePrefix(&value, "Bearer ") && !absl::ConsumePrefix(&value, "bearer ")) {
+      Count("", "unauthenticated");
+      result.denied.status = absl::UnauthenticatedError(
+          "authorization: expected 'Bearer <token>'");
+      return result;
+    }
+    index = table_->FindToken(absl::StripAsciiWhitespace(value));
+    if (index < 0) {
+      Count("", "unauthenticated");
+      result.denied.status = absl::UnauthenticatedError(
+          "authorization: the bearer token is not one the tenants file lists");
+      return result;
+    }
+  }
+  for (size_t i = 0; index < 0 && i < creds.cert_identities.size(); ++i) {
+    index = table_->FindCertIdentity(creds.cert_identities[i]);
+  }
+  if (index < 0 && creds.unix_uid.has_value()) index = table_->FindUid(*creds.unix_uid);
+  if (index < 0) {
+    Count("", "unauthenticated");
+    std::string presented = creds.cert_identities.empty()
+                                ? std::string()
+                                : absl::StrCat(" (certificate identity '", creds.cert_identities[0],
+                                               "' is not listed)");
+    if (creds.unix_uid.has_value()) {
+      absl::StrAppend(&presented, " (uid ", *creds.unix_uid, " is not listed)");
+    }
+    result.denied.status = absl::UnauthenticatedError(absl::StrCat(
+        "no credentials this daemon accepts: send a bearer token, a client certificate, "
+        "or connect on the Unix socket as a listed user", presented));
+    return result;
+  }
+  const TenantSpec& spec = table_->tenants()[index];
+  if (spec.requests_per_second > 0) {
+    Bucket& b = buckets_[spec.name];
+    if (b.last == absl::InfinitePast()) b.tokens = spec.burst;
+    else b.tokens = std::min(spec.burst, b.tokens + absl::ToDoubleSeconds(now - b.last) *
+                                                        spec.requests_per_second);
+    b.last = now;
+    if (b.tokens < 1) {
+      Count(spec.name, "rate_limited");
+      result.denied.retry_after = absl::Seconds((1 - b.tokens) / spec.requests_per_second);
+      result.denied.status = absl::ResourceExhaustedError(absl::StrCat(
+          "tenant ", spec.name, ": over its request rate (", spec.requests_per_second,
+          "/s); retry in ", absl::FormatDuration(absl::Ceil(result.denied.retry_after,
+                                                            absl::Milliseconds(1)))));
+      return result;
+    }
+    b.tokens -= 1;
+  }
+  Count(spec.name, "ok");
+  result.scope = TenantScope::Named(spec.name, spec.admin);
+  return result;
+}
+
+void Authenticator::CountForbidden(const TenantScope& scope) { Count(scope.tenant(), "forbidden"); }
+
+}  // namespace kvtier

@@ -1,0 +1,69 @@
+// TenantTable: who may call kvtierd and as which tenant, parsed from the tenants file
+// (option tenants_file). One directive per line; '#' starts a comment:
+//
+//   tenant NAME [role=user|admin] [requests_per_second=N] [burst=N]
+//   token  NAME sha256:HEX        a bearer token ("authorization: Bearer <token>") whose
+//                                 SHA-256 is HEX (64 hex digits); the file never holds
+//                                 the token itself
+//   cert   NAME IDENTITY          a client certificate (mutual TLS) whose subject CN or
+//                                 one of whose subject alternative names is IDENTITY
+//   uid    NAME UID               a peer on the Unix-domain socket with this user id
+//
+// A tenant is declared once before its credentials; a credential names one tenant.
+// NAME is 1 to 64 of [A-Za-z0-9._-]. requests_per_second 0 (the default) is unlimited;
+// burst defaults to one second's worth.
+//
+// Thread-safety: immutable once parsed.
+#ifndef KVTIER_SERVER_TENANT_TABLE_H_
+#define KVTIER_SERVER_TENANT_TABLE_H_
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace kvtier {
+
+using Sha256Digest = std::array<uint8_t, 32>;
+
+// SHA-256 of `data` (OpenSSL).
+Sha256Digest Sha256(absl::string_view data);
+
+struct TenantSpec {
+  std::string name;
+  bool admin = false;
+  double requests_per_second = 0;  // 0: unlimited.
+  double burst = 0;                // Requests an idle tenant may make at once.
+};
+
+class TenantTable {
+ public:
+  // Returns InvalidArgument naming the line and what is wrong with it.
+  static absl::StatusOr<TenantTable> Parse(absl::string_view text);
+
+  // Index into tenants(), or -1.
+  int FindToken(absl::string_view token) const;
+  int FindCertIdentity(absl::string_view identity) const;
+  int FindUid(uint32_t uid) const;
+  int FindTenant(absl::string_view name) const;
+
+  const std::vector<TenantSpec>& tenants() const { return tenants_; }
+
+ private:
+  struct DigestHash {
+    size_t operator()(const Sha256Digest& d) const;
+  };
+  std::vector<TenantSpec> tenants_;
+  absl::flat_hash_map<std::string, int> by_name_;
+  absl::flat_hash_map<Sha256Digest, int, DigestHash> by_token_;
+  absl::flat_hash_map<std::string, int> by_cert_;
+  absl::flat_hash_map<uint32_t, int> by_uid_;
+};
+
+}  // namespace kvtier
+
+#endif  // KVTIER_SERVER_TENANT_TABLE_H_

@@ -1,0 +1,129 @@
+#include "server/unix_listener.h"
+
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include <grpcpp/server.h>
+#include <grpcpp/server_posix.h>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "storage/log.h"
+
+namespace kvtier {
+
+absl::StatusOr<std::unique_ptr<UnixListener>> UnixListener::Bind(const std::string& path,
+                                                                 mode_t mode, AdmitFn admit) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path.size() < 2 || path[0] != '/') {
+    return absl::InvalidArgumentError(
+        absl::StrCat("option listen_unix: '", path, "' is not an absolute path"));
+  }
+  if (path.size() >= sizeof(addr.sun_path)) {
+    return absl::InvalidArgumentError(absl::StrCat("option listen_unix: '", path,
+                                                   "' is longer than a Unix socket path may be (",
+                                                   sizeof(addr.sun_path) - 1, " bytes)"));
+  }
+  std::memcpy(addr.sun_path, path.data(), path.size());
+  struct stat st {};
+  if (lstat(path.c_str(), &st) == 0) {
+    if (!S_ISSOCK(st.st_mode)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "option listen_unix: ", path, " exists and is not a socket; not replacing it"));
+    }
+    unlink(path.c_str());  // Left by a daemon that was killed.
+  }
+  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    return absl::UnavailableError(absl::StrCat("listen_unix: socket: ", std::strerror(errno)));
+  }
+  // Created with no permissions, then opened up: never briefly world-connectable.
+  const mode_t old_mask = umask(0777);
+  const int bound = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  const int bind_errno = errno;
+  umask(old_mask);
+  if (bound != 0 || chmod(path.c_str(), mode) != 0 || listen(fd, 128) != 0) {
+    const int err = bound != 0 ? bind_errno : errno;
+    close(fd);
+    return absl::UnavailableError(
+        absl::StrCat("option listen_unix: cannot listen on ", path, ": ", std::strerror(err)));
+  }
+  return std::unique_ptr<UnixListener>(new UnixListener(fd, path, std::move(admit)));
+}
+
+UnixListener::~UnixListener() {
+  Stop();
+  close(fd_);
+}
+
+void UnixListener::Serve(grpc::Server* server) {
+  thread_ = std::thread([this, server] { AcceptLoop(server); });
+}
+
+void UnixListener::Stop() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopped_) return;
+    stopped_ = true;
+  }
+  shutdown(fd_, SHUT_RDWR);  // Wakes the blocked accept().
+  if (thread_.joinable()) thread_.join();
+  unlink(path_.c_str());
+}
+
+void UnixListener::AcceptLoop(grpc::Server* server) {
+  while (true) {
+    // gRPC drives the connection from its event loop: non-blocking.
+    const int conn = accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (conn < 0) {
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      absl::MutexLock lock(&mu_);
+      if (!stopped_) LogError("listen_unix: accept: ", std::strerror(errno), "; no longer accepting");
+      return;
+    }
+    ucred cred{};
+    socklen_t len = sizeof(cred);
+    absl::Status admitted =
+        getsockopt(conn, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0
+            ? absl::InternalError(absl::StrCat("SO_PEERCRED: ", std::strerror(errno)))
+            : admit_(UnixPeer{cred.pid, cred.uid, cred.gid});
+    absl::MutexLock lock(&mu_);
+    if (stopped_) {
+      close(conn);
+      return;
+    }
+    if (!admitted.ok()) {
+      ++refused_;
+      LogWarning("listen_unix: refused uid ", cred.uid, " (pid ", cred.pid, "): ",
+                 admitted.message());
+      close(conn);
+      continue;
+    }
+    peers_[conn] = cred.uid;
+    // Under the lock, so that PeerUid never sees the fd with a previous owner's uid.
+    grpc::AddInsecureChannelFromFd(server, conn);
+  }
+}
+
+std::optional<uid_t> UnixListener::PeerUid(absl::string_view peer) const {
+  int fd;
+  if (!absl::ConsumePrefix(&peer, "fd:") || !absl::SimpleAtoi(peer, &fd)) return std::nullopt;
+  absl::MutexLock lock(&mu_);
+  auto it = peers_.find(fd);
+  if (it == peers_.end()) return std::nullopt;
+  return it->second;
+}
+
+uint64_t UnixListener::refused() const {
+  absl::MutexLock lock(&mu_);
+  return refused_;
+}
+
+}  // namespace kvtier
