@@ -166,3 +166,56 @@ TEST(DaemonConfigTest, ErrorsNameTheOption) {
 
 }  // namespace
 }  // namespace kvtier
+
+namespace kvtier {
+namespace {
+
+TEST(DaemonConfigTest, PlaintextBeyondLoopbackNeedsConsent) {
+  for (const char* local : {"127.0.0.1:1", "127.1.2.3:0", "localhost:50051", "[::1]:1"}) {
+    DaemonConfig c;
+    c.listen = local;
+    EXPECT_TRUE(c.ListenIsLoopback()) << local;
+    EXPECT_TRUE(c.Validate().ok()) << local;
+  }
+  for (const char* remote : {"0.0.0.0:50051", "[::]:50051", "10.0.0.7:1", "kvtier.example:1"}) {
+    DaemonConfig c;
+    c.listen = remote;
+    EXPECT_FALSE(c.ListenIsLoopback()) << remote;
+    absl::Status s = c.Validate();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << remote;
+    EXPECT_NE(s.message().find("allow_insecure_remote"), std::string::npos) << s;
+    c.allow_insecure_remote = true;
+    EXPECT_TRUE(c.Validate().ok()) << remote;
+    c.allow_insecure_remote = false;
+    c.tls_cert_file = "/etc/kvtier/cert.pem";
+    c.tls_key_file = "/etc/kvtier/key.pem";
+    EXPECT_TRUE(c.Validate().ok()) << remote;
+  }
+}
+
+TEST(DaemonConfigTest, TlsAndUnixSocketOptions) {
+  DaemonConfig c;
+  c.tls_cert_file = "/c.pem";
+  EXPECT_NE(c.Validate().message().find("tls_key_file"), std::string::npos);
+  c.tls_cert_file = "";
+  c.tls_client_ca_file = "/ca.pem";
+  EXPECT_NE(c.Validate().message().find("option tls_client_ca_file"), std::string::npos);
+  c.tls_cert_file = "/c.pem";
+  c.tls_key_file = "/k.pem";
+  EXPECT_TRUE(c.Validate().ok());
+  c.tls_reload_interval = absl::Milliseconds(10);
+  EXPECT_NE(c.Validate().message().find("option tls_reload_interval"), std::string::npos);
+  DaemonConfig u;
+  u.listen_unix = "kvtierd.sock";
+  EXPECT_NE(u.Validate().message().find("option listen_unix"), std::string::npos);
+  u.listen_unix = "/run/kvtier/kvtierd.sock";
+  EXPECT_TRUE(u.Validate().ok());
+  auto parsed = ParseDaemonArgs({"--listen=0.0.0.0:1", "--allow-insecure-remote",
+                                 "--tenants-file=/etc/kvtier/tenants"});
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_TRUE(parsed->config.allow_insecure_remote);
+  EXPECT_EQ(parsed->config.tenants_file, "/etc/kvtier/tenants");
+}
+
+}  // namespace
+}  // namespace kvtier

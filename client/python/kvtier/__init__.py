@@ -18,7 +18,8 @@ from .client import (Client, DeviceRegion, GetResult, LoadHandle, LookupResult, 
                      RegisterResult)
 from .errors import (AbortedError, CancelledError, DataLossError, DeadlineExceededError,
                      FailedPreconditionError, InternalError, InvalidArgumentError,
-                     KvTierError, NotFoundError, ResourceExhaustedError, UnavailableError,
+                     KvTierError, NotFoundError, PermissionDeniedError,
+                     ResourceExhaustedError, UnauthenticatedError, UnavailableError,
                      UnimplementedError)
 from .prefill import PrefillResult, PrefillSession
 from . import _native
@@ -33,8 +34,9 @@ __all__ = [
     "AbortedError", "CancelledError", "Client", "DType", "DataLossError", "DeviceRegion",
     "DeadlineExceededError", "FailedPreconditionError", "GetResult", "InternalError",
     "InvalidArgumentError", "KeyPosition", "KvTierError", "Layout", "LoadHandle",
-    "LookupResult", "NotFoundError", "PrefillResult", "PrefillSession", "PutResult",
-    "RegisterResult", "ResourceExhaustedError", "Tier", "UnavailableError",
+    "LookupResult", "NotFoundError", "PermissionDeniedError", "PrefillResult", "PrefillSession", "PutResult",
+    "RegisterResult", "ResourceExhaustedError", "Tier", "UnauthenticatedError",
+    "UnavailableError",
     "UnimplementedError", "chunk_keys", "crc32c", "namespace_id",
 ]
 __version__ = "0.1.0"

@@ -96,13 +96,20 @@ class Client:
     ``rpc_deadline`` (seconds, 0 for none) bounds each call, a whole transfer included.
     ``connect_timeout`` > 0 waits that long for the daemon at construction and raises
     UnavailableError if it is not there; 0 connects lazily.
+    ``tls_ca_file`` turns on TLS, trusting those CA certificates (PEM) for the daemon;
+    ``tls_cert_file`` and ``tls_key_file`` add a client certificate (mutual TLS);
+    ``tls_server_name`` overrides the name checked in the daemon's certificate.
+    ``token`` is sent as a bearer token on every call (a daemon with a tenants file).
     """
 
     def __init__(self, target: str, *, max_frame_bytes: int = 4 << 20,
                  rpc_deadline: float = 60.0, connect_timeout: float = 0.0,
-                 receive_window_bytes: int = 8 << 20):
+                 receive_window_bytes: int = 8 << 20, tls_ca_file: str = "",
+                 tls_cert_file: str = "", tls_key_file: str = "", tls_server_name: str = "",
+                 token: str = ""):
         self._native = _native.Client(target, max_frame_bytes, rpc_deadline, connect_timeout,
-                                      receive_window_bytes)
+                                      receive_window_bytes, tls_ca_file, tls_cert_file,
+                                      tls_key_file, tls_server_name, token)
         self._layouts: Dict[int, Layout] = {}
         self._lock = threading.Lock()
         self._handles: List["LoadHandle"] = []

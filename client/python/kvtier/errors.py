@@ -94,11 +94,22 @@ class UnimplementedError(KvTierError):
     advice = "the daemon does not support this call: upgrade it"
 
 
+class PermissionDeniedError(KvTierError):
+    code = "PERMISSION_DENIED"
+    advice = "this tenant may not do this (an admin operation, or a region it does not own)"
+
+
+class UnauthenticatedError(KvTierError):
+    code = "UNAUTHENTICATED"
+    advice = "the daemon does not know these credentials: check the token or certificate"
+
+
 _BY_CODE = {
     cls.code: cls
     for cls in (InvalidArgumentError, NotFoundError, ResourceExhaustedError, UnavailableError,
                 DataLossError, FailedPreconditionError, DeadlineExceededError, CancelledError,
-                AbortedError, InternalError, UnimplementedError)
+                AbortedError, InternalError, UnimplementedError, PermissionDeniedError,
+                UnauthenticatedError)
 }
 
 

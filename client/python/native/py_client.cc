@@ -208,8 +208,15 @@ std::vector<ChunkKey> KeysFromList(const py::list& keys) {
 
 PyClient::PyClient(const std::string& target, uint32_t max_frame_bytes,
                    double rpc_deadline_seconds, double connect_timeout_seconds,
-                   int receive_window_bytes) {
+                   int receive_window_bytes, const std::string& tls_ca_file,
+                   const std::string& tls_cert_file, const std::string& tls_key_file,
+                   const std::string& tls_server_name, const std::string& bearer_token) {
   ClientOptions options;
+  options.tls_ca_file = tls_ca_file;
+  options.tls_cert_file = tls_cert_file;
+  options.tls_key_file = tls_key_file;
+  options.tls_server_name = tls_server_name;
+  options.bearer_token = bearer_token;
   options.max_frame_bytes = max_frame_bytes;
   options.rpc_deadline =
       rpc_deadline_seconds <= 0 ? absl::InfiniteDuration() : absl::Seconds(rpc_deadline_seconds);

@@ -34,8 +34,12 @@ class PyClient {
  public:
   // Raises kvtier errors (InvalidArgument for bad options, Unavailable when
   // connect_timeout_seconds > 0 and the daemon is not reachable in time).
+  // The tls_* and bearer_token arguments are ClientOptions' ("" : unset).
   PyClient(const std::string& target, uint32_t max_frame_bytes, double rpc_deadline_seconds,
-           double connect_timeout_seconds, int receive_window_bytes);
+           double connect_timeout_seconds, int receive_window_bytes,
+           const std::string& tls_ca_file = "", const std::string& tls_cert_file = "",
+           const std::string& tls_key_file = "", const std::string& tls_server_name = "",
+           const std::string& bearer_token = "");
 
   // Returns (namespace_id, chunk_bytes, already_registered).
   pybind11::tuple RegisterLayout(const std::string& model_id, const std::string& model_revision,
