@@ -879,7 +879,9 @@ absl::StatusOr<GetIntoResult> KvTierClient::GetInto(uint64_t namespace_id,
         "GetInto: namespace ", absl::Hex(namespace_id, absl::kZeroPad16),
         " is not registered (or the layer range is outside its layers)"));
   }
-  const auto [key_bytes, layer_bytes] = *sizes;
+  // Plain locals, not a structured binding: lambdas below capture them (clang 14).
+  const uint64_t key_bytes = sizes->first;
+  const uint64_t layer_bytes = sizes->second;
   if (out.size() != keys.size() * key_bytes) {
     return absl::InvalidArgumentError(absl::StrCat(
         "GetInto: out holds ", out.size(), " bytes; ", keys.size(), " keys of ", key_bytes,

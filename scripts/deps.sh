@@ -5,6 +5,8 @@ set -euo pipefail
 
 KVTIER_BUILD_PACKAGES=(
   build-essential cmake pkg-config ccache
+  # clang: the thread-safety analysis of the lock annotations (a test).
+  clang
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev librocksdb-dev prometheus-cpp-dev libxxhash-dev libtomlplusplus-dev libisal-dev
   libsystemd-dev libgtest-dev

@@ -79,7 +79,8 @@ absl::Status Authenticator::Load(bool initial) {
   }
   table_ = std::make_shared<const TenantTable>(*std::move(table));
   // Buckets of tenants that are gone go too; kept tenants keep their state.
-  absl::erase_if(buckets_, [this](const auto& entry) { return table_->FindTenant(entry.first) < 0; });
+  const TenantTable& loaded = *table_;
+  absl::erase_if(buckets_, [&loaded](const auto& entry) { return loaded.FindTenant(entry.first) < 0; });
   if (!initial) LogInfo("tenants file ", path, " reloaded: ", table_->tenants().size(), " tenants");
   return absl::OkStatus();
 }

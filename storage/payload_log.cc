@@ -459,7 +459,9 @@ absl::StatusOr<PayloadExtent> PayloadLog::Move(const PayloadExtent& from,
   }
   auto reserved = Reserve(from.footprint());
   if (!reserved.ok()) return reserved.status();
-  auto [dst, ext] = *std::move(reserved);
+  // Not a structured binding: the lambda below captures them (clang 14 cannot).
+  auto dst = std::move(reserved->first);
+  auto ext = reserved->second;
   ext.size = from.size;
   // Read verifies every piece; each verified io is written at the same place in the new
   // extent (io boundaries are piece boundaries, and both extents start aligned).
