@@ -325,6 +325,8 @@ absl::StatusOr<RegisterResult> KvTierClient::RegisterLayout(const LayoutSpec& la
     chunk_bytes_[response->namespace_id()] = response->chunk_bytes();
     num_layers_[response->namespace_id()] = layout.num_layers;
   }
+  // The daemon's frame limit (0 from a daemon that does not say): Put frames fit it.
+  daemon_max_frame_.store(response->max_frame_bytes(), std::memory_order_relaxed);
   return RegisterResult{response->namespace_id(), response->chunk_bytes(),
                         response->already_registered()};
 }
@@ -500,7 +502,10 @@ absl::StatusOr<PutResult> KvTierClient::Put(uint64_t namespace_id,
   v1::PutFrame frame;  // Every field but data.
   frame.set_namespace_id(namespace_id);
   std::string head;
-  const uint64_t max_frame = options_.max_frame_bytes;
+  // Our frame size, or the daemon's limit if that is smaller (learnt at RegisterLayout).
+  const uint32_t daemon_max = daemon_max_frame_.load(std::memory_order_relaxed);
+  const uint64_t max_frame =
+      daemon_max != 0 ? std::min(options_.max_frame_bytes, daemon_max) : options_.max_frame_bytes;
   uint64_t sent = 0;
   bool broken = false;  // Write failed: the server ended the stream; Finish says why.
   for (size_t i = 0; i < chunks.size(); ++i) {

@@ -19,6 +19,7 @@
 #ifndef KVTIER_CLIENT_KVTIER_CLIENT_H_
 #define KVTIER_CLIENT_KVTIER_CLIENT_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -397,6 +398,7 @@ class KvTierClient {
 
   const std::string target_;
   const ClientOptions options_;
+  std::atomic<uint32_t> daemon_max_frame_{0};  // RegisterLayoutResponse.max_frame_bytes.
   // The stub also holds a reference to the channel; keeping one here makes the
   // channel's lifetime visibly the client's.
   const std::shared_ptr<grpc::Channel> channel_;

@@ -309,6 +309,9 @@ grpc::Status KvCacheService::RegisterLayoutImpl(TieredStore* store, const Tenant
   auto registered = store->RegisterLayout(*spec, tenant.Internal(public_ns));
   if (!registered.ok()) return ToGrpcStatus(registered.status());
   resp->set_namespace_id(public_ns);
+  resp->set_max_frame_bytes(static_cast<uint32_t>(limits_.max_frame_bytes));
+  resp->set_max_keys_per_request(limits_.max_keys_per_request);
+  resp->set_max_message_bytes(limits_.max_message_bytes);
   resp->set_chunk_bytes(registered->chunk_bytes);
   resp->set_already_registered(registered->already_registered);
   return grpc::Status::OK;

@@ -33,6 +33,7 @@ namespace kvtier {
 struct ServiceLimits {
   uint64_t max_frame_bytes = 4ull << 20;   // Largest data field in a frame.
   uint32_t max_keys_per_request = 4096;    // Keys in one unary or Get request.
+  uint64_t max_message_bytes = 5ull << 20; // gRPC's cap on one message (told to clients).
 };
 
 // The same-host data plane, when the daemon serves one: the regions clients registered

@@ -142,6 +142,8 @@ int Run(const DaemonConfig& config, const sigset_t& signals) {
   ServiceLimits limits;
   limits.max_frame_bytes = config.max_frame_size;
   limits.max_keys_per_request = config.max_keys_per_request;
+  // A frame is the data plus a few dozen bytes of framing; leave 1 MiB of slack.
+  limits.max_message_bytes = config.max_frame_size + (1 << 20);
   PrefillMetrics prefill_metrics(*registry);
   PrefillRunnerOptions prefill_options;
   prefill_options.max_frame_bytes = config.max_frame_size;
@@ -232,8 +234,7 @@ int Run(const DaemonConfig& config, const sigset_t& signals) {
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(config.listen, *credentials, &port);
-  // A frame is the data plus a few dozen bytes of framing; leave 1 MiB of slack.
-  const int max_message = static_cast<int>(config.max_frame_size + (1 << 20));
+  const int max_message = static_cast<int>(limits.max_message_bytes);
   builder.SetMaxReceiveMessageSize(max_message);
   builder.SetMaxSendMessageSize(max_message);
   // Bound what gRPC buffers per stream: with BDP probing on, HTTP/2 windows grow to
@@ -250,6 +251,9 @@ int Run(const DaemonConfig& config, const sigset_t& signals) {
     return 1;
   }
   auto* health = server->GetHealthCheckService();
+  // Health answers for the server ("") and for the service by name; the bool overloads
+  // below then flip both.
+  health->SetServingStatus(v1::KvCache::service_full_name(), false);
   health->SetServingStatus(false);
   if (unix_listener) unix_listener->Serve(server.get());
   // On every way out, the listener stops handing connections to the server first.
@@ -286,7 +290,7 @@ int Run(const DaemonConfig& config, const sigset_t& signals) {
   service.SetStore(store->get());
   if (http) http->AddCollectable(&collector);
   serving = true;
-  health->SetServingStatus(true);
+  health->SetServingStatus(true);  // "" (the server) and every registered service.
 
   const int metrics_port = http ? http->port() : 0;
   if (!config.port_file.empty()) {

@@ -295,15 +295,21 @@ void PutReactor::Consumed() {
     return;
   }
   store_->CommitPutAsync(std::move(writer_), frame.crc32c(),
-                         [this](absl::Status s) { Committed(std::move(s)); });
+                         [this](absl::StatusOr<bool> s) { Committed(std::move(s)); });
 }
 
-void PutReactor::Committed(absl::Status status) {
-  if (!status.ok()) {
-    Fail(status);
+void PutReactor::Committed(absl::StatusOr<bool> stored) {
+  if (!stored.ok()) {
+    Fail(stored.status());
     return;
   }
-  resp_.set_chunks_stored(resp_.chunks_stored() + 1);
+  // Two streams putting one chunk at once both get this far; the one whose commit
+  // lost the race counts it as already present, so the counts add up.
+  if (*stored) {
+    resp_.set_chunks_stored(resp_.chunks_stored() + 1);
+  } else {
+    resp_.set_chunks_already_present(resp_.chunks_already_present() + 1);
+  }
   in_chunk_ = false;
   ReadNext();
 }

@@ -74,7 +74,7 @@ class PutReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   void Consume();
   // The frame's bytes are in: commits a complete chunk, else reads on.
   void Consumed();
-  void Committed(absl::Status status);
+  void Committed(absl::StatusOr<bool> stored);
   void ReadNext();
   // The client half-closed (or the call was cancelled): ends the call.
   void EndOfStream();

@@ -217,43 +217,53 @@ absl::StatusOr<std::unique_ptr<ChunkWriter>> TieredStore::BeginPut(const ChunkId
 bool TieredStore::CancelPut(uint64_t ticket) { return admission_->Cancel(ticket); }
 
 void TieredStore::CommitPutAsync(std::unique_ptr<ChunkWriter> writer, uint32_t crc32c,
-                                 std::function<void(absl::Status)> done) {
+                                 std::function<void(absl::StatusOr<bool>)> done) {
   // CommitPut's own statement, not an argument of done(): GCC destroys a by-value
   // parameter at the end of the caller's full expression, so a refused chunk's slots
   // would go back to the pool only after `done` had answered the client (which could
   // then see them still taken).
   if (options_.write_mode != WriteMode::kWriteThrough) {
-    absl::Status s = CommitPut(std::move(writer), crc32c);
+    absl::StatusOr<bool> s = Commit(std::move(writer), crc32c);
     done(std::move(s));
     return;
   }
   // std::function needs a copyable task: the writer travels in a shared_ptr.
   auto w = std::make_shared<std::unique_ptr<ChunkWriter>>(std::move(writer));
   commit_pool_->Submit([this, w, crc32c, done = std::move(done)] {
-    absl::Status s = CommitPut(std::move(*w), crc32c);
+    absl::StatusOr<bool> s = Commit(std::move(*w), crc32c);
     done(std::move(s));
   });
 }
 
 absl::Status TieredStore::CommitPut(std::unique_ptr<ChunkWriter> writer, uint32_t crc32c) {
+  return Commit(std::move(writer), crc32c).status();
+}
+
+absl::StatusOr<bool> TieredStore::Commit(std::unique_ptr<ChunkWriter> writer, uint32_t crc32c) {
   if (writer->received_ != writer->size()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "chunk incomplete: received ", writer->received_, " of ", writer->size(), " bytes"));
   }
   if (writer->crc_ != crc32c) {
     put_checksum_failures_.fetch_add(1, std::memory_order_relaxed);
-    return absl::DataLossError(absl::StrFormat(
-        "chunk %s: payload CRC32C is %08x but the frame says %08x; nothing stored, "
-        "resend the chunk",
+    // The client's bytes and its checksum disagree: a bad request, not a stored chunk
+    // gone bad (DATA_LOSS is kept for those).
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "crc32c: chunk %s: the payload's CRC32C is %08x but the frame says %08x; nothing "
+        "stored, resend the chunk",
         writer->id_.key.ToHex(), writer->crc_, crc32c));
   }
   ChunkMeta meta{writer->size(), crc32c, writer->token_count_, 0, writer->lineage_};
+  // False when a concurrent put of the same chunk committed first (this one's bytes
+  // are dropped): exactly one of them reports it stored.
+  bool stored = false;
   switch (options_.write_mode) {
     case WriteMode::kWriteThrough: {
       const auto parts = Pieces(*writer->data_);
       if (absl::Status s = ssd_->Put(writer->id_, meta, parts); !s.ok()) return s;
       ssd_bytes_in_.fetch_add(meta.size, std::memory_order_relaxed);
       if (ram_->Insert(writer->id_, std::move(writer->data_), meta, /*dirty=*/false)) {
+        stored = true;
         ram_bytes_in_.fetch_add(meta.size, std::memory_order_relaxed);
         Emit(ChunkEventKind::kStored, writer->id_, Tier::kRam);
       }
@@ -261,6 +271,7 @@ absl::Status TieredStore::CommitPut(std::unique_ptr<ChunkWriter> writer, uint32_
     }
     case WriteMode::kWriteBack: {
       if (ram_->Insert(writer->id_, std::move(writer->data_), meta, /*dirty=*/true)) {
+        stored = true;
         ram_bytes_in_.fetch_add(meta.size, std::memory_order_relaxed);
         flusher_->Notify();
         Emit(ChunkEventKind::kStored, writer->id_, Tier::kRam);
@@ -269,12 +280,13 @@ absl::Status TieredStore::CommitPut(std::unique_ptr<ChunkWriter> writer, uint32_
     }
     case WriteMode::kRamOnly:
       if (ram_->Insert(writer->id_, std::move(writer->data_), meta, /*dirty=*/false)) {
+        stored = true;
         ram_bytes_in_.fetch_add(meta.size, std::memory_order_relaxed);
         Emit(ChunkEventKind::kStored, writer->id_, Tier::kRam);
       }
       break;
   }
-  return absl::OkStatus();
+  return stored;
 }
 
 bool TieredStore::FlushOne(bool demotion) {

@@ -215,13 +215,15 @@ class TieredStore {
   // False when it is no longer waiting.
   bool CancelPut(uint64_t ticket);
   // Verifies and publishes a fully received chunk. Returns: Ok, InvalidArgument
-  // (incomplete), DataLoss (CRC32C mismatch: nothing stored), ResourceExhausted or
-  // Unavailable (write-through SSD write failed: nothing stored).
+  // (incomplete, or CRC32C mismatch: nothing stored), ResourceExhausted or Unavailable
+  // (write-through SSD write failed: nothing stored).
   absl::Status CommitPut(std::unique_ptr<ChunkWriter> writer, uint32_t crc32c);
   // The same without blocking the caller on SSD: a write-through commit runs on the
-  // commit threads, which call `done`; the others call `done` inline.
+  // commit threads, which call `done`; the others call `done` inline. `done` gets
+  // whether this put stored the chunk (false: a concurrent put of the same chunk
+  // committed first, and this one's bytes were dropped).
   void CommitPutAsync(std::unique_ptr<ChunkWriter> writer, uint32_t crc32c,
-                      std::function<void(absl::Status)> done);
+                      std::function<void(absl::StatusOr<bool>)> done);
 
   Tier Locate(const ChunkId& id) const;
   // A view of the chunk if it is in RAM, taken without reading it or counting a hit.
@@ -315,6 +317,8 @@ class TieredStore {
   absl::Status Close();
 
  private:
+  // CommitPut, with whether this put stored the chunk.
+  absl::StatusOr<bool> Commit(std::unique_ptr<ChunkWriter> writer, uint32_t crc32c);
   explicit TieredStore(TieredStoreOptions options);
   // Writes one dirty chunk to SSD. Returns false if there was none.
   bool FlushOne(bool demotion);

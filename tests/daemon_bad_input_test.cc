@@ -425,7 +425,9 @@ TEST_F(BadInputTest, ChecksumMismatchStoresNothing) {
   const std::string data = PatternBytes(1, kChunk);
   auto frames = WholeChunk(KeyOf(1), data, crc32c::Value(data) ^ 1);
   grpc::Status s = SendPut(frames);
-  EXPECT_EQ(s.error_code(), grpc::StatusCode::DATA_LOSS);
+  // The client's bytes disagree with its checksum: a bad request (DATA_LOSS is for
+  // stored chunks found corrupt).
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_NE(s.error_message().find("CRC32C"), std::string::npos) << s.error_message();
   ExpectNothingLeft(KeyOf(1));
 

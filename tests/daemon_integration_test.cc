@@ -12,6 +12,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "client/kvtier_client.h"
+#include "client/layout_convert.h"
 #include "health.grpc.pb.h"
 #include "storage/chunk_key.h"
 #include "gtest/gtest.h"
@@ -651,14 +652,17 @@ TEST_F(DaemonTest, SigtermFinishesInFlightPutsAndFlushes) {
   const uint64_t ns = Register(4);
   auto channel = grpc::CreateChannel(daemon_->target(), grpc::InsecureChannelCredentials());
   auto health = grpc::health::v1::Health::NewStub(channel);
-  auto check = [&] {
+  auto check = [&](const std::string& service = "") {
     grpc::ClientContext ctx;
     grpc::health::v1::HealthCheckRequest req;
+    req.set_service(service);
     grpc::health::v1::HealthCheckResponse resp;
-    grpc::Status s = health->Check(&ctx, req, &resp);
+    grpc::Status s = health->Check(&ctx, req, &resp);  // Refused once shut down.
     return s.ok() ? resp.status() : grpc::health::v1::HealthCheckResponse::UNKNOWN;
   };
   EXPECT_EQ(check(), grpc::health::v1::HealthCheckResponse::SERVING);
+  // The service by name answers too (load balancers ask for it).
+  EXPECT_EQ(check("kvtier.v1.KvCache"), grpc::health::v1::HealthCheckResponse::SERVING);
 
   const std::string data = PatternBytes(77, 4 << 20);
   grpc::ClientContext ctx;
@@ -685,6 +689,7 @@ TEST_F(DaemonTest, SigtermFinishesInFlightPutsAndFlushes) {
   }
   EXPECT_TRUE(not_serving) << "/healthz never reported 503 during shutdown";
   EXPECT_NE(check(), grpc::health::v1::HealthCheckResponse::SERVING);
+  EXPECT_NE(check("kvtier.v1.KvCache"), grpc::health::v1::HealthCheckResponse::SERVING);
 
   ASSERT_TRUE(writer->Write(frame(2 << 20, false)));
   ASSERT_TRUE(writer->Write(frame(3 << 20, true)));
@@ -726,6 +731,34 @@ TEST(DaemonConfigTest, BadOptionStopsStartupNamingIt) {
   auto r4 = testing::RunCommand({KVTIERD_PATH, "--listen=127.0.0.1:0", "--ram-slot-size=1000"});
   EXPECT_EQ(r4.exit_code, 2);
   EXPECT_NE(r4.output.find("ram_slot_size"), std::string::npos) << r4.output;
+}
+
+}  // namespace
+}  // namespace kvtier
+
+namespace kvtier {
+namespace {
+
+// The daemon tells its limits at RegisterLayout, and the client cuts Put frames to fit
+// them: a client sending 4 MiB frames stores chunks on a daemon that takes 64 KiB.
+TEST_F(DaemonTest, ClientsSizeTheirFramesToTheDaemonsLimits) {
+  StartDaemon({"--max-frame-size=64KiB", "--max-keys-per-request=100"});
+  v1::RegisterLayoutRequest req;
+  *req.mutable_layout() = LayoutToProto(LayoutOfMiB(1));
+  v1::RegisterLayoutResponse resp;
+  grpc::ClientContext ctx;
+  ASSERT_TRUE(client_->stub()->RegisterLayout(&ctx, req, &resp).ok());
+  EXPECT_EQ(resp.max_frame_bytes(), 64u << 10);
+  EXPECT_EQ(resp.max_keys_per_request(), 100u);
+  EXPECT_GT(resp.max_message_bytes(), uint64_t{64} << 10);
+
+  ASSERT_EQ(client_->options().max_frame_bytes, 4u << 20);
+  const uint64_t ns = Register(1);
+  ASSERT_TRUE(PutOne(ns, 1, 1 << 20).ok());
+  auto got = client_->Get(ns, {KeyOf(1)});
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(got->size(), 1u);
+  EXPECT_EQ((*got)[0].data, PatternBytes(1, 1 << 20));
 }
 
 }  // namespace
