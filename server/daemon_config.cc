@@ -116,6 +116,14 @@ const std::vector<Option>& Options() {
       StringOption("tenants_file",
                    "tenants, credentials, roles and rates; empty: one implicit tenant",
                    &DaemonConfig::tenants_file),
+      UintOption("max_streams",
+                 "streaming calls (Put, Get, Prefill, Events) open at once; more: RESOURCE_EXHAUSTED",
+                 &DaemonConfig::max_streams),
+      UintOption("max_streams_per_connection", "HTTP/2 streams one client connection may open",
+                 &DaemonConfig::max_streams_per_connection),
+      UintOption("max_rpc_threads",
+                 "gRPC threads for synchronous handlers; more calls: RESOURCE_EXHAUSTED",
+                 &DaemonConfig::max_rpc_threads),
       StringOption("data_dir", "data directory; RocksDB lives in <data_dir>/ssd",
                    &DaemonConfig::data_dir),
       SizeOption("ram_capacity", "host-RAM pool size", &DaemonConfig::ram_capacity),
@@ -311,6 +319,14 @@ absl::Status DaemonConfig::Validate() const {
   if (!listen_unix.empty() && listen_unix[0] != '/') {
     return absl::InvalidArgumentError(absl::StrCat(
         "option listen_unix: expected an absolute path or empty, got '", listen_unix, "'"));
+  }
+  if (max_streams == 0 || max_streams_per_connection == 0) {
+    return absl::InvalidArgumentError(
+        "option max_streams: max_streams and max_streams_per_connection must be at least 1");
+  }
+  if (max_rpc_threads < 8) {
+    return absl::InvalidArgumentError(
+        "option max_rpc_threads: must be at least 8 (gRPC's pollers need some)");
   }
   if (data_dir.empty()) return absl::InvalidArgumentError("option data_dir: must not be empty");
   if (!metrics_listen.empty() && metrics_listen.find(':') == std::string::npos) {

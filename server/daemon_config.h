@@ -60,6 +60,12 @@ struct DaemonConfig {
   uint64_t max_lease_bytes = 0;            // RAM chunk bytes leases may hold; 0: half the pool.
   uint64_t max_chunk_size = 512ull << 20;  // Largest chunk a layout may have, bytes.
   absl::Duration put_wait = absl::Seconds(5);  // A put waits this long for room in RAM.
+  // Admission: streaming calls (Put, Get, Prefill, Events) open at once, daemon-wide;
+  // HTTP/2 streams per client connection; gRPC threads for the synchronous handlers.
+  // Past each, calls are answered RESOURCE_EXHAUSTED instead of queueing.
+  uint32_t max_streams = 4096;
+  uint32_t max_streams_per_connection = 1024;
+  uint32_t max_rpc_threads = 512;
   absl::Duration shutdown_grace = absl::Seconds(30);  // In-flight RPCs get this long.
   std::string log_level = "info";          // debug | info | warn | error.
   uint64_t prefill_bandwidth_limit = 0;    // Daemon-wide Prefill streaming cap, bytes/s; 0: none.

@@ -39,6 +39,7 @@
 #include "server/region_table.h"
 #include "server/region_target.h"
 #include "server/rpc_metrics.h"
+#include "server/stream_limiter.h"
 #include "storage/tiered_store.h"
 
 namespace kvtier {
@@ -55,6 +56,8 @@ class DeviceGetReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>
 
   void OnWriteDone(bool ok) override;
   void OnDone() override;
+  // Keeps the call's place among max_streams until the call is done.
+  void Hold(StreamLimiter::Ticket place) { place_ = std::move(place); }
 
  private:
   absl::Status Start(const v1::GetRequest& req, LeaseTable* leases, RegionTable* regions,
@@ -89,6 +92,7 @@ class DeviceGetReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   bool done_ ABSL_GUARDED_BY(mu_) = false;  // OnDone has run.
   grpc::ByteBuffer frame_;                  // The frame being written.
+  StreamLimiter::Ticket place_;  // Among max_streams; released when the call is done.
 };
 
 }  // namespace kvtier

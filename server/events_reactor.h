@@ -22,6 +22,7 @@
 #include "absl/synchronization/mutex.h"
 #include "kvtier/v1/kvtier.pb.h"
 #include "server/rpc_metrics.h"
+#include "server/stream_limiter.h"
 #include "storage/event_log.h"
 
 namespace kvtier {
@@ -40,6 +41,8 @@ class EventsReactor final : public grpc::ServerWriteReactor<v1::EventBatch> {
   void OnWriteDone(bool ok) override;
   void OnCancel() override;
   void OnDone() override;
+  // Keeps the call's place among max_streams until the call is done.
+  void Hold(StreamLimiter::Ticket place) { place_ = std::move(place); }
 
  private:
   // What the log's wake-up needs; outlives the reactor if a wake-up is in flight.
@@ -66,6 +69,7 @@ class EventsReactor final : public grpc::ServerWriteReactor<v1::EventBatch> {
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   v1::EventBatch batch_;  // Owned by gRPC between StartWrite and OnWriteDone.
+  StreamLimiter::Ticket place_;  // Among max_streams; released when the call is done.
 };
 
 }  // namespace kvtier

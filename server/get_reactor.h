@@ -50,6 +50,7 @@
 #include "server/get_plan.h"
 #include "server/region_table.h"
 #include "server/rpc_metrics.h"
+#include "server/stream_limiter.h"
 #include "storage/tiered_store.h"
 
 namespace kvtier {
@@ -70,6 +71,8 @@ class GetReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
 
   void OnWriteDone(bool ok) override;
   void OnDone() override;
+  // Keeps the call's place among max_streams until the call is done.
+  void Hold(StreamLimiter::Ticket place) { place_ = std::move(place); }
 
  private:
   // One frame of a streamed chunk: its byte range, then its bytes once read.
@@ -149,6 +152,7 @@ class GetReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   std::deque<Pending> pending_ ABSL_GUARDED_BY(mu_);
   uint64_t read_off_ ABSL_GUARDED_BY(mu_) = 0;
   grpc::ByteBuffer frame_;  // The frame in flight; touched only by the one writer.
+  StreamLimiter::Ticket place_;  // Among max_streams; released when the call is done.
 };
 
 }  // namespace kvtier

@@ -51,18 +51,18 @@ absl::StatusOr<LayoutSpec> RequireNamespace(TieredStore* store, uint64_t ns) {
 KvCacheService::KvCacheService(ServiceLimits limits, std::string version, RpcMetrics* metrics,
                                PrefillRunner* prefill, LeaseTable* leases,
                                DataPlaneInfo data_plane, EventLog* events,
-                               ServiceSecurity security)
+                               ServiceGuards guards)
     : metrics_(metrics),
       prefill_(prefill),
       leases_(leases),
       data_plane_(std::move(data_plane)),
       events_(events),
-      security_(security),
+      guards_(guards),
       limits_(limits),
       version_(std::move(version)) {}
 
 absl::StatusOr<TenantScope> KvCacheService::Admit(grpc::ServerContextBase* ctx) {
-  if (security_.auth == nullptr || !security_.auth->enabled()) return TenantScope::Implicit();
+  if (guards_.auth == nullptr || !guards_.auth->enabled()) return TenantScope::Implicit();
   CallerCredentials creds;
   const auto& metadata = ctx->client_metadata();
   if (auto it = metadata.find("authorization"); it != metadata.end()) {
@@ -76,10 +76,10 @@ absl::StatusOr<TenantScope> KvCacheService::Admit(grpc::ServerContextBase* ctx) 
       }
     }
   }
-  if (security_.unix_peers != nullptr) {
-    if (auto uid = security_.unix_peers->PeerUid(ctx->peer())) creds.unix_uid = *uid;
+  if (guards_.unix_peers != nullptr) {
+    if (auto uid = guards_.unix_peers->PeerUid(ctx->peer())) creds.unix_uid = *uid;
   }
-  Authenticator::Result r = security_.auth->Authenticate(creds);
+  Authenticator::Result r = guards_.auth->Authenticate(creds);
   if (r.scope.has_value()) return *std::move(r.scope);
   if (r.denied.retry_after > absl::ZeroDuration()) {
     ctx->AddTrailingMetadata(
@@ -87,6 +87,18 @@ absl::StatusOr<TenantScope> KvCacheService::Admit(grpc::ServerContextBase* ctx) 
         absl::StrCat(absl::ToInt64Milliseconds(absl::Ceil(r.denied.retry_after, absl::Milliseconds(1)))));
   }
   return r.denied.status;
+}
+
+absl::StatusOr<StreamLimiter::Ticket> KvCacheService::TakeStreamPlace(
+    grpc::ServerContextBase* ctx) {
+  if (guards_.streams == nullptr) return StreamLimiter::Ticket();
+  if (std::optional<StreamLimiter::Ticket> place = guards_.streams->TryAcquire()) {
+    return *std::move(place);
+  }
+  ctx->AddTrailingMetadata("kvtier-retry-after-ms", "100");
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "kvtierd has max_streams (", guards_.streams->max_streams(),
+      ") streaming calls open; retry in 100ms"));
 }
 
 template <typename Impl>
@@ -119,9 +131,13 @@ grpc::ServerReadReactor<grpc::ByteBuffer>* KvCacheService::Put(
     grpc::CallbackServerContext* ctx, grpc::ByteBuffer* response) {
   absl::StatusOr<TenantScope> tenant = Admit(ctx);
   if (!tenant.ok()) return new RefusedReader(metrics_, RpcMethod::kPut, ToGrpcStatus(tenant.status()));
+  absl::StatusOr<StreamLimiter::Ticket> place = TakeStreamPlace(ctx);
+  if (!place.ok()) return new RefusedReader(metrics_, RpcMethod::kPut, ToGrpcStatus(place.status()));
   leases_->Expire();  // Expired leases give their RAM back before this put needs it.
-  return new PutReactor(ctx, response, store_.load(std::memory_order_acquire), metrics_,
-                        data_plane_.regions, limits_.max_frame_bytes, *std::move(tenant));
+  auto* reactor = new PutReactor(ctx, response, store_.load(std::memory_order_acquire), metrics_,
+                                 data_plane_.regions, limits_.max_frame_bytes, *std::move(tenant));
+  reactor->Hold(*std::move(place));  // gRPC calls OnDone only after this returns.
+  return reactor;
 }
 grpc::ServerWriteReactor<grpc::ByteBuffer>* KvCacheService::Get(
     grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request) {
@@ -129,6 +145,11 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* KvCacheService::Get(
   if (!tenant.ok()) {
     return new RefusedWriter<grpc::ByteBuffer>(metrics_, RpcMethod::kGet,
                                                ToGrpcStatus(tenant.status()));
+  }
+  absl::StatusOr<StreamLimiter::Ticket> place = TakeStreamPlace(ctx);
+  if (!place.ok()) {
+    return new RefusedWriter<grpc::ByteBuffer>(metrics_, RpcMethod::kGet,
+                                               ToGrpcStatus(place.status()));
   }
   // Parsed once here: a target in a worker's GPU memory takes the device path;
   // everything else (and bytes that are not a GetRequest, which GetReactor answers
@@ -141,13 +162,18 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* KvCacheService::Get(
   if (parsed) req.set_namespace_id(tenant->Internal(req.namespace_id()));
   if (parsed && req.has_target() && data_plane_.regions != nullptr &&
       data_plane_.regions->IsDevice(req.target().region_id())) {
-    return new DeviceGetReactor(ctx, req, store_.load(std::memory_order_acquire), metrics_,
-                                leases_, data_plane_.regions, limits_.max_frame_bytes,
-                                limits_.max_keys_per_request);
+    auto* reactor = new DeviceGetReactor(ctx, req, store_.load(std::memory_order_acquire),
+                                         metrics_, leases_, data_plane_.regions,
+                                         limits_.max_frame_bytes, limits_.max_keys_per_request);
+    reactor->Hold(*std::move(place));
+    return reactor;
   }
-  return new GetReactor(ctx, parsed ? &req : nullptr, store_.load(std::memory_order_acquire),
-                        metrics_, leases_, data_plane_.regions, limits_.max_frame_bytes,
-                        limits_.max_keys_per_request);
+  auto* reactor = new GetReactor(ctx, parsed ? &req : nullptr,
+                                 store_.load(std::memory_order_acquire), metrics_, leases_,
+                                 data_plane_.regions, limits_.max_frame_bytes,
+                                 limits_.max_keys_per_request);
+  reactor->Hold(*std::move(place));
+  return reactor;
 }
 
 grpc::Status KvCacheService::DataPlane(grpc::ServerContext* ctx, const v1::DataPlaneRequest* req,
@@ -202,7 +228,7 @@ grpc::Status KvCacheService::Stats(grpc::ServerContext* ctx, const v1::StatsRequ
   return Serve(ctx, RpcMethod::kStats, [&](TieredStore* store, const TenantScope& t) {
     if (!t.admin()) {
       // Daemon-wide figures describe every tenant's use.
-      security_.auth->CountForbidden(t);
+      guards_.auth->CountForbidden(t);
       return ToGrpcStatus(absl::PermissionDeniedError(absl::StrCat(
           "Stats: tenant ", t.tenant(), " lacks the admin role (daemon-wide statistics)")));
     }
@@ -285,12 +311,21 @@ grpc::ServerWriteReactor<v1::EventBatch>* KvCacheService::Events(
                                      "events: ", kMaxEventSubscribers,
                                      " subscribers already; retry later"))));
   }
-  return new EventsReactor(events_, *req, tenant->Internal(req->namespace_id()), metrics_,
-                           subscribers_);
+  absl::StatusOr<StreamLimiter::Ticket> place = TakeStreamPlace(ctx);
+  if (!place.ok()) {
+    subscribers_->fetch_sub(1);
+    return new Refused(metrics_, RpcMethod::kEvents, ToGrpcStatus(place.status()));
+  }
+  auto* reactor = new EventsReactor(events_, *req, tenant->Internal(req->namespace_id()),
+                                    metrics_, subscribers_);
+  reactor->Hold(*std::move(place));
+  return reactor;
 }
 
 grpc::Status KvCacheService::Prefill(grpc::ServerContext* ctx, PrefillStream* stream) {
   return Serve(ctx, RpcMethod::kPrefill, [&](TieredStore* store, const TenantScope& t) {
+    absl::StatusOr<StreamLimiter::Ticket> place = TakeStreamPlace(ctx);
+    if (!place.ok()) return ToGrpcStatus(place.status());
     return prefill_->Run(store, ctx, stream, data_plane_.regions, t);
   });
 }

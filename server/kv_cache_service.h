@@ -25,6 +25,7 @@
 #include "server/prefill_runner.h"
 #include "server/region_table.h"
 #include "server/rpc_metrics.h"
+#include "server/stream_limiter.h"
 #include "server/unix_listener.h"
 #include "storage/tiered_store.h"
 
@@ -44,11 +45,13 @@ struct DataPlaneInfo {
   uint64_t instance_id = 0;
 };
 
-// Who may call, and as which tenant. Without an authenticator every caller is the
-// implicit tenant (admin, today's namespaces).
-struct ServiceSecurity {
-  Authenticator* auth = nullptr;           // Must outlive the service.
+// Who may call, as which tenant, and how many streams at once. Without an
+// authenticator every caller is the implicit tenant (admin, today's namespaces);
+// without a limiter streams are not counted. Both must outlive the service.
+struct ServiceGuards {
+  Authenticator* auth = nullptr;
   const UnixListener* unix_peers = nullptr;  // Resolves "fd:N" peers to uids.
+  StreamLimiter* streams = nullptr;
 };
 
 // Put and Get run on gRPC's callback API with raw buffers (PutReactor: one copy from
@@ -65,7 +68,7 @@ class KvCacheService final
   // Events answers UNIMPLEMENTED).
   KvCacheService(ServiceLimits limits, std::string version, RpcMetrics* metrics,
                  PrefillRunner* prefill, LeaseTable* leases, DataPlaneInfo data_plane = {},
-                 EventLog* events = nullptr, ServiceSecurity security = {});
+                 EventLog* events = nullptr, ServiceGuards guards = {});
   void SetStore(TieredStore* store) { store_.store(store, std::memory_order_release); }
 
   grpc::Status RegisterLayout(grpc::ServerContext* ctx, const v1::RegisterLayoutRequest* req,
@@ -119,6 +122,9 @@ class KvCacheService final
   // The caller's tenant, from its credentials; on refusal the status (and, when over the
   // tenant's rate, a kvtier-retry-after-ms trailer on `ctx`).
   absl::StatusOr<TenantScope> Admit(grpc::ServerContextBase* ctx);
+  // A place among max_streams for a streaming call (an empty ticket without a limiter),
+  // or RESOURCE_EXHAUSTED with a kvtier-retry-after-ms trailer on `ctx`.
+  absl::StatusOr<StreamLimiter::Ticket> TakeStreamPlace(grpc::ServerContextBase* ctx);
 
   // Runs `impl(store, tenant)` under a metrics scope, once the caller is admitted;
   // UNAVAILABLE before SetStore.
@@ -131,7 +137,7 @@ class KvCacheService final
   LeaseTable* const leases_;
   const DataPlaneInfo data_plane_;
   EventLog* const events_;
-  const ServiceSecurity security_;
+  const ServiceGuards guards_;
   std::shared_ptr<std::atomic<int>> subscribers_ = std::make_shared<std::atomic<int>>(0);
   const ServiceLimits limits_;
   const std::string version_;

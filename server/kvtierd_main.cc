@@ -28,11 +28,13 @@
 #include "server/daemon_config.h"
 #include "server/http_endpoint.h"
 #include "server/kv_cache_service.h"
+#include "server/parse_error_interceptor.h"
 #include "server/prefill_metrics.h"
 #include "server/prefill_runner.h"
 #include "server/region_socket.h"
 #include "server/rpc_metrics.h"
 #include "server/store_collector.h"
+#include "server/stream_limiter.h"
 #include "server/transport_credentials.h"
 #include "server/unix_listener.h"
 #include "storage/log.h"
@@ -223,8 +225,9 @@ int Run(const DaemonConfig& config, const sigset_t& signals) {
     }
     unix_listener = *std::move(listener);
   }
+  StreamLimiter streams(config.max_streams, registry.get());
   KvCacheService service(limits, KVTIER_VERSION, &rpc_metrics, &prefill, &leases, data_plane,
-                         &events, ServiceSecurity{auth->get(), unix_listener.get()});
+                         &events, ServiceGuards{auth->get(), unix_listener.get(), &streams});
   std::atomic<bool> serving{false};
 
   // gRPC first, so that health checks get NOT_SERVING (and KvCache calls UNAVAILABLE)
@@ -242,9 +245,20 @@ int Run(const DaemonConfig& config, const sigset_t& signals) {
   // Puts waiting for room (put_wait) each hold a full window, so the bound is
   // concurrent puts x stream_window.
   builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  // Admission: HTTP/2 streams per connection, and gRPC's threads for the synchronous
+  // handlers; past the latter gRPC itself answers RESOURCE_EXHAUSTED.
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
+                             static_cast<int>(config.max_streams_per_connection));
+  grpc::ResourceQuota quota("kvtierd");
+  quota.SetMaxThreads(static_cast<int>(config.max_rpc_threads));
+  builder.SetResourceQuota(quota);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES,
                              static_cast<int>(config.stream_window));
   builder.RegisterService(&service);
+  // Request bytes that do not parse: INVALID_ARGUMENT naming the message, not INTERNAL.
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
+  interceptors.push_back(std::make_unique<ParseErrorInterceptorFactory>());
+  builder.experimental().SetInterceptorCreators(std::move(interceptors));
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
     LogError("listen: cannot bind ", config.listen, " (in use, or not a valid host:port)");

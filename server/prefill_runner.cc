@@ -110,7 +110,14 @@ class Session {
 
 absl::Status Session::Open() {
   v1::PrefillClientMessage first;
-  if (!stream_->Read(&first)) return absl::CancelledError("client closed before Open");
+  if (!stream_->Read(&first)) {
+    if (Cancelled()) return absl::CancelledError("client went away before Open");
+    // Half-closed without an Open, or sent bytes that do not parse (gRPC ends the read
+    // the same way for both): a request that can never succeed.
+    return absl::InvalidArgumentError(
+        "open: the stream ended before a PrefillOpen, or its first message is not a "
+        "kvtier.v1.PrefillClientMessage");
+  }
   if (!first.has_open()) {
     return absl::InvalidArgumentError("open: the first message of a Prefill must be open");
   }

@@ -36,6 +36,7 @@
 #include "server/mapped_region.h"
 #include "server/region_table.h"
 #include "server/rpc_metrics.h"
+#include "server/stream_limiter.h"
 #include "server/tenant_scope.h"
 #include "storage/tiered_store.h"
 
@@ -53,6 +54,8 @@ class PutReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   void OnReadDone(bool ok) override;
   void OnCancel() override;
   void OnDone() override;
+  // Keeps the call's place among max_streams until the call is done.
+  void Hold(StreamLimiter::Ticket place) { place_ = std::move(place); }
 
  private:
   using Admission = absl::StatusOr<std::unique_ptr<ChunkWriter>>;
@@ -120,6 +123,7 @@ class PutReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   bool admitting_ ABSL_GUARDED_BY(mu_) = false;
   std::optional<Admission> early_answer_ ABSL_GUARDED_BY(mu_);
   uint64_t ticket_ ABSL_GUARDED_BY(mu_) = 0;  // Waiting for room; 0 when not.
+  StreamLimiter::Ticket place_;  // Among max_streams; released when the call is done.
 };
 
 }  // namespace kvtier

@@ -2,6 +2,7 @@
 // that names the problem, nothing partial becomes visible, no RAM leaks, and the daemon
 // keeps serving.
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/impl/codegen/client_unary_call.h>
 
 #include <filesystem>
 #include <fstream>
@@ -343,6 +344,97 @@ TEST_F(BadInputTest, NotAPutFrameIsInvalidArgument) {
     EXPECT_NE(s.error_message().find("not a PutFrame"), std::string::npos) << s.error_message();
   }
   ExpectNothingLeft(KeyOf(1));
+}
+
+// Every method with a typed request answers bytes that are not that message with
+// INVALID_ARGUMENT naming it (gRPC alone would answer INTERNAL with no message), and the
+// Prefill session the same for a first message that does not parse.
+TEST_F(BadInputTest, UnparseableRequestsAreInvalidArgumentNamingTheMessage) {
+  auto channel = grpc::CreateChannel(daemon_->target(), grpc::InsecureChannelCredentials());
+  const std::string junk("\xff\xff\xff", 3);  // A varint cut short: no message parses.
+  const std::pair<const char*, const char*> unary[] = {
+      {"RegisterLayout", "RegisterLayoutRequest"}, {"Lookup", "LookupRequest"},
+      {"Pin", "PinRequest"}, {"Unpin", "UnpinRequest"}, {"Delete", "DeleteRequest"},
+      {"Clear", "ClearRequest"}, {"Stats", "StatsRequest"},
+      {"ReleaseLease", "ReleaseLeaseRequest"}, {"DataPlane", "DataPlaneRequest"},
+      {"Hint", "HintRequest"}};
+  for (const auto& [name, type] : unary) {
+    const std::string path = absl::StrCat("/kvtier.v1.KvCache/", name);
+    const grpc::internal::RpcMethod method(path.c_str(), grpc::internal::RpcMethod::NORMAL_RPC);
+    grpc::ClientContext ctx;
+    grpc::Slice slice(junk);
+    grpc::ByteBuffer request(&slice, 1);
+    grpc::ByteBuffer response;
+    grpc::Status s = grpc::internal::BlockingUnaryCall<grpc::ByteBuffer, grpc::ByteBuffer>(
+        channel.get(), method, &ctx, request, &response);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << name << ": " << s.error_message();
+    EXPECT_NE(s.error_message().find(absl::StrCat("kvtier.v1.", type)), std::string::npos)
+        << name << ": " << s.error_message();
+  }
+  const grpc::internal::RpcMethod prefill("/kvtier.v1.KvCache/Prefill",
+                                          grpc::internal::RpcMethod::BIDI_STREAMING);
+  grpc::ClientContext ctx;
+  std::unique_ptr<grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>> stream(
+      grpc::internal::ClientReaderWriterFactory<grpc::ByteBuffer, grpc::ByteBuffer>::Create(
+          channel.get(), prefill, &ctx));
+  grpc::Slice slice(junk);
+  stream->Write(grpc::ByteBuffer(&slice, 1));
+  stream->WritesDone();
+  grpc::Status s = stream->Finish();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_NE(s.error_message().find("PrefillClientMessage"), std::string::npos) << s.error_message();
+}
+
+// Past max_streams a new streaming call is answered RESOURCE_EXHAUSTED at once with a
+// retry hint, while unary calls keep answering; a place freed is usable again.
+TEST(AdmissionTest, StreamsPastMaxStreamsAreRefusedAndUnaryCallsStillAnswer) {
+  auto d = DaemonProcess::Start(MakeTempDir("kvtierd-admission"), {"--max-streams=2"});
+  ASSERT_TRUE(d.ok()) << d.status();
+  auto client = KvTierClient::Connect(d->target());
+  ASSERT_TRUE(client.ok());
+  auto ns = (*client)->RegisterLayout(LayoutOfMiB(1));
+  ASSERT_TRUE(ns.ok());
+  // Two Events subscriptions hold both places; their initial metadata says the daemon
+  // has accepted them.
+  std::vector<std::unique_ptr<grpc::ClientContext>> ctxs;
+  std::vector<std::unique_ptr<grpc::ClientReader<v1::EventBatch>>> subs;
+  for (int i = 0; i < 2; ++i) {
+    ctxs.push_back(std::make_unique<grpc::ClientContext>());
+    v1::EventsRequest req;
+    subs.push_back((*client)->stub()->Events(ctxs.back().get(), req));
+    subs.back()->WaitForInitialMetadata();
+  }
+  const std::string data = PatternBytes(1, 1 << 20);
+  auto refused = (*client)->Put(ns->namespace_id, {ChunkToPut{KeyOf(1), data, 256}});
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
+  EXPECT_NE(refused.status().message().find("max_streams"), std::string::npos);
+  // The refusal is at once and carries the hint.
+  grpc::ClientContext get_ctx;
+  v1::GetRequest get;
+  get.set_namespace_id(ns->namespace_id);
+  get.add_keys(KeyOf(1).ToByteString());
+  auto reader = (*client)->stub()->Get(&get_ctx, get);
+  v1::GetFrame frame;
+  EXPECT_FALSE(reader->Read(&frame));
+  grpc::Status s = reader->Finish();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(get_ctx.GetServerTrailingMetadata().count("kvtier-retry-after-ms"), 1u);
+  // Unary calls are not streams.
+  auto lookup = (*client)->Lookup(ns->namespace_id, {KeyOf(1)});
+  EXPECT_TRUE(lookup.ok()) << lookup.status();
+  // One subscription ends; its place comes back (after the call's OnDone, so a put may
+  // still be refused for a moment: retry as the contract says).
+  ctxs[0]->TryCancel();
+  subs[0]->Finish().IgnoreError();
+  absl::StatusOr<PutResult> put = absl::UnknownError("not tried");
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    put = (*client)->Put(ns->namespace_id, {ChunkToPut{KeyOf(1), data, 256}});
+    if (put.status().code() != absl::StatusCode::kResourceExhausted) break;
+  }
+  ASSERT_TRUE(put.ok()) << put.status();
+  EXPECT_EQ(put->stored, 1u);
+  ctxs[1]->TryCancel();
+  subs[1]->Finish().IgnoreError();
 }
 
 // Puts that find RAM full wait for room (put_wait) in arrival order without a daemon

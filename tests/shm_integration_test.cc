@@ -357,11 +357,12 @@ TEST_F(ShmTest, RegionTooSmallOrOutOfRangeIsInvalidArgument) {
   ref.set_length(5 * kMiB);
   EXPECT_EQ(RawPutRegion(5, ref, crc).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_FALSE(Present(5));
-  // A wrong CRC: DATA_LOSS, nothing stored. The right one stores it.
+  // A wrong CRC: INVALID_ARGUMENT (the request's bytes and checksum disagree), nothing
+  // stored. The right one stores it.
   const std::string data = PatternBytes(5, 4 * kMiB);
   std::memcpy((*buf)->data(), data.data(), data.size());
   ref.set_length(4 * kMiB);
-  EXPECT_EQ(RawPutRegion(5, ref, crc ^ 1).error_code(), grpc::StatusCode::DATA_LOSS);
+  EXPECT_EQ(RawPutRegion(5, ref, crc ^ 1).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_FALSE(Present(5));
   EXPECT_TRUE(RawPutRegion(5, ref, crc).ok());
   EXPECT_TRUE(Present(5));
