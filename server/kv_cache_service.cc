@@ -137,6 +137,7 @@ grpc::ServerReadReactor<grpc::ByteBuffer>* KvCacheService::Put(
   auto* reactor = new PutReactor(ctx, response, store_.load(std::memory_order_acquire), metrics_,
                                  data_plane_.regions, limits_.max_frame_bytes, *std::move(tenant));
   reactor->Hold(*std::move(place));  // gRPC calls OnDone only after this returns.
+  reactor->WatchForStalls(guards_.stalls);
   return reactor;
 }
 grpc::ServerWriteReactor<grpc::ByteBuffer>* KvCacheService::Get(

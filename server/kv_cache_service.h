@@ -25,6 +25,7 @@
 #include "server/prefill_runner.h"
 #include "server/region_table.h"
 #include "server/rpc_metrics.h"
+#include "server/stall_reaper.h"
 #include "server/stream_limiter.h"
 #include "server/unix_listener.h"
 #include "storage/tiered_store.h"
@@ -52,6 +53,7 @@ struct ServiceGuards {
   Authenticator* auth = nullptr;
   const UnixListener* unix_peers = nullptr;  // Resolves "fd:N" peers to uids.
   StreamLimiter* streams = nullptr;
+  StallReaper* stalls = nullptr;  // Cancels Put streams whose client went quiet.
 };
 
 // Put and Get run on gRPC's callback API with raw buffers (PutReactor: one copy from

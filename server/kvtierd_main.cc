@@ -34,6 +34,7 @@
 #include "server/region_socket.h"
 #include "server/rpc_metrics.h"
 #include "server/store_collector.h"
+#include "server/stall_reaper.h"
 #include "server/stream_limiter.h"
 #include "server/transport_credentials.h"
 #include "server/unix_listener.h"
@@ -226,8 +227,11 @@ int Run(const DaemonConfig& config, const sigset_t& signals) {
     unix_listener = *std::move(listener);
   }
   StreamLimiter streams(config.max_streams, registry.get());
+  StallReaperOptions stall_options;
+  stall_options.idle = config.put_idle_timeout;
+  StallReaper stalls(stall_options);
   KvCacheService service(limits, KVTIER_VERSION, &rpc_metrics, &prefill, &leases, data_plane,
-                         &events, ServiceGuards{auth->get(), unix_listener.get(), &streams});
+                         &events, ServiceGuards{auth->get(), unix_listener.get(), &streams, &stalls});
   std::atomic<bool> serving{false};
 
   // gRPC first, so that health checks get NOT_SERVING (and KvCache calls UNAVAILABLE)

@@ -54,7 +54,15 @@ PutReactor::PutReactor(grpc::CallbackServerContext* ctx, grpc::ByteBuffer* respo
   StartRead(&message_);
 }
 
+void PutReactor::WatchForStalls(StallReaper* reaper) {
+  if (reaper == nullptr) return;
+  reaper_ = reaper;
+  reaper_handle_ = reaper->Watch([ctx = ctx_] { ctx->TryCancel(); });
+  reaper_->SetWaitingOnClient(reaper_handle_, true);  // The first read is pending.
+}
+
 void PutReactor::OnReadDone(bool ok) {
+  if (reaper_ != nullptr) reaper_->SetWaitingOnClient(reaper_handle_, false);
   if (!ok) {
     EndOfStream();
     return;
@@ -317,12 +325,15 @@ void PutReactor::Committed(absl::StatusOr<bool> stored) {
 void PutReactor::ReadNext() {
   region_.reset();  // The frame is consumed: its region may go.
   device_region_.reset();
+  if (reaper_ != nullptr) reaper_->SetWaitingOnClient(reaper_handle_, true);
   StartRead(&message_);
 }
 
 void PutReactor::EndOfStream() {
   if (ctx_->IsCancelled()) {
-    Fail(absl::CancelledError("put stream cancelled by the client"));
+    Fail(absl::CancelledError(
+        "put stream cancelled (by the client, or by the daemon after put_idle_timeout "
+        "without a frame)"));
     return;
   }
   if (in_chunk_) {
@@ -359,6 +370,9 @@ void PutReactor::OnCancel() {
   if (ticket != 0) store_->CancelPut(ticket);
 }
 
-void PutReactor::OnDone() { delete this; }
+void PutReactor::OnDone() {
+  if (reaper_ != nullptr) reaper_->Unwatch(reaper_handle_);  // Before the context goes.
+  delete this;
+}
 
 }  // namespace kvtier

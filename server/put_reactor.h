@@ -36,6 +36,7 @@
 #include "server/mapped_region.h"
 #include "server/region_table.h"
 #include "server/rpc_metrics.h"
+#include "server/stall_reaper.h"
 #include "server/stream_limiter.h"
 #include "server/tenant_scope.h"
 #include "storage/tiered_store.h"
@@ -56,6 +57,9 @@ class PutReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   void OnDone() override;
   // Keeps the call's place among max_streams until the call is done.
   void Hold(StreamLimiter::Ticket place) { place_ = std::move(place); }
+  // Lets `reaper` (may be null; must outlive the call) cancel the call when its client
+  // stays quiet too long while the daemon waits for its next frame.
+  void WatchForStalls(StallReaper* reaper);
 
  private:
   using Admission = absl::StatusOr<std::unique_ptr<ChunkWriter>>;
@@ -124,6 +128,8 @@ class PutReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   std::optional<Admission> early_answer_ ABSL_GUARDED_BY(mu_);
   uint64_t ticket_ ABSL_GUARDED_BY(mu_) = 0;  // Waiting for room; 0 when not.
   StreamLimiter::Ticket place_;  // Among max_streams; released when the call is done.
+  StallReaper* reaper_ = nullptr;
+  uint64_t reaper_handle_ = 0;
 };
 
 }  // namespace kvtier

@@ -437,6 +437,40 @@ TEST(AdmissionTest, StreamsPastMaxStreamsAreRefusedAndUnaryCallsStillAnswer) {
   subs[1]->Finish().IgnoreError();
 }
 
+// A client that stops sending mid-chunk does not hold its pool slots until its
+// deadline: after put_idle_timeout the daemon cancels the stream (Finish returns when it
+// has, so the test waits on the daemon, not on a clock), gives the slots back, and the
+// chunk can be put again.
+TEST(AdmissionTest, AStalledPutIsCancelledAndItsSlotsComeBack) {
+  auto d = DaemonProcess::Start(MakeTempDir("kvtierd-stall"), {"--put-idle-timeout=1s"});
+  ASSERT_TRUE(d.ok()) << d.status();
+  auto client = KvTierClient::Connect(d->target());
+  ASSERT_TRUE(client.ok());
+  auto ns = (*client)->RegisterLayout(LayoutOfMiB(1));
+  ASSERT_TRUE(ns.ok());
+  const std::string data = PatternBytes(1, 1 << 20);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::hours(1));
+  v1::PutResponse resp;
+  auto writer = (*client)->stub()->Put(&ctx, &resp);
+  v1::PutFrame f;
+  f.set_namespace_id(ns->namespace_id);
+  f.set_key(KeyOf(1).ToByteString());
+  f.set_data(data.substr(0, 512 << 10));
+  ASSERT_TRUE(writer->Write(f));
+  // The client says nothing more (and does not close): the daemon ends it.
+  grpc::Status s = writer->Finish();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::CANCELLED) << s.error_message();
+  auto stats = (*client)->Stats();
+  ASSERT_TRUE(stats.ok());
+  for (const auto& t : stats->tiers()) {
+    if (t.tier() == v1::TIER_RAM) EXPECT_EQ(t.used_bytes(), 0u) << "the half chunk's slots";
+  }
+  auto put = (*client)->Put(ns->namespace_id, {ChunkToPut{KeyOf(1), data, 256}});
+  ASSERT_TRUE(put.ok()) << put.status();
+  EXPECT_EQ(put->stored, 1u);
+}
+
 // Puts that find RAM full wait for room (put_wait) in arrival order without a daemon
 // thread each; a waiting stream the client cancels leaves the queue and takes no room.
 TEST_F(BadInputTest, WaitingPutsHoldNoThreadAndCancelCleanly) {

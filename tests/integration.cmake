@@ -33,6 +33,7 @@ kvtier_test(device_get_test LIBS kvtier_server kvtier_daemon_support LABELS inte
 
 kvtier_test(daemon_config_test LIBS kvtier_server)
 kvtier_test(tenant_auth_test LIBS kvtier_server)
+kvtier_test(stall_reaper_test LIBS kvtier_server)
 kvtier_test(lease_table_test LIBS kvtier_server)
 kvtier_test(region_table_test LIBS kvtier_server)
 target_compile_definitions(daemon_config_test PRIVATE KVTIER_SOURCE_DIR="${CMAKE_SOURCE_DIR}")

@@ -1,0 +1,72 @@
+// StallReaper: ends calls whose client has gone quiet (option put_idle_timeout). A Put
+// stream that stops sending mid-chunk holds pool slots (and a place among max_streams)
+// until its deadline, which may be hours away or never; the reaper cancels any watched
+// call that has been waiting on its client for longer than `idle`, and the call's own
+// cancellation path gives everything back. A call is idle only while it waits for the
+// client (a pending read), never while the daemon is working for it (waiting for room,
+// committing): those waits have their own deadlines.
+//
+// Thread-safety: thread-safe. `cancel` runs on the reaper's thread under its lock, so
+// Unwatch (which takes the lock) never returns while it runs: after Unwatch the call
+// may be destroyed.
+#ifndef KVTIER_SERVER_STALL_REAPER_H_
+#define KVTIER_SERVER_STALL_REAPER_H_
+
+#include <cstdint>
+#include <functional>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+
+namespace kvtier {
+
+struct StallReaperOptions {
+  absl::Duration idle = absl::Seconds(60);  // Zero: reap nothing.
+  absl::Duration period = absl::Seconds(1);  // How often the thread sweeps.
+  bool run_thread = true;  // False: only Sweep() (tests, with a fake clock).
+  std::function<absl::Time()> clock = [] { return absl::Now(); };
+};
+
+class StallReaper {
+ public:
+  explicit StallReaper(StallReaperOptions options);
+  ~StallReaper();
+  StallReaper(const StallReaper&) = delete;
+  StallReaper& operator=(const StallReaper&) = delete;
+
+  // Starts watching a call; `cancel` ends it (for example ServerContext::TryCancel).
+  // Returns a handle for the calls below; 0 when reaping is off.
+  uint64_t Watch(std::function<void()> cancel);
+  // The call now waits for its client (true) or for the daemon (false).
+  void SetWaitingOnClient(uint64_t handle, bool waiting);
+  void Unwatch(uint64_t handle);
+
+  // Cancels every call that has waited on its client for longer than `idle`; each is
+  // cancelled once. Returns how many it cancelled.
+  int Sweep();
+  uint64_t reaped() const;
+
+ private:
+  struct Entry {
+    std::function<void()> cancel;
+    bool waiting = false;
+    bool cancelled = false;
+    absl::Time since;
+  };
+  void Loop();
+
+  const StallReaperOptions options_;
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<uint64_t, Entry> calls_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t reaped_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
+
+}  // namespace kvtier
+
+#endif  // KVTIER_SERVER_STALL_REAPER_H_
