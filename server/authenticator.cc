@@ -158,7 +158,7 @@ Authenticator::Result Authenticator::Authenticate(const CallerCredentials& creds
     b.tokens -= 1;
   }
   Count(spec.name, "ok");
-  result.scope = TenantScope::Named(spec.name, spec.admin);
+  result.scope = TenantScope::Named(spec.name, spec.admin, spec.quota);
   return result;
 }
 

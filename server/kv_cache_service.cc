@@ -138,6 +138,7 @@ grpc::ServerReadReactor<grpc::ByteBuffer>* KvCacheService::Put(
                                  data_plane_.regions, limits_.max_frame_bytes, *std::move(tenant));
   reactor->Hold(*std::move(place));  // gRPC calls OnDone only after this returns.
   reactor->WatchForStalls(guards_.stalls);
+  reactor->EnforceQuotas(guards_.quotas);
   return reactor;
 }
 grpc::ServerWriteReactor<grpc::ByteBuffer>* KvCacheService::Get(
@@ -203,7 +204,7 @@ grpc::Status KvCacheService::DataPlane(grpc::ServerContext* ctx, const v1::DataP
 grpc::Status KvCacheService::Pin(grpc::ServerContext* ctx, const v1::PinRequest* req,
                                  v1::PinResponse* resp) {
   return Serve(ctx, RpcMethod::kPin, [&](TieredStore* store, const TenantScope& t) {
-    return PinImpl(store, t.Internal(req->namespace_id()), req, resp);
+    return PinImpl(store, t, t.Internal(req->namespace_id()), req, resp);
   });
 }
 grpc::Status KvCacheService::Unpin(grpc::ServerContext* ctx, const v1::UnpinRequest* req,
@@ -344,6 +345,7 @@ grpc::Status KvCacheService::RegisterLayoutImpl(TieredStore* store, const Tenant
   const uint64_t public_ns = spec->NamespaceId();
   auto registered = store->RegisterLayout(*spec, tenant.Internal(public_ns));
   if (!registered.ok()) return ToGrpcStatus(registered.status());
+  if (guards_.quotas != nullptr) guards_.quotas->Bind(tenant, tenant.Internal(public_ns));
   resp->set_namespace_id(public_ns);
   resp->set_max_frame_bytes(static_cast<uint32_t>(limits_.max_frame_bytes));
   resp->set_max_keys_per_request(limits_.max_keys_per_request);
@@ -389,7 +391,7 @@ grpc::Status KvCacheService::LookupImpl(TieredStore* store, uint64_t ns,
   return grpc::Status::OK;
 }
 
-grpc::Status KvCacheService::PinImpl(TieredStore* store, uint64_t ns,
+grpc::Status KvCacheService::PinImpl(TieredStore* store, const TenantScope& tenant, uint64_t ns,
                                         const v1::PinRequest* req,
                                      v1::PinResponse* resp) {
   if (auto l = RequireNamespace(store, ns); !l.ok()) {
@@ -398,7 +400,9 @@ grpc::Status KvCacheService::PinImpl(TieredStore* store, uint64_t ns,
   auto ids = ParseKeys(ns, req->keys(), limits_.max_keys_per_request);
   if (!ids.ok()) return ToGrpcStatus(ids.status());
   for (size_t i = 0; i < ids->size(); ++i) {
-    absl::Status s = store->Pin((*ids)[i], absl::Seconds(req->ttl_seconds()));
+    const absl::Duration ttl = absl::Seconds(req->ttl_seconds());
+    absl::Status s = guards_.quotas != nullptr ? guards_.quotas->Pin(store, tenant, (*ids)[i], ttl)
+                                               : store->Pin((*ids)[i], ttl);
     if (absl::IsNotFound(s)) {
       resp->set_not_found(resp->not_found() + 1);
     } else if (!s.ok()) {

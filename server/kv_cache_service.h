@@ -27,6 +27,7 @@
 #include "server/rpc_metrics.h"
 #include "server/stall_reaper.h"
 #include "server/stream_limiter.h"
+#include "server/tenant_quotas.h"
 #include "server/unix_listener.h"
 #include "storage/tiered_store.h"
 
@@ -54,6 +55,7 @@ struct ServiceGuards {
   const UnixListener* unix_peers = nullptr;  // Resolves "fd:N" peers to uids.
   StreamLimiter* streams = nullptr;
   StallReaper* stalls = nullptr;  // Cancels Put streams whose client went quiet.
+  TenantQuotas* quotas = nullptr;  // Per-tenant RAM, SSD and pinned byte quotas.
 };
 
 // Put and Get run on gRPC's callback API with raw buffers (PutReactor: one copy from
@@ -110,7 +112,8 @@ class KvCacheService final
                                   v1::RegisterLayoutResponse* resp);
   grpc::Status LookupImpl(TieredStore* store, uint64_t ns, const v1::LookupRequest* req,
                           v1::LookupResponse* resp);
-  grpc::Status PinImpl(TieredStore* store, uint64_t ns, const v1::PinRequest* req, v1::PinResponse* resp);
+  grpc::Status PinImpl(TieredStore* store, const TenantScope& tenant, uint64_t ns,
+                       const v1::PinRequest* req, v1::PinResponse* resp);
   grpc::Status UnpinImpl(TieredStore* store, uint64_t ns, const v1::UnpinRequest* req,
                          v1::UnpinResponse* resp);
   grpc::Status DeleteImpl(TieredStore* store, uint64_t ns, const v1::DeleteRequest* req,

@@ -230,8 +230,10 @@ int Run(const DaemonConfig& config, const sigset_t& signals) {
   StallReaperOptions stall_options;
   stall_options.idle = config.put_idle_timeout;
   StallReaper stalls(stall_options);
+  TenantQuotas quotas(registry.get());
   KvCacheService service(limits, KVTIER_VERSION, &rpc_metrics, &prefill, &leases, data_plane,
-                         &events, ServiceGuards{auth->get(), unix_listener.get(), &streams, &stalls});
+                         &events,
+                         ServiceGuards{auth->get(), unix_listener.get(), &streams, &stalls, &quotas});
   std::atomic<bool> serving{false};
 
   // gRPC first, so that health checks get NOT_SERVING (and KvCache calls UNAVAILABLE)
@@ -305,8 +307,12 @@ int Run(const DaemonConfig& config, const sigset_t& signals) {
     return 1;
   }
   StoreCollector collector(store->get(), KVTIER_VERSION);
+  quotas.SetStore(store->get());
   service.SetStore(store->get());
-  if (http) http->AddCollectable(&collector);
+  if (http) {
+    http->AddCollectable(&collector);
+    http->AddCollectable(&quotas);
+  }
   serving = true;
   health->SetServingStatus(true);  // "" (the server) and every registered service.
 
@@ -341,6 +347,9 @@ int Run(const DaemonConfig& config, const sigset_t& signals) {
   server->Shutdown(std::chrono::system_clock::now() +
                    absl::ToChronoSeconds(config.shutdown_grace));
   server->Wait();
+  // The server goes before the store: no handler, reactor or completion callback of
+  // gRPC's can reach the store while it closes.
+  server.reset();
   LogInfo("RPCs drained; flushing the store");
   http.reset();
   absl::Status closed = (*store)->Close();

@@ -118,6 +118,14 @@ void PutReactor::OnFrame() {
       return;
     }
     lineage_ = *lineage;
+    // Within the tenant's quotas, making room among its own chunks (a chunk stored
+    // already needs none: its frames are drained).
+    if (quotas_ != nullptr && store_->Locate(id) == Tier::kNone) {
+      if (absl::Status s = quotas_->AdmitPut(store_, tenant_, id.ns, chunk_bytes_); !s.ok()) {
+        Fail(s);
+        return;
+      }
+    }
     BeginChunk(id, frame.token_count());
     return;
   }

@@ -39,6 +39,7 @@
 #include "server/stall_reaper.h"
 #include "server/stream_limiter.h"
 #include "server/tenant_scope.h"
+#include "server/tenant_quotas.h"
 #include "storage/tiered_store.h"
 
 namespace kvtier {
@@ -60,6 +61,9 @@ class PutReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   // Lets `reaper` (may be null; must outlive the call) cancel the call when its client
   // stays quiet too long while the daemon waits for its next frame.
   void WatchForStalls(StallReaper* reaper);
+  // Admits each new chunk within the tenant's RAM and SSD quotas (may be null: none).
+  // Call right after construction, like WatchForStalls.
+  void EnforceQuotas(TenantQuotas* quotas) { quotas_ = quotas; }
 
  private:
   using Admission = absl::StatusOr<std::unique_ptr<ChunkWriter>>;
@@ -130,6 +134,7 @@ class PutReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   StreamLimiter::Ticket place_;  // Among max_streams; released when the call is done.
   StallReaper* reaper_ = nullptr;
   uint64_t reaper_handle_ = 0;
+  TenantQuotas* quotas_ = nullptr;
 };
 
 }  // namespace kvtier

@@ -17,14 +17,16 @@
 #include <cstdint>
 #include <string>
 
+#include "server/tenant_table.h"
+
 namespace kvtier {
 
 class TenantScope {
  public:
   // The single tenant of a daemon without a tenants file: admin, identity mapping.
-  static TenantScope Implicit() { return TenantScope("", /*admin=*/true, /*implicit=*/true); }
-  static TenantScope Named(std::string tenant, bool admin) {
-    return TenantScope(std::move(tenant), admin, /*implicit=*/false);
+  static TenantScope Implicit() { return TenantScope("", /*admin=*/true, /*implicit=*/true, {}); }
+  static TenantScope Named(std::string tenant, bool admin, TenantQuota quota = {}) {
+    return TenantScope(std::move(tenant), admin, /*implicit=*/false, quota);
   }
 
   // The store's id of this tenant's namespace `public_ns` (0 stays 0: "none").
@@ -36,14 +38,17 @@ class TenantScope {
   const std::string& tenant() const { return tenant_; }  // "" for the implicit tenant.
   bool admin() const { return admin_; }
   bool implicit() const { return implicit_; }
+  // The tenant's byte quotas as the tenants file said when the request arrived.
+  const TenantQuota& quota() const { return quota_; }
 
  private:
-  TenantScope(std::string tenant, bool admin, bool implicit)
-      : tenant_(std::move(tenant)), admin_(admin), implicit_(implicit) {}
+  TenantScope(std::string tenant, bool admin, bool implicit, TenantQuota quota)
+      : tenant_(std::move(tenant)), admin_(admin), implicit_(implicit), quota_(quota) {}
 
   std::string tenant_;
   bool admin_;
   bool implicit_;
+  TenantQuota quota_;
 };
 
 }  // namespace kvtier

@@ -8,6 +8,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "server/daemon_config.h"
 
 namespace kvtier {
 namespace {
@@ -98,9 +99,19 @@ absl::StatusOr<TenantTable> TenantTable::Parse(absl::string_view text) {
           } else {
             spec.requests_per_second = v;
           }
+        } else if (kv.first == "ram_quota" || kv.first == "ssd_quota" ||
+                   kv.first == "pinned_quota") {
+          auto bytes = ParseByteSize(kv.second);
+          if (!bytes.ok()) {
+            return bad(absl::StrCat(kv.first, "='", kv.second, "': ", bytes.status().message()));
+          }
+          (kv.first == "ram_quota"   ? spec.quota.ram_bytes
+           : kv.first == "ssd_quota" ? spec.quota.ssd_bytes
+                                     : spec.quota.pinned_bytes) = *bytes;
         } else {
           return bad(absl::StrCat("unknown setting '", words[i],
-                                  "' (role=, requests_per_second=, burst=)"));
+                                  "' (role=, requests_per_second=, burst=, ram_quota=, "
+                                  "ssd_quota=, pinned_quota=)"));
         }
       }
       if (!burst_set) spec.burst = spec.requests_per_second;

@@ -2,6 +2,7 @@
 // (option tenants_file). One directive per line; '#' starts a comment:
 //
 //   tenant NAME [role=user|admin] [requests_per_second=N] [burst=N]
+//               [ram_quota=SIZE] [ssd_quota=SIZE] [pinned_quota=SIZE]
 //   token  NAME sha256:HEX        a bearer token ("authorization: Bearer <token>") whose
 //                                 SHA-256 is HEX (64 hex digits); the file never holds
 //                                 the token itself
@@ -11,7 +12,9 @@
 //
 // A tenant is declared once before its credentials; a credential names one tenant.
 // NAME is 1 to 64 of [A-Za-z0-9._-]. requests_per_second 0 (the default) is unlimited;
-// burst defaults to one second's worth.
+// burst defaults to one second's worth. Quotas bound the payload bytes of the tenant's
+// chunks in the RAM pool, on the SSD tier and pinned (SIZE like 512MiB, 4GiB or a byte
+// count; 0, the default, is unlimited); TenantQuotas enforces them.
 //
 // Thread-safety: immutable once parsed.
 #ifndef KVTIER_SERVER_TENANT_TABLE_H_
@@ -33,11 +36,20 @@ using Sha256Digest = std::array<uint8_t, 32>;
 // SHA-256 of `data` (OpenSSL).
 Sha256Digest Sha256(absl::string_view data);
 
+// Per-tenant byte quotas; 0 is unlimited.
+struct TenantQuota {
+  uint64_t ram_bytes = 0;
+  uint64_t ssd_bytes = 0;
+  uint64_t pinned_bytes = 0;
+  bool any() const { return ram_bytes != 0 || ssd_bytes != 0 || pinned_bytes != 0; }
+};
+
 struct TenantSpec {
   std::string name;
   bool admin = false;
   double requests_per_second = 0;  // 0: unlimited.
   double burst = 0;                // Requests an idle tenant may make at once.
+  TenantQuota quota;
 };
 
 class TenantTable {

@@ -45,6 +45,10 @@ void HostPool::EraseLocked(const ChunkId& id) {
   if (it == index_.end()) return;
   if (it->second.dirty) --dirty_count_;
   chunk_bytes_ -= it->second.meta.size;
+  if (auto n = ns_bytes_.find(id.ns); n != ns_bytes_.end()) {
+    n->second -= it->second.meta.size;
+    if (n->second == 0) ns_bytes_.erase(n);
+  }
   policy_->OnRemove(id);
   index_.erase(it);
 }
@@ -122,6 +126,7 @@ bool HostPool::Insert(const ChunkId& id, std::shared_ptr<PoolChunk> data,
   it->second.meta = meta;
   it->second.dirty = dirty;
   chunk_bytes_ += meta.size;
+  ns_bytes_[id.ns] += meta.size;
   if (dirty) {
     ++dirty_count_;
     dirty_order_.push_back(id);
@@ -160,14 +165,25 @@ void HostPool::ContainsMany(absl::Span<const ChunkId> ids, std::vector<bool>* pr
   for (size_t i = 0; i < ids.size(); ++i) (*present)[i] = index_.contains(ids[i]);
 }
 
-absl::Status HostPool::Pin(const ChunkId& id, absl::Time until) {
+absl::Status HostPool::Pin(const ChunkId& id, absl::Time until, const PinBudget* budget) {
   absl::MutexLock lock(&mu_);
   auto it = index_.find(id);
   if (it == index_.end()) return absl::NotFoundError("chunk not in the host pool");
   if (!IsPinned(it->second)) {
     uint64_t pinned = 0;
-    for (const auto& [_, e] : index_) {
-      if (IsPinned(e)) pinned += e.data->slot_count() * arena_->slot_bytes();
+    uint64_t budget_pinned = 0;
+    for (const auto& [other, e] : index_) {
+      if (!IsPinned(e)) continue;
+      pinned += e.data->slot_count() * arena_->slot_bytes();
+      if (budget != nullptr && budget->namespaces->contains(other.ns)) {
+        budget_pinned += e.meta.size;
+      }
+    }
+    if (budget != nullptr && budget_pinned + it->second.meta.size > budget->max_bytes) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "pinning this ", it->second.meta.size, "-byte chunk would exceed the tenant's "
+          "pinned_quota (", budget->max_bytes, " bytes, ", budget_pinned,
+          " pinned now); unpin something or wait for pins to expire"));
     }
     const uint64_t limit =
         static_cast<uint64_t>(options_.max_pinned_fraction * capacity_bytes());
@@ -179,6 +195,51 @@ absl::Status HostPool::Pin(const ChunkId& id, absl::Time until) {
   }
   it->second.pinned_until = std::max(it->second.pinned_until, until);
   return absl::OkStatus();
+}
+
+HostPool::NamespaceBytes HostPool::BytesOf(const absl::flat_hash_set<uint64_t>& ns) const {
+  NamespaceBytes out;
+  absl::MutexLock lock(&mu_);
+  for (uint64_t n : ns) {
+    if (auto it = ns_bytes_.find(n); it != ns_bytes_.end()) out.bytes += it->second;
+  }
+  if (out.bytes == 0) return out;
+  for (const auto& [id, e] : index_) {
+    if (IsPinned(e) && ns.contains(id.ns)) out.pinned += e.meta.size;
+  }
+  return out;
+}
+
+uint64_t HostPool::ShrinkTo(const absl::flat_hash_set<uint64_t>& ns, uint64_t keep) {
+  std::vector<std::shared_ptr<PoolChunk>> victims;  // Released after the lock.
+  std::vector<ChunkId> evicted;
+  uint64_t held = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    for (uint64_t n : ns) {
+      if (auto it = ns_bytes_.find(n); it != ns_bytes_.end()) held += it->second;
+    }
+    while (held > keep) {
+      std::optional<ChunkId> victim = policy_->PickVictim([&](const ChunkId& id) {
+        mu_.AssertHeld();
+        if (!ns.contains(id.ns)) return false;
+        auto it = index_.find(id);
+        return it != index_.end() && Reclaimable(it->second) && !it->second.dirty;
+      });
+      if (!victim) break;
+      Entry& e = index_.find(*victim)->second;
+      held -= e.meta.size;
+      victims.push_back(std::move(e.data));
+      EraseLocked(*victim);
+      ++evictions_;
+      evicted.push_back(*victim);
+    }
+  }
+  victims.clear();
+  if (options_.on_evict) {
+    for (const ChunkId& id : evicted) options_.on_evict(id);
+  }
+  return held;
 }
 
 bool HostPool::Unpin(const ChunkId& id) {

@@ -18,6 +18,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -91,14 +92,34 @@ class HostPool {
   // data keeps the chunk from being evicted (a lease), but reads nothing.
   std::optional<Hit> Peek(const ChunkId& id) const;
 
-  // Pins until `until` (absl::InfiniteFuture() for no expiry). Returns: Ok, NotFound,
-  // ResourceExhausted (would exceed max_pinned_fraction).
-  absl::Status Pin(const ChunkId& id, absl::Time until);
+  // A bound on the pinned bytes of a group of namespaces (a tenant's pinned quota).
+  struct PinBudget {
+    const absl::flat_hash_set<uint64_t>* namespaces = nullptr;
+    uint64_t max_bytes = 0;
+  };
+  // Pins until `until` (absl::InfiniteFuture() for no expiry). A chunk pinned already
+  // only has its expiry extended. Returns: Ok, NotFound, ResourceExhausted (would exceed
+  // max_pinned_fraction, or `budget`: payload bytes of the budget's namespaces pinned
+  // now, this chunk included, checked under the same lock as the pin).
+  absl::Status Pin(const ChunkId& id, absl::Time until, const PinBudget* budget = nullptr);
   // Returns true if the chunk was pinned.
   bool Unpin(const ChunkId& id);
   // Returns true if the chunk was indexed.
   bool Remove(const ChunkId& id);
   uint64_t RemoveNamespace(uint64_t ns);
+
+  // Payload bytes the namespaces `ns` hold in the pool, and how many of them are
+  // pinned now. O(namespaces) for `bytes`; `pinned` walks the index.
+  struct NamespaceBytes {
+    uint64_t bytes = 0;
+    uint64_t pinned = 0;
+  };
+  NamespaceBytes BytesOf(const absl::flat_hash_set<uint64_t>& ns) const;
+  // Evicts chunks of the namespaces `ns`, in the policy's order among their clean,
+  // unpinned chunks that nobody reads, until they hold at most `keep` payload bytes (a
+  // tenant's RAM quota). Returns the bytes they hold afterwards (more than `keep` when
+  // what is left cannot be evicted yet). Evictions count and call on_evict as usual.
+  uint64_t ShrinkTo(const absl::flat_hash_set<uint64_t>& ns, uint64_t keep);
 
   // Write-back: hands out the oldest dirty chunk not already being flushed and marks it
   // flushing. The caller writes it to SSD, then calls FinishFlush.
@@ -152,6 +173,8 @@ class HostPool {
   std::deque<ChunkId> dirty_order_ ABSL_GUARDED_BY(mu_);
   uint64_t dirty_count_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t chunk_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  // Payload bytes per namespace (entries removed at zero).
+  absl::flat_hash_map<uint64_t, uint64_t> ns_bytes_ ABSL_GUARDED_BY(mu_);
   uint64_t hits_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t misses_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t evictions_ ABSL_GUARDED_BY(mu_) = 0;

@@ -244,6 +244,7 @@ bool SsdTier::ExpiredLocked(const IndexEntry& e) const {
 void SsdTier::InsertLocked(const ChunkId& id, IndexEntry e) {
   used_bytes_ += e.extent.footprint();
   payload_bytes_ += e.meta.size;
+  ns_bytes_[id.ns] += e.meta.size;
   by_file_[e.extent.file].insert(id);
   const ChunkLineage lineage = e.meta.lineage;
   index_[id] = std::move(e);
@@ -257,6 +258,10 @@ std::optional<SsdTier::IndexEntry> SsdTier::ForgetLocked(const ChunkId& id) {
   index_.erase(it);
   used_bytes_ -= e.extent.footprint();
   payload_bytes_ -= e.meta.size;
+  if (auto n = ns_bytes_.find(id.ns); n != ns_bytes_.end()) {
+    n->second -= e.meta.size;
+    if (n->second == 0) ns_bytes_.erase(n);
+  }
   policy_->OnRemove(id);
   if (auto f = by_file_.find(e.extent.file); f != by_file_.end()) {
     f->second.erase(id);
@@ -621,6 +626,58 @@ absl::StatusOr<bool> SsdTier::Delete(const ChunkId& id) {
   if (!present) return false;
   if (absl::Status s = DeleteChunk(id); !s.ok()) return s;
   return true;
+}
+
+uint64_t SsdTier::BytesOf(const absl::flat_hash_set<uint64_t>& ns) const {
+  absl::MutexLock lock(&mu_);
+  uint64_t bytes = 0;
+  for (uint64_t n : ns) {
+    if (auto it = ns_bytes_.find(n); it != ns_bytes_.end()) bytes += it->second;
+  }
+  return bytes;
+}
+
+absl::StatusOr<uint64_t> SsdTier::ShrinkTo(const absl::flat_hash_set<uint64_t>& ns,
+                                           uint64_t keep) {
+  std::vector<std::pair<ChunkId, IndexEntry>> gone;
+  uint64_t held = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    for (uint64_t n : ns) {
+      if (auto it = ns_bytes_.find(n); it != ns_bytes_.end()) held += it->second;
+    }
+    while (held > keep) {
+      auto victim = policy_->PickVictim([&](const ChunkId& c) {
+        mu_.AssertHeld();
+        return ns.contains(c.ns) && index_.contains(c) && !putting_.contains(c);
+      });
+      if (!victim) break;
+      IndexEntry e = *ForgetLocked(*victim);
+      held -= e.meta.size;
+      gone.emplace_back(*victim, std::move(e));
+      ++counters_.evictions;
+    }
+  }
+  if (gone.empty()) return held;
+  rocksdb::WriteBatch batch;
+  for (const auto& [id, e] : gone) batch.Delete(meta_cf_, SsdRowKey(id));
+  rocksdb::WriteOptions wo;
+  wo.sync = options_.sync_writes;
+  if (rocksdb::Status s = db_->Write(wo, &batch); !s.ok()) {
+    // The rows are still there: the chunks stay, back in the index.
+    absl::MutexLock lock(&mu_);
+    for (auto& [id, e] : gone) {
+      if (index_.contains(id)) continue;
+      InsertLocked(id, std::move(e));
+      --counters_.evictions;
+    }
+    return MapWriteError(s, "evicting chunks over a tenant's ssd_quota");
+  }
+  for (const auto& [id, e] : gone) {
+    log_->Release(e.extent);
+    if (options_.on_evict) options_.on_evict(id);
+  }
+  return held;
 }
 
 absl::StatusOr<uint64_t> SsdTier::DeleteNamespace(uint64_t ns) {

@@ -187,6 +187,13 @@ class SsdTier {
   // Returns true if the chunk was present. Errors: Unavailable.
   absl::StatusOr<bool> Delete(const ChunkId& id);
   absl::StatusOr<uint64_t> DeleteNamespace(uint64_t ns);
+  // Payload bytes the namespaces `ns` hold on this tier. O(namespaces).
+  uint64_t BytesOf(const absl::flat_hash_set<uint64_t>& ns) const;
+  // Evicts chunks of the namespaces `ns` in the policy's order until they hold at most
+  // `keep` payload bytes (a tenant's SSD quota); returns the bytes they hold afterwards.
+  // Rows go before their bytes are freed, as for any eviction. Errors: Unavailable (the
+  // rows could not be deleted; nothing is evicted).
+  absl::StatusOr<uint64_t> ShrinkTo(const absl::flat_hash_set<uint64_t>& ns, uint64_t keep);
   // Deletes chunks past their TTL; returns how many.
   uint64_t ExpireOld();
 
@@ -248,6 +255,8 @@ class SsdTier {
   const std::unique_ptr<EvictionPolicy> policy_ ABSL_GUARDED_BY(mu_);
   uint64_t used_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t payload_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  // Payload bytes per namespace (entries removed at zero).
+  absl::flat_hash_map<uint64_t, uint64_t> ns_bytes_ ABSL_GUARDED_BY(mu_);
   // Bytes reserved by puts in flight, so concurrent puts do not overshoot capacity.
   uint64_t reserved_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   SsdTierStats counters_ ABSL_GUARDED_BY(mu_);

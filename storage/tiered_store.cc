@@ -606,7 +606,8 @@ void TieredStore::Emit(ChunkEventKind kind, const ChunkId& id, Tier tier) {
   if (options_.events != nullptr) options_.events->Append(kind, id, tier);
 }
 
-absl::Status TieredStore::Pin(const ChunkId& id, absl::Duration ttl) {
+absl::Status TieredStore::Pin(const ChunkId& id, absl::Duration ttl,
+                              const HostPool::PinBudget* budget) {
   if (!ram_->Contains(id)) {
     if (!has_ssd() || !ssd_->Contains(id)) return absl::NotFoundError("chunk not cached");
     auto view = Read(id);  // Promotes.
@@ -619,7 +620,27 @@ absl::Status TieredStore::Pin(const ChunkId& id, absl::Duration ttl) {
   // be on that clock too.
   const absl::Time until =
       ttl > absl::ZeroDuration() ? options_.ram.now() + ttl : absl::InfiniteFuture();
-  return ram_->Pin(id, until);
+  return ram_->Pin(id, until, budget);
+}
+
+TieredStore::NamespaceUsage TieredStore::Usage(const absl::flat_hash_set<uint64_t>& ns) const {
+  NamespaceUsage u;
+  const HostPool::NamespaceBytes ram = ram_->BytesOf(ns);
+  u.ram_bytes = ram.bytes;
+  u.pinned_bytes = ram.pinned;
+  if (has_ssd()) u.ssd_bytes = ssd_->BytesOf(ns);
+  return u;
+}
+
+absl::StatusOr<uint64_t> TieredStore::ShrinkNamespaces(const absl::flat_hash_set<uint64_t>& ns,
+                                                       Tier tier, uint64_t keep) {
+  if (tier == Tier::kSsd) {
+    if (!has_ssd()) return 0;
+    return ssd_->ShrinkTo(ns, keep);
+  }
+  const uint64_t held = ram_->ShrinkTo(ns, keep);
+  NotifyRoom();  // Slots freed for puts waiting for room.
+  return held;
 }
 
 bool TieredStore::Unpin(const ChunkId& id) {

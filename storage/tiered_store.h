@@ -302,12 +302,32 @@ class TieredStore {
   }
   size_t hint_clients() const { return hints_->clients(); }
 
-  // Pins in RAM (promoting from SSD first). Returns: Ok, NotFound, ResourceExhausted.
-  absl::Status Pin(const ChunkId& id, absl::Duration ttl);
+  // Pins in RAM (promoting from SSD first). `budget` (may be null) bounds the pinned
+  // bytes of a group of namespaces (HostPool::PinBudget). Returns: Ok, NotFound,
+  // ResourceExhausted.
+  absl::Status Pin(const ChunkId& id, absl::Duration ttl,
+                   const HostPool::PinBudget* budget = nullptr);
   bool Unpin(const ChunkId& id);
   // Returns whether the chunk was present anywhere. Errors: Unavailable.
   absl::StatusOr<bool> Delete(const ChunkId& id);
   absl::StatusOr<uint64_t> Clear(uint64_t ns);
+
+  // What a group of namespaces (a tenant's) holds: payload bytes in RAM, on SSD, and
+  // pinned in RAM now.
+  struct NamespaceUsage {
+    uint64_t ram_bytes = 0;
+    uint64_t ssd_bytes = 0;
+    uint64_t pinned_bytes = 0;
+  };
+  NamespaceUsage Usage(const absl::flat_hash_set<uint64_t>& ns) const;
+  // Evicts chunks of the namespaces `ns` from `tier` (kRam or kSsd), in that tier's
+  // policy order, until they hold at most `keep` payload bytes there; returns what they
+  // hold afterwards. RAM evicts only chunks that are clean, unpinned and unread; an SSD
+  // eviction takes the chunk off the daemon unless RAM still holds it. Errors:
+  // Unavailable (SSD rows could not be deleted).
+  absl::StatusOr<uint64_t> ShrinkNamespaces(const absl::flat_hash_set<uint64_t>& ns, Tier tier,
+                                            uint64_t keep);
+  bool has_ssd_tier() const { return ssd_ != nullptr; }
 
   TieredStoreStats GetStats() const;
   WriteMode write_mode() const { return options_.write_mode; }

@@ -790,3 +790,57 @@ TEST_F(HostPoolTest, ConcurrentLoadStaysWithinCapacity) {
 
 }  // namespace
 }  // namespace kvtier
+
+namespace kvtier {
+namespace {
+
+// A tenant's RAM quota: ShrinkTo evicts only the given namespaces, in LRU order, and
+// passes over chunks that are pinned, dirty or being read; BytesOf counts them.
+TEST_F(HostPoolTest, ShrinkToEvictsOnlyTheNamespacesOwnReclaimableChunks) {
+  const uint64_t small = kSlot;  // 16 one-slot chunks fit.
+  for (uint64_t n = 1; n <= 4; ++n) Put(Id(n, /*ns=*/7), small);   // Another tenant's.
+  for (uint64_t n = 1; n <= 6; ++n) Put(Id(n, /*ns=*/1), small);
+  Put(Id(1, /*ns=*/2), small);  // The tenant's second namespace.
+  const absl::flat_hash_set<uint64_t> tenant = {1, 2};
+  ASSERT_TRUE(pool_->Pin(Id(1), absl::InfiniteFuture()).ok());  // Oldest: pinned.
+  auto reading = pool_->Find(Id(2));                               // Next: being read.
+  ASSERT_TRUE(reading.has_value());
+  Put(Id(7, 1), small, /*dirty=*/true);                              // Newest: dirty.
+  EXPECT_EQ(pool_->BytesOf(tenant).bytes, 8 * small);
+  EXPECT_EQ(pool_->BytesOf(tenant).pinned, small);
+  EXPECT_EQ(pool_->BytesOf({7}).bytes, 4 * small);
+
+  // Down to 5 chunks: 3 and 4 (the LRU among the evictable) go, not 1 (pinned) or 2.
+  EXPECT_EQ(pool_->ShrinkTo(tenant, 6 * small), 6 * small);
+  EXPECT_TRUE(pool_->Contains(Id(1)));
+  EXPECT_TRUE(pool_->Contains(Id(2)));
+  EXPECT_FALSE(pool_->Contains(Id(3)));
+  EXPECT_FALSE(pool_->Contains(Id(4)));
+  // As far as it can: 1, 2 (held) and 7 (dirty) stay, so 3 chunks are left over 0.
+  EXPECT_EQ(pool_->ShrinkTo(tenant, 0), 3 * small);
+  EXPECT_TRUE(pool_->Contains(Id(7, 1)));
+  EXPECT_FALSE(pool_->Contains(Id(1, 2)));
+  // The other namespace was never touched.
+  for (uint64_t n = 1; n <= 4; ++n) EXPECT_TRUE(pool_->Contains(Id(n, 7))) << n;
+  EXPECT_EQ(pool_->BytesOf({7}).bytes, 4 * small);
+  EXPECT_EQ(pool_->BytesOf(tenant).bytes, 3 * small);
+  EXPECT_EQ(pool_->GetStats().evictions, 5u);
+}
+
+// A pin budget counts only its namespaces' pinned payload and refuses past it.
+TEST_F(HostPoolTest, PinBudgetBoundsTheNamespacesPinnedBytes) {
+  for (uint64_t n = 1; n <= 3; ++n) Put(Id(n, 1), kSlot);
+  Put(Id(1, 9), kSlot);
+  ASSERT_TRUE(pool_->Pin(Id(1, 9), absl::InfiniteFuture()).ok());  // Not in the budget.
+  const absl::flat_hash_set<uint64_t> ns = {1};
+  const HostPool::PinBudget budget{&ns, 2 * kSlot};
+  EXPECT_TRUE(pool_->Pin(Id(1), absl::InfiniteFuture(), &budget).ok());
+  EXPECT_TRUE(pool_->Pin(Id(2), absl::InfiniteFuture(), &budget).ok());
+  EXPECT_TRUE(absl::IsResourceExhausted(pool_->Pin(Id(3), absl::InfiniteFuture(), &budget)));
+  EXPECT_TRUE(pool_->Pin(Id(2), absl::InfiniteFuture(), &budget).ok());  // Extends only.
+  ASSERT_TRUE(pool_->Unpin(Id(1)));
+  EXPECT_TRUE(pool_->Pin(Id(3), absl::InfiniteFuture(), &budget).ok());
+}
+
+}  // namespace
+}  // namespace kvtier

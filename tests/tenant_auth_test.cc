@@ -25,7 +25,8 @@ const std::string& Table() {
   static const std::string* text = new std::string(
       "# teams\n"
       "tenant team-a\n"
-      "tenant team-b role=user requests_per_second=2 burst=3\n"
+      "tenant team-b role=user requests_per_second=2 burst=3 ram_quota=4GiB ssd_quota=1TiB "
+      "pinned_quota=1048576\n"
       "tenant ops role=admin   # operators\n" +
       TokenLine("team-a", "secret-a") + TokenLine("ops", "secret-ops") +
       "cert team-a worker-a.example\n"
@@ -50,6 +51,10 @@ TEST(TenantTableTest, ParsesEveryDirective) {
   const TenantSpec& b = t->tenants()[t->FindTenant("team-b")];
   EXPECT_EQ(b.requests_per_second, 2);
   EXPECT_EQ(b.burst, 3);
+  EXPECT_EQ(b.quota.ram_bytes, 4ull << 30);
+  EXPECT_EQ(b.quota.ssd_bytes, 1ull << 40);
+  EXPECT_EQ(b.quota.pinned_bytes, 1ull << 20);
+  EXPECT_FALSE(t->tenants()[t->FindTenant("team-a")].quota.any());  // Unlimited.
 }
 
 TEST(TenantTableTest, RejectsBadLinesNamingThem) {
@@ -65,6 +70,8 @@ TEST(TenantTableTest, RejectsBadLinesNamingThem) {
       {"tenant a requests_per_second=-1\n", "line 1: requests_per_second='-1'"},
       {"tenant a requests_per_second=5 burst=0.5\n", "line 1: burst must be at least 1"},
       {"tenant a colour=blue\n", "line 1: unknown setting 'colour=blue'"},
+      {"tenant a ram_quota=lots\n", "line 1: ram_quota='lots': expected a size"},
+      {"tenant a pinned_quota=-1MiB\n", "line 1: pinned_quota='-1MiB'"},
       {"\n\ntoken a sha256:00\n", "line 3: tenant 'a' is not declared"},
       {"tenant a\ntoken a plaintext-token\n", "line 2: token: expected sha256:"},
       {"tenant a\ntoken a sha256:" + std::string(63, '0') + "g\n", "line 2: token: expected"},
@@ -162,6 +169,8 @@ TEST_F(AuthenticatorTest, MapsEachKindOfCredential) {
   CallerCredentials uid;
   uid.unix_uid = 4242;
   EXPECT_EQ(a->Authenticate(uid).scope->tenant(), "team-b");
+  // The scope carries the tenant's quotas to the handlers that enforce them.
+  EXPECT_EQ(a->Authenticate(uid).scope->quota().ram_bytes, 4ull << 30);
 }
 
 TEST_F(AuthenticatorTest, RefusesMissingWrongAndMalformedCredentials) {

@@ -1,0 +1,155 @@
+#include "server/tenant_quotas.h"
+
+#include <prometheus/counter.h>
+#include <prometheus/family.h>
+#include <prometheus/registry.h>
+
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+
+namespace kvtier {
+namespace {
+
+using prometheus::ClientMetric;
+using prometheus::MetricFamily;
+using prometheus::MetricType;
+
+const char* QuotaTierName(Tier tier) { return tier == Tier::kRam ? "ram" : "ssd"; }
+
+}  // namespace
+
+TenantQuotas::TenantQuotas(prometheus::Registry* registry) {
+  if (registry == nullptr) return;
+  refusals_ = &prometheus::BuildCounter()
+                   .Name("kvtier_tenant_quota_refusals_total")
+                   .Help("Puts and pins refused because a tenant's chunks over its quota "
+                         "could not be evicted, or did not fit it at all, by quota "
+                         "(ram, ssd, pinned)")
+                   .Register(*registry);
+  evicted_ = &prometheus::BuildCounter()
+                  .Name("kvtier_tenant_quota_evicted_bytes_total")
+                  .Help("Payload bytes of a tenant's chunks evicted from a tier to keep "
+                        "its own puts within its quota, by tier")
+                  .Register(*registry);
+}
+
+absl::flat_hash_set<uint64_t> TenantQuotas::BindAndList(const TenantScope& t, uint64_t ns) {
+  absl::MutexLock lock(&mu_);
+  Account& a = accounts_[t.tenant()];
+  a.namespaces.insert(ns);
+  a.quota = t.quota();
+  return a.namespaces;
+}
+
+void TenantQuotas::Bind(const TenantScope& t, uint64_t ns) {
+  if (t.implicit() || ns == 0) return;
+  absl::MutexLock lock(&mu_);
+  Account& a = accounts_[t.tenant()];
+  a.namespaces.insert(ns);
+  a.quota = t.quota();
+}
+
+void TenantQuotas::Refused(const std::string& tenant, const char* quota) {
+  if (refusals_ != nullptr) refusals_->Add({{"tenant", tenant}, {"quota", quota}}).Increment();
+}
+
+absl::Status TenantQuotas::Fit(TieredStore* store, const TenantScope& t,
+                               const absl::flat_hash_set<uint64_t>& ns, Tier tier,
+                               uint64_t quota, uint64_t bytes) {
+  const char* name = QuotaTierName(tier);
+  if (bytes > quota) {
+    Refused(t.tenant(), name);
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a ", bytes, "-byte chunk can never fit tenant ", t.tenant(), "'s ", name,
+        "_quota (", quota, " bytes)"));
+  }
+  const TieredStore::NamespaceUsage before = store->Usage(ns);
+  const uint64_t held = tier == Tier::kRam ? before.ram_bytes : before.ssd_bytes;
+  if (held + bytes <= quota) return absl::OkStatus();
+  auto after = store->ShrinkNamespaces(ns, tier, quota - bytes);
+  if (!after.ok()) return after.status();
+  if (evicted_ != nullptr && *after < held) {
+    evicted_->Add({{"tenant", t.tenant()}, {"tier", name}}).Increment(
+        static_cast<double>(held - *after));
+  }
+  if (*after + bytes <= quota) return absl::OkStatus();
+  Refused(t.tenant(), name);
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "tenant ", t.tenant(), "'s ", name, "_quota (", quota, " bytes) is full: ", *after,
+      " bytes of its chunks are pinned, being read",
+      tier == Tier::kRam ? ", or not yet written to SSD" : " or being written",
+      "; back off and retry"));
+}
+
+absl::Status TenantQuotas::AdmitPut(TieredStore* store, const TenantScope& t, uint64_t ns,
+                                    uint64_t bytes) {
+  if (t.implicit()) return absl::OkStatus();
+  const absl::flat_hash_set<uint64_t> namespaces = BindAndList(t, ns);
+  const TenantQuota& q = t.quota();
+  // SSD first: what RAM then evicts stays on SSD.
+  if (q.ssd_bytes != 0 && store->has_ssd_tier()) {
+    if (absl::Status s = Fit(store, t, namespaces, Tier::kSsd, q.ssd_bytes, bytes); !s.ok()) {
+      return s;
+    }
+  }
+  if (q.ram_bytes != 0) {
+    return Fit(store, t, namespaces, Tier::kRam, q.ram_bytes, bytes);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TenantQuotas::Pin(TieredStore* store, const TenantScope& t, const ChunkId& id,
+                               absl::Duration ttl) {
+  if (t.implicit()) return store->Pin(id, ttl);
+  const absl::flat_hash_set<uint64_t> namespaces = BindAndList(t, id.ns);
+  if (t.quota().pinned_bytes == 0) return store->Pin(id, ttl);
+  const HostPool::PinBudget budget{&namespaces, t.quota().pinned_bytes};
+  absl::Status s = store->Pin(id, ttl, &budget);
+  if (absl::IsResourceExhausted(s) && absl::StrContains(s.message(), "pinned_quota")) {
+    Refused(t.tenant(), "pinned");
+  }
+  return s;
+}
+
+std::vector<MetricFamily> TenantQuotas::Collect() const {
+  const TieredStore* store = store_.load(std::memory_order_acquire);
+  std::vector<std::pair<std::string, Account>> accounts;
+  {
+    absl::MutexLock lock(&mu_);
+    accounts.assign(accounts_.begin(), accounts_.end());
+  }
+  MetricFamily used{"kvtier_tenant_bytes",
+                    "Payload bytes of a tenant's chunks, by tier (ram, ssd) and pinned in "
+                    "RAM (tier=pinned), over the namespaces it has used since start-up",
+                    MetricType::Gauge, {}};
+  MetricFamily quota{"kvtier_tenant_quota_bytes",
+                     "A tenant's quota by tier (ram, ssd, pinned), where one is set",
+                     MetricType::Gauge, {}};
+  auto add = [](MetricFamily& f, const std::string& tenant, const char* tier, double v) {
+    ClientMetric m;
+    m.label = {{"tenant", tenant}, {"tier", tier}};
+    m.gauge.value = v;
+    f.metric.push_back(std::move(m));
+  };
+  for (const auto& [tenant, a] : accounts) {
+    if (store != nullptr) {
+      const TieredStore::NamespaceUsage u = store->Usage(a.namespaces);
+      add(used, tenant, "ram", static_cast<double>(u.ram_bytes));
+      if (store->has_ssd_tier()) add(used, tenant, "ssd", static_cast<double>(u.ssd_bytes));
+      add(used, tenant, "pinned", static_cast<double>(u.pinned_bytes));
+    }
+    if (a.quota.ram_bytes != 0) add(quota, tenant, "ram", static_cast<double>(a.quota.ram_bytes));
+    if (a.quota.ssd_bytes != 0) add(quota, tenant, "ssd", static_cast<double>(a.quota.ssd_bytes));
+    if (a.quota.pinned_bytes != 0) {
+      add(quota, tenant, "pinned", static_cast<double>(a.quota.pinned_bytes));
+    }
+  }
+  std::vector<MetricFamily> out;
+  if (!used.metric.empty()) out.push_back(std::move(used));
+  if (!quota.metric.empty()) out.push_back(std::move(quota));
+  return out;
+}
+
+}  // namespace kvtier

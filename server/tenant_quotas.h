@@ -1,0 +1,97 @@
+// TenantQuotas: each named tenant's byte quotas (TenantQuota, from the tenants file) on
+// the store, and the use and refusals that the metrics show per tenant.
+//
+// A tenant's usage is the payload bytes of the chunks in the namespaces it has named
+// since the daemon started (its internal namespaces, TenantScope::Internal), per tier:
+// held in the RAM pool, on the SSD tier, and pinned in RAM now. The quotas act like a
+// partition of the cache, not a wall: a put that would take the tenant past its RAM or
+// SSD quota first evicts the tenant's own chunks from that tier, in the tier's policy
+// order, so other tenants never lose a chunk to it; only when what the tenant holds
+// there cannot be evicted yet (pinned, being read, or in write-back not yet on SSD) is
+// the put refused RESOURCE_EXHAUSTED (it may retry: pins expire, reads end, the flusher
+// catches up). A chunk larger than a quota can never fit: INVALID_ARGUMENT. A pin past
+// the pinned quota is RESOURCE_EXHAUSTED, checked under the pool's lock with the pin.
+//
+// RAM and SSD checks happen when a put is admitted, so puts in flight at the same time
+// can take a tenant past its quota by at most one chunk each (bounded by max_streams);
+// the next put evicts the excess. A namespace the tenant last used before a restart
+// counts from the tenant's first request naming it.
+//
+// Thread-safety: thread-safe.
+#ifndef KVTIER_SERVER_TENANT_QUOTAS_H_
+#define KVTIER_SERVER_TENANT_QUOTAS_H_
+
+#include <prometheus/collectable.h>
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "server/tenant_scope.h"
+#include "storage/chunk_id.h"
+#include "storage/tiered_store.h"
+
+namespace prometheus {
+class Registry;
+template <typename T>
+class Family;
+class Counter;
+}  // namespace prometheus
+
+namespace kvtier {
+
+class TenantQuotas final : public prometheus::Collectable {
+ public:
+  // `registry` (may be null) gets kvtier_tenant_quota_refusals_total and
+  // kvtier_tenant_quota_evicted_bytes_total; register this object itself as a
+  // collectable for kvtier_tenant_bytes and kvtier_tenant_quota_bytes.
+  explicit TenantQuotas(prometheus::Registry* registry);
+
+  // The store the collector reads; set once it is open.
+  void SetStore(const TieredStore* store) { store_.store(store, std::memory_order_release); }
+
+  // Records that tenant `t` uses internal namespace `ns` (idempotent; nothing for the
+  // implicit tenant).
+  void Bind(const TenantScope& t, uint64_t ns);
+
+  // Before a put of a `bytes`-byte chunk into `ns`: makes room within the tenant's RAM
+  // and SSD quotas. Returns: Ok, InvalidArgument (larger than a quota),
+  // ResourceExhausted (the tenant's chunks over quota cannot be evicted yet),
+  // Unavailable (SSD rows could not be deleted).
+  absl::Status AdmitPut(TieredStore* store, const TenantScope& t, uint64_t ns, uint64_t bytes);
+
+  // TieredStore::Pin within the tenant's pinned quota.
+  absl::Status Pin(TieredStore* store, const TenantScope& t, const ChunkId& id,
+                   absl::Duration ttl);
+
+  std::vector<prometheus::MetricFamily> Collect() const override;
+
+ private:
+  struct Account {
+    absl::flat_hash_set<uint64_t> namespaces;
+    TenantQuota quota;  // As of the tenant's latest request.
+  };
+  // Binds and returns a copy of the tenant's namespaces.
+  absl::flat_hash_set<uint64_t> BindAndList(const TenantScope& t, uint64_t ns);
+  absl::Status Fit(TieredStore* store, const TenantScope& t,
+                   const absl::flat_hash_set<uint64_t>& ns, Tier tier, uint64_t quota,
+                   uint64_t bytes);
+  void Refused(const std::string& tenant, const char* quota);
+
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<std::string, Account> accounts_ ABSL_GUARDED_BY(mu_);
+  std::atomic<const TieredStore*> store_{nullptr};
+  prometheus::Family<prometheus::Counter>* refusals_ = nullptr;
+  prometheus::Family<prometheus::Counter>* evicted_ = nullptr;
+};
+
+}  // namespace kvtier
+
+#endif  // KVTIER_SERVER_TENANT_QUOTAS_H_

@@ -1,0 +1,181 @@
+// Per-tenant quotas on a real kvtierd (TenantQuotas): a tenant's puts past its RAM or
+// SSD quota evict its own chunks and never another tenant's; a chunk larger than a
+// quota is INVALID_ARGUMENT; pins past the pinned quota are RESOURCE_EXHAUSTED; the
+// metrics show use, quota, evictions and refusals per tenant.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "client/kvtier_client.h"
+#include "server/tenant_table.h"
+#include "tests/support/daemon_process.h"
+#include "tests/support/test_data.h"
+
+namespace kvtier {
+namespace {
+
+using testing::DaemonProcess;
+using testing::HttpGet;
+using testing::KeyOf;
+using testing::LayoutOfMiB;
+using testing::MakeTempDir;
+using testing::PatternBytes;
+using testing::SeriesValue;
+
+constexpr uint64_t kMiB = 1 << 20;
+
+std::string TokenLine(const std::string& tenant, const std::string& token) {
+  const Sha256Digest d = Sha256(token);
+  return "token " + tenant + " sha256:" +
+         absl::BytesToHexString(
+             absl::string_view(reinterpret_cast<const char*>(d.data()), d.size())) +
+         "\n";
+}
+
+class TenantQuotaTest : public ::testing::Test {
+ protected:
+  // Tenant "small" has a 3 MiB RAM, 2 MiB SSD and 1 MiB pinned quota; "big" none.
+  void Start(const std::string& mode) {
+    dir_ = MakeTempDir("kvtierd-quota");
+    const std::string tenants = dir_ + ".tenants";
+    std::ofstream(tenants) << "tenant small ram_quota=3MiB ssd_quota=2MiB pinned_quota=1MiB\n"
+                           << "tenant big\n"
+                           << TokenLine("small", "token-small") << TokenLine("big", "token-big");
+    auto d = DaemonProcess::Start(dir_, {"--tenants-file=" + tenants, "--write-mode=" + mode,
+                                         "--ram-capacity=64MiB"});
+    ASSERT_TRUE(d.ok()) << d.status();
+    daemon_.emplace(*std::move(d));
+    small_ = Connect("token-small");
+    big_ = Connect("token-big");
+    ns_ = Register(*small_, 1);
+    ASSERT_EQ(Register(*big_, 1), ns_);  // Same public id; separate namespaces inside.
+  }
+
+  std::unique_ptr<KvTierClient> Connect(const std::string& token) {
+    ClientOptions o;
+    o.bearer_token = token;
+    auto c = KvTierClient::Connect(daemon_->target(), o);
+    EXPECT_TRUE(c.ok()) << c.status();
+    return c.ok() ? *std::move(c) : nullptr;
+  }
+
+  static uint64_t Register(KvTierClient& c, uint32_t mib) {
+    auto r = c.RegisterLayout(LayoutOfMiB(mib));
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? r->namespace_id : 0;
+  }
+
+  static absl::Status Put(KvTierClient& c, uint64_t ns, uint64_t n, uint64_t bytes = kMiB) {
+    const std::string data = PatternBytes(n, bytes);
+    ChunkToPut chunk{KeyOf(n), data, 256};
+    return c.Put(ns, absl::MakeConstSpan(&chunk, 1)).status();
+  }
+
+  // Which of keys first..last `c` finds, as a string of tiers ('r', 's', '-').
+  std::string Where(KvTierClient& c, uint64_t first, uint64_t last) {
+    std::vector<ChunkKey> keys;
+    for (uint64_t n = first; n <= last; ++n) keys.push_back(KeyOf(n));
+    auto r = c.Lookup(ns_, keys);
+    EXPECT_TRUE(r.ok()) << r.status();
+    std::string out;
+    for (v1::Tier t : r->tiers) {
+      out += t == v1::TIER_RAM ? 'r' : t == v1::TIER_SSD ? 's' : t == v1::TIER_GPU ? 'g' : '-';
+    }
+    return out;
+  }
+
+  double Metric(const std::string& series) {
+    auto m = HttpGet(daemon_->metrics_port(), "/metrics");
+    EXPECT_TRUE(m.ok()) << m.status();
+    return m.ok() ? SeriesValue(m->body, series) : -1;
+  }
+
+  std::string dir_;
+  std::optional<DaemonProcess> daemon_;
+  std::unique_ptr<KvTierClient> small_, big_;
+  uint64_t ns_ = 0;
+};
+
+TEST_F(TenantQuotaTest, RamQuotaEvictsTheTenantsOwnLeastRecentlyUsedChunks) {
+  Start("ram-only");
+  for (uint64_t n = 1; n <= 4; ++n) ASSERT_TRUE(Put(*big_, ns_, n).ok());
+  for (uint64_t n = 1; n <= 5; ++n) ASSERT_TRUE(Put(*small_, ns_, n).ok()) << n;
+  // small keeps its three newest; big, with more chunks than small's quota, keeps all.
+  EXPECT_EQ(Where(*small_, 1, 5), "--rrr");
+  EXPECT_EQ(Where(*big_, 1, 4), "rrrr");
+  // A read makes chunk 3 the most recently used: the next put evicts 4 instead.
+  ASSERT_TRUE(small_->Get(ns_, {KeyOf(3)}).ok());
+  ASSERT_TRUE(Put(*small_, ns_, 6).ok());
+  EXPECT_EQ(Where(*small_, 3, 6), "r-rr");
+  EXPECT_EQ(Metric(R"(kvtier_tenant_bytes{tenant="small",tier="ram"})"), 3.0 * kMiB);
+  EXPECT_EQ(Metric(R"(kvtier_tenant_bytes{tenant="big",tier="ram"})"), 4.0 * kMiB);
+  EXPECT_EQ(Metric(R"(kvtier_tenant_quota_bytes{tenant="small",tier="ram"})"), 3.0 * kMiB);
+  EXPECT_EQ(Metric(R"(kvtier_tenant_quota_evicted_bytes_total{tenant="small",tier="ram"})"),
+            3.0 * kMiB);
+  EXPECT_EQ(Metric(R"(kvtier_tenant_quota_bytes{tenant="big",tier="ram"})"), -1);  // None set.
+}
+
+TEST_F(TenantQuotaTest, AChunkLargerThanTheQuotaIsInvalidArgumentAndStoresNothing) {
+  Start("ram-only");
+  const uint64_t big_ns = Register(*small_, 4);  // 4 MiB chunks; the RAM quota is 3 MiB.
+  ASSERT_TRUE(Put(*small_, ns_, 1).ok());
+  absl::Status s = Put(*small_, big_ns, 1, 4 * kMiB);
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  EXPECT_NE(s.message().find("ram_quota"), std::string::npos) << s;
+  EXPECT_EQ(Where(*small_, 1, 1), "r");  // Nothing of the tenant's was evicted for it.
+  EXPECT_EQ(Metric(R"(kvtier_tenant_quota_refusals_total{quota="ram",tenant="small"})"), 1);
+}
+
+TEST_F(TenantQuotaTest, PinsStopAtThePinnedQuotaAndPinnedChunksAreNotEvicted) {
+  Start("ram-only");
+  for (uint64_t n = 1; n <= 3; ++n) ASSERT_TRUE(Put(*small_, ns_, n).ok());
+  for (uint64_t n = 1; n <= 3; ++n) ASSERT_TRUE(Put(*big_, ns_, n).ok());
+  ASSERT_TRUE(small_->Pin(ns_, {KeyOf(1)}, 0).ok());
+  auto second = small_->Pin(ns_, {KeyOf(2)}, 0);
+  EXPECT_TRUE(absl::IsResourceExhausted(second.status())) << second.status();
+  EXPECT_NE(second.status().message().find("pinned_quota"), std::string::npos);
+  auto again = small_->Pin(ns_, {KeyOf(1)}, 0);  // Already pinned: only extended.
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->pinned, 1u);
+  // Another tenant's pins do not count against small's quota, nor small's against it.
+  auto other = big_->Pin(ns_, {KeyOf(1), KeyOf(2)}, 0);
+  ASSERT_TRUE(other.ok()) << other.status();
+  EXPECT_EQ(other->pinned, 2u);
+  EXPECT_EQ(Metric(R"(kvtier_tenant_bytes{tenant="small",tier="pinned"})"), 1.0 * kMiB);
+  EXPECT_EQ(Metric(R"(kvtier_tenant_quota_refusals_total{quota="pinned",tenant="small"})"), 1);
+  // The pinned chunk 1 is small's least recently used, but two more puts evict 2 and 3.
+  ASSERT_TRUE(Put(*small_, ns_, 4).ok());
+  ASSERT_TRUE(Put(*small_, ns_, 5).ok());
+  EXPECT_EQ(Where(*small_, 1, 5), "r--rr");
+  // After an unpin the next pin fits.
+  ASSERT_TRUE(small_->Unpin(ns_, {KeyOf(1)}).ok());
+  auto next = small_->Pin(ns_, {KeyOf(4)}, 0);
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_EQ(next->pinned, 1u);
+}
+
+TEST_F(TenantQuotaTest, SsdQuotaEvictsTheTenantsOwnChunksFromSsdOnly) {
+  Start("write-through");
+  for (uint64_t n = 1; n <= 3; ++n) ASSERT_TRUE(Put(*big_, ns_, n).ok());
+  for (uint64_t n = 1; n <= 3; ++n) ASSERT_TRUE(Put(*small_, ns_, n).ok());
+  // small's SSD quota (2 MiB) holds its two newest; the RAM quota (3 MiB) all three.
+  EXPECT_EQ(Metric(R"(kvtier_tenant_bytes{tenant="small",tier="ssd"})"), 2.0 * kMiB);
+  EXPECT_EQ(Metric(R"(kvtier_tenant_bytes{tenant="small",tier="ram"})"), 3.0 * kMiB);
+  EXPECT_EQ(Metric(R"(kvtier_tenant_bytes{tenant="big",tier="ssd"})"), 3.0 * kMiB);
+  EXPECT_EQ(Metric(R"(kvtier_tenant_quota_evicted_bytes_total{tenant="small",tier="ssd"})"),
+            1.0 * kMiB);
+  // A fourth put evicts small's oldest left on SSD (chunk 2) and its oldest in RAM
+  // (chunk 1, already off SSD): 1 is then nowhere, 2 in RAM only, 3 and 4 in both.
+  ASSERT_TRUE(Put(*small_, ns_, 4).ok());
+  EXPECT_EQ(Where(*small_, 1, 4), "-rrr");
+  EXPECT_EQ(Where(*big_, 1, 3), "rrr");
+  EXPECT_EQ(Metric(R"(kvtier_tenant_bytes{tenant="small",tier="ssd"})"), 2.0 * kMiB);
+}
+
+}  // namespace
+}  // namespace kvtier
