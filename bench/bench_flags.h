@@ -24,6 +24,16 @@ inline char**& FlagArgv() {
 }
 inline void InitFlags(int argc, char** argv) { FlagArgc() = argc, FlagArgv() = argv; }
 
+// True when the arguments ask for help (--help or -h): the caller prints its usage and
+// exits before it starts any daemon.
+inline bool HelpRequested(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view a(argv[i]);
+    if (a == "--help" || a == "-h") return true;
+  }
+  return false;
+}
+
 // The value of --name=VALUE, or `def` when absent.
 inline std::string StrFlag(std::string_view name, std::string def) {
   std::string prefix = "--";

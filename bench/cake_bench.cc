@@ -58,6 +58,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "bench/bench_flags.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "client/kvtier_client.h"
@@ -383,7 +384,20 @@ absl::StatusOr<Env> Setup(const Config& c, DaemonProcess& daemon, uint32_t max_c
 
 std::string Pct(double v) { return absl::StrFormat("%+.1f", v); }
 
+constexpr char kUsage[] =
+    "usage: cake_bench [--csv=PATH] [--byte-scale=64] [--time-scale=10] [--repeats=3]\n"
+    "                  [--baseline-repeats=3] [--shares=10,50,90] [--gbps=2,5,10]\n"
+    "                  [--contexts=2048,4096,8192,16384,32768] [--a=0.02385] [--b=0.002753]\n"
+    "                  [--frame-kib=256] [--estimate=1] [--overlap-open=1] [--forecast=1]\n"
+    "                  [--verbose=0] [--log-level=warn]\n"
+    "The Cake evaluation in emulation against a kvtierd it starts; see the comment at\n"
+    "the top of bench/cake_bench.cc.\n";
+
 int Main(int argc, char** argv) {
+  if (bench::HelpRequested(argc, argv)) {
+    std::fputs(kUsage, stdout);
+    return 0;
+  }
   Config c;
   c.byte_scale = NumFlag(argc, argv, "byte-scale", 64);
   c.time_scale = NumFlag(argc, argv, "time-scale", 10);

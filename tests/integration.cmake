@@ -26,6 +26,7 @@ kvtier_test(daemon_bad_input_test LIBS kvtier_daemon_support LABELS integration)
 kvtier_test(hint_events_integration_test LIBS kvtier_daemon_support LABELS integration)
 kvtier_test(tenant_isolation_test LIBS kvtier_daemon_support kvtier_server LABELS integration)
 kvtier_test(tenant_quota_test LIBS kvtier_daemon_support kvtier_server LABELS integration)
+kvtier_test(daemon_process_test LIBS kvtier_daemon_support LABELS integration)
 kvtier_test(tls_integration_test LIBS kvtier_daemon_support LABELS integration)
 target_compile_definitions(tls_integration_test PRIVATE
   KVTIER_CERT_SCRIPT="${CMAKE_SOURCE_DIR}/tests/tls/make_test_certs.sh")

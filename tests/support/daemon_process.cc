@@ -2,6 +2,8 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <signal.h>
@@ -110,9 +112,19 @@ absl::StatusOr<DaemonProcess> DaemonProcess::Start(const std::string& data_dir,
                                    // and the prefault test turn it back on).
                                    "--ram-prefault=false"};
   args.insert(args.end(), extra_args.begin(), extra_args.end());
+  // The daemon dies with the process that started it (a benchmark or test killed by a
+  // signal or a timeout leaves no kvtierd behind). The kernel signals on the exit of
+  // the forking *thread*, so only a fork from the main thread, whose end is the
+  // process's, asks for it.
+  const pid_t parent = getpid();
+  const bool from_main_thread = static_cast<pid_t>(syscall(SYS_gettid)) == parent;
   pid_t pid = fork();
   if (pid < 0) return absl::UnavailableError(absl::StrCat("fork: ", std::strerror(errno)));
   if (pid == 0) {
+    if (from_main_thread) {
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != parent) _exit(1);  // The parent died before the prctl.
+    }
     int fd = open(d.log_path_.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
     if (fd >= 0) {
       dup2(fd, STDERR_FILENO);
