@@ -23,11 +23,14 @@ for t in "${targets[@]}"; do
   mkdir -p "$work/$t"
   if [ -d "fuzz/corpus/$t" ]; then cp -r "fuzz/corpus/$t/." "$work/$t/"; fi
   echo "fuzz: $t for ${seconds}s"
-  # Leak checks stay on; -rss_limit_mb bounds a runaway input.
+  # Leak checks stay on; -rss_limit_mb bounds a runaway input. A failing input is kept
+  # under build-fuzz/artifacts/ (not the working tree) for `build-fuzz/fuzz/$t FILE`.
+  mkdir -p "$build/artifacts"
   "$build/fuzz/$t" -max_total_time="$seconds" -timeout=25 -rss_limit_mb=4096 \
-    -print_final_stats=1 "$work/$t" 2>"$work/$t.log" || {
+    -artifact_prefix="$build/artifacts/$t-" -print_final_stats=1 "$work/$t" \
+    2>"$work/$t.log" || {
     tail -60 "$work/$t.log"
-    echo "fuzz: $t FAILED" >&2
+    echo "fuzz: $t FAILED; reproducer(s): $(ls "$build/artifacts/$t-"* 2>/dev/null)" >&2
     exit 1
   }
   grep -E "stat::number_of_executed_units|stat::peak_rss_mb" "$work/$t.log" | sed "s/^/fuzz: $t /"
