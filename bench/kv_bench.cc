@@ -74,6 +74,13 @@ std::unique_ptr<KvTierClient> MakeClient(const std::string& target, int i) {
   // transfers over warm connections, as an inference worker's would be.
   if (Flag("preconnect", 1) != 0) o.connect_timeout = absl::Seconds(30);
   if (StrFlag("conn", "per-client") != "shared") o.max_message_bytes = (64 << 20) + i;
+  // --tls-dir: certificates from tests/tls/make_test_certs.sh (the daemon gets the
+  // server's, the client trusts the CA); --token: a bearer token (with --tenants-file).
+  if (const std::string tls = StrFlag("tls-dir", ""); !tls.empty()) {
+    o.tls_ca_file = tls + "/ca.pem";
+    o.tls_server_name = "localhost";
+  }
+  o.bearer_token = StrFlag("token", "");
   auto c = KvTierClient::Connect(target, o);
   if (!c.ok()) {
     std::fprintf(stderr, "connect: %s\n", c.status().ToString().c_str());
@@ -237,6 +244,14 @@ std::vector<std::string> DaemonArgs(const std::string& mode, uint64_t ram_mib, u
   if (const uint64_t n = Flag("writeback-threads", 0); n != 0) {
     args.push_back(absl::StrCat("--writeback-threads=", n));
   }
+  // Security (bench/security.sh): TLS from --tls-dir, tenants from --tenants-file.
+  if (const std::string tls = StrFlag("tls-dir", ""); !tls.empty()) {
+    args.push_back("--tls-cert-file=" + tls + "/server.pem");
+    args.push_back("--tls-key-file=" + tls + "/server.key");
+  }
+  if (const std::string tenants = StrFlag("tenants-file", ""); !tenants.empty()) {
+    args.push_back("--tenants-file=" + tenants);
+  }
   return args;
 }
 
@@ -285,12 +300,14 @@ void PrintCellHeader() {
 
 // ---- grid ----
 int Grid(const std::string& dir) {
-  const std::string tier = StrFlag("tier", "ram");
+  // --label: the cells' tier label (default the tier; security.sh tells its variants apart).
+  const std::string tier_name = StrFlag("tier", "ram");
+  const std::string tier = StrFlag("label", tier_name);
   const auto chunks = ListFlag("chunks", "2,32,128");
   const auto client_counts = ListFlag("clients", "1,4,16,64");
-  const uint64_t budget = Flag("budget-mib", tier == "ram" ? 2048 : 512) << 20;
+  const uint64_t budget = Flag("budget-mib", tier_name == "ram" ? 2048 : 512) << 20;
   const uint64_t get_budget = Flag("get-budget-mib", budget >> 20) << 20;
-  const uint64_t ram_mib = Flag("ram-mib", tier == "ram" ? 4096 : 256);
+  const uint64_t ram_mib = Flag("ram-mib", tier_name == "ram" ? 4096 : 256);
   const uint64_t hot_mib = Flag("hot-mib", 1024);  // RAM-tier get working set.
   // Each client does at least this many operations per cell: with one each, a cell's
   // time is set by the last of its streams to finish, and a 64-client cell of 32 MiB
@@ -298,7 +315,7 @@ int Grid(const std::string& dir) {
   const uint64_t min_ops = std::max<uint64_t>(1, Flag("min-ops-per-client", 1));
   // --mode: the daemon's write mode (ram-only for the RAM tier and write-through for the
   // SSD tier unless given; write-back measures puts drained by the background writers).
-  const std::string mode = StrFlag("mode", tier == "ram" ? "ram-only" : "write-through");
+  const std::string mode = StrFlag("mode", tier_name == "ram" ? "ram-only" : "write-through");
   auto daemon = StartDaemon(dir, DaemonArgs(mode, ram_mib, Flag("ssd-mib", 65536)));
   RssSampler rss(&daemon);
   auto admin = MakeClient(daemon.target(), 100000);
@@ -356,7 +373,7 @@ int Grid(const std::string& dir) {
     // Working set of the gets.
     std::vector<kvtier::ChunkKey> ws;
     if (Flag("skip-gets", 0) != 0) {
-    } else if (tier == "ram") {
+    } else if (tier_name == "ram") {
       // A hot set that fits the pool, put afresh (so it is the most recently used).
       const uint64_t n = std::max<uint64_t>(1, std::min(hot_mib << 20, (ram_mib << 20) / 2) / cb);
       Cell warm;
@@ -382,8 +399,8 @@ int Grid(const std::string& dir) {
       Cell cell;
       cell.tier = tier, cell.op = "get", cell.chunk_bytes = cb, cell.clients = clients;
       cell.ops = std::max(clients * min_ops, get_budget / cb);
-      if (tier == "ssd") cell.ops = std::min<uint64_t>(std::max(cell.ops, clients), ws.size());
-      const uint64_t start = tier == "ssd" ? cursor : 0;
+      if (tier_name == "ssd") cell.ops = std::min<uint64_t>(std::max(cell.ops, clients), ws.size());
+      const uint64_t start = tier_name == "ssd" ? cursor : 0;
       RunCell(daemon.target(), cell, [&](KvTierClient& c, uint64_t i, Cell& cl) {
         return GetOne(c, ns, ws[(start + i) % ws.size()], cl);
       }, warm());
@@ -595,7 +612,21 @@ int Memcpy() {
 
 }  // namespace
 
+constexpr char kUsage[] =
+    "usage: kv_bench [--section=grid|lookup|trace|memcpy] [--tier=ram|ssd]\n"
+    "                [--chunks=2,32,128] [--clients=1,4,16,64] [--ram-mib=N] [--ssd-mib=N]\n"
+    "                [--budget-mib=N] [--get-budget-mib=N] [--hot-mib=N] [--mode=MODE]\n"
+    "                [--min-ops-per-client=N] [--skip-puts=1] [--skip-gets=1]\n"
+    "                [--tls-dir=DIR] [--tenants-file=FILE] [--token=T] [--label=NAME]\n"
+    "                [--data-dir=DIR] [--json=FILE]\n"
+    "Starts its own kvtierd and measures put/get throughput and latency; see the\n"
+    "comment at the top of bench/kv_bench.cc and bench/run.sh for the sections.\n";
+
 int main(int argc, char** argv) {
+  if (kvtier::bench::HelpRequested(argc, argv)) {
+    std::fputs(kUsage, stdout);
+    return 0;
+  }
   kvtier::bench::InitFlags(argc, argv);
   const std::string section = StrFlag("section", "grid");
   if (section == "memcpy") return Memcpy();

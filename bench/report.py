@@ -7,6 +7,7 @@ Static text (the RSS optimisation history, the optimisation log) comes from HEAD
 bench/profile.md, when present, is included as the profile section.
 """
 import json
+import statistics
 import os
 import sys
 
@@ -186,6 +187,46 @@ def cache(res, w):
               f"{r['p99_ms']:.2f} | {r['p999_ms']:.2f} | {r['daemon_cpu_s']:.1f} | "
               f"{r['hint_handler_s']:.2f} ({r['hint_cpu_share'] * 100:.1f}%) | {int(r['errors'])} |")
         w("")
+    notes = rd(os.path.join(d, "notes.md")).strip()
+    if notes:
+        w(notes + "\n")
+
+
+def security(res, w):
+    """TLS and tenants on the RAM tier (bench/security.sh), from bench/results/security/."""
+    d = os.path.join(res, "security")
+    rows = [json.loads(l) for l in rd(os.path.join(d, "security.jsonl")).splitlines() if l.strip()]
+    cells = [r for r in rows if r.get("kind") == "cell"]
+    if not cells:
+        return
+    w("## What TLS and tenants cost (issue 13)\n")
+    w("Target: TLS costs at most 15% of RAM-tier get throughput at 32 MiB. One kvtierd per run "
+      "(RAM tier, ram-only), runs of plaintext, TLS (server certificate, ECDSA P-256), and TLS "
+      "with a tenant's bearer token interleaved; medians over the runs, GB/s. Commands:\n")
+    cmds = rd(os.path.join(d, "commands.txt")).strip().splitlines()
+    w("```\nbash bench/security.sh\n" + "\n".join(dict.fromkeys(cmds)) + "\n```\n")
+    key = lambda r: (r["op"], int(r["chunk_mib"]), int(r["clients"]))
+    med = {}
+    for r in cells:
+        med.setdefault((r["tier"],) + key(r), []).append(r["gbps"])
+    med = {k: statistics.median(v) for k, v in med.items()}
+    runs = max(len([r for r in cells if r["tier"] == "plaintext" and key(r) == k])
+               for k in {key(r) for r in cells})
+    w(f"| op | chunk | clients | plaintext | TLS | TLS / plaintext | TLS + token | "
+      f"(TLS + token) / plaintext |")
+    w("|---|---|---|---|---|---|---|---|")
+    for k in sorted({key(r) for r in cells}):
+        p, t, tt = (med.get((lab,) + k) for lab in ("plaintext", "tls", "tls+token"))
+        if not p:
+            continue
+        ratio = lambda x: f"{x / p:.2f}" if x else "-"
+        num = lambda x: f"{x:.3f}" if x else "-"
+        flag = ""
+        if k[0] == "get" and k[1] == 32 and t:
+            flag = " (target >= 0.85: " + ("met" if t / p >= 0.85 else "missed") + ")"
+        w(f"| {k[0]} | {k[1]} MiB | {k[2]} | {num(p)} | {num(t)} | {ratio(t)}{flag} | {num(tt)} | "
+          f"{ratio(tt)} |")
+    w(f"\n{runs} runs per variant.\n")
     notes = rd(os.path.join(d, "notes.md")).strip()
     if notes:
         w(notes + "\n")
@@ -442,6 +483,7 @@ def main():
         w(py + "\n")
     samehost(res, w, ratio, met)
     cache(res, w)
+    security(res, w)
     gpu(res, w)
     worker = rd(os.path.join(res, "worker", "summary.md")).strip()
     if worker:
