@@ -45,10 +45,7 @@ absl::flat_hash_set<uint64_t> TenantQuotas::BindAndList(const TenantScope& t, ui
 
 void TenantQuotas::Bind(const TenantScope& t, uint64_t ns) {
   if (t.implicit() || ns == 0) return;
-  absl::MutexLock lock(&mu_);
-  Account& a = accounts_[t.tenant()];
-  a.namespaces.insert(ns);
-  a.quota = t.quota();
+  BindAndList(t, ns);
 }
 
 void TenantQuotas::Refused(const std::string& tenant, const char* quota) {
@@ -86,8 +83,12 @@ absl::Status TenantQuotas::Fit(TieredStore* store, const TenantScope& t,
 absl::Status TenantQuotas::AdmitPut(TieredStore* store, const TenantScope& t, uint64_t ns,
                                     uint64_t bytes) {
   if (t.implicit()) return absl::OkStatus();
-  const absl::flat_hash_set<uint64_t> namespaces = BindAndList(t, ns);
   const TenantQuota& q = t.quota();
+  if (q.ram_bytes == 0 && q.ssd_bytes == 0) {  // Nothing to enforce: record use only.
+    Bind(t, ns);
+    return absl::OkStatus();
+  }
+  const absl::flat_hash_set<uint64_t> namespaces = BindAndList(t, ns);
   // SSD first: what RAM then evicts stays on SSD.
   if (q.ssd_bytes != 0 && store->has_ssd_tier()) {
     if (absl::Status s = Fit(store, t, namespaces, Tier::kSsd, q.ssd_bytes, bytes); !s.ok()) {
