@@ -124,9 +124,10 @@ const std::vector<Option>& Options() {
       UintOption("max_rpc_threads",
                  "gRPC threads for synchronous handlers; more calls: RESOURCE_EXHAUSTED",
                  &DaemonConfig::max_rpc_threads),
-      DurationOption("put_idle_timeout",
-                     "cancel a Put stream whose client sends nothing for this long; 0: never",
-                     &DaemonConfig::put_idle_timeout),
+      DurationOption("client_idle_timeout",
+                     "cancel a Put, Get or Prefill whose client sends nothing (Put, a "
+                     "Prefill's open) or reads nothing (Get, Prefill) for this long; 0: never",
+                     &DaemonConfig::client_idle_timeout),
       StringOption("data_dir", "data directory; RocksDB lives in <data_dir>/ssd",
                    &DaemonConfig::data_dir),
       SizeOption("ram_capacity", "host-RAM pool size", &DaemonConfig::ram_capacity),

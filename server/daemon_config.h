@@ -66,9 +66,10 @@ struct DaemonConfig {
   uint32_t max_streams = 4096;
   uint32_t max_streams_per_connection = 1024;
   uint32_t max_rpc_threads = 512;
-  // A Put stream whose client sends no frame for this long is cancelled and its pool
-  // slots given back; 0: never.
-  absl::Duration put_idle_timeout = absl::Seconds(60);
+  // A Put whose client sends no frame, or a Get or Prefill whose client reads nothing
+  // (a write held back by flow control), for this long is cancelled, and what it held
+  // (pool slots, chunks, a thread) is given back; 0: never.
+  absl::Duration client_idle_timeout = absl::Seconds(60);
   absl::Duration shutdown_grace = absl::Seconds(30);  // In-flight RPCs get this long.
   std::string log_level = "info";          // debug | info | warn | error.
   uint64_t prefill_bandwidth_limit = 0;    // Daemon-wide Prefill streaming cap, bytes/s; 0: none.

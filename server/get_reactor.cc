@@ -249,6 +249,7 @@ void GetReactor::Pump() {
   }
   switch (action) {
     case Action::kWrite:
+      stall_.WaitingOnClient(true);
       StartWrite(&frame_);
       break;
     case Action::kFind:
@@ -328,6 +329,7 @@ void GetReactor::OnChunk(absl::StatusOr<ChunkView> view) {
   }
   view = absl::CancelledError();  // Drop any bytes we did not keep before going on.
   if (write) {
+    stall_.WaitingOnClient(true);
     StartWrite(&frame_);
   } else {
     Pump();
@@ -369,6 +371,7 @@ void GetReactor::OnWriteDone(bool ok) {
   // frame's buffer goes back to the store's budget (or a chunk's pool slots become
   // evictable) before this call waits for anything else.
   frame_.Clear();
+  stall_.WaitingOnClient(false);
   {
     absl::MutexLock lock(&mu_);
     writing_ = false;
@@ -381,7 +384,16 @@ void GetReactor::OnWriteDone(bool ok) {
   Pump();
 }
 
+void GetReactor::WatchForStalls(StallReaper* reaper) {
+  // gRPC binds the reactor to the call, and runs reactions, only after the handler
+  // returns it; a write the constructor started is queued until then, so none runs yet.
+  stall_ = StallReaper::Watched(reaper, [ctx = ctx_] { ctx->TryCancel(); });
+  absl::MutexLock lock(&mu_);
+  if (writing_) stall_.WaitingOnClient(true);
+}
+
 void GetReactor::OnDone() {
+  stall_.Reset();  // Before the context goes; store callbacks may still be running.
   bool last;
   {
     absl::MutexLock lock(&mu_);

@@ -50,6 +50,7 @@
 #include "server/get_plan.h"
 #include "server/region_table.h"
 #include "server/rpc_metrics.h"
+#include "server/stall_reaper.h"
 #include "server/stream_limiter.h"
 #include "storage/tiered_store.h"
 
@@ -73,6 +74,10 @@ class GetReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   void OnDone() override;
   // Keeps the call's place among max_streams until the call is done.
   void Hold(StreamLimiter::Ticket place) { place_ = std::move(place); }
+  // Lets `reaper` (may be null; must outlive the call) cancel the call when its client
+  // stops reading: a frame's write held back by flow control for longer than the
+  // reaper's idle time. Call right after construction, like Hold.
+  void WatchForStalls(StallReaper* reaper);
 
  private:
   // One frame of a streamed chunk: its byte range, then its bytes once read.
@@ -153,6 +158,9 @@ class GetReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   uint64_t read_off_ ABSL_GUARDED_BY(mu_) = 0;
   grpc::ByteBuffer frame_;  // The frame in flight; touched only by the one writer.
   StreamLimiter::Ticket place_;  // Among max_streams; released when the call is done.
+  // Waiting on the client while a write is in flight; reset at OnDone (the reactor may
+  // outlive the call's context while store callbacks finish).
+  StallReaper::Watched stall_;
 };
 
 }  // namespace kvtier

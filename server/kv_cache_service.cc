@@ -175,6 +175,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* KvCacheService::Get(
                                  data_plane_.regions, limits_.max_frame_bytes,
                                  limits_.max_keys_per_request);
   reactor->Hold(*std::move(place));
+  reactor->WatchForStalls(guards_.stalls);
   return reactor;
 }
 
@@ -328,7 +329,7 @@ grpc::Status KvCacheService::Prefill(grpc::ServerContext* ctx, PrefillStream* st
   return Serve(ctx, RpcMethod::kPrefill, [&](TieredStore* store, const TenantScope& t) {
     absl::StatusOr<StreamLimiter::Ticket> place = TakeStreamPlace(ctx);
     if (!place.ok()) return ToGrpcStatus(place.status());
-    return prefill_->Run(store, ctx, stream, data_plane_.regions, t);
+    return prefill_->Run(store, ctx, stream, data_plane_.regions, t, guards_.stalls);
   });
 }
 

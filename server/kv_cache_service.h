@@ -54,7 +54,7 @@ struct ServiceGuards {
   Authenticator* auth = nullptr;
   const UnixListener* unix_peers = nullptr;  // Resolves "fd:N" peers to uids.
   StreamLimiter* streams = nullptr;
-  StallReaper* stalls = nullptr;  // Cancels Put streams whose client went quiet.
+  StallReaper* stalls = nullptr;  // Cancels Put, Get and Prefill calls whose client went quiet.
   TenantQuotas* quotas = nullptr;  // Per-tenant RAM, SSD and pinned byte quotas.
 };
 

@@ -228,7 +228,8 @@ int Run(const DaemonConfig& config, const sigset_t& signals) {
   }
   StreamLimiter streams(config.max_streams, registry.get());
   StallReaperOptions stall_options;
-  stall_options.idle = config.put_idle_timeout;
+  stall_options.idle = config.client_idle_timeout;
+  stall_options.registry = registry.get();
   StallReaper stalls(stall_options);
   TenantQuotas quotas(registry.get());
   KvCacheService service(limits, KVTIER_VERSION, &rpc_metrics, &prefill, &leases, data_plane,

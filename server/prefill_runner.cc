@@ -29,13 +29,14 @@ double SecondsSince(Clock::time_point t) {
 class Session {
  public:
   Session(PrefillRunner* runner, TieredStore* store, grpc::ServerContext* ctx,
-          PrefillStream* stream, RegionTable* regions, TenantScope scope)
+          PrefillStream* stream, RegionTable* regions, TenantScope scope, StallReaper* stalls)
       : runner_(runner),
         store_(store),
         ctx_(ctx),
         stream_(stream),
         regions_(regions),
-        scope_(std::move(scope)) {}
+        scope_(std::move(scope)),
+        stall_(stalls, [ctx] { ctx->TryCancel(); }) {}
 
   grpc::Status Run();
 
@@ -64,6 +65,8 @@ class Session {
   absl::Status AnnounceLanded(uint32_t j, const ChunkMeta& meta, Tier from,
                               Clock::time_point copy_start);
   bool Cancelled() const { return ctx_->IsCancelled(); }
+  // Writes one message on the handler thread, watched for a worker that stops reading.
+  bool Write(const v1::PrefillServerMessage& msg);
   grpc::Status Finish(uint32_t first_streamed, v1::PrefillDone::Reason reason,
                       std::string detail, grpc::Status status = grpc::Status::OK);
   void StopThreads();
@@ -74,6 +77,9 @@ class Session {
   PrefillStream* const stream_;
   RegionTable* const regions_;
   const TenantScope scope_;
+  // Watches the Open read and each write (the reader thread's wait for Progress is the
+  // worker computing, not a stall). Declared before the threads, so reset after them.
+  StallReaper::Watched stall_;
   // PrefillOpen.target: chunks are copied into this region instead of sent.
   std::optional<ResolvedTarget> target_;
   // PrefillOpen.target in a worker's GPU memory: each streamed chunk is copied there by
@@ -110,7 +116,10 @@ class Session {
 
 absl::Status Session::Open() {
   v1::PrefillClientMessage first;
-  if (!stream_->Read(&first)) {
+  stall_.WaitingOnClient(true);
+  const bool read = stream_->Read(&first);
+  stall_.WaitingOnClient(false);
+  if (!read) {
     if (Cancelled()) return absl::CancelledError("client went away before Open");
     // Half-closed without an Open, or sent bytes that do not parse (gRPC ends the read
     // the same way for both): a request that can never succeed.
@@ -202,8 +211,15 @@ absl::Status Session::Open() {
   plan_.set_compute_b_seconds(cost.b);
   v1::PrefillServerMessage msg;
   *msg.mutable_plan() = plan_;
-  if (!stream_->Write(msg)) return absl::CancelledError("client went away");
+  if (!Write(msg)) return absl::CancelledError("client went away");
   return absl::OkStatus();
+}
+
+bool Session::Write(const v1::PrefillServerMessage& msg) {
+  stall_.WaitingOnClient(true);
+  const bool sent = stream_->Write(msg);
+  stall_.WaitingOnClient(false);
+  return sent;
 }
 
 double Session::StreamSeconds(uint32_t j) const {
@@ -369,7 +385,7 @@ absl::Status Session::SendChunk(uint32_t j, const ChunkView& view, bool* aborted
     off += n;
     frame->set_last(off == size);
     const auto start = Clock::now();
-    if (!stream_->Write(msg)) return absl::CancelledError("client went away");
+    if (!Write(msg)) return absl::CancelledError("client went away");
     const double took = SecondsSince(start);
     connection_->Record(n, took);
     runner_->estimators().send().Record(n, took);
@@ -406,7 +422,7 @@ absl::Status Session::AnnounceLanded(uint32_t j, const ChunkMeta& meta, Tier fro
   frame->set_crc32c(meta.crc32c);
   frame->set_tier(static_cast<v1::Tier>(static_cast<int>(from)));
   const auto start = Clock::now();
-  if (!stream_->Write(msg)) return absl::CancelledError("client went away");
+  if (!Write(msg)) return absl::CancelledError("client went away");
   // The copy and the announcement together are what the connection delivered.
   const double took = std::max(SecondsSince(copy_start), SecondsSince(start));
   connection_->Record(meta.size, took);
@@ -423,7 +439,7 @@ grpc::Status Session::Finish(uint32_t first_streamed, v1::PrefillDone::Reason re
   done->set_reason(reason);
   done->set_detail(std::move(detail));
   done->set_elapsed_seconds(elapsed);
-  const bool sent = stream_->Write(msg);
+  const bool sent = Write(msg);
   if (runner_->metrics()) {
     runner_->metrics()->SessionEnded(reason, plan_.predicted_seconds(), elapsed,
                                      plan_.predicted_meeting(), first_streamed, h_);
@@ -563,8 +579,8 @@ PrefillRunner::PrefillRunner(PrefillRunnerOptions options, PrefillMetrics* metri
 
 grpc::Status PrefillRunner::Run(TieredStore* store, grpc::ServerContext* ctx,
                                 PrefillStream* stream, RegionTable* regions,
-                                const TenantScope& scope) {
-  Session session(this, store, ctx, stream, regions, scope);
+                                const TenantScope& scope, StallReaper* stalls) {
+  Session session(this, store, ctx, stream, regions, scope, stalls);
   return session.Run();
 }
 

@@ -31,6 +31,7 @@
 #include "scheduler/token_bucket.h"
 #include "server/prefill_metrics.h"
 #include "server/region_table.h"
+#include "server/stall_reaper.h"
 #include "server/tenant_scope.h"
 #include "storage/tiered_store.h"
 
@@ -56,10 +57,12 @@ class PrefillRunner {
   PrefillRunner(PrefillRunnerOptions options, PrefillMetrics* metrics);
 
   // `regions` (may be null: no data plane) serves PrefillOpen.target; `scope` maps the
-  // session's namespace to the caller's tenant.
+  // session's namespace to the caller's tenant; `stalls` (may be null) cancels the
+  // session when its worker stops talking: no Open, or a message it does not read.
   grpc::Status Run(TieredStore* store, grpc::ServerContext* ctx, PrefillStream* stream,
                    RegionTable* regions = nullptr,
-                   const TenantScope& scope = TenantScope::Implicit());
+                   const TenantScope& scope = TenantScope::Implicit(),
+                   StallReaper* stalls = nullptr);
 
   // From now on sessions stop streaming and end with Done{SHUTTING_DOWN}.
   void BeginShutdown() { shutting_down_.store(true, std::memory_order_relaxed); }

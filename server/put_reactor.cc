@@ -55,14 +55,12 @@ PutReactor::PutReactor(grpc::CallbackServerContext* ctx, grpc::ByteBuffer* respo
 }
 
 void PutReactor::WatchForStalls(StallReaper* reaper) {
-  if (reaper == nullptr) return;
-  reaper_ = reaper;
-  reaper_handle_ = reaper->Watch([ctx = ctx_] { ctx->TryCancel(); });
-  reaper_->SetWaitingOnClient(reaper_handle_, true);  // The first read is pending.
+  stall_ = StallReaper::Watched(reaper, [ctx = ctx_] { ctx->TryCancel(); });
+  stall_.WaitingOnClient(true);  // The first read is pending.
 }
 
 void PutReactor::OnReadDone(bool ok) {
-  if (reaper_ != nullptr) reaper_->SetWaitingOnClient(reaper_handle_, false);
+  stall_.WaitingOnClient(false);
   if (!ok) {
     EndOfStream();
     return;
@@ -333,14 +331,14 @@ void PutReactor::Committed(absl::StatusOr<bool> stored) {
 void PutReactor::ReadNext() {
   region_.reset();  // The frame is consumed: its region may go.
   device_region_.reset();
-  if (reaper_ != nullptr) reaper_->SetWaitingOnClient(reaper_handle_, true);
+  stall_.WaitingOnClient(true);
   StartRead(&message_);
 }
 
 void PutReactor::EndOfStream() {
   if (ctx_->IsCancelled()) {
     Fail(absl::CancelledError(
-        "put stream cancelled (by the client, or by the daemon after put_idle_timeout "
+        "put stream cancelled (by the client, or by the daemon after client_idle_timeout "
         "without a frame)"));
     return;
   }
@@ -379,7 +377,7 @@ void PutReactor::OnCancel() {
 }
 
 void PutReactor::OnDone() {
-  if (reaper_ != nullptr) reaper_->Unwatch(reaper_handle_);  // Before the context goes.
+  stall_.Reset();  // Before the context goes.
   delete this;
 }
 

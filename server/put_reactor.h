@@ -132,8 +132,7 @@ class PutReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   std::optional<Admission> early_answer_ ABSL_GUARDED_BY(mu_);
   uint64_t ticket_ ABSL_GUARDED_BY(mu_) = 0;  // Waiting for room; 0 when not.
   StreamLimiter::Ticket place_;  // Among max_streams; released when the call is done.
-  StallReaper* reaper_ = nullptr;
-  uint64_t reaper_handle_ = 0;
+  StallReaper::Watched stall_;
   TenantQuotas* quotas_ = nullptr;
 };
 

@@ -5,6 +5,14 @@
 namespace kvtier {
 
 StallReaper::StallReaper(StallReaperOptions options) : options_(std::move(options)) {
+  if (options_.registry != nullptr) {
+    reaped_metric_ = &prometheus::BuildCounter()
+                          .Name("kvtier_client_stalls_cancelled_total")
+                          .Help("Put, Get and Prefill calls cancelled because their client "
+                                "sent or read nothing for client_idle_timeout")
+                          .Register(*options_.registry)
+                          .Add({});
+  }
   if (options_.run_thread && options_.idle > absl::ZeroDuration()) {
     thread_ = std::thread([this] { Loop(); });
   }
@@ -55,12 +63,38 @@ int StallReaper::Sweep() {
     }
   }
   reaped_ += n;
+  if (reaped_metric_ != nullptr && n > 0) reaped_metric_->Increment(n);
   return n;
 }
 
 uint64_t StallReaper::reaped() const {
   absl::MutexLock lock(&mu_);
   return reaped_;
+}
+
+StallReaper::Watched::Watched(StallReaper* reaper, std::function<void()> cancel)
+    : reaper_(reaper), handle_(reaper != nullptr ? reaper->Watch(std::move(cancel)) : 0) {}
+
+StallReaper::Watched::Watched(Watched&& other) noexcept
+    : reaper_(std::exchange(other.reaper_, nullptr)), handle_(std::exchange(other.handle_, 0)) {}
+
+StallReaper::Watched& StallReaper::Watched::operator=(Watched&& other) noexcept {
+  if (this != &other) {
+    Reset();
+    reaper_ = std::exchange(other.reaper_, nullptr);
+    handle_ = std::exchange(other.handle_, 0);
+  }
+  return *this;
+}
+
+void StallReaper::Watched::WaitingOnClient(bool waiting) const {
+  if (reaper_ != nullptr) reaper_->SetWaitingOnClient(handle_, waiting);
+}
+
+void StallReaper::Watched::Reset() {
+  if (reaper_ != nullptr) reaper_->Unwatch(handle_);
+  reaper_ = nullptr;
+  handle_ = 0;
 }
 
 void StallReaper::Loop() {

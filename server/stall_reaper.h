@@ -1,10 +1,12 @@
-// StallReaper: ends calls whose client has gone quiet (option put_idle_timeout). A Put
-// stream that stops sending mid-chunk holds pool slots (and a place among max_streams)
-// until its deadline, which may be hours away or never; the reaper cancels any watched
-// call that has been waiting on its client for longer than `idle`, and the call's own
-// cancellation path gives everything back. A call is idle only while it waits for the
-// client (a pending read), never while the daemon is working for it (waiting for room,
-// committing): those waits have their own deadlines.
+// StallReaper: ends calls whose client has gone quiet (option client_idle_timeout). A
+// Put stream that stops sending mid-chunk holds pool slots, a Get or Prefill whose client
+// stops reading holds the chunks it is sending (and each holds a place among
+// max_streams; a Prefill, a thread) until its deadline, which may be hours away or
+// never; the reaper cancels any watched call that has been waiting on its client for
+// longer than `idle`, and the call's own cancellation path gives everything back. A call
+// is idle only while it waits for the client (a read pending, or a write the client's
+// flow-control window holds back), never while the daemon is working for it (waiting
+// for room, reading SSD, committing): those waits have their own deadlines.
 //
 // Thread-safety: thread-safe. `cancel` runs on the reaper's thread under its lock, so
 // Unwatch (which takes the lock) never returns while it runs: after Unwatch the call
@@ -20,6 +22,8 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "prometheus/counter.h"
+#include "prometheus/registry.h"
 
 namespace kvtier {
 
@@ -28,6 +32,8 @@ struct StallReaperOptions {
   absl::Duration period = absl::Seconds(1);  // How often the thread sweeps.
   bool run_thread = true;  // False: only Sweep() (tests, with a fake clock).
   std::function<absl::Time()> clock = [] { return absl::Now(); };
+  // Where kvtier_client_stalls_cancelled_total goes; may be null.
+  prometheus::Registry* registry = nullptr;
 };
 
 class StallReaper {
@@ -49,6 +55,25 @@ class StallReaper {
   int Sweep();
   uint64_t reaped() const;
 
+  // One watched call, for as long as this lives (or until Reset): the RAII form of
+  // Watch/SetWaitingOnClient/Unwatch. Default-constructed, or with a null reaper, it
+  // watches nothing. Reset (or destroy) it before the call's context goes.
+  class Watched {
+   public:
+    Watched() = default;
+    Watched(StallReaper* reaper, std::function<void()> cancel);
+    ~Watched() { Reset(); }
+    Watched(Watched&& other) noexcept;
+    Watched& operator=(Watched&& other) noexcept;
+
+    void WaitingOnClient(bool waiting) const;
+    void Reset();
+
+   private:
+    StallReaper* reaper_ = nullptr;
+    uint64_t handle_ = 0;
+  };
+
  private:
   struct Entry {
     std::function<void()> cancel;
@@ -63,6 +88,7 @@ class StallReaper {
   absl::flat_hash_map<uint64_t, Entry> calls_ ABSL_GUARDED_BY(mu_);
   uint64_t next_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t reaped_ ABSL_GUARDED_BY(mu_) = 0;
+  prometheus::Counter* reaped_metric_ = nullptr;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };

@@ -15,6 +15,7 @@
 #include "gtest/gtest.h"
 #include "storage/crc32c.h"
 #include "tests/support/daemon_process.h"
+#include "tests/support/stalling_proxy.h"
 #include "tests/support/test_data.h"
 
 namespace kvtier {
@@ -438,11 +439,11 @@ TEST(AdmissionTest, StreamsPastMaxStreamsAreRefusedAndUnaryCallsStillAnswer) {
 }
 
 // A client that stops sending mid-chunk does not hold its pool slots until its
-// deadline: after put_idle_timeout the daemon cancels the stream (Finish returns when it
+// deadline: after client_idle_timeout the daemon cancels the stream (Finish returns when it
 // has, so the test waits on the daemon, not on a clock), gives the slots back, and the
 // chunk can be put again.
 TEST(AdmissionTest, AStalledPutIsCancelledAndItsSlotsComeBack) {
-  auto d = DaemonProcess::Start(MakeTempDir("kvtierd-stall"), {"--put-idle-timeout=1s"});
+  auto d = DaemonProcess::Start(MakeTempDir("kvtierd-stall"), {"--client-idle-timeout=1s"});
   ASSERT_TRUE(d.ok()) << d.status();
   auto client = KvTierClient::Connect(d->target());
   ASSERT_TRUE(client.ok());
@@ -464,11 +465,85 @@ TEST(AdmissionTest, AStalledPutIsCancelledAndItsSlotsComeBack) {
   auto stats = (*client)->Stats();
   ASSERT_TRUE(stats.ok());
   for (const auto& t : stats->tiers()) {
-    if (t.tier() == v1::TIER_RAM) EXPECT_EQ(t.used_bytes(), 0u) << "the half chunk's slots";
+    if (t.tier() == v1::TIER_RAM) {
+      EXPECT_EQ(t.used_bytes(), 0u) << "the half chunk's slots";
+    }
   }
   auto put = (*client)->Put(ns->namespace_id, {ChunkToPut{KeyOf(1), data, 256}});
   ASSERT_TRUE(put.ok()) << put.status();
   EXPECT_EQ(put->stored, 1u);
+}
+
+// A Get whose client stops reading holds the chunks it is sending and a place among
+// max_streams; after client_idle_timeout with a frame held back the daemon cancels it
+// and its place comes back. The client reaches the daemon through a proxy that stops
+// forwarding the daemon's bytes, as a frozen worker's socket would (an in-process gRPC
+// client buffers whatever arrives, read or not); 32 MiB cannot all fit in the sockets.
+TEST(AdmissionTest, AGetWhoseClientStopsReadingIsCancelled) {
+  auto d = DaemonProcess::Start(MakeTempDir("kvtierd-stall-get"),
+                                {"--client-idle-timeout=1s", "--ram-capacity=64MiB"});
+  ASSERT_TRUE(d.ok()) << d.status();
+  auto client = KvTierClient::Connect(d->target());
+  ASSERT_TRUE(client.ok());
+  auto ns = (*client)->RegisterLayout(LayoutOfMiB(1));
+  ASSERT_TRUE(ns.ok());
+  std::vector<std::string> data;
+  std::vector<ChunkToPut> chunks;
+  std::vector<ChunkKey> keys;
+  for (int i = 0; i < 32; ++i) data.push_back(PatternBytes(i, 1 << 20));
+  for (int i = 0; i < 32; ++i) {
+    chunks.push_back(ChunkToPut{KeyOf(i), data[i], 256});
+    keys.push_back(KeyOf(i));
+  }
+  auto put = (*client)->Put(ns->namespace_id, chunks);
+  ASSERT_TRUE(put.ok()) << put.status();
+  auto metric = [&](const std::string& name) {
+    auto r = testing::HttpGet(d->metrics_port(), "/metrics");
+    return r.ok() ? testing::SeriesValue(r->body, name) : -1;
+  };
+  EXPECT_EQ(metric("kvtier_client_stalls_cancelled_total"), 0);
+
+  auto proxy = testing::StallingProxy::Start(d->port());
+  ASSERT_TRUE(proxy.ok()) << proxy.status();
+  auto stalled = KvTierClient::Connect((*proxy)->target());
+  ASSERT_TRUE(stalled.ok());
+  ASSERT_TRUE((*stalled)->Stats().ok());  // The connection is up, through the proxy.
+  (*proxy)->PauseDownstream();
+  v1::GetRequest req;
+  req.set_namespace_id(ns->namespace_id);
+  for (const ChunkKey& k : keys) req.add_keys(k.ToByteString());
+  grpc::ClientContext ctx;
+  auto reader = (*stalled)->stub()->Get(&ctx, req);
+  // The daemon gives up on the call (the client cannot hear it: its bytes are stuck).
+  EXPECT_TRUE(Eventually([&] { return metric("kvtier_client_stalls_cancelled_total") == 1; }))
+      << metric("kvtier_client_stalls_cancelled_total");
+  EXPECT_TRUE(Eventually([&] { return metric("kvtier_streams_open") == 0; }))
+      << metric("kvtier_streams_open");
+  ctx.TryCancel();
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  // The daemon goes on serving the same chunks to everyone else.
+  auto got = (*client)->Get(ns->namespace_id, keys);
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(got->size(), keys.size());
+  EXPECT_EQ((*got)[31].data, data[31]);
+}
+
+// A Prefill whose worker opens the stream and never sends its PrefillOpen holds a
+// handler thread; after client_idle_timeout the daemon cancels it.
+TEST(AdmissionTest, APrefillThatNeverOpensIsCancelled) {
+  auto d = DaemonProcess::Start(MakeTempDir("kvtierd-stall-prefill"),
+                                {"--client-idle-timeout=1s"});
+  ASSERT_TRUE(d.ok()) << d.status();
+  auto client = KvTierClient::Connect(d->target());
+  ASSERT_TRUE(client.ok());
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::minutes(5));
+  auto stream = (*client)->stub()->Prefill(&ctx);
+  // Nothing is sent, and the stream is not half-closed.
+  grpc::Status s = stream->Finish();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::CANCELLED) << s.error_message();
+  auto lookup = (*client)->Lookup(1, std::vector<ChunkKey>{KeyOf(1)});
+  EXPECT_EQ(lookup.status().code(), absl::StatusCode::kNotFound) << lookup.status();
 }
 
 // Puts that find RAM full wait for room (put_wait) in arrival order without a daemon

@@ -12,11 +12,11 @@ add_custom_command(
           ${CMAKE_CURRENT_SOURCE_DIR}/proto/health.proto
   DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/proto/health.proto)
 
-add_library(kvtier_daemon_support STATIC support/daemon_process.cc
+add_library(kvtier_daemon_support STATIC support/daemon_process.cc support/stalling_proxy.cc
             ${HEALTH_GEN}/health.pb.cc ${HEALTH_GEN}/health.grpc.pb.cc)
 target_include_directories(kvtier_daemon_support PUBLIC ${HEALTH_GEN})
 target_link_libraries(kvtier_daemon_support PUBLIC kvtier_client absl::strings absl::status
-                      absl::statusor)
+                      absl::statusor absl::synchronization)
 target_compile_definitions(kvtier_daemon_support PUBLIC
   KVTIERD_PATH="$<TARGET_FILE:kvtierd>" KVTIER_CLI_PATH="$<TARGET_FILE:kvtier>")
 add_dependencies(kvtier_daemon_support kvtierd kvtier)
