@@ -38,4 +38,4 @@ for r in $(seq "$ROUNDS"); do
   run tls_token --label=tls+token --tls-dir="$WORK/certs" --tenants-file="$WORK/tenants" \
     --token="$TOKEN"
 done
-echo "security: $(grep -c '"kind":"cell"' "$OUT/security.jsonl") cells in $OUT/security.jsonl" >&2
+echo "security: $(grep -c '"kind": *"cell"' "$OUT/security.jsonl") cells in $OUT/security.jsonl" >&2
