@@ -498,6 +498,9 @@ absl::StatusOr<PutResult> KvTierClient::Put(uint64_t namespace_id,
   std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer(
       grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(channel_.get(), method,
                                                                     &ctx, &response_bytes));
+  // The daemon sends headers as soon as it accepts the stream; one refused at admission
+  // gets its status instead, and Finish below reports it before any payload is sent.
+  writer->WaitForInitialMetadata();
 
   v1::PutFrame frame;  // Every field but data.
   frame.set_namespace_id(namespace_id);

@@ -1,5 +1,7 @@
 #include "server/daemon_config.h"
 
+#include <algorithm>
+
 #include <grp.h>
 
 #include <cerrno>
@@ -156,6 +158,10 @@ const std::vector<Option>& Options() {
       SizeOption("stream_window",
                  "HTTP/2 receive window per stream: put bytes buffered ahead of the pool",
                  &DaemonConfig::stream_window),
+      SizeOption("max_put_buffer",
+                 "bytes gRPC may buffer for open Put streams outside the pool (each counts "
+                 "stream_window + max_frame_size); 0: ram_capacity / 8, at least 256MiB",
+                 &DaemonConfig::max_put_buffer),
       UintOption("max_keys_per_request", "most keys in one Lookup/Get/Pin/Unpin/Delete/Prefill",
                  &DaemonConfig::max_keys_per_request),
       UintOption("max_leases", "most Lookup leases live at once",
@@ -344,6 +350,11 @@ absl::Status DaemonConfig::Validate() const {
   if (stream_window < (64ull << 10) || stream_window >= (1ull << 30)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "option stream_window: must be at least 64KiB and under 1GiB, got ", stream_window));
+  }
+  if (max_put_buffer != 0 && max_put_buffer < stream_window + max_frame_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "option max_put_buffer: must hold at least one Put stream (stream_window + "
+        "max_frame_size = ", stream_window + max_frame_size, "), got ", max_put_buffer));
   }
   if (ssd_stream_buffer < max_frame_size) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -604,6 +615,17 @@ std::string DaemonUsage() {
   absl::StrAppend(&out, "  --config FILE            read options from a TOML file\n",
                   "  --help, --version\n");
   return out;
+}
+
+uint64_t DaemonConfig::PutBufferBytes() const {
+  if (max_put_buffer != 0) return max_put_buffer;
+  return std::max<uint64_t>(256ull << 20, ram_capacity / 8);
+}
+
+uint32_t DaemonConfig::MaxPutStreams() const {
+  const uint64_t per_stream = stream_window + max_frame_size;
+  return static_cast<uint32_t>(
+      std::clamp<uint64_t>(PutBufferBytes() / per_stream, 1, uint64_t{UINT32_MAX}));
 }
 
 }  // namespace kvtier

@@ -54,6 +54,12 @@ struct DaemonConfig {
   std::string write_mode = "write-back";   // write-back | write-through | ram-only.
   uint64_t max_frame_size = 4ull << 20;    // Largest data field of one frame, bytes.
   uint64_t stream_window = 2ull << 20;     // HTTP/2 receive window per stream, bytes.
+  // What gRPC may buffer for open Put streams, outside the pool: each counts
+  // stream_window + max_frame_size (its window, and a frame being assembled); past it a
+  // new Put is answered RESOURCE_EXHAUSTED. 0: ram_capacity / 8, at least 256MiB.
+  uint64_t max_put_buffer = 0;
+  uint64_t PutBufferBytes() const;     // max_put_buffer, resolved.
+  uint32_t MaxPutStreams() const;      // Put streams that fit in it (at least 1).
   uint32_t max_keys_per_request = 4096;    // Keys in one Lookup/Get/Pin/Delete.
   uint32_t max_leases = 65536;             // Lookup leases live at once.
   uint32_t max_lease_seconds = 300;        // Longest Lookup lease.

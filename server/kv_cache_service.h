@@ -54,6 +54,7 @@ struct ServiceGuards {
   Authenticator* auth = nullptr;
   const UnixListener* unix_peers = nullptr;  // Resolves "fd:N" peers to uids.
   StreamLimiter* streams = nullptr;
+  StreamLimiter* put_streams = nullptr;  // Put streams within max_put_buffer.
   StallReaper* stalls = nullptr;  // Cancels Put, Get and Prefill calls whose client went quiet.
   TenantQuotas* quotas = nullptr;  // Per-tenant RAM, SSD and pinned byte quotas.
 };

@@ -227,6 +227,7 @@ int Run(const DaemonConfig& config, const sigset_t& signals) {
     unix_listener = *std::move(listener);
   }
   StreamLimiter streams(config.max_streams, registry.get());
+  StreamLimiter put_streams(config.MaxPutStreams(), registry.get(), "put_streams");
   StallReaperOptions stall_options;
   stall_options.idle = config.client_idle_timeout;
   stall_options.registry = registry.get();
@@ -234,7 +235,8 @@ int Run(const DaemonConfig& config, const sigset_t& signals) {
   TenantQuotas quotas(registry.get());
   KvCacheService service(limits, KVTIER_VERSION, &rpc_metrics, &prefill, &leases, data_plane,
                          &events,
-                         ServiceGuards{auth->get(), unix_listener.get(), &streams, &stalls, &quotas});
+                         ServiceGuards{auth->get(), unix_listener.get(), &streams, &put_streams, &stalls,
+                                       &quotas});
   std::atomic<bool> serving{false};
 
   // gRPC first, so that health checks get NOT_SERVING (and KvCache calls UNAVAILABLE)

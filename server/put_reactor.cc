@@ -51,6 +51,10 @@ PutReactor::PutReactor(grpc::CallbackServerContext* ctx, grpc::ByteBuffer* respo
         "kvtierd is starting up (recovering the SSD tier's index); retry shortly"))));
     return;
   }
+  // Accepted: say so at once. A client may wait for these headers before sending its
+  // first frame, so that a put refused at admission (RESOURCE_EXHAUSTED, sent with the
+  // status instead) costs it no payload bytes.
+  StartSendInitialMetadata();
   StartRead(&message_);
 }
 

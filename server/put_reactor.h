@@ -57,7 +57,10 @@ class PutReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   void OnCancel() override;
   void OnDone() override;
   // Keeps the call's place among max_streams until the call is done.
-  void Hold(StreamLimiter::Ticket place) { place_ = std::move(place); }
+  void Hold(StreamLimiter::Ticket place, StreamLimiter::Ticket put_place) {
+    place_ = std::move(place);
+    put_place_ = std::move(put_place);
+  }
   // Lets `reaper` (may be null; must outlive the call) cancel the call when its client
   // stays quiet too long while the daemon waits for its next frame.
   void WatchForStalls(StallReaper* reaper);
@@ -132,6 +135,7 @@ class PutReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   std::optional<Admission> early_answer_ ABSL_GUARDED_BY(mu_);
   uint64_t ticket_ ABSL_GUARDED_BY(mu_) = 0;  // Waiting for room; 0 when not.
   StreamLimiter::Ticket place_;  // Among max_streams; released when the call is done.
+  StreamLimiter::Ticket put_place_;  // Within max_put_buffer; likewise.
   StallReaper::Watched stall_;
   TenantQuotas* quotas_ = nullptr;
 };

@@ -21,18 +21,23 @@ void StreamLimiter::Ticket::Release() {
   owner_ = nullptr;
 }
 
-StreamLimiter::StreamLimiter(uint32_t max_streams, prometheus::Registry* registry)
+StreamLimiter::StreamLimiter(uint32_t max_streams, prometheus::Registry* registry,
+                             const std::string& what)
     : max_(max_streams) {
   if (registry == nullptr) return;
+  const bool all = what == "streams";
   open_metric_ = &prometheus::BuildGauge()
-                      .Name("kvtier_streams_open")
-                      .Help("Streaming calls (Put, Get, Prefill, Events) open now")
+                      .Name("kvtier_" + what + "_open")
+                      .Help(all ? "Streaming calls (Put, Get, Prefill, Events) open now"
+                                : "Calls counted by kvtier_" + what + " open now")
                       .Register(*registry)
                       .Add({});
   refused_metric_ = &prometheus::BuildCounter()
-                         .Name("kvtier_streams_refused_total")
-                         .Help("Streaming calls answered RESOURCE_EXHAUSTED because "
-                               "max_streams were open")
+                         .Name("kvtier_" + what + "_refused_total")
+                         .Help(all ? "Streaming calls answered RESOURCE_EXHAUSTED because "
+                                     "max_streams were open"
+                                   : "Calls answered RESOURCE_EXHAUSTED because the limit "
+                                     "of kvtier_" + what + "_open was reached")
                          .Register(*registry)
                          .Add({});
 }

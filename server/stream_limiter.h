@@ -11,6 +11,7 @@
 #include <atomic>
 #include <cstdint>
 #include <optional>
+#include <string>
 
 namespace prometheus {
 class Registry;
@@ -39,9 +40,11 @@ class StreamLimiter {
     StreamLimiter* owner_ = nullptr;
   };
 
-  // `max_streams` 0: unbounded. `registry` (may be null) gets kvtier_streams_open and
-  // kvtier_streams_refused_total. Must outlive every ticket.
-  StreamLimiter(uint32_t max_streams, prometheus::Registry* registry);
+  // `max_streams` 0: unbounded. `registry` (may be null) gets kvtier_<what>_open and
+  // kvtier_<what>_refused_total (`what` names the streams counted, "streams" for all of
+  // them, "put_streams" for puts). Must outlive every ticket.
+  StreamLimiter(uint32_t max_streams, prometheus::Registry* registry,
+                const std::string& what = "streams");
 
   // A place, or nullopt when max_streams are open (counted as refused).
   std::optional<Ticket> TryAcquire();

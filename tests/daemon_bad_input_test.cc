@@ -546,6 +546,57 @@ TEST(AdmissionTest, APrefillThatNeverOpensIsCancelled) {
   EXPECT_EQ(lookup.status().code(), absl::StatusCode::kNotFound) << lookup.status();
 }
 
+// Open Put streams are bounded by max_put_buffer (each counts stream_window +
+// max_frame_size, what gRPC may buffer for it outside the pool): past it a Put is
+// refused RESOURCE_EXHAUSTED with a retry hint, before the client sends any payload
+// (accepted streams get headers at once; the client waits for them). A place comes
+// back when a stream ends.
+TEST_F(BadInputTest, PutStreamsPastMaxPutBufferAreRefusedBeforeTheirPayload) {
+  Start({"--max-put-buffer=5MiB"});  // 2 streams of 2 MiB window + 256 KiB frame.
+  const std::string data = PatternBytes(3, kChunk);
+  struct Stream {
+    grpc::ClientContext ctx;
+    v1::PutResponse resp;
+    std::unique_ptr<grpc::ClientWriter<v1::PutFrame>> w;
+  };
+  std::vector<std::unique_ptr<Stream>> holders;
+  for (int i = 0; i < 2; ++i) {
+    auto s = std::make_unique<Stream>();
+    s->w = client_->stub()->Put(&s->ctx, &s->resp);
+    s->w->WaitForInitialMetadata();  // Accepted.
+    ASSERT_TRUE(s->w->Write(Frame(KeyOf(10 + i), 0, data.substr(0, kFrameLimit))));
+    holders.push_back(std::move(s));
+  }
+  EXPECT_EQ(Metric("kvtier_put_streams_open"), 2);
+  grpc::ClientContext ctx;
+  v1::PutResponse resp;
+  auto w = client_->stub()->Put(&ctx, &resp);
+  w->WaitForInitialMetadata();  // Returns with the refusal.
+  grpc::Status refused = w->Finish();
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_NE(refused.error_message().find("max_put_buffer"), std::string::npos)
+      << refused.error_message();
+  EXPECT_EQ(ctx.GetServerTrailingMetadata().count("kvtier-retry-after-ms"), 1u);
+  EXPECT_EQ(Metric("kvtier_put_streams_refused_total"), 1);
+  // The C++ client sees the same refusal as a status, and nothing is stored.
+  ChunkToPut c{KeyOf(20), data, 256};
+  auto put = client_->Put(ns_, {&c, 1});
+  EXPECT_EQ(put.status().code(), absl::StatusCode::kResourceExhausted) << put.status();
+  // A holder ends; its place comes back (after the call's OnDone: retry, as the
+  // contract says).
+  holders.back()->ctx.TryCancel();
+  holders.back()->w->Finish().IgnoreError();
+  holders.pop_back();
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    put = client_->Put(ns_, {&c, 1});
+    if (put.status().code() != absl::StatusCode::kResourceExhausted) break;
+  }
+  ASSERT_TRUE(put.ok()) << put.status();
+  EXPECT_EQ(put->stored, 1u);
+  holders.back()->ctx.TryCancel();
+  holders.back()->w->Finish().IgnoreError();
+}
+
 // Puts that find RAM full wait for room (put_wait) in arrival order without a daemon
 // thread each; a waiting stream the client cancels leaves the queue and takes no room.
 TEST_F(BadInputTest, WaitingPutsHoldNoThreadAndCancelCleanly) {

@@ -39,6 +39,21 @@ TEST(DaemonConfigTest, ShippedExampleConfigMatchesEmbeddedDefaults) {
   EXPECT_EQ(c.Describe(), DaemonConfig{}.Describe());
 }
 
+TEST(DaemonConfigTest, PutBufferBoundsPutStreams) {
+  DaemonConfig c;
+  c.ram_capacity = 32ull << 20;
+  EXPECT_EQ(c.PutBufferBytes(), 256ull << 20) << "the floor for small pools";
+  c.ram_capacity = 16ull << 30;
+  EXPECT_EQ(c.PutBufferBytes(), 2ull << 30) << "an eighth of the pool";
+  EXPECT_EQ(c.MaxPutStreams(), (2ull << 30) / ((2ull << 20) + (4ull << 20)));
+  c.max_put_buffer = (2ull << 20) + (4ull << 20) - 1;  // Not even one stream.
+  EXPECT_EQ(c.Validate().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(c.Validate().message().find("max_put_buffer"), std::string::npos);
+  c.max_put_buffer = 13ull << 20;
+  EXPECT_TRUE(c.Validate().ok());
+  EXPECT_EQ(c.MaxPutStreams(), 2u);
+}
+
 TEST(DaemonConfigTest, SharedMemoryOptions) {
   DaemonConfig c;
   EXPECT_EQ(c.RegionSocketName(0xab), "@kvtierd-00000000000000ab");
