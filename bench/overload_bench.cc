@@ -1,8 +1,8 @@
 // overload_bench: issue 13's overload target against a real kvtierd. Clients that stall
 // mid-chunk (each holds its place until client_idle_timeout reaps it), then many put
 // streams at once whose chunks total several times the RAM pool, while a prober times
-// health checks and Lookups. A refused put backs off as the daemon's retry hint says
-// and tries the same chunk again. It reports:
+// health checks and Lookups. A refused put backs off from the daemon's retry hint,
+// exponentially with jitter as refusals repeat, and tries the same chunk again. It reports:
 //   - the daemon's peak RSS against its pool;
 //   - health and Lookup latency (p50, p99, max) under that load;
 //   - every put's final status. Each must be OK or RESOURCE_EXHAUSTED; the stalled
@@ -25,6 +25,7 @@
 #include <cstdio>
 #include <map>
 #include <mutex>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -199,6 +200,7 @@ int main(int argc, char** argv) {
       // starve the daemon and the prober, which on a fleet run on other machines.
       setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), 19);
       auto* stub = stubs[t % kChannels].get();
+      std::mt19937 rng(static_cast<uint32_t>(t));
       for (uint64_t k; (k = next_chunk.fetch_add(1)) < chunks_total;) {
         for (int attempt = 0; attempt < 1000; ++attempt) {
           grpc::ClientContext ctx;
@@ -215,8 +217,12 @@ int main(int argc, char** argv) {
           puts.Add(s.error_code(), s.error_message());
           if (s.ok()) stored_bytes += chunk_bytes * resp.chunks_stored();
           if (s.error_code() != grpc::StatusCode::RESOURCE_EXHAUSTED) break;
-          // Back off as the daemon says, then the same chunk again.
-          std::this_thread::sleep_for(std::chrono::milliseconds(std::max(RetryAfterMs(ctx), 1)));
+          // Back off from the daemon's hint, exponentially with jitter as refusals
+          // repeat (at most 1 s), then the same chunk again.
+          const double base = std::max(RetryAfterMs(ctx), 1) * double(1 << std::min(attempt, 5));
+          std::uniform_real_distribution<double> jitter(0.5, 1.5);
+          std::this_thread::sleep_for(std::chrono::microseconds(
+              static_cast<int64_t>(std::min(base, 1000.0) * jitter(rng) * 1000)));
         }
       }
     });

@@ -232,6 +232,37 @@ def security(res, w):
         w(notes + "\n")
 
 
+def overload(res, w):
+    """Issue 13's overload target (bench/overload.sh), from bench/results/overload/."""
+    d = os.path.join(res, "overload")
+    rows = [json.loads(l) for l in rd(os.path.join(d, "overload.jsonl")).splitlines() if l.strip()]
+    if not rows:
+        return
+    w("## Overload: put streams past the pool, stalled clients (issue 13)\n")
+    w("Target: 256 concurrent put streams totalling 10x the RAM pool plus 32 stalled clients; "
+      "peak RSS within the pool + 15% + a fixed allowance, health and Lookup p99 under 10 ms, "
+      "every refusal RESOURCE_EXHAUSTED. The stalled clients send half a chunk and go quiet "
+      "(reaped after client_idle_timeout, 3 s here); refused puts back off from the daemon's "
+      "hint, exponentially with jitter, and retry. Load generator (at nice 19), prober and "
+      "daemon share this machine's 2 cores. Commands:\n")
+    cmds = rd(os.path.join(d, "commands.txt")).strip().splitlines()
+    w("```\nbash bench/overload.sh\n" + "\n".join(cmds) + "\n```\n")
+    w("| daemon | peak RSS / pool | outside the pool | stored GB/s | puts OK / refused | "
+      "stalled reaped | other statuses | health p50 / p99 ms | Lookup p50 / p99 ms |")
+    w("|---|---|---|---|---|---|---|---|---|")
+    for r, name in zip(rows, ["shipped (max_put_buffer default: 256 MiB here)",
+                              "max_put_buffer lifted (baseline)"]):
+        pool = r["pool_mib"]
+        w(f"| {name} | {r['rss_peak_mib'] / pool:.3f} | {r['rss_peak_mib'] - pool:.0f} MiB | "
+          f"{r['stored_gib'] * 1.073741824 / r['secs']:.2f} | {r['puts_ok']:.0f} / "
+          f"{r['puts_refused']:.0f} | {r['stalls_reaped']:.0f} / {r['stalled']:.0f} | "
+          f"{r['unexpected'] + r['probe_errors']:.0f} | {r['health_p50_ms']:.1f} / "
+          f"{r['health_p99_ms']:.1f} | {r['lookup_p50_ms']:.1f} / {r['lookup_p99_ms']:.1f} |")
+    notes = rd(os.path.join(d, "notes.md")).strip()
+    if notes:
+        w("\n" + notes + "\n")
+
+
 def gpu(res, w):
     """The GPU tier (gpu_bench, run by bench/run.sh on CUDA builds)."""
     w("## GPU tier: host-to-device and staging vs cudaMemcpyAsync (issue 11)\n")
@@ -484,6 +515,7 @@ def main():
     samehost(res, w, ratio, met)
     cache(res, w)
     security(res, w)
+    overload(res, w)
     gpu(res, w)
     worker = rd(os.path.join(res, "worker", "summary.md")).strip()
     if worker:
