@@ -20,10 +20,22 @@ def rd(path, default=""):
         return default
 
 
+def jsonl(path):
+    """The JSON objects of a .jsonl file, one per non-empty line ([] if absent)."""
+    return [json.loads(l) for l in rd(path).splitlines() if l.strip()]
+
+
+def write_notes(d, w, lead=""):
+    """Appends <d>/notes.md (hand-written analysis beside the figures), if there is one."""
+    notes = rd(os.path.join(d, "notes.md")).strip()
+    if notes:
+        w(lead + notes + "\n")
+
+
 def samehost(res, w, ratio, met):
     """The same-host data plane section, from bench/results/samehost/ (samehost_bench)."""
     d = os.path.join(res, "samehost")
-    rows = [json.loads(l) for l in rd(os.path.join(d, "samehost.jsonl")).splitlines() if l.strip()]
+    rows = jsonl(os.path.join(d, "samehost.jsonl"))
     if not rows:
         return
     cells = [r for r in rows if r.get("kind") == "samehost"]
@@ -129,7 +141,7 @@ def samehost(res, w, ratio, met):
 def cache(res, w):
     """Eviction policies and hints on the trace (cache_bench), from bench/results/cache/."""
     d = os.path.join(res, "cache")
-    rows = [json.loads(l) for l in rd(os.path.join(d, "cache.jsonl")).splitlines() if l.strip()]
+    rows = jsonl(os.path.join(d, "cache.jsonl"))
     if not rows:
         return
     w("## Keeping what will be reused: eviction policies and hints (issue 12)\n")
@@ -187,15 +199,13 @@ def cache(res, w):
               f"{r['p99_ms']:.2f} | {r['p999_ms']:.2f} | {r['daemon_cpu_s']:.1f} | "
               f"{r['hint_handler_s']:.2f} ({r['hint_cpu_share'] * 100:.1f}%) | {int(r['errors'])} |")
         w("")
-    notes = rd(os.path.join(d, "notes.md")).strip()
-    if notes:
-        w(notes + "\n")
+    write_notes(d, w)
 
 
 def security(res, w):
     """TLS and tenants on the RAM tier (bench/security.sh), from bench/results/security/."""
     d = os.path.join(res, "security")
-    rows = [json.loads(l) for l in rd(os.path.join(d, "security.jsonl")).splitlines() if l.strip()]
+    rows = jsonl(os.path.join(d, "security.jsonl"))
     cells = [r for r in rows if r.get("kind") == "cell"]
     if not cells:
         return
@@ -227,15 +237,13 @@ def security(res, w):
         w(f"| {k[0]} | {k[1]} MiB | {k[2]} | {num(p)} | {num(t)} | {ratio(t)}{flag} | {num(tt)} | "
           f"{ratio(tt)} |")
     w(f"\n{runs} runs per variant.\n")
-    notes = rd(os.path.join(d, "notes.md")).strip()
-    if notes:
-        w(notes + "\n")
+    write_notes(d, w)
 
 
 def overload(res, w):
     """Issue 13's overload target (bench/overload.sh), from bench/results/overload/."""
     d = os.path.join(res, "overload")
-    rows = [json.loads(l) for l in rd(os.path.join(d, "overload.jsonl")).splitlines() if l.strip()]
+    rows = jsonl(os.path.join(d, "overload.jsonl"))
     if not rows:
         return
     w("## Overload: put streams past the pool, stalled clients (issue 13)\n")
@@ -258,9 +266,7 @@ def overload(res, w):
           f"{r['puts_refused']:.0f} | {r['stalls_reaped']:.0f} / {r['stalled']:.0f} | "
           f"{r['unexpected'] + r['probe_errors']:.0f} | {r['health_p50_ms']:.1f} / "
           f"{r['health_p99_ms']:.1f} | {r['lookup_p50_ms']:.1f} / {r['lookup_p99_ms']:.1f} |")
-    notes = rd(os.path.join(d, "notes.md")).strip()
-    if notes:
-        w("\n" + notes + "\n")
+    write_notes(d, w, lead="\n")
 
 
 def gpu(res, w):
@@ -270,7 +276,7 @@ def gpu(res, w):
       "--json=bench/results/gpu.jsonl` (medians; in-process: the store's GPU path, "
       "not the RPC). Target: host-to-device through the daemon >= 0.8 x "
       "cudaMemcpyAsync from pinned memory.\n")
-    rows = [json.loads(l) for l in rd(os.path.join(res, "gpu.jsonl")).splitlines() if l.strip()]
+    rows = jsonl(os.path.join(res, "gpu.jsonl"))
     if not rows:
         w("Not measured: no GPU has been available to this project (the benchmark exits "
           "saying so). The GPU logic is tested against a fake device; `ctest -L gpu` and "
@@ -286,7 +292,7 @@ def gpu(res, w):
 
 def main():
     res, header, out = sys.argv[1:4]
-    rows = [json.loads(l) for l in rd(os.path.join(res, "results.jsonl")).splitlines() if l.strip()]
+    rows = jsonl(os.path.join(res, "results.jsonl"))
     cells = [r for r in rows if r.get("kind") == "cell"]
 
     def one(kind):
