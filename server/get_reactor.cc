@@ -388,8 +388,13 @@ void GetReactor::WatchForStalls(StallReaper* reaper) {
   // gRPC binds the reactor to the call, and runs reactions, only after the handler
   // returns it; a write the constructor started is queued until then, so none runs yet.
   stall_ = StallReaper::Watched(reaper, [ctx = ctx_] { ctx->TryCancel(); });
-  absl::MutexLock lock(&mu_);
-  if (writing_) stall_.WaitingOnClient(true);
+  bool writing;
+  {
+    absl::MutexLock lock(&mu_);
+    writing = writing_;
+  }
+  // Outside mu_: the reaper's lock is never taken under ours.
+  if (writing) stall_.WaitingOnClient(true);
 }
 
 void GetReactor::OnDone() {
