@@ -10,6 +10,9 @@ KVTIER_BUILD_PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev librocksdb-dev prometheus-cpp-dev libxxhash-dev libtomlplusplus-dev libisal-dev
   libsystemd-dev libgtest-dev
+  # The shared tier's Redis Cluster client (hiredis), and a real cluster for its tests and
+  # benchmarks (redis-server, redis-cli).
+  libhiredis-dev redis-server redis-tools
   # TLS tests make their certificates with the openssl command.
   openssl
   # Tests of deploy/: promtool (Prometheus config and rules), `file`, which CPack's

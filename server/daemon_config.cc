@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 
 namespace kvtier {
@@ -225,6 +226,30 @@ const std::vector<Option>& Options() {
                  &DaemonConfig::gpu_staging_size),
       UintOption("gpu_copy_streams", "CUDA streams the GPU tier's copies are spread over",
                  &DaemonConfig::gpu_copy_streams),
+      StringOption("remote_seeds",
+                   "shared tier: Redis Cluster seed nodes, host:port[,host:port...]; empty: none",
+                   &DaemonConfig::remote_seeds),
+      StringOption("remote_user", "shared tier: Redis ACL user (with remote_password_file)",
+                   &DaemonConfig::remote_user),
+      StringOption("remote_password_file",
+                   "shared tier: file holding the Redis password (AUTH); empty: none",
+                   &DaemonConfig::remote_password_file),
+      StringOption("remote_key_prefix", "shared tier: prefix of every key kvtier writes",
+                   &DaemonConfig::remote_key_prefix),
+      DurationOption("remote_ttl", "shared tier: chunks expire this long after written",
+                     &DaemonConfig::remote_ttl),
+      SizeOption("remote_segment_size",
+                 "shared tier: chunks are split into segments of this size over the slots",
+                 &DaemonConfig::remote_segment_size),
+      SizeOption("remote_max_pending",
+                 "shared tier: chunk bytes queued for writing at most (more are not "
+                 "shared); 0: ram_capacity / 8, at most 256MiB",
+                 &DaemonConfig::remote_max_pending),
+      UintOption("remote_connections_per_node", "shared tier: connections to each Redis node",
+                 &DaemonConfig::remote_connections_per_node),
+      DurationOption("remote_timeout",
+                     "shared tier: a Redis connect, read or write taking longer fails",
+                     &DaemonConfig::remote_timeout),
       StringOption("metrics_listen",
                    "HTTP address of /metrics and /healthz, host:port; empty turns it off",
                    &DaemonConfig::metrics_listen),
@@ -466,6 +491,37 @@ absl::StatusOr<TieredStoreOptions> DaemonConfig::ToStoreOptions() const {
   o.hints.max_clients = max_hint_clients;
   o.hints.ttl = hint_ttl;
   o.gpu_staging.capacity_bytes = gpu_staging_size;  // Used only with a device.
+  if (!remote_seeds.empty()) {
+    for (absl::string_view seed : absl::StrSplit(remote_seeds, ',', absl::SkipWhitespace())) {
+      auto e = RedisEndpoint::Parse(absl::StripAsciiWhitespace(seed));
+      if (!e.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat("option remote_seeds: ", e.status().message()));
+      }
+      o.remote.cluster.seeds.push_back(*std::move(e));
+    }
+    o.remote.cluster.auth.user = remote_user;
+    if (!remote_password_file.empty()) {
+      auto password = ReadFile(remote_password_file);
+      if (!password.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "option remote_password_file: cannot read '", remote_password_file, "'"));
+      }
+      o.remote.cluster.auth.password = std::string(absl::StripTrailingAsciiWhitespace(*password));
+    }
+    o.remote.cluster.connections_per_node = static_cast<int>(remote_connections_per_node);
+    o.remote.cluster.connect_timeout = remote_timeout;
+    o.remote.cluster.io_timeout = remote_timeout;
+    o.remote.key_prefix = remote_key_prefix;
+    o.remote.ttl = remote_ttl;
+    if (remote_segment_size > (512ull << 20)) {
+      return absl::InvalidArgumentError("option remote_segment_size: at most 512MiB");
+    }
+    o.remote.segment_bytes = static_cast<uint32_t>(remote_segment_size);
+    o.remote.batch_bytes = std::max<uint64_t>(16ull << 20, remote_segment_size);
+    o.remote.max_pending_bytes = remote_max_pending != 0
+                                     ? remote_max_pending
+                                     : std::min<uint64_t>(256ull << 20, ram_capacity / 8);
+  }
   return o;
 }
 

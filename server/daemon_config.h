@@ -106,6 +106,18 @@ struct DaemonConfig {
   std::string gpu = "auto";
   uint64_t gpu_staging_size = 1ull << 30;  // GPU staging buffers (L0), bytes; 0: none.
   uint32_t gpu_copy_streams = 2;           // CUDA streams copies are spread over.
+  // The shared tier (L3) on Redis Cluster: seed nodes as "host:port,host:port"; empty
+  // for none. The password is read from a file (not kept in the config); a user name
+  // means a Redis ACL user. remote_max_pending 0: ram_capacity / 8, at most 256MiB.
+  std::string remote_seeds;
+  std::string remote_user;
+  std::string remote_password_file;
+  std::string remote_key_prefix = "kvt";
+  absl::Duration remote_ttl = absl::Hours(24);
+  uint64_t remote_segment_size = 1ull << 20;
+  uint64_t remote_max_pending = 0;
+  uint32_t remote_connections_per_node = 4;
+  absl::Duration remote_timeout = absl::Seconds(2);
   std::string metrics_listen = "127.0.0.1:9464";  // HTTP /metrics and /healthz; "" = off.
   // If set, written once serving: the bound gRPC port on line 1, the metrics port (0 if
   // off) on line 2. For supervisors and tests that listen on port 0.

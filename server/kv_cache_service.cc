@@ -379,8 +379,7 @@ grpc::Status KvCacheService::LookupImpl(TieredStore* store, uint64_t ns,
   if (!ids.ok()) return ToGrpcStatus(ids.status());
   bool prefix = true;
   uint32_t hits = 0;
-  for (const ChunkId& id : *ids) {
-    const Tier tier = store->Locate(id);
+  for (const Tier tier : store->LocateMany(*ids)) {
     resp->add_tiers(ToProtoTier(tier));
     prefix = prefix && tier != Tier::kNone;
     if (prefix) ++hits;

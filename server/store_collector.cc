@@ -104,6 +104,51 @@ std::vector<MetricFamily> StoreCollector::Collect() const {
                        {{{{"reason", "error"}}, double(g.stage_failures)},
                         {{{"reason", "no_room"}}, double(g.no_room)}}));
   }
+  if (s.remote_present) {
+    const RemoteTierStats& r = s.remote;
+    f.push_back(Family("kvtier_remote_degraded",
+                       "1 while the shared tier (Redis Cluster) is unreachable: reads miss, "
+                       "writes are dropped, probes retry with backoff",
+                       G, {{{}, r.degraded ? 1.0 : 0.0}}));
+    f.push_back(Family("kvtier_remote_degradations_total",
+                       "Times the shared tier went from reachable to degraded", C,
+                       {{{}, double(r.degradations)}}));
+    f.push_back(Family("kvtier_remote_reads_total",
+                       "Shared-tier reads by outcome (only hit serves bytes)", C,
+                       {{{{"result", "hit"}}, double(r.hits)},
+                        {{{"result", "miss"}}, double(r.misses)},
+                        {{{"result", "torn"}}, double(r.torn)},
+                        {{{"result", "foreign"}}, double(r.foreign)},
+                        {{{"result", "corrupt"}}, double(r.checksum_failures)},
+                        {{{"result", "failed"}}, double(r.read_failures)}}));
+    f.push_back(Family("kvtier_remote_writes_total",
+                       "Chunks handed to the shared tier, by outcome", C,
+                       {{{{"result", "stored"}}, double(r.writes)},
+                        {{{"result", "present"}}, double(r.writes_present)},
+                        {{{"result", "dropped"}}, double(r.writes_dropped)},
+                        {{{"result", "full"}}, double(r.writes_full)},
+                        {{{"result", "failed"}}, double(r.write_failures)}}));
+    f.push_back(Family("kvtier_remote_bytes_total", "Payload bytes moved to and from the shared tier",
+                       C, {{{{"direction", "read"}}, double(r.bytes_read)},
+                           {{{"direction", "written"}}, double(r.bytes_written)}}));
+    f.push_back(Family("kvtier_remote_pending_bytes",
+                       "Chunk bytes queued or being written to the shared tier", G,
+                       {{{}, double(r.pending_bytes)}}));
+    f.push_back(Family("kvtier_remote_redirects_total",
+                       "Redis Cluster redirections followed (moved, ask) and commands retried",
+                       C, {{{{"kind", "moved"}}, double(r.cluster.moved)},
+                           {{{"kind", "ask"}}, double(r.cluster.ask)},
+                           {{{"kind", "retry"}}, double(r.cluster.retried)}}));
+    f.push_back(Family("kvtier_remote_topology_refreshes_total",
+                       "Cluster slot maps read (ok) or not obtainable from any node (failed)", C,
+                       {{{{"result", "ok"}}, double(r.cluster.refreshes)},
+                        {{{"result", "failed"}}, double(r.cluster.refresh_failures)}}));
+    f.push_back(Family("kvtier_remote_masters", "Redis masters serving slots in the current map",
+                       G, {{{}, double(r.cluster.masters)}}));
+    f.push_back(Family("kvtier_remote_promotions_total",
+                       "Chunks read from the shared tier and kept in RAM", C,
+                       {{{}, double(s.remote_promotions)}}));
+  }
   f.push_back(Family("kvtier_promotions_total", "Chunks copied from SSD into RAM on a read", C,
                      {{{}, static_cast<double>(s.promotions)}}));
   f.push_back(Family("kvtier_hint_clients", "Clients with a live Hint", G,

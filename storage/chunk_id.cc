@@ -13,6 +13,7 @@ const char* TierName(Tier tier) {
     case Tier::kGpu: return "gpu";
     case Tier::kRam: return "ram";
     case Tier::kSsd: return "ssd";
+    case Tier::kRemote: return "remote";
     case Tier::kNone: break;
   }
   return "none";

@@ -50,7 +50,7 @@ struct ChunkMeta {
 };
 
 // Where a chunk lives; values match kvtier.v1.Tier.
-enum class Tier { kNone = 0, kGpu = 1, kRam = 2, kSsd = 3 };
+enum class Tier { kNone = 0, kGpu = 1, kRam = 2, kSsd = 3, kRemote = 4 };
 const char* TierName(Tier tier);
 
 }  // namespace kvtier

@@ -42,6 +42,7 @@ absl::Status TieredStoreOptions::Validate() const {
   if (absl::Status s = ram.Validate(); !s.ok()) return s;
   if (absl::Status s = eviction.Validate(); !s.ok()) return s;
   if (absl::Status s = hints.Validate(); !s.ok()) return s;
+  if (absl::Status s = remote.Validate(); !s.ok()) return s;
   if (prefetch_threads < 1) return absl::InvalidArgumentError("prefetch_threads must be >= 1");
   if (write_mode != WriteMode::kRamOnly) {
     if (absl::Status s = ssd.Validate(); !s.ok()) return s;
@@ -103,6 +104,11 @@ absl::StatusOr<std::unique_ptr<TieredStore>> TieredStore::Open(TieredStoreOption
     store->gpu_ = GpuTier::Create(store->options_.device, store->options_.gpu_staging,
                                   store->ram_->memory(), store->ram_->memory_bytes());
   }
+  if (store->options_.remote.enabled()) {
+    auto remote = RemoteTier::Open(store->options_.remote);
+    if (!remote.ok()) return remote.status();
+    store->remote_ = *std::move(remote);
+  }
   if (store->options_.write_mode != WriteMode::kRamOnly) {
     SsdTierOptions ssd_options = store->options_.ssd;
     ssd_options.eviction = eviction;
@@ -159,6 +165,7 @@ TieredStore::~TieredStore() {
   admission_.reset();     // Waiting puts are answered Unavailable (on the commit threads),
   commit_pool_.reset();   // commits in flight finish before the tiers go,
   read_pool_.reset();     // and reads finish.
+  remote_.reset();        // Queued remote writes are dropped (their chunks are local).
   if (absl::Status s = Close(); !s.ok()) LogWarning("tiered store: close: ", s.message());
 }
 
@@ -254,6 +261,7 @@ absl::StatusOr<bool> TieredStore::Commit(std::unique_ptr<ChunkWriter> writer, ui
         writer->id_.key.ToHex(), writer->crc_, crc32c));
   }
   ChunkMeta meta{writer->size(), crc32c, writer->token_count_, 0, writer->lineage_};
+  std::shared_ptr<PoolChunk> data = remote_ != nullptr ? writer->data_ : nullptr;
   // False when a concurrent put of the same chunk committed first (this one's bytes
   // are dropped): exactly one of them reports it stored.
   bool stored = false;
@@ -286,7 +294,16 @@ absl::StatusOr<bool> TieredStore::Commit(std::unique_ptr<ChunkWriter> writer, ui
       }
       break;
   }
+  if (stored && data != nullptr) ToRemote(writer->id_, meta, std::move(data));
   return stored;
+}
+
+void TieredStore::ToRemote(const ChunkId& id, const ChunkMeta& meta,
+                           std::shared_ptr<PoolChunk> data) {
+  auto layout = layouts_->Find(id.ns);
+  if (!layout.ok()) return;  // Cleared meanwhile.
+  std::vector<absl::string_view> pieces = Pieces(*data);
+  remote_->WriteAsync(id, meta, layout->NamespaceId(), std::move(pieces), std::move(data));
 }
 
 bool TieredStore::FlushOne(bool demotion) {
@@ -383,9 +400,15 @@ absl::StatusOr<ChunkView> TieredStore::Read(const ChunkId& id, bool stream) {
     view.pool_ = std::move(hit->data);
     return view;
   }
-  if (!has_ssd()) return absl::NotFoundError("chunk not cached");
+  if (!has_ssd()) {
+    if (remote_ != nullptr) return ReadRemote(id);
+    return absl::NotFoundError("chunk not cached");
+  }
   auto meta = ssd_->ReadMeta(id);
-  if (!meta.ok()) return meta.status();
+  if (!meta.ok()) {
+    if (absl::IsNotFound(meta.status()) && remote_ != nullptr) return ReadRemote(id);
+    return meta.status();
+  }
   view.meta_ = *meta;
   view.tier_ = Tier::kSsd;
   auto room = Promote(id, *meta);
@@ -413,6 +436,62 @@ absl::StatusOr<ChunkView> TieredStore::Read(const ChunkId& id, bool stream) {
   }
   ssd_bytes_out_.fetch_add(meta->size, std::memory_order_relaxed);
   return view;
+}
+
+absl::StatusOr<ChunkView> TieredStore::ReadRemote(const ChunkId& id) {
+  auto layout = layouts_->Find(id.ns);
+  if (!layout.ok()) return absl::NotFoundError("chunk not cached");
+  auto record = remote_->ReadRecord(id, layout->NamespaceId());
+  // Unreachable, degraded, foreign or corrupt: all a miss to the caller, who computes
+  // the chunk instead (the remote tier counted and logged why).
+  if (!record.ok()) return absl::NotFoundError("chunk not cached");
+  ChunkView view;
+  view.meta_ = record->meta;
+  view.tier_ = Tier::kRemote;
+  auto room = ram_->Allocate(record->meta.size);
+  if (room.ok()) {
+    PoolSink sink(room->get());
+    if (!remote_->ReadPayload(id, *record, sink).ok()) {
+      return absl::NotFoundError("chunk not cached");
+    }
+    if (ram_->Insert(id, *room, record->meta, /*dirty=*/false)) {
+      remote_promotions_.fetch_add(1, std::memory_order_relaxed);
+      ram_bytes_in_.fetch_add(record->meta.size, std::memory_order_relaxed);
+      Emit(ChunkEventKind::kPromoted, id, Tier::kRam);
+    }
+    view.pool_ = *std::move(room);
+    return view;
+  }
+  buffered_reads_.Enter();
+  auto buffer = std::shared_ptr<std::string>(new std::string(record->meta.size, '\0'),
+                                             [this](std::string* b) {
+                                               delete b;
+                                               buffered_reads_.Leave();
+                                             });
+  StringSink sink(buffer.get());
+  if (!remote_->ReadPayload(id, *record, sink).ok()) {
+    return absl::NotFoundError("chunk not cached");
+  }
+  view.buf_ = std::move(buffer);
+  return view;
+}
+
+std::vector<Tier> TieredStore::LocateMany(absl::Span<const ChunkId> ids) {
+  std::vector<Tier> tiers;
+  tiers.reserve(ids.size());
+  std::vector<ChunkId> missing;
+  for (const ChunkId& id : ids) {
+    tiers.push_back(Locate(id));
+    if (tiers.back() == Tier::kNone) missing.push_back(id);
+  }
+  if (remote_ == nullptr || missing.empty()) return tiers;
+  const std::vector<bool> remote = remote_->ContainsMany(missing);
+  size_t k = 0;
+  for (Tier& t : tiers) {
+    if (t != Tier::kNone) continue;
+    if (remote[k++]) t = Tier::kRemote;
+  }
+  return tiers;
 }
 
 absl::StatusOr<std::shared_ptr<PoolChunk>> TieredStore::Promote(const ChunkId& id,
@@ -529,8 +608,8 @@ void TieredStore::Prefetch(const ChunkId& id) {
 
 void TieredStore::ReadAsync(const ChunkId& id,
                             std::function<void(absl::StatusOr<ChunkView>)> done) {
-  if (!has_ssd() || ram_->Contains(id) || !ssd_->Contains(id)) {
-    done(Read(id));  // RAM hit or a miss: no SSD I/O, answer inline.
+  if (ram_->Contains(id) || (remote_ == nullptr && (!has_ssd() || !ssd_->Contains(id)))) {
+    done(Read(id));  // RAM hit or a miss: no I/O, answer inline.
     return;
   }
   read_pool_->Submit([this, id, done = std::move(done)] { done(Read(id)); });
@@ -538,7 +617,7 @@ void TieredStore::ReadAsync(const ChunkId& id,
 
 void TieredStore::ReadForStreamAsync(const ChunkId& id,
                                      std::function<void(absl::StatusOr<ChunkView>)> done) {
-  if (!has_ssd() || ram_->Contains(id) || !ssd_->Contains(id)) {
+  if (ram_->Contains(id) || (remote_ == nullptr && (!has_ssd() || !ssd_->Contains(id)))) {
     done(Read(id, true));
     return;
   }
@@ -772,11 +851,38 @@ absl::StatusOr<bool> TieredStore::Delete(const ChunkId& id) {
     if (!on_ssd.ok()) return on_ssd.status();
     present = present || *on_ssd;
   }
+  if (remote_ != nullptr) {
+    // Or another daemon's read would bring it back. A cluster that cannot be reached
+    // leaves the remote copy (it expires with its TTL); that is logged, not an error.
+    auto remote = remote_->Delete(id);
+    if (remote.ok()) {
+      present = present || *remote;
+    } else {
+      LogWarning("tiered store: delete ", id.DebugString(), " from the remote tier: ",
+                 remote.status().message());
+    }
+  }
   if (present) Emit(ChunkEventKind::kDeleted, id, Tier::kNone);
   return present;
 }
 
 absl::StatusOr<uint64_t> TieredStore::Clear(uint64_t ns) {
+  uint64_t in_remote = 0;
+  if (remote_ != nullptr) {
+    auto removed = remote_->Clear(ns);
+    if (removed.ok()) {
+      in_remote = *removed;
+    } else {
+      LogWarning("tiered store: clear namespace ", ns, " in the remote tier: ",
+                 removed.status().message());
+    }
+  }
+  auto local = ClearLocal(ns);
+  if (!local.ok()) return local.status();
+  return std::max(*local, in_remote);
+}
+
+absl::StatusOr<uint64_t> TieredStore::ClearLocal(uint64_t ns) {
   // A chunk in both tiers counts once: count the SSD's, plus RAM-only (dirty) ones.
   if (gpu_ != nullptr) gpu_->RemoveNamespace(ns);
   const uint64_t in_ram = ram_->RemoveNamespace(ns);
@@ -817,6 +923,11 @@ TieredStoreStats TieredStore::GetStats() const {
     s.gpu_present = true;
     s.gpu = gpu_->GetStats();
   }
+  if (remote_ != nullptr) {
+    s.remote_present = true;
+    s.remote = remote_->GetStats();
+  }
+  s.remote_promotions = remote_promotions_.load(std::memory_order_relaxed);
   if (admission_ != nullptr) {
     s.puts_waiting = admission_->waiting();
     s.puts_queued = admission_->queued_total();

@@ -51,6 +51,7 @@
 #include "storage/layout_registry.h"
 #include "storage/layout_spec.h"
 #include "storage/put_admission.h"
+#include "storage/remote_tier.h"
 #include "storage/ssd_tier.h"
 #include "storage/write_back_flusher.h"
 
@@ -102,6 +103,10 @@ struct TieredStoreOptions {
   // Where chunk events go (stored, promoted, evicted, deleted); null for none. Not
   // owned; must outlive the store.
   EventLog* events = nullptr;
+  // The shared tier on Redis Cluster (L3); off without seed nodes. Chunks stored here
+  // are copied to it in the background; a local miss reads through it and keeps the
+  // chunk in RAM when there is room (as a promotion from SSD does).
+  RemoteTierOptions remote;
 
   absl::Status Validate() const;
 };
@@ -129,6 +134,9 @@ struct TieredStoreStats {
   uint64_t ssd_bytes_out = 0;
   bool gpu_present = false;  // A device backend was given; `gpu` is zero otherwise.
   GpuTierStats gpu;
+  bool remote_present = false;  // A remote tier is configured; `remote` is zero otherwise.
+  RemoteTierStats remote;
+  uint64_t remote_promotions = 0;  // Chunks read from the remote tier and kept in RAM.
 };
 
 // Receives one chunk's bytes during a put. Not thread-safe: one stream fills it.
@@ -225,7 +233,12 @@ class TieredStore {
   void CommitPutAsync(std::unique_ptr<ChunkWriter> writer, uint32_t crc32c,
                       std::function<void(absl::StatusOr<bool>)> done);
 
+  // The local tier holding the chunk (GPU, RAM, SSD) or kNone; never asks the remote
+  // tier.
   Tier Locate(const ChunkId& id) const;
+  // Locate for a batch, asking the remote tier (in one round trip) about the chunks no
+  // local tier holds: those it has come back as kRemote.
+  std::vector<Tier> LocateMany(absl::Span<const ChunkId> ids);
   // A view of the chunk if it is in RAM, taken without reading it or counting a hit.
   // While the view lives the chunk cannot be evicted (Delete and Clear still remove it
   // from the index). For holding a Lookup's hits until their Get.
@@ -233,6 +246,8 @@ class TieredStore {
   // Returns: Ok, NotFound, DataLoss (failed its checksum on SSD; deleted), Unavailable.
   // A chunk read from SSD is promoted into RAM when there is room; otherwise it is
   // served from a buffer (at most max_buffered_reads at once: this call may wait).
+  // A chunk no local tier holds is read from the remote tier, if any (the view's tier
+  // is then kRemote); the remote tier failing or holding a bad copy is a miss.
   absl::StatusOr<ChunkView> Read(const ChunkId& id);
   // The same, without blocking the caller on SSD: a RAM hit (or miss) calls `done`
   // inline; an SSD read runs on the store's read threads, which call `done`.
@@ -328,6 +343,11 @@ class TieredStore {
   absl::StatusOr<uint64_t> ShrinkNamespaces(const absl::flat_hash_set<uint64_t>& ns, Tier tier,
                                             uint64_t keep);
   bool has_ssd_tier() const { return ssd_ != nullptr; }
+  bool has_remote_tier() const { return remote_ != nullptr; }
+  // Waits until the remote tier has no write queued or running (tests, benchmarks).
+  void WaitForRemoteWrites() {
+    if (remote_) remote_->WaitIdle();
+  }
 
   TieredStoreStats GetStats() const;
   WriteMode write_mode() const { return options_.write_mode; }
@@ -360,6 +380,14 @@ class TieredStore {
   // chunks are passed over). Returns the pool copy; ResourceExhausted (no room), or the
   // SSD read's error.
   absl::StatusOr<std::shared_ptr<PoolChunk>> Promote(const ChunkId& id, const ChunkMeta& meta);
+  // A local miss read through the remote tier: into RAM when there is room (kept
+  // there, clean), else into a whole-chunk buffer (max_buffered_reads). NotFound for
+  // anything short of a verified chunk.
+  absl::StatusOr<ChunkView> ReadRemote(const ChunkId& id);
+  // Clear without the remote tier.
+  absl::StatusOr<uint64_t> ClearLocal(uint64_t ns);
+  // Hands a chunk that was just stored locally to the remote tier, if any.
+  void ToRemote(const ChunkId& id, const ChunkMeta& meta, std::shared_ptr<PoolChunk> data);
   // A prefetch thread's job: promote `id` if it is still only on SSD, then stage it.
   void Prefetch(const ChunkId& id);
   void Emit(ChunkEventKind kind, const ChunkId& id, Tier tier);
@@ -375,6 +403,8 @@ class TieredStore {
   std::unique_ptr<SsdTier> ssd_;  // Null in ram-only mode.
   // After ram_: destroyed first, unpinning the pool's memory before it is unmapped.
   std::unique_ptr<GpuTier> gpu_;  // Null without a device.
+  // After ram_: destroyed first, its queued writes hold pool chunks. Null without one.
+  std::unique_ptr<RemoteTier> remote_;
   FairGate buffered_reads_;
   AsyncGate stream_gate_;   // stream_buffer_bytes.
   absl::Mutex spare_mu_;
@@ -387,6 +417,7 @@ class TieredStore {
   std::unique_ptr<LayoutRegistry> layouts_;  // Set in Open, after ssd_.
 
   std::atomic<uint64_t> promotions_{0};
+  std::atomic<uint64_t> remote_promotions_{0};
   std::atomic<uint64_t> demotions_{0};
   std::atomic<uint64_t> demotion_failures_{0};
   std::atomic<uint64_t> put_checksum_failures_{0};

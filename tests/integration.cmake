@@ -45,3 +45,9 @@ kvtier_test(metrics_integration_test LIBS kvtier_daemon_support LABELS integrati
 kvtier_test(prefill_session_test LIBS kvtier_daemon_support LABELS integration)
 kvtier_test(prefill_client_test LIBS kvtier_daemon_support LABELS integration)
 kvtier_test(shm_integration_test LIBS kvtier_daemon_support LABELS integration)
+
+# A real Redis Cluster on loopback (tests/support/redis_cluster_process) for the shared
+# tier's tests.
+add_library(kvtier_redis_support STATIC support/redis_cluster_process.cc)
+target_link_libraries(kvtier_redis_support PUBLIC kvtier_daemon_support kvtier_storage)
+kvtier_test(redis_cluster_test LIBS kvtier_redis_support LABELS integration redis)

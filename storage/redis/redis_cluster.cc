@@ -1,0 +1,374 @@
+#include "storage/redis/redis_cluster.h"
+
+#include <hiredis/hiredis.h>
+
+#include <algorithm>
+#include <optional>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "storage/log.h"
+
+namespace kvtier {
+namespace {
+
+// A redirection reply: "MOVED 3999 127.0.0.1:6381" or "ASK 3999 127.0.0.1:6381".
+struct Redirect {
+  bool ask = false;
+  int slot = 0;
+  RedisEndpoint to;
+};
+
+std::optional<Redirect> ParseRedirect(absl::string_view error) {
+  Redirect r;
+  if (absl::StartsWith(error, "MOVED ")) {
+    error.remove_prefix(6);
+  } else if (absl::StartsWith(error, "ASK ")) {
+    r.ask = true;
+    error.remove_prefix(4);
+  } else {
+    return std::nullopt;
+  }
+  std::vector<absl::string_view> parts = absl::StrSplit(error, ' ');
+  if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &r.slot) || r.slot < 0 ||
+      r.slot >= kRedisClusterSlots) {
+    return std::nullopt;
+  }
+  auto to = RedisEndpoint::Parse(parts[1]);
+  if (!to.ok()) return std::nullopt;
+  r.to = *std::move(to);
+  return r;
+}
+
+// Errors that say "not now" rather than "never": the command is retried.
+bool IsRetryable(absl::string_view error) {
+  return absl::StartsWith(error, "TRYAGAIN") || absl::StartsWith(error, "CLUSTERDOWN") ||
+         absl::StartsWith(error, "LOADING") || absl::StartsWith(error, "MASTERDOWN");
+}
+
+}  // namespace
+
+absl::Status RedisClusterOptions::Validate() const {
+  if (seeds.empty()) return absl::InvalidArgumentError("redis cluster: no seed nodes");
+  if (connections_per_node < 1) {
+    return absl::InvalidArgumentError("redis cluster: connections_per_node must be >= 1");
+  }
+  if (max_redirects < 1) {
+    return absl::InvalidArgumentError("redis cluster: max_redirects must be >= 1");
+  }
+  if (connect_timeout <= absl::ZeroDuration() || io_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("redis cluster: timeouts must be positive");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<RedisCluster>> RedisCluster::Create(RedisClusterOptions options) {
+  if (absl::Status s = options.Validate(); !s.ok()) return s;
+  std::unique_ptr<RedisCluster> cluster(new RedisCluster(std::move(options)));
+  if (absl::Status s = cluster->Refresh(); !s.ok()) {
+    LogWarning("redis cluster: not reachable yet: ", s.message());
+  }
+  return cluster;
+}
+
+RedisCluster::RedisCluster(RedisClusterOptions options) : options_(std::move(options)) {
+  pool_options_.auth = options_.auth;
+  pool_options_.connect_timeout = options_.connect_timeout;
+  pool_options_.io_timeout = options_.io_timeout;
+  pool_options_.max_connections = options_.connections_per_node;
+  pool_options_.wait = options_.io_timeout;
+  absl::MutexLock l(&mu_);
+  for (const RedisEndpoint& seed : options_.seeds) PoolForLocked(seed);
+}
+
+RedisNodePool* RedisCluster::PoolForLocked(const RedisEndpoint& endpoint) {
+  std::string name = endpoint.ToString();
+  auto it = by_endpoint_.find(name);
+  if (it != by_endpoint_.end()) return it->second;
+  pools_.push_back(std::make_unique<RedisNodePool>(endpoint, pool_options_));
+  by_endpoint_.emplace(std::move(name), pools_.back().get());
+  return pools_.back().get();
+}
+
+RedisNodePool* RedisCluster::PoolFor(const RedisEndpoint& endpoint) {
+  absl::MutexLock l(&mu_);
+  return PoolForLocked(endpoint);
+}
+
+RedisNodePool* RedisCluster::PoolForSlot(int slot) {
+  absl::ReaderMutexLock l(&mu_);
+  return slots_[slot];
+}
+
+void RedisCluster::SetSlot(int slot, const RedisEndpoint& endpoint) {
+  absl::MutexLock l(&mu_);
+  slots_[slot] = PoolForLocked(endpoint);
+}
+
+void RedisCluster::MaybeRefresh() {
+  {
+    absl::MutexLock l(&mu_);
+    if (options_.now() - last_refresh_ < options_.min_refresh_interval) return;
+  }
+  if (refreshing_.exchange(true)) return;  // Another caller is at it.
+  (void)Refresh();
+  refreshing_.store(false);
+}
+
+absl::Status RedisCluster::Refresh() {
+  std::vector<RedisNodePool*> candidates;
+  {
+    absl::MutexLock l(&mu_);
+    last_refresh_ = options_.now();
+    // Masters in the map first (most likely alive and current), then everything else.
+    for (RedisNodePool* p : slots_) {
+      if (p != nullptr && std::find(candidates.begin(), candidates.end(), p) == candidates.end()) {
+        candidates.push_back(p);
+      }
+    }
+    for (const auto& p : pools_) {
+      if (std::find(candidates.begin(), candidates.end(), p.get()) == candidates.end()) {
+        candidates.push_back(p.get());
+      }
+    }
+  }
+  absl::Status last = absl::UnavailableError("redis cluster: no nodes");
+  for (RedisNodePool* pool : candidates) {
+    last = RefreshFrom(pool);
+    if (last.ok()) {
+      refreshes_.fetch_add(1, std::memory_order_relaxed);
+      return last;
+    }
+  }
+  refresh_failures_.fetch_add(1, std::memory_order_relaxed);
+  return last;
+}
+
+absl::Status RedisCluster::RefreshFrom(RedisNodePool* pool) {
+  auto conn = pool->Acquire();
+  if (!conn.ok()) return conn.status();
+  auto reply = (*conn)->Call({"CLUSTER", "SLOTS"});
+  const RedisEndpoint asked = pool->endpoint();
+  pool->Release(*std::move(conn));
+  if (!reply.ok()) return reply.status();
+  const redisReply& r = **reply;
+  if (r.type != REDIS_REPLY_ARRAY) {
+    return absl::UnavailableError(absl::StrCat("redis ", asked.ToString(),
+                                               ": CLUSTER SLOTS: ", ReplyString(r)));
+  }
+  // Parse everything before touching the map: a malformed reply changes nothing.
+  struct Range {
+    int begin, end;
+    RedisEndpoint master;
+  };
+  std::vector<Range> ranges;
+  for (size_t i = 0; i < r.elements; ++i) {
+    const redisReply* e = r.element[i];
+    if (e->type != REDIS_REPLY_ARRAY || e->elements < 3 ||
+        e->element[0]->type != REDIS_REPLY_INTEGER || e->element[1]->type != REDIS_REPLY_INTEGER ||
+        e->element[2]->type != REDIS_REPLY_ARRAY || e->element[2]->elements < 2 ||
+        e->element[2]->element[1]->type != REDIS_REPLY_INTEGER) {
+      return absl::UnavailableError(
+          absl::StrCat("redis ", asked.ToString(), ": CLUSTER SLOTS: unexpected reply shape"));
+    }
+    Range range{static_cast<int>(e->element[0]->integer), static_cast<int>(e->element[1]->integer),
+                {}};
+    if (range.begin < 0 || range.end >= kRedisClusterSlots || range.begin > range.end) {
+      return absl::UnavailableError(
+          absl::StrCat("redis ", asked.ToString(), ": CLUSTER SLOTS: bad slot range"));
+    }
+    const redisReply* host = e->element[2]->element[0];
+    range.master.host = host->type == REDIS_REPLY_STRING && host->len > 0
+                            ? std::string(host->str, host->len)
+                            : asked.host;  // An empty host means "the one you asked".
+    range.master.port = static_cast<int>(e->element[2]->element[1]->integer);
+    ranges.push_back(std::move(range));
+  }
+  if (ranges.empty()) {
+    return absl::UnavailableError(
+        absl::StrCat("redis ", asked.ToString(), ": CLUSTER SLOTS: no slots assigned"));
+  }
+  absl::MutexLock l(&mu_);
+  slots_.fill(nullptr);
+  for (const Range& range : ranges) {
+    RedisNodePool* p = PoolForLocked(range.master);
+    for (int s = range.begin; s <= range.end; ++s) slots_[s] = p;
+  }
+  return absl::OkStatus();
+}
+
+std::vector<absl::StatusOr<RedisReplyPtr>> RedisCluster::Execute(
+    absl::Span<const RedisCommand> commands) {
+  std::vector<absl::StatusOr<RedisReplyPtr>> results;
+  results.reserve(commands.size());
+  for (size_t i = 0; i < commands.size(); ++i) {
+    results.emplace_back(absl::UnavailableError("redis cluster: not sent"));
+  }
+  struct Pending {
+    size_t index;
+    RedisNodePool* ask = nullptr;  // Set after an ASK: send there, after ASKING.
+  };
+  std::vector<Pending> todo;
+  todo.reserve(commands.size());
+  for (size_t i = 0; i < commands.size(); ++i) todo.push_back({i});
+  std::vector<int> slot_of(commands.size());
+  bool mapped = true;
+  for (size_t i = 0; i < commands.size(); ++i) {
+    slot_of[i] = RedisHashSlot(commands[i].key);
+    mapped = mapped && PoolForSlot(slot_of[i]) != nullptr;
+  }
+  if (!mapped) MaybeRefresh();
+
+  absl::Duration backoff = options_.retry_backoff;
+  for (int attempt = 0; attempt <= options_.max_redirects && !todo.empty(); ++attempt) {
+    // Group by node, keeping each node's commands in order.
+    struct Group {
+      RedisNodePool* pool;
+      std::vector<Pending> items;
+      std::unique_ptr<RedisConnection> conn;
+    };
+    std::vector<Group> groups;
+    for (const Pending& p : todo) {
+      RedisNodePool* pool = p.ask != nullptr ? p.ask : PoolForSlot(slot_of[p.index]);
+      if (pool == nullptr) {
+        results[p.index] = absl::UnavailableError(
+            absl::StrCat("redis cluster: no node serves slot ", slot_of[p.index]));
+        continue;
+      }
+      auto g = std::find_if(groups.begin(), groups.end(),
+                            [pool](const Group& g) { return g.pool == pool; });
+      if (g == groups.end()) {
+        groups.push_back({pool, {}, nullptr});
+        g = groups.end() - 1;
+      }
+      g->items.push_back(p);
+    }
+    std::vector<Pending> next;
+    bool refresh = false;
+    bool wait = false;
+    auto fail_group = [&](Group& g, size_t from, const absl::Status& s) {
+      for (size_t k = from; k < g.items.size(); ++k) results[g.items[k].index] = s;
+      io_failures_.fetch_add(g.items.size() - from, std::memory_order_relaxed);
+      refresh = true;
+    };
+    // Send every group before reading any reply: the nodes work in parallel.
+    for (Group& g : groups) {
+      auto conn = g.pool->Acquire();
+      if (!conn.ok()) {
+        fail_group(g, 0, conn.status());
+        continue;
+      }
+      g.conn = *std::move(conn);
+      for (const Pending& p : g.items) {
+        if (p.ask != nullptr) g.conn->Append({"ASKING"});
+        g.conn->Append(commands[p.index].argv);
+      }
+      if (absl::Status s = g.conn->Flush(); !s.ok()) fail_group(g, 0, s);
+    }
+    for (Group& g : groups) {
+      if (g.conn == nullptr || g.conn->broken()) continue;
+      for (size_t k = 0; k < g.items.size(); ++k) {
+        const Pending& p = g.items[k];
+        if (p.ask != nullptr) {
+          auto asking = g.conn->Read();
+          if (!asking.ok()) {
+            fail_group(g, k, asking.status());
+            break;
+          }
+        }
+        auto reply = g.conn->Read();
+        if (!reply.ok()) {
+          fail_group(g, k, reply.status());
+          break;
+        }
+        if (IsErrorReply(**reply)) {
+          const absl::string_view error = ReplyString(**reply);
+          if (auto redirect = ParseRedirect(error)) {
+            if (redirect->ask) {
+              ask_.fetch_add(1, std::memory_order_relaxed);
+              next.push_back({p.index, PoolFor(redirect->to)});
+            } else {
+              moved_.fetch_add(1, std::memory_order_relaxed);
+              SetSlot(redirect->slot, redirect->to);
+              refresh = true;
+              next.push_back({p.index});
+            }
+            results[p.index] = absl::UnavailableError(absl::StrCat(
+                "redis cluster: slot ", slot_of[p.index], ": too many redirections (", error, ")"));
+            continue;
+          }
+          if (IsRetryable(error)) {
+            retried_.fetch_add(1, std::memory_order_relaxed);
+            wait = true;
+            next.push_back({p.index});
+            results[p.index] = absl::UnavailableError(absl::StrCat("redis cluster: ", error));
+            continue;
+          }
+        }
+        results[p.index] = *std::move(reply);
+      }
+    }
+    for (Group& g : groups) {
+      if (g.conn == nullptr) continue;
+      if (g.conn->broken()) g.pool->DropIdle();  // The node failed: reconnect afresh.
+      g.pool->Release(std::move(g.conn));
+    }
+    if (refresh) MaybeRefresh();
+    if (wait && !next.empty() && attempt < options_.max_redirects) {
+      absl::SleepFor(backoff);  // The cluster said "not now": a failover or a migration.
+      backoff = std::min(backoff * 2, absl::Milliseconds(200));
+    }
+    todo = std::move(next);
+  }
+  return results;
+}
+
+absl::StatusOr<RedisReplyPtr> RedisCluster::ExecuteOne(const RedisCommand& command) {
+  auto results = Execute(absl::MakeConstSpan(&command, 1));
+  return std::move(results[0]);
+}
+
+absl::Status RedisCluster::ForEachMaster(
+    absl::FunctionRef<absl::Status(RedisConnection&)> fn) {
+  std::vector<RedisNodePool*> masters;
+  {
+    absl::ReaderMutexLock l(&mu_);
+    for (RedisNodePool* p : slots_) {
+      if (p != nullptr && std::find(masters.begin(), masters.end(), p) == masters.end()) {
+        masters.push_back(p);
+      }
+    }
+  }
+  if (masters.empty()) return absl::UnavailableError("redis cluster: no known masters");
+  for (RedisNodePool* pool : masters) {
+    auto conn = pool->Acquire();
+    if (!conn.ok()) return conn.status();
+    absl::Status s = fn(**conn);
+    pool->Release(*std::move(conn));
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+RedisClusterStats RedisCluster::stats() const {
+  RedisClusterStats s;
+  s.moved = moved_.load(std::memory_order_relaxed);
+  s.ask = ask_.load(std::memory_order_relaxed);
+  s.retried = retried_.load(std::memory_order_relaxed);
+  s.refreshes = refreshes_.load(std::memory_order_relaxed);
+  s.refresh_failures = refresh_failures_.load(std::memory_order_relaxed);
+  s.io_failures = io_failures_.load(std::memory_order_relaxed);
+  absl::ReaderMutexLock l(&mu_);
+  std::vector<RedisNodePool*> masters;
+  for (RedisNodePool* p : slots_) {
+    if (p == nullptr) continue;
+    ++s.slots_covered;
+    if (std::find(masters.begin(), masters.end(), p) == masters.end()) masters.push_back(p);
+  }
+  s.masters = masters.size();
+  return s;
+}
+
+}  // namespace kvtier

@@ -1,0 +1,129 @@
+// RedisCluster: a Redis Cluster client that owns its protocol: slot routing from
+// CLUSTER SLOTS, MOVED (the slot moved for good: the map is updated and the topology
+// refreshed) and ASK (the key is mid-migration: this one command goes to the importing
+// node after ASKING), TRYAGAIN/CLUSTERDOWN/LOADING retried with backoff, a bounded pool
+// of connections per node, timeouts on every read and write, and pipelining: a batch of
+// commands is grouped by node, each group sent in one write to its node before any
+// reply is read, so a batch spread over the masters uses all of them at once.
+// hiredis does the RESP encoding and parsing (RedisConnection).
+//
+// Reads and writes go to masters. Replicas take over through the cluster's own
+// failover; a refresh after an I/O error finds the new master.
+//
+// Thread-safety: thread-safe. Execute runs its I/O without the client's lock.
+#ifndef KVTIER_STORAGE_REDIS_REDIS_CLUSTER_H_
+#define KVTIER_STORAGE_REDIS_REDIS_CLUSTER_H_
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/functional/function_ref.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "storage/redis/hash_slot.h"
+#include "storage/redis/redis_connection.h"
+#include "storage/redis/redis_node_pool.h"
+
+namespace kvtier {
+
+struct RedisClusterOptions {
+  std::vector<RedisEndpoint> seeds;  // Any nodes of the cluster; at least one.
+  RedisAuth auth;
+  absl::Duration connect_timeout = absl::Milliseconds(500);
+  absl::Duration io_timeout = absl::Seconds(2);
+  int connections_per_node = 4;
+  // Redirections (MOVED, ASK) and retries (TRYAGAIN, CLUSTERDOWN, LOADING) one command
+  // may take before it fails Unavailable.
+  int max_redirects = 5;
+  // Topology refreshes closer together than this are skipped (a burst of MOVED replies
+  // or failures refreshes once).
+  absl::Duration min_refresh_interval = absl::Milliseconds(100);
+  // First wait before retrying TRYAGAIN and the like; doubles per retry.
+  absl::Duration retry_backoff = absl::Milliseconds(5);
+  std::function<absl::Time()> now = [] { return absl::Now(); };
+
+  absl::Status Validate() const;
+};
+
+struct RedisClusterStats {
+  uint64_t moved = 0;               // MOVED replies followed.
+  uint64_t ask = 0;                 // ASK replies followed.
+  uint64_t retried = 0;             // TRYAGAIN, CLUSTERDOWN, LOADING, MASTERDOWN.
+  uint64_t refreshes = 0;           // Topologies read.
+  uint64_t refresh_failures = 0;    // Refreshes that reached no node.
+  uint64_t io_failures = 0;         // Commands failed by a broken or unreachable node.
+  uint64_t masters = 0;             // Nodes serving slots in the current map.
+  uint64_t slots_covered = 0;       // Slots with a known master.
+};
+
+// One command and the key it is routed by. Views, not copies: what they point at must
+// outlive the Execute call.
+struct RedisCommand {
+  std::vector<absl::string_view> argv;
+  absl::string_view key;
+};
+
+class RedisCluster {
+ public:
+  // Tries a first topology read; a cluster not reachable yet is not an error (commands
+  // fail Unavailable until a refresh reaches it). Returns: Ok, InvalidArgument.
+  static absl::StatusOr<std::unique_ptr<RedisCluster>> Create(RedisClusterOptions options);
+  RedisCluster(const RedisCluster&) = delete;
+  RedisCluster& operator=(const RedisCluster&) = delete;
+
+  // Runs `commands`, pipelined per node, following redirections. One result per
+  // command, in order: its reply (an error reply other than a redirection is a reply),
+  // or Unavailable when its node could not be reached, timed out, or it ran out of
+  // redirections.
+  std::vector<absl::StatusOr<RedisReplyPtr>> Execute(absl::Span<const RedisCommand> commands);
+  absl::StatusOr<RedisReplyPtr> ExecuteOne(const RedisCommand& command);
+
+  // Reads the slot map from the first node that answers (known masters, then seeds).
+  // Returns: Ok, Unavailable.
+  absl::Status Refresh();
+  // Calls `fn` with a connection to each master in the current map, stopping at the
+  // first error. For commands that are not routed by key (SCAN).
+  absl::Status ForEachMaster(absl::FunctionRef<absl::Status(RedisConnection&)> fn);
+
+  RedisClusterStats stats() const;
+
+ private:
+  explicit RedisCluster(RedisClusterOptions options);
+  RedisNodePool* PoolFor(const RedisEndpoint& endpoint) ABSL_LOCKS_EXCLUDED(mu_);
+  RedisNodePool* PoolForLocked(const RedisEndpoint& endpoint) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  RedisNodePool* PoolForSlot(int slot) ABSL_LOCKS_EXCLUDED(mu_);
+  void SetSlot(int slot, const RedisEndpoint& endpoint) ABSL_LOCKS_EXCLUDED(mu_);
+  // Refresh, unless one ran within min_refresh_interval.
+  void MaybeRefresh();
+  absl::Status RefreshFrom(RedisNodePool* pool);
+
+  const RedisClusterOptions options_;
+  RedisNodePoolOptions pool_options_;
+  mutable absl::Mutex mu_;
+  // Pools are never removed, so a pointer handed out stays valid.
+  std::vector<std::unique_ptr<RedisNodePool>> pools_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, RedisNodePool*> by_endpoint_ ABSL_GUARDED_BY(mu_);
+  std::array<RedisNodePool*, kRedisClusterSlots> slots_ ABSL_GUARDED_BY(mu_){};
+  absl::Time last_refresh_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  std::atomic<bool> refreshing_{false};  // MaybeRefresh runs one at a time.
+
+  std::atomic<uint64_t> moved_{0};
+  std::atomic<uint64_t> ask_{0};
+  std::atomic<uint64_t> retried_{0};
+  std::atomic<uint64_t> refreshes_{0};
+  std::atomic<uint64_t> refresh_failures_{0};
+  std::atomic<uint64_t> io_failures_{0};
+};
+
+}  // namespace kvtier
+
+#endif  // KVTIER_STORAGE_REDIS_REDIS_CLUSTER_H_

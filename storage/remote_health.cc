@@ -1,0 +1,60 @@
+#include "storage/remote_health.h"
+
+#include <algorithm>
+
+#include "storage/log.h"
+
+namespace kvtier {
+
+RemoteHealth::RemoteHealth(absl::Duration min_backoff, absl::Duration max_backoff,
+                           std::function<absl::Time()> now)
+    : min_backoff_(min_backoff), max_backoff_(max_backoff), now_(std::move(now)),
+      backoff_(min_backoff) {}
+
+bool RemoteHealth::Allow() {
+  absl::MutexLock l(&mu_);
+  if (!degraded_) return true;
+  const absl::Time now = now_();
+  if (now < next_probe_) return false;
+  next_probe_ = now + backoff_;
+  return true;
+}
+
+void RemoteHealth::Succeeded() {
+  absl::MutexLock l(&mu_);
+  if (!degraded_) return;
+  degraded_ = false;
+  backoff_ = min_backoff_;
+  LogInfo("remote tier: reachable again; reads and writes resume");
+}
+
+void RemoteHealth::Failed(const absl::Status& why) {
+  absl::MutexLock l(&mu_);
+  if (!degraded_) {
+    degraded_ = true;
+    ++degradations_;
+    backoff_ = min_backoff_;
+    LogWarning("remote tier: degraded (serving from local tiers only; retrying with backoff): ",
+               why.message());
+  } else {
+    backoff_ = std::min(backoff_ * 2, max_backoff_);
+  }
+  next_probe_ = now_() + backoff_;
+}
+
+bool RemoteHealth::degraded() const {
+  absl::MutexLock l(&mu_);
+  return degraded_;
+}
+
+uint64_t RemoteHealth::degradations() const {
+  absl::MutexLock l(&mu_);
+  return degradations_;
+}
+
+absl::Duration RemoteHealth::backoff() const {
+  absl::MutexLock l(&mu_);
+  return backoff_;
+}
+
+}  // namespace kvtier

@@ -1,0 +1,466 @@
+#include "storage/remote_tier.h"
+
+#include <hiredis/hiredis.h>
+
+#include <algorithm>
+
+#include "absl/random/random.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "storage/crc32c.h"
+#include "storage/log.h"
+
+namespace kvtier {
+namespace {
+
+// Segments outlive their record by this much, so expiry never leaves a record whose
+// segments are gone (eviction still can; that read is a miss).
+constexpr absl::Duration kSegmentTtlMargin = absl::Minutes(1);
+
+uint64_t NewGeneration() {
+  thread_local absl::BitGen gen;
+  return absl::Uniform<uint64_t>(gen) | 1;  // Never 0.
+}
+
+bool IsOk(const redisReply& r) {
+  return r.type == REDIS_REPLY_STATUS && ReplyString(r) == "OK";
+}
+
+// Bytes [offset, offset + len) of a chunk given as consecutive pieces: a view when they
+// sit in one piece, else a copy in `scratch`.
+absl::string_view Gather(absl::Span<const absl::string_view> pieces, uint64_t offset,
+                         uint64_t len, std::string* scratch) {
+  uint64_t at = 0;
+  size_t i = 0;
+  while (i < pieces.size() && at + pieces[i].size() <= offset) at += pieces[i++].size();
+  if (i < pieces.size() && offset - at + len <= pieces[i].size()) {
+    return pieces[i].substr(offset - at, len);
+  }
+  scratch->clear();
+  scratch->reserve(len);
+  uint64_t skip = offset - at;
+  for (; i < pieces.size() && scratch->size() < len; ++i) {
+    absl::string_view p = pieces[i].substr(skip);
+    skip = 0;
+    const size_t take = std::min<uint64_t>(p.size(), len - scratch->size());
+    scratch->append(p.data(), take);
+  }
+  return *scratch;
+}
+
+}  // namespace
+
+absl::Status RemoteTierOptions::Validate() const {
+  if (!enabled()) return absl::OkStatus();
+  if (absl::Status s = cluster.Validate(); !s.ok()) return s;
+  if (key_prefix.empty() ||
+      key_prefix.find_first_of("*?[]\\:{} \t\r\n") != std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "remote key prefix \"", key_prefix,
+        "\": must be non-empty, without glob characters, ':', braces or spaces"));
+  }
+  if (segment_bytes < 4096 || segment_bytes > (512u << 20)) {
+    return absl::InvalidArgumentError("remote segment bytes must be in [4KiB, 512MiB]");
+  }
+  if (ttl < absl::Seconds(1)) return absl::InvalidArgumentError("remote ttl must be >= 1s");
+  if (batch_bytes < segment_bytes) {
+    return absl::InvalidArgumentError("remote batch bytes must be >= segment bytes");
+  }
+  if (write_threads < 1) return absl::InvalidArgumentError("remote write threads must be >= 1");
+  if (min_backoff <= absl::ZeroDuration() || max_backoff < min_backoff) {
+    return absl::InvalidArgumentError("remote backoff: need 0 < min <= max");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<RemoteTier>> RemoteTier::Open(RemoteTierOptions options) {
+  if (!options.enabled()) return absl::InvalidArgumentError("remote tier: no seed nodes");
+  if (absl::Status s = options.Validate(); !s.ok()) return s;
+  auto cluster = RedisCluster::Create(options.cluster);
+  if (!cluster.ok()) return cluster.status();
+  return std::unique_ptr<RemoteTier>(new RemoteTier(std::move(options), *std::move(cluster)));
+}
+
+RemoteTier::RemoteTier(RemoteTierOptions options, std::unique_ptr<RedisCluster> cluster)
+    : options_(std::move(options)),
+      cluster_(std::move(cluster)),
+      health_(options_.min_backoff, options_.max_backoff, options_.cluster.now) {
+  if (cluster_->stats().slots_covered == 0) {
+    health_.Failed(absl::UnavailableError("no node of the cluster answered at start-up"));
+  }
+  for (int i = 0; i < options_.write_threads; ++i) writers_.emplace_back([this] { WriterLoop(); });
+}
+
+RemoteTier::~RemoteTier() {
+  std::deque<Job> dropped;
+  {
+    absl::MutexLock l(&mu_);
+    stopping_ = true;
+    dropped.swap(queue_);
+    for (const Job& j : dropped) pending_bytes_ -= j.meta.size;
+  }
+  writes_dropped_.fetch_add(dropped.size(), std::memory_order_relaxed);
+  for (std::thread& t : writers_) t.join();
+}
+
+bool RemoteTier::WriteAsync(const ChunkId& id, const ChunkMeta& meta, uint64_t layout_fingerprint,
+                            std::vector<absl::string_view> pieces,
+                            std::shared_ptr<const void> keep_alive) {
+  if (health_.degraded()) {
+    // Not queued: it would wait on a cluster that is not there, holding pool bytes.
+    writes_dropped_.fetch_add(1, std::memory_order_relaxed);
+    return false;
+  }
+  absl::MutexLock l(&mu_);
+  if (stopping_ || pending_bytes_ + meta.size > options_.max_pending_bytes) {
+    writes_dropped_.fetch_add(1, std::memory_order_relaxed);
+    return false;
+  }
+  pending_bytes_ += meta.size;
+  queue_.push_back(Job{id, meta, layout_fingerprint, std::move(pieces), std::move(keep_alive)});
+  return true;
+}
+
+void RemoteTier::WriterLoop() {
+  for (;;) {
+    Job job;
+    {
+      absl::MutexLock l(&mu_);
+      mu_.Await(absl::Condition(
+          +[](RemoteTier* t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(t->mu_) {
+            return t->stopping_ || !t->queue_.empty();
+          },
+          this));
+      if (queue_.empty()) return;  // Stopping.
+      job = std::move(queue_.front());
+      queue_.pop_front();
+      ++running_;
+    }
+    Write(job);
+    const uint64_t size = job.meta.size;
+    job.keep_alive.reset();  // The pool bytes go back before the job counts as done.
+    absl::MutexLock l(&mu_);
+    --running_;
+    pending_bytes_ -= size;
+  }
+}
+
+void RemoteTier::Observe(const absl::Status& s) {
+  if (absl::IsUnavailable(s)) health_.Failed(s);
+}
+
+void RemoteTier::Write(const Job& job) {
+  if (!health_.Allow()) {
+    writes_dropped_.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  const std::string record_key = RemoteRecordKey(options_.key_prefix, job.id);
+  {
+    // Another daemon may have stored this chunk already (the same prefix put on two
+    // hosts): then its bytes need not travel again.
+    auto exists = cluster_->ExecuteOne({{"EXISTS", record_key}, record_key});
+    if (!exists.ok()) {
+      Observe(exists.status());
+      write_failures_.fetch_add(1, std::memory_order_relaxed);
+      return;
+    }
+    health_.Succeeded();
+    if ((*exists)->type == REDIS_REPLY_INTEGER && (*exists)->integer == 1) {
+      writes_present_.fetch_add(1, std::memory_order_relaxed);
+      return;
+    }
+  }
+  RemoteRecord record;
+  record.meta = job.meta;
+  record.layout_fingerprint = job.layout_fingerprint;
+  record.generation = NewGeneration();
+  record.segment_bytes = options_.segment_bytes;
+  const uint32_t n = RemoteSegmentCount(job.meta.size, options_.segment_bytes);
+  record.segment_crc32c.resize(n);
+  const std::string segment_ttl =
+      std::to_string(absl::ToInt64Milliseconds(options_.ttl + kSegmentTtlMargin));
+  const std::string record_ttl = std::to_string(absl::ToInt64Milliseconds(options_.ttl));
+
+  auto failed = [&](uint32_t sent, absl::Status why, bool full) {
+    if (full) {
+      writes_full_.fetch_add(1, std::memory_order_relaxed);
+    } else {
+      write_failures_.fetch_add(1, std::memory_order_relaxed);
+      Observe(why);
+    }
+    if (!health_.degraded()) DeleteSegments(job.id, record.generation, sent);
+  };
+  // Segments, a batch at a time: each batch one pipeline per master.
+  for (uint32_t first = 0; first < n;) {
+    std::vector<std::string> keys;
+    std::vector<std::string> scratch;
+    std::vector<absl::string_view> values;
+    uint64_t batch = 0;
+    uint32_t end = first;
+    while (end < n && (end == first || batch + record.SegmentSize(end) <= options_.batch_bytes)) {
+      batch += record.SegmentSize(end);
+      ++end;
+    }
+    keys.reserve(end - first);
+    scratch.resize(end - first);
+    for (uint32_t i = first; i < end; ++i) {
+      keys.push_back(RemoteSegmentKey(options_.key_prefix, job.id, record.generation, i));
+      absl::string_view bytes =
+          Gather(job.pieces, static_cast<uint64_t>(i) * options_.segment_bytes,
+                 record.SegmentSize(i), &scratch[i - first]);
+      record.segment_crc32c[i] = crc32c::Value(bytes);
+      values.push_back(bytes);
+    }
+    std::vector<RedisCommand> commands;
+    commands.reserve(keys.size());
+    for (size_t k = 0; k < keys.size(); ++k) {
+      commands.push_back({{"SET", keys[k], values[k], "PX", segment_ttl}, keys[k]});
+    }
+    auto replies = cluster_->Execute(commands);
+    for (auto& r : replies) {
+      if (!r.ok()) return failed(end, r.status(), false);
+      if (!IsOk(**r)) {
+        const absl::string_view error = ReplyString(**r);
+        return failed(end, absl::InternalError(error), absl::StartsWith(error, "OOM"));
+      }
+    }
+    first = end;
+  }
+  // The commit record, last: only now can a reader see the chunk. NX: a writer that
+  // committed first wins, and this write's segments go.
+  const std::string encoded = EncodeRemoteRecord(record);
+  auto commit = cluster_->ExecuteOne(
+      {{"SET", record_key, encoded, "PX", record_ttl, "NX"}, record_key});
+  if (!commit.ok()) return failed(n, commit.status(), false);
+  if (IsNilReply(**commit)) {
+    writes_present_.fetch_add(1, std::memory_order_relaxed);
+    DeleteSegments(job.id, record.generation, n);
+    return;
+  }
+  if (!IsOk(**commit)) {
+    const absl::string_view error = ReplyString(**commit);
+    return failed(n, absl::InternalError(error), absl::StartsWith(error, "OOM"));
+  }
+  writes_.fetch_add(1, std::memory_order_relaxed);
+  bytes_written_.fetch_add(job.meta.size, std::memory_order_relaxed);
+}
+
+void RemoteTier::DeleteSegments(const ChunkId& id, uint64_t generation, uint32_t n) {
+  std::vector<std::string> keys;
+  keys.reserve(n);
+  for (uint32_t i = 0; i < n; ++i) {
+    keys.push_back(RemoteSegmentKey(options_.key_prefix, id, generation, i));
+  }
+  std::vector<RedisCommand> commands;
+  for (const std::string& k : keys) commands.push_back({{"DEL", k}, k});
+  // Best effort: what is left expires with its TTL.
+  (void)cluster_->Execute(commands);
+}
+
+absl::StatusOr<RemoteRecord> RemoteTier::ReadRecord(const ChunkId& id,
+                                                    uint64_t layout_fingerprint) {
+  if (!health_.Allow()) {
+    misses_.fetch_add(1, std::memory_order_relaxed);
+    return absl::NotFoundError("remote tier degraded");
+  }
+  const std::string key = RemoteRecordKey(options_.key_prefix, id);
+  auto reply = cluster_->ExecuteOne({{"GET", key}, key});
+  if (!reply.ok()) {
+    Observe(reply.status());
+    read_failures_.fetch_add(1, std::memory_order_relaxed);
+    return reply.status();
+  }
+  health_.Succeeded();
+  const redisReply& r = **reply;
+  if (IsNilReply(r)) {
+    misses_.fetch_add(1, std::memory_order_relaxed);
+    return absl::NotFoundError("not in the remote tier");
+  }
+  absl::StatusOr<RemoteRecord> record =
+      r.type == REDIS_REPLY_STRING
+          ? DecodeRemoteRecord(ReplyString(r))
+          : absl::DataLossError(absl::StrCat("remote commit record: not a string: ",
+                                             ReplyString(r)));
+  if (!record.ok()) {
+    checksum_failures_.fetch_add(1, std::memory_order_relaxed);
+    LogWarning("remote tier: chunk ", id.DebugString(), ": ", record.status().message(),
+               "; record deleted");
+    (void)cluster_->ExecuteOne({{"DEL", key}, key});
+    return absl::NotFoundError(record.status().message());
+  }
+  if (record->layout_fingerprint != layout_fingerprint) {
+    foreign_.fetch_add(1, std::memory_order_relaxed);
+    return absl::NotFoundError("remote chunk was stored under another layout");
+  }
+  return record;
+}
+
+absl::Status RemoteTier::ReadPayload(const ChunkId& id, const RemoteRecord& record,
+                                     ChunkSink& sink) {
+  const std::string record_key = RemoteRecordKey(options_.key_prefix, id);
+  auto corrupt = [&](absl::string_view why) {
+    checksum_failures_.fetch_add(1, std::memory_order_relaxed);
+    LogWarning("remote tier: chunk ", id.DebugString(), ": ", why, "; record deleted");
+    (void)cluster_->ExecuteOne({{"DEL", record_key}, record_key});
+    return absl::DataLossError(absl::StrCat("remote chunk ", id.key.ToHex(), ": ", why));
+  };
+  const uint32_t n = record.segments();
+  for (uint32_t first = 0; first < n;) {
+    uint64_t batch = 0;
+    uint32_t end = first;
+    while (end < n && (end == first || batch + record.SegmentSize(end) <= options_.batch_bytes)) {
+      batch += record.SegmentSize(end);
+      ++end;
+    }
+    std::vector<std::string> keys;
+    keys.reserve(end - first);
+    for (uint32_t i = first; i < end; ++i) {
+      keys.push_back(RemoteSegmentKey(options_.key_prefix, id, record.generation, i));
+    }
+    std::vector<RedisCommand> commands;
+    commands.reserve(keys.size());
+    for (const std::string& k : keys) commands.push_back({{"GET", k}, k});
+    auto replies = cluster_->Execute(commands);
+    for (uint32_t i = first; i < end; ++i) {
+      auto& reply = replies[i - first];
+      if (!reply.ok()) {
+        Observe(reply.status());
+        read_failures_.fetch_add(1, std::memory_order_relaxed);
+        return reply.status();
+      }
+      if (IsNilReply(**reply)) {
+        torn_.fetch_add(1, std::memory_order_relaxed);
+        return absl::NotFoundError(absl::StrCat("remote chunk ", id.key.ToHex(), ": segment ", i,
+                                                " of ", n, " is gone (evicted or expired)"));
+      }
+      const absl::string_view bytes = ReplyString(**reply);
+      if ((*reply)->type != REDIS_REPLY_STRING || bytes.size() != record.SegmentSize(i)) {
+        return corrupt(absl::StrCat("segment ", i, " has the wrong size"));
+      }
+      if (crc32c::Value(bytes) != record.segment_crc32c[i]) {
+        return corrupt(absl::StrCat("segment ", i, " fails its CRC32C"));
+      }
+      sink.Write(static_cast<uint64_t>(i) * record.segment_bytes, bytes);
+    }
+    first = end;
+  }
+  if (sink.Crc32c() != record.meta.crc32c) return corrupt("the chunk fails its CRC32C");
+  health_.Succeeded();
+  hits_.fetch_add(1, std::memory_order_relaxed);
+  bytes_read_.fetch_add(record.meta.size, std::memory_order_relaxed);
+  return absl::OkStatus();
+}
+
+std::vector<bool> RemoteTier::ContainsMany(absl::Span<const ChunkId> ids) {
+  std::vector<bool> out(ids.size(), false);
+  if (ids.empty() || !health_.Allow()) return out;
+  std::vector<std::string> keys;
+  keys.reserve(ids.size());
+  for (const ChunkId& id : ids) keys.push_back(RemoteRecordKey(options_.key_prefix, id));
+  std::vector<RedisCommand> commands;
+  commands.reserve(keys.size());
+  for (const std::string& k : keys) commands.push_back({{"EXISTS", k}, k});
+  auto replies = cluster_->Execute(commands);
+  bool reached = false;
+  for (size_t i = 0; i < replies.size(); ++i) {
+    if (!replies[i].ok()) {
+      Observe(replies[i].status());
+      continue;
+    }
+    reached = true;
+    out[i] = (*replies[i])->type == REDIS_REPLY_INTEGER && (*replies[i])->integer == 1;
+  }
+  if (reached) health_.Succeeded();
+  return out;
+}
+
+absl::StatusOr<bool> RemoteTier::Delete(const ChunkId& id) {
+  const std::string key = RemoteRecordKey(options_.key_prefix, id);
+  auto reply = cluster_->ExecuteOne({{"GET", key}, key});
+  if (!reply.ok()) {
+    Observe(reply.status());
+    return reply.status();
+  }
+  if (IsNilReply(**reply)) return false;
+  auto record = DecodeRemoteRecord(ReplyString(**reply));
+  auto del = cluster_->ExecuteOne({{"DEL", key}, key});
+  if (!del.ok()) {
+    Observe(del.status());
+    return del.status();
+  }
+  if (record.ok()) DeleteSegments(id, record->generation, record->segments());
+  return true;
+}
+
+absl::StatusOr<uint64_t> RemoteTier::Clear(uint64_t ns) {
+  const std::string pattern = RemoteNamespacePattern(options_.key_prefix, ns);
+  // A record's key has no ':' after the namespace's; a segment's has two.
+  const size_t record_colons = 2;
+  uint64_t records = 0;
+  absl::Status s = cluster_->ForEachMaster([&](RedisConnection& conn) -> absl::Status {
+    std::string cursor = "0";
+    do {
+      auto reply = conn.Call({"SCAN", cursor, "MATCH", pattern, "COUNT", "1000"});
+      if (!reply.ok()) return reply.status();
+      const redisReply& r = **reply;
+      if (r.type != REDIS_REPLY_ARRAY || r.elements != 2 ||
+          r.element[1]->type != REDIS_REPLY_ARRAY) {
+        return absl::UnavailableError(absl::StrCat("redis ", conn.endpoint().ToString(),
+                                                   ": SCAN: ", ReplyString(r)));
+      }
+      cursor = std::string(ReplyString(*r.element[0]));
+      const redisReply& keys = *r.element[1];
+      for (size_t i = 0; i < keys.elements; ++i) {
+        const absl::string_view k = ReplyString(*keys.element[i]);
+        if (static_cast<size_t>(std::count(k.begin(), k.end(), ':')) == record_colons) ++records;
+        conn.Append({"DEL", k});
+      }
+      for (size_t i = 0; i < keys.elements; ++i) {
+        auto del = conn.Read();
+        if (!del.ok()) return del.status();
+      }
+    } while (cursor != "0");
+    return absl::OkStatus();
+  });
+  if (!s.ok()) {
+    Observe(s);
+    return s;
+  }
+  return records;
+}
+
+void RemoteTier::WaitIdle() {
+  absl::MutexLock l(&mu_);
+  mu_.Await(absl::Condition(
+      +[](RemoteTier* t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(t->mu_) {
+        return t->queue_.empty() && t->running_ == 0;
+      },
+      this));
+}
+
+RemoteTierStats RemoteTier::GetStats() const {
+  RemoteTierStats s;
+  s.degraded = health_.degraded();
+  s.degradations = health_.degradations();
+  s.hits = hits_.load(std::memory_order_relaxed);
+  s.misses = misses_.load(std::memory_order_relaxed);
+  s.bytes_read = bytes_read_.load(std::memory_order_relaxed);
+  s.bytes_written = bytes_written_.load(std::memory_order_relaxed);
+  s.writes = writes_.load(std::memory_order_relaxed);
+  s.writes_present = writes_present_.load(std::memory_order_relaxed);
+  s.writes_dropped = writes_dropped_.load(std::memory_order_relaxed);
+  s.write_failures = write_failures_.load(std::memory_order_relaxed);
+  s.writes_full = writes_full_.load(std::memory_order_relaxed);
+  s.read_failures = read_failures_.load(std::memory_order_relaxed);
+  s.checksum_failures = checksum_failures_.load(std::memory_order_relaxed);
+  s.torn = torn_.load(std::memory_order_relaxed);
+  s.foreign = foreign_.load(std::memory_order_relaxed);
+  {
+    absl::MutexLock l(&mu_);
+    s.pending_bytes = pending_bytes_;
+  }
+  s.cluster = cluster_->stats();
+  return s;
+}
+
+}  // namespace kvtier

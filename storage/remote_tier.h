@@ -1,0 +1,156 @@
+// RemoteTier: the shared tier (L3) on Redis Cluster. Chunks are written to it in the
+// background after they land locally (WriteAsync never blocks a put: when its queue is
+// full, or the cluster is unreachable, the write is dropped and counted) and read
+// through on a local miss. The data model (segments spread over the slots, a commit
+// record written last) is in remote_record.h.
+//
+// What it promises:
+//  - Never a torn or foreign chunk: a record is used only if its own CRC32C, its
+//    layout fingerprint and its segments' generation match; every segment is checked
+//    against its CRC32C and the whole chunk against its CRC32C before the caller sees
+//    success. Anything else is a miss (counted by cause); a corrupt record or segment
+//    also deletes the record, so no other daemon trips on it.
+//  - Never failing because the cluster is full or gone: an OOM reply drops the write
+//    (counted as full); an unreachable cluster marks the tier degraded (RemoteHealth:
+//    log and metric, probes with backoff) and reads miss at once.
+//  - Expiry by Redis TTLs: records live `ttl`, segments a minute longer, so a record
+//    never outlives its segments by expiry. Capacity is the cluster's (its maxmemory
+//    and eviction policy); a record whose segments were evicted reads as a miss.
+//  - Bounded: at most max_pending_bytes of chunks queued or being written (each holds
+//    its pool bytes until written), at most connections_per_node connections per node,
+//    at most batch_bytes of segments in one pipeline.
+//
+// Thread-safety: thread-safe. write_threads background threads; the destructor drops
+// the writes still queued (their chunks are still local) and waits for those running.
+#ifndef KVTIER_STORAGE_REMOTE_TIER_H_
+#define KVTIER_STORAGE_REMOTE_TIER_H_
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "storage/chunk_id.h"
+#include "storage/redis/redis_cluster.h"
+#include "storage/remote_health.h"
+#include "storage/remote_record.h"
+#include "storage/ssd_tier.h"
+
+namespace kvtier {
+
+struct RemoteTierOptions {
+  RedisClusterOptions cluster;  // No seeds: no remote tier.
+  std::string key_prefix = "kvt";
+  uint32_t segment_bytes = 1u << 20;
+  absl::Duration ttl = absl::Hours(24);
+  uint64_t max_pending_bytes = 256ull << 20;
+  // Segment bytes sent or fetched in one pipelined batch.
+  uint64_t batch_bytes = 16ull << 20;
+  int write_threads = 2;
+  absl::Duration min_backoff = absl::Milliseconds(100);
+  absl::Duration max_backoff = absl::Seconds(10);
+
+  bool enabled() const { return !cluster.seeds.empty(); }
+  absl::Status Validate() const;
+};
+
+struct RemoteTierStats {
+  bool degraded = false;
+  uint64_t degradations = 0;
+  uint64_t hits = 0;                 // Chunks read and verified.
+  uint64_t misses = 0;               // No record (or skipped while degraded).
+  uint64_t bytes_read = 0;
+  uint64_t bytes_written = 0;
+  uint64_t writes = 0;               // Chunks committed.
+  uint64_t writes_present = 0;       // Skipped: another writer had committed it.
+  uint64_t writes_dropped = 0;       // Queue full, degraded, or shutting down.
+  uint64_t write_failures = 0;       // Sent but not committed (unreachable, errors).
+  uint64_t writes_full = 0;          // The cluster answered OOM.
+  uint64_t read_failures = 0;        // Unreachable mid-read.
+  uint64_t checksum_failures = 0;    // Corrupt records or segments (deleted).
+  uint64_t torn = 0;                 // A record whose segments are not all there.
+  uint64_t foreign = 0;              // A record of another layout.
+  uint64_t pending_bytes = 0;        // Queued or being written now.
+  RedisClusterStats cluster;
+};
+
+class RemoteTier {
+ public:
+  // Returns: Ok, InvalidArgument. An unreachable cluster is not an error (degraded).
+  static absl::StatusOr<std::unique_ptr<RemoteTier>> Open(RemoteTierOptions options);
+  ~RemoteTier();
+  RemoteTier(const RemoteTier&) = delete;
+  RemoteTier& operator=(const RemoteTier&) = delete;
+
+  // Queues a chunk that landed locally. `pieces` (covering meta.size) stay valid while
+  // `keep_alive` is held. Never blocks; returns whether it was queued.
+  bool WriteAsync(const ChunkId& id, const ChunkMeta& meta, uint64_t layout_fingerprint,
+                  std::vector<absl::string_view> pieces, std::shared_ptr<const void> keep_alive);
+
+  // The chunk's commit record, if it has one for this layout. Returns: Ok, NotFound
+  // (absent, foreign, corrupt, or the tier is degraded), Unavailable (unreachable now).
+  absl::StatusOr<RemoteRecord> ReadRecord(const ChunkId& id, uint64_t layout_fingerprint);
+  // Reads the payload of `record` into `sink`, verifying every segment and then the
+  // chunk. Returns: Ok, NotFound (segments missing: torn), DataLoss (corrupt; the record
+  // is deleted), Unavailable.
+  absl::Status ReadPayload(const ChunkId& id, const RemoteRecord& record, ChunkSink& sink);
+  // Whether each of `ids` has a commit record (one pipelined round trip). All false
+  // while degraded. A record whose segments were since evicted still answers true;
+  // the read then misses.
+  std::vector<bool> ContainsMany(absl::Span<const ChunkId> ids);
+  // Deletes the record and its segments. Returns whether a record existed. Errors:
+  // Unavailable.
+  absl::StatusOr<bool> Delete(const ChunkId& id);
+  // Deletes every record and segment of namespace `ns` (SCAN over each master).
+  // Returns how many records went. Errors: Unavailable.
+  absl::StatusOr<uint64_t> Clear(uint64_t ns);
+
+  // Waits until no write is queued or running (tests, benchmarks).
+  void WaitIdle();
+  RemoteTierStats GetStats() const;
+  bool degraded() const { return health_.degraded(); }
+
+ private:
+  struct Job {
+    ChunkId id;
+    ChunkMeta meta;
+    uint64_t layout_fingerprint;
+    std::vector<absl::string_view> pieces;
+    std::shared_ptr<const void> keep_alive;
+  };
+  RemoteTier(RemoteTierOptions options, std::unique_ptr<RedisCluster> cluster);
+  void WriterLoop();
+  void Write(const Job& job);
+  // Deletes segments [0, n) of `generation` (a write that did not commit).
+  void DeleteSegments(const ChunkId& id, uint64_t generation, uint32_t n);
+  // Counts `s` against health when it says the cluster was unreachable.
+  void Observe(const absl::Status& s);
+
+  const RemoteTierOptions options_;
+  std::unique_ptr<RedisCluster> cluster_;
+  RemoteHealth health_;
+
+  mutable absl::Mutex mu_;
+  std::deque<Job> queue_ ABSL_GUARDED_BY(mu_);
+  uint64_t pending_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  int running_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::thread> writers_;
+
+  std::atomic<uint64_t> hits_{0}, misses_{0}, bytes_read_{0}, bytes_written_{0}, writes_{0},
+      writes_present_{0}, writes_dropped_{0}, write_failures_{0}, writes_full_{0},
+      read_failures_{0}, checksum_failures_{0}, torn_{0}, foreign_{0};
+};
+
+}  // namespace kvtier
+
+#endif  // KVTIER_STORAGE_REMOTE_TIER_H_
