@@ -118,7 +118,10 @@ TEST(RemoteHealthTest, DegradesBacksOffAndRecovers) {
   EXPECT_TRUE(h.degraded());
   EXPECT_EQ(h.degradations(), 1u);
   EXPECT_FALSE(h.Allow());  // Within the backoff: refused at once.
+  EXPECT_FALSE(h.ProbeDue());
   now += absl::Milliseconds(100);
+  EXPECT_TRUE(h.ProbeDue());
+  EXPECT_TRUE(h.ProbeDue());  // Asking takes nothing...
   EXPECT_TRUE(h.Allow());   // One probe...
   EXPECT_FALSE(h.Allow());  // ...and only one.
   h.Failed(absl::UnavailableError("still down"));

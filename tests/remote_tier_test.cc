@@ -1,0 +1,397 @@
+// The shared tier through TieredStore, against a real Redis Cluster on loopback: a
+// chunk put on one store is read on another (and kept in its RAM), a chunk two stores
+// put travels once, and every way a remote copy can be bad (a corrupt or missing
+// segment, a damaged record, another layout under the same namespace) is a miss, never
+// served. Deletes and clears reach the cluster; a full cluster and a dead one cost the
+// puts nothing.
+#include "storage/tiered_store.h"
+
+#include <hiredis/hiredis.h>
+
+#include <cstring>
+#include <set>
+#include <string>
+
+#include "gtest/gtest.h"
+#include "storage/crc32c.h"
+#include "storage/log.h"
+#include "storage/redis/hash_slot.h"
+#include "storage/remote_record.h"
+#include "tests/support/fake_clock.h"
+#include "tests/support/redis_cluster_process.h"
+
+namespace kvtier {
+namespace {
+
+using testing::FakeClock;
+using testing::RedisClusterProcess;
+using testing::RedisClusterSpec;
+using testing::TempDir;
+
+constexpr uint64_t kMiB = 1 << 20;
+
+// 4 layers * 2 * 2 heads * 128 dims * 256 tokens * 2 bytes = 1 MiB per chunk.
+LayoutSpec SmallLayout(absl::string_view model = "test/small-model") {
+  LayoutSpec l;
+  l.model_id = std::string(model);
+  l.model_revision = "r1";
+  l.dtype = LayoutSpec::DType::kFloat16;
+  l.num_layers = 4;
+  l.num_kv_heads = 2;
+  l.head_dim = 128;
+  l.tokens_per_chunk = 256;
+  l.key_position = LayoutSpec::KeyPosition::kPostRope;
+  return l;
+}
+
+std::string Payload(const ChunkId& id, uint64_t size) {
+  std::string s(size, '\0');
+  uint64_t x = id.key.hi ^ id.key.lo ^ 0x243f6a8885a308d3ull;
+  for (size_t i = 0; i + 8 <= size; i += 8) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    std::memcpy(&s[i], &x, 8);
+  }
+  return s;
+}
+
+std::string ReadAll(const ChunkView& view) {
+  std::string out;
+  view.ForEachPiece(0, view.meta().size, [&](absl::string_view p) { out.append(p.data(), p.size()); });
+  return out;
+}
+
+constexpr uint64_t kNs = 0x7e57;
+
+class RemoteTierTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    if (!RedisClusterProcess::Available()) return;
+    auto c = RedisClusterProcess::Start({});
+    ASSERT_TRUE(c.ok()) << c.status();
+    shared_ = c->release();
+  }
+  static void TearDownTestSuite() {
+    delete shared_;
+    shared_ = nullptr;
+  }
+  void SetUp() override {
+    SetMinLogLevel(LogLevel::kError);
+    if (!RedisClusterProcess::Available()) GTEST_SKIP() << "redis-server not installed";
+    cluster_ = shared_;
+    ASSERT_TRUE(cluster_->FlushAll().ok());
+  }
+
+  TieredStoreOptions Options(const std::string& dir, WriteMode mode) {
+    TieredStoreOptions o;
+    o.write_mode = mode;
+    o.ram.arena.capacity_bytes = 16 * kMiB;
+    o.ram.arena.slot_bytes = 64 << 10;
+    o.ssd.path = dir + "/db";
+    o.ssd.capacity_bytes = 256 * kMiB;
+    o.max_chunk_bytes = 4 * kMiB;
+    o.put_wait = absl::Milliseconds(50);
+    o.remote.cluster.seeds = cluster_->Seeds();
+    o.remote.cluster.now = clock_.AsFunction();
+    o.remote.cluster.io_timeout = absl::Milliseconds(500);
+    o.remote.cluster.min_refresh_interval = absl::ZeroDuration();
+    o.remote.segment_bytes = 64 << 10;  // 16 segments per chunk.
+    o.remote.ttl = absl::Hours(1);
+    return o;
+  }
+  std::unique_ptr<TieredStore> Open(const TieredStoreOptions& o, const LayoutSpec& layout = SmallLayout()) {
+    auto s = TieredStore::Open(o);
+    EXPECT_TRUE(s.ok()) << s.status();
+    if (!s.ok()) return nullptr;
+    auto r = (*s)->RegisterLayout(layout, kNs);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return *std::move(s);
+  }
+  // Store A writes back to its SSD; store B is RAM only. Both share the cluster.
+  void OpenBoth() {
+    a_ = Open(Options(dir_a_.path(), WriteMode::kWriteBack));
+    b_ = Open(Options(dir_b_.path(), WriteMode::kRamOnly));
+    ASSERT_NE(a_, nullptr);
+    ASSERT_NE(b_, nullptr);
+  }
+
+  static ChunkId Id(uint64_t n) { return ChunkId{kNs, ChunkKey{0xc0ffee0000000000ull | n, n}}; }
+
+  absl::Status Put(TieredStore* store, const ChunkId& id) {
+    auto w = store->BeginPut(id, 256);
+    if (!w.ok()) return w.status();
+    if (*w == nullptr) return absl::AlreadyExistsError("present");
+    const std::string data = Payload(id, (*w)->size());
+    if (absl::Status s = (*w)->Append(data); !s.ok()) return s;
+    return store->CommitPut(*std::move(w), crc32c::Value(data));
+  }
+
+  // The commit record as stored.
+  RemoteRecord Record(const ChunkId& id) {
+    const std::string key = RemoteRecordKey("kvt", id);
+    auto m = cluster_->MasterOf(RedisHashSlot(key));
+    EXPECT_TRUE(m.ok());
+    auto r = cluster_->Call(*m, {"GET", key});
+    EXPECT_TRUE(r.ok());
+    auto rec = DecodeRemoteRecord(ReplyString(**r));
+    EXPECT_TRUE(rec.ok()) << rec.status();
+    return rec.ok() ? *rec : RemoteRecord{};
+  }
+  // A command on the master of `key`.
+  RedisReplyPtr OnOwner(const std::string& key, const std::vector<std::string>& argv) {
+    auto m = cluster_->MasterOf(RedisHashSlot(key));
+    EXPECT_TRUE(m.ok());
+    auto r = cluster_->Call(*m, argv);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? *std::move(r) : nullptr;
+  }
+  bool RecordExists(const ChunkId& id) {
+    const std::string key = RemoteRecordKey("kvt", id);
+    return OnOwner(key, {"EXISTS", key})->integer == 1;
+  }
+
+  static RedisClusterProcess* shared_;
+  RedisClusterProcess* cluster_ = nullptr;
+  FakeClock clock_;
+  TempDir dir_a_{"remote-a"}, dir_b_{"remote-b"};
+  std::unique_ptr<TieredStore> a_, b_;
+};
+
+RedisClusterProcess* RemoteTierTest::shared_ = nullptr;
+
+TEST_F(RemoteTierTest, AChunkPutOnOneStoreIsReadOnAnother) {
+  OpenBoth();
+  const ChunkId id = Id(1);
+  ASSERT_TRUE(Put(a_.get(), id).ok());
+  a_->WaitForRemoteWrites();
+  EXPECT_EQ(a_->GetStats().remote.writes, 1u);
+  EXPECT_EQ(a_->GetStats().remote.bytes_written, kMiB);
+
+  EXPECT_EQ(b_->Locate(id), Tier::kNone);  // Locally nothing...
+  const ChunkId ids[] = {id, Id(2)};
+  EXPECT_EQ(b_->LocateMany(ids), (std::vector<Tier>{Tier::kRemote, Tier::kNone}));
+  auto view = b_->Read(id);
+  ASSERT_TRUE(view.ok()) << view.status();
+  EXPECT_EQ(view->tier(), Tier::kRemote);
+  EXPECT_EQ(ReadAll(*view), Payload(id, kMiB));
+  EXPECT_EQ(view->meta().token_count, 256u);
+  EXPECT_EQ(b_->Locate(id), Tier::kRam);  // ...then kept in RAM.
+  const TieredStoreStats s = b_->GetStats();
+  EXPECT_EQ(s.remote.hits, 1u);
+  EXPECT_EQ(s.remote.bytes_read, kMiB);
+  EXPECT_EQ(s.remote_promotions, 1u);
+  EXPECT_EQ(s.remote.writes, 0u);  // A chunk read from the tier is not written back to it.
+  EXPECT_FALSE(b_->Read(Id(2)).ok());
+
+  // Its 16 segments are spread over the masters, and expire after their record.
+  const RemoteRecord rec = Record(id);
+  ASSERT_EQ(rec.segments(), 16u);
+  std::set<int> masters;
+  for (uint32_t i = 0; i < rec.segments(); ++i) {
+    auto m = cluster_->MasterOf(RedisHashSlot(RemoteSegmentKey("kvt", id, rec.generation, i)));
+    ASSERT_TRUE(m.ok());
+    masters.insert(*m);
+  }
+  EXPECT_EQ(masters.size(), 3u);
+  const std::string rkey = RemoteRecordKey("kvt", id);
+  const std::string skey = RemoteSegmentKey("kvt", id, rec.generation, 0);
+  const long long record_ttl = OnOwner(rkey, {"PTTL", rkey})->integer;
+  const long long segment_ttl = OnOwner(skey, {"PTTL", skey})->integer;
+  EXPECT_GT(record_ttl, 0);
+  EXPECT_LE(record_ttl, 3600 * 1000);
+  EXPECT_GT(segment_ttl, record_ttl);
+}
+
+TEST_F(RemoteTierTest, AChunkTwoStoresPutTravelsOnce) {
+  OpenBoth();
+  const ChunkId id = Id(3);
+  ASSERT_TRUE(Put(a_.get(), id).ok());
+  a_->WaitForRemoteWrites();
+  ASSERT_TRUE(Put(b_.get(), id).ok());
+  b_->WaitForRemoteWrites();
+  EXPECT_EQ(b_->GetStats().remote.writes_present, 1u);
+  EXPECT_EQ(b_->GetStats().remote.bytes_written, 0u);
+}
+
+TEST_F(RemoteTierTest, ACorruptSegmentIsNeverServed) {
+  OpenBoth();
+  const ChunkId id = Id(4);
+  ASSERT_TRUE(Put(a_.get(), id).ok());
+  a_->WaitForRemoteWrites();
+  const RemoteRecord rec = Record(id);
+  const std::string skey = RemoteSegmentKey("kvt", id, rec.generation, 5);
+  std::string bytes(ReplyString(*OnOwner(skey, {"GET", skey})));
+  bytes[1000] ^= 1;  // One bit, same length.
+  OnOwner(skey, {"SET", skey, bytes});
+  auto view = b_->Read(id);
+  EXPECT_EQ(view.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(b_->GetStats().remote.checksum_failures, 1u);
+  EXPECT_EQ(b_->GetStats().remote.hits, 0u);
+  EXPECT_EQ(b_->Locate(id), Tier::kNone);
+  EXPECT_FALSE(RecordExists(id));  // Deleted: no other daemon trips on it.
+  // The writer's own copy is untouched.
+  auto local = a_->Read(id);
+  ASSERT_TRUE(local.ok());
+  EXPECT_EQ(ReadAll(*local), Payload(id, kMiB));
+}
+
+TEST_F(RemoteTierTest, AMissingSegmentIsAMiss) {
+  OpenBoth();
+  const ChunkId id = Id(5);
+  ASSERT_TRUE(Put(a_.get(), id).ok());
+  a_->WaitForRemoteWrites();
+  const RemoteRecord rec = Record(id);
+  const std::string skey = RemoteSegmentKey("kvt", id, rec.generation, 15);
+  OnOwner(skey, {"DEL", skey});  // As Redis eviction would.
+  EXPECT_EQ(b_->Read(id).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(b_->GetStats().remote.torn, 1u);
+  EXPECT_EQ(b_->Locate(id), Tier::kNone);
+}
+
+TEST_F(RemoteTierTest, ADamagedRecordIsAMissAndIsDeleted) {
+  OpenBoth();
+  const ChunkId id = Id(6);
+  ASSERT_TRUE(Put(a_.get(), id).ok());
+  a_->WaitForRemoteWrites();
+  const std::string rkey = RemoteRecordKey("kvt", id);
+  std::string rec(ReplyString(*OnOwner(rkey, {"GET", rkey})));
+  rec[12] ^= 0x10;  // The size field.
+  OnOwner(rkey, {"SET", rkey, rec});
+  EXPECT_EQ(b_->Read(id).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(b_->GetStats().remote.checksum_failures, 1u);
+  EXPECT_FALSE(RecordExists(id));
+}
+
+TEST_F(RemoteTierTest, AnotherLayoutUnderTheSameNamespaceIsAMiss) {
+  a_ = Open(Options(dir_a_.path(), WriteMode::kWriteBack));
+  // Same namespace id and chunk size, another model: its chunks must not be used.
+  b_ = Open(Options(dir_b_.path(), WriteMode::kRamOnly), SmallLayout("test/other-model"));
+  const ChunkId id = Id(7);
+  ASSERT_TRUE(Put(a_.get(), id).ok());
+  a_->WaitForRemoteWrites();
+  EXPECT_EQ(b_->Read(id).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(b_->GetStats().remote.foreign, 1u);
+  EXPECT_TRUE(RecordExists(id));  // Not corrupt: the other layout's readers still use it.
+}
+
+TEST_F(RemoteTierTest, DeleteAndClearReachTheCluster) {
+  OpenBoth();
+  for (uint64_t n = 10; n < 14; ++n) ASSERT_TRUE(Put(a_.get(), Id(n)).ok());
+  a_->WaitForRemoteWrites();
+  auto deleted = a_->Delete(Id(10));
+  ASSERT_TRUE(deleted.ok());
+  EXPECT_TRUE(*deleted);
+  EXPECT_FALSE(RecordExists(Id(10)));
+  EXPECT_EQ(b_->Read(Id(10)).status().code(), absl::StatusCode::kNotFound);
+  auto cleared = a_->Clear(kNs);
+  ASSERT_TRUE(cleared.ok()) << cleared.status();
+  EXPECT_EQ(*cleared, 3u);
+  for (uint64_t n = 11; n < 14; ++n) {
+    EXPECT_EQ(b_->Read(Id(n)).status().code(), absl::StatusCode::kNotFound) << n;
+  }
+  // Records and segments alike are gone from every master.
+  long long keys = 0;
+  for (int i = 0; i < cluster_->size(); ++i) {
+    auto role = cluster_->Call(i, {"ROLE"});
+    ASSERT_TRUE(role.ok());
+    if (ReplyString(*(*role)->element[0]) != "master") continue;
+    keys += (*cluster_->Call(i, {"DBSIZE"}))->integer;
+  }
+  EXPECT_EQ(keys, 0);
+}
+
+// Clusters of their own: these tests fill one and kill one.
+class RemoteTierFaultTest : public RemoteTierTest {
+ protected:
+  static void SetUpTestSuite() {}
+  static void TearDownTestSuite() {}
+  void SetUp() override {
+    SetMinLogLevel(LogLevel::kError);
+    if (!RedisClusterProcess::Available()) GTEST_SKIP() << "redis-server not installed";
+  }
+  void StartCluster(RedisClusterSpec spec) {
+    auto c = RedisClusterProcess::Start(std::move(spec));
+    ASSERT_TRUE(c.ok()) << c.status();
+    own_ = *std::move(c);
+    cluster_ = own_.get();
+  }
+  void TearDown() override {
+    a_.reset();
+    b_.reset();
+  }
+  std::unique_ptr<RedisClusterProcess> own_;
+};
+
+TEST_F(RemoteTierFaultTest, AFullClusterDropsWritesNotPuts) {
+  RedisClusterSpec spec;
+  spec.replicas_per_master = 0;
+  spec.extra_args = {"--maxmemory", "3mb", "--maxmemory-policy", "noeviction"};
+  StartCluster(spec);
+  OpenBoth();
+  for (uint64_t n = 0; n < 12; ++n) {
+    ASSERT_TRUE(Put(a_.get(), Id(n)).ok()) << n;
+    a_->WaitForRemoteWrites();
+  }
+  const RemoteTierStats s = a_->GetStats().remote;
+  EXPECT_GE(s.writes_full, 1u);
+  EXPECT_GE(s.writes, 1u);
+  EXPECT_FALSE(s.degraded);  // Full is not down.
+  for (uint64_t n = 0; n < 12; ++n) {
+    auto view = a_->Read(Id(n));
+    ASSERT_TRUE(view.ok()) << n;
+    EXPECT_EQ(ReadAll(*view), Payload(Id(n), kMiB));
+  }
+  // What did get written reads back whole on the other store; the rest misses.
+  uint64_t served = 0;
+  for (uint64_t n = 0; n < 12; ++n) {
+    auto view = b_->Read(Id(n));
+    if (!view.ok()) continue;
+    ++served;
+    EXPECT_EQ(ReadAll(*view), Payload(Id(n), kMiB));
+  }
+  EXPECT_EQ(served, s.writes);
+}
+
+TEST_F(RemoteTierFaultTest, ADeadClusterLeavesTheLocalTiersServing) {
+  RedisClusterSpec spec;
+  spec.replicas_per_master = 0;
+  StartCluster(spec);
+  OpenBoth();
+  ASSERT_TRUE(Put(a_.get(), Id(1)).ok());
+  a_->WaitForRemoteWrites();
+  for (int i = 0; i < cluster_->size(); ++i) cluster_->Kill(i);
+
+  ASSERT_TRUE(Put(a_.get(), Id(2)).ok());  // The put is unaffected...
+  a_->WaitForRemoteWrites();
+  EXPECT_TRUE(a_->GetStats().remote.degraded);  // ...its remote write failed.
+  EXPECT_EQ(a_->GetStats().remote.degradations, 1u);
+  ASSERT_TRUE(Put(a_.get(), Id(3)).ok());
+  EXPECT_GE(a_->GetStats().remote.writes_dropped, 1u);  // Degraded: not even queued.
+  for (uint64_t n = 1; n <= 3; ++n) {
+    auto view = a_->Read(Id(n));
+    ASSERT_TRUE(view.ok()) << n;
+    EXPECT_EQ(ReadAll(*view), Payload(Id(n), kMiB));
+  }
+  // The other store misses at once (no wait on a timeout while degraded).
+  EXPECT_EQ(b_->Read(Id(1)).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(b_->Read(Id(1)).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(b_->GetStats().remote.degraded);
+  const ChunkId ids[] = {Id(1)};
+  EXPECT_EQ(b_->LocateMany(ids), std::vector<Tier>{Tier::kNone});
+
+  // Every node restarts on its port and cluster state (persistence is off, so the
+  // cluster comes back empty).
+  for (int i = 0; i < cluster_->size(); ++i) ASSERT_TRUE(cluster_->Restart(i).ok());
+  ASSERT_TRUE(cluster_->WaitHealthy().ok());
+  clock_.Advance(absl::Seconds(11));  // Past the longest backoff: the next call probes.
+  ASSERT_TRUE(Put(a_.get(), Id(4)).ok());
+  a_->WaitForRemoteWrites();
+  EXPECT_FALSE(a_->GetStats().remote.degraded);
+  EXPECT_EQ(a_->GetStats().remote.writes, 2u);  // Id(1) before, Id(4) now.
+  auto view = b_->Read(Id(4));
+  ASSERT_TRUE(view.ok()) << view.status();
+  EXPECT_EQ(ReadAll(*view), Payload(Id(4), kMiB));
+  EXPECT_FALSE(b_->GetStats().remote.degraded);
+}
+
+}  // namespace
+}  // namespace kvtier
