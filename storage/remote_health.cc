@@ -20,6 +20,11 @@ bool RemoteHealth::Allow() {
   return true;
 }
 
+bool RemoteHealth::ProbeDue() const {
+  absl::MutexLock l(&mu_);
+  return !degraded_ || now_() >= next_probe_;
+}
+
 void RemoteHealth::Succeeded() {
   absl::MutexLock l(&mu_);
   if (!degraded_) return;

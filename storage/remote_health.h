@@ -26,6 +26,8 @@ class RemoteHealth {
   // True when healthy, or when degraded and the backoff has passed (then this caller is
   // the probe, and the next probe waits another backoff).
   bool Allow();
+  // Allow() would say true now; takes nothing (for callers that only queue work).
+  bool ProbeDue() const;
   void Succeeded();
   void Failed(const absl::Status& why);
 

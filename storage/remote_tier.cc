@@ -106,7 +106,7 @@ RemoteTier::~RemoteTier() {
 bool RemoteTier::WriteAsync(const ChunkId& id, const ChunkMeta& meta, uint64_t layout_fingerprint,
                             std::vector<absl::string_view> pieces,
                             std::shared_ptr<const void> keep_alive) {
-  if (health_.degraded()) {
+  if (!health_.ProbeDue()) {
     // Not queued: it would wait on a cluster that is not there, holding pool bytes.
     writes_dropped_.fetch_add(1, std::memory_order_relaxed);
     return false;
