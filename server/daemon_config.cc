@@ -10,6 +10,7 @@
 #include <cstring>
 #include <functional>
 #include <string_view>
+#include <utility>
 
 #include <toml++/toml.h>
 
@@ -21,6 +22,7 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "storage/redis/redis_tls_context.h"
 
 namespace kvtier {
 namespace {
@@ -250,6 +252,22 @@ const std::vector<Option>& Options() {
       DurationOption("remote_timeout",
                      "shared tier: a Redis connect, read or write taking longer fails",
                      &DaemonConfig::remote_timeout),
+      BoolOption("remote_tls", "shared tier: connect to the Redis nodes over TLS",
+                 &DaemonConfig::remote_tls),
+      StringOption("remote_tls_ca_file",
+                   "shared tier: CA certificates (PEM) the Redis servers' certificates are "
+                   "verified with; empty: the system trust store",
+                   &DaemonConfig::remote_tls_ca_file),
+      StringOption("remote_tls_cert_file",
+                   "shared tier: client certificate chain (PEM) for Redis mutual TLS; with "
+                   "remote_tls_key_file",
+                   &DaemonConfig::remote_tls_cert_file),
+      StringOption("remote_tls_key_file", "shared tier: the client certificate's private key (PEM)",
+                   &DaemonConfig::remote_tls_key_file),
+      StringOption("remote_tls_server_name",
+                   "shared tier: the name every Redis certificate must carry; empty: the "
+                   "host each node is reached at",
+                   &DaemonConfig::remote_tls_server_name),
       StringOption("metrics_listen",
                    "HTTP address of /metrics and /healthz, host:port; empty turns it off",
                    &DaemonConfig::metrics_listen),
@@ -266,6 +284,48 @@ const Option* FindOption(absl::string_view name) {
     if (normalized == o.name) return &o;
   }
   return nullptr;
+}
+
+RedisTls RemoteTlsOf(const DaemonConfig& c) {
+  RedisTls tls;
+  tls.enabled = c.remote_tls;
+  tls.ca_file = c.remote_tls_ca_file;
+  tls.cert_file = c.remote_tls_cert_file;
+  tls.key_file = c.remote_tls_key_file;
+  tls.server_name = c.remote_tls_server_name;
+  return tls;
+}
+
+// The remote_tls_* options agree with each other, and their files can be used (the
+// context is built here and dropped; the store builds its own at open).
+absl::Status ValidateRemoteTls(const DaemonConfig& c) {
+  if (!c.remote_tls) {
+    const std::pair<const char*, const std::string*> fields[] = {
+        {"remote_tls_ca_file", &c.remote_tls_ca_file},
+        {"remote_tls_cert_file", &c.remote_tls_cert_file},
+        {"remote_tls_key_file", &c.remote_tls_key_file},
+        {"remote_tls_server_name", &c.remote_tls_server_name}};
+    for (const auto& [name, value] : fields) {
+      if (!value->empty()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "option ", name, ": set, but remote_tls is false (set remote_tls = true for TLS "
+            "to Redis)"));
+      }
+    }
+    return absl::OkStatus();
+  }
+  if (c.remote_tls_cert_file.empty() != c.remote_tls_key_file.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "option ", c.remote_tls_cert_file.empty() ? "remote_tls_cert_file" : "remote_tls_key_file",
+        ": a client certificate needs both remote_tls_cert_file and remote_tls_key_file"));
+  }
+  auto context = RedisTlsContext::Create(RemoteTlsOf(c));
+  if (context.ok()) return absl::OkStatus();
+  // Create's messages start with the RedisTls field: "ca_file: '/x': cannot read: ...".
+  if (context.status().code() == absl::StatusCode::kInvalidArgument) {
+    return absl::InvalidArgumentError(absl::StrCat("option remote_tls_", context.status().message()));
+  }
+  return absl::InvalidArgumentError(absl::StrCat("option remote_tls: ", context.status().message()));
 }
 
 absl::StatusOr<std::string> ReadFile(const std::string& path) {
@@ -452,6 +512,7 @@ absl::Status DaemonConfig::Validate() const {
     return absl::InvalidArgumentError(
         "option max_hint_keys, max_hint_clients and event_buffer must be at least 1");
   }
+  if (absl::Status s = ValidateRemoteTls(*this); !s.ok()) return s;
   auto store = ToStoreOptions();
   if (!store.ok()) return store.status();
   absl::Status s = store->Validate();
@@ -508,6 +569,7 @@ absl::StatusOr<TieredStoreOptions> DaemonConfig::ToStoreOptions() const {
       }
       o.remote.cluster.auth.password = std::string(absl::StripTrailingAsciiWhitespace(*password));
     }
+    o.remote.cluster.tls = RemoteTlsOf(*this);
     o.remote.cluster.connections_per_node = static_cast<int>(remote_connections_per_node);
     o.remote.cluster.connect_timeout = remote_timeout;
     o.remote.cluster.io_timeout = remote_timeout;

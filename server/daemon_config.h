@@ -118,6 +118,17 @@ struct DaemonConfig {
   uint64_t remote_max_pending = 0;
   uint32_t remote_connections_per_node = 4;
   absl::Duration remote_timeout = absl::Seconds(2);
+  // TLS to the Redis nodes (their tls-port). The server certificate is verified against
+  // remote_tls_ca_file (empty: the system trust store) and must name
+  // remote_tls_server_name, or when that is empty the host each node is reached at (a
+  // seed, or the address CLUSTER SLOTS gives). remote_tls_cert_file and
+  // remote_tls_key_file (PEM) are the client certificate for nodes with
+  // tls-auth-clients. The files are read at start-up; one that cannot be used stops it.
+  bool remote_tls = false;
+  std::string remote_tls_ca_file;
+  std::string remote_tls_cert_file;
+  std::string remote_tls_key_file;
+  std::string remote_tls_server_name;
   std::string metrics_listen = "127.0.0.1:9464";  // HTTP /metrics and /healthz; "" = off.
   // If set, written once serving: the bound gRPC port on line 1, the metrics port (0 if
   // off) on line 2. For supervisors and tests that listen on port 0.

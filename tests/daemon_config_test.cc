@@ -1,6 +1,8 @@
 #include "server/daemon_config.h"
 
+#include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <sstream>
 
 #include "gtest/gtest.h"
@@ -230,6 +232,99 @@ TEST(DaemonConfigTest, TlsAndUnixSocketOptions) {
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   EXPECT_TRUE(parsed->config.allow_insecure_remote);
   EXPECT_EQ(parsed->config.tenants_file, "/etc/kvtier/tenants");
+}
+
+// Certificates from tests/tls/make_test_certs.sh in a fresh directory.
+std::string MakeCerts() {
+  char tmpl[] = "/tmp/kvtier-redis-certs-XXXXXX";
+  const char* dir = mkdtemp(tmpl);
+  if (dir == nullptr) return "";
+  const std::string cmd =
+      std::string("bash ") + KVTIER_SOURCE_DIR "/tests/tls/make_test_certs.sh " + dir;
+  return std::system(cmd.c_str()) == 0 ? dir : "";
+}
+
+TEST(DaemonConfigTest, RemoteTlsOptionsReachTheClusterOptions) {
+  EXPECT_FALSE(DaemonConfig{}.remote_tls);
+  const std::string certs = MakeCerts();
+  ASSERT_FALSE(certs.empty());
+  auto parsed = ParseDaemonArgs({"--remote-seeds=10.0.0.5:6379", "--remote-tls",
+                                 "--remote-tls-ca-file=" + certs + "/ca.pem",
+                                 "--remote-tls-cert-file=" + certs + "/client-a.pem",
+                                 "--remote_tls_key_file=" + certs + "/client-a.key",
+                                 "--remote-tls-server-name=redis.internal"});
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  const DaemonConfig& c = parsed->config;
+  EXPECT_TRUE(c.remote_tls);
+  EXPECT_TRUE(c.Validate().ok()) << c.Validate();
+  auto store = c.ToStoreOptions();
+  ASSERT_TRUE(store.ok()) << store.status();
+  const RedisTls& tls = store->remote.cluster.tls;
+  EXPECT_TRUE(tls.enabled);
+  EXPECT_EQ(tls.ca_file, certs + "/ca.pem");
+  EXPECT_EQ(tls.cert_file, certs + "/client-a.pem");
+  EXPECT_EQ(tls.key_file, certs + "/client-a.key");
+  EXPECT_EQ(tls.server_name, "redis.internal");
+  EXPECT_NE(c.Describe().find("remote_tls=true"), std::string::npos);
+
+  // The same from a config file; TLS with the system trust store and no client
+  // certificate needs no file of its own.
+  DaemonConfig t;
+  ASSERT_TRUE(ApplyToml("remote_seeds = \"10.0.0.5:6379\"\nremote_tls = true\n"
+                        "remote_tls_server_name = \"redis.internal\"\n",
+                        "kvtierd.toml", t)
+                  .ok());
+  EXPECT_TRUE(t.remote_tls);
+  EXPECT_EQ(t.remote_tls_server_name, "redis.internal");
+  EXPECT_TRUE(t.Validate().ok()) << t.Validate();
+  EXPECT_TRUE(t.ToStoreOptions()->remote.cluster.tls.enabled);
+  // Without remote_tls the cluster is reached in plaintext.
+  EXPECT_FALSE(DaemonConfig{}.ToStoreOptions()->remote.cluster.tls.enabled);
+}
+
+TEST(DaemonConfigTest, BadRemoteTlsOptionsNameTheOption) {
+  const std::string certs = MakeCerts();
+  ASSERT_FALSE(certs.empty());
+  const std::string garbage = certs + "/garbage.pem";
+  std::ofstream(garbage) << "not a certificate\n";
+  DaemonConfig good;
+  good.remote_seeds = "10.0.0.5:6379";
+  good.remote_tls = true;
+  good.remote_tls_ca_file = certs + "/ca.pem";
+  good.remote_tls_cert_file = certs + "/client-a.pem";
+  good.remote_tls_key_file = certs + "/client-a.key";
+  ASSERT_TRUE(good.Validate().ok()) << good.Validate();
+
+  struct Case {
+    std::function<void(DaemonConfig&)> mutate;
+    std::string want;  // The message starts with this.
+  } cases[] = {
+      {[](DaemonConfig& c) { c.remote_tls = false; },
+       "option remote_tls_ca_file: set, but remote_tls is false"},
+      {[](DaemonConfig& c) {
+         c.remote_tls = false;
+         c.remote_tls_ca_file = c.remote_tls_cert_file = c.remote_tls_key_file = "";
+         c.remote_tls_server_name = "redis.internal";
+       },
+       "option remote_tls_server_name: set, but remote_tls is false"},
+      {[](DaemonConfig& c) { c.remote_tls_key_file = ""; }, "option remote_tls_key_file: "},
+      {[](DaemonConfig& c) { c.remote_tls_cert_file = ""; }, "option remote_tls_cert_file: "},
+      {[&](DaemonConfig& c) { c.remote_tls_ca_file = certs + "/missing.pem"; },
+       "option remote_tls_ca_file: '" + certs + "/missing.pem': cannot read"},
+      {[&](DaemonConfig& c) { c.remote_tls_ca_file = garbage; },
+       "option remote_tls_ca_file: '" + garbage + "'"},
+      {[&](DaemonConfig& c) { c.remote_tls_cert_file = garbage; },
+       "option remote_tls_cert_file: '" + garbage + "'"},
+      {[&](DaemonConfig& c) { c.remote_tls_key_file = certs + "/server.key"; },
+       "option remote_tls_key_file: '" + certs + "/server.key'"},
+  };
+  for (const Case& k : cases) {
+    DaemonConfig bad = good;
+    k.mutate(bad);
+    const absl::Status s = bad.Validate();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << k.want;
+    EXPECT_EQ(s.message().substr(0, k.want.size()), k.want) << s.message();
+  }
 }
 
 }  // namespace

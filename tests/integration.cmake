@@ -50,6 +50,9 @@ kvtier_test(shm_integration_test LIBS kvtier_daemon_support LABELS integration)
 # tier's tests.
 add_library(kvtier_redis_support STATIC support/redis_cluster_process.cc)
 target_link_libraries(kvtier_redis_support PUBLIC kvtier_daemon_support kvtier_storage)
+# Certificates for TLS clusters (MakeRedisTestCerts).
+target_compile_definitions(kvtier_redis_support PRIVATE
+  KVTIER_CERT_SCRIPT="${CMAKE_SOURCE_DIR}/tests/tls/make_test_certs.sh")
 kvtier_test(redis_cluster_test LIBS kvtier_redis_support LABELS integration redis)
 kvtier_test(remote_tier_test LIBS kvtier_redis_support LABELS integration redis)
 kvtier_test(shared_tier_integration_test LIBS kvtier_redis_support LABELS integration redis)

@@ -1,7 +1,10 @@
 // RedisCluster against a real Redis Cluster on loopback (three masters, three
 // replicas): routing and pipelining over every master, MOVED after a slot moved, ASK
 // mid-migration, a killed master and the failover, a hung node and the I/O timeout, and
-// AUTH.
+// AUTH. Then a TLS-only cluster (mutual TLS, certificates from
+// tests/tls/make_test_certs.sh): pipelining through TLS, and each way a client is
+// refused (no client certificate, another CA, a wrong server name, plaintext), plus the
+// TLS options' validation.
 #include "storage/redis/redis_cluster.h"
 
 #include <hiredis/hiredis.h>
@@ -10,14 +13,20 @@
 #include <string>
 #include <vector>
 
+#include <chrono>
+#include <fstream>
+
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "storage/redis/redis_tls_context.h"
 #include "tests/support/daemon_process.h"
 #include "tests/support/redis_cluster_process.h"
 
 namespace kvtier {
 namespace {
 
+using testing::MakeRedisTestCerts;
 using testing::RedisClusterProcess;
 using testing::RedisClusterSpec;
 
@@ -254,6 +263,239 @@ TEST_F(RedisClusterAuthTest, SendsAuthAndReportsARefusal) {
 
   auto none = Client(absl::Seconds(2), "");
   EXPECT_EQ(none->stats().slots_covered, 0u);  // NOAUTH to CLUSTER SLOTS.
+}
+
+// A TLS-only cluster (--port 0), three masters, requiring client certificates; shared
+// by the tests below, which only read and write keys.
+class RedisClusterTlsTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    if (!RedisClusterProcess::Available()) return;
+    auto certs = MakeRedisTestCerts();
+    ASSERT_TRUE(certs.ok()) << certs.status();
+    certs_ = new std::string(*certs);
+    RedisClusterSpec spec;
+    spec.replicas_per_master = 0;
+    spec.tls_dir = *certs_;
+    spec.tls_auth_clients = true;
+    auto c = RedisClusterProcess::Start(spec);
+    ASSERT_TRUE(c.ok()) << c.status();
+    shared_ = c->release();
+  }
+  static void TearDownTestSuite() {
+    delete shared_;
+    shared_ = nullptr;
+    delete certs_;
+    certs_ = nullptr;
+  }
+  void SetUp() override {
+    if (!RedisClusterProcess::Available()) GTEST_SKIP() << "redis-server not installed";
+    ASSERT_NE(shared_, nullptr);
+    cluster_ = shared_;
+  }
+
+  std::unique_ptr<RedisCluster> Client(const RedisTls& tls,
+                                       absl::Duration io_timeout = absl::Seconds(2)) {
+    RedisClusterOptions o;
+    o.seeds = {cluster_->endpoint(0)};
+    o.tls = tls;
+    o.io_timeout = io_timeout;
+    o.min_refresh_interval = absl::ZeroDuration();
+    auto c = RedisCluster::Create(o);
+    EXPECT_TRUE(c.ok()) << c.status();
+    return c.ok() ? *std::move(c) : nullptr;
+  }
+  // A client refused by every node: no topology, and the reason a refresh gives.
+  absl::Status Refused(const RedisTls& tls) {
+    auto client = Client(tls);
+    if (client == nullptr) return absl::InternalError("no client");
+    EXPECT_EQ(client->stats().slots_covered, 0u);
+    auto get = client->ExecuteOne({{"GET", "k"}, "k"});
+    EXPECT_FALSE(get.ok());
+    EXPECT_EQ(get.status().code(), absl::StatusCode::kUnavailable);
+    return client->Refresh();
+  }
+  static std::string Cert(const std::string& name) { return *certs_ + "/" + name; }
+
+  static std::string* certs_;
+  static RedisClusterProcess* shared_;
+  RedisClusterProcess* cluster_ = nullptr;
+};
+std::string* RedisClusterTlsTest::certs_ = nullptr;
+RedisClusterProcess* RedisClusterTlsTest::shared_ = nullptr;
+
+TEST_F(RedisClusterTlsTest, PipelinesOverEveryMasterThroughMutualTls) {
+  auto client = Client(cluster_->ClientTls());
+  ASSERT_NE(client, nullptr);
+  EXPECT_EQ(client->stats().masters, 3u);
+  EXPECT_EQ(client->stats().slots_covered, 16384u);
+  // Small values and a few over a megabyte: replies span many TLS records and reads.
+  std::vector<std::string> keys, values;
+  for (int i = 0; i < 300; ++i) {
+    keys.push_back(absl::StrCat("tls-key-", i));
+    const size_t size = i % 50 == 7 ? (1 << 20) + 4096 + i : 1000 + i;
+    values.push_back(std::string(size, static_cast<char>('a' + i % 26)));
+  }
+  std::vector<RedisCommand> sets, gets;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    sets.push_back({{"SET", keys[i], values[i]}, keys[i]});
+    gets.push_back({{"GET", keys[i]}, keys[i]});
+  }
+  for (auto& r : client->Execute(sets)) {
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(ReplyString(**r), "OK");
+  }
+  auto got = client->Execute(gets);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    ASSERT_TRUE(got[i].ok()) << got[i].status();
+    EXPECT_TRUE(ReplyString(**got[i]) == values[i]) << keys[i];
+  }
+  std::set<int> masters;
+  for (const std::string& k : keys) {
+    auto m = cluster_->MasterOf(RedisHashSlot(k));
+    ASSERT_TRUE(m.ok());
+    masters.insert(*m);
+  }
+  EXPECT_EQ(masters.size(), 3u);
+  EXPECT_EQ(client->stats().moved, 0u);
+  EXPECT_EQ(client->stats().io_failures, 0u);
+}
+
+TEST_F(RedisClusterTlsTest, AClientWithoutACertificateIsRefused) {
+  RedisTls tls = cluster_->ClientTls();
+  tls.cert_file.clear();
+  tls.key_file.clear();
+  const absl::Status s = Refused(tls);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "TLS")) << s;
+}
+
+TEST_F(RedisClusterTlsTest, AServerSignedByAnotherCaFailsVerification) {
+  RedisTls tls = cluster_->ClientTls();
+  tls.ca_file = Cert("ca2.pem");  // A CA of its own, which did not sign server.pem.
+  const absl::Status s = Refused(tls);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "TLS handshake failed: certificate verify failed"))
+      << s;
+}
+
+TEST_F(RedisClusterTlsTest, AServerNameThatDoesNotMatchFailsVerification) {
+  RedisTls tls = cluster_->ClientTls();
+  tls.server_name = "redis.example";  // server.pem names localhost and 127.0.0.1.
+  const absl::Status s = Refused(tls);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "certificate verify failed")) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "mismatch")) << s;
+
+  // A name the certificate does carry is verified instead of the address.
+  tls.server_name = "localhost";
+  auto client = Client(tls);
+  ASSERT_NE(client, nullptr);
+  EXPECT_EQ(client->stats().slots_covered, 16384u);
+  auto set = client->ExecuteOne({{"SET", "named", "v"}, "named"});
+  ASSERT_TRUE(set.ok()) << set.status();
+  EXPECT_EQ(ReplyString(**set), "OK");
+}
+
+TEST_F(RedisClusterTlsTest, APlaintextClientFailsInsteadOfHanging) {
+  const auto start = std::chrono::steady_clock::now();
+  const absl::Status s = Refused(RedisTls{});  // TLS off.
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  // A direct connection too: its first command fails, bounded by the I/O timeout.
+  auto conn = RedisConnection::Connect(cluster_->endpoint(1), {}, absl::Seconds(1),
+                                       absl::Milliseconds(500));
+  if (conn.ok()) {
+    auto ping = (*conn)->Call({"PING"});
+    ASSERT_FALSE(ping.ok());
+    EXPECT_EQ(ping.status().code(), absl::StatusCode::kUnavailable);
+    EXPECT_TRUE((*conn)->broken());
+  } else {
+    EXPECT_EQ(conn.status().code(), absl::StatusCode::kUnavailable);
+  }
+  // Did not hang: far less than this even if every wait ran to its timeout.
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(60));
+}
+
+TEST(RedisClusterOptionsTest, ValidatesTheTlsFields) {
+  RedisClusterOptions o;
+  o.seeds = {{"127.0.0.1", 7000}};
+  ASSERT_TRUE(o.Validate().ok());
+  auto fails_naming = [&](const std::string& field) {
+    const absl::Status s = o.Validate();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << field;
+    EXPECT_TRUE(absl::StrContains(s.message(), field)) << s;
+  };
+  o.tls.ca_file = "/etc/ca.pem";  // Without tls.enabled.
+  fails_naming("tls.ca_file");
+  o.tls.ca_file.clear();
+  o.tls.server_name = "redis.example";
+  fails_naming("tls.server_name");
+  o.tls.enabled = true;
+  EXPECT_TRUE(o.Validate().ok());
+  o.tls.cert_file = "/etc/client.pem";  // Without its key.
+  fails_naming("tls.key_file");
+  o.tls.cert_file.clear();
+  o.tls.key_file = "/etc/client.key";  // Without its certificate.
+  fails_naming("tls.cert_file");
+  o.tls.cert_file = "/etc/client.pem";
+  EXPECT_TRUE(o.Validate().ok());  // Files are read by Create, not Validate.
+
+  // Create reads them, and names the one it cannot use.
+  o.tls.ca_file = "/nonexistent/redis-ca.pem";
+  auto c = RedisCluster::Create(o);
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(c.status().message(), "ca_file: '/nonexistent/redis-ca.pem'"))
+      << c.status();
+}
+
+// Why RedisTlsContext::Create refuses `tls` ("" when it does not).
+std::string Refusal(const RedisTls& tls) {
+  auto c = RedisTlsContext::Create(tls);
+  if (c.ok()) return "";
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument) << c.status();
+  return std::string(c.status().message());
+}
+
+TEST(RedisTlsContextTest, NamesTheFileItCannotUse) {
+  auto certs = MakeRedisTestCerts();
+  ASSERT_TRUE(certs.ok()) << certs.status();
+  const std::string dir = *certs;
+  RedisTls tls;
+  EXPECT_NE(Refusal(tls), "");  // Not enabled.
+  tls.enabled = true;
+  tls.ca_file = dir + "/ca.pem";
+  auto server_only = RedisTlsContext::Create(tls);
+  ASSERT_TRUE(server_only.ok()) << server_only.status();
+  EXPECT_FALSE((*server_only)->has_client_cert());
+  tls.cert_file = dir + "/client-a.pem";
+  tls.key_file = dir + "/client-a.key";
+  auto mutual = RedisTlsContext::Create(tls);
+  ASSERT_TRUE(mutual.ok()) << mutual.status();
+  EXPECT_TRUE((*mutual)->has_client_cert());
+
+  const std::string garbage = dir + "/garbage.pem";
+  std::ofstream(garbage) << "not a certificate\n";
+  struct Case {
+    std::string RedisTls::*field;
+    std::string path;
+    std::string want_prefix;
+  };
+  const Case cases[] = {
+      {&RedisTls::ca_file, dir + "/nope.pem", "ca_file: '" + dir + "/nope.pem': cannot read"},
+      {&RedisTls::ca_file, garbage, "ca_file: '" + garbage + "': "},
+      {&RedisTls::cert_file, garbage, "cert_file: '" + garbage + "': "},
+      {&RedisTls::key_file, garbage, "key_file: '" + garbage + "': "},
+      // Another certificate's key.
+      {&RedisTls::key_file, dir + "/server.key", "key_file: '" + dir + "/server.key': "},
+      {&RedisTls::key_file, "", "key_file: missing"},
+  };
+  for (const Case& c : cases) {
+    RedisTls bad = tls;
+    bad.*c.field = c.path;
+    const std::string why = Refusal(bad);
+    EXPECT_TRUE(absl::StartsWith(why, c.want_prefix)) << why << "\nwanted " << c.want_prefix;
+  }
 }
 
 }  // namespace

@@ -3,7 +3,7 @@
 // put travels once, and every way a remote copy can be bad (a corrupt or missing
 // segment, a damaged record, another layout under the same namespace) is a miss, never
 // served. Deletes and clears reach the cluster; a full cluster and a dead one cost the
-// puts nothing.
+// puts nothing. The tier works the same over mutual TLS.
 #include "storage/tiered_store.h"
 
 #include <hiredis/hiredis.h>
@@ -91,6 +91,7 @@ class RemoteTierTest : public ::testing::Test {
     o.max_chunk_bytes = 4 * kMiB;
     o.put_wait = absl::Milliseconds(50);
     o.remote.cluster.seeds = cluster_->Seeds();
+    o.remote.cluster.tls = cluster_->ClientTls();  // Not enabled for a plaintext cluster.
     o.remote.cluster.now = clock_.AsFunction();
     o.remote.cluster.io_timeout = absl::Milliseconds(500);
     o.remote.cluster.min_refresh_interval = absl::ZeroDuration();
@@ -391,6 +392,32 @@ TEST_F(RemoteTierFaultTest, ADeadClusterLeavesTheLocalTiersServing) {
   ASSERT_TRUE(view.ok()) << view.status();
   EXPECT_EQ(ReadAll(*view), Payload(Id(4), kMiB));
   EXPECT_FALSE(b_->GetStats().remote.degraded);
+}
+
+TEST_F(RemoteTierFaultTest, AChunkTravelsBetweenStoresOverMutualTls) {
+  auto certs = testing::MakeRedisTestCerts();
+  ASSERT_TRUE(certs.ok()) << certs.status();
+  RedisClusterSpec spec;
+  spec.replicas_per_master = 0;
+  spec.tls_dir = *certs;
+  spec.tls_auth_clients = true;  // The stores must present client-a's certificate.
+  StartCluster(spec);
+  ASSERT_TRUE(cluster_->ClientTls().enabled);
+  OpenBoth();
+  const ChunkId id = Id(1);
+  ASSERT_TRUE(Put(a_.get(), id).ok());
+  a_->WaitForRemoteWrites();
+  EXPECT_EQ(a_->GetStats().remote.writes, 1u);
+  EXPECT_FALSE(a_->GetStats().remote.degraded);
+
+  EXPECT_EQ(b_->Locate(id), Tier::kNone);
+  auto view = b_->Read(id);
+  ASSERT_TRUE(view.ok()) << view.status();
+  EXPECT_EQ(view->tier(), Tier::kRemote);
+  EXPECT_EQ(ReadAll(*view), Payload(id, kMiB));
+  EXPECT_EQ(b_->GetStats().remote.hits, 1u);
+  EXPECT_EQ(b_->GetStats().remote.bytes_read, kMiB);
+  EXPECT_TRUE(RecordExists(id));  // Through the harness's own TLS connection.
 }
 
 }  // namespace

@@ -162,7 +162,9 @@ TEST_F(SharedTierTest, AMasterKilledMidRunFailsOverAndEverythingRestarts) {
   auto during = clients_[2]->Get(ns_, Keys(100, 8));
   ASSERT_TRUE(during.ok());
   for (uint64_t i = 0; i < 8; ++i) {
-    if ((*during)[i].found) EXPECT_TRUE((*during)[i].data == PatternBytes(100 + i, kChunk)) << i;
+    if ((*during)[i].found) {
+      EXPECT_TRUE((*during)[i].data == PatternBytes(100 + i, kChunk)) << i;
+    }
   }
   // After the failover, sharing works as before: daemon 1 may still be backing off
   // (up to 10 s between probes) from the failures it saw during it; its next probe

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "storage/log.h"
+#include "storage/redis/redis_tls_context.h"
 
 namespace kvtier {
 namespace {
@@ -61,20 +62,47 @@ absl::Status RedisClusterOptions::Validate() const {
   if (connect_timeout <= absl::ZeroDuration() || io_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("redis cluster: timeouts must be positive");
   }
+  const char* set_field = !tls.ca_file.empty()       ? "ca_file"
+                          : !tls.cert_file.empty()     ? "cert_file"
+                          : !tls.key_file.empty()      ? "key_file"
+                          : !tls.server_name.empty()   ? "server_name"
+                                                       : nullptr;
+  if (!tls.enabled && set_field != nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("redis cluster: tls.", set_field, " is set but tls.enabled is false"));
+  }
+  if (tls.cert_file.empty() != tls.key_file.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "redis cluster: tls.", tls.cert_file.empty() ? "key_file" : "cert_file", " without tls.",
+        tls.cert_file.empty() ? "cert_file" : "key_file",
+        ": a client certificate needs both"));
+  }
   return absl::OkStatus();
 }
 
 absl::StatusOr<std::unique_ptr<RedisCluster>> RedisCluster::Create(RedisClusterOptions options) {
   if (absl::Status s = options.Validate(); !s.ok()) return s;
-  std::unique_ptr<RedisCluster> cluster(new RedisCluster(std::move(options)));
+  std::shared_ptr<const RedisTlsContext> tls;
+  if (options.tls.enabled) {
+    auto context = RedisTlsContext::Create(options.tls);
+    if (!context.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("redis cluster: tls ", context.status().message()));
+    }
+    tls = *std::move(context);
+  }
+  std::unique_ptr<RedisCluster> cluster(new RedisCluster(std::move(options), std::move(tls)));
   if (absl::Status s = cluster->Refresh(); !s.ok()) {
     LogWarning("redis cluster: not reachable yet: ", s.message());
   }
   return cluster;
 }
 
-RedisCluster::RedisCluster(RedisClusterOptions options) : options_(std::move(options)) {
+RedisCluster::RedisCluster(RedisClusterOptions options,
+                           std::shared_ptr<const RedisTlsContext> tls)
+    : options_(std::move(options)) {
   pool_options_.auth = options_.auth;
+  pool_options_.tls = std::move(tls);
   pool_options_.connect_timeout = options_.connect_timeout;
   pool_options_.io_timeout = options_.io_timeout;
   pool_options_.max_connections = options_.connections_per_node;

@@ -5,7 +5,10 @@
 // of connections per node, timeouts on every read and write, and pipelining: a batch of
 // commands is grouped by node, each group sent in one write to its node before any
 // reply is read, so a batch spread over the masters uses all of them at once.
-// hiredis does the RESP encoding and parsing (RedisConnection).
+// hiredis does the RESP encoding and parsing (RedisConnection). With options.tls every
+// connection is TLS (mutual TLS with a client certificate), through one OpenSSL
+// context built in Create; a cluster with tls-cluster on reports its TLS ports in
+// CLUSTER SLOTS, so routing is the same.
 //
 // Reads and writes go to masters. Replicas take over through the cluster's own
 // failover; a refresh after an I/O error finds the new master.
@@ -38,6 +41,9 @@ namespace kvtier {
 struct RedisClusterOptions {
   std::vector<RedisEndpoint> seeds;  // Any nodes of the cluster; at least one.
   RedisAuth auth;
+  // TLS to every node (see RedisTls); off by default. Its files are read once, in
+  // Create.
+  RedisTls tls;
   absl::Duration connect_timeout = absl::Milliseconds(500);
   absl::Duration io_timeout = absl::Seconds(2);
   int connections_per_node = 4;
@@ -74,8 +80,10 @@ struct RedisCommand {
 
 class RedisCluster {
  public:
-  // Tries a first topology read; a cluster not reachable yet is not an error (commands
-  // fail Unavailable until a refresh reaches it). Returns: Ok, InvalidArgument.
+  // Loads the TLS files (when options.tls.enabled), then tries a first topology read; a
+  // cluster not reachable yet is not an error (commands fail Unavailable until a
+  // refresh reaches it). Returns: Ok, InvalidArgument (bad options; a TLS file that
+  // cannot be read or used, named in the message).
   static absl::StatusOr<std::unique_ptr<RedisCluster>> Create(RedisClusterOptions options);
   RedisCluster(const RedisCluster&) = delete;
   RedisCluster& operator=(const RedisCluster&) = delete;
@@ -97,7 +105,7 @@ class RedisCluster {
   RedisClusterStats stats() const;
 
  private:
-  explicit RedisCluster(RedisClusterOptions options);
+  RedisCluster(RedisClusterOptions options, std::shared_ptr<const RedisTlsContext> tls);
   RedisNodePool* PoolFor(const RedisEndpoint& endpoint) ABSL_LOCKS_EXCLUDED(mu_);
   RedisNodePool* PoolForLocked(const RedisEndpoint& endpoint) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   RedisNodePool* PoolForSlot(int slot) ABSL_LOCKS_EXCLUDED(mu_);

@@ -1,20 +1,30 @@
 #include "storage/redis/redis_connection.h"
 
 #include <hiredis/hiredis.h>
-#include <sys/time.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "storage/redis/redis_socket.h"
 
 namespace kvtier {
 namespace {
 
-timeval TimevalOf(absl::Duration d) {
-  const int64_t us = std::max<int64_t>(1000, absl::ToInt64Microseconds(d));
-  return timeval{static_cast<time_t>(us / 1000000), static_cast<suseconds_t>(us % 1000000)};
-}
+// One read from the socket takes up to this much: replies are segments of a megabyte
+// or more, pipelined 16 MiB at a time, and a syscall (or TLS record loop) per 256 KiB
+// keeps the per-byte cost at a copy or two.
+constexpr size_t kReadChunk = 256 << 10;
+// The first slice of a Read fed to the reader. hiredis 0.14's reader moves its unread
+// bytes to the front of its buffer after every reply once 1 KiB has been consumed, so
+// feeding it 256 KiB of small replies (+OK, :1) at once would move that 256 KiB again
+// and again. Slices start here and double while no reply is complete (a big bulk
+// string gets 16, 32, 64 ... KiB), keeping both the moves and the parse calls few.
+constexpr size_t kFirstFeed = 16 << 10;
+// An output buffer larger than this is freed after a flush rather than kept for the
+// next pipeline: a pooled idle connection should not hold a 16 MiB batch's memory.
+constexpr size_t kKeepOutBytes = 1 << 20;
 
 }  // namespace
 
@@ -57,24 +67,17 @@ absl::string_view ReplyString(const redisReply& reply) {
 
 absl::StatusOr<std::unique_ptr<RedisConnection>> RedisConnection::Connect(
     const RedisEndpoint& endpoint, const RedisAuth& auth, absl::Duration connect_timeout,
-    absl::Duration io_timeout) {
-  redisContext* c =
-      redisConnectWithTimeout(endpoint.host.c_str(), endpoint.port, TimevalOf(connect_timeout));
-  if (c == nullptr) {
+    absl::Duration io_timeout, const RedisTlsContext* tls) {
+  auto socket = RedisSocket::Connect(endpoint, tls, connect_timeout);
+  if (!socket.ok()) {
+    return absl::UnavailableError(
+        absl::StrCat("redis ", endpoint.ToString(), ": ", socket.status().message()));
+  }
+  std::unique_ptr<RedisConnection> conn(
+      new RedisConnection(endpoint, *std::move(socket), io_timeout));
+  if (conn->reader_ == nullptr) {
     return absl::UnavailableError(absl::StrCat("redis ", endpoint.ToString(), ": out of memory"));
   }
-  if (c->err != 0) {
-    std::string why = c->errstr;
-    redisFree(c);
-    return absl::UnavailableError(
-        absl::StrCat("redis ", endpoint.ToString(), ": cannot connect: ", why));
-  }
-  std::unique_ptr<RedisConnection> conn(new RedisConnection(endpoint, c));
-  if (redisSetTimeout(c, TimevalOf(io_timeout)) != REDIS_OK) {
-    return absl::UnavailableError(
-        absl::StrCat("redis ", endpoint.ToString(), ": cannot set timeouts: ", c->errstr));
-  }
-  redisEnableKeepAlive(c);
   if (!auth.password.empty()) {
     absl::StatusOr<RedisReplyPtr> reply =
         auth.user.empty() ? conn->Call({"AUTH", auth.password})
@@ -88,18 +91,30 @@ absl::StatusOr<std::unique_ptr<RedisConnection>> RedisConnection::Connect(
   return conn;
 }
 
-RedisConnection::RedisConnection(RedisEndpoint endpoint, redisContext* context)
-    : endpoint_(std::move(endpoint)), context_(context) {}
+// redisReaderCreate uses hiredis's default reply functions, so every reply is a
+// redisReply that freeReplyObject (RedisReplyDeleter) frees.
+RedisConnection::RedisConnection(RedisEndpoint endpoint, std::unique_ptr<RedisSocket> socket,
+                                 absl::Duration io_timeout)
+    : endpoint_(std::move(endpoint)),
+      socket_(std::move(socket)),
+      io_timeout_(io_timeout),
+      reader_(redisReaderCreate()),
+      in_(new char[kReadChunk]) {}
 
-RedisConnection::~RedisConnection() { redisFree(context_); }
+RedisConnection::~RedisConnection() {
+  if (reader_ != nullptr) redisReaderFree(reader_);
+}
 
-absl::Status RedisConnection::Broken(absl::string_view what) {
-  broken_ = true;
-  return absl::UnavailableError(absl::StrCat("redis ", endpoint_.ToString(), ": ", what, ": ",
-                                             context_->err != 0 ? context_->errstr : "broken"));
+absl::Status RedisConnection::Broken(absl::string_view what, absl::string_view why) {
+  if (!broken_) {
+    broken_ = true;
+    broken_why_ = absl::StrCat(what, ": ", why);
+  }
+  return absl::UnavailableError(absl::StrCat("redis ", endpoint_.ToString(), ": ", broken_why_));
 }
 
 void RedisConnection::Append(absl::Span<const absl::string_view> argv) {
+  if (broken_) return;
   std::vector<const char*> args;
   std::vector<size_t> lens;
   args.reserve(argv.size());
@@ -108,26 +123,53 @@ void RedisConnection::Append(absl::Span<const absl::string_view> argv) {
     args.push_back(a.data());
     lens.push_back(a.size());
   }
-  if (redisAppendCommandArgv(context_, static_cast<int>(args.size()), args.data(),
-                             lens.data()) != REDIS_OK) {
-    broken_ = true;  // Out of memory formatting it: the stream no longer matches.
+  char* command = nullptr;
+  const int len = redisFormatCommandArgv(&command, static_cast<int>(args.size()), args.data(),
+                                         lens.data());
+  if (len < 0 || command == nullptr) {
+    // Out of memory formatting it: the stream would no longer match the commands.
+    (void)Broken("append", "out of memory formatting a command");
+    return;
   }
+  out_.append(command, static_cast<size_t>(len));
+  redisFreeCommand(command);
 }
 
 absl::Status RedisConnection::Flush() {
-  if (broken_) return Broken("write");
-  int done = 0;
-  while (!done) {
-    if (redisBufferWrite(context_, &done) != REDIS_OK) return Broken("write");
+  if (broken_) return Broken("write", "broken");
+  if (out_.empty()) return absl::OkStatus();
+  absl::Status s = socket_->WriteAll(out_, io_timeout_);
+  if (!s.ok()) return Broken("write", s.message());
+  if (out_.capacity() > kKeepOutBytes) {
+    std::string().swap(out_);
+  } else {
+    out_.clear();
   }
   return absl::OkStatus();
 }
 
 absl::StatusOr<RedisReplyPtr> RedisConnection::Read() {
-  if (broken_) return Broken("read");
-  void* reply = nullptr;
-  if (redisGetReply(context_, &reply) != REDIS_OK || reply == nullptr) return Broken("read");
-  return RedisReplyPtr(static_cast<redisReply*>(reply));
+  if (absl::Status s = Flush(); !s.ok()) return s;
+  size_t feed = kFirstFeed;
+  for (;;) {
+    void* reply = nullptr;
+    if (redisReaderGetReply(reader_, &reply) != REDIS_OK) {
+      return Broken("read", absl::StrCat("protocol error: ", reader_->errstr));
+    }
+    if (reply != nullptr) return RedisReplyPtr(static_cast<redisReply*>(reply));
+    if (in_begin_ == in_end_) {
+      absl::StatusOr<size_t> n = socket_->ReadSome(in_.get(), kReadChunk, io_timeout_);
+      if (!n.ok()) return Broken("read", n.status().message());
+      in_begin_ = 0;
+      in_end_ = *n;
+    }
+    const size_t n = std::min(feed, in_end_ - in_begin_);
+    if (redisReaderFeed(reader_, in_.get() + in_begin_, n) != REDIS_OK) {
+      return Broken("read", absl::StrCat("protocol error: ", reader_->errstr));
+    }
+    in_begin_ += n;
+    feed = std::min(feed * 2, kReadChunk);
+  }
 }
 
 absl::StatusOr<RedisReplyPtr> RedisConnection::Call(absl::Span<const absl::string_view> argv) {

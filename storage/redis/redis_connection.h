@@ -1,8 +1,10 @@
-// RedisConnection: one blocking connection to one Redis server, over hiredis. hiredis
-// formats commands and parses RESP; this class adds timeouts, AUTH, pipelining (append
-// many commands, send them in one write, read the replies in order) and errors as
-// absl::Status. Once a read or write fails the connection is broken for good: its reply
-// stream can no longer be matched to the commands sent, so its owner drops it.
+// RedisConnection: one blocking connection to one Redis server, plaintext or TLS
+// (RedisSocket), speaking RESP through hiredis's codec: redisFormatCommandArgv encodes
+// commands and a redisReader parses replies. This class adds timeouts, AUTH,
+// pipelining (append many commands, send them in one write, read the replies in order)
+// and errors as absl::Status. Once a read or write fails the connection is broken for
+// good: its reply stream can no longer be matched to the commands sent, so its owner
+// drops it.
 //
 // Thread-safety: not thread-safe; one user at a time (RedisCluster pools them).
 #ifndef KVTIER_STORAGE_REDIS_REDIS_CONNECTION_H_
@@ -16,10 +18,13 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 
-struct redisContext;
+struct redisReader;
 struct redisReply;
 
 namespace kvtier {
+
+class RedisSocket;
+class RedisTlsContext;
 
 struct RedisEndpoint {
   std::string host;
@@ -37,6 +42,20 @@ struct RedisAuth {
   std::string password;
 };
 
+// TLS to the servers (built into a RedisTlsContext once per cluster). The server's
+// certificate is always verified: against ca_file, or the system's trust store when
+// ca_file is empty; and it must name server_name, or when that is empty the host the
+// connection went to (a DNS name, or an IP address matched against the certificate's IP
+// SANs). cert_file and key_file together (PEM) are the client certificate for servers
+// that require one (tls-auth-clients yes); neither for none.
+struct RedisTls {
+  bool enabled = false;
+  std::string ca_file;
+  std::string cert_file;
+  std::string key_file;
+  std::string server_name;
+};
+
 struct RedisReplyDeleter {
   void operator()(redisReply* reply) const;
 };
@@ -50,12 +69,15 @@ absl::string_view ReplyString(const redisReply& reply);
 
 class RedisConnection {
  public:
-  // Connects within `connect_timeout`, then sends AUTH if `auth` has a password. Every
-  // later read or write fails after `io_timeout` without progress. Returns: Ok,
-  // Unavailable (cannot connect, or timed out), PermissionDenied (AUTH refused).
+  // Connects within `connect_timeout` (and, with `tls`, completes the TLS handshake
+  // within another `connect_timeout`), then sends AUTH if `auth` has a password. Every
+  // later read or write fails after `io_timeout` without progress. `tls` null means
+  // plaintext; it is used only during the call (the connection keeps its own reference
+  // to the OpenSSL context). Returns: Ok, Unavailable (cannot connect, TLS handshake or
+  // certificate verification failed, or timed out), PermissionDenied (AUTH refused).
   static absl::StatusOr<std::unique_ptr<RedisConnection>> Connect(
       const RedisEndpoint& endpoint, const RedisAuth& auth, absl::Duration connect_timeout,
-      absl::Duration io_timeout);
+      absl::Duration io_timeout, const RedisTlsContext* tls = nullptr);
   ~RedisConnection();
   RedisConnection(const RedisConnection&) = delete;
   RedisConnection& operator=(const RedisConnection&) = delete;
@@ -74,12 +96,25 @@ class RedisConnection {
   const RedisEndpoint& endpoint() const { return endpoint_; }
 
  private:
-  RedisConnection(RedisEndpoint endpoint, redisContext* context);
-  absl::Status Broken(absl::string_view what);
+  RedisConnection(RedisEndpoint endpoint, std::unique_ptr<RedisSocket> socket,
+                  absl::Duration io_timeout);
+  // Marks the connection broken; the first failure's reason is kept and repeated.
+  absl::Status Broken(absl::string_view what, absl::string_view why);
 
   const RedisEndpoint endpoint_;
-  redisContext* const context_;
+  const std::unique_ptr<RedisSocket> socket_;
+  const absl::Duration io_timeout_;
+  redisReader* const reader_;
+  // Commands appended and not yet sent (a failed send breaks the connection, so there
+  // is never a part of it to resume).
+  std::string out_;
+  // Bytes read from the socket and not yet fed to reader_: in_[in_begin_, in_end_).
+  // Read feeds the reader in growing slices (see Read) rather than all at once.
+  std::unique_ptr<char[]> in_;
+  size_t in_begin_ = 0;
+  size_t in_end_ = 0;
   bool broken_ = false;
+  std::string broken_why_;
 };
 
 }  // namespace kvtier

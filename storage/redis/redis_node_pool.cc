@@ -27,7 +27,7 @@ absl::StatusOr<std::unique_ptr<RedisConnection>> RedisNodePool::Acquire() {
     ++open_;
   }
   auto conn = RedisConnection::Connect(endpoint_, options_.auth, options_.connect_timeout,
-                                       options_.io_timeout);
+                                       options_.io_timeout, options_.tls.get());
   if (!conn.ok()) {
     absl::MutexLock l(&mu_);
     --open_;

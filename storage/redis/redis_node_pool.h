@@ -14,11 +14,14 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "storage/redis/redis_connection.h"
+#include "storage/redis/redis_tls_context.h"
 
 namespace kvtier {
 
 struct RedisNodePoolOptions {
   RedisAuth auth;
+  // TLS for every connection, shared with the cluster's other pools; null: plaintext.
+  std::shared_ptr<const RedisTlsContext> tls;
   absl::Duration connect_timeout = absl::Milliseconds(500);
   absl::Duration io_timeout = absl::Seconds(2);
   int max_connections = 4;

@@ -63,6 +63,15 @@ bool WaitFor(Pred pred, int seconds) {
 
 }  // namespace
 
+absl::StatusOr<std::string> MakeRedisTestCerts() {
+  const std::string dir = MakeTempDir("redis-certs");
+  CommandResult made = RunCommand({"/bin/bash", KVTIER_CERT_SCRIPT, dir});
+  if (made.exit_code != 0) {
+    return absl::UnavailableError(absl::StrCat(KVTIER_CERT_SCRIPT, ": ", made.output));
+  }
+  return dir;
+}
+
 bool RedisClusterProcess::Available() {
   return access(kServer, X_OK) == 0 && access(kCli, X_OK) == 0;
 }
@@ -71,6 +80,11 @@ absl::StatusOr<std::unique_ptr<RedisClusterProcess>> RedisClusterProcess::Start(
     RedisClusterSpec spec) {
   if (!Available()) return absl::UnavailableError("redis-server/redis-cli not installed");
   std::unique_ptr<RedisClusterProcess> c(new RedisClusterProcess(std::move(spec)));
+  if (!c->spec_.tls_dir.empty()) {
+    auto tls = RedisTlsContext::Create(c->ClientTls());
+    if (!tls.ok()) return absl::UnavailableError(absl::StrCat("tls_dir: ", tls.status().message()));
+    c->tls_ = *std::move(tls);
+  }
   const int n = c->spec_.masters * (1 + c->spec_.replicas_per_master);
   for (int i = 0; i < n; ++i) {
     Node node;
@@ -81,9 +95,8 @@ absl::StatusOr<std::unique_ptr<RedisClusterProcess>> RedisClusterProcess::Start(
     if (absl::Status s = c->Launch(i); !s.ok()) return s;
   }
   std::vector<std::string> create = {kCli};
-  if (!c->spec_.password.empty()) {
-    create.insert(create.end(), {"-a", c->spec_.password, "--no-auth-warning"});
-  }
+  const std::vector<std::string> flags = c->CliFlags();
+  create.insert(create.end(), flags.begin(), flags.end());
   create.insert(create.end(), {"--cluster", "create"});
   for (const Node& node : c->nodes_) create.push_back(absl::StrCat("127.0.0.1:", node.port));
   create.insert(create.end(), {"--cluster-replicas",
@@ -96,22 +109,58 @@ absl::StatusOr<std::unique_ptr<RedisClusterProcess>> RedisClusterProcess::Start(
   return c;
 }
 
+std::vector<std::string> RedisClusterProcess::CliFlags() const {
+  std::vector<std::string> flags;
+  if (!spec_.password.empty()) flags.insert(flags.end(), {"-a", spec_.password, "--no-auth-warning"});
+  if (tls_ != nullptr) {
+    const RedisTls tls = ClientTls();
+    flags.insert(flags.end(), {"--tls", "--cacert", tls.ca_file, "--cert", tls.cert_file,
+                               "--key", tls.key_file});
+  }
+  return flags;
+}
+
+RedisTls RedisClusterProcess::ClientTls() const {
+  RedisTls tls;
+  if (spec_.tls_dir.empty()) return tls;
+  tls.enabled = true;
+  tls.ca_file = spec_.tls_dir + "/ca.pem";
+  tls.cert_file = spec_.tls_dir + "/client-a.pem";
+  tls.key_file = spec_.tls_dir + "/client-a.key";
+  return tls;
+}
+
 absl::Status RedisClusterProcess::Launch(int i) {
   Node& node = nodes_[i];
-  std::vector<std::string> args = {kServer,
-                                   "--port", std::to_string(node.port),
-                                   "--bind", "127.0.0.1",
-                                   "--dir", node.dir,
-                                   "--cluster-enabled", "yes",
-                                   "--cluster-config-file", "nodes.conf",
-                                   "--cluster-node-timeout", "1000",
-                                   // A replica takes over however long it was cut off.
-                                   "--cluster-replica-validity-factor", "0",
-                                   "--save", "",
-                                   "--appendonly", "no",
-                                   "--protected-mode", "no",
-                                   "--daemonize", "no",
-                                   "--logfile", node.dir + "/redis.log"};
+  std::vector<std::string> args = {kServer};
+  if (spec_.tls_dir.empty()) {
+    args.insert(args.end(), {"--port", std::to_string(node.port)});
+  } else {
+    // TLS only: no plaintext port. With tls-cluster the node announces its TLS port
+    // (CLUSTER SLOTS, MOVED) and its bus is that port + 10000, over TLS too; the
+    // server certificate doubles as the client certificate towards other nodes.
+    const std::string& d = spec_.tls_dir;
+    args.insert(args.end(), {"--port", "0",
+                             "--tls-port", std::to_string(node.port),
+                             "--tls-cluster", "yes",
+                             "--tls-replication", "yes",
+                             "--tls-cert-file", d + "/server.pem",
+                             "--tls-key-file", d + "/server.key",
+                             "--tls-ca-cert-file", d + "/ca.pem",
+                             "--tls-auth-clients", spec_.tls_auth_clients ? "yes" : "no"});
+  }
+  args.insert(args.end(), {"--bind", "127.0.0.1",
+                           "--dir", node.dir,
+                           "--cluster-enabled", "yes",
+                           "--cluster-config-file", "nodes.conf",
+                           "--cluster-node-timeout", "1000",
+                           // A replica takes over however long it was cut off.
+                           "--cluster-replica-validity-factor", "0",
+                           "--save", "",
+                           "--appendonly", "no",
+                           "--protected-mode", "no",
+                           "--daemonize", "no",
+                           "--logfile", node.dir + "/redis.log"});
   if (!spec_.password.empty()) {
     args.insert(args.end(), {"--requirepass", spec_.password, "--masterauth", spec_.password});
   }
@@ -142,7 +191,7 @@ absl::Status RedisClusterProcess::Launch(int i) {
     int status;
     if (waitpid(pid, &status, WNOHANG) == pid) return true;
     auto conn = RedisConnection::Connect({"127.0.0.1", node.port}, {}, absl::Seconds(1),
-                                         absl::Seconds(1));
+                                         absl::Seconds(1), tls_.get());
     return conn.ok();
   }, 30);
   int status;
@@ -200,7 +249,8 @@ absl::StatusOr<RedisReplyPtr> RedisClusterProcess::Call(int i,
                                                         const std::vector<std::string>& argv) {
   RedisAuth auth;
   auth.password = spec_.password;
-  auto conn = RedisConnection::Connect(endpoint(i), auth, absl::Seconds(1), absl::Seconds(5));
+  auto conn = RedisConnection::Connect(endpoint(i), auth, absl::Seconds(1), absl::Seconds(5),
+                                       tls_.get());
   if (!conn.ok()) return conn.status();
   std::vector<absl::string_view> views(argv.begin(), argv.end());
   return (*conn)->Call(views);

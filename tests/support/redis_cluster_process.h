@@ -1,7 +1,9 @@
 // RedisClusterProcess: a real Redis Cluster on loopback for tests and benchmarks: N
 // masters with R replicas each (redis-server processes in temp directories, joined by
 // `redis-cli --cluster create`), with hooks to kill and restart nodes and to wait until
-// the cluster has healed.
+// the cluster has healed. With a tls_dir the nodes speak only TLS (clients, cluster bus
+// and replication), and everything the harness does goes over TLS with a client
+// certificate.
 //
 // Thread-safety: not thread-safe; owned by one test or benchmark.
 #ifndef KVTIER_TESTS_SUPPORT_REDIS_CLUSTER_PROCESS_H_
@@ -15,6 +17,7 @@
 
 #include "absl/status/statusor.h"
 #include "storage/redis/redis_connection.h"
+#include "storage/redis/redis_tls_context.h"
 
 namespace kvtier::testing {
 
@@ -24,7 +27,18 @@ struct RedisClusterSpec {
   std::string password;  // requirepass and masterauth; empty for none.
   // Extra redis-server arguments for every node ("--maxmemory", "4mb", ...).
   std::vector<std::string> extra_args;
+  // TLS: a directory made by tests/tls/make_test_certs.sh (MakeRedisTestCerts). The
+  // nodes serve server.{pem,key} on their TLS port only (--port 0), trust ca.pem, and
+  // use TLS between themselves; the harness's own connections and redis-cli present
+  // client-a.{pem,key}. Empty: plaintext.
+  std::string tls_dir;
+  // With tls_dir: whether nodes require a client certificate (--tls-auth-clients).
+  bool tls_auth_clients = true;
 };
+
+// Makes throwaway certificates (tests/tls/make_test_certs.sh) in a new temporary
+// directory and returns it, for RedisClusterSpec::tls_dir. Errors: Unavailable.
+absl::StatusOr<std::string> MakeRedisTestCerts();
 
 class RedisClusterProcess {
  public:
@@ -41,6 +55,9 @@ class RedisClusterProcess {
   // Every node as "127.0.0.1:port", comma-separated (a --remote-seeds value).
   std::string SeedList() const;
   std::vector<RedisEndpoint> Seeds() const;
+  // What a client needs to reach the nodes (RedisClusterOptions::tls): ca.pem and the
+  // client-a certificate with a tls_dir; not enabled without one.
+  RedisTls ClientTls() const;
 
   // SIGKILL (the node's process is gone at once) and SIGSTOP/SIGCONT (it hangs).
   void Kill(int node);
@@ -69,8 +86,11 @@ class RedisClusterProcess {
   explicit RedisClusterProcess(RedisClusterSpec spec) : spec_(std::move(spec)) {}
   absl::Status Launch(int node);
   int NodeOnPort(int port) const;
+  // redis-cli's flags for reaching the nodes (TLS and password).
+  std::vector<std::string> CliFlags() const;
 
   RedisClusterSpec spec_;
+  std::shared_ptr<RedisTlsContext> tls_;  // From ClientTls(); null for plaintext.
   std::vector<Node> nodes_;
 };
 
