@@ -34,6 +34,7 @@ absl::Status DeviceGetReactor::Start(const v1::GetRequest& req, LeaseTable* leas
   if (!target.ok()) return target.status();
   plan_ = *std::move(plan);
   target_ = *std::move(target);
+  remote_ahead_ = store_->FetchRemoteAsync(plan_.ids);
   return absl::OkStatus();
 }
 
@@ -91,7 +92,11 @@ void DeviceGetReactor::Pump() {
       if (r.ok()) {
         frame.set_found(true);
         frame.set_total_bytes(plan_.layer_bytes * (item.end - item.begin));
-        frame.set_tier(static_cast<v1::Tier>(static_cast<int>(*r)));
+        // A chunk fetched ahead from the shared tier into RAM came from there.
+        const bool ahead = item.key < remote_ahead_.size() && remote_ahead_[item.key];
+        frame.set_tier(*r == Tier::kRam && ahead
+                           ? v1::TIER_REMOTE
+                           : static_cast<v1::Tier>(static_cast<int>(*r)));
       }
       const std::string bytes = frame.SerializeAsString();
       grpc::Slice slice(bytes);

@@ -74,6 +74,8 @@ class DeviceGetReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>
   RpcMetrics::Scope scope_;
   // Set in Start, before any other thread sees the reactor; read-only after.
   GetPlan plan_;
+  // Per key: fetched ahead from the remote tier (TieredStore::FetchRemoteAsync).
+  std::vector<bool> remote_ahead_;
   ResolvedDeviceTarget target_;
   std::vector<ChunkView> lease_hold_;
 

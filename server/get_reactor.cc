@@ -71,6 +71,8 @@ absl::Status GetReactor::Start(const v1::GetRequest* request, LeaseTable* leases
     region_ = std::move(target->region);
     dest_ = std::move(target->dest);
   }
+  // Chunks only the shared tier holds are fetched in batches ahead of the stream.
+  remote_ahead_ = store_->FetchRemoteAsync(ids_);
   const uint32_t n = static_cast<uint32_t>(ids_.size());
   absl::MutexLock lock(&mu_);
   held_.resize(n);
@@ -104,7 +106,7 @@ bool GetReactor::FinishRegionItem() {
   header.set_total_bytes(end_ - begin_);
   header.set_crc32c(view_->meta().crc32c);
   header.set_token_count(view_->meta().token_count);
-  header.set_tier(static_cast<v1::Tier>(static_cast<int>(view_->tier())));
+  header.set_tier(FrameTier(item.key));
   header.set_last(true);
   grpc::Slice slice(header.SerializeAsString());
   frame_ = grpc::ByteBuffer(&slice, 1);
@@ -114,6 +116,14 @@ bool GetReactor::FinishRegionItem() {
   pending_.clear();
   NextItem();
   return true;
+}
+
+v1::Tier GetReactor::FrameTier(uint32_t key) const {
+  // Fetched ahead from the shared tier into RAM for this Get: it came from there.
+  if (view_->tier() == Tier::kRam && key < remote_ahead_.size() && remote_ahead_[key]) {
+    return v1::TIER_REMOTE;
+  }
+  return static_cast<v1::Tier>(static_cast<int>(view_->tier()));
 }
 
 void GetReactor::NextItem() {
@@ -275,7 +285,7 @@ void GetReactor::BuildFrame(uint64_t n, const std::shared_ptr<const void>& keep,
     header.set_total_bytes(end_ - begin_);
     header.set_crc32c(view_->meta().crc32c);
     header.set_token_count(view_->meta().token_count);
-    header.set_tier(static_cast<v1::Tier>(static_cast<int>(view_->tier())));
+    header.set_tier(FrameTier(item.key));
   }
   const bool last = off_ + n == end_;
   header.set_last(last);

@@ -107,6 +107,9 @@ class GetReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   void BeginItem(ChunkView view) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // True when the current item is the last of its key.
   bool LastItemOfKey() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The tier a frame of `key` reports: view_'s, or the remote tier's for a chunk the
+  // store fetched from it ahead of this Get.
+  v1::Tier FrameTier(uint32_t key) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Decides the next step and takes it: a write, reads, or the end. Call without mu_.
   void Pump();
   void OnChunk(absl::StatusOr<ChunkView> view);
@@ -124,6 +127,9 @@ class GetReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   RpcMetrics::Scope scope_;
   std::vector<ChunkId> ids_;
   std::vector<Item> items_;
+  // Per key: missing locally at the start and fetched ahead from the remote tier
+  // (TieredStore::FetchRemoteAsync; empty when none were). Set in Start.
+  std::vector<bool> remote_ahead_;
   // The chunks of the Lookup lease the request named: held (not evicted) until the
   // reactor is destroyed. Set in Start, before any other thread sees the reactor.
   std::vector<ChunkView> lease_hold_;

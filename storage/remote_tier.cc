@@ -48,6 +48,15 @@ absl::string_view Gather(absl::Span<const absl::string_view> pieces, uint64_t of
   return *scratch;
 }
 
+// `verb key` for each of `keys` (GET, EXISTS, DEL), routed by the key. The commands view
+// `keys`, which must outlive them.
+std::vector<RedisCommand> OnePerKey(absl::string_view verb, const std::vector<std::string>& keys) {
+  std::vector<RedisCommand> commands;
+  commands.reserve(keys.size());
+  for (const std::string& k : keys) commands.push_back({{verb, k}, k});
+  return commands;
+}
+
 }  // namespace
 
 absl::Status RemoteTierOptions::Validate() const {
@@ -251,104 +260,166 @@ void RemoteTier::DeleteSegments(const ChunkId& id, uint64_t generation, uint32_t
   for (uint32_t i = 0; i < n; ++i) {
     keys.push_back(RemoteSegmentKey(options_.key_prefix, id, generation, i));
   }
-  std::vector<RedisCommand> commands;
-  for (const std::string& k : keys) commands.push_back({{"DEL", k}, k});
+  const std::vector<RedisCommand> commands = OnePerKey("DEL", keys);
   // Best effort: what is left expires with its TTL.
   (void)cluster_->Execute(commands);
 }
 
 absl::StatusOr<RemoteRecord> RemoteTier::ReadRecord(const ChunkId& id,
                                                     uint64_t layout_fingerprint) {
+  return std::move(ReadRecords({&id, 1}, layout_fingerprint)[0]);
+}
+
+std::vector<absl::StatusOr<RemoteRecord>> RemoteTier::ReadRecords(
+    absl::Span<const ChunkId> ids, uint64_t layout_fingerprint) {
+  std::vector<absl::StatusOr<RemoteRecord>> out;
+  out.reserve(ids.size());
   if (!health_.Allow()) {
-    misses_.fetch_add(1, std::memory_order_relaxed);
-    return absl::NotFoundError("remote tier degraded");
+    misses_.fetch_add(ids.size(), std::memory_order_relaxed);
+    out.assign(ids.size(), absl::NotFoundError("remote tier degraded"));
+    return out;
   }
-  const std::string key = RemoteRecordKey(options_.key_prefix, id);
-  auto reply = cluster_->ExecuteOne({{"GET", key}, key});
-  if (!reply.ok()) {
-    Observe(reply.status());
-    read_failures_.fetch_add(1, std::memory_order_relaxed);
-    return reply.status();
+  std::vector<std::string> keys;
+  keys.reserve(ids.size());
+  for (const ChunkId& id : ids) keys.push_back(RemoteRecordKey(options_.key_prefix, id));
+  const std::vector<RedisCommand> commands = OnePerKey("GET", keys);
+  auto replies = cluster_->Execute(commands);
+  bool reached = false;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    auto& reply = replies[i];
+    if (!reply.ok()) {
+      Observe(reply.status());
+      read_failures_.fetch_add(1, std::memory_order_relaxed);
+      out.push_back(reply.status());
+      continue;
+    }
+    reached = true;
+    const redisReply& r = **reply;
+    if (IsNilReply(r)) {
+      misses_.fetch_add(1, std::memory_order_relaxed);
+      out.push_back(absl::NotFoundError("not in the remote tier"));
+      continue;
+    }
+    absl::StatusOr<RemoteRecord> record =
+        r.type == REDIS_REPLY_STRING
+            ? DecodeRemoteRecord(ReplyString(r))
+            : absl::DataLossError(absl::StrCat("remote commit record: not a string: ",
+                                               ReplyString(r)));
+    if (!record.ok()) {
+      checksum_failures_.fetch_add(1, std::memory_order_relaxed);
+      LogWarning("remote tier: chunk ", ids[i].DebugString(), ": ", record.status().message(),
+                 "; record deleted");
+      (void)cluster_->ExecuteOne({{"DEL", keys[i]}, keys[i]});
+      out.push_back(absl::NotFoundError(record.status().message()));
+      continue;
+    }
+    if (record->layout_fingerprint != layout_fingerprint) {
+      foreign_.fetch_add(1, std::memory_order_relaxed);
+      out.push_back(absl::NotFoundError("remote chunk was stored under another layout"));
+      continue;
+    }
+    out.push_back(*std::move(record));
   }
-  health_.Succeeded();
-  const redisReply& r = **reply;
-  if (IsNilReply(r)) {
-    misses_.fetch_add(1, std::memory_order_relaxed);
-    return absl::NotFoundError("not in the remote tier");
-  }
-  absl::StatusOr<RemoteRecord> record =
-      r.type == REDIS_REPLY_STRING
-          ? DecodeRemoteRecord(ReplyString(r))
-          : absl::DataLossError(absl::StrCat("remote commit record: not a string: ",
-                                             ReplyString(r)));
-  if (!record.ok()) {
-    checksum_failures_.fetch_add(1, std::memory_order_relaxed);
-    LogWarning("remote tier: chunk ", id.DebugString(), ": ", record.status().message(),
-               "; record deleted");
-    (void)cluster_->ExecuteOne({{"DEL", key}, key});
-    return absl::NotFoundError(record.status().message());
-  }
-  if (record->layout_fingerprint != layout_fingerprint) {
-    foreign_.fetch_add(1, std::memory_order_relaxed);
-    return absl::NotFoundError("remote chunk was stored under another layout");
-  }
-  return record;
+  if (reached) health_.Succeeded();
+  return out;
 }
 
 absl::Status RemoteTier::ReadPayload(const ChunkId& id, const RemoteRecord& record,
                                      ChunkSink& sink) {
-  const std::string record_key = RemoteRecordKey(options_.key_prefix, id);
-  auto corrupt = [&](absl::string_view why) {
+  const RemoteRecord* records[] = {&record};
+  ChunkSink* sinks[] = {&sink};
+  return std::move(ReadPayloads({&id, 1}, records, sinks)[0]);
+}
+
+std::vector<absl::Status> RemoteTier::ReadPayloads(absl::Span<const ChunkId> ids,
+                                                   absl::Span<const RemoteRecord* const> records,
+                                                   absl::Span<ChunkSink* const> sinks) {
+  std::vector<absl::Status> out(ids.size());
+  auto corrupt = [&](size_t c, absl::string_view why) {
     checksum_failures_.fetch_add(1, std::memory_order_relaxed);
-    LogWarning("remote tier: chunk ", id.DebugString(), ": ", why, "; record deleted");
+    LogWarning("remote tier: chunk ", ids[c].DebugString(), ": ", why, "; record deleted");
+    const std::string record_key = RemoteRecordKey(options_.key_prefix, ids[c]);
     (void)cluster_->ExecuteOne({{"DEL", record_key}, record_key});
-    return absl::DataLossError(absl::StrCat("remote chunk ", id.key.ToHex(), ": ", why));
+    out[c] = absl::DataLossError(absl::StrCat("remote chunk ", ids[c].key.ToHex(), ": ", why));
   };
-  const uint32_t n = record.segments();
-  for (uint32_t first = 0; first < n;) {
+  // Every (chunk, segment) in order; a batch takes up to batch_bytes of them, from one
+  // chunk or several, so small chunks share a round trip and a large one is split.
+  struct Part {
+    size_t chunk;
+    uint32_t segment;
+  };
+  std::vector<Part> parts;
+  for (size_t c = 0; c < ids.size(); ++c) {
+    for (uint32_t i = 0; i < records[c]->segments(); ++i) parts.push_back({c, i});
+  }
+  std::vector<uint32_t> landed(ids.size(), 0);
+  bool reached = false;
+  for (size_t first = 0; first < parts.size();) {
     uint64_t batch = 0;
-    uint32_t end = first;
-    while (end < n && (end == first || batch + record.SegmentSize(end) <= options_.batch_bytes)) {
-      batch += record.SegmentSize(end);
-      ++end;
-    }
+    size_t end = first;
     std::vector<std::string> keys;
-    keys.reserve(end - first);
-    for (uint32_t i = first; i < end; ++i) {
-      keys.push_back(RemoteSegmentKey(options_.key_prefix, id, record.generation, i));
+    std::vector<size_t> which;  // Index into parts of each command.
+    while (end < parts.size()) {
+      const Part& p = parts[end];
+      const uint64_t bytes = records[p.chunk]->SegmentSize(p.segment);
+      if (end > first && batch + bytes > options_.batch_bytes) break;
+      ++end;
+      if (!out[p.chunk].ok()) continue;  // That chunk already failed.
+      batch += bytes;
+      keys.push_back(RemoteSegmentKey(options_.key_prefix, ids[p.chunk],
+                                      records[p.chunk]->generation, p.segment));
+      which.push_back(end - 1);
     }
-    std::vector<RedisCommand> commands;
-    commands.reserve(keys.size());
-    for (const std::string& k : keys) commands.push_back({{"GET", k}, k});
+    const std::vector<RedisCommand> commands = OnePerKey("GET", keys);
     auto replies = cluster_->Execute(commands);
-    for (uint32_t i = first; i < end; ++i) {
-      auto& reply = replies[i - first];
+    for (size_t k = 0; k < replies.size(); ++k) {
+      const Part& p = parts[which[k]];
+      const RemoteRecord& record = *records[p.chunk];
+      if (!out[p.chunk].ok()) continue;
+      auto& reply = replies[k];
       if (!reply.ok()) {
         Observe(reply.status());
         read_failures_.fetch_add(1, std::memory_order_relaxed);
-        return reply.status();
+        out[p.chunk] = reply.status();
+        continue;
       }
+      reached = true;
       if (IsNilReply(**reply)) {
         torn_.fetch_add(1, std::memory_order_relaxed);
-        return absl::NotFoundError(absl::StrCat("remote chunk ", id.key.ToHex(), ": segment ", i,
-                                                " of ", n, " is gone (evicted or expired)"));
+        out[p.chunk] = absl::NotFoundError(
+            absl::StrCat("remote chunk ", ids[p.chunk].key.ToHex(), ": segment ", p.segment,
+                         " of ", record.segments(), " is gone (evicted or expired)"));
+        continue;
       }
       const absl::string_view bytes = ReplyString(**reply);
-      if ((*reply)->type != REDIS_REPLY_STRING || bytes.size() != record.SegmentSize(i)) {
-        return corrupt(absl::StrCat("segment ", i, " has the wrong size"));
+      if ((*reply)->type != REDIS_REPLY_STRING || bytes.size() != record.SegmentSize(p.segment)) {
+        corrupt(p.chunk, absl::StrCat("segment ", p.segment, " has the wrong size"));
+        continue;
       }
-      if (crc32c::Value(bytes) != record.segment_crc32c[i]) {
-        return corrupt(absl::StrCat("segment ", i, " fails its CRC32C"));
+      if (crc32c::Value(bytes) != record.segment_crc32c[p.segment]) {
+        corrupt(p.chunk, absl::StrCat("segment ", p.segment, " fails its CRC32C"));
+        continue;
       }
-      sink.Write(static_cast<uint64_t>(i) * record.segment_bytes, bytes);
+      sinks[p.chunk]->Write(static_cast<uint64_t>(p.segment) * record.segment_bytes, bytes);
+      ++landed[p.chunk];
     }
     first = end;
   }
-  if (sink.Crc32c() != record.meta.crc32c) return corrupt("the chunk fails its CRC32C");
-  health_.Succeeded();
-  hits_.fetch_add(1, std::memory_order_relaxed);
-  bytes_read_.fetch_add(record.meta.size, std::memory_order_relaxed);
-  return absl::OkStatus();
+  for (size_t c = 0; c < ids.size(); ++c) {
+    if (!out[c].ok()) continue;
+    if (landed[c] != records[c]->segments()) {  // Cannot happen: every segment answered.
+      out[c] = absl::InternalError("remote read: segments unaccounted for");
+      continue;
+    }
+    if (sinks[c]->Crc32c() != records[c]->meta.crc32c) {
+      corrupt(c, "the chunk fails its CRC32C");
+      continue;
+    }
+    hits_.fetch_add(1, std::memory_order_relaxed);
+    bytes_read_.fetch_add(records[c]->meta.size, std::memory_order_relaxed);
+  }
+  if (reached) health_.Succeeded();
+  return out;
 }
 
 std::vector<bool> RemoteTier::ContainsMany(absl::Span<const ChunkId> ids) {
@@ -357,9 +428,7 @@ std::vector<bool> RemoteTier::ContainsMany(absl::Span<const ChunkId> ids) {
   std::vector<std::string> keys;
   keys.reserve(ids.size());
   for (const ChunkId& id : ids) keys.push_back(RemoteRecordKey(options_.key_prefix, id));
-  std::vector<RedisCommand> commands;
-  commands.reserve(keys.size());
-  for (const std::string& k : keys) commands.push_back({{"EXISTS", k}, k});
+  const std::vector<RedisCommand> commands = OnePerKey("EXISTS", keys);
   auto replies = cluster_->Execute(commands);
   bool reached = false;
   for (size_t i = 0; i < replies.size(); ++i) {

@@ -103,6 +103,17 @@ class RemoteTier {
   // chunk. Returns: Ok, NotFound (segments missing: torn), DataLoss (corrupt; the record
   // is deleted), Unavailable.
   absl::Status ReadPayload(const ChunkId& id, const RemoteRecord& record, ChunkSink& sink);
+  // ReadRecord for many chunks of one layout, in one pipelined round trip; one result
+  // per id, in order.
+  std::vector<absl::StatusOr<RemoteRecord>> ReadRecords(absl::Span<const ChunkId> ids,
+                                                        uint64_t layout_fingerprint);
+  // ReadPayload for many chunks: their segments fetched in pipelines of up to
+  // batch_bytes (small chunks share one, a large one takes several), each chunk into
+  // its own sink; one status per chunk, in order. A chunk that fails does not stop the
+  // others.
+  std::vector<absl::Status> ReadPayloads(absl::Span<const ChunkId> ids,
+                                         absl::Span<const RemoteRecord* const> records,
+                                         absl::Span<ChunkSink* const> sinks);
   // Whether each of `ids` has a commit record (one pipelined round trip). All false
   // while degraded. A record whose segments were since evicted still answers true;
   // the read then misses.
@@ -118,6 +129,7 @@ class RemoteTier {
   void WaitIdle();
   RemoteTierStats GetStats() const;
   bool degraded() const { return health_.degraded(); }
+  uint64_t batch_bytes() const { return options_.batch_bytes; }
 
  private:
   struct Job {

@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/notification.h"
@@ -441,6 +442,18 @@ absl::StatusOr<ChunkView> TieredStore::Read(const ChunkId& id, bool stream) {
 absl::StatusOr<ChunkView> TieredStore::ReadRemote(const ChunkId& id) {
   auto layout = layouts_->Find(id.ns);
   if (!layout.ok()) return absl::NotFoundError("chunk not cached");
+  // One fetch per chunk: if another reader (or a Get's batched fetch) has it in hand,
+  // wait for it; it is in RAM afterwards unless that fetch missed.
+  remote_fetches_.WaitAndClaim(id);
+  absl::Cleanup release = [&] { remote_fetches_.Release({&id, 1}); };
+  if (auto hit = ram_->Find(id)) {
+    ram_bytes_out_.fetch_add(hit->meta.size, std::memory_order_relaxed);
+    ChunkView view;
+    view.meta_ = hit->meta;
+    view.tier_ = Tier::kRam;
+    view.pool_ = std::move(hit->data);
+    return view;
+  }
   auto record = remote_->ReadRecord(id, layout->NamespaceId());
   // Unreachable, degraded, foreign or corrupt: all a miss to the caller, who computes
   // the chunk instead (the remote tier counted and logged why).
@@ -474,6 +487,85 @@ absl::StatusOr<ChunkView> TieredStore::ReadRemote(const ChunkId& id) {
   }
   view.buf_ = std::move(buffer);
   return view;
+}
+
+std::vector<bool> TieredStore::FetchRemoteAsync(absl::Span<const ChunkId> ids) {
+  if (remote_ == nullptr || remote_->degraded() || stopping_.load()) return {};
+  std::vector<ChunkId> missing;
+  std::vector<bool> ahead(ids.size(), false);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (Locate(ids[i]) != Tier::kNone) continue;
+    missing.push_back(ids[i]);
+    ahead[i] = true;
+  }
+  if (missing.size() < 2) return {};  // One chunk gains nothing over the Get's own read.
+  remote_fetches_.JobQueued();
+  read_pool_->Submit([this, missing = std::move(missing)] {
+    FetchRemote(missing);
+    remote_fetches_.JobDone();
+  });
+  return ahead;
+}
+
+void TieredStore::FetchRemote(const std::vector<ChunkId>& ids) {
+  // Chunks that landed locally meanwhile, or that another reader is fetching, are left
+  // alone. All of a Get's chunks share its namespace, so one layout serves.
+  std::vector<ChunkId> wanted;
+  for (const ChunkId& id : ids) {
+    if (Locate(id) == Tier::kNone) wanted.push_back(id);
+  }
+  std::vector<ChunkId> claimed = remote_fetches_.ClaimFree(wanted);
+  if (claimed.empty()) return;
+  auto layout = layouts_->Find(claimed[0].ns);
+  if (!layout.ok()) {
+    remote_fetches_.Release(claimed);
+    return;
+  }
+  std::vector<absl::StatusOr<RemoteRecord>> records =
+      remote_->ReadRecords(claimed, layout->NamespaceId());
+  // In groups of about one pipeline's bytes, in the Get's order, each group's claims
+  // released as it lands: the Get's first chunks need not wait for its last.
+  size_t next = 0;
+  while (next < claimed.size()) {
+    std::vector<ChunkId> group_ids;
+    std::vector<const RemoteRecord*> group_records;
+    std::vector<std::shared_ptr<PoolChunk>> rooms;
+    std::vector<std::unique_ptr<PoolSink>> sinks;
+    std::vector<ChunkId> done;  // Claims to release after this group.
+    uint64_t bytes = 0;
+    for (; next < claimed.size(); ++next) {
+      if (!records[next].ok()) {
+        done.push_back(claimed[next]);
+        continue;
+      }
+      const uint64_t size = records[next]->meta.size;
+      if (!group_ids.empty() && bytes + size > remote_->batch_bytes()) break;
+      done.push_back(claimed[next]);
+      // Room without evicting anything unsaved; none: the Get reads this one itself.
+      auto room = ram_->Allocate(size);
+      if (!room.ok()) continue;
+      bytes += size;
+      group_ids.push_back(claimed[next]);
+      group_records.push_back(&*records[next]);
+      sinks.push_back(std::make_unique<PoolSink>(room->get()));
+      rooms.push_back(*std::move(room));
+    }
+    if (!group_ids.empty()) {
+      std::vector<ChunkSink*> sink_ptrs;
+      for (auto& sink : sinks) sink_ptrs.push_back(sink.get());
+      const std::vector<absl::Status> landed =
+          remote_->ReadPayloads(group_ids, group_records, sink_ptrs);
+      for (size_t k = 0; k < group_ids.size(); ++k) {
+        if (!landed[k].ok()) continue;
+        if (ram_->Insert(group_ids[k], rooms[k], group_records[k]->meta, /*dirty=*/false)) {
+          remote_promotions_.fetch_add(1, std::memory_order_relaxed);
+          ram_bytes_in_.fetch_add(group_records[k]->meta.size, std::memory_order_relaxed);
+          Emit(ChunkEventKind::kPromoted, group_ids[k], Tier::kRam);
+        }
+      }
+    }
+    remote_fetches_.Release(done);
+  }
 }
 
 std::vector<Tier> TieredStore::LocateMany(absl::Span<const ChunkId> ids) {

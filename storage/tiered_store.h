@@ -51,6 +51,7 @@
 #include "storage/layout_registry.h"
 #include "storage/layout_spec.h"
 #include "storage/put_admission.h"
+#include "storage/fetch_claims.h"
 #include "storage/remote_tier.h"
 #include "storage/ssd_tier.h"
 #include "storage/write_back_flusher.h"
@@ -239,6 +240,16 @@ class TieredStore {
   // Locate for a batch, asking the remote tier (in one round trip) about the chunks no
   // local tier holds: those it has come back as kRemote.
   std::vector<Tier> LocateMany(absl::Span<const ChunkId> ids);
+  // A Get of `ids` is starting: with a remote tier, the chunks of it no local tier
+  // holds are fetched into RAM on the read threads in batches (their records in one
+  // round trip, their segments in pipelines of the tier's batch size over every
+  // master), instead of two round trips per chunk as the Get reaches each. A Read of
+  // a chunk being fetched waits for that fetch. Never blocks; a no-op without a remote
+  // tier, while it is degraded, or when fewer than two chunks are missing locally.
+  // Returns, per id, whether it was missing locally and is being fetched (the Get
+  // reports such a chunk as coming from the remote tier though it reads it from RAM);
+  // empty when nothing is.
+  std::vector<bool> FetchRemoteAsync(absl::Span<const ChunkId> ids);
   // A view of the chunk if it is in RAM, taken without reading it or counting a hit.
   // While the view lives the chunk cannot be evicted (Delete and Clear still remove it
   // from the index). For holding a Lookup's hits until their Get.
@@ -345,6 +356,8 @@ class TieredStore {
   bool has_ssd_tier() const { return ssd_ != nullptr; }
   bool has_remote_tier() const { return remote_ != nullptr; }
   // Waits until the remote tier has no write queued or running (tests, benchmarks).
+  // Waits until no FetchRemoteAsync job is queued or running (tests, benchmarks).
+  void WaitForRemoteFetches() { remote_fetches_.WaitForJobs(); }
   void WaitForRemoteWrites() {
     if (remote_) remote_->WaitIdle();
   }
@@ -384,6 +397,8 @@ class TieredStore {
   // there, clean), else into a whole-chunk buffer (max_buffered_reads). NotFound for
   // anything short of a verified chunk.
   absl::StatusOr<ChunkView> ReadRemote(const ChunkId& id);
+  // FetchRemoteAsync's job, on a read thread.
+  void FetchRemote(const std::vector<ChunkId>& ids);
   // Clear without the remote tier.
   absl::StatusOr<uint64_t> ClearLocal(uint64_t ns);
   // Hands a chunk that was just stored locally to the remote tier, if any.
@@ -405,6 +420,7 @@ class TieredStore {
   std::unique_ptr<GpuTier> gpu_;  // Null without a device.
   // After ram_: destroyed first, its queued writes hold pool chunks. Null without one.
   std::unique_ptr<RemoteTier> remote_;
+  FetchClaims remote_fetches_;  // Chunks being read from the remote tier now.
   FairGate buffered_reads_;
   AsyncGate stream_gate_;   // stream_buffer_bytes.
   absl::Mutex spare_mu_;

@@ -202,6 +202,47 @@ TEST_F(RemoteTierTest, AChunkPutOnOneStoreIsReadOnAnother) {
   EXPECT_GT(segment_ttl, record_ttl);
 }
 
+TEST_F(RemoteTierTest, AGetsMissingChunksAreFetchedTogetherAhead) {
+  a_ = Open(Options(dir_a_.path(), WriteMode::kWriteBack));
+  TieredStoreOptions ob = Options(dir_b_.path(), WriteMode::kRamOnly);
+  ob.remote.batch_bytes = 2 * kMiB;  // Pipelines of two chunks: three groups below.
+  b_ = Open(ob);
+  ASSERT_NE(a_, nullptr);
+  ASSERT_NE(b_, nullptr);
+  for (uint64_t n = 10; n <= 15; ++n) ASSERT_TRUE(Put(a_.get(), Id(n)).ok()) << n;
+  a_->WaitForRemoteWrites();
+  // One chunk is corrupt in the cluster; one B already holds; one nobody has.
+  const RemoteRecord rec = Record(Id(12));
+  const std::string skey = RemoteSegmentKey("kvt", Id(12), rec.generation, 3);
+  std::string bytes(ReplyString(*OnOwner(skey, {"GET", skey})));
+  bytes[7] ^= 4;
+  OnOwner(skey, {"SET", skey, bytes});
+  ASSERT_TRUE(Put(b_.get(), Id(15)).ok());
+  b_->WaitForRemoteWrites();
+
+  std::vector<ChunkId> ids;
+  for (uint64_t n = 10; n <= 15; ++n) ids.push_back(Id(n));
+  ids.push_back(Id(99));
+  b_->FetchRemoteAsync(ids);
+  b_->WaitForRemoteFetches();
+  const TieredStoreStats s = b_->GetStats();
+  EXPECT_EQ(s.remote.hits, 4u);
+  EXPECT_EQ(s.remote_promotions, 4u);
+  EXPECT_EQ(s.remote.checksum_failures, 1u);
+  EXPECT_EQ(s.remote.misses, 1u);  // Id(99); Id(15) was not asked for.
+  for (uint64_t n : {10, 11, 13, 14, 15}) {
+    EXPECT_EQ(b_->Locate(Id(n)), Tier::kRam) << n;
+    auto view = b_->Read(Id(n));
+    ASSERT_TRUE(view.ok()) << n;
+    EXPECT_EQ(view->tier(), Tier::kRam) << n;  // Served from what the fetch landed.
+    EXPECT_EQ(ReadAll(*view), Payload(Id(n), kMiB)) << n;
+  }
+  EXPECT_EQ(b_->Locate(Id(12)), Tier::kNone);  // Never served, and its record is gone.
+  EXPECT_FALSE(RecordExists(Id(12)));
+  EXPECT_EQ(b_->Locate(Id(99)), Tier::kNone);
+  EXPECT_EQ(b_->GetStats().remote.hits, 4u);  // The reads above went to RAM, not Redis.
+}
+
 TEST_F(RemoteTierTest, AChunkTwoStoresPutTravelsOnce) {
   OpenBoth();
   const ChunkId id = Id(3);
