@@ -18,6 +18,14 @@
 //     --hint-every dispatches, by the dispatching client, off the request's clock): the
 //     share of loaded chunks served from RAM, request latency percentiles (Lookup, Get,
 //     Put), the daemon's CPU time and the time its Hint handler took.
+//   --section=shared  The shared tier (issue 14): request i goes to daemon i % --daemons
+//     (3, round robin, as a cache-unaware balancer spreads them), arrival times
+//     compressed by --compress, --workers clients. Cells: one ram-only daemon holding
+//     every distinct chunk (the reference), then for each --shared-fracs percent of the
+//     distinct chunks in each daemon's RAM, the daemons alone and the daemons sharing a
+//     Redis Cluster (--masters masters, started here on loopback). Reported: prefix hit
+//     ratio (and its ratio to the reference's), recompute time saved, chunks loaded
+//     from the shared tier, remote writes and drops, request latency.
 //
 // Recompute time saved is the sum of a + b*i over the prefix hits (chunk i of its
 // request), with the Cake benchmark's fit (--a, --b seconds). Results are JSON lines
@@ -45,6 +53,7 @@
 #include "bench/trace.h"
 #include "client/kvtier_client.h"
 #include "tests/support/daemon_process.h"
+#include "tests/support/redis_cluster_process.h"
 #include "tests/support/test_data.h"
 
 namespace {
@@ -161,7 +170,8 @@ Outcome SimulateBelady(const Trace& t, uint64_t capacity) {
 
 struct Replay {
   Outcome o;
-  uint64_t from_ram = 0, from_ssd = 0, from_gpu = 0, lost = 0, puts = 0, errors = 0;
+  uint64_t from_ram = 0, from_ssd = 0, from_gpu = 0, from_remote = 0, lost = 0, puts = 0,
+           errors = 0;
   uint64_t truncated_hints = 0;
   std::vector<double> lat_ms;   // Lookup + Get + Put of each request.
   std::vector<double> hint_ms;  // Each Hint call.
@@ -181,8 +191,10 @@ std::unique_ptr<KvTierClient> Connect(const std::string& target, int i) {
   return *std::move(c);
 }
 
-Replay Run(const Trace& t, const std::string& target, uint64_t ns, uint64_t chunk_bytes,
-           uint32_t tokens, int workers, double compress, uint64_t hint_depth, bool lease) {
+// Request i goes to targets[i % targets.size()].
+Replay Run(const Trace& t, const std::vector<std::string>& targets, uint64_t ns,
+           uint64_t chunk_bytes, uint32_t tokens, int workers, double compress,
+           uint64_t hint_depth, bool lease) {
   const uint64_t hint_every = std::max<uint64_t>(1, Flag("hint-every", 1));
   const std::string payload = kvtier::testing::PatternBytes(11, chunk_bytes);
   std::atomic<uint64_t> next{0};
@@ -192,10 +204,14 @@ Replay Run(const Trace& t, const std::string& target, uint64_t ns, uint64_t chun
   std::vector<std::thread> threads;
   for (int w = 0; w < workers; ++w) {
     threads.emplace_back([&, w] {
-      auto c = Connect(target, w);
+      std::vector<std::unique_ptr<KvTierClient>> clients;
+      for (size_t d = 0; d < targets.size(); ++d) {
+        clients.push_back(Connect(targets[d], w * static_cast<int>(targets.size()) + static_cast<int>(d)));
+      }
       Replay mine;
       for (uint64_t i; (i = next.fetch_add(1)) < t.reqs.size();) {
         const TraceReq& r = t.reqs[i];
+        KvTierClient* c = clients[i % clients.size()].get();
         if (compress > 0) {
           std::this_thread::sleep_until(
               t0 + std::chrono::microseconds(static_cast<int64_t>(r.ts_ms * 1000 / compress)));
@@ -241,6 +257,7 @@ Replay Run(const Trace& t, const std::string& target, uint64_t ns, uint64_t chun
                   loaded[idx] = true;
                   if (f.tier() == kvtier::v1::TIER_RAM) ++mine.from_ram;
                   else if (f.tier() == kvtier::v1::TIER_SSD) ++mine.from_ssd;
+                  else if (f.tier() == kvtier::v1::TIER_REMOTE) ++mine.from_remote;
                   else ++mine.from_gpu;
                 }
                 return absl::OkStatus();
@@ -285,6 +302,7 @@ Replay Run(const Trace& t, const std::string& target, uint64_t ns, uint64_t chun
       total.from_ram += mine.from_ram;
       total.from_ssd += mine.from_ssd;
       total.from_gpu += mine.from_gpu;
+      total.from_remote += mine.from_remote;
       total.lost += mine.lost;
       total.puts += mine.puts;
       total.errors += mine.errors;
@@ -372,7 +390,7 @@ int Policies(const Trace& t, const std::string& dir) {
                                {"--write-mode=ram-only", "--eviction-policy=" + policy,
                                 absl::StrCat("--ram-capacity=", cap * Flag("chunk-kib", 16), "KiB")});
         const double cpu0 = CpuSeconds(d.process.pid());
-        Replay r = Run(t, d.process.target(), d.ns, d.chunk_bytes, d.tokens, 1, 0, hints, false);
+        Replay r = Run(t, {d.process.target()}, d.ns, d.chunk_bytes, d.tokens, 1, 0, hints, false);
         const double cpu = CpuSeconds(d.process.pid()) - cpu0;
         const double hint_s = RpcSeconds(d.process, "Hint");
         const double ratio = r.o.prefix_hits / double(t.refs);
@@ -415,7 +433,7 @@ int Timed(const Trace& t, const std::string& dir) {
                             absl::StrCat("--ram-capacity=", cap * Flag("chunk-kib", 16), "KiB"),
                             absl::StrCat("--ssd-capacity=", Flag("ssd-mib", 8192), "MiB")});
     const double cpu0 = CpuSeconds(d.process.pid());
-    Replay r = Run(t, d.process.target(), d.ns, d.chunk_bytes, d.tokens,
+    Replay r = Run(t, {d.process.target()}, d.ns, d.chunk_bytes, d.tokens,
                    static_cast<int>(Flag("workers", 16)), DFlag("compress", 100), hints, true);
     const double cpu = CpuSeconds(d.process.pid()) - cpu0;
     const double hint_s = RpcSeconds(d.process, "Hint");
@@ -440,6 +458,81 @@ int Timed(const Trace& t, const std::string& dir) {
     std::fflush(stdout);
     d.admin.reset();
     d.process.Terminate(300).IgnoreError();
+  }
+  return 0;
+}
+
+
+// The value of series `name` (exact, labels included) on the daemon's /metrics; 0 when absent.
+double Metric(const DaemonProcess& d, const std::string& name) {
+  auto r = kvtier::testing::HttpGet(d.metrics_port(), "/metrics");
+  if (!r.ok()) return 0;
+  return std::max(0.0, kvtier::testing::SeriesValue(r->body, name));
+}
+
+int Shared(const Trace& t, const std::string& dir) {
+  const int daemons = static_cast<int>(Flag("daemons", 3));
+  const int workers = static_cast<int>(Flag("workers", 8));
+  const double compress = DFlag("compress", 20);
+  const uint64_t chunk_kib = Flag("chunk-kib", 16);
+  kvtier::testing::RedisClusterSpec spec;
+  spec.masters = static_cast<int>(Flag("masters", 3));
+  spec.replicas_per_master = 0;
+  auto cluster = kvtier::testing::RedisClusterProcess::Start(spec);
+  if (!cluster.ok()) {
+    std::fprintf(stderr, "redis cluster: %s\n", cluster.status().ToString().c_str());
+    return 1;
+  }
+  std::printf("| daemons | RAM %% each | shared tier | prefix hit ratio | vs one daemon | recompute saved s | vs one daemon | from shared tier | remote writes | dropped | p50 ms | p99 ms | errors |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  double ref_ratio = 0, ref_saved = 0;
+  struct Cell { int n; uint64_t pct; bool shared; };
+  std::vector<Cell> cells = {{1, 100, false}};
+  for (uint64_t pct : ListFlag("shared-fracs", "10,100")) {
+    cells.push_back({daemons, pct, false});
+    cells.push_back({daemons, pct, true});
+  }
+  int index = 0;
+  for (const Cell& cell : cells) {
+    if (!(*cluster)->FlushAll().ok()) return 1;
+    const uint64_t cap = std::max<uint64_t>(1, t.unique * cell.pct / 100);
+    std::vector<Daemon> ds;
+    std::vector<std::string> targets;
+    for (int k = 0; k < cell.n; ++k) {
+      std::vector<std::string> args = {"--write-mode=ram-only",
+                                       absl::StrCat("--ram-capacity=", cap * chunk_kib, "KiB")};
+      if (cell.shared) args.push_back("--remote-seeds=" + (*cluster)->SeedList());
+      ds.push_back(StartDaemon(absl::StrCat(dir, "/shared-", index, "-", k), args));
+      targets.push_back(ds.back().process.target());
+    }
+    ++index;
+    Replay r = Run(t, targets, ds[0].ns, ds[0].chunk_bytes, ds[0].tokens, workers, compress, 0,
+                   false);
+    double writes = 0, dropped = 0;
+    for (const Daemon& d : ds) {
+      writes += Metric(d.process, "kvtier_remote_writes_total{result=\"stored\"}");
+      dropped += Metric(d.process, "kvtier_remote_writes_total{result=\"dropped\"}");
+    }
+    const double ratio = r.o.prefix_hits / double(t.refs);
+    if (cell.n == 1) ref_ratio = ratio, ref_saved = r.o.saved_s;
+    JsonLine().S("kind", "shared_cell").N("daemons", cell.n).N("ram_pct", cell.pct)
+        .N("capacity_chunks", cap).N("shared", cell.shared ? 1 : 0).N("compress", compress)
+        .N("workers", workers).N("refs", r.o.refs).N("prefix_hit_ratio", ratio)
+        .N("hit_ratio", r.o.hits / double(t.refs)).N("saved_s", r.o.saved_s)
+        .N("ref_prefix_hit_ratio", ref_ratio).N("ref_saved_s", ref_saved)
+        .N("from_ram", r.from_ram).N("from_remote", r.from_remote).N("lost", r.lost)
+        .N("puts", r.puts).N("remote_writes", writes).N("remote_dropped", dropped)
+        .N("errors", r.errors).N("secs", r.secs).N("p50_ms", Pct(r.lat_ms, 0.5))
+        .N("p99_ms", Pct(r.lat_ms, 0.99)).Emit();
+    std::printf("| %d | %lu | %s | %.4f | %.3f | %.1f | %.3f | %lu | %.0f | %.0f | %.2f | %.2f | %lu |\n",
+                cell.n, cell.pct, cell.shared ? "yes" : "no", ratio, ratio / ref_ratio, r.o.saved_s,
+                r.o.saved_s / ref_saved, r.from_remote, writes, dropped, Pct(r.lat_ms, 0.5),
+                Pct(r.lat_ms, 0.99), r.errors);
+    std::fflush(stdout);
+    for (Daemon& d : ds) {
+      d.admin.reset();
+      d.process.Terminate(60).IgnoreError();
+    }
   }
   return 0;
 }
@@ -470,6 +563,7 @@ int main(int argc, char** argv) {
   const std::string section = StrFlag("section", "policies");
   if (section == "policies") return Policies(t, dir);
   if (section == "timed") return Timed(t, dir);
+  if (section == "shared") return Shared(t, dir);
   std::fprintf(stderr, "unknown --section=%s\n", section.c_str());
   return 2;
 }

@@ -244,6 +244,11 @@ std::vector<std::string> DaemonArgs(const std::string& mode, uint64_t ram_mib, u
   if (const uint64_t n = Flag("writeback-threads", 0); n != 0) {
     args.push_back(absl::StrCat("--writeback-threads=", n));
   }
+  // The shared tier (bench/remote.sh): the daemon's Redis Cluster seeds; an address where
+  // nothing listens measures the local tiers with the cluster down.
+  if (const std::string seeds = StrFlag("remote-seeds", ""); !seeds.empty()) {
+    args.push_back("--remote-seeds=" + seeds);
+  }
   // Security (bench/security.sh): TLS from --tls-dir, tenants from --tenants-file.
   if (const std::string tls = StrFlag("tls-dir", ""); !tls.empty()) {
     args.push_back("--tls-cert-file=" + tls + "/server.pem");

@@ -269,6 +269,93 @@ def overload(res, w):
     write_notes(d, w, lead="\n")
 
 
+def remote(res, w):
+    """Issue 14's shared tier (bench/remote.sh), from bench/results/remote/."""
+    d = os.path.join(res, "remote")
+    rows = jsonl(os.path.join(d, "remote.jsonl"))
+    local = [r for r in jsonl(os.path.join(d, "local.jsonl")) if r.get("kind") == "cell"]
+    shared = [r for r in jsonl(os.path.join(d, "shared.jsonl")) if r.get("kind") == "shared_cell"]
+    if not rows and not local and not shared:
+        return
+    w("## The shared tier on Redis Cluster (issue 14)\n")
+    cmds = rd(os.path.join(d, "commands.txt")).strip().splitlines()
+    w("Commands:\n")
+    w("```\nbash bench/remote.sh\n" + "\n".join(dict.fromkeys(cmds)) + "\n```\n")
+    if rows:
+        w("### Remote-tier throughput against raw SET/GET\n")
+        w("Target: remote-tier get >= 0.8x raw Redis GET of the same bytes, put >= 0.8x raw "
+          "SET. A three-master cluster on loopback (no replicas), started by the benchmark. "
+          "The tier's puts run on its two background writers, as in the daemon; its gets and "
+          "the baseline on one thread. Each cell moves at least 256 MiB (at least 16 chunks). "
+          "The tier writes (EXISTS, then the segments pipelined over the masters, "
+          "then the commit record) and reads (the record, then the segments, verifying each "
+          "segment's and the chunk's CRC32C). The baseline SETs and GETs the same 1 MiB "
+          "segments with the same client and batching, and nothing else. Medians of the "
+          "rounds (interleaved).\n")
+        med = {}
+        for r in rows:
+            med.setdefault((round(r["chunk_bytes"] / 2**20), r["op"], r["path"]), []).append(r["gbps"])
+        med = {k: statistics.median(v) for k, v in med.items()}
+        w("| chunk | op | raw GB/s | remote tier GB/s | ratio (>= 0.8) |")
+        w("|---|---|---|---|---|")
+        names = {"put": "put", "get": "get, all chunks at once (a Get's fetch)",
+                 "get1": "get, one chunk at a time"}
+        for mib in sorted({k[0] for k in med}):
+            for op in ("put", "get", "get1"):
+                raw, tier = med.get((mib, op, "raw")), med.get((mib, op, "remote"))
+                if not raw or not tier:
+                    continue
+                verdict = "met" if tier / raw >= 0.8 else "missed"
+                w(f"| {mib} MiB | {names[op]} | {raw:.2f} | {tier:.2f} | {tier / raw:.2f} ({verdict}) |")
+        w("")
+    if local:
+        w("### The local tiers with the cluster down\n")
+        w("Target: with the cluster down, local-tier throughput within 5% of a daemon with no "
+          "remote tier. RAM tier (ram-only); the shared tier's seeds point at an address "
+          "where nothing listens, so the daemon starts degraded, drops each chunk's remote "
+          "write without queueing it and probes again with backoff. Runs interleaved, the "
+          "order alternating; medians, GB/s.\n")
+        key = lambda r: (r["op"], int(r["chunk_mib"]), int(r["clients"]))
+        med = {}
+        for r in local:
+            med.setdefault((r["tier"],) + key(r), []).append(r["gbps"])
+        med = {k: statistics.median(v) for k, v in med.items()}
+        w("| op | chunk | clients | no shared tier | cluster down | ratio (>= 0.95) |")
+        w("|---|---|---|---|---|---|")
+        for k in sorted({key(r) for r in local}):
+            a, b = med.get(("no-remote",) + k), med.get(("cluster-down",) + k)
+            if not a or not b:
+                continue
+            verdict = "met" if b / a >= 0.95 else "missed"
+            w(f"| {k[0]} | {k[1]} MiB | {k[2]} | {a:.3f} | {b:.3f} | {b / a:.3f} ({verdict}) |")
+        runs = max(len([r for r in local if r["tier"] == "no-remote" and key(r) == k])
+                   for k in {key(r) for r in local})
+        w(f"\n{runs} runs per variant.\n")
+    if shared:
+        w("### Three daemons round robin, with and without the shared tier\n")
+        w("Target: the three-daemon round-robin replay reaches >= 0.9x the hit ratio of one "
+          "daemon holding everything. The Mooncake trace, request i sent to daemon i % 3 "
+          "(a cache-unaware balancer), arrival times compressed 20x, 8 clients; each daemon "
+          "ram-only with the stated share of the trace's distinct chunks in RAM; per "
+          "request Lookup, Get of the prefix hits, Put of the rest. Recompute time saved is "
+          "the Cake fit's a + b*i summed over the prefix hits.\n")
+        w("| daemons | RAM each | shared tier | prefix hit ratio | vs one daemon | recompute "
+          "saved s | vs one daemon | chunks from the shared tier | remote writes | p50 / p99 ms |")
+        w("|---|---|---|---|---|---|---|---|---|---|")
+        ref = next((r for r in shared if r["daemons"] == 1), None)
+        for r in shared:
+            rel = r["prefix_hit_ratio"] / ref["prefix_hit_ratio"] if ref else 0
+            verdict = ""
+            if r["daemons"] > 1:
+                verdict = " (" + ("met" if rel >= 0.9 else "missed") + ")" if r["shared"] else ""
+            w(f"| {r['daemons']:.0f} | {r['ram_pct']:.0f}% | {'yes' if r['shared'] else 'no'} | "
+              f"{r['prefix_hit_ratio']:.4f} | {rel:.3f}{verdict} | {r['saved_s']:.0f} | "
+              f"{r['saved_s'] / ref['saved_s'] if ref else 0:.3f} | {r['from_remote']:.0f} | "
+              f"{r['remote_writes']:.0f} | {r['p50_ms']:.1f} / {r['p99_ms']:.1f} |")
+        w("")
+    write_notes(d, w)
+
+
 def gpu(res, w):
     """The GPU tier (gpu_bench, run by bench/run.sh on CUDA builds)."""
     w("## GPU tier: host-to-device and staging vs cudaMemcpyAsync (issue 11)\n")
@@ -522,6 +609,7 @@ def main():
     cache(res, w)
     security(res, w)
     overload(res, w)
+    remote(res, w)
     gpu(res, w)
     worker = rd(os.path.join(res, "worker", "summary.md")).strip()
     if worker:
