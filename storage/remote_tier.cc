@@ -284,11 +284,12 @@ std::vector<absl::StatusOr<RemoteRecord>> RemoteTier::ReadRecords(
   for (const ChunkId& id : ids) keys.push_back(RemoteRecordKey(options_.key_prefix, id));
   const std::vector<RedisCommand> commands = OnePerKey("GET", keys);
   auto replies = cluster_->Execute(commands);
-  bool reached = false;
+  bool reached = false, unreachable = false;
   for (size_t i = 0; i < ids.size(); ++i) {
     auto& reply = replies[i];
     if (!reply.ok()) {
       Observe(reply.status());
+      unreachable = true;
       read_failures_.fetch_add(1, std::memory_order_relaxed);
       out.push_back(reply.status());
       continue;
@@ -320,7 +321,9 @@ std::vector<absl::StatusOr<RemoteRecord>> RemoteTier::ReadRecords(
     }
     out.push_back(*std::move(record));
   }
-  if (reached) health_.Succeeded();
+  // A node that failed keeps the tier degraded even if others answered: clearing it
+  // here would flap healthy/degraded on every batch while one node is down.
+  if (reached && !unreachable) health_.Succeeded();
   return out;
 }
 
@@ -353,7 +356,7 @@ std::vector<absl::Status> RemoteTier::ReadPayloads(absl::Span<const ChunkId> ids
     for (uint32_t i = 0; i < records[c]->segments(); ++i) parts.push_back({c, i});
   }
   std::vector<uint32_t> landed(ids.size(), 0);
-  bool reached = false;
+  bool reached = false, unreachable = false;
   for (size_t first = 0; first < parts.size();) {
     uint64_t batch = 0;
     size_t end = first;
@@ -379,6 +382,7 @@ std::vector<absl::Status> RemoteTier::ReadPayloads(absl::Span<const ChunkId> ids
       auto& reply = replies[k];
       if (!reply.ok()) {
         Observe(reply.status());
+        unreachable = true;
         read_failures_.fetch_add(1, std::memory_order_relaxed);
         out[p.chunk] = reply.status();
         continue;
@@ -418,7 +422,7 @@ std::vector<absl::Status> RemoteTier::ReadPayloads(absl::Span<const ChunkId> ids
     hits_.fetch_add(1, std::memory_order_relaxed);
     bytes_read_.fetch_add(records[c]->meta.size, std::memory_order_relaxed);
   }
-  if (reached) health_.Succeeded();
+  if (reached && !unreachable) health_.Succeeded();
   return out;
 }
 
@@ -430,16 +434,17 @@ std::vector<bool> RemoteTier::ContainsMany(absl::Span<const ChunkId> ids) {
   for (const ChunkId& id : ids) keys.push_back(RemoteRecordKey(options_.key_prefix, id));
   const std::vector<RedisCommand> commands = OnePerKey("EXISTS", keys);
   auto replies = cluster_->Execute(commands);
-  bool reached = false;
+  bool reached = false, unreachable = false;
   for (size_t i = 0; i < replies.size(); ++i) {
     if (!replies[i].ok()) {
       Observe(replies[i].status());
+      unreachable = true;
       continue;
     }
     reached = true;
     out[i] = (*replies[i])->type == REDIS_REPLY_INTEGER && (*replies[i])->integer == 1;
   }
-  if (reached) health_.Succeeded();
+  if (reached && !unreachable) health_.Succeeded();
   return out;
 }
 

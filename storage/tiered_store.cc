@@ -1,5 +1,6 @@
 #include "storage/tiered_store.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/cleanup/cleanup.h"
@@ -501,7 +502,8 @@ std::vector<bool> TieredStore::FetchRemoteAsync(absl::Span<const ChunkId> ids) {
   if (missing.size() < 2) return {};  // One chunk gains nothing over the Get's own read.
   remote_fetches_.JobQueued();
   read_pool_->Submit([this, missing = std::move(missing)] {
-    FetchRemote(missing);
+    // At shutdown the pool runs what is queued: skip the network then.
+    if (!stopping_.load()) FetchRemote(missing);
     remote_fetches_.JobDone();
   });
   return ahead;
@@ -515,6 +517,17 @@ void TieredStore::FetchRemote(const std::vector<ChunkId>& ids) {
     if (Locate(id) == Tier::kNone) wanted.push_back(id);
   }
   std::vector<ChunkId> claimed = remote_fetches_.ClaimFree(wanted);
+  // A reader may have fetched one and released its claim between the check above and
+  // the claim: check again now that no one else can.
+  std::vector<ChunkId> landed;
+  claimed.erase(std::remove_if(claimed.begin(), claimed.end(),
+                               [&](const ChunkId& id) {
+                                 if (Locate(id) == Tier::kNone) return false;
+                                 landed.push_back(id);
+                                 return true;
+                               }),
+                claimed.end());
+  remote_fetches_.Release(landed);
   if (claimed.empty()) return;
   auto layout = layouts_->Find(claimed[0].ns);
   if (!layout.ok()) {

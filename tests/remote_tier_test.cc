@@ -393,6 +393,38 @@ TEST_F(RemoteTierFaultTest, AFullClusterDropsWritesNotPuts) {
   EXPECT_EQ(served, s.writes);
 }
 
+TEST_F(RemoteTierFaultTest, ANodeDownKeepsTheTierDegradedThoughOthersAnswer) {
+  RedisClusterSpec spec;
+  spec.replicas_per_master = 0;
+  StartCluster(spec);
+  OpenBoth();
+  // One chunk whose record lives on node 0 and one whose record lives elsewhere.
+  auto owner = [&](uint64_t n) {
+    auto m = cluster_->MasterOf(RedisHashSlot(RemoteRecordKey("kvt", Id(n))));
+    EXPECT_TRUE(m.ok());
+    return m.ok() ? *m : -1;
+  };
+  uint64_t on_dead = 0, on_live = 0;
+  for (uint64_t n = 1; n < 200 && (on_dead == 0 || on_live == 0); ++n) {
+    const int m = owner(n);
+    if (m == 0 && on_dead == 0) on_dead = n;
+    if (m > 0 && on_live == 0) on_live = n;
+  }
+  ASSERT_NE(on_dead, 0u);
+  ASSERT_NE(on_live, 0u);
+  ASSERT_TRUE(Put(a_.get(), Id(on_dead)).ok());
+  ASSERT_TRUE(Put(a_.get(), Id(on_live)).ok());
+  a_->WaitForRemoteWrites();
+  cluster_->Kill(0);
+
+  // The live node answers and the dead one does not: the tier is degraded, and stays
+  // so (an answer from another node in the same batch does not clear it).
+  const ChunkId ids[] = {Id(on_dead), Id(on_live)};
+  (void)b_->LocateMany(ids);
+  EXPECT_TRUE(b_->GetStats().remote.degraded);
+  EXPECT_EQ(b_->GetStats().remote.degradations, 1u);
+}
+
 TEST_F(RemoteTierFaultTest, ADeadClusterLeavesTheLocalTiersServing) {
   RedisClusterSpec spec;
   spec.replicas_per_master = 0;

@@ -3,6 +3,7 @@
 #include <hiredis/hiredis.h>
 
 #include <algorithm>
+#include <functional>
 #include <optional>
 
 #include "absl/strings/match.h"
@@ -273,6 +274,13 @@ std::vector<absl::StatusOr<RedisReplyPtr>> RedisCluster::Execute(
       }
       g->items.push_back(p);
     }
+    // Connections are taken in one global order (the pools' addresses): a thread holds
+    // its earlier nodes' connections while it waits for a later one, so two batches
+    // taking the same nodes in opposite orders could otherwise wait on each other
+    // until the pool's timeout.
+    std::sort(groups.begin(), groups.end(), [](const Group& a, const Group& b) {
+      return std::less<RedisNodePool*>()(a.pool, b.pool);
+    });
     std::vector<Pending> next;
     bool refresh = false;
     bool wait = false;
