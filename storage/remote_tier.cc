@@ -57,6 +57,14 @@ std::vector<RedisCommand> OnePerKey(absl::string_view verb, const std::vector<st
   return commands;
 }
 
+// The commit-record key of each of `ids`.
+std::vector<std::string> RecordKeys(absl::string_view prefix, absl::Span<const ChunkId> ids) {
+  std::vector<std::string> keys;
+  keys.reserve(ids.size());
+  for (const ChunkId& id : ids) keys.push_back(RemoteRecordKey(prefix, id));
+  return keys;
+}
+
 }  // namespace
 
 absl::Status RemoteTierOptions::Validate() const {
@@ -279,9 +287,7 @@ std::vector<absl::StatusOr<RemoteRecord>> RemoteTier::ReadRecords(
     out.assign(ids.size(), absl::NotFoundError("remote tier degraded"));
     return out;
   }
-  std::vector<std::string> keys;
-  keys.reserve(ids.size());
-  for (const ChunkId& id : ids) keys.push_back(RemoteRecordKey(options_.key_prefix, id));
+  const std::vector<std::string> keys = RecordKeys(options_.key_prefix, ids);
   const std::vector<RedisCommand> commands = OnePerKey("GET", keys);
   auto replies = cluster_->Execute(commands);
   bool reached = false, unreachable = false;
@@ -429,9 +435,7 @@ std::vector<absl::Status> RemoteTier::ReadPayloads(absl::Span<const ChunkId> ids
 std::vector<bool> RemoteTier::ContainsMany(absl::Span<const ChunkId> ids) {
   std::vector<bool> out(ids.size(), false);
   if (ids.empty() || !health_.Allow()) return out;
-  std::vector<std::string> keys;
-  keys.reserve(ids.size());
-  for (const ChunkId& id : ids) keys.push_back(RemoteRecordKey(options_.key_prefix, id));
+  const std::vector<std::string> keys = RecordKeys(options_.key_prefix, ids);
   const std::vector<RedisCommand> commands = OnePerKey("EXISTS", keys);
   auto replies = cluster_->Execute(commands);
   bool reached = false, unreachable = false;

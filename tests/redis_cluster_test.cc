@@ -30,6 +30,26 @@ using testing::MakeRedisTestCerts;
 using testing::RedisClusterProcess;
 using testing::RedisClusterSpec;
 
+// SETs every key to its value in one pipelined batch, then GETs them all back in
+// another, expecting OK and each value (compared as bytes: some are megabytes).
+void SetThenGet(RedisCluster& client, const std::vector<std::string>& keys,
+                const std::vector<std::string>& values) {
+  std::vector<RedisCommand> sets, gets;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    sets.push_back({{"SET", keys[i], values[i]}, keys[i]});
+    gets.push_back({{"GET", keys[i]}, keys[i]});
+  }
+  for (auto& r : client.Execute(sets)) {
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(ReplyString(**r), "OK");
+  }
+  auto got = client.Execute(gets);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    ASSERT_TRUE(got[i].ok()) << got[i].status();
+    EXPECT_TRUE(ReplyString(**got[i]) == values[i]) << keys[i];
+  }
+}
+
 class RedisClusterTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -79,20 +99,7 @@ TEST_F(RedisClusterTest, PipelinesOverEveryMaster) {
     keys.push_back(absl::StrCat("key-", i));
     values.push_back(std::string(1000 + i, static_cast<char>('a' + i % 26)));
   }
-  std::vector<RedisCommand> sets, gets;
-  for (size_t i = 0; i < keys.size(); ++i) {
-    sets.push_back({{"SET", keys[i], values[i]}, keys[i]});
-    gets.push_back({{"GET", keys[i]}, keys[i]});
-  }
-  for (auto& r : client->Execute(sets)) {
-    ASSERT_TRUE(r.ok()) << r.status();
-    EXPECT_EQ(ReplyString(**r), "OK");
-  }
-  auto got = client->Execute(gets);
-  for (size_t i = 0; i < keys.size(); ++i) {
-    ASSERT_TRUE(got[i].ok()) << got[i].status();
-    EXPECT_EQ(ReplyString(**got[i]), values[i]) << keys[i];
-  }
+  ASSERT_NO_FATAL_FAILURE(SetThenGet(*client, keys, values));
   // The keys really are on all three masters, each holding its own share.
   std::set<int> masters;
   for (const std::string& k : keys) {
@@ -336,20 +343,7 @@ TEST_F(RedisClusterTlsTest, PipelinesOverEveryMasterThroughMutualTls) {
     const size_t size = i % 50 == 7 ? (1 << 20) + 4096 + i : 1000 + i;
     values.push_back(std::string(size, static_cast<char>('a' + i % 26)));
   }
-  std::vector<RedisCommand> sets, gets;
-  for (size_t i = 0; i < keys.size(); ++i) {
-    sets.push_back({{"SET", keys[i], values[i]}, keys[i]});
-    gets.push_back({{"GET", keys[i]}, keys[i]});
-  }
-  for (auto& r : client->Execute(sets)) {
-    ASSERT_TRUE(r.ok()) << r.status();
-    EXPECT_EQ(ReplyString(**r), "OK");
-  }
-  auto got = client->Execute(gets);
-  for (size_t i = 0; i < keys.size(); ++i) {
-    ASSERT_TRUE(got[i].ok()) << got[i].status();
-    EXPECT_TRUE(ReplyString(**got[i]) == values[i]) << keys[i];
-  }
+  ASSERT_NO_FATAL_FAILURE(SetThenGet(*client, keys, values));
   std::set<int> masters;
   for (const std::string& k : keys) {
     auto m = cluster_->MasterOf(RedisHashSlot(k));
