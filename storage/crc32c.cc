@@ -43,4 +43,47 @@ uint32_t CopyAndExtend(uint32_t crc, void* dst, const void* src, size_t n, CrcOv
   return crc;
 }
 
+namespace {
+
+constexpr uint32_t kPolynomial = 0x82f63b78u;  // CRC32C, bit-reflected.
+
+// a * b mod P(x), both in the reflected representation (x^0 is the top bit).
+uint32_t MultiplyModP(uint32_t a, uint32_t b) {
+  uint32_t product = 0;
+  for (uint32_t m = 1u << 31; m != 0; m >>= 1) {
+    if (a & m) {
+      product ^= b;
+      if ((a & (m - 1)) == 0) break;
+    }
+    b = (b & 1) ? (b >> 1) ^ kPolynomial : b >> 1;
+  }
+  return product;
+}
+
+// kPowers[k] = x^(2^k) mod P(x).
+struct Powers {
+  uint32_t p[64];
+  Powers() {
+    uint32_t x = 1u << 30;  // x^1.
+    for (uint32_t& v : p) {
+      v = x;
+      x = MultiplyModP(x, x);
+    }
+  }
+};
+
+}  // namespace
+
+uint32_t Combine(uint32_t crc_a, uint32_t crc_b, uint64_t len_b) {
+  // Appending len_b bytes multiplies A's register by x^(8 len_b); the pre- and
+  // post-inversions of the two CRCs cancel out (as in zlib's crc32_combine).
+  static const Powers kPowers;
+  uint32_t shift = 1u << 31;  // x^0.
+  uint64_t bits = len_b;
+  for (int k = 3; bits != 0; bits >>= 1, ++k) {  // 8 len_b = len_b << 3.
+    if (bits & 1) shift = MultiplyModP(kPowers.p[k & 63], shift);  // k < 64 below 2^60 bytes.
+  }
+  return MultiplyModP(shift, crc_a) ^ crc_b;
+}
+
 }  // namespace kvtier::crc32c

@@ -28,6 +28,11 @@ enum class CrcOver { kSource, kDestination };
 // come from memory once. Returns the extended CRC.
 uint32_t CopyAndExtend(uint32_t crc, void* dst, const void* src, size_t n, CrcOver over);
 
+// The CRC32C of A followed by B, from crc_a = Value(A), crc_b = Value(B) and B's length:
+// what lets parts of one chunk be checksummed on different threads. Costs O(log len_b)
+// multiplications in GF(2)[x] mod the polynomial, not a pass over B.
+uint32_t Combine(uint32_t crc_a, uint32_t crc_b, uint64_t len_b);
+
 }  // namespace kvtier::crc32c
 
 #endif  // KVTIER_STORAGE_CRC32C_H_

@@ -201,5 +201,35 @@ TEST(Crc32c, CopyAndExtendCopiesAndChecksumsEitherSide) {
   }
 }
 
+TEST(Crc32c, CombineOfTwoPartsIsTheCrcOfTheWhole) {
+  std::mt19937_64 rng(42);
+  std::string data(3 << 20, '\0');
+  for (char& c : data) c = static_cast<char>(rng());
+  std::vector<size_t> cuts = {0, 1, 7, 8, 9, 4095, 4096, 65536, (1u << 20) + 3, data.size() - 1,
+                              data.size()};
+  for (int i = 0; i < 20; ++i) cuts.push_back(rng() % (data.size() + 1));
+  const uint32_t whole = crc32c::Value(data);
+  for (size_t cut : cuts) {
+    const absl::string_view a = absl::string_view(data).substr(0, cut);
+    const absl::string_view b = absl::string_view(data).substr(cut);
+    EXPECT_EQ(crc32c::Combine(crc32c::Value(a), crc32c::Value(b), b.size()), whole) << cut;
+  }
+  // Against the bitwise reference on short inputs, every split.
+  const std::string small = data.substr(0, 40);
+  for (size_t cut = 0; cut <= small.size(); ++cut) {
+    EXPECT_EQ(crc32c::Combine(Reference(small.substr(0, cut)), Reference(small.substr(cut)),
+                              small.size() - cut),
+              Reference(small))
+        << cut;
+  }
+  // Many parts folded left to right, as ParallelCopy does.
+  uint32_t folded = 0;
+  for (size_t at = 0; at < data.size(); at += 300007) {
+    const absl::string_view part = absl::string_view(data).substr(at, 300007);
+    folded = crc32c::Combine(folded, crc32c::Value(part), part.size());
+  }
+  EXPECT_EQ(folded, whole);
+}
+
 }  // namespace
 }  // namespace kvtier

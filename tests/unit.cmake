@@ -7,6 +7,7 @@ target_compile_definitions(chunk_key_test PRIVATE
   KVTIER_VECTORS_FILE="${CMAKE_SOURCE_DIR}/tests/vectors/chunk_keys.json")
 kvtier_test(async_gate_test LIBS kvtier_storage)
 kvtier_test(crc32c_test LIBS kvtier_storage)
+kvtier_test(parallel_copy_test LIBS kvtier_storage)
 kvtier_test(lru_policy_test LIBS kvtier_storage)
 kvtier_test(prefix_cost_policy_test LIBS kvtier_storage)
 kvtier_test(hint_window_test LIBS kvtier_storage)
