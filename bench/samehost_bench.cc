@@ -341,9 +341,11 @@ int Run() {
     if (StrFlag("paths", "grpc,shm").find(Name(p)) != std::string::npos) paths.push_back(p);
   }
   const std::string dir = kvtier::testing::MakeTempDir("samehost-bench");
+  // --copy-threads: the daemon's shm_copy_threads (0, its default: one per core).
   auto daemon = DaemonProcess::Start(
       dir, {absl::StrCat("--ram-capacity=", ram_mib, "MiB"), "--write-mode=ram-only",
-            "--shm-socket=auto", "--log-level=warn"});
+            "--shm-socket=auto", "--log-level=warn",
+            absl::StrCat("--shm-copy-threads=", Flag("copy-threads", 0))});
   if (!daemon.ok()) Die("start kvtierd", daemon.status());
   const std::string target = daemon->target();
   auto admin = MakeClient(target, Path::kGrpc, 100000);
@@ -461,6 +463,7 @@ int main(int argc, char** argv) {
     std::printf("samehost_bench [--chunks=2,32,128] [--clients=1,4,16] [--budget-mib=1024]\n"
                 "  [--min-ops-per-client=3] [--ram-mib=4096] [--hot-mib=1024] [--regions=1000]\n"
                 "  [--latency-samples=2000] [--memcpy-runs=15] [--paths=grpc,shm]\n"
+                "  [--copy-threads=0 (the daemon's shm_copy_threads; 1: no helpers)]\n"
                 "  [--json=FILE]\n");
     return 0;
   }

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <functional>
 #include <string_view>
+#include <thread>
 #include <utility>
 
 #include <toml++/toml.h>
@@ -196,6 +197,10 @@ const std::vector<Option>& Options() {
                  &DaemonConfig::shm_max_regions),
       SizeOption("shm_max_region_bytes", "largest shared-memory region a client may register",
                  &DaemonConfig::shm_max_region_bytes),
+      UintOption("shm_copy_threads",
+                 "threads one shared-memory copy may use, the RPC's own included "
+                 "(0: one per core, at most 8; 1: no helpers)",
+                 &DaemonConfig::shm_copy_threads),
       UintOption("prefill_prefetch_window", "chunks a Prefill session reads ahead",
                  &DaemonConfig::prefill_prefetch_window),
       UintOption("prefill_ssd_reads", "SSD reads in flight across all Prefill sessions",
@@ -474,6 +479,10 @@ absl::Status DaemonConfig::Validate() const {
   if (shm_max_regions == 0) {
     return absl::InvalidArgumentError("option shm_max_regions: must be at least 1");
   }
+  if (shm_copy_threads > 64) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "option shm_copy_threads: ", shm_copy_threads, " is more than 64"));
+  }
   if (shm_max_region_bytes < 4096) {
     return absl::InvalidArgumentError("option shm_max_region_bytes: must be at least 4KiB");
   }
@@ -744,6 +753,11 @@ uint32_t DaemonConfig::MaxPutStreams() const {
   const uint64_t per_stream = stream_window + max_frame_size;
   return static_cast<uint32_t>(
       std::clamp<uint64_t>(PutBufferBytes() / per_stream, 1, uint64_t{UINT32_MAX}));
+}
+
+uint32_t DaemonConfig::ShmCopyThreads() const {
+  if (shm_copy_threads != 0) return shm_copy_threads;
+  return std::clamp<uint32_t>(std::thread::hardware_concurrency(), 1, 8);
 }
 
 }  // namespace kvtier

@@ -100,6 +100,11 @@ struct DaemonConfig {
   std::string shm_allowed_group;           // Group (name or gid) admitted besides our user.
   uint32_t shm_max_regions = 1024;         // Regions registered at once, all clients.
   uint64_t shm_max_region_bytes = 64ull << 30;  // Largest region.
+  // Threads one shared-memory copy (a chunk into or out of a region) may use, the RPC's
+  // own included: 1 copies on the RPC's thread; 0 means one per core, at most 8.
+  uint32_t shm_copy_threads = 0;
+  // shm_copy_threads with 0 resolved for this host.
+  uint32_t ShmCopyThreads() const;
   // GPU: "auto" uses device 0 when the build has CUDA and the host a GPU, and says once
   // at start-up when it does not; "off"; or a device ordinal (a missing one is a loud
   // degraded mode, not a start-up failure).

@@ -43,8 +43,9 @@ absl::Status StreamedReadError(uint32_t key, const absl::Status& read, absl::str
 
 GetReactor::GetReactor(grpc::CallbackServerContext* ctx, const v1::GetRequest* request,
                        TieredStore* store, RpcMetrics* metrics, LeaseTable* leases,
-                       RegionTable* regions, uint64_t max_frame_bytes, uint32_t max_keys)
-    : ctx_(ctx), store_(store), scope_(metrics, RpcMethod::kGet) {
+                       RegionTable* regions, ParallelCopy* copier, uint64_t max_frame_bytes,
+                       uint32_t max_keys)
+    : ctx_(ctx), store_(store), scope_(metrics, RpcMethod::kGet), copier_(copier) {
   if (absl::Status s = Start(request, leases, regions, max_frame_bytes, max_keys); !s.ok()) {
     absl::MutexLock lock(&mu_);
     error_ = s;
@@ -86,10 +87,20 @@ void GetReactor::CopyToRegion(uint64_t off, absl::Span<const absl::string_view> 
   const uint64_t layer_bytes = view_->meta().size / num_layers_;
   char* dst = dest_[key] + (off - uint64_t{first_layer_} * layer_bytes);
   uint32_t& crc = key_crc_[key];
+  if (copier_ == nullptr) {
+    for (absl::string_view piece : pieces) {
+      crc = crc32c::CopyAndExtend(crc, dst, piece.data(), piece.size(), crc32c::CrcOver::kSource);
+      dst += piece.size();
+    }
+    return;
+  }
+  std::vector<ParallelCopy::Span> spans;
+  spans.reserve(pieces.size());
   for (absl::string_view piece : pieces) {
-    crc = crc32c::CopyAndExtend(crc, dst, piece.data(), piece.size(), crc32c::CrcOver::kSource);
+    spans.push_back({dst, piece.data(), piece.size()});
     dst += piece.size();
   }
+  crc = copier_->CopyAndExtend(crc, spans, crc32c::CrcOver::kSource);
 }
 
 bool GetReactor::FinishRegionItem() {

@@ -52,6 +52,7 @@
 #include "server/rpc_metrics.h"
 #include "server/stall_reaper.h"
 #include "server/stream_limiter.h"
+#include "storage/parallel_copy.h"
 #include "storage/tiered_store.h"
 
 namespace kvtier {
@@ -62,13 +63,15 @@ class GetReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   static constexpr int kReadahead = 4;
 
   // `store` may be null (still starting: the call fails UNAVAILABLE). `metrics`,
-  // `leases` and `regions` may be null (no regions: a target is FAILED_PRECONDITION).
+  // `leases` and `regions` may be null (no regions: a target is FAILED_PRECONDITION);
+  // so may `copier`, which copies a RAM chunk into a region on several threads.
   // All must outlive the call. A lease the request names is taken
   // from `leases` at the start and its chunks held until the call ends.
   // `request` is the parsed GetRequest, or null when the bytes were not one.
   GetReactor(grpc::CallbackServerContext* ctx, const v1::GetRequest* request,
              TieredStore* store, RpcMetrics* metrics, LeaseTable* leases,
-             RegionTable* regions, uint64_t max_frame_bytes, uint32_t max_keys);
+             RegionTable* regions, ParallelCopy* copier, uint64_t max_frame_bytes,
+             uint32_t max_keys);
 
   void OnWriteDone(bool ok) override;
   void OnDone() override;
@@ -140,6 +143,7 @@ class GetReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   // Region target: the region (held for the call) and where each key's bytes go.
   std::shared_ptr<const MappedRegion> region_;
   std::vector<char*> dest_;
+  ParallelCopy* const copier_;  // May be null: region copies run on this thread.
 
   absl::Mutex mu_;
   bool writing_ ABSL_GUARDED_BY(mu_) = false;   // A write (frame_) is in flight.

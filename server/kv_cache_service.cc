@@ -147,7 +147,8 @@ grpc::ServerReadReactor<grpc::ByteBuffer>* KvCacheService::Put(
   }
   leases_->Expire();  // Expired leases give their RAM back before this put needs it.
   auto* reactor = new PutReactor(ctx, response, store_.load(std::memory_order_acquire), metrics_,
-                                 data_plane_.regions, limits_.max_frame_bytes, *std::move(tenant));
+                                 data_plane_.regions, data_plane_.copier, limits_.max_frame_bytes,
+                                 *std::move(tenant));
   // gRPC calls OnDone only after this returns.
   reactor->Hold(*std::move(place), put_place ? *std::move(put_place) : StreamLimiter::Ticket());
   reactor->WatchForStalls(guards_.stalls);
@@ -185,7 +186,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* KvCacheService::Get(
   }
   auto* reactor = new GetReactor(ctx, parsed ? &req : nullptr,
                                  store_.load(std::memory_order_acquire), metrics_, leases_,
-                                 data_plane_.regions, limits_.max_frame_bytes,
+                                 data_plane_.regions, data_plane_.copier, limits_.max_frame_bytes,
                                  limits_.max_keys_per_request);
   reactor->Hold(*std::move(place));
   reactor->WatchForStalls(guards_.stalls);

@@ -29,6 +29,7 @@
 #include "server/stream_limiter.h"
 #include "server/tenant_quotas.h"
 #include "server/unix_listener.h"
+#include "storage/parallel_copy.h"
 #include "storage/tiered_store.h"
 
 namespace kvtier {
@@ -43,6 +44,8 @@ struct ServiceLimits {
 // on the region socket, and what DataPlane() tells clients.
 struct DataPlaneInfo {
   RegionTable* regions = nullptr;  // Null: no data plane (targets are FAILED_PRECONDITION).
+  // Copies between the pool and regions on several threads; null: on the RPC's thread.
+  ParallelCopy* copier = nullptr;
   std::string socket;              // The region socket's name.
   uint64_t instance_id = 0;
 };

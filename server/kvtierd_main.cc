@@ -177,6 +177,12 @@ int Run(const DaemonConfig& config, const sigset_t& signals) {
   EventLog events(config.event_buffer, instance_id);
   DataPlaneInfo data_plane;
   std::unique_ptr<RegionSocket> region_socket;
+  // Shared-memory copies of a chunk run on this many threads (the RPC's own and helpers).
+  std::unique_ptr<ParallelCopy> copier;
+  if (config.ShmCopyThreads() > 1) {
+    copier = std::make_unique<ParallelCopy>(
+        ParallelCopyOptions{.helpers = static_cast<int>(config.ShmCopyThreads()) - 1});
+  }
   if (const std::string name = config.RegionSocketName(instance_id); !name.empty()) {
     RegionSocketOptions socket_options;
     socket_options.name = name;
@@ -189,7 +195,7 @@ int Run(const DaemonConfig& config, const sigset_t& signals) {
       return 1;
     }
     region_socket = *std::move(socket);
-    data_plane = DataPlaneInfo{&regions, name, instance_id};
+    data_plane = DataPlaneInfo{&regions, copier.get(), name, instance_id};
     LogInfo("same-host shared memory: region socket ", name);
   }
   // Who may call: the tenants file (if any) and, on the Unix socket, the peer's uid.

@@ -38,11 +38,12 @@ absl::StatusOr<ChunkLineage> ParseLineage(const v1::PutFrame& frame) {
 
 PutReactor::PutReactor(grpc::CallbackServerContext* ctx, grpc::ByteBuffer* response,
                        TieredStore* store, RpcMetrics* metrics, RegionTable* regions,
-                       uint64_t max_frame_bytes, TenantScope tenant)
+                       ParallelCopy* copier, uint64_t max_frame_bytes, TenantScope tenant)
     : ctx_(ctx),
       response_(response),
       store_(store),
       regions_(regions),
+      copier_(copier),
       max_frame_bytes_(max_frame_bytes),
       tenant_(std::move(tenant)),
       scope_(metrics, RpcMethod::kPut) {
@@ -288,7 +289,9 @@ void PutReactor::Consume() {
   }
   if (writer_) {
     for (absl::string_view piece : data_) {
-      if (absl::Status s = writer_->Append(piece); !s.ok()) {
+      // Region bytes (one large piece) go on the copier's threads; a frame's bytes in
+      // gRPC's slices are copied here, slice by slice.
+      if (absl::Status s = writer_->Append(piece, region_ ? copier_ : nullptr); !s.ok()) {
         Fail(s);
         return;
       }

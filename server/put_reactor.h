@@ -40,6 +40,7 @@
 #include "server/stream_limiter.h"
 #include "server/tenant_scope.h"
 #include "server/tenant_quotas.h"
+#include "storage/parallel_copy.h"
 #include "storage/tiered_store.h"
 
 namespace kvtier {
@@ -47,11 +48,12 @@ namespace kvtier {
 class PutReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
  public:
   // `store` may be null (still starting: the call fails UNAVAILABLE). `metrics` and
-  // `regions` may be null (no regions: a frame naming one is FAILED_PRECONDITION). All
+  // `regions` may be null (no regions: a frame naming one is FAILED_PRECONDITION);
+  // `copier` (may be null) copies a region's bytes into the pool on several threads. All
   // must outlive the call. `tenant` maps the frames' namespaces to the store's.
   PutReactor(grpc::CallbackServerContext* ctx, grpc::ByteBuffer* response, TieredStore* store,
-             RpcMetrics* metrics, RegionTable* regions, uint64_t max_frame_bytes,
-             TenantScope tenant = TenantScope::Implicit());
+             RpcMetrics* metrics, RegionTable* regions, ParallelCopy* copier,
+             uint64_t max_frame_bytes, TenantScope tenant = TenantScope::Implicit());
 
   void OnReadDone(bool ok) override;
   void OnCancel() override;
@@ -99,6 +101,7 @@ class PutReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   grpc::ByteBuffer* const response_;
   TieredStore* const store_;
   RegionTable* const regions_;
+  ParallelCopy* const copier_;  // May be null: region bytes are copied on this thread.
   const uint64_t max_frame_bytes_;
   const TenantScope tenant_;
   uint64_t public_ns_ = 0;    // The last frame's namespace, and

@@ -65,7 +65,7 @@ absl::Status TieredStoreOptions::Validate() const {
   return PutAdmissionOptions{put_wait, absl::Milliseconds(1), now}.Validate();
 }
 
-absl::Status ChunkWriter::Append(absl::string_view bytes) {
+absl::Status ChunkWriter::Append(absl::string_view bytes, ParallelCopy* copier) {
   if (bytes.size() > data_->size() - received_) {
     return absl::InvalidArgumentError(absl::StrCat(
         "frame data runs past the chunk's end: chunk is ", data_->size(),
@@ -73,7 +73,17 @@ absl::Status ChunkWriter::Append(absl::string_view bytes) {
   }
   // One pass over the bytes, checksumming the pool's copy: `bytes` may be a client's
   // shared memory that changes under us, and what is checked must be what is stored.
-  crc_ = data_->WriteAndExtendCrc(received_, bytes, crc_);
+  if (copier == nullptr) {
+    crc_ = data_->WriteAndExtendCrc(received_, bytes, crc_);
+  } else {
+    std::vector<ParallelCopy::Span> spans;
+    const char* src = bytes.data();
+    data_->ForEachWritablePiece(received_, bytes.size(), [&](char* dst, uint64_t n) {
+      spans.push_back({dst, src, n});
+      src += n;
+    });
+    crc_ = copier->CopyAndExtend(crc_, spans, crc32c::CrcOver::kDestination);
+  }
   received_ += bytes.size();
   return absl::OkStatus();
 }

@@ -50,6 +50,7 @@
 #include "storage/io_pool.h"
 #include "storage/layout_registry.h"
 #include "storage/layout_spec.h"
+#include "storage/parallel_copy.h"
 #include "storage/put_admission.h"
 #include "storage/fetch_claims.h"
 #include "storage/remote_tier.h"
@@ -154,7 +155,9 @@ class ChunkWriter {
   // eviction.
   void set_lineage(const ChunkLineage& lineage) { lineage_ = lineage; }
   // Appends the next bytes. Returns: Ok, InvalidArgument (past the chunk's end).
-  absl::Status Append(absl::string_view bytes);
+  // With `copier` (may be null), a large append is copied on its threads (a client's
+  // shared memory into the pool).
+  absl::Status Append(absl::string_view bytes, ParallelCopy* copier = nullptr);
 
  private:
   friend class TieredStore;

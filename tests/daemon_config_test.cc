@@ -74,6 +74,14 @@ TEST(DaemonConfigTest, SharedMemoryOptions) {
   c.shm_max_regions = 0;
   EXPECT_EQ(c.Validate().code(), absl::StatusCode::kInvalidArgument);
   c.shm_max_regions = 1;
+  // Copy threads: 0 resolves to the host's cores (1 to 8), more than 64 is refused.
+  EXPECT_GE(c.ShmCopyThreads(), 1u);
+  EXPECT_LE(c.ShmCopyThreads(), 8u);
+  c.shm_copy_threads = 3;
+  EXPECT_EQ(c.ShmCopyThreads(), 3u);
+  c.shm_copy_threads = 65;
+  EXPECT_EQ(c.Validate().code(), absl::StatusCode::kInvalidArgument);
+  c.shm_copy_threads = 0;
   c.shm_allowed_group = "4242";
   ASSERT_TRUE(c.AllowedGid().ok());
   EXPECT_EQ(**c.AllowedGid(), 4242u);

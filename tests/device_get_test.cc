@@ -75,7 +75,7 @@ class DeviceGetTest : public ::testing::Test {
     leases_ = std::make_unique<LeaseTable>(LeaseTableOptions{});
     service_ = std::make_unique<KvCacheService>(
         ServiceLimits{}, "test", nullptr, prefill_.get(), leases_.get(),
-        DataPlaneInfo{regions_.get(), socket_name_, kInstance});
+        DataPlaneInfo{.regions = regions_.get(), .socket = socket_name_, .instance_id = kInstance});
     service_->SetStore(store_.get());
     grpc::ServerBuilder builder;
     int port = 0;

@@ -215,6 +215,89 @@ TEST_F(ShmTest, PutAndGetIntoAllocatedMemoryMoveBytesThroughTheRegion) {
   EXPECT_EQ(Stats().regions(), 0u);  // Remove is answered before the buffer is gone.
 }
 
+TEST_F(ShmTest, LargeChunksMoveExactlyThroughSeveralCopyThreadsAndPutPieces) {
+  // 24 MiB chunks: the client puts each as three 8 MiB region frames (checksumming
+  // piece k + 1 while the daemon copies piece k), and the daemon copies each piece and
+  // each get on four threads (forced: this host may have one core). The bytes and the
+  // CRC32C must come out exactly as a single-threaded copy's, and a wrong CRC32C on
+  // the last piece must still store nothing.
+  StartDaemon({"--shm-copy-threads=4"});
+  const uint64_t ns = Register(*client_, 24);
+  const uint64_t chunk = 24 * kMiB;
+  auto buf = client_->AllocateShared(3 * chunk);
+  ASSERT_TRUE(buf.ok()) << buf.status();
+  for (uint64_t i = 0; i < 2; ++i) {
+    const std::string data = PatternBytes(100 + i, chunk);
+    std::memcpy((*buf)->data() + i * chunk, data.data(), chunk);
+  }
+  ChunkToPut chunks[2] = {{KeyOf(100), {(*buf)->data(), chunk}, 256},
+                          {KeyOf(101), {(*buf)->data() + chunk, chunk}, 256}};
+  auto put = client_->Put(ns, chunks);
+  ASSERT_TRUE(put.ok()) << put.status();
+  EXPECT_EQ(put->stored, 2u);
+  EXPECT_EQ(put->bytes, 2 * chunk);
+
+  // Read back over the gRPC stream (the client checks each chunk's CRC32C) and into
+  // registered memory (the daemon checks it as it copies).
+  ClientOptions streamed;
+  streamed.data_plane = ClientOptions::DataPlane::kStream;
+  auto other = Connect(streamed);
+  ASSERT_NE(other, nullptr);
+  const ChunkKey keys[2] = {KeyOf(100), KeyOf(101)};
+  auto got = other->Get(ns, keys);
+  ASSERT_TRUE(got.ok()) << got.status();
+  for (uint64_t i = 0; i < 2; ++i) {
+    EXPECT_TRUE((*got)[i].crc_verified);
+    EXPECT_TRUE((*got)[i].data == PatternBytes(100 + i, chunk)) << i;
+  }
+  std::memset((*buf)->data(), 0, 3 * chunk);
+  auto into = client_->GetInto(ns, keys, {(*buf)->data(), 2 * chunk});
+  ASSERT_TRUE(into.ok()) << into.status();
+  EXPECT_EQ(into->path, DataPath::kSharedMemory);
+  for (uint64_t i = 0; i < 2; ++i) {
+    EXPECT_TRUE(std::string((*buf)->data() + i * chunk, chunk) == PatternBytes(100 + i, chunk));
+  }
+
+  // Pieces sent by hand: a region put in three frames whose CRC32C is wrong stores
+  // nothing, and the same frames with the right one store the chunk.
+  const std::string data = PatternBytes(102, chunk);
+  std::memcpy((*buf)->data() + 2 * chunk, data.data(), chunk);
+  for (const uint32_t crc : {crc32c::Value(data) ^ 1, crc32c::Value(data)}) {
+    grpc::ClientContext ctx;
+    client_->PrepareContext(&ctx);
+    v1::PutResponse resp;
+    auto writer = client_->stub()->Put(&ctx, &resp);
+    for (uint64_t off = 0; off < chunk; off += 8 * kMiB) {
+      v1::PutFrame f;
+      f.set_namespace_id(ns);
+      f.set_key(KeyOf(102).ToByteString());
+      f.set_token_count(256);
+      f.set_offset(off);
+      f.mutable_region()->set_region_id((*buf)->region_id());
+      f.mutable_region()->set_token((*buf)->token());
+      f.mutable_region()->set_offset(2 * chunk + off);
+      f.mutable_region()->set_length(8 * kMiB);
+      if (off + 8 * kMiB == chunk) f.set_crc32c(crc);
+      if (!writer->Write(f)) break;
+    }
+    writer->WritesDone();
+    const grpc::Status s = writer->Finish();
+    if (crc != crc32c::Value(data)) {
+      EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+      auto look = other->Get(ns, std::vector<ChunkKey>{KeyOf(102)});
+      ASSERT_TRUE(look.ok()) << look.status();
+      EXPECT_FALSE((*look)[0].found);
+    } else {
+      EXPECT_TRUE(s.ok()) << s.error_message();
+      EXPECT_EQ(resp.chunks_stored(), 1u);
+      auto look = other->Get(ns, std::vector<ChunkKey>{KeyOf(102)});
+      ASSERT_TRUE(look.ok()) << look.status();
+      ASSERT_TRUE((*look)[0].found);
+      EXPECT_TRUE((*look)[0].data == data);
+    }
+  }
+}
+
 TEST_F(ShmTest, TransparentForTheCallersOwnMemory) {
   StartDaemon();
   for (uint64_t i = 0; i < 3; ++i) PutChunk(i);  // From std::string: staged.
