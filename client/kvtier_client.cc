@@ -35,6 +35,9 @@ constexpr char kGetMethod[] = "/kvtier.v1.KvCache/Get";
 constexpr char kPutMethod[] = "/kvtier.v1.KvCache/Put";
 // PutFrame.data is field 4, wire type 2 (length-delimited).
 constexpr char kPutDataTag = (4 << 3) | 2;
+// A chunk in shared memory larger than this is put as several frames naming pieces of
+// it, so that the daemon copies piece k while this client checksums piece k + 1.
+constexpr uint64_t kRegionPieceBytes = 8 << 20;
 
 void AppendVarint(std::string& out, uint64_t v) {
   while (v >= 0x80) {
@@ -527,23 +530,42 @@ absl::StatusOr<PutResult> KvTierClient::Put(uint64_t namespace_id,
     }
     const uint64_t size = chunk.data.size();
     if (const Source& src = sources[i]; src.buffer != nullptr) {
-      // One frame naming the bytes in shared memory; the daemon copies them.
-      frame.set_offset(0);
-      frame.set_crc32c(src.crc ? *src.crc : crc32c::Value(chunk.data.data(), size));
-      v1::RegionRef* ref = frame.mutable_region();
-      ref->set_region_id(src.buffer->region_id());
-      ref->set_token(src.buffer->token());
-      ref->set_offset(src.offset);
-      ref->set_length(size);
-      grpc::Slice slice(frame.SerializeAsString());
-      frame.clear_region();
-      grpc::ByteBuffer message(&slice, 1);
-      if (!writer->Write(message)) {
-        broken = true;
-        break;
+      // Frames naming the bytes in shared memory; the daemon copies them. The chunk's
+      // CRC32C (on the last frame) is this client's own reading of the bytes, so the
+      // daemon stores nothing torn by a writer still busy in the buffer. A chunk staged
+      // above has it already; for one in the caller's buffer it is computed piece by
+      // piece, each piece after the frame naming it is sent: the daemon's copy of a
+      // piece overlaps the checksum of the next instead of waiting for all of it.
+      uint32_t crc = src.crc.value_or(0);
+      for (uint64_t offset = 0; offset < size && !broken;) {
+        const uint64_t n = std::min(kRegionPieceBytes, size - offset);
+        const bool last = offset + n == size;
+        if (last && !src.crc) crc = crc32c::Extend(crc, chunk.data.data() + offset, n);
+        frame.set_offset(offset);
+        if (last) {
+          frame.set_crc32c(crc);
+        } else {
+          frame.clear_crc32c();
+        }
+        v1::RegionRef* ref = frame.mutable_region();
+        ref->set_region_id(src.buffer->region_id());
+        ref->set_token(src.buffer->token());
+        ref->set_offset(src.offset + offset);
+        ref->set_length(n);
+        grpc::Slice slice(frame.SerializeAsString());
+        frame.clear_region();
+        grpc::ByteBuffer message(&slice, 1);
+        if (!writer->Write(message)) {
+          broken = true;
+          break;
+        }
+        if (!last && !src.crc) crc = crc32c::Extend(crc, chunk.data.data() + offset, n);
+        offset += n;
+        sent += n;
+        if (progress) progress(sent, total);
       }
-      sent += size;
-      if (progress) progress(sent, total);
+      frame.clear_crc32c();
+      if (broken) break;
       continue;
     }
     uint32_t crc = 0;
