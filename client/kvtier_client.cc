@@ -206,12 +206,16 @@ absl::StatusOr<std::shared_ptr<SharedBuffer>> KvTierClient::AllocateShared(uint6
 }
 
 bool KvTierClient::InSharedMemory(const void* p, uint64_t n) {
+  return SharedBufferOf(p, n) != nullptr;
+}
+
+std::shared_ptr<SharedBuffer> KvTierClient::SharedBufferOf(const void* p, uint64_t n) {
   SharedMemoryPlane* plane;
   {
     absl::MutexLock lock(&mu_);
     plane = plane_.get();  // Buffers exist only once the plane does; it is never reset.
   }
-  return plane != nullptr && plane->Find(p, n) != nullptr;
+  return plane != nullptr ? plane->Find(p, n) : nullptr;
 }
 
 std::optional<std::pair<uint64_t, uint64_t>> KvTierClient::ItemSizes(

@@ -352,6 +352,9 @@ class KvTierClient {
   // True when [p, p + n) lies in one buffer from this client's AllocateShared: GetInto
   // and Put of that memory move the bytes without staging.
   bool InSharedMemory(const void* p, uint64_t n);
+  // The buffer from this client's AllocateShared that holds [p, p + n), or null: for a
+  // caller naming it in a request of its own (a Prefill session's target).
+  std::shared_ptr<SharedBuffer> SharedBufferOf(const void* p, uint64_t n);
   // The data path this client's transfers take, and why (e.g. which socket, or why not
   // shared memory). Decided once, at the first transfer or call of these.
   DataPath data_path();

@@ -35,6 +35,12 @@ absl::Status PrefillOptions::Validate() const {
           absl::StrCat("compute_estimate.b_seconds must be finite and >= 0, got ", b));
     }
   }
+  if (!into.empty() && on_chunk) {
+    return absl::InvalidArgumentError("Prefill: pass into or on_chunk, not both");
+  }
+  if (into.empty() && on_chunk_in_place) {
+    return absl::InvalidArgumentError("Prefill: on_chunk_in_place needs into");
+  }
   if (rpc_deadline < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("rpc_deadline must not be negative");
   }
@@ -75,10 +81,22 @@ absl::StatusOr<std::unique_ptr<PrefillSession>> PrefillSession::Start(
   }
   open.set_max_bytes_per_second(options.max_bytes_per_second);
   open.set_max_frame_bytes(max_frame);
+  // Into the client's shared memory: the daemon copies the chunks there (same host).
+  std::shared_ptr<SharedBuffer> into_shared;
+  if (!options.into.empty()) {
+    into_shared = client.SharedBufferOf(options.into.data(), options.into.size());
+  }
+  if (into_shared != nullptr) {
+    v1::RegionTarget& target = *open.mutable_target();
+    target.set_region_id(into_shared->region_id());
+    target.set_token(into_shared->token());
+    target.add_offsets(static_cast<uint64_t>(options.into.data() - into_shared->data()));
+  }
 
   std::unique_ptr<PrefillSession> session(
       new PrefillSession(static_cast<uint32_t>(keys.size()), std::move(options)));
   PrefillSession& s = *session;
+  s.into_shared_ = std::move(into_shared);
   s.start_time_ = absl::Now();
   s.ctx_.set_deadline(absl::ToChronoTime(s.start_time_ + deadline));
   if (!client.options().bearer_token.empty()) {
@@ -115,6 +133,12 @@ absl::StatusOr<std::unique_ptr<PrefillSession>> PrefillSession::Start(
       plan_error = Violation(absl::StrCat("Plan.predicted_meeting ",
                                           s.plan_.predicted_meeting(),
                                           " > cached_prefix ", h));
+    } else if (h > 0 && !s.options_.into.empty() &&
+               s.options_.into.size() / s.num_keys_ < s.plan_.chunk_bytes()) {
+      plan_error = absl::InvalidArgumentError(absl::StrCat(
+          "Prefill: into holds ", s.options_.into.size(), " bytes; ", s.num_keys_,
+          " chunks of ", s.plan_.chunk_bytes(), " bytes need ",
+          uint64_t{s.num_keys_} * s.plan_.chunk_bytes()));
     }
   }
   if (!plan_error.ok()) {
@@ -339,50 +363,71 @@ absl::Status PrefillSession::OnFrame(v1::PrefillChunkFrame& frame) {
     assembling_crc_ = 0;
     assembling_tier_ = frame.tier();
     assembling_.clear();
-    if (!frame.last()) assembling_.reserve(chunk_bytes);
+    assembled_ = 0;
+    if (!frame.last() && options_.into.empty()) assembling_.reserve(chunk_bytes);
     absl::MutexLock l(&mu_);
     lowest_started_ = index;
   } else if (index != assembling_index_) {
     return Violation(absl::StrCat("a frame for chunk ", index, " while chunk ",
-                                  assembling_index_, " had ", assembling_.size(), " of ",
+                                  assembling_index_, " had ", assembled_, " of ",
                                   chunk_bytes, " bytes"));
   }
   const std::string& data = frame.data();
-  if (frame.offset() != assembling_.size()) {
-    return Violation(absl::StrCat("offset ", frame.offset(), " for chunk ", index,
-                                  ", expected ", assembling_.size()));
-  }
-  if (data.size() > chunk_bytes - assembling_.size()) {
-    return Violation(absl::StrCat("chunk ", index, " exceeds chunk_bytes (", chunk_bytes,
-                                  ")"));
-  }
-  assembling_crc_ = crc32c::Extend(assembling_crc_, data.data(), data.size());
-  if (assembling_.empty() && frame.last()) {
-    assembling_ = std::move(*frame.mutable_data());  // Single-frame chunk: no copy.
+  if (into_shared_ != nullptr) {
+    // The daemon copied the whole chunk into our shared memory and checked its CRC32C
+    // as it did: one frame, no data.
+    if (!frame.last() || !data.empty()) {
+      return Violation(absl::StrCat("chunk ", index, " of a Prefill into shared memory "
+                                    "came with ", data.size(), " data bytes and last = ",
+                                    frame.last()));
+    }
+    assembled_ = chunk_bytes;
   } else {
-    assembling_.append(data);
+    if (frame.offset() != assembled_) {
+      return Violation(absl::StrCat("offset ", frame.offset(), " for chunk ", index,
+                                    ", expected ", assembled_));
+    }
+    if (data.size() > chunk_bytes - assembled_) {
+      return Violation(absl::StrCat("chunk ", index, " exceeds chunk_bytes (", chunk_bytes,
+                                    ")"));
+    }
+    const uint64_t n = data.size();  // Before `data` may be moved from below.
+    if (!options_.into.empty()) {
+      // Straight into place, checksummed in the same pass.
+      char* dst = options_.into.data() + uint64_t{index} * chunk_bytes + assembled_;
+      assembling_crc_ = crc32c::CopyAndExtend(assembling_crc_, dst, data.data(), data.size(),
+                                              crc32c::CrcOver::kDestination);
+    } else {
+      assembling_crc_ = crc32c::Extend(assembling_crc_, data.data(), data.size());
+      if (assembling_.empty() && frame.last()) {
+        assembling_ = std::move(*frame.mutable_data());  // Single-frame chunk: no copy.
+      } else {
+        assembling_.append(data);
+      }
+    }
+    assembled_ += n;
   }
   if (!frame.last()) {
     absl::MutexLock l(&mu_);
-    in_flight_bytes_ = assembling_.size();
+    in_flight_bytes_ = assembled_;
     return absl::OkStatus();
   }
 
-  if (assembling_.size() != chunk_bytes) {
-    return Violation(absl::StrCat("last frame of chunk ", index, " after ",
-                                  assembling_.size(), " of ", chunk_bytes, " bytes"));
+  if (assembled_ != chunk_bytes) {
+    return Violation(absl::StrCat("last frame of chunk ", index, " after ", assembled_,
+                                  " of ", chunk_bytes, " bytes"));
   }
-  if (assembling_crc_ != assembling_expected_crc_) {
+  if (into_shared_ == nullptr && assembling_crc_ != assembling_expected_crc_) {
     return absl::DataLossError(absl::StrFormat(
         "Prefill: chunk %u failed its CRC32C: the daemon says %08x, the %u bytes "
         "received give %08x",
-        index, assembling_expected_crc_, assembling_.size(), assembling_crc_));
+        index, assembling_expected_crc_, assembled_, assembling_crc_));
   }
   {
     absl::MutexLock l(&mu_);
     received_[index] = true;
     ++chunks_received_;
-    bytes_received_ += assembling_.size();
+    bytes_received_ += assembled_;
     in_flight_bytes_ = 0;
     const absl::Time now = absl::Now();
     if (last_complete_ != absl::InfinitePast()) {
@@ -392,6 +437,11 @@ absl::Status PrefillSession::OnFrame(v1::PrefillChunkFrame& frame) {
   }
   last_index_ = index;
   assembling_index_ = -1;
+  assembled_ = 0;
+  if (!options_.into.empty()) {
+    if (options_.on_chunk_in_place) options_.on_chunk_in_place(index, assembling_tier_);
+    return absl::OkStatus();
+  }
   std::string data_out = std::move(assembling_);
   assembling_ = std::string();
   if (options_.on_chunk) options_.on_chunk(index, std::move(data_out), assembling_tier_);
@@ -413,13 +463,14 @@ absl::Status PrefillSession::OnDone(const v1::PrefillDone& done) {
   if (assembling_index_ >= 0) {
     if (assembling_index_ >= s) {
       return Violation(absl::StrCat("Done with first_streamed ", s, " while chunk ",
-                                    assembling_index_, " had only ", assembling_.size(),
+                                    assembling_index_, " had only ", assembled_,
                                     " of ", plan_.chunk_bytes(), " bytes"));
     }
     // A chunk below s cut short: discarded, as the contract says.
-    discarded = assembling_.size();
+    discarded = assembled_;
     assembling_index_ = -1;
     assembling_ = std::string();
+    assembled_ = 0;
   }
   absl::MutexLock l(&mu_);
   for (uint32_t i = 0; i < h_; ++i) {
@@ -479,6 +530,7 @@ absl::StatusOr<PrefillResult> PrefillSession::Finish() {
   r.detail = done.detail();
   r.sources.assign(h_, ChunkSource::kComputed);
   for (uint32_t i = s; i < h_; ++i) r.sources[i] = ChunkSource::kStreamed;
+  r.path = into_shared_ != nullptr ? DataPath::kSharedMemory : DataPath::kStream;
   r.chunks_streamed = chunks_received_;
   r.bytes_streamed = bytes_received_;
   r.bytes_discarded = bytes_discarded_;

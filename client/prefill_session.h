@@ -59,7 +59,9 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "client/kvtier_client.h"
+#include "client/shared_buffer.h"
 #include "client/prefill_stream_writer.h"
 #include "kvtier/v1/kvtier.pb.h"
 #include "storage/chunk_key.h"
@@ -80,6 +82,18 @@ struct PrefillOptions {
   // a slow callback slows the stream. It may call ShouldCompute and ReportComputed, but
   // not Finish or the destructor. Empty: chunks are checked and dropped (benchmarks).
   std::function<void(uint32_t index, std::string data, v1::Tier tier)> on_chunk;
+  // Instead of on_chunk (not both): streamed chunks land in this buffer, chunk i at
+  // into[i * chunk_bytes, (i + 1) * chunk_bytes), so it must hold the request's keys'
+  // chunks back to back (num_keys * the layout's chunk_bytes, checked against the
+  // plan). When `into` lies in one buffer from the client's AllocateShared, the daemon
+  // copies each chunk there itself (PrefillOpen.target: same host, no stream), checking
+  // its CRC32C as it copies; otherwise the session writes each frame's bytes there as
+  // they arrive, checking the CRC32C in the same pass (PrefillResult::path says which).
+  // A chunk is announced through on_chunk_in_place (may be empty) only once it is whole
+  // and verified in place; bytes of a chunk that failed or was cut short may be left in
+  // the buffer, and the contract's rule stands: use only announced chunks.
+  absl::Span<char> into;
+  std::function<void(uint32_t index, v1::Tier tier)> on_chunk_in_place;
   // Sent in Open so the daemon's forecast (and its decision to stop before a chunk the
   // worker would compute sooner) uses this worker's real speed. Absent: the daemon uses
   // its running fit.
@@ -140,6 +154,9 @@ struct PrefillResult {
   // Chunks both computed and streamed (the two sides raced on the meeting chunk):
   // [s, computed_reported) when computed_reported > s. Either copy may be used.
   uint32_t raced = 0;
+  // How streamed chunks travelled: through shared memory (PrefillOptions::into in the
+  // client's shared memory) or on the gRPC stream.
+  DataPath path = DataPath::kStream;
   absl::Duration elapsed;          // From Start to Done, as this client saw it.
   double daemon_elapsed_seconds = 0;  // From Open to Done, as the daemon saw it.
 };
@@ -228,6 +245,9 @@ class PrefillSession {
   const PrefillOptions options_;
   v1::PrefillPlan plan_;  // Written once in Start, before the reader thread starts.
   uint32_t h_ = 0;        // plan_.cached_prefix().
+  // With options_.into in shared memory: the buffer, held (and so registered with the
+  // daemon) for the session; the daemon copies chunks into it.
+  std::shared_ptr<SharedBuffer> into_shared_;
   absl::Time start_time_;
 
   // The call. ctx_ precedes stream_ (the stream refers to it) and both outlive the
@@ -242,7 +262,8 @@ class PrefillSession {
 
   // Reader-thread state (no lock: only ReaderLoop and what it calls touch it, and
   // Start before the thread exists).
-  std::string assembling_;           // Bytes of the chunk in flight.
+  std::string assembling_;           // Bytes of the chunk in flight (without `into`).
+  uint64_t assembled_ = 0;           // How many of its bytes arrived.
   int64_t assembling_index_ = -1;    // Its index; -1 when none is in flight.
   uint32_t assembling_expected_crc_ = 0;  // From its first frame.
   uint32_t assembling_crc_ = 0;      // CRC32C of assembling_ so far.

@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "client/kvtier_client.h"
+#include "client/prefill_session.h"
 #include "client/region_channel.h"
 #include "client/shared_buffer.h"
 #include "gtest/gtest.h"
@@ -34,6 +35,7 @@ using testing::KeyOf;
 using testing::LayoutOfMiB;
 using testing::MakeTempDir;
 using testing::PatternBytes;
+using kvtier::PrefillOptions;
 
 constexpr uint64_t kMiB = 1 << 20;
 
@@ -399,6 +401,59 @@ TEST_F(ShmTest, PrefillCopiesStreamedChunksIntoTheRegion) {
   EXPECT_EQ(chunks, (std::vector<uint32_t>{2, 1, 0}));
   EXPECT_EQ(done.first_streamed(), 0u);
   EXPECT_EQ(done.reason(), v1::PrefillDone::ALL_STREAMED);
+}
+
+TEST_F(ShmTest, PrefillSessionIntoSharedMemoryHasTheDaemonCopyTheChunks) {
+  // PrefillSession with `into` in AllocateShared memory: the daemon writes the streamed
+  // chunks there (no data on the stream); `into` in the caller's own memory: the same
+  // chunks, written by the session as frames arrive. Either way on_chunk_in_place
+  // announces each chunk once, whole and verified, in decreasing order.
+  StartDaemon();
+  for (uint64_t i = 0; i < 3; ++i) PutChunk(i);
+  const std::vector<ChunkKey> keys = {KeyOf(0), KeyOf(1), KeyOf(2), KeyOf(50)};  // h = 3.
+  auto shared = client_->AllocateShared(4 * 4 * kMiB);
+  ASSERT_TRUE(shared.ok()) << shared.status();
+  std::string own(4 * 4 * kMiB, '\0');
+  for (char* into : {(*shared)->data(), own.data()}) {
+    std::memset(into, 0, 4 * 4 * kMiB);
+    std::vector<uint32_t> announced;
+    PrefillOptions options;
+    options.into = absl::Span<char>(into, 4 * 4 * kMiB);
+    options.on_chunk_in_place = [&](uint32_t i, v1::Tier tier) {
+      EXPECT_EQ(tier, v1::TIER_RAM);
+      // In place when announced.
+      EXPECT_TRUE(std::string(into + i * 4 * kMiB, 4 * kMiB) == PatternBytes(i, 4 * kMiB)) << i;
+      announced.push_back(i);
+    };
+    options.compute_estimate = ComputeEstimate{100, 0};  // Slow worker: all streamed.
+    auto session = PrefillSession::Start(*client_, ns_, keys, std::move(options));
+    ASSERT_TRUE(session.ok()) << session.status();
+    auto r = (*session)->Finish();
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->path, into == own.data() ? DataPath::kStream : DataPath::kSharedMemory);
+    EXPECT_EQ(r->first_streamed, 0u);
+    EXPECT_EQ(r->chunks_streamed, 3u);
+    EXPECT_EQ(r->bytes_streamed, 3 * 4 * kMiB);
+    EXPECT_EQ(announced, (std::vector<uint32_t>{2, 1, 0}));
+    EXPECT_EQ(std::string(into + 3 * 4 * kMiB, 4 * kMiB), std::string(4 * kMiB, '\0'));
+  }
+  // Bad options: both callbacks, a callback without into, and into too small for the
+  // request's chunks (checked against the plan's chunk size, on either path).
+  PrefillOptions both;
+  both.into = absl::Span<char>(own.data(), own.size());
+  both.on_chunk = [](uint32_t, std::string, v1::Tier) {};
+  EXPECT_EQ(PrefillSession::Start(*client_, ns_, keys, both).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  PrefillOptions orphan;
+  orphan.on_chunk_in_place = [](uint32_t, v1::Tier) {};
+  EXPECT_EQ(PrefillSession::Start(*client_, ns_, keys, orphan).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  for (char* into : {(*shared)->data(), own.data()}) {
+    PrefillOptions small;
+    small.into = absl::Span<char>(into, 3 * 4 * kMiB);
+    EXPECT_EQ(PrefillSession::Start(*client_, ns_, keys, small).status().code(),
+              absl::StatusCode::kInvalidArgument);
+  }
 }
 
 TEST_F(ShmTest, RegionTooSmallOrOutOfRangeIsInvalidArgument) {

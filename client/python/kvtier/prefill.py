@@ -47,6 +47,9 @@ class PrefillResult:
     raced: int
     elapsed_seconds: float
     daemon_elapsed_seconds: float
+    # How streamed chunks came: "shared_memory" (dest is client.shared_buffer() memory
+    # on the daemon's host: the daemon wrote them there) or "stream".
+    path: str = "stream"
 
 
 class PrefillSession:

@@ -30,7 +30,11 @@ PyPrefillSession::PyPrefillSession(PyClient& client, uint64_t namespace_id,
   }
   on_chunk_ = on_chunk;
   PrefillOptions options;
-  if (has_dest_ || !on_chunk_.is_none()) {
+  if (has_dest_) {
+    // The session writes chunks into dest itself; when dest is client.shared_buffer()
+    // memory, the daemon does, with no stream (PrefillOptions::into).
+    options.into = absl::Span<char>(dest_.data(), dest_.size());
+  } else if (!on_chunk_.is_none()) {
     options.on_chunk = [this](uint32_t index, std::string data, v1::Tier tier) {
       OnChunk(index, std::move(data), tier);
     };
@@ -61,23 +65,6 @@ PyPrefillSession::~PyPrefillSession() {
 }
 
 void PyPrefillSession::OnChunk(uint32_t index, std::string data, v1::Tier tier) {
-  if (has_dest_) {
-    // chunk_bytes_ is written in the constructor after Start; the reader thread may run
-    // before that, so use the chunk's own size (the session checked it against the plan).
-    const uint64_t size = data.size();
-    const uint64_t off = uint64_t{index} * size;
-    if (off + size > dest_.size()) {
-      absl::MutexLock lock(&mu_);
-      if (chunk_error_.ok()) {
-        chunk_error_ = absl::InvalidArgumentError(absl::StrCat(
-            "dest holds ", dest_.size(), " bytes; chunk ", index, " needs bytes [", off, ", ",
-            off + size, "): pass a buffer of len(keys) * chunk_bytes"));
-      }
-      return;
-    }
-    std::memcpy(dest_.data() + off, data.data(), size);
-    return;
-  }
   py::gil_scoped_acquire gil;
   try {
     on_chunk_(index, py::bytes(data), static_cast<int>(tier));
@@ -131,6 +118,7 @@ py::dict PyPrefillSession::Finish() {
   d["raced"] = v.raced;
   d["elapsed_seconds"] = absl::ToDoubleSeconds(v.elapsed);
   d["daemon_elapsed_seconds"] = v.daemon_elapsed_seconds;
+  d["path"] = v.path == DataPath::kSharedMemory ? "shared_memory" : "stream";
   return d;
 }
 

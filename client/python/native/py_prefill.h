@@ -4,10 +4,11 @@
 // each once, in decreasing index order.
 //
 // Where streamed chunks go, chosen at start:
-//  - `dest`: a writable C-contiguous buffer of at least cached_prefix * chunk_bytes
-//    bytes; chunk i is copied to [i * chunk_bytes, (i + 1) * chunk_bytes) on the
-//    session's reader thread, without the GIL. A chunk that does not fit fails the
-//    session (finish raises InvalidArgument) and is not written.
+//  - `dest`: a writable C-contiguous buffer of at least len(keys) * chunk_bytes bytes
+//    (smaller: start raises InvalidArgument); chunk i lands at [i * chunk_bytes,
+//    (i + 1) * chunk_bytes), written by the daemon when dest is client.shared_buffer()
+//    memory (same host), else by the session's reader thread as frames arrive, without
+//    the GIL (PrefillOptions::into).
 //  - `on_chunk(index, data: bytes, tier: int)`: called on the reader thread with the GIL
 //    taken. An exception it raises fails the session (finish raises Internal naming it).
 //  - neither: chunks are checked and dropped (benchmarks).

@@ -35,6 +35,27 @@ def test_streamed_chunks_land_in_dest_and_cover_the_prefix_once(client, cached):
     assert not dest[6:].any()  # Uncached chunks are the worker's.
 
 
+def test_dest_in_a_shared_buffer_is_written_by_the_daemon(client, cached):
+    # dest in client.shared_buffer() memory: the daemon copies the streamed chunks into
+    # it (PrefillOpen.target) and no chunk bytes come over the stream.
+    lay, ns, keys, data = cached
+    buf = client.shared_buffer(8 * lay.chunk_bytes)
+    dest = np.frombuffer(buf, dtype=np.float32)[:8 * lay.chunk_bytes // 4].reshape(8, -1)
+    with client.prefill(ns, keys, dest=dest, compute_estimate=(10.0, 0.0)) as s:
+        r = s.finish()
+    assert r.path == "shared_memory"
+    assert r.first_streamed == 0 and r.chunks_streamed == 6
+    for i in range(6):
+        assert np.array_equal(dest[i], data[i]), i
+    assert not dest[6:].any()
+    # The same into Python's own memory takes the stream.
+    own = np.zeros((8, lay.chunk_bytes // 4), np.float32)
+    with client.prefill(ns, keys, dest=own, compute_estimate=(10.0, 0.0)) as s:
+        r = s.finish()
+    assert r.path == "stream"
+    assert np.array_equal(own[:6], dest[:6])
+
+
 def test_worker_that_computes_first_meets_the_stream(client, cached):
     lay, ns, keys, data = cached
     got = {}
