@@ -125,6 +125,7 @@ wait "$REDIS" 2>/dev/null || true
 mkdir -p "$RES/samehost"
 rm -f "$RES/samehost/samehost.jsonl"
 SAMEHOST=("$B/samehost_bench" --chunks=2,32,128 --clients=1,4,16 --budget-mib="$(mib 2048)"
+          --shm-budget-mib="$(mib 8192)"
           --regions=1000 --json="$RES/samehost/samehost.jsonl")
 echo "${SAMEHOST[*]}" | sed "s|$B/|build/bench/|; s|$RES/|bench/results/|" > "$RES/samehost/command.txt"
 cp "$RES/machine.txt" "$RES/samehost/machine.txt"
