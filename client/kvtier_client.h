@@ -355,6 +355,13 @@ class KvTierClient {
   // The buffer from this client's AllocateShared that holds [p, p + n), or null: for a
   // caller naming it in a request of its own (a Prefill session's target).
   std::shared_ptr<SharedBuffer> SharedBufferOf(const void* p, uint64_t n);
+  // A namespace's chunk_bytes: from RegisterLayout, else asked of the daemon once.
+  // Nullopt when the daemon cannot say (unknown namespace, unreachable).
+  std::optional<uint64_t> ChunkBytes(uint64_t namespace_id) {
+    auto sizes = ItemSizes(namespace_id, std::nullopt);
+    if (!sizes.has_value()) return std::nullopt;
+    return sizes->first;
+  }
   // The data path this client's transfers take, and why (e.g. which socket, or why not
   // shared memory). Decided once, at the first transfer or call of these.
   DataPath data_path();

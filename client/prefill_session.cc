@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <utility>
 
@@ -82,9 +83,21 @@ absl::StatusOr<std::unique_ptr<PrefillSession>> PrefillSession::Start(
   open.set_max_bytes_per_second(options.max_bytes_per_second);
   open.set_max_frame_bytes(max_frame);
   // Into the client's shared memory: the daemon copies the chunks there (same host).
+  // Only for a buffer known to hold every key's chunk: the daemon bounds its copies by
+  // the whole region, not by `into`, so a short `into` inside a larger shared buffer
+  // would be written past its end. The size is checked here, before anything is sent;
+  // when it cannot be known, the chunks come on the stream (checked at the plan).
   std::shared_ptr<SharedBuffer> into_shared;
-  if (!options.into.empty()) {
+  if (!options.into.empty() && !keys.empty()) {
     into_shared = client.SharedBufferOf(options.into.data(), options.into.size());
+    const std::optional<uint64_t> chunk_bytes =
+        into_shared != nullptr ? client.ChunkBytes(namespace_id) : std::nullopt;
+    if (chunk_bytes.has_value() && options.into.size() / keys.size() < *chunk_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Prefill: into holds ", options.into.size(), " bytes; ", keys.size(),
+          " chunks of ", *chunk_bytes, " bytes need ", keys.size() * *chunk_bytes));
+    }
+    if (!chunk_bytes.has_value()) into_shared.reset();
   }
   if (into_shared != nullptr) {
     v1::RegionTarget& target = *open.mutable_target();
@@ -364,7 +377,7 @@ absl::Status PrefillSession::OnFrame(v1::PrefillChunkFrame& frame) {
     assembling_tier_ = frame.tier();
     assembling_.clear();
     assembled_ = 0;
-    if (!frame.last() && options_.into.empty()) assembling_.reserve(chunk_bytes);
+    if (!frame.last()) assembling_.reserve(chunk_bytes);
     absl::MutexLock l(&mu_);
     lowest_started_ = index;
   } else if (index != assembling_index_) {
@@ -391,19 +404,12 @@ absl::Status PrefillSession::OnFrame(v1::PrefillChunkFrame& frame) {
       return Violation(absl::StrCat("chunk ", index, " exceeds chunk_bytes (", chunk_bytes,
                                     ")"));
     }
-    const uint64_t n = data.size();  // Before `data` may be moved from below.
-    if (!options_.into.empty()) {
-      // Straight into place, checksummed in the same pass.
-      char* dst = options_.into.data() + uint64_t{index} * chunk_bytes + assembled_;
-      assembling_crc_ = crc32c::CopyAndExtend(assembling_crc_, dst, data.data(), data.size(),
-                                              crc32c::CrcOver::kDestination);
+    const uint64_t n = data.size();  // Before `data` is moved from below.
+    assembling_crc_ = crc32c::Extend(assembling_crc_, data.data(), n);
+    if (assembling_.empty() && frame.last()) {
+      assembling_ = std::move(*frame.mutable_data());  // Single-frame chunk: no copy.
     } else {
-      assembling_crc_ = crc32c::Extend(assembling_crc_, data.data(), data.size());
-      if (assembling_.empty() && frame.last()) {
-        assembling_ = std::move(*frame.mutable_data());  // Single-frame chunk: no copy.
-      } else {
-        assembling_.append(data);
-      }
+      assembling_.append(data);
     }
     assembled_ += n;
   }
@@ -439,6 +445,13 @@ absl::Status PrefillSession::OnFrame(v1::PrefillChunkFrame& frame) {
   assembling_index_ = -1;
   assembled_ = 0;
   if (!options_.into.empty()) {
+    // Into place only whole and verified: the worker may hold its own copy of a chunk
+    // whose streaming was cut short, in the same memory.
+    if (into_shared_ == nullptr) {
+      std::memcpy(options_.into.data() + uint64_t{index} * chunk_bytes, assembling_.data(),
+                  chunk_bytes);
+      assembling_ = std::string();
+    }
     if (options_.on_chunk_in_place) options_.on_chunk_in_place(index, assembling_tier_);
     return absl::OkStatus();
   }

@@ -84,14 +84,18 @@ struct PrefillOptions {
   std::function<void(uint32_t index, std::string data, v1::Tier tier)> on_chunk;
   // Instead of on_chunk (not both): streamed chunks land in this buffer, chunk i at
   // into[i * chunk_bytes, (i + 1) * chunk_bytes), so it must hold the request's keys'
-  // chunks back to back (num_keys * the layout's chunk_bytes, checked against the
-  // plan). When `into` lies in one buffer from the client's AllocateShared, the daemon
-  // copies each chunk there itself (PrefillOpen.target: same host, no stream), checking
-  // its CRC32C as it copies; otherwise the session writes each frame's bytes there as
-  // they arrive, checking the CRC32C in the same pass (PrefillResult::path says which).
-  // A chunk is announced through on_chunk_in_place (may be empty) only once it is whole
-  // and verified in place; bytes of a chunk that failed or was cut short may be left in
-  // the buffer, and the contract's rule stands: use only announced chunks.
+  // chunks back to back (num_keys * the layout's chunk_bytes; InvalidArgument
+  // otherwise). When `into` lies in one buffer from the client's AllocateShared, the
+  // daemon copies each chunk there itself (PrefillOpen.target: same host, no chunk
+  // bytes on the stream), whole, once the session's rate limits allowed all of it and
+  // only if the worker has not reported it computed, checking its CRC32C as it copies;
+  // otherwise the session copies each chunk there once it arrived whole and matched its
+  // CRC32C (PrefillResult::path says which). on_chunk_in_place (may be empty) announces
+  // each chunk once it is in place. In shared memory, the chunk the two sides meet on
+  // may be written by the daemon while the worker computes it into the same place:
+  // both are the same chunk's KV, and the contract lets either copy stand. After a
+  // session that failed or was cancelled, the daemon may still be finishing one chunk's
+  // copy into the buffer for as long as that copy takes (milliseconds) after Close.
   absl::Span<char> into;
   std::function<void(uint32_t index, v1::Tier tier)> on_chunk_in_place;
   // Sent in Open so the daemon's forecast (and its decision to stop before a chunk the

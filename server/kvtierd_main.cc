@@ -179,10 +179,6 @@ int Run(const DaemonConfig& config, const sigset_t& signals) {
   std::unique_ptr<RegionSocket> region_socket;
   // Shared-memory copies of a chunk run on this many threads (the RPC's own and helpers).
   std::unique_ptr<ParallelCopy> copier;
-  if (config.ShmCopyThreads() > 1) {
-    copier = std::make_unique<ParallelCopy>(
-        ParallelCopyOptions{.helpers = static_cast<int>(config.ShmCopyThreads()) - 1});
-  }
   if (const std::string name = config.RegionSocketName(instance_id); !name.empty()) {
     RegionSocketOptions socket_options;
     socket_options.name = name;
@@ -195,6 +191,10 @@ int Run(const DaemonConfig& config, const sigset_t& signals) {
       return 1;
     }
     region_socket = *std::move(socket);
+    if (config.ShmCopyThreads() > 1) {
+      copier = std::make_unique<ParallelCopy>(
+          ParallelCopyOptions{.helpers = static_cast<int>(config.ShmCopyThreads()) - 1});
+    }
     data_plane = DataPlaneInfo{&regions, copier.get(), name, instance_id};
     LogInfo("same-host shared memory: region socket ", name);
   }

@@ -332,15 +332,14 @@ absl::Status Session::SendChunk(uint32_t j, const ChunkView& view, bool* aborted
   *aborted = false;
   const uint64_t size = view.meta().size;
   v1::PrefillServerMessage msg;
-  uint32_t crc = 0;  // Region target: CRC32C of the pool's bytes as they are copied.
   const auto copy_start = Clock::now();
+  // The worker computing chunk j meanwhile makes the rest of it useless.
+  auto overtaken = [this, j] {
+    absl::MutexLock lock(&mu_);
+    return computed_ > j || reader_done_;
+  };
   for (uint64_t off = 0; off < size;) {
     const uint64_t n = std::min(frame_bytes_, size - off);
-    // The worker computing chunk j meanwhile makes the rest of it useless.
-    auto overtaken = [this, j] {
-      absl::MutexLock lock(&mu_);
-      return computed_ > j || reader_done_;
-    };
     auto stop = [&] { return Cancelled() || overtaken() || runner_->shutting_down(); };
     if ((session_limit_ && !session_limit_->Acquire(n, stop)) ||
         !runner_->bandwidth_limit().Acquire(n, stop) || overtaken()) {
@@ -355,16 +354,10 @@ absl::Status Session::SendChunk(uint32_t j, const ChunkView& view, bool* aborted
       continue;
     }
     if (target_) {
-      // Region target: copy this frame's worth into place (the rate limits above still
-      // pace it); the chunk is announced once, whole and verified, below.
-      char* out = target_->dest[j] + off;
-      view.ForEachPiece(off, n, [&](absl::string_view piece) {
-        crc = crc32c::CopyAndExtend(crc, out, piece.data(), piece.size(),
-                                    crc32c::CrcOver::kSource);
-        out += piece.size();
-      });
+      // Region target: the rate limits pace it a frame at a time; the chunk is copied
+      // into place whole once they allowed all of it, below, so the worker's memory
+      // never holds part of a chunk whose streaming was cut short.
       off += n;
-      if (runner_->metrics()) runner_->metrics()->Streamed(n);
       continue;
     }
     msg.Clear();
@@ -407,7 +400,19 @@ absl::Status Session::SendChunk(uint32_t j, const ChunkView& view, bool* aborted
     return AnnounceLanded(j, view.meta(), *from, copy_start);
   }
   if (target_) {
+    if (overtaken()) {  // Computed by the worker while the limits paced it.
+      *aborted = true;
+      return absl::OkStatus();
+    }
+    uint32_t crc = 0;  // Of the pool's bytes, as they are copied.
+    char* out = target_->dest[j];
+    view.ForEachPiece(0, size, [&](absl::string_view piece) {
+      crc = crc32c::CopyAndExtend(crc, out, piece.data(), piece.size(),
+                                  crc32c::CrcOver::kSource);
+      out += piece.size();
+    });
     if (crc != view.meta().crc32c) return store_->DropCorrupt(ids_[j]);
+    if (runner_->metrics()) runner_->metrics()->Streamed(size);
     return AnnounceLanded(j, view.meta(), view.tier(), copy_start);
   }
   return absl::OkStatus();

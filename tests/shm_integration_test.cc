@@ -438,7 +438,9 @@ TEST_F(ShmTest, PrefillSessionIntoSharedMemoryHasTheDaemonCopyTheChunks) {
     EXPECT_EQ(std::string(into + 3 * 4 * kMiB, 4 * kMiB), std::string(4 * kMiB, '\0'));
   }
   // Bad options: both callbacks, a callback without into, and into too small for the
-  // request's chunks (checked against the plan's chunk size, on either path).
+  // request's chunks: refused before anything is sent when into is shared memory (the
+  // daemon bounds its copies by the whole region, so chunk 2 would land past an 8 MiB
+  // into), at the plan on the stream; either way nothing lands past into's end.
   PrefillOptions both;
   both.into = absl::Span<char>(own.data(), own.size());
   both.on_chunk = [](uint32_t, std::string, v1::Tier) {};
@@ -449,10 +451,13 @@ TEST_F(ShmTest, PrefillSessionIntoSharedMemoryHasTheDaemonCopyTheChunks) {
   EXPECT_EQ(PrefillSession::Start(*client_, ns_, keys, orphan).status().code(),
             absl::StatusCode::kInvalidArgument);
   for (char* into : {(*shared)->data(), own.data()}) {
+    std::memset(into, 'x', 4 * 4 * kMiB);
     PrefillOptions small;
-    small.into = absl::Span<char>(into, 3 * 4 * kMiB);
+    small.into = absl::Span<char>(into, 2 * 4 * kMiB);
+    small.compute_estimate = ComputeEstimate{100, 0};
     EXPECT_EQ(PrefillSession::Start(*client_, ns_, keys, small).status().code(),
               absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(std::string(into, 4 * 4 * kMiB), std::string(4 * 4 * kMiB, 'x'));
   }
 }
 

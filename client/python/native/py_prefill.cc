@@ -2,7 +2,6 @@
 
 #include <pybind11/stl.h>
 
-#include <cstring>
 #include <utility>
 #include <vector>
 
