@@ -208,6 +208,10 @@ const std::vector<Option>& Options() {
       UintOption("writeback_threads",
                  "write-back: threads writing dirty chunks to SSD, one chunk each at a time",
                  &DaemonConfig::writeback_threads),
+      SizeOption("writeback_max_dirty",
+                 "write-back: bytes in RAM not yet on SSD before puts wait for the flushers "
+                 "(0: half of ram_capacity)",
+                 &DaemonConfig::writeback_max_dirty),
       StringOption("eviction_policy", "RAM and SSD eviction: lru | prefix-lru | prefix-cost",
                    &DaemonConfig::eviction_policy),
       DoubleOption("eviction_cost_slope",
@@ -490,6 +494,11 @@ absl::Status DaemonConfig::Validate() const {
   if (prefill_prefetch_window == 0) {
     return absl::InvalidArgumentError("option prefill_prefetch_window: must be at least 1");
   }
+  if (writeback_max_dirty > ram_capacity) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "option writeback_max_dirty: ", writeback_max_dirty, " is more than ram_capacity (",
+        ram_capacity, ")"));
+  }
   if (writeback_threads == 0 || writeback_threads > 64) {
     return absl::InvalidArgumentError("option writeback_threads: must be 1 to 64");
   }
@@ -554,6 +563,7 @@ absl::StatusOr<TieredStoreOptions> DaemonConfig::ToStoreOptions() const {
   o.max_chunk_bytes = max_chunk_size;
   o.put_wait = put_wait;
   o.flush_threads = static_cast<int>(writeback_threads);
+  o.max_dirty_bytes = writeback_max_dirty != 0 ? writeback_max_dirty : ram_capacity / 2;
   o.stream_buffer_bytes = ssd_stream_buffer;
   o.hints.max_bytes = std::max<uint64_t>(
       1, static_cast<uint64_t>(hint_window_fraction * static_cast<double>(ram_capacity)));

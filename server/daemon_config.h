@@ -82,6 +82,9 @@ struct DaemonConfig {
   uint32_t prefill_prefetch_window = 2;    // Chunks a session reads ahead of the one it sends.
   uint32_t prefill_ssd_reads = 2;          // SSD reads in flight across all sessions.
   uint32_t writeback_threads = 4;          // Write-back: chunks written to SSD at once.
+  // Write-back: payload bytes in RAM not yet on SSD before puts wait for the flushers;
+  // 0: half of ram_capacity.
+  uint64_t writeback_max_dirty = 0;
   // RAM and SSD eviction: lru | prefix-lru | prefix-cost (storage/eviction_policies.h).
   std::string eviction_policy = "lru";
   double eviction_cost_slope = 0.1154;     // prefix-cost: b / a of the recompute cost a + b*i.

@@ -173,6 +173,15 @@ std::vector<MetricFamily> StoreCollector::Collect() const {
        {{{"source", "put"}}, static_cast<double>(s.checksum_failures - s.ssd.checksum_failures)}}));
   f.push_back(Family("kvtier_writeback_queue_depth", "Chunks in RAM waiting to be written to SSD",
                      G, {{{}, static_cast<double>(s.writeback_queue_depth)}}));
+  f.push_back(Family("kvtier_writeback_dirty_bytes",
+                     "Payload bytes in RAM waiting to be written to SSD (the write-back backlog)",
+                     G, {{{}, static_cast<double>(s.writeback_dirty_bytes)}}));
+  f.push_back(Family("kvtier_writeback_max_dirty_bytes",
+                     "Bound on the write-back backlog (writeback_max_dirty; 0: the pool)", G,
+                     {{{}, static_cast<double>(s.writeback_max_dirty_bytes)}}));
+  f.push_back(Family("kvtier_writeback_backlog_waits_total",
+                     "Put admissions that found the write-back backlog full and waited", C,
+                     {{{}, static_cast<double>(s.writeback_backlog_waits)}}));
   f.push_back(Family("kvtier_ram_prefaulted_bytes",
                      "Bytes of the RAM pool faulted in ahead of use (ram_prefault)", G,
                      {{{}, static_cast<double>(s.ram.prefaulted_bytes)}}));

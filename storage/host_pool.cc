@@ -43,7 +43,10 @@ bool HostPool::Reclaimable(const Entry& e) const {
 void HostPool::EraseLocked(const ChunkId& id) {
   auto it = index_.find(id);
   if (it == index_.end()) return;
-  if (it->second.dirty) --dirty_count_;
+  if (it->second.dirty) {
+    --dirty_count_;
+    dirty_bytes_ -= it->second.meta.size;
+  }
   chunk_bytes_ -= it->second.meta.size;
   if (auto n = ns_bytes_.find(id.ns); n != ns_bytes_.end()) {
     n->second -= it->second.meta.size;
@@ -129,6 +132,7 @@ bool HostPool::Insert(const ChunkId& id, std::shared_ptr<PoolChunk> data,
   ns_bytes_[id.ns] += meta.size;
   if (dirty) {
     ++dirty_count_;
+    dirty_bytes_ += meta.size;
     dirty_order_.push_back(id);
   }
   policy_->OnInsert(id, meta.lineage);
@@ -308,6 +312,7 @@ bool HostPool::FinishFlush(const ChunkId& id, bool written) {
   if (written) {
     it->second.dirty = false;
     --dirty_count_;
+    dirty_bytes_ -= it->second.meta.size;
   } else {
     dirty_order_.push_back(id);
   }
@@ -332,6 +337,11 @@ uint64_t HostPool::dirty_count() const {
   return dirty_count_;
 }
 
+uint64_t HostPool::dirty_bytes() const {
+  absl::MutexLock lock(&mu_);
+  return dirty_bytes_;
+}
+
 HostPoolStats HostPool::GetStats() const {
   absl::MutexLock lock(&mu_);
   HostPoolStats s;
@@ -344,6 +354,7 @@ HostPoolStats HostPool::GetStats() const {
     if (IsPinned(e)) s.pinned_bytes += e.meta.size;
   }
   s.dirty_chunks = dirty_count_;
+  s.dirty_bytes = dirty_bytes_;
   s.hits = hits_;
   s.misses = misses_;
   s.evictions = evictions_;

@@ -49,6 +49,7 @@ struct HostPoolStats {
   uint64_t chunks = 0;
   uint64_t pinned_bytes = 0;
   uint64_t dirty_chunks = 0;
+  uint64_t dirty_bytes = 0;    // Payload bytes of the dirty chunks (write-back backlog).
   uint64_t hits = 0;
   uint64_t misses = 0;
   uint64_t evictions = 0;
@@ -140,6 +141,8 @@ class HostPool {
   // Drops a dirty chunk whose flush failed and that must make room anyway.
   void DropFlushing(const ChunkId& id);
   uint64_t dirty_count() const;
+  // Payload bytes of the dirty chunks (including those being flushed).
+  uint64_t dirty_bytes() const;
 
   HostPoolStats GetStats() const;
   uint64_t capacity_bytes() const { return arena_->capacity_bytes(); }
@@ -172,6 +175,7 @@ class HostPool {
   // Dirty chunks in insertion order; may hold ids that are no longer dirty (skipped).
   std::deque<ChunkId> dirty_order_ ABSL_GUARDED_BY(mu_);
   uint64_t dirty_count_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t dirty_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t chunk_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   // Payload bytes per namespace (entries removed at zero).
   absl::flat_hash_map<uint64_t, uint64_t> ns_bytes_ ABSL_GUARDED_BY(mu_);

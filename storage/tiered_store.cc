@@ -184,6 +184,18 @@ TieredStore::~TieredStore() {
 absl::StatusOr<std::shared_ptr<PoolChunk>> TieredStore::TryRoom(uint64_t size,
                                                                  bool may_block) {
   constexpr auto kWriteFirst = HostPool::DirtyVictim::kWriteFirst;
+  if (options_.write_mode == WriteMode::kWriteBack && options_.max_dirty_bytes != 0) {
+    for (uint64_t dirty; (dirty = ram_->dirty_bytes()) != 0 &&
+                         dirty + size > options_.max_dirty_bytes;) {
+      if (!may_block || !FlushOne(/*demotion=*/false)) {
+        // Waits in arrival order; a flush that lands wakes it (NotifyRoom).
+        backlog_waits_.fetch_add(1, std::memory_order_relaxed);
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "write-back backlog full: ", dirty, " bytes not yet on SSD, max_dirty_bytes ",
+            options_.max_dirty_bytes));
+      }
+    }
+  }
   absl::StatusOr<std::shared_ptr<PoolChunk>> chunk = ram_->Allocate(size, kWriteFirst);
   // Each demotion makes one dirty chunk clean (evictable) or drops it.
   while (!chunk.ok() && absl::IsResourceExhausted(chunk.status()) && may_block &&
@@ -1027,6 +1039,10 @@ TieredStoreStats TieredStore::GetStats() const {
   s.demotions = demotions_.load(std::memory_order_relaxed);
   s.demotion_failures = demotion_failures_.load(std::memory_order_relaxed);
   s.writeback_queue_depth = s.ram.dirty_chunks;
+  s.writeback_dirty_bytes = s.ram.dirty_bytes;
+  s.writeback_max_dirty_bytes =
+      options_.write_mode == WriteMode::kWriteBack ? options_.max_dirty_bytes : 0;
+  s.writeback_backlog_waits = backlog_waits_.load(std::memory_order_relaxed);
   s.checksum_failures = put_checksum_failures_.load(std::memory_order_relaxed) +
                         ram_checksum_failures_.load(std::memory_order_relaxed) +
                         s.ssd.checksum_failures;

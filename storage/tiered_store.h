@@ -85,6 +85,12 @@ struct TieredStoreOptions {
   // Write-back: threads writing dirty chunks to SSD, each one chunk at a time (the SSD
   // tier batches concurrent writes into its 4 MiB device writes). Also used by Close.
   int flush_threads = 4;
+  // Write-back: the most payload bytes in RAM not yet on SSD (the backlog); 0: no bound
+  // but the pool. A put that would take the backlog past it waits, like one waiting for
+  // room, while the flushers (or the admission thread itself, writing the oldest dirty
+  // chunk) bring it down; so the rest of the pool stays clean and evictable in the
+  // policy's order. A chunk larger than the bound is let in once nothing else is dirty.
+  uint64_t max_dirty_bytes = 0;
   // Threads committing write-through puts (their SSD writes), off the callers' threads.
   // Also how many such commits run at once.
   int commit_threads = 8;
@@ -124,6 +130,9 @@ struct TieredStoreStats {
   uint64_t demotions = 0;
   uint64_t demotion_failures = 0;
   uint64_t writeback_queue_depth = 0;
+  uint64_t writeback_dirty_bytes = 0;      // Payload bytes of those chunks.
+  uint64_t writeback_max_dirty_bytes = 0;  // The bound on them (0: the pool).
+  uint64_t writeback_backlog_waits = 0;    // Put admissions that found the backlog full.
   uint64_t checksum_failures = 0;  // Put payloads that failed theirs, plus SSD's.
   // Puts waiting for room in RAM now; puts that ever waited; those that timed out.
   uint64_t puts_waiting = 0;
@@ -381,7 +390,9 @@ class TieredStore {
   // Writes dirty chunks until none is left, on flush_threads threads. Returns how many.
   uint64_t FlushAll();
   // RAM for a chunk, evicting clean chunks; with `may_block`, also demoting dirty
-  // chunks to SSD if that is what it takes. PutAdmission's TryRoom.
+  // chunks to SSD if that is what it takes. PutAdmission's TryRoom. In write-back,
+  // first keeps the backlog within max_dirty_bytes (with `may_block`, by writing the
+  // oldest dirty chunks itself). Returns ResourceExhausted while there is no room.
   absl::StatusOr<std::shared_ptr<PoolChunk>> TryRoom(uint64_t size, bool may_block);
   bool has_ssd() const { return ssd_ != nullptr; }
   // Staged on the GPU and still held by RAM or SSD (a staged copy of neither is dropped).
@@ -439,6 +450,7 @@ class TieredStore {
   std::atomic<uint64_t> remote_promotions_{0};
   std::atomic<uint64_t> demotions_{0};
   std::atomic<uint64_t> demotion_failures_{0};
+  std::atomic<uint64_t> backlog_waits_{0};  // TryRoom calls that found the backlog full.
   std::atomic<uint64_t> put_checksum_failures_{0};
   std::atomic<uint64_t> ram_checksum_failures_{0};  // Pool copies found corrupt.
   std::atomic<bool> stopping_{false};               // The destructor has begun.

@@ -41,6 +41,21 @@ TEST(DaemonConfigTest, ShippedExampleConfigMatchesEmbeddedDefaults) {
   EXPECT_EQ(c.Describe(), DaemonConfig{}.Describe());
 }
 
+TEST(DaemonConfigTest, WritebackMaxDirtyDefaultsToHalfThePool) {
+  DaemonConfig c;
+  c.ram_capacity = 64ull << 20;
+  auto o = c.ToStoreOptions();
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->max_dirty_bytes, 32ull << 20);
+  c.writeback_max_dirty = 8ull << 20;
+  o = c.ToStoreOptions();
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->max_dirty_bytes, 8ull << 20);
+  c.writeback_max_dirty = (64ull << 20) + 1;
+  EXPECT_EQ(c.Validate().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(c.Validate().message().find("writeback_max_dirty"), std::string::npos);
+}
+
 TEST(DaemonConfigTest, PutBufferBoundsPutStreams) {
   DaemonConfig c;
   c.ram_capacity = 32ull << 20;

@@ -88,6 +88,10 @@ TEST_F(MetricsTest, ExposesWhatTheTrafficDid) {
   EXPECT_EQ(SeriesValue(m, "kvtier_checksum_failures_total{source=\"ssd\"}"), 0);
   EXPECT_EQ(SeriesValue(m, "kvtier_rpc_inflight_streams{method=\"Get\"}"), 0);
   EXPECT_GE(SeriesValue(m, "kvtier_writeback_queue_depth"), 0);
+  EXPECT_GE(SeriesValue(m, "kvtier_writeback_dirty_bytes"), 0);
+  // writeback_max_dirty 0: half of the 64 MiB pool.
+  EXPECT_EQ(SeriesValue(m, "kvtier_writeback_max_dirty_bytes"), 32 << 20);
+  EXPECT_EQ(SeriesValue(m, "kvtier_writeback_backlog_waits_total"), 0);
   // No per-key labels: nothing exposes a key or a namespace id.
   EXPECT_EQ(m.find(KeyOf(0).ToHex()), std::string::npos);
 

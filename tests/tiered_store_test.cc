@@ -777,6 +777,51 @@ TEST_F(TieredStoreWriteBackTest, FlushersWriteSeveralChunksAtOnce) {
   for (uint64_t i = 0; i < 4; ++i) ExpectReadable(Id(i));
 }
 
+// The write-back backlog is bounded: with the device held, two chunks fill
+// max_dirty_bytes and a third put waits for room though RAM has plenty; it is let in
+// once the device moves and the backlog drains. A chunk larger than the bound still
+// gets in once nothing else is dirty (it must not wait forever for a retryable answer).
+TEST_F(TieredStoreWriteBackTest, BacklogIsBoundedByMaxDirtyBytes) {
+  auto o = Options(WriteMode::kWriteBack);
+  o.max_dirty_bytes = 2 * kChunkBytes;
+  o.put_wait = absl::Seconds(60);  // The test ends it, not the clock.
+  OpenWith(o);
+  ns_ = Register();
+  ops_->HoldWrites();
+  PutOk(Id(0));
+  PutOk(Id(1));
+  EXPECT_EQ(store_->GetStats().writeback_dirty_bytes, 2 * kChunkBytes);
+  absl::Notification admitted;
+  absl::StatusOr<std::unique_ptr<ChunkWriter>> third;
+  store_->BeginPutAsync(Id(2), 256, [&](absl::StatusOr<std::unique_ptr<ChunkWriter>> w) {
+    third = std::move(w);
+    admitted.Notify();
+  });
+  // Refused inline, then again by the admission thread (which may itself be held in a
+  // write of the oldest dirty chunk): nothing can make room while the device is held.
+  ASSERT_TRUE(WaitFor([&] { return store_->GetStats().writeback_backlog_waits >= 1; }));
+  EXPECT_FALSE(admitted.HasBeenNotified()) << "admitted past max_dirty_bytes";
+  const TieredStoreStats held = store_->GetStats();
+  EXPECT_EQ(held.writeback_dirty_bytes, 2 * kChunkBytes);
+  EXPECT_EQ(held.writeback_max_dirty_bytes, 2 * kChunkBytes);
+  EXPECT_EQ(held.puts_waiting, 1u);
+  EXPECT_LT(held.ram.chunk_bytes, options_.ram.arena.capacity_bytes / 2) << "RAM had room";
+  ops_->ReleaseWrites();
+  admitted.WaitForNotification();
+  ASSERT_TRUE(third.ok()) << third.status();
+  ASSERT_NE(*third, nullptr);
+  third->reset();  // Abandoned: gives its slots back.
+  WaitFlushed(2);
+
+  // Larger than the bound: admitted alone.
+  o.max_dirty_bytes = kChunkBytes / 2;
+  OpenWith(o);
+  ns_ = Register();
+  PutOk(Id(10));
+  WaitFlushed(3);
+  ExpectReadable(Id(10));
+}
+
 TEST_F(TieredStoreWriteBackTest, PinPromotesFromSsdAndHolds) {
   for (uint64_t i = 0; i < kRamChunks + 1; ++i) PutOk(Id(i));
   WaitFlushed(kRamChunks + 1);
