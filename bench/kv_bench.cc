@@ -244,6 +244,11 @@ std::vector<std::string> DaemonArgs(const std::string& mode, uint64_t ram_mib, u
   if (const uint64_t n = Flag("writeback-threads", 0); n != 0) {
     args.push_back(absl::StrCat("--writeback-threads=", n));
   }
+  // --writeback-max-dirty-mib: the daemon's bound on the write-back backlog (its
+  // default, half the pool, when unset).
+  if (const uint64_t mib = Flag("writeback-max-dirty-mib", 0); mib != 0) {
+    args.push_back(absl::StrCat("--writeback-max-dirty=", mib, "MiB"));
+  }
   // The shared tier (bench/remote.sh): the daemon's Redis Cluster seeds; an address where
   // nothing listens measures the local tiers with the cluster down.
   if (const std::string seeds = StrFlag("remote-seeds", ""); !seeds.empty()) {
