@@ -22,6 +22,14 @@ absl::Status Violation(absl::string_view what) {
   return absl::InternalError(absl::StrCat("Prefill: server protocol violation: ", what));
 }
 
+// PrefillOptions::into must hold `keys` chunks of `chunk_bytes` back to back.
+absl::Status CheckInto(absl::Span<char> into, uint64_t keys, uint64_t chunk_bytes) {
+  if (keys == 0 || into.size() / keys >= chunk_bytes) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("Prefill: into holds ", into.size(),
+                                                 " bytes; ", keys, " chunks of ", chunk_bytes,
+                                                 " bytes need ", keys * chunk_bytes));
+}
+
 }  // namespace
 
 absl::Status PrefillOptions::Validate() const {
@@ -92,10 +100,10 @@ absl::StatusOr<std::unique_ptr<PrefillSession>> PrefillSession::Start(
     into_shared = client.SharedBufferOf(options.into.data(), options.into.size());
     const std::optional<uint64_t> chunk_bytes =
         into_shared != nullptr ? client.ChunkBytes(namespace_id) : std::nullopt;
-    if (chunk_bytes.has_value() && options.into.size() / keys.size() < *chunk_bytes) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "Prefill: into holds ", options.into.size(), " bytes; ", keys.size(),
-          " chunks of ", *chunk_bytes, " bytes need ", keys.size() * *chunk_bytes));
+    if (chunk_bytes.has_value()) {
+      if (absl::Status s = CheckInto(options.into, keys.size(), *chunk_bytes); !s.ok()) {
+        return s;
+      }
     }
     if (!chunk_bytes.has_value()) into_shared.reset();
   }
@@ -146,12 +154,8 @@ absl::StatusOr<std::unique_ptr<PrefillSession>> PrefillSession::Start(
       plan_error = Violation(absl::StrCat("Plan.predicted_meeting ",
                                           s.plan_.predicted_meeting(),
                                           " > cached_prefix ", h));
-    } else if (h > 0 && !s.options_.into.empty() &&
-               s.options_.into.size() / s.num_keys_ < s.plan_.chunk_bytes()) {
-      plan_error = absl::InvalidArgumentError(absl::StrCat(
-          "Prefill: into holds ", s.options_.into.size(), " bytes; ", s.num_keys_,
-          " chunks of ", s.plan_.chunk_bytes(), " bytes need ",
-          uint64_t{s.num_keys_} * s.plan_.chunk_bytes()));
+    } else if (h > 0 && !s.options_.into.empty()) {
+      plan_error = CheckInto(s.options_.into, s.num_keys_, s.plan_.chunk_bytes());
     }
   }
   if (!plan_error.ok()) {
