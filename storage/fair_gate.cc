@@ -18,4 +18,9 @@ void FairGate::Leave() {
   --inside_;
 }
 
+uint64_t FairGate::waiting() const {
+  absl::MutexLock lock(&mu_);
+  return next_ticket_ - serving_;
+}
+
 }  // namespace kvtier

@@ -20,10 +20,12 @@ class FairGate {
   explicit FairGate(int capacity) : capacity_(capacity) {}
   void Enter();
   void Leave();
+  // Callers blocked in Enter now (tests: a named point to wait for instead of a sleep).
+  uint64_t waiting() const;
 
  private:
   const int capacity_;
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
   uint64_t next_ticket_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t serving_ ABSL_GUARDED_BY(mu_) = 0;  // Tickets below this may enter.
   int inside_ ABSL_GUARDED_BY(mu_) = 0;

@@ -339,6 +339,8 @@ class TieredStore {
     if (prefetcher_) prefetcher_->WaitIdle();
   }
   size_t hint_clients() const { return hints_->clients(); }
+  // Readers waiting for one of the max_buffered_reads buffers now (tests).
+  uint64_t buffered_read_waiters() const { return buffered_reads_.waiting(); }
 
   // Pins in RAM (promoting from SSD first). `budget` (may be null) bounds the pinned
   // bytes of a group of namespaces (HostPool::PinBudget). Returns: Ok, NotFound,

@@ -658,7 +658,8 @@ TEST_F(TieredStoreWriteBackTest, BufferedSsdReadsAreBounded) {
     if (second.ok()) second_bytes = ReadAll(*second);
     second_done = true;
   });
-  absl::SleepFor(absl::Milliseconds(200));
+  // The second reader is parked at the gate (not merely slow to start) before we look.
+  ASSERT_TRUE(WaitFor([&] { return store_->buffered_read_waiters() == 1; }));
   EXPECT_FALSE(second_done.load()) << "a second buffer was allowed while one was held";
   EXPECT_TRUE(ReadAll(*first) == Payload(Id(0), first->meta().size));
   first = absl::NotFoundError("dropped");  // Releases the buffer and the gate.
