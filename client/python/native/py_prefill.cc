@@ -52,7 +52,6 @@ PyPrefillSession::PyPrefillSession(PyClient& client, uint64_t namespace_id,
     s = PrefillSession::Start(client.client(), namespace_id, std::move(k), std::move(options));
   }
   session_ = ValueOrThrow(std::move(s));
-  chunk_bytes_ = session_->plan().chunk_bytes();
 }
 
 PyPrefillSession::~PyPrefillSession() {

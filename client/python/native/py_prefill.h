@@ -60,7 +60,6 @@ class PyPrefillSession {
   BufferRef dest_;
   bool has_dest_ = false;
   pybind11::object on_chunk_;  // None when unused. Touched only with the GIL.
-  uint64_t chunk_bytes_ = 0;
   absl::Mutex mu_;
   absl::Status chunk_error_ ABSL_GUARDED_BY(mu_);  // First failure of a delivery.
 
