@@ -1,13 +1,14 @@
 #include "scheduler/token_bucket.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "absl/time/clock.h"
 
 namespace kvtier {
 
-TokenBucket::TokenBucket(double bytes_per_second, absl::Duration burst)
-    : rate_(bytes_per_second), burst_(burst) {}
+TokenBucket::TokenBucket(double bytes_per_second, absl::Duration burst, PacingClock clock)
+    : rate_(bytes_per_second), burst_(burst), clock_(std::move(clock)) {}
 
 bool TokenBucket::Acquire(uint64_t bytes, absl::FunctionRef<bool()> cancelled) {
   if (rate_ <= 0) return !cancelled();
@@ -16,12 +17,12 @@ bool TokenBucket::Acquire(uint64_t bytes, absl::FunctionRef<bool()> cancelled) {
   {
     absl::MutexLock lock(&mu_);
     // An idle bucket does not bank more than `burst` of credit.
-    next_ = std::max(next_, absl::Now() - burst_);
+    next_ = std::max(next_, clock_.now() - burst_);
     start = next_;
     next_ += cost;
   }
   while (true) {
-    const absl::Duration wait = start - absl::Now();
+    const absl::Duration wait = start - clock_.now();
     if (wait <= absl::ZeroDuration()) return true;
     if (cancelled()) {
       // Hand back what we did not use, if nobody reserved after us.
@@ -29,7 +30,7 @@ bool TokenBucket::Acquire(uint64_t bytes, absl::FunctionRef<bool()> cancelled) {
       if (next_ == start + cost) next_ = start;
       return false;
     }
-    absl::SleepFor(std::min(wait, absl::Milliseconds(1)));
+    clock_.sleep(std::min(wait, absl::Milliseconds(1)));
   }
 }
 

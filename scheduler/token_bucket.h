@@ -8,20 +8,30 @@
 #define KVTIER_SCHEDULER_TOKEN_BUCKET_H_
 
 #include <cstdint>
+#include <functional>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/functional/function_ref.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "storage/fair_gate.h"  // FairGate, used beside TokenBucket.
 
 namespace kvtier {
 
+// The time a TokenBucket paces by: the real clock unless a test injects its own (a sleep
+// that advances a fake clock, so pacing is checked without waiting for it).
+struct PacingClock {
+  std::function<absl::Time()> now = [] { return absl::Now(); };
+  std::function<void(absl::Duration)> sleep = [](absl::Duration d) { absl::SleepFor(d); };
+};
+
 class TokenBucket {
  public:
   // bytes_per_second 0 means unlimited. `burst`: how far a caller that was idle may run
   // ahead of the rate.
-  explicit TokenBucket(double bytes_per_second, absl::Duration burst = absl::Milliseconds(5));
+  explicit TokenBucket(double bytes_per_second, absl::Duration burst = absl::Milliseconds(5),
+                       PacingClock clock = {});
 
   // Waits until `bytes` may be sent. Returns false (and gives the reservation up) if
   // `cancelled` turns true while waiting; it is polled every millisecond.
@@ -31,6 +41,7 @@ class TokenBucket {
  private:
   const double rate_;
   const absl::Duration burst_;
+  const PacingClock clock_;
   absl::Mutex mu_;
   absl::Time next_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 };

@@ -12,6 +12,7 @@
 #include "scheduler/compute_model.h"
 #include "scheduler/prefill_estimators.h"
 #include "scheduler/token_bucket.h"
+#include "tests/support/fake_clock.h"
 
 namespace kvtier {
 namespace {
@@ -95,29 +96,63 @@ TEST(CakePlannerTest, WorthStreamingComparesArrivalWithComputation) {
   EXPECT_FALSE(WorthStreaming(3, 2, 5.0, cost, 0.15));
 }
 
+// A pacing clock that never waits: each sleep moves a fake clock forward by what was
+// asked, and the sleeps are counted.
+struct FakePacing {
+  testing::FakeClock clock;
+  std::atomic<int> sleeps{0};
+  absl::Time start = clock.Now();
+  PacingClock Clock() {
+    return {clock.AsFunction(), [this](absl::Duration d) {
+              ++sleeps;
+              clock.Advance(d);
+            }};
+  }
+  double ElapsedMs() const { return absl::ToDoubleMilliseconds(clock.Now() - start); }
+};
+
 TEST(TokenBucketTest, CapsTheRate) {
-  TokenBucket bucket(10.0 * (1 << 20));  // 10 MiB/s.
-  const auto start = std::chrono::steady_clock::now();
-  for (int i = 0; i < 5; ++i) ASSERT_TRUE(bucket.Acquire(1 << 20, [] { return false; }));
-  const double secs =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  EXPECT_GE(secs, 0.39);  // The first MiB goes at once, four more at 0.1 s each.
-  TokenBucket unlimited(0);
+  FakePacing pacing;
+  TokenBucket bucket(10.0 * (1 << 20), absl::Milliseconds(5), pacing.Clock());  // 10 MiB/s.
+  ASSERT_TRUE(bucket.Acquire(1 << 20, [] { return false; }));
+  EXPECT_EQ(pacing.sleeps.load(), 0);  // The first MiB goes at once, on the burst credit.
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(bucket.Acquire(1 << 20, [] { return false; }));
+  // Four more at 0.1 s each, less the 5 ms of burst the first one started with.
+  EXPECT_NEAR(pacing.ElapsedMs(), 395.0, 1e-3);
+  EXPECT_GE(pacing.sleeps.load(), 395);  // In steps of at most 1 ms, to notice cancels.
+  TokenBucket unlimited(0, absl::Milliseconds(5), pacing.Clock());
+  const int sleeps = pacing.sleeps.load();
   EXPECT_TRUE(unlimited.Acquire(1ull << 40, [] { return false; }));
+  EXPECT_EQ(pacing.sleeps.load(), sleeps);
 }
 
-TEST(TokenBucketTest, CancelledWaitReturnsFalse) {
-  TokenBucket bucket(1.0);  // One byte per second.
+TEST(TokenBucketTest, AnIdleBucketBanksNoMoreThanTheBurst) {
+  FakePacing pacing;
+  TokenBucket bucket(10.0 * (1 << 20), absl::Milliseconds(5), pacing.Clock());
+  ASSERT_TRUE(bucket.Acquire(1 << 20, [] { return false; }));
+  pacing.clock.Advance(absl::Seconds(10));  // Idle: ten seconds' worth unused.
+  pacing.start = pacing.clock.Now();
+  ASSERT_TRUE(bucket.Acquire(1 << 20, [] { return false; }));
+  EXPECT_EQ(pacing.ElapsedMs(), 0.0);
+  ASSERT_TRUE(bucket.Acquire(1 << 20, [] { return false; }));
+  EXPECT_NEAR(pacing.ElapsedMs(), 95.0, 1e-3);  // Not at once: only 5 ms were banked.
+}
+
+TEST(TokenBucketTest, CancelledWaitReturnsFalseAndHandsItsReservationBack) {
+  FakePacing pacing;
+  TokenBucket bucket(1.0, absl::Milliseconds(5), pacing.Clock());  // One byte per second.
   ASSERT_TRUE(bucket.Acquire(1, [] { return false; }));
-  std::atomic<bool> cancel{false};
-  std::thread t([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(30));
-    cancel = true;
-  });
-  EXPECT_FALSE(bucket.Acquire(100, [&] { return cancel.load(); }));
-  t.join();
+  // 100 bytes: 100 s away. Cancelled after 30 polls.
+  EXPECT_FALSE(bucket.Acquire(100, [&] { return pacing.sleeps.load() >= 30; }));
+  EXPECT_NEAR(pacing.ElapsedMs(), 30.0, 1e-3);
+  // The cancelled reservation was handed back: the next byte waits for the first one
+  // only (1 s from the start, less the burst), not for the 100 that were never sent.
+  ASSERT_TRUE(bucket.Acquire(1, [] { return false; }));
+  EXPECT_NEAR(pacing.ElapsedMs(), 995.0, 1e-3);
 }
 
+// On the real clock: each reservation's 20 ms wait is what lets the other session,
+// started at the same time, reserve before this one reserves again.
 TEST(TokenBucketTest, SessionsSharingABucketAlternate) {
   TokenBucket bucket(50.0 * (1 << 20));
   absl::Mutex mu;
