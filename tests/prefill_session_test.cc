@@ -7,10 +7,13 @@
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
 
+#include <atomic>
 #include <chrono>
+#include <functional>
 #include <map>
 #include <thread>
 
+#include "absl/synchronization/notification.h"
 #include "client/kvtier_client.h"
 #include "gtest/gtest.h"
 #include "storage/crc32c.h"
@@ -328,7 +331,8 @@ TEST_F(PrefillTest, DaemonShutdownMidSessionSendsDone) {
 }
 
 // Two sessions share a daemon-wide limit: the short one, started while the long one
-// streams, is served alongside it instead of waiting behind it.
+// streams, is served alongside it instead of waiting behind it. Checked by order, not by
+// time: the short one ends while the long one has had a fraction of its chunks.
 TEST_F(PrefillTest, ShortSessionIsNotStarvedByALongOne) {
   Start({"--prefill-bandwidth-limit=8MiB"});
   for (uint32_t i = kCached; i < 40; ++i) {  // A 40-chunk prefix for the long session.
@@ -336,25 +340,41 @@ TEST_F(PrefillTest, ShortSessionIsNotStarvedByALongOne) {
     ChunkToPut c{KeyOf(i), data, 256};
     ASSERT_TRUE(client_->Put(ns_, {&c, 1}).ok());
   }
-  auto run = [&](uint32_t keys, double* seconds) {
+  auto run = [&](uint32_t keys, std::function<void(const v1::PrefillChunkFrame&)> on_frame) {
     grpc::ClientContext ctx;
     auto s = client_->stub()->Prefill(&ctx);
     v1::PrefillClientMessage m;
     m.mutable_open()->set_namespace_id(ns_);
     for (uint32_t i = 0; i < keys; ++i) m.mutable_open()->add_keys(KeyOf(i).ToByteString());
     s->Write(m);
-    const auto start = std::chrono::steady_clock::now();
-    Seen seen = Drain(s.get());
-    *seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    EXPECT_TRUE(seen.done.has_value());
+    return Drain(s.get(), std::move(on_frame));
   };
-  double long_s = 0, short_s = 0;
-  std::thread long_session([&] { run(40, &long_s); });  // 40 MiB at 8 MiB/s: ~5 s.
-  std::this_thread::sleep_for(std::chrono::milliseconds(500));
-  run(4, &short_s);  // 4 MiB: ~0.5 s alone, ~1 s sharing; ~4.5 s if queued behind.
+  absl::Notification long_streaming;
+  std::atomic<uint32_t> long_chunks{0};  // Chunks the long session has begun receiving.
+  std::atomic<bool> long_done{false};
+  Seen long_seen;
+  std::thread long_session([&] {
+    long_seen = run(40, [&](const v1::PrefillChunkFrame& f) {
+      if (f.offset() != 0) return;
+      ++long_chunks;
+      if (!long_streaming.HasBeenNotified()) long_streaming.Notify();
+    });
+    long_done = true;
+  });
+  long_streaming.WaitForNotification();
+  const uint32_t long_before = long_chunks.load();
+  Seen short_seen = run(4, {});
+  const bool long_done_first = long_done.load();
+  const uint32_t long_meanwhile = long_chunks.load() - long_before;
   long_session.join();
-  EXPECT_LT(short_s, 2.5) << "short session took " << short_s << " s; long took " << long_s;
-  EXPECT_GT(long_s, 4.0);
+  ExpectContract(short_seen);
+  ExpectContract(long_seen);
+  // Queued behind the long session, the short one would end after it. Sharing the
+  // limit frame by frame, the long one gets about as many bytes as the short one's 4
+  // chunks while the short one runs.
+  EXPECT_FALSE(long_done_first);
+  EXPECT_LE(long_meanwhile, 12u) << "the long session got " << long_meanwhile
+                                 << " chunks while the short one got 4";
 }
 
 }  // namespace
