@@ -612,6 +612,7 @@ TEST_F(FakePrefillTest, MessageAfterDoneIsReportedByClose) {
 
 TEST_F(FakePrefillTest, FinishReturnsAtDoneWithoutWaitingForTheCallToEnd) {
   absl::Notification release;
+  std::atomic<bool> call_ended{false};
   service_.set_script([&](grpc::ServerContext*, PrefillStream* stream) {
     ReadOpen(stream);
     stream->Write(PlanMessage(1));
@@ -619,14 +620,15 @@ TEST_F(FakePrefillTest, FinishReturnsAtDoneWithoutWaitingForTheCallToEnd) {
     stream->Write(DoneMessage(0, v1::PrefillDone::ALL_STREAMED));
     AwaitProgress(stream, 100);  // The half-close.
     release.WaitForNotificationWithTimeout(absl::Seconds(10));
+    call_ended = true;
     return grpc::Status::OK;
   });
   auto session = Start(1, nullptr);
   ASSERT_TRUE(session.ok()) << session.status();
-  const absl::Time t0 = absl::Now();
   auto r = (*session)->Finish();
   ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_LT(absl::Now() - t0, absl::Seconds(5));  // The daemon still holds the call.
+  // The daemon still holds the call: Finish returned on Done, not on the call's end.
+  EXPECT_FALSE(call_ended.load());
   release.Notify();
   EXPECT_TRUE((*session)->Close().ok());
 }
@@ -756,11 +758,13 @@ TEST_F(FakePrefillTest, UnimplementedDaemon) {
 
 TEST_F(FakePrefillTest, DestructorCancelsAnUnfinishedSession) {
   absl::Notification server_saw_end;
+  std::atomic<bool> cancelled{false};
   service_.set_script([&](grpc::ServerContext* ctx, PrefillStream* stream) {
     ReadOpen(stream);
     stream->Write(PlanMessage(3));
     SendRaw(stream, 2, 0, 10, false);
     AwaitProgress(stream, 100);  // Returns when the client cancels.
+    cancelled = ctx->IsCancelled();
     server_saw_end.Notify();
     return grpc::Status::OK;
   });
@@ -768,10 +772,10 @@ TEST_F(FakePrefillTest, DestructorCancelsAnUnfinishedSession) {
   auto session = Start(3, &sink);
   ASSERT_TRUE(session.ok()) << session.status();
   ASSERT_TRUE(Eventually([&] { return !(*session)->ShouldCompute(2); }));
-  const absl::Time t0 = absl::Now();
   session->reset();
-  EXPECT_LT(absl::Now() - t0, absl::Seconds(5));
   EXPECT_TRUE(server_saw_end.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  // Cancelled, not half-closed: the daemon, mid-chunk, would otherwise go on sending.
+  EXPECT_TRUE(cancelled.load());
   EXPECT_TRUE(sink.deliveries().empty());
 }
 
@@ -976,16 +980,12 @@ TEST_F(DaemonPrefillTest, BalancedWorkerMeetsTheStreamInTheMiddle) {
   PrefillOptions options;
   options.compute_estimate = ComputeEstimate{0.05, 0};
   options.max_bytes_per_second = 20 << 20;  // 50 ms per 1 MiB chunk, like compute.
-  const absl::Time t0 = absl::Now();
+  // Both sides move at a chunk per 50 ms (the worker's compute is simulated by its
+  // duration), so they meet near the middle: each did at least a quarter.
   auto r = RunWorker(4, keys, options, [](uint32_t) { return absl::Milliseconds(50); });
-  const absl::Duration took = absl::Now() - t0;
   ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_GT(r->first_streamed, 0u);
-  EXPECT_LT(r->first_streamed, 16u);
   EXPECT_GE(r->first_streamed, 4u);
   EXPECT_LE(r->first_streamed, 12u);
-  // Either side alone: 16 x 50 ms = 0.8 s; together about half.
-  EXPECT_LT(took, absl::Milliseconds(700)) << "s = " << r->first_streamed;
 }
 
 TEST_F(DaemonPrefillTest, PartialHitStreamsOnlyTheCachedPrefix) {
@@ -1034,9 +1034,13 @@ TEST_F(DaemonPrefillTest, AbandonedSessionLeavesTheDaemonServing) {
     PrefillOptions options;
     options.compute_estimate = ComputeEstimate{100, 0};
     options.max_bytes_per_second = 2 << 20;
+    absl::Notification first_chunk;
+    options.on_chunk = [&](uint32_t, std::string, v1::Tier) {
+      if (!first_chunk.HasBeenNotified()) first_chunk.Notify();
+    };
     auto session = PrefillSession::Start(*client_, ns_, keys, options);
     ASSERT_TRUE(session.ok()) << session.status();
-    absl::SleepFor(absl::Milliseconds(200));
+    first_chunk.WaitForNotification();  // 1 of 8 chunks at 2 MiB/s: the rest in flight.
   }  // Destroyed mid-stream: cancelled.
   PrefillOptions options;
   options.compute_estimate = ComputeEstimate{100, 0};
