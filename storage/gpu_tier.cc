@@ -1,6 +1,8 @@
 #include "storage/gpu_tier.h"
 
 #include <atomic>
+#include <memory>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -184,12 +186,82 @@ void GpuTier::Copy(std::vector<DeviceCopy> copies, Done done) {
                   });
 }
 
-void GpuTier::Remove(const ChunkId& id) {
-  if (staging_ != nullptr) staging_->Remove(id);
+uint64_t GpuTier::capacity_bytes() const {
+  return staging_ == nullptr ? 0 : staging_->capacity_bytes();
 }
 
-void GpuTier::RemoveNamespace(uint64_t ns) {
-  if (staging_ != nullptr) staging_->RemoveNamespace(ns);
+namespace {
+
+absl::Status StagingOff() { return absl::FailedPreconditionError("no GPU staging buffers"); }
+
+}  // namespace
+
+void GpuTier::Write(const ChunkId& id, const ChunkMeta& meta, ChunkBytes bytes,
+                    WriteDone done) {
+  if (staging_ == nullptr) return done(StagingOff());
+  {
+    absl::MutexLock lock(&mu_);
+    ++stats_.stage_requests;
+  }
+  Begin();
+  staging_->Stage(id, meta, std::move(bytes.pieces), std::move(bytes.keep_alive),
+                  [this, done = std::move(done)](absl::Status s) {
+                    done(std::move(s));
+                    End();
+                  });
+}
+
+void GpuTier::Read(const ChunkId& id, SinkFor sink_for, ReadDone done) {
+  if (staging_ == nullptr) return done(StagingOff());
+  std::optional<ChunkMeta> meta = staging_->Find(id);
+  if (!meta.has_value()) return done(absl::NotFoundError("chunk not staged on the GPU"));
+  ChunkSink* sink = sink_for(*meta);
+  if (sink == nullptr) {
+    return done(absl::ResourceExhaustedError("no room to read the chunk into"));
+  }
+  auto buffer = std::shared_ptr<char[]>(new char[meta->size]);
+  Begin();
+  staging_->CopyToHost(
+      id, buffer.get(),
+      [this, id, meta = *meta, buffer, sink, done = std::move(done)](absl::Status s) {
+        if (s.ok()) {
+          sink->Write(0, absl::string_view(buffer.get(), meta.size));
+          if (sink->Crc32c() != meta.crc32c) {
+            staging_->Remove(id);
+            s = absl::DataLossError(absl::StrCat("staged copy of ", id.DebugString(),
+                                                 " failed its CRC32C; dropped"));
+          }
+        }
+        if (s.ok()) {
+          done(meta);
+        } else {
+          done(std::move(s));
+        }
+        End();
+      });
+}
+
+absl::StatusOr<bool> GpuTier::Delete(const ChunkId& id) {
+  return staging_ != nullptr && staging_->Remove(id);
+}
+
+absl::StatusOr<uint64_t> GpuTier::DeleteNamespace(uint64_t ns) {
+  return staging_ == nullptr ? 0 : staging_->RemoveNamespace(ns);
+}
+
+TierStats GpuTier::Stats() const {
+  TierStats t;
+  t.tier = Tier::kGpu;
+  if (staging_ == nullptr) return t;
+  const GpuStagingStats s = staging_->GetStats();
+  t.capacity_bytes = s.capacity_bytes;
+  t.used_bytes = s.used_bytes;
+  t.payload_bytes = s.chunk_bytes;
+  t.chunks = s.chunks;
+  t.hits = s.hits;
+  t.misses = s.misses;
+  t.evictions = s.evictions;
+  return t;
 }
 
 GpuTierStats GpuTier::GetStats() const {

@@ -35,6 +35,7 @@
 #include "storage/chunk_id.h"
 #include "storage/device_backend.h"
 #include "storage/gpu_staging_tier.h"
+#include "storage/storage_tier.h"
 
 namespace kvtier {
 
@@ -50,7 +51,7 @@ struct GpuTierStats {
   uint64_t stage_requests = 0;     // StageAsync calls that started a copy in.
 };
 
-class GpuTier {
+class GpuTier final : public StorageTier {
  public:
   // `device` must outlive the tier; `pool`/`pool_bytes` is the host pool's memory to
   // page-lock (unlocked again by the destructor). Staging with capacity 0 is off.
@@ -61,7 +62,20 @@ class GpuTier {
   GpuTier(const GpuTier&) = delete;
   GpuTier& operator=(const GpuTier&) = delete;
 
-  bool Contains(const ChunkId& id) const;
+  // StorageTier: the staging buffers (capacity 0 and every call refused with
+  // FailedPrecondition when staging is off). Write stages a chunk and reports how the
+  // copy went; Read copies a staged chunk back to the host and checks its CRC32C;
+  // `done` runs on the backend's completion thread.
+  Tier tier() const override { return Tier::kGpu; }
+  Role role() const override { return Role::kCopy; }
+  uint64_t capacity_bytes() const override;
+  bool Contains(const ChunkId& id) const override;
+  void Write(const ChunkId& id, const ChunkMeta& meta, ChunkBytes bytes,
+             WriteDone done) override;
+  void Read(const ChunkId& id, SinkFor sink_for, ReadDone done) override;
+  absl::StatusOr<bool> Delete(const ChunkId& id) override;
+  absl::StatusOr<uint64_t> DeleteNamespace(uint64_t ns) override;
+  TierStats Stats() const override;
 
   // Best effort: copies a chunk into staging from host bytes `pieces` (kept alive by
   // `keep_alive` until the copy completes). Failures only count.
@@ -84,8 +98,8 @@ class GpuTier {
   // counted like a delivery for the destructor's wait. `done`: the backend's status.
   void Copy(std::vector<DeviceCopy> copies, Done done);
 
-  void Remove(const ChunkId& id);
-  void RemoveNamespace(uint64_t ns);
+  void Remove(const ChunkId& id) { (void)Delete(id); }
+  void RemoveNamespace(uint64_t ns) { (void)DeleteNamespace(ns); }
 
   GpuTierStats GetStats() const;
 

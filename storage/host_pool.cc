@@ -342,6 +342,65 @@ uint64_t HostPool::dirty_bytes() const {
   return dirty_bytes_;
 }
 
+void HostPool::Write(const ChunkId& id, const ChunkMeta& meta, ChunkBytes bytes,
+                     WriteDone done) {
+  if (bytes.size() != meta.size) {
+    return done(absl::InvalidArgumentError(absl::StrCat(
+        "RAM write of ", id.DebugString(), ": ", bytes.size(), " bytes for a chunk of ",
+        meta.size)));
+  }
+  if (Contains(id)) return done(absl::OkStatus());
+  absl::StatusOr<std::shared_ptr<PoolChunk>> chunk = Allocate(meta.size, DirtyVictim::kSkip);
+  if (!chunk.ok()) return done(chunk.status());
+  uint32_t crc = 0;
+  uint64_t offset = 0;
+  for (absl::string_view piece : bytes.pieces) {
+    crc = (*chunk)->WriteAndExtendCrc(offset, piece, crc);
+    offset += piece.size();
+  }
+  if (crc != meta.crc32c) {
+    return done(absl::InvalidArgumentError(
+        absl::StrCat("RAM write of ", id.DebugString(), ": CRC32C mismatch")));
+  }
+  Insert(id, *std::move(chunk), meta, /*dirty=*/false);
+  done(absl::OkStatus());
+}
+
+void HostPool::Read(const ChunkId& id, SinkFor sink_for, ReadDone done) {
+  std::optional<Hit> hit = Find(id);
+  if (!hit.has_value()) return done(absl::NotFoundError("chunk not in RAM"));
+  ChunkSink* sink = sink_for(hit->meta);
+  if (sink == nullptr) {
+    return done(absl::ResourceExhaustedError("no room to read the chunk into"));
+  }
+  uint64_t offset = 0;
+  hit->data->ForEachPiece(0, hit->meta.size, [&](absl::string_view piece) {
+    sink->Write(offset, piece);
+    offset += piece.size();
+  });
+  if (sink->Crc32c() != hit->meta.crc32c) {
+    Remove(id);
+    return done(absl::DataLossError(
+        absl::StrCat("RAM copy of ", id.DebugString(), " failed its CRC32C; dropped")));
+  }
+  done(hit->meta);
+}
+
+TierStats HostPool::Stats() const {
+  const HostPoolStats s = GetStats();
+  TierStats t;
+  t.tier = Tier::kRam;
+  t.capacity_bytes = s.capacity_bytes;
+  t.used_bytes = s.used_bytes;
+  t.payload_bytes = s.chunk_bytes;
+  t.chunks = s.chunks;
+  t.pinned_bytes = s.pinned_bytes;
+  t.hits = s.hits;
+  t.misses = s.misses;
+  t.evictions = s.evictions;
+  return t;
+}
+
 HostPoolStats HostPool::GetStats() const {
   absl::MutexLock lock(&mu_);
   HostPoolStats s;

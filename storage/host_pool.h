@@ -26,6 +26,7 @@
 #include "storage/eviction_policy.h"
 #include "storage/pool_chunk.h"
 #include "storage/slot_arena.h"
+#include "storage/storage_tier.h"
 
 namespace kvtier {
 
@@ -56,7 +57,7 @@ struct HostPoolStats {
   uint64_t prefaulted_bytes = 0;  // SlotArena::prefaulted_bytes().
 };
 
-class HostPool {
+class HostPool final : public StorageTier {
  public:
   static absl::StatusOr<std::unique_ptr<HostPool>> Create(
       HostPoolOptions options, std::unique_ptr<EvictionPolicy> policy);
@@ -85,8 +86,21 @@ class HostPool {
   };
   // Looks a chunk up and marks it used; counts a hit or a miss.
   std::optional<Hit> Find(const ChunkId& id);
-  // Presence without touching recency or counters.
-  bool Contains(const ChunkId& id) const;
+  // StorageTier. Write copies the bytes into fresh slots (evicting clean chunks for
+  // room, never a dirty one) and indexes them clean, checking their CRC32C in the same
+  // pass (InvalidArgument when it is wrong); Read copies a chunk out (counting a hit, as
+  // Find does) and drops a copy found corrupt. Both run `done` on the caller's thread.
+  // Contains: presence without touching recency or counters.
+  Tier tier() const override { return Tier::kRam; }
+  Role role() const override { return Role::kLocal; }
+  uint64_t capacity_bytes() const override { return arena_->capacity_bytes(); }
+  bool Contains(const ChunkId& id) const override;
+  void Write(const ChunkId& id, const ChunkMeta& meta, ChunkBytes bytes,
+             WriteDone done) override;
+  void Read(const ChunkId& id, SinkFor sink_for, ReadDone done) override;
+  absl::StatusOr<bool> Delete(const ChunkId& id) override { return Remove(id); }
+  absl::StatusOr<uint64_t> DeleteNamespace(uint64_t ns) override { return RemoveNamespace(ns); }
+  TierStats Stats() const override;
   // Contains for many chunks under one lock: (*present)[i] for ids[i].
   void ContainsMany(absl::Span<const ChunkId> ids, std::vector<bool>* present) const;
   // The chunk, without touching recency or counters: a caller that holds the returned
@@ -145,7 +159,6 @@ class HostPool {
   uint64_t dirty_bytes() const;
 
   HostPoolStats GetStats() const;
-  uint64_t capacity_bytes() const { return arena_->capacity_bytes(); }
   // The pool's memory, for page-locking it for a GPU.
   char* memory() const { return arena_->base(); }
   uint64_t memory_bytes() const { return arena_->mapped_bytes(); }

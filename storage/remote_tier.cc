@@ -117,25 +117,32 @@ RemoteTier::~RemoteTier() {
     for (const Job& j : dropped) pending_bytes_ -= j.meta.size;
   }
   writes_dropped_.fetch_add(dropped.size(), std::memory_order_relaxed);
+  for (Job& j : dropped) {
+    if (j.done) j.done(absl::UnavailableError("remote tier closing: write dropped"));
+  }
   for (std::thread& t : writers_) t.join();
 }
 
 bool RemoteTier::WriteAsync(const ChunkId& id, const ChunkMeta& meta, uint64_t layout_fingerprint,
                             std::vector<absl::string_view> pieces,
-                            std::shared_ptr<const void> keep_alive) {
-  if (!health_.ProbeDue()) {
-    // Not queued: it would wait on a cluster that is not there, holding pool bytes.
+                            std::shared_ptr<const void> keep_alive, WriteDone done) {
+  auto refuse = [&](absl::string_view why) {
     writes_dropped_.fetch_add(1, std::memory_order_relaxed);
+    if (done) done(absl::UnavailableError(absl::StrCat("remote write not queued: ", why)));
     return false;
+  };
+  // Not queued: it would wait on a cluster that is not there, holding pool bytes.
+  if (!health_.ProbeDue()) return refuse("the cluster is unreachable");
+  {
+    absl::MutexLock l(&mu_);
+    if (!stopping_ && pending_bytes_ + meta.size <= options_.max_pending_bytes) {
+      pending_bytes_ += meta.size;
+      queue_.push_back(Job{id, meta, layout_fingerprint, std::move(pieces),
+                           std::move(keep_alive), std::move(done)});
+      return true;
+    }
   }
-  absl::MutexLock l(&mu_);
-  if (stopping_ || pending_bytes_ + meta.size > options_.max_pending_bytes) {
-    writes_dropped_.fetch_add(1, std::memory_order_relaxed);
-    return false;
-  }
-  pending_bytes_ += meta.size;
-  queue_.push_back(Job{id, meta, layout_fingerprint, std::move(pieces), std::move(keep_alive)});
-  return true;
+  return refuse("the queue is full or closing");
 }
 
 void RemoteTier::WriterLoop() {
@@ -153,9 +160,10 @@ void RemoteTier::WriterLoop() {
       queue_.pop_front();
       ++running_;
     }
-    Write(job);
+    absl::Status written = Write(job);
     const uint64_t size = job.meta.size;
     job.keep_alive.reset();  // The pool bytes go back before the job counts as done.
+    if (job.done) job.done(std::move(written));
     absl::MutexLock l(&mu_);
     --running_;
     pending_bytes_ -= size;
@@ -166,10 +174,10 @@ void RemoteTier::Observe(const absl::Status& s) {
   if (absl::IsUnavailable(s)) health_.Failed(s);
 }
 
-void RemoteTier::Write(const Job& job) {
+absl::Status RemoteTier::Write(const Job& job) {
   if (!health_.Allow()) {
     writes_dropped_.fetch_add(1, std::memory_order_relaxed);
-    return;
+    return absl::UnavailableError("remote tier degraded: write dropped");
   }
   const std::string record_key = RemoteRecordKey(options_.key_prefix, job.id);
   {
@@ -179,12 +187,12 @@ void RemoteTier::Write(const Job& job) {
     if (!exists.ok()) {
       Observe(exists.status());
       write_failures_.fetch_add(1, std::memory_order_relaxed);
-      return;
+      return exists.status();
     }
     health_.Succeeded();
     if ((*exists)->type == REDIS_REPLY_INTEGER && (*exists)->integer == 1) {
       writes_present_.fetch_add(1, std::memory_order_relaxed);
-      return;
+      return absl::OkStatus();
     }
   }
   RemoteRecord record;
@@ -206,6 +214,7 @@ void RemoteTier::Write(const Job& job) {
       Observe(why);
     }
     if (!health_.degraded()) DeleteSegments(job.id, record.generation, sent);
+    return full ? absl::ResourceExhaustedError(why.message()) : why;
   };
   // Segments, a batch at a time: each batch one pipeline per master.
   for (uint32_t first = 0; first < n;) {
@@ -252,7 +261,7 @@ void RemoteTier::Write(const Job& job) {
   if (IsNilReply(**commit)) {
     writes_present_.fetch_add(1, std::memory_order_relaxed);
     DeleteSegments(job.id, record.generation, n);
-    return;
+    return absl::OkStatus();
   }
   if (!IsOk(**commit)) {
     const absl::string_view error = ReplyString(**commit);
@@ -260,6 +269,7 @@ void RemoteTier::Write(const Job& job) {
   }
   writes_.fetch_add(1, std::memory_order_relaxed);
   bytes_written_.fetch_add(job.meta.size, std::memory_order_relaxed);
+  return absl::OkStatus();
 }
 
 void RemoteTier::DeleteSegments(const ChunkId& id, uint64_t generation, uint32_t n) {
@@ -539,6 +549,53 @@ RemoteTierStats RemoteTier::GetStats() const {
   }
   s.cluster = cluster_->stats();
   return s;
+}
+
+bool RemoteTier::Contains(const ChunkId& id) const {
+  // A round trip; what it touches (the cluster's connections, health) is synchronised
+  // inside, as for every other read of this tier.
+  return const_cast<RemoteTier*>(this)->ContainsMany({&id, 1})[0];
+}
+
+void RemoteTier::Write(const ChunkId& id, const ChunkMeta& meta, ChunkBytes bytes,
+                       WriteDone done) {
+  if (!options_.layout_fingerprint) {
+    return done(absl::FailedPreconditionError("remote tier: no layout fingerprints given"));
+  }
+  absl::StatusOr<uint64_t> fingerprint = options_.layout_fingerprint(id.ns);
+  if (!fingerprint.ok()) return done(fingerprint.status());
+  if (bytes.size() != meta.size) {
+    return done(absl::InvalidArgumentError(absl::StrCat(
+        "remote write of ", id.DebugString(), ": ", bytes.size(), " bytes for a chunk of ",
+        meta.size)));
+  }
+  WriteAsync(id, meta, *fingerprint, std::move(bytes.pieces), std::move(bytes.keep_alive),
+             std::move(done));
+}
+
+void RemoteTier::Read(const ChunkId& id, SinkFor sink_for, ReadDone done) {
+  if (!options_.layout_fingerprint) {
+    return done(absl::FailedPreconditionError("remote tier: no layout fingerprints given"));
+  }
+  absl::StatusOr<uint64_t> fingerprint = options_.layout_fingerprint(id.ns);
+  if (!fingerprint.ok()) return done(fingerprint.status());
+  absl::StatusOr<RemoteRecord> record = ReadRecord(id, *fingerprint);
+  if (!record.ok()) return done(record.status());
+  ChunkSink* sink = sink_for(record->meta);
+  if (sink == nullptr) {
+    return done(absl::ResourceExhaustedError("no room to read the chunk into"));
+  }
+  if (absl::Status s = ReadPayload(id, *record, *sink); !s.ok()) return done(s);
+  done(record->meta);
+}
+
+TierStats RemoteTier::Stats() const {
+  const RemoteTierStats s = GetStats();
+  TierStats t;
+  t.tier = Tier::kRemote;
+  t.hits = s.hits;
+  t.misses = s.misses;
+  return t;
 }
 
 }  // namespace kvtier

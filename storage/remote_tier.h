@@ -43,7 +43,7 @@
 #include "storage/redis/redis_cluster.h"
 #include "storage/remote_health.h"
 #include "storage/remote_record.h"
-#include "storage/ssd_tier.h"
+#include "storage/storage_tier.h"
 
 namespace kvtier {
 
@@ -58,6 +58,10 @@ struct RemoteTierOptions {
   int write_threads = 2;
   absl::Duration min_backoff = absl::Milliseconds(100);
   absl::Duration max_backoff = absl::Seconds(10);
+  // For the StorageTier interface (Write, Read), which names no layout: the layout
+  // fingerprint of namespace `ns`, which records carry. Unset: those calls are
+  // refused with FailedPrecondition.
+  std::function<absl::StatusOr<uint64_t>(uint64_t ns)> layout_fingerprint;
 
   bool enabled() const { return !cluster.seeds.empty(); }
   absl::Status Validate() const;
@@ -83,7 +87,7 @@ struct RemoteTierStats {
   RedisClusterStats cluster;
 };
 
-class RemoteTier {
+class RemoteTier final : public StorageTier {
  public:
   // Returns: Ok, InvalidArgument. An unreachable cluster is not an error (degraded).
   static absl::StatusOr<std::unique_ptr<RemoteTier>> Open(RemoteTierOptions options);
@@ -93,8 +97,13 @@ class RemoteTier {
 
   // Queues a chunk that landed locally. `pieces` (covering meta.size) stay valid while
   // `keep_alive` is held. Never blocks; returns whether it was queued.
+  // `done` (may be null) gets how the write ended, on a writer thread (on this one
+  // when the write is not queued): Ok (committed,
+  // or another writer had), ResourceExhausted (the cluster is full), Unavailable (not
+  // queued, unreachable, dropped at shutdown), Internal (an error reply).
   bool WriteAsync(const ChunkId& id, const ChunkMeta& meta, uint64_t layout_fingerprint,
-                  std::vector<absl::string_view> pieces, std::shared_ptr<const void> keep_alive);
+                  std::vector<absl::string_view> pieces, std::shared_ptr<const void> keep_alive,
+                  WriteDone done = nullptr);
 
   // The chunk's commit record, if it has one for this layout. Returns: Ok, NotFound
   // (absent, foreign, corrupt, or the tier is degraded), Unavailable (unreachable now).
@@ -120,10 +129,25 @@ class RemoteTier {
   std::vector<bool> ContainsMany(absl::Span<const ChunkId> ids);
   // Deletes the record and its segments. Returns whether a record existed. Errors:
   // Unavailable.
-  absl::StatusOr<bool> Delete(const ChunkId& id);
+  absl::StatusOr<bool> Delete(const ChunkId& id) override;
   // Deletes every record and segment of namespace `ns` (SCAN over each master).
   // Returns how many records went. Errors: Unavailable.
   absl::StatusOr<uint64_t> Clear(uint64_t ns);
+
+  // StorageTier, for the chunks of namespaces options.layout_fingerprint knows.
+  // Contains asks the cluster (a round trip); Write is WriteAsync (`done` when it
+  // has landed); Read is ReadRecord then ReadPayload (`done` on the caller's thread);
+  // DeleteNamespace is Clear. There is no capacity here: the cluster's maxmemory
+  // bounds it. Stats: hits, misses and the bytes written.
+  Tier tier() const override { return Tier::kRemote; }
+  Role role() const override { return Role::kShared; }
+  uint64_t capacity_bytes() const override { return 0; }
+  bool Contains(const ChunkId& id) const override;
+  void Write(const ChunkId& id, const ChunkMeta& meta, ChunkBytes bytes,
+             WriteDone done) override;
+  void Read(const ChunkId& id, SinkFor sink_for, ReadDone done) override;
+  absl::StatusOr<uint64_t> DeleteNamespace(uint64_t ns) override { return Clear(ns); }
+  TierStats Stats() const override;
 
   // Waits until no write is queued or running (tests, benchmarks).
   void WaitIdle();
@@ -138,10 +162,11 @@ class RemoteTier {
     uint64_t layout_fingerprint;
     std::vector<absl::string_view> pieces;
     std::shared_ptr<const void> keep_alive;
+    WriteDone done;  // May be null.
   };
   RemoteTier(RemoteTierOptions options, std::unique_ptr<RedisCluster> cluster);
   void WriterLoop();
-  void Write(const Job& job);
+  absl::Status Write(const Job& job);
   // Deletes segments [0, n) of `generation` (a write that did not commit).
   void DeleteSegments(const ChunkId& id, uint64_t generation, uint32_t n);
   // Counts `s` against health when it says the cluster was unreachable.

@@ -466,12 +466,6 @@ absl::Status SsdTier::Put(const ChunkId& id, const ChunkMeta& meta,
   return status;
 }
 
-void StringSink::Write(uint64_t offset, absl::string_view bytes) {
-  std::memcpy(out_->data() + offset, bytes.data(), bytes.size());
-}
-
-uint32_t StringSink::Crc32c() const { return crc32c::Value(*out_); }
-
 absl::StatusOr<SsdTier::Chunk> SsdTier::Get(const ChunkId& id) {
   auto meta = ReadMeta(id);
   if (!meta.ok()) return meta.status();
@@ -738,6 +732,42 @@ absl::StatusOr<std::vector<std::pair<uint64_t, std::string>>> SsdTier::LoadLayou
   }
   if (!it->status().ok()) return Unavailable("loading layouts", it->status());
   return out;
+}
+
+void SsdTier::Write(const ChunkId& id, const ChunkMeta& meta, ChunkBytes bytes,
+                    WriteDone done) {
+  if (bytes.size() != meta.size) {
+    done(absl::InvalidArgumentError(absl::StrCat("SSD write of ", id.DebugString(), ": ",
+                                                 bytes.size(), " bytes for a chunk of ",
+                                                 meta.size)));
+    return;
+  }
+  done(Put(id, meta, bytes.pieces));
+}
+
+void SsdTier::Read(const ChunkId& id, SinkFor sink_for, ReadDone done) {
+  absl::StatusOr<ChunkMeta> meta = ReadMeta(id);
+  if (!meta.ok()) return done(meta.status());
+  ChunkSink* sink = sink_for(*meta);
+  if (sink == nullptr) {
+    return done(absl::ResourceExhaustedError("no room to read the chunk into"));
+  }
+  if (absl::Status s = ReadPayload(id, *meta, *sink); !s.ok()) return done(s);
+  done(*std::move(meta));
+}
+
+TierStats SsdTier::Stats() const {
+  const SsdTierStats s = GetStats();
+  TierStats t;
+  t.tier = Tier::kSsd;
+  t.capacity_bytes = s.capacity_bytes;
+  t.used_bytes = s.used_bytes;
+  t.payload_bytes = s.payload_bytes;
+  t.chunks = s.chunks;
+  t.hits = s.hits;
+  t.misses = s.misses;
+  t.evictions = s.evictions + s.expirations;
+  return t;
 }
 
 SsdTierStats SsdTier::GetStats() const {

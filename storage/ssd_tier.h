@@ -51,6 +51,7 @@
 #include "rocksdb/write_batch.h"
 #include "absl/container/flat_hash_set.h"
 #include "storage/chunk_id.h"
+#include "storage/storage_tier.h"
 #include "storage/io_pool.h"
 #include "storage/eviction_policies.h"
 #include "storage/payload_log.h"
@@ -120,28 +121,7 @@ struct SsdTierStats {
   uint64_t write_errors = 0;
 };
 
-// Where SsdTier::ReadPayload puts a chunk's bytes (a RAM pool chunk, or a buffer).
-class ChunkSink {
- public:
-  virtual ~ChunkSink() = default;
-  // Called from several threads at once, for disjoint ranges.
-  virtual void Write(uint64_t offset, absl::string_view bytes) = 0;
-  // CRC32C of everything written; called once all writes are done.
-  virtual uint32_t Crc32c() const = 0;
-};
-
-// A sink into a std::string already sized to the chunk.
-class StringSink final : public ChunkSink {
- public:
-  explicit StringSink(std::string* out) : out_(out) {}
-  void Write(uint64_t offset, absl::string_view bytes) override;
-  uint32_t Crc32c() const override;
-
- private:
-  std::string* const out_;
-};
-
-class SsdTier {
+class SsdTier final : public StorageTier {
  public:
   // Opens (or creates) the database and rebuilds the index. Returns: Ok,
   // InvalidArgument (bad options), Unavailable (RocksDB could not open).
@@ -181,12 +161,22 @@ class SsdTier {
   // Returns DataLoss, for the caller to pass on.
   absl::Status DropCorrupt(const ChunkId& id);
 
-  bool Contains(const ChunkId& id) const;
+  // StorageTier. Write is Put (`done` runs on the caller's thread); Read is ReadMeta
+  // then ReadPayload; evictions in Stats include expirations.
+  Tier tier() const override { return Tier::kSsd; }
+  Role role() const override { return Role::kLocal; }
+  uint64_t capacity_bytes() const override { return options_.capacity_bytes; }
+  bool Contains(const ChunkId& id) const override;
+  void Write(const ChunkId& id, const ChunkMeta& meta, ChunkBytes bytes,
+             WriteDone done) override;
+  void Read(const ChunkId& id, SinkFor sink_for, ReadDone done) override;
+  // Returns true if the chunk was present. Errors: Unavailable.
+  absl::StatusOr<bool> Delete(const ChunkId& id) override;
+  absl::StatusOr<uint64_t> DeleteNamespace(uint64_t ns) override;
+  TierStats Stats() const override;
+
   // Contains for many chunks under one lock: (*present)[i] for ids[i].
   void ContainsMany(absl::Span<const ChunkId> ids, std::vector<bool>* present) const;
-  // Returns true if the chunk was present. Errors: Unavailable.
-  absl::StatusOr<bool> Delete(const ChunkId& id);
-  absl::StatusOr<uint64_t> DeleteNamespace(uint64_t ns);
   // Payload bytes the namespaces `ns` hold on this tier. O(namespaces).
   uint64_t BytesOf(const absl::flat_hash_set<uint64_t>& ns) const;
   // Evicts chunks of the namespaces `ns` in the policy's order until they hold at most

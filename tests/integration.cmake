@@ -55,4 +55,6 @@ target_compile_definitions(kvtier_redis_support PRIVATE
   KVTIER_CERT_SCRIPT="${CMAKE_SOURCE_DIR}/tests/tls/make_test_certs.sh")
 kvtier_test(redis_cluster_test LIBS kvtier_redis_support LABELS integration redis)
 kvtier_test(remote_tier_test LIBS kvtier_redis_support LABELS integration redis)
+# The StorageTier contract on every tier (the remote one on a real cluster).
+kvtier_test(storage_tier_test LIBS kvtier_redis_support LABELS redis)
 kvtier_test(shared_tier_integration_test LIBS kvtier_redis_support LABELS integration redis)

@@ -1,0 +1,37 @@
+#include "storage/storage_tier.h"
+
+#include <cstring>
+#include <utility>
+
+#include "storage/crc32c.h"
+#include "storage/pool_chunk.h"
+
+namespace kvtier {
+
+void StringSink::Write(uint64_t offset, absl::string_view bytes) {
+  std::memcpy(out_->data() + offset, bytes.data(), bytes.size());
+}
+
+uint32_t StringSink::Crc32c() const { return crc32c::Value(*out_); }
+
+ChunkBytes ChunkBytes::Of(std::shared_ptr<const PoolChunk> chunk) {
+  ChunkBytes b;
+  chunk->ForEachPiece(0, chunk->size(), [&](absl::string_view p) { b.pieces.push_back(p); });
+  b.keep_alive = std::move(chunk);
+  return b;
+}
+
+ChunkBytes ChunkBytes::Of(std::shared_ptr<const std::string> buffer) {
+  ChunkBytes b;
+  b.pieces.push_back(*buffer);
+  b.keep_alive = std::move(buffer);
+  return b;
+}
+
+uint64_t ChunkBytes::size() const {
+  uint64_t n = 0;
+  for (absl::string_view p : pieces) n += p.size();
+  return n;
+}
+
+}  // namespace kvtier

@@ -1,0 +1,135 @@
+// StorageTier: what every tier of the store is to the code that composes them (the GPU
+// staging buffers, the host-RAM pool, the SSD tier, the shared remote tier): a place
+// that holds whole chunks, with its own capacity and eviction, behind one small
+// interface.
+//
+// The interface is the tier-neutral part: whether a tier holds a chunk, a whole-chunk
+// write and read, delete, and stats. TieredStore keeps one list of its tiers, fastest
+// first, and does through it what does not depend on which tier it is (Locate,
+// Delete, Clear, the per-tier Stats, moving a chunk from one tier to the next). The
+// paths that must not copy (a Get served from pool slots, a frame-at-a-time SSD read,
+// a copy into a worker's GPU) stay tier-specific methods on the classes themselves.
+//
+// Reads and writes complete through a callback, so a tier whose I/O is asynchronous
+// (a device copy, a write queued for a remote cluster) and one that is not (RAM, SSD:
+// `done` runs on the caller's thread) look the same.
+//
+// Thread-safety: implementations are thread-safe.
+#ifndef KVTIER_STORAGE_STORAGE_TIER_H_
+#define KVTIER_STORAGE_STORAGE_TIER_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "storage/chunk_id.h"
+
+namespace kvtier {
+
+class PoolChunk;
+
+// Where a tier's read puts a chunk's bytes (a RAM pool chunk, or a buffer).
+class ChunkSink {
+ public:
+  virtual ~ChunkSink() = default;
+  // Called from several threads at once, for disjoint ranges.
+  virtual void Write(uint64_t offset, absl::string_view bytes) = 0;
+  // CRC32C of everything written; called once all writes are done.
+  virtual uint32_t Crc32c() const = 0;
+};
+
+// A sink into a std::string already sized to the chunk.
+class StringSink final : public ChunkSink {
+ public:
+  explicit StringSink(std::string* out) : out_(out) {}
+  void Write(uint64_t offset, absl::string_view bytes) override;
+  uint32_t Crc32c() const override;
+
+ private:
+  std::string* const out_;
+};
+
+// A chunk's bytes handed to a tier's Write: `pieces`, in order, cover the chunk; they
+// stay valid while `keep_alive` is held, which the tier holds until its write is done.
+struct ChunkBytes {
+  std::vector<absl::string_view> pieces;
+  std::shared_ptr<const void> keep_alive;
+
+  // The bytes of a pool chunk, in its slots (no copy).
+  static ChunkBytes Of(std::shared_ptr<const PoolChunk> chunk);
+  // The bytes of a buffer.
+  static ChunkBytes Of(std::shared_ptr<const std::string> buffer);
+  uint64_t size() const;
+};
+
+// One tier's state, in the same terms for every tier.
+struct TierStats {
+  Tier tier = Tier::kNone;
+  uint64_t capacity_bytes = 0;  // 0: none (the tier is off) or not this daemon's to bound.
+  uint64_t used_bytes = 0;      // What the chunks take of the capacity (slots, file space).
+  uint64_t payload_bytes = 0;   // Their payload bytes.
+  uint64_t chunks = 0;
+  uint64_t pinned_bytes = 0;    // Payload bytes pinned (RAM only).
+  uint64_t hits = 0;
+  uint64_t misses = 0;
+  uint64_t evictions = 0;       // Chunks that left for room or age, by the tier's policy.
+};
+
+class StorageTier {
+ public:
+  // How a tier's copy of a chunk counts.
+  enum class Role {
+    kCopy,    // Only ever a copy of a chunk another local tier holds (GPU staging): it
+              // never makes a chunk present, and dropping it loses nothing.
+    kLocal,   // This daemon's own copy (RAM, SSD).
+    kShared,  // Shared with other daemons, best effort (the remote tier): its failures
+              // are a miss, never an error of the daemon's.
+  };
+
+  virtual ~StorageTier() = default;
+
+  virtual Tier tier() const = 0;
+  virtual Role role() const = 0;
+  // The most bytes the tier's chunks may take (0: off, or unbounded here).
+  virtual uint64_t capacity_bytes() const = 0;
+
+  // Whether the tier holds the chunk, without reading it or counting a hit. For the
+  // remote tier this is a round trip (false when it cannot be asked).
+  virtual bool Contains(const ChunkId& id) const = 0;
+
+  // Stores a verified chunk (its CRC32C is meta.crc32c) as a clean copy; idempotent (a
+  // chunk already held is left as is, and `done` gets Ok). `done` gets: Ok,
+  // InvalidArgument (the bytes do not add up to meta.size, or the chunk is larger than
+  // the tier), ResourceExhausted (no room, or the disk is full), Unavailable (I/O or
+  // device error, the tier is closing or unreachable). A tier whose write is queued
+  // (remote) calls `done` once it has landed or failed.
+  using WriteDone = std::function<void(absl::Status)>;
+  virtual void Write(const ChunkId& id, const ChunkMeta& meta, ChunkBytes bytes,
+                     WriteDone done) = 0;
+
+  // Reads a whole chunk: once its meta is known, `sink_for(meta)` says where its bytes
+  // go (null: nowhere, the read ends with ResourceExhausted); the sink's CRC32C is
+  // checked against the meta before `done` gets it. The sink must stay valid until
+  // `done` runs. `done` gets: Ok (the meta), NotFound, ResourceExhausted (no sink),
+  // DataLoss (the tier's copy is corrupt: it is dropped), Unavailable. Counts a hit or a
+  // miss.
+  using SinkFor = std::function<ChunkSink*(const ChunkMeta&)>;
+  using ReadDone = std::function<void(absl::StatusOr<ChunkMeta>)>;
+  virtual void Read(const ChunkId& id, SinkFor sink_for, ReadDone done) = 0;
+
+  // Returns whether the tier held the chunk. Errors: Unavailable.
+  virtual absl::StatusOr<bool> Delete(const ChunkId& id) = 0;
+  // Deletes every chunk of namespace `ns`; returns how many went. Errors: Unavailable.
+  virtual absl::StatusOr<uint64_t> DeleteNamespace(uint64_t ns) = 0;
+
+  virtual TierStats Stats() const = 0;
+};
+
+}  // namespace kvtier
+
+#endif  // KVTIER_STORAGE_STORAGE_TIER_H_
