@@ -475,39 +475,20 @@ grpc::Status KvCacheService::ClearImpl(TieredStore* store, uint64_t ns,
 grpc::Status KvCacheService::StatsImpl(TieredStore* store, v1::StatsResponse* resp) {
   leases_->Expire();
   const TieredStoreStats s = store->GetStats();
-  if (s.gpu.staging_enabled) {
-    const GpuStagingStats& g = s.gpu.staging;
-    auto* gpu = resp->add_tiers();
-    gpu->set_tier(v1::TIER_GPU);
-    gpu->set_capacity_bytes(g.capacity_bytes);
-    gpu->set_used_bytes(g.used_bytes);
-    gpu->set_payload_bytes(g.chunk_bytes);
-    gpu->set_chunks(g.chunks);
-    gpu->set_hits(g.hits);
-    gpu->set_misses(g.misses);
-    gpu->set_evictions(g.evictions);
-  }
-  auto* ram = resp->add_tiers();
-  ram->set_tier(v1::TIER_RAM);
-  ram->set_capacity_bytes(s.ram.capacity_bytes);
-  ram->set_used_bytes(s.ram.used_bytes);
-  ram->set_chunks(s.ram.chunks);
-  ram->set_hits(s.ram.hits);
-  ram->set_misses(s.ram.misses);
-  ram->set_evictions(s.ram.evictions);
-  ram->set_pinned_bytes(s.ram.pinned_bytes);
-  ram->set_prefaulted_bytes(s.ram.prefaulted_bytes);
-  ram->set_payload_bytes(s.ram.chunk_bytes);
-  if (store->write_mode() != WriteMode::kRamOnly) {
-    auto* ssd = resp->add_tiers();
-    ssd->set_tier(v1::TIER_SSD);
-    ssd->set_capacity_bytes(s.ssd.capacity_bytes);
-    ssd->set_used_bytes(s.ssd.used_bytes);
-    ssd->set_payload_bytes(s.ssd.payload_bytes);
-    ssd->set_chunks(s.ssd.chunks);
-    ssd->set_hits(s.ssd.hits);
-    ssd->set_misses(s.ssd.misses);
-    ssd->set_evictions(s.ssd.evictions + s.ssd.expirations);
+  for (const TierStats& t : store->LocalTierStats()) {
+    auto* tier = resp->add_tiers();
+    tier->set_tier(ToProtoTier(t.tier));
+    tier->set_capacity_bytes(t.capacity_bytes);
+    tier->set_used_bytes(t.used_bytes);
+    tier->set_payload_bytes(t.payload_bytes);
+    tier->set_chunks(t.chunks);
+    tier->set_hits(t.hits);
+    tier->set_misses(t.misses);
+    tier->set_evictions(t.evictions);
+    if (t.tier == Tier::kRam) {
+      tier->set_pinned_bytes(t.pinned_bytes);
+      tier->set_prefaulted_bytes(s.ram.prefaulted_bytes);
+    }
   }
   resp->set_namespaces(s.namespaces);
   const LeaseTableStats leases = leases_->GetStats();

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <initializer_list>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
@@ -117,7 +118,15 @@ absl::StatusOr<std::unique_ptr<TieredStore>> TieredStore::Open(TieredStoreOption
                                   store->ram_->memory(), store->ram_->memory_bytes());
   }
   if (store->options_.remote.enabled()) {
-    auto remote = RemoteTier::Open(store->options_.remote);
+    RemoteTierOptions remote_options = store->options_.remote;
+    // Records carry the layout's fingerprint (its hash), so that a daemon whose layout
+    // differs never reads another's bytes as its own.
+    remote_options.layout_fingerprint = [s = store.get()](uint64_t ns) -> absl::StatusOr<uint64_t> {
+      absl::StatusOr<LayoutSpec> layout = s->FindLayout(ns);
+      if (!layout.ok()) return layout.status();
+      return layout->NamespaceId();
+    };
+    auto remote = RemoteTier::Open(std::move(remote_options));
     if (!remote.ok()) return remote.status();
     store->remote_ = *std::move(remote);
   }
@@ -132,6 +141,11 @@ absl::StatusOr<std::unique_ptr<TieredStore>> TieredStore::Open(TieredStoreOption
     auto ssd = SsdTier::Open(std::move(ssd_options));
     if (!ssd.ok()) return ssd.status();
     store->ssd_ = *std::move(ssd);
+  }
+  // Fastest first; the copy tier (GPU staging) leads, the shared one comes last.
+  for (StorageTier* tier : std::initializer_list<StorageTier*>{
+           store->gpu_.get(), store->ram_.get(), store->ssd_.get(), store->remote_.get()}) {
+    if (tier != nullptr) store->tiers_.push_back(tier);
   }
   store->layouts_ = std::make_unique<LayoutRegistry>(
       store->ssd_.get(),
@@ -324,10 +338,8 @@ absl::StatusOr<bool> TieredStore::Commit(std::unique_ptr<ChunkWriter> writer, ui
 
 void TieredStore::ToRemote(const ChunkId& id, const ChunkMeta& meta,
                            std::shared_ptr<PoolChunk> data) {
-  auto layout = layouts_->Find(id.ns);
-  if (!layout.ok()) return;  // Cleared meanwhile.
-  std::vector<absl::string_view> pieces = Pieces(*data);
-  remote_->WriteAsync(id, meta, layout->NamespaceId(), std::move(pieces), std::move(data));
+  // Best effort, counted by the remote tier; a namespace cleared meanwhile is refused.
+  remote_->Write(id, meta, ChunkBytes::Of(std::move(data)), [](absl::Status) {});
 }
 
 bool TieredStore::FlushOne(bool demotion) {
@@ -382,9 +394,17 @@ bool TieredStore::StagedAndBacked(const ChunkId& id) const {
 }
 
 Tier TieredStore::Locate(const ChunkId& id) const {
-  if (StagedAndBacked(id)) return Tier::kGpu;
-  if (ram_->Contains(id)) return Tier::kRam;
-  if (has_ssd() && ssd_->Contains(id)) return Tier::kSsd;
+  // A copy tier names the chunk only while a local tier below it backs the copy.
+  Tier copy = Tier::kNone;
+  for (const StorageTier* tier : tiers_) {
+    if (tier->role() == StorageTier::Role::kShared) break;
+    if (!tier->Contains(id)) continue;
+    if (tier->role() == StorageTier::Role::kCopy) {
+      if (copy == Tier::kNone) copy = tier->tier();
+      continue;
+    }
+    return copy != Tier::kNone ? copy : tier->tier();
+  }
   return Tier::kNone;
 }
 
@@ -907,13 +927,11 @@ void TieredStore::DropCorruptInRam(const ChunkId& id, const std::shared_ptr<cons
 }
 
 void TieredStore::StageAsync(const ChunkId& id) {
-  if (gpu_ == nullptr || gpu_->Contains(id)) return;
+  if (gpu_ == nullptr || gpu_->capacity_bytes() == 0 || gpu_->Contains(id)) return;
   std::optional<HostPool::Hit> hit = ram_->Peek(id);
   if (!hit) return;
-  std::vector<absl::string_view> pieces;
-  hit->data->ForEachPiece(0, hit->meta.size,
-                          [&](absl::string_view p) { pieces.push_back(p); });
-  gpu_->Stage(id, hit->meta, pieces, hit->data);
+  // Failures are counted by the staging tier (stage_failures, no_room).
+  gpu_->Write(id, hit->meta, ChunkBytes::Of(hit->data), [](absl::Status) {});
   // A Delete (or a Delete and a new put) between the Peek and the Stage would leave a
   // staged copy of bytes the store no longer has: Delete removes from staging before
   // RAM, so checking that RAM still holds the very chunk staged closes the gap.
@@ -970,24 +988,20 @@ void TieredStore::ReadToDeviceAsync(const ChunkId& id, std::vector<DeviceRange> 
 }
 
 absl::StatusOr<bool> TieredStore::Delete(const ChunkId& id) {
-  if (gpu_ != nullptr) gpu_->Remove(id);  // A copy of the RAM chunk: never the only one.
-  bool present = ram_->Remove(id);
-  if (present) NotifyRoom();
-  if (has_ssd()) {
-    auto on_ssd = ssd_->Delete(id);
-    if (!on_ssd.ok()) return on_ssd.status();
-    present = present || *on_ssd;
-  }
-  if (remote_ != nullptr) {
-    // Or another daemon's read would bring it back. A cluster that cannot be reached
-    // leaves the remote copy (it expires with its TTL); that is logged, not an error.
-    auto remote = remote_->Delete(id);
-    if (remote.ok()) {
-      present = present || *remote;
-    } else {
-      LogWarning("tiered store: delete ", id.DebugString(), " from the remote tier: ",
-                 remote.status().message());
+  // Fastest first: a copy tier's copy goes before the chunk it copies.
+  bool present = false;
+  for (StorageTier* tier : tiers_) {
+    absl::StatusOr<bool> removed = tier->Delete(id);
+    if (!removed.ok()) {
+      if (tier->role() != StorageTier::Role::kShared) return removed.status();
+      // Or another daemon's read would bring it back. A cluster that cannot be reached
+      // leaves the remote copy (it expires with its TTL); that is logged, not an error.
+      LogWarning("tiered store: delete ", id.DebugString(), " from the ",
+                 TierName(tier->tier()), " tier: ", removed.status().message());
+      continue;
     }
+    if (*removed && tier == ram_.get()) NotifyRoom();
+    if (tier->role() != StorageTier::Role::kCopy) present = present || *removed;
   }
   if (present) Emit(ChunkEventKind::kDeleted, id, Tier::kNone);
   return present;
@@ -1010,21 +1024,27 @@ absl::StatusOr<uint64_t> TieredStore::Clear(uint64_t ns) {
 }
 
 absl::StatusOr<uint64_t> TieredStore::ClearLocal(uint64_t ns) {
-  // A chunk in both tiers counts once: count the SSD's, plus RAM-only (dirty) ones.
-  if (gpu_ != nullptr) gpu_->RemoveNamespace(ns);
-  const uint64_t in_ram = ram_->RemoveNamespace(ns);
-  if (in_ram > 0) NotifyRoom();
+  // A chunk in several tiers counts once: the most any local tier held.
+  uint64_t removed = 0;
+  for (StorageTier* tier : tiers_) {
+    if (tier->role() == StorageTier::Role::kShared) continue;
+    absl::StatusOr<uint64_t> n = tier->DeleteNamespace(ns);
+    if (!n.ok()) return n.status();
+    if (*n > 0 && tier == ram_.get()) NotifyRoom();
+    if (tier->role() == StorageTier::Role::kLocal) removed = std::max(removed, *n);
+  }
   // One event for the whole namespace: a zero key.
-  if (!has_ssd()) {
-    if (in_ram > 0) Emit(ChunkEventKind::kDeleted, ChunkId{ns, ChunkKey{}}, Tier::kNone);
-    return in_ram;
+  if (removed > 0) Emit(ChunkEventKind::kDeleted, ChunkId{ns, ChunkKey{}}, Tier::kNone);
+  return removed;
+}
+
+std::vector<TierStats> TieredStore::LocalTierStats() const {
+  std::vector<TierStats> out;
+  for (const StorageTier* tier : tiers_) {
+    if (tier->role() == StorageTier::Role::kShared || tier->capacity_bytes() == 0) continue;
+    out.push_back(tier->Stats());
   }
-  auto on_ssd = ssd_->DeleteNamespace(ns);
-  if (!on_ssd.ok()) return on_ssd.status();
-  if (in_ram > 0 || *on_ssd > 0) {
-    Emit(ChunkEventKind::kDeleted, ChunkId{ns, ChunkKey{}}, Tier::kNone);
-  }
-  return std::max(in_ram, *on_ssd);
+  return out;
 }
 
 TieredStoreStats TieredStore::GetStats() const {

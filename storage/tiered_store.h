@@ -55,6 +55,7 @@
 #include "storage/fetch_claims.h"
 #include "storage/remote_tier.h"
 #include "storage/ssd_tier.h"
+#include "storage/storage_tier.h"
 #include "storage/write_back_flusher.h"
 
 namespace kvtier {
@@ -377,6 +378,9 @@ class TieredStore {
   }
 
   TieredStoreStats GetStats() const;
+  // Each local tier's stats in the same terms, fastest first (a GPU without staging
+  // buffers is left out).
+  std::vector<TierStats> LocalTierStats() const;
   WriteMode write_mode() const { return options_.write_mode; }
 
   // Stops the flusher after writing every dirty chunk to SSD, then flushes RocksDB.
@@ -436,6 +440,9 @@ class TieredStore {
   std::unique_ptr<GpuTier> gpu_;  // Null without a device.
   // After ram_: destroyed first, its queued writes hold pool chunks. Null without one.
   std::unique_ptr<RemoteTier> remote_;
+  // The tiers above, fastest first (GPU, RAM, SSD, remote; those that exist), for what
+  // the store does to every tier alike. Set in Open, fixed after.
+  std::vector<StorageTier*> tiers_;
   FetchClaims remote_fetches_;  // Chunks being read from the remote tier now.
   FairGate buffered_reads_;
   AsyncGate stream_gate_;   // stream_buffer_bytes.
