@@ -69,18 +69,6 @@ bool GpuTier::Contains(const ChunkId& id) const {
   return staging_ != nullptr && staging_->Find(id).has_value();
 }
 
-void GpuTier::Stage(const ChunkId& id, const ChunkMeta& meta,
-                    std::vector<absl::string_view> pieces,
-                    std::shared_ptr<const void> keep_alive) {
-  if (staging_ == nullptr || staging_->Find(id).has_value()) return;
-  {
-    absl::MutexLock lock(&mu_);
-    ++stats_.stage_requests;
-  }
-  // Failures are counted by the staging tier (stage_failures, no_room).
-  staging_->Stage(id, meta, std::move(pieces), std::move(keep_alive), [](absl::Status) {});
-}
-
 void GpuTier::DeliverFromStaging(const ChunkId& id, std::vector<Range> ranges, Done done) {
   if (staging_ == nullptr) {
     device_->Submit({}, [done = std::move(done)](absl::Status) {

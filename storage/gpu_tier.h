@@ -77,11 +77,6 @@ class GpuTier final : public StorageTier {
   absl::StatusOr<uint64_t> DeleteNamespace(uint64_t ns) override;
   TierStats Stats() const override;
 
-  // Best effort: copies a chunk into staging from host bytes `pieces` (kept alive by
-  // `keep_alive` until the copy completes). Failures only count.
-  void Stage(const ChunkId& id, const ChunkMeta& meta, std::vector<absl::string_view> pieces,
-             std::shared_ptr<const void> keep_alive);
-
   using Range = GpuStagingTier::Range;
   using Done = std::function<void(absl::Status)>;
   // From staging. `done`: Ok, NotFound (not staged: deliver from host instead),
