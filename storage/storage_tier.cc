@@ -3,6 +3,7 @@
 #include <cstring>
 #include <utility>
 
+#include "absl/synchronization/notification.h"
 #include "storage/crc32c.h"
 #include "storage/pool_chunk.h"
 
@@ -16,6 +17,7 @@ uint32_t StringSink::Crc32c() const { return crc32c::Value(*out_); }
 
 ChunkBytes ChunkBytes::Of(std::shared_ptr<const PoolChunk> chunk) {
   ChunkBytes b;
+  b.pieces.reserve(chunk->slot_count());
   chunk->ForEachPiece(0, chunk->size(), [&](absl::string_view p) { b.pieces.push_back(p); });
   b.keep_alive = std::move(chunk);
   return b;
@@ -32,6 +34,18 @@ uint64_t ChunkBytes::size() const {
   uint64_t n = 0;
   for (absl::string_view p : pieces) n += p.size();
   return n;
+}
+
+absl::Status WriteAndWait(StorageTier& tier, const ChunkId& id, const ChunkMeta& meta,
+                          ChunkBytes bytes) {
+  absl::Notification landed;
+  absl::Status status;
+  tier.Write(id, meta, std::move(bytes), [&](absl::Status s) {
+    status = std::move(s);
+    landed.Notify();
+  });
+  landed.WaitForNotification();
+  return status;
 }
 
 }  // namespace kvtier

@@ -130,6 +130,11 @@ class StorageTier {
   virtual TierStats Stats() const = 0;
 };
 
+// Write, waiting for `done` (on this thread for a synchronous tier). For callers that
+// have a thread to spend on the write: the flushers, a write-through commit.
+absl::Status WriteAndWait(StorageTier& tier, const ChunkId& id, const ChunkMeta& meta,
+                          ChunkBytes bytes);
+
 }  // namespace kvtier
 
 #endif  // KVTIER_STORAGE_STORAGE_TIER_H_

@@ -13,16 +13,6 @@
 #include "storage/eviction_policies.h"
 
 namespace kvtier {
-namespace {
-
-std::vector<absl::string_view> Pieces(const PoolChunk& chunk) {
-  std::vector<absl::string_view> parts;
-  parts.reserve(chunk.slot_count());
-  chunk.ForEachPiece(0, chunk.size(), [&parts](absl::string_view p) { parts.push_back(p); });
-  return parts;
-}
-
-}  // namespace
 
 const char* WriteModeName(WriteMode mode) {
   switch (mode) {
@@ -147,6 +137,7 @@ absl::StatusOr<std::unique_ptr<TieredStore>> TieredStore::Open(TieredStoreOption
            store->gpu_.get(), store->ram_.get(), store->ssd_.get(), store->remote_.get()}) {
     if (tier != nullptr) store->tiers_.push_back(tier);
   }
+  store->backing_ = store->ssd_.get();
   store->layouts_ = std::make_unique<LayoutRegistry>(
       store->ssd_.get(),
       std::min(store->options_.max_chunk_bytes, store->ram_->capacity_bytes()));
@@ -305,8 +296,11 @@ absl::StatusOr<bool> TieredStore::Commit(std::unique_ptr<ChunkWriter> writer, ui
   bool stored = false;
   switch (options_.write_mode) {
     case WriteMode::kWriteThrough: {
-      const auto parts = Pieces(*writer->data_);
-      if (absl::Status s = ssd_->Put(writer->id_, meta, parts); !s.ok()) return s;
+      if (absl::Status s =
+              WriteAndWait(*backing_, writer->id_, meta, ChunkBytes::Of(writer->data_));
+          !s.ok()) {
+        return s;
+      }
       ssd_bytes_in_.fetch_add(meta.size, std::memory_order_relaxed);
       if (ram_->Insert(writer->id_, std::move(writer->data_), meta, /*dirty=*/false)) {
         stored = true;
@@ -346,14 +340,13 @@ bool TieredStore::FlushOne(bool demotion) {
   // A demotion writes the policy's victim; the flusher writes in arrival order.
   std::optional<HostPool::DirtyChunk> d = demotion ? ram_->TakeDirtyVictim() : ram_->TakeDirty();
   if (!d) return false;
-  const auto parts = Pieces(*d->data);
-  absl::Status s = ssd_->Put(d->id, d->meta, parts);
+  absl::Status s = WriteAndWait(*backing_, d->id, d->meta, ChunkBytes::Of(d->data));
   if (s.ok()) {
     ssd_bytes_in_.fetch_add(d->meta.size, std::memory_order_relaxed);
     if (demotion) demotions_.fetch_add(1, std::memory_order_relaxed);
     if (!ram_->FinishFlush(d->id, /*written=*/true)) {
-      // Deleted while we wrote it: do not let it come back from SSD.
-      ssd_->Delete(d->id).IgnoreError();  // Best effort; a leftover is only a stale hit.
+      // Deleted while we wrote it: do not let it come back from the tier below.
+      backing_->Delete(d->id).IgnoreError();  // Best effort; a leftover is only a stale hit.
     }
     if (!demotion) NotifyRoom();  // The chunk is evictable now.
     return true;

@@ -443,6 +443,9 @@ class TieredStore {
   // The tiers above, fastest first (GPU, RAM, SSD, remote; those that exist), for what
   // the store does to every tier alike. Set in Open, fixed after.
   std::vector<StorageTier*> tiers_;
+  // The local tier under RAM that write-back and write-through write to (SSD); null in
+  // ram-only mode.
+  StorageTier* backing_ = nullptr;
   FetchClaims remote_fetches_;  // Chunks being read from the remote tier now.
   FairGate buffered_reads_;
   AsyncGate stream_gate_;   // stream_buffer_bytes.
