@@ -90,15 +90,12 @@ absl::StatusOr<TenantScope> KvCacheService::Admit(grpc::ServerContextBase* ctx) 
 }
 
 absl::StatusOr<StreamLimiter::Ticket> KvCacheService::TakeStreamPlace(
-    grpc::ServerContextBase* ctx) {
+    grpc::ServerContextBase* ctx, const TenantScope& tenant) {
   if (guards_.streams == nullptr) return StreamLimiter::Ticket();
-  if (std::optional<StreamLimiter::Ticket> place = guards_.streams->TryAcquire()) {
-    return *std::move(place);
-  }
-  ctx->AddTrailingMetadata("kvtier-retry-after-ms", "100");
-  return absl::ResourceExhaustedError(absl::StrCat(
-      "kvtierd has max_streams (", guards_.streams->max_streams(),
-      ") streaming calls open; retry in 100ms"));
+  absl::StatusOr<StreamLimiter::Ticket> place =
+      guards_.streams->TryAcquire(tenant.tenant(), tenant.quota().streams);
+  if (!place.ok()) ctx->AddTrailingMetadata("kvtier-retry-after-ms", "100");
+  return place;
 }
 
 template <typename Impl>
@@ -124,18 +121,19 @@ grpc::Status KvCacheService::RegisterLayout(grpc::ServerContext* ctx,
 grpc::Status KvCacheService::Lookup(grpc::ServerContext* ctx, const v1::LookupRequest* req,
                                     v1::LookupResponse* resp) {
   return Serve(ctx, RpcMethod::kLookup, [&](TieredStore* store, const TenantScope& t) {
-    return LookupImpl(store, t.Internal(req->namespace_id()), req, resp);
+    return LookupImpl(store, t, t.Internal(req->namespace_id()), req, resp);
   });
 }
 grpc::ServerReadReactor<grpc::ByteBuffer>* KvCacheService::Put(
     grpc::CallbackServerContext* ctx, grpc::ByteBuffer* response) {
   absl::StatusOr<TenantScope> tenant = Admit(ctx);
   if (!tenant.ok()) return new RefusedReader(metrics_, RpcMethod::kPut, ToGrpcStatus(tenant.status()));
-  absl::StatusOr<StreamLimiter::Ticket> place = TakeStreamPlace(ctx);
+  absl::StatusOr<StreamLimiter::Ticket> place = TakeStreamPlace(ctx, *tenant);
   if (!place.ok()) return new RefusedReader(metrics_, RpcMethod::kPut, ToGrpcStatus(place.status()));
   std::optional<StreamLimiter::Ticket> put_place;
   if (guards_.put_streams != nullptr) {
-    put_place = guards_.put_streams->TryAcquire();
+    absl::StatusOr<StreamLimiter::Ticket> taken = guards_.put_streams->TryAcquire();
+    if (taken.ok()) put_place = *std::move(taken);
     if (!put_place) {
       ctx->AddTrailingMetadata("kvtier-retry-after-ms", "50");
       return new RefusedReader(
@@ -162,7 +160,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* KvCacheService::Get(
     return new RefusedWriter<grpc::ByteBuffer>(metrics_, RpcMethod::kGet,
                                                ToGrpcStatus(tenant.status()));
   }
-  absl::StatusOr<StreamLimiter::Ticket> place = TakeStreamPlace(ctx);
+  absl::StatusOr<StreamLimiter::Ticket> place = TakeStreamPlace(ctx, *tenant);
   if (!place.ok()) {
     return new RefusedWriter<grpc::ByteBuffer>(metrics_, RpcMethod::kGet,
                                                ToGrpcStatus(place.status()));
@@ -328,7 +326,7 @@ grpc::ServerWriteReactor<v1::EventBatch>* KvCacheService::Events(
                                      "events: ", kMaxEventSubscribers,
                                      " subscribers already; retry later"))));
   }
-  absl::StatusOr<StreamLimiter::Ticket> place = TakeStreamPlace(ctx);
+  absl::StatusOr<StreamLimiter::Ticket> place = TakeStreamPlace(ctx, *tenant);
   if (!place.ok()) {
     subscribers_->fetch_sub(1);
     return new Refused(metrics_, RpcMethod::kEvents, ToGrpcStatus(place.status()));
@@ -341,7 +339,7 @@ grpc::ServerWriteReactor<v1::EventBatch>* KvCacheService::Events(
 
 grpc::Status KvCacheService::Prefill(grpc::ServerContext* ctx, PrefillStream* stream) {
   return Serve(ctx, RpcMethod::kPrefill, [&](TieredStore* store, const TenantScope& t) {
-    absl::StatusOr<StreamLimiter::Ticket> place = TakeStreamPlace(ctx);
+    absl::StatusOr<StreamLimiter::Ticket> place = TakeStreamPlace(ctx, t);
     if (!place.ok()) return ToGrpcStatus(place.status());
     return prefill_->Run(store, ctx, stream, data_plane_.regions, t, guards_.stalls);
   });
@@ -370,7 +368,7 @@ grpc::Status KvCacheService::RegisterLayoutImpl(TieredStore* store, const Tenant
   return grpc::Status::OK;
 }
 
-grpc::Status KvCacheService::LookupImpl(TieredStore* store, uint64_t ns,
+grpc::Status KvCacheService::LookupImpl(TieredStore* store, const TenantScope& tenant, uint64_t ns,
                                         const v1::LookupRequest* req,
                                         v1::LookupResponse* resp) {
   if (auto l = RequireNamespace(store, ns); !l.ok()) {
@@ -396,7 +394,8 @@ grpc::Status KvCacheService::LookupImpl(TieredStore* store, uint64_t ns,
       store->StageAsync((*ids)[i]);
     }
     resp->set_lease_id(leases_->Grant(ns, std::move(held),
-                                      absl::Seconds(req->lease_seconds())));
+                                      absl::Seconds(req->lease_seconds()), tenant.tenant(),
+                                      tenant.quota().leases));
   }
   if (metrics_) {
     metrics_->CountLookup(ids->size(), std::count_if(resp->tiers().begin(), resp->tiers().end(),

@@ -114,7 +114,8 @@ class KvCacheService final
   grpc::Status RegisterLayoutImpl(TieredStore* store, const TenantScope& tenant,
                                   const v1::RegisterLayoutRequest* req,
                                   v1::RegisterLayoutResponse* resp);
-  grpc::Status LookupImpl(TieredStore* store, uint64_t ns, const v1::LookupRequest* req,
+  grpc::Status LookupImpl(TieredStore* store, const TenantScope& tenant, uint64_t ns,
+                          const v1::LookupRequest* req,
                           v1::LookupResponse* resp);
   grpc::Status PinImpl(TieredStore* store, const TenantScope& tenant, uint64_t ns,
                        const v1::PinRequest* req, v1::PinResponse* resp);
@@ -131,9 +132,11 @@ class KvCacheService final
   // The caller's tenant, from its credentials; on refusal the status (and, when over the
   // tenant's rate, a kvtier-retry-after-ms trailer on `ctx`).
   absl::StatusOr<TenantScope> Admit(grpc::ServerContextBase* ctx);
-  // A place among max_streams for a streaming call (an empty ticket without a limiter),
-  // or RESOURCE_EXHAUSTED with a kvtier-retry-after-ms trailer on `ctx`.
-  absl::StatusOr<StreamLimiter::Ticket> TakeStreamPlace(grpc::ServerContextBase* ctx);
+  // A place among max_streams, and among the tenant's own max_streams, for a streaming
+  // call (an empty ticket without a limiter), or RESOURCE_EXHAUSTED with a
+  // kvtier-retry-after-ms trailer on `ctx`.
+  absl::StatusOr<StreamLimiter::Ticket> TakeStreamPlace(grpc::ServerContextBase* ctx,
+                                                        const TenantScope& tenant);
 
   // Runs `impl(store, tenant)` under a metrics scope, once the caller is admitted;
   // UNAVAILABLE before SetStore.

@@ -21,6 +21,10 @@ std::vector<ChunkView> LeaseTable::EraseLocked(
     absl::flat_hash_map<uint64_t, Lease>::iterator it) {
   std::vector<ChunkView> held = std::move(it->second.held);
   stats_.held_bytes -= it->second.bytes;
+  if (const std::string& tenant = it->second.tenant; !tenant.empty()) {
+    auto count = by_tenant_.find(tenant);
+    if (count != by_tenant_.end() && --count->second == 0) by_tenant_.erase(count);
+  }
   leases_.erase(it);
   return held;
 }
@@ -45,10 +49,19 @@ uint64_t LeaseTable::ExpireLocked(std::vector<ChunkView>& dropped) {
   return n;
 }
 
-uint64_t LeaseTable::Grant(uint64_t ns, std::vector<ChunkView> held, absl::Duration ttl) {
+uint64_t LeaseTable::Grant(uint64_t ns, std::vector<ChunkView> held, absl::Duration ttl,
+                           const std::string& tenant, uint32_t tenant_max) {
   std::vector<ChunkView> dropped;  // Released after the lock.
   absl::MutexLock lock(&mu_);
   ExpireLocked(dropped);
+  if (!tenant.empty() && tenant_max != 0) {
+    auto count = by_tenant_.find(tenant);
+    if (count != by_tenant_.end() && count->second >= tenant_max) {
+      ++stats_.refused;
+      ++stats_.tenant_refused;
+      return 0;
+    }
+  }
   uint64_t bytes = 0;
   for (const ChunkView& v : held) bytes += v.meta().size;
   if (leases_.size() >= options_.max_leases ||
@@ -60,6 +73,8 @@ uint64_t LeaseTable::Grant(uint64_t ns, std::vector<ChunkView> held, absl::Durat
   while (id == 0 || leases_.contains(id)) id = absl::Uniform<uint64_t>(rng_);
   Lease lease;
   lease.ns = ns;
+  lease.tenant = tenant;
+  if (!tenant.empty()) ++by_tenant_[tenant];
   lease.expires = options_.now() + std::min(ttl, options_.max_ttl);
   lease.bytes = bytes;
   lease.held = std::move(held);
@@ -108,6 +123,12 @@ uint64_t LeaseTable::Clear() {
     std::move(held.begin(), held.end(), std::back_inserter(dropped));
   }
   return n;
+}
+
+uint32_t LeaseTable::live(const std::string& tenant) const {
+  absl::MutexLock lock(&mu_);
+  auto it = by_tenant_.find(tenant);
+  return it == by_tenant_.end() ? 0 : it->second;
 }
 
 LeaseTableStats LeaseTable::GetStats() const {

@@ -5,7 +5,8 @@
 // makes that answer hold until the load.
 //
 // Bounded: at most max_leases live leases and max_held_bytes of chunks held by them
-// all (so leases cannot starve puts the way unbounded pins could). A Lookup past either
+// all (so leases cannot starve puts the way unbounded pins could), and a tenant with a
+// max_leases of its own at most that many. A Lookup past either
 // bound gets no lease (lease_id 0) rather than an error: its answer is still right, it
 // is just not held. Expired leases are dropped by Expire(), which the service calls on
 // every Lookup, Put and Get, and by Grant itself.
@@ -18,6 +19,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -44,7 +46,8 @@ struct LeaseTableStats {
   uint64_t live = 0;
   uint64_t held_bytes = 0;
   uint64_t granted = 0;   // Totals since start.
-  uint64_t refused = 0;   // Past max_leases or max_held_bytes.
+  uint64_t refused = 0;   // Past max_leases, max_held_bytes or the tenant's max_leases.
+  uint64_t tenant_refused = 0;  // Of those, past the tenant's own max_leases.
   uint64_t expired = 0;
   uint64_t taken = 0;     // Ended by the Get that named them.
   uint64_t released = 0;  // Ended by ReleaseLease.
@@ -54,9 +57,14 @@ class LeaseTable {
  public:
   explicit LeaseTable(LeaseTableOptions options);
 
-  // Holds `held` (chunks of namespace `ns`) for `ttl` (cut to max_ttl). Returns the
-  // lease id, or 0 when the lease would exceed a bound (counted as refused).
-  uint64_t Grant(uint64_t ns, std::vector<ChunkView> held, absl::Duration ttl);
+  // Holds `held` (chunks of namespace `ns`) for `ttl` (cut to max_ttl), for `tenant`
+  // ("" for the implicit tenant), which may hold at most `tenant_max` live leases (0: no
+  // bound of its own). Returns the lease id, or 0 when the lease would exceed a bound
+  // (counted as refused).
+  uint64_t Grant(uint64_t ns, std::vector<ChunkView> held, absl::Duration ttl,
+                 const std::string& tenant = "", uint32_t tenant_max = 0);
+  // Live leases of a named tenant.
+  uint32_t live(const std::string& tenant) const;
   // Ends the lease and hands its chunks to the caller (a Get, which holds them until it
   // ends). Returns: Ok, NotFound (unknown, expired, ended, or of another namespace).
   absl::StatusOr<std::vector<ChunkView>> Take(uint64_t ns, uint64_t id);
@@ -75,6 +83,7 @@ class LeaseTable {
  private:
   struct Lease {
     uint64_t ns = 0;
+    std::string tenant;
     absl::Time expires;
     uint64_t bytes = 0;
     std::vector<ChunkView> held;
@@ -88,6 +97,8 @@ class LeaseTable {
   const LeaseTableOptions options_;
   mutable absl::Mutex mu_;
   absl::flat_hash_map<uint64_t, Lease> leases_ ABSL_GUARDED_BY(mu_);
+  // Named tenants' live leases; a tenant leaves the map when it has none.
+  absl::flat_hash_map<std::string, uint32_t> by_tenant_ ABSL_GUARDED_BY(mu_);
   absl::Time next_expiry_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   absl::BitGen rng_ ABSL_GUARDED_BY(mu_);
   LeaseTableStats stats_ ABSL_GUARDED_BY(mu_);

@@ -1,5 +1,9 @@
 #include "server/stream_limiter.h"
 
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
 #include "prometheus/gauge.h"
@@ -11,13 +15,14 @@ StreamLimiter::Ticket& StreamLimiter::Ticket::operator=(Ticket&& other) noexcept
   if (this != &other) {
     Release();
     owner_ = other.owner_;
+    tenant_ = std::move(other.tenant_);
     other.owner_ = nullptr;
   }
   return *this;
 }
 
 void StreamLimiter::Ticket::Release() {
-  if (owner_ != nullptr) owner_->Release();
+  if (owner_ != nullptr) owner_->Release(tenant_);
   owner_ = nullptr;
 }
 
@@ -42,19 +47,55 @@ StreamLimiter::StreamLimiter(uint32_t max_streams, prometheus::Registry* registr
                          .Add({});
 }
 
-std::optional<StreamLimiter::Ticket> StreamLimiter::TryAcquire() {
+absl::StatusOr<StreamLimiter::Ticket> StreamLimiter::TryAcquire(const std::string& tenant,
+                                                              uint32_t tenant_max) {
+  if (tenant.empty()) return TakePlace(tenant);
+  // The tenant's count is checked and taken under the mutex, the daemon's place inside
+  // it, so that neither is taken without the other.
+  absl::MutexLock lock(&mu_);
+  if (tenant_max != 0) {
+    auto it = by_tenant_.find(tenant);
+    if (it != by_tenant_.end() && it->second >= tenant_max) {
+      Refused();
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "tenant ", tenant, " has its max_streams (", tenant_max,
+          ") streaming calls open; retry in 100ms"));
+    }
+  }
+  absl::StatusOr<Ticket> place = TakePlace(tenant);
+  if (place.ok()) ++by_tenant_[tenant];
+  return place;
+}
+
+absl::StatusOr<StreamLimiter::Ticket> StreamLimiter::TakePlace(const std::string& tenant) {
   uint32_t n = open_.load(std::memory_order_relaxed);
   do {
     if (max_ != 0 && n >= max_) {
-      if (refused_metric_ != nullptr) refused_metric_->Increment();
-      return std::nullopt;
+      Refused();
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "kvtierd has max_streams (", max_, ") streaming calls open; retry in 100ms"));
     }
   } while (!open_.compare_exchange_weak(n, n + 1, std::memory_order_relaxed));
   if (open_metric_ != nullptr) open_metric_->Increment();
-  return Ticket(this);
+  return Ticket(this, tenant);
 }
 
-void StreamLimiter::Release() {
+uint32_t StreamLimiter::open(const std::string& tenant) const {
+  absl::MutexLock lock(&mu_);
+  auto it = by_tenant_.find(tenant);
+  return it == by_tenant_.end() ? 0 : it->second;
+}
+
+void StreamLimiter::Refused() {
+  if (refused_metric_ != nullptr) refused_metric_->Increment();
+}
+
+void StreamLimiter::Release(const std::string& tenant) {
+  if (!tenant.empty()) {
+    absl::MutexLock lock(&mu_);
+    auto it = by_tenant_.find(tenant);
+    if (it != by_tenant_.end() && --it->second == 0) by_tenant_.erase(it);
+  }
   open_.fetch_sub(1, std::memory_order_relaxed);
   if (open_metric_ != nullptr) open_metric_->Decrement();
 }

@@ -4,14 +4,21 @@
 // of queueing without bound. Unary calls (Lookup, health) are not counted, so they keep
 // answering under a flood of streams.
 //
+// A tenant may also have a bound of its own (max_streams in the tenants file), so that
+// one tenant cannot take every place: its streams count against both.
+//
 // Thread-safety: thread-safe; a Ticket is released on the thread that destroys it.
 #ifndef KVTIER_SERVER_STREAM_LIMITER_H_
 #define KVTIER_SERVER_STREAM_LIMITER_H_
 
 #include <atomic>
 #include <cstdint>
-#include <optional>
 #include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 
 namespace prometheus {
 class Registry;
@@ -27,7 +34,10 @@ class StreamLimiter {
   class Ticket {
    public:
     Ticket() = default;
-    Ticket(Ticket&& other) noexcept : owner_(other.owner_) { other.owner_ = nullptr; }
+    Ticket(Ticket&& other) noexcept
+        : owner_(other.owner_), tenant_(std::move(other.tenant_)) {
+      other.owner_ = nullptr;
+    }
     Ticket& operator=(Ticket&& other) noexcept;
     Ticket(const Ticket&) = delete;
     Ticket& operator=(const Ticket&) = delete;
@@ -35,9 +45,11 @@ class StreamLimiter {
 
    private:
     friend class StreamLimiter;
-    explicit Ticket(StreamLimiter* owner) : owner_(owner) {}
+    Ticket(StreamLimiter* owner, std::string tenant)
+        : owner_(owner), tenant_(std::move(tenant)) {}
     void Release();
     StreamLimiter* owner_ = nullptr;
+    std::string tenant_;  // "" for the implicit tenant, which is not counted apart.
   };
 
   // `max_streams` 0: unbounded. `registry` (may be null) gets kvtier_<what>_open and
@@ -46,17 +58,26 @@ class StreamLimiter {
   StreamLimiter(uint32_t max_streams, prometheus::Registry* registry,
                 const std::string& what = "streams");
 
-  // A place, or nullopt when max_streams are open (counted as refused).
-  std::optional<Ticket> TryAcquire();
+  // A place for a stream of `tenant` ("" for the implicit tenant), which may hold at
+  // most `tenant_max` at once (0: no bound of its own). Returns: Ok, ResourceExhausted
+  // naming the bound that refused (counted as refused).
+  absl::StatusOr<Ticket> TryAcquire(const std::string& tenant = "", uint32_t tenant_max = 0);
 
   uint32_t open() const { return open_.load(std::memory_order_relaxed); }
+  uint32_t open(const std::string& tenant) const;
   uint32_t max_streams() const { return max_; }
 
  private:
-  void Release();
+  // The daemon-wide place alone.
+  absl::StatusOr<Ticket> TakePlace(const std::string& tenant);
+  void Release(const std::string& tenant);
+  void Refused();
 
   const uint32_t max_;
   std::atomic<uint32_t> open_{0};
+  mutable absl::Mutex mu_;
+  // Named tenants' open streams; a tenant leaves the map when it has none.
+  absl::flat_hash_map<std::string, uint32_t> by_tenant_ ABSL_GUARDED_BY(mu_);
   prometheus::Gauge* open_metric_ = nullptr;
   prometheus::Counter* refused_metric_ = nullptr;
 };

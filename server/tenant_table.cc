@@ -108,10 +108,17 @@ absl::StatusOr<TenantTable> TenantTable::Parse(absl::string_view text) {
           (kv.first == "ram_quota"   ? spec.quota.ram_bytes
            : kv.first == "ssd_quota" ? spec.quota.ssd_bytes
                                      : spec.quota.pinned_bytes) = *bytes;
+        } else if (kv.first == "max_streams" || kv.first == "max_leases") {
+          uint32_t n;
+          if (!absl::SimpleAtoi(kv.second, &n) || n > 1000000) {
+            return bad(absl::StrCat(kv.first, "='", kv.second,
+                                    "': expected a whole number 0 to 1000000"));
+          }
+          (kv.first == "max_streams" ? spec.quota.streams : spec.quota.leases) = n;
         } else {
           return bad(absl::StrCat("unknown setting '", words[i],
                                   "' (role=, requests_per_second=, burst=, ram_quota=, "
-                                  "ssd_quota=, pinned_quota=)"));
+                                  "ssd_quota=, pinned_quota=, max_streams=, max_leases=)"));
         }
       }
       if (!burst_set) spec.burst = spec.requests_per_second;

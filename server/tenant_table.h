@@ -3,6 +3,7 @@
 //
 //   tenant NAME [role=user|admin] [requests_per_second=N] [burst=N]
 //               [ram_quota=SIZE] [ssd_quota=SIZE] [pinned_quota=SIZE]
+//               [max_streams=N] [max_leases=N]
 //   token  NAME sha256:HEX        a bearer token ("authorization: Bearer <token>") whose
 //                                 SHA-256 is HEX (64 hex digits); the file never holds
 //                                 the token itself
@@ -14,7 +15,11 @@
 // NAME is 1 to 64 of [A-Za-z0-9._-]. requests_per_second 0 (the default) is unlimited;
 // burst defaults to one second's worth. Quotas bound the payload bytes of the tenant's
 // chunks in the RAM pool, on the SSD tier and pinned (SIZE like 512MiB, 4GiB or a byte
-// count; 0, the default, is unlimited); TenantQuotas enforces them.
+// count; 0, the default, is unlimited); TenantQuotas enforces them. max_streams bounds
+// the tenant's streaming calls open at once (Put, Get, Prefill, Events; StreamLimiter)
+// and max_leases its live Lookup leases (LeaseTable), each within the daemon-wide
+// bound, so that one tenant cannot take them all; 0, the default, is no bound of its
+// own.
 //
 // Thread-safety: immutable once parsed.
 #ifndef KVTIER_SERVER_TENANT_TABLE_H_
@@ -36,11 +41,14 @@ using Sha256Digest = std::array<uint8_t, 32>;
 // SHA-256 of `data` (OpenSSL).
 Sha256Digest Sha256(absl::string_view data);
 
-// Per-tenant byte quotas; 0 is unlimited.
+// Per-tenant quotas; 0 is unlimited.
 struct TenantQuota {
   uint64_t ram_bytes = 0;
   uint64_t ssd_bytes = 0;
   uint64_t pinned_bytes = 0;
+  uint32_t streams = 0;  // Streaming calls open at once.
+  uint32_t leases = 0;   // Live Lookup leases.
+  // Whether a byte quota is set (TenantQuotas has work to do).
   bool any() const { return ram_bytes != 0 || ssd_bytes != 0 || pinned_bytes != 0; }
 };
 

@@ -184,6 +184,32 @@ TEST_F(LeaseTableTest, BoundsRefuseLeasesWithoutHoldingAnything) {
   EXPECT_NE(by_count.Grant(ns_, {}, absl::Seconds(30)), 0u);
 }
 
+// A tenant with a max_leases of its own is held to it; others (and the implicit
+// tenant) are not, and an ended lease gives the tenant its place back.
+TEST_F(LeaseTableTest, ATenantsOwnBoundRefusesOnlyThatTenant) {
+  LeaseTable table = MakeTable(/*max_leases=*/16, /*max_bytes=*/8 * kChunk);
+  const uint64_t a1 = table.Grant(ns_, {}, absl::Seconds(30), "team-a", 2);
+  const uint64_t a2 = table.Grant(ns_, {}, absl::Seconds(30), "team-a", 2);
+  EXPECT_NE(a1, 0u);
+  EXPECT_NE(a2, 0u);
+  EXPECT_EQ(table.Grant(ns_, {}, absl::Seconds(30), "team-a", 2), 0u);
+  EXPECT_EQ(table.live("team-a"), 2u);
+  EXPECT_EQ(table.GetStats().tenant_refused, 1u);
+  EXPECT_NE(table.Grant(ns_, {}, absl::Seconds(30), "team-b", 2), 0u);
+  EXPECT_NE(table.Grant(ns_, {}, absl::Seconds(30)), 0u);  // The implicit tenant.
+  EXPECT_EQ(table.live("team-b"), 1u);
+  // Released, taken or expired: the place is the tenant's again.
+  EXPECT_TRUE(table.Release(ns_, a1));
+  EXPECT_EQ(table.live("team-a"), 1u);
+  EXPECT_NE(table.Grant(ns_, {}, absl::Seconds(30), "team-a", 2), 0u);
+  ASSERT_TRUE(table.Take(ns_, a2).ok());
+  clock_.Advance(absl::Seconds(31));
+  table.Expire();
+  EXPECT_EQ(table.live("team-a"), 0u);
+  EXPECT_EQ(table.live("team-b"), 0u);
+  EXPECT_EQ(table.GetStats().refused, 1u);
+}
+
 TEST(LeaseTableOptionsTest, ValidateNamesTheBadOption) {
   LeaseTableOptions o;
   o.max_ttl = absl::ZeroDuration();

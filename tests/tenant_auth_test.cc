@@ -26,7 +26,7 @@ const std::string& Table() {
       "# teams\n"
       "tenant team-a\n"
       "tenant team-b role=user requests_per_second=2 burst=3 ram_quota=4GiB ssd_quota=1TiB "
-      "pinned_quota=1048576\n"
+      "pinned_quota=1048576 max_streams=8 max_leases=32\n"
       "tenant ops role=admin   # operators\n" +
       TokenLine("team-a", "secret-a") + TokenLine("ops", "secret-ops") +
       "cert team-a worker-a.example\n"
@@ -54,6 +54,9 @@ TEST(TenantTableTest, ParsesEveryDirective) {
   EXPECT_EQ(b.quota.ram_bytes, 4ull << 30);
   EXPECT_EQ(b.quota.ssd_bytes, 1ull << 40);
   EXPECT_EQ(b.quota.pinned_bytes, 1ull << 20);
+  EXPECT_EQ(b.quota.streams, 8u);
+  EXPECT_EQ(b.quota.leases, 32u);
+  EXPECT_EQ(t->tenants()[t->FindTenant("team-a")].quota.streams, 0u);  // No bound of its own.
   EXPECT_FALSE(t->tenants()[t->FindTenant("team-a")].quota.any());  // Unlimited.
 }
 
@@ -72,6 +75,9 @@ TEST(TenantTableTest, RejectsBadLinesNamingThem) {
       {"tenant a colour=blue\n", "line 1: unknown setting 'colour=blue'"},
       {"tenant a ram_quota=lots\n", "line 1: ram_quota='lots': expected a size"},
       {"tenant a pinned_quota=-1MiB\n", "line 1: pinned_quota='-1MiB'"},
+      {"tenant a max_streams=-1\n", "line 1: max_streams='-1': expected a whole number"},
+      {"tenant a max_leases=2000000\n", "line 1: max_leases='2000000'"},
+      {"tenant a max_streams=1.5\n", "line 1: max_streams='1.5'"},
       {"\n\ntoken a sha256:00\n", "line 3: tenant 'a' is not declared"},
       {"tenant a\ntoken a plaintext-token\n", "line 2: token: expected sha256:"},
       {"tenant a\ntoken a sha256:" + std::string(63, '0') + "g\n", "line 2: token: expected"},

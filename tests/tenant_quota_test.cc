@@ -4,9 +4,11 @@
 // metrics show use, quota, evictions and refusals per tenant.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <fstream>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/escaping.h"
@@ -39,11 +41,13 @@ std::string TokenLine(const std::string& tenant, const std::string& token) {
 
 class TenantQuotaTest : public ::testing::Test {
  protected:
-  // Tenant "small" has a 3 MiB RAM, 2 MiB SSD and 1 MiB pinned quota; "big" none.
+  // Tenant "small" has a 3 MiB RAM, 2 MiB SSD and 1 MiB pinned quota, one stream and
+  // one lease at a time; "big" none.
   void Start(const std::string& mode) {
     dir_ = MakeTempDir("kvtierd-quota");
     const std::string tenants = dir_ + ".tenants";
-    std::ofstream(tenants) << "tenant small ram_quota=3MiB ssd_quota=2MiB pinned_quota=1MiB\n"
+    std::ofstream(tenants) << "tenant small ram_quota=3MiB ssd_quota=2MiB pinned_quota=1MiB "
+                              "max_streams=1 max_leases=1\n"
                            << "tenant big\n"
                            << TokenLine("small", "token-small") << TokenLine("big", "token-big");
     auto d = DaemonProcess::Start(dir_, {"--tenants-file=" + tenants, "--write-mode=" + mode,
@@ -175,6 +179,52 @@ TEST_F(TenantQuotaTest, SsdQuotaEvictsTheTenantsOwnChunksFromSsdOnly) {
   EXPECT_EQ(Where(*small_, 1, 4), "-rrr");
   EXPECT_EQ(Where(*big_, 1, 3), "rrr");
   EXPECT_EQ(Metric(R"(kvtier_tenant_bytes{tenant="small",tier="ssd"})"), 2.0 * kMiB);
+}
+
+TEST_F(TenantQuotaTest, StreamsAndLeasesStopAtTheTenantsOwnBound) {
+  Start("ram-only");
+  ASSERT_TRUE(Put(*small_, ns_, 1).ok());
+  ASSERT_TRUE(Put(*big_, ns_, 1).ok());
+  {
+    // A Put stream of small's, held open before its first frame.
+    grpc::ClientContext held;
+    held.AddMetadata("authorization", "Bearer token-small");
+    v1::PutResponse resp;
+    auto writer = small_->stub()->Put(&held, &resp);
+    // Until the daemon has admitted it (counted in kvtier_streams_open).
+    for (int i = 0; i < 500 && Metric("kvtier_streams_open") < 1; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    ASSERT_EQ(Metric("kvtier_streams_open"), 1);
+    auto refused = small_->Get(ns_, {KeyOf(1)});
+    EXPECT_TRUE(absl::IsResourceExhausted(refused.status())) << refused.status();
+    EXPECT_NE(refused.status().message().find("tenant small has its max_streams (1)"),
+              std::string::npos)
+        << refused.status();
+    // Another tenant is not held back by small's bound.
+    auto other = big_->Get(ns_, {KeyOf(1)});
+    EXPECT_TRUE(other.ok()) << other.status();
+    writer->WritesDone();
+    EXPECT_TRUE(writer->Finish().ok());
+  }
+  // The place is small's again once its stream ended.
+  auto again = small_->Get(ns_, {KeyOf(1)});
+  EXPECT_TRUE(again.ok()) << again.status();
+
+  // One lease at a time for small: a second Lookup still answers, without a lease.
+  auto first = small_->Lookup(ns_, {KeyOf(1)}, /*lease_seconds=*/60);
+  auto second = small_->Lookup(ns_, {KeyOf(1)}, 60);
+  ASSERT_TRUE(first.ok() && second.ok());
+  EXPECT_NE(first->lease_id, 0u);
+  EXPECT_EQ(second->lease_id, 0u);
+  EXPECT_EQ(second->prefix_hits, 1u);
+  auto big_lease = big_->Lookup(ns_, {KeyOf(1)}, 60);
+  ASSERT_TRUE(big_lease.ok());
+  EXPECT_NE(big_lease->lease_id, 0u);
+  ASSERT_TRUE(small_->ReleaseLease(ns_, first->lease_id).ok());
+  auto third = small_->Lookup(ns_, {KeyOf(1)}, 60);
+  ASSERT_TRUE(third.ok());
+  EXPECT_NE(third->lease_id, 0u);
 }
 
 }  // namespace
