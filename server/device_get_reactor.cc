@@ -120,7 +120,10 @@ void DeviceGetReactor::Pump() {
                               [this, i](absl::StatusOr<Tier> r) { OnDelivered(i, std::move(r)); });
   }
   if (write) StartWrite(&frame_);
-  if (finish) Finish(scope_.Done(ToGrpcStatus(finish_status)));
+  if (finish) {
+    place_ = StreamLimiter::Ticket();  // Free before the client sees the status.
+    Finish(scope_.Done(ToGrpcStatus(finish_status)));
+  }
 }
 
 bool DeviceGetReactor::FirstItemOfKey(size_t item) const {

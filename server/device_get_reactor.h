@@ -94,7 +94,9 @@ class DeviceGetReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   bool done_ ABSL_GUARDED_BY(mu_) = false;  // OnDone has run.
   grpc::ByteBuffer frame_;                  // The frame being written.
-  StreamLimiter::Ticket place_;  // Among max_streams; released when the call is done.
+  // Among max_streams; given back as the call finishes, before the client can see its
+  // status, so that a client's next call finds it free.
+  StreamLimiter::Ticket place_;
 };
 
 }  // namespace kvtier

@@ -119,6 +119,7 @@ void EventsReactor::Finish(grpc::Status status) {
     if (finished_ || writing_) return;  // A write in flight: OnWriteDone finishes.
     finished_ = true;
   }
+  place_ = StreamLimiter::Ticket();  // Free before the client sees the status.
   grpc::ServerWriteReactor<v1::EventBatch>::Finish(scope_.Done(std::move(status)));
 }
 

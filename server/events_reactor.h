@@ -69,7 +69,9 @@ class EventsReactor final : public grpc::ServerWriteReactor<v1::EventBatch> {
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   v1::EventBatch batch_;  // Owned by gRPC between StartWrite and OnWriteDone.
-  StreamLimiter::Ticket place_;  // Among max_streams; released when the call is done.
+  // Among max_streams; given back as the call finishes, before the client can see its
+  // status, so that a client's next call finds it free.
+  StreamLimiter::Ticket place_;
 };
 
 }  // namespace kvtier

@@ -277,6 +277,7 @@ void GetReactor::Pump() {
       store_->ReadForStreamAsync(id, [this](absl::StatusOr<ChunkView> v) { OnChunk(std::move(v)); });
       break;
     case Action::kFinish:
+      place_ = StreamLimiter::Ticket();  // Free before the client sees the status.
       Finish(scope_.Done(ToGrpcStatus(finish_status)));
       break;
     case Action::kNone:

@@ -167,7 +167,9 @@ class GetReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   std::deque<Pending> pending_ ABSL_GUARDED_BY(mu_);
   uint64_t read_off_ ABSL_GUARDED_BY(mu_) = 0;
   grpc::ByteBuffer frame_;  // The frame in flight; touched only by the one writer.
-  StreamLimiter::Ticket place_;  // Among max_streams; released when the call is done.
+  // Among max_streams; given back as the call finishes, before the client can see its
+  // status, so that a client's next call finds it free.
+  StreamLimiter::Ticket place_;
   // Waiting on the client while a write is in flight; reset at OnDone (the reactor may
   // outlive the call's context while store callbacks finish).
   StallReaper::Watched stall_;

@@ -358,6 +358,7 @@ void PutReactor::EndOfStream() {
   const std::string bytes = resp_.SerializeAsString();
   grpc::Slice slice(bytes);
   *response_ = grpc::ByteBuffer(&slice, 1);
+  ReleasePlaces();
   Finish(scope_.Done(grpc::Status::OK));
 }
 
@@ -365,6 +366,7 @@ void PutReactor::Fail(const absl::Status& status) {
   writer_.reset();  // Its slots go back to the pool; nothing was indexed.
   region_.reset();
   device_region_.reset();
+  ReleasePlaces();
   Finish(scope_.Done(ToGrpcStatus(absl::Status(
       status.code(),
       absl::StrCat(status.message(), " [", resp_.chunks_stored(),

@@ -71,6 +71,11 @@ class PutReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   void EnforceQuotas(TenantQuotas* quotas) { quotas_ = quotas; }
 
  private:
+  // Gives the places back (as the call finishes, before the client sees its status).
+  void ReleasePlaces() {
+    place_ = StreamLimiter::Ticket();
+    put_place_ = StreamLimiter::Ticket();
+  }
   using Admission = absl::StatusOr<std::unique_ptr<ChunkWriter>>;
 
   // Takes the frame just read: checks it, then starts its chunk or consumes it.
@@ -137,8 +142,10 @@ class PutReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   bool admitting_ ABSL_GUARDED_BY(mu_) = false;
   std::optional<Admission> early_answer_ ABSL_GUARDED_BY(mu_);
   uint64_t ticket_ ABSL_GUARDED_BY(mu_) = 0;  // Waiting for room; 0 when not.
-  StreamLimiter::Ticket place_;  // Among max_streams; released when the call is done.
-  StreamLimiter::Ticket put_place_;  // Within max_put_buffer; likewise.
+  // Among max_streams, and within max_put_buffer. Given back as the call finishes,
+  // before the client can see its status: a client's next call finds them free.
+  StreamLimiter::Ticket place_;
+  StreamLimiter::Ticket put_place_;
   StallReaper::Watched stall_;
   TenantQuotas* quotas_ = nullptr;
 };
