@@ -10,8 +10,11 @@ namespace kvtier {
 DeviceGetReactor::DeviceGetReactor(grpc::CallbackServerContext* ctx, const v1::GetRequest& req,
                                    TieredStore* store, RpcMetrics* metrics, LeaseTable* leases,
                                    RegionTable* regions, uint64_t max_frame_bytes,
-                                   uint32_t max_keys)
-    : ctx_(ctx), store_(store), scope_(metrics, RpcMethod::kGet) {
+                                   uint32_t max_keys, StallReaper* stalls)
+    : ctx_(ctx),
+      store_(store),
+      scope_(metrics, RpcMethod::kGet),
+      stall_(stalls, [ctx] { ctx->TryCancel(); }) {
   absl::Status s = Start(req, leases, regions, max_frame_bytes, max_keys);
   {
     absl::MutexLock lock(&mu_);
@@ -119,7 +122,10 @@ void DeviceGetReactor::Pump() {
     store_->ReadToDeviceAsync(plan_.ids[item.key], std::move(ranges),
                               [this, i](absl::StatusOr<Tier> r) { OnDelivered(i, std::move(r)); });
   }
-  if (write) StartWrite(&frame_);
+  if (write) {
+    stall_.WaitingOnClient(true);
+    StartWrite(&frame_);
+  }
   if (finish) {
     place_ = StreamLimiter::Ticket();  // Free before the client sees the status.
     Finish(scope_.Done(ToGrpcStatus(finish_status)));
@@ -159,6 +165,7 @@ void DeviceGetReactor::OnDelivered(size_t item, absl::StatusOr<Tier> result) {
 }
 
 void DeviceGetReactor::OnWriteDone(bool ok) {
+  stall_.WaitingOnClient(false);
   {
     absl::MutexLock lock(&mu_);
     writing_ = false;
@@ -168,6 +175,7 @@ void DeviceGetReactor::OnWriteDone(bool ok) {
 }
 
 void DeviceGetReactor::OnDone() {
+  stall_.Reset();  // Before the context goes; deliveries may still be completing.
   bool last;
   {
     absl::MutexLock lock(&mu_);

@@ -39,6 +39,7 @@
 #include "server/region_table.h"
 #include "server/region_target.h"
 #include "server/rpc_metrics.h"
+#include "server/stall_reaper.h"
 #include "server/stream_limiter.h"
 #include "storage/tiered_store.h"
 
@@ -49,10 +50,15 @@ class DeviceGetReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>
   static constexpr size_t kWindow = 8;
 
   // `req` was parsed by the caller and names a device region. `store` may be null
-  // (starting up: UNAVAILABLE). Everything given must outlive the call.
+  // (starting up: UNAVAILABLE). `stalls` (may be null) cancels the call when a frame
+  // waits longer than its idle time for a client that stopped reading; waiting on the
+  // device (copies in flight) is not idle. It is watched from the start, before any
+  // delivery can complete on the device's thread. Everything given must outlive the
+  // call.
   DeviceGetReactor(grpc::CallbackServerContext* ctx, const v1::GetRequest& req,
                    TieredStore* store, RpcMetrics* metrics, LeaseTable* leases,
-                   RegionTable* regions, uint64_t max_frame_bytes, uint32_t max_keys);
+                   RegionTable* regions, uint64_t max_frame_bytes, uint32_t max_keys,
+                   StallReaper* stalls = nullptr);
 
   void OnWriteDone(bool ok) override;
   void OnDone() override;
@@ -97,6 +103,7 @@ class DeviceGetReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>
   // Among max_streams; given back as the call finishes, before the client can see its
   // status, so that a client's next call finds it free.
   StreamLimiter::Ticket place_;
+  StallReaper::Watched stall_;
 };
 
 }  // namespace kvtier

@@ -178,7 +178,8 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* KvCacheService::Get(
       data_plane_.regions->IsDevice(req.target().region_id())) {
     auto* reactor = new DeviceGetReactor(ctx, req, store_.load(std::memory_order_acquire),
                                          metrics_, leases_, data_plane_.regions,
-                                         limits_.max_frame_bytes, limits_.max_keys_per_request);
+                                         limits_.max_frame_bytes, limits_.max_keys_per_request,
+                                         guards_.stalls);
     reactor->Hold(*std::move(place));
     return reactor;
   }

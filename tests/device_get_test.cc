@@ -11,6 +11,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "client/kvtier_client.h"
@@ -22,11 +23,14 @@
 #include "server/prefill_runner.h"
 #include "server/region_socket.h"
 #include "server/region_table.h"
+#include "server/stall_reaper.h"
 #include "storage/crc32c.h"
 #include "storage/log.h"
 #include "storage/tiered_store.h"
 #include "tests/support/daemon_process.h"
+#include "tests/support/fake_clock.h"
 #include "tests/support/fake_device_backend.h"
+#include "tests/support/stalling_proxy.h"
 #include "tests/support/test_data.h"
 
 namespace kvtier {
@@ -48,7 +52,8 @@ struct Frames {
 
 class DeviceGetTest : public ::testing::Test {
  protected:
-  void Start(FakeDeviceOptions device_options = {}, bool with_gpu = true) {
+  void Start(FakeDeviceOptions device_options = {}, bool with_gpu = true,
+             StallReaper* stalls = nullptr) {
     SetMinLogLevel(LogLevel::kError);
     device_ = std::make_unique<FakeDeviceBackend>(device_options);
     TieredStoreOptions o;
@@ -75,7 +80,8 @@ class DeviceGetTest : public ::testing::Test {
     leases_ = std::make_unique<LeaseTable>(LeaseTableOptions{});
     service_ = std::make_unique<KvCacheService>(
         ServiceLimits{}, "test", nullptr, prefill_.get(), leases_.get(),
-        DataPlaneInfo{.regions = regions_.get(), .socket = socket_name_, .instance_id = kInstance});
+        DataPlaneInfo{.regions = regions_.get(), .socket = socket_name_, .instance_id = kInstance},
+        /*events=*/nullptr, ServiceGuards{.stalls = stalls});
     service_->SetStore(store_.get());
     grpc::ServerBuilder builder;
     int port = 0;
@@ -487,6 +493,100 @@ TEST_F(DeviceGetTest, ADaemonWithoutAGpuRefusesDeviceMemory) {
   v1::DataPlaneResponse plane;
   ASSERT_TRUE(stub_->DataPlane(&dctx, v1::DataPlaneRequest(), &plane).ok());
   EXPECT_FALSE(plane.device_memory());
+}
+
+// A device Get is watched like a streamed one: waiting on the device is not idle (copies
+// held on the fake device for longer than the idle time are not reaped), but a worker
+// that stops reading its frames is cancelled, and its place comes back. The worker
+// reaches the daemon through a proxy that stops forwarding the daemon's bytes, and asks
+// for 4000 small chunks (most absent: a frame each, no copy) so that the frames fill
+// its flow-control window.
+TEST_F(DeviceGetTest, AWorkerThatStopsReadingIsCancelledButWaitingOnTheDeviceIsNot) {
+  testing::FakeClock clock;
+  StallReaperOptions o;
+  o.idle = absl::Seconds(10);
+  o.run_thread = false;
+  o.clock = clock.AsFunction();
+  StallReaper reaper(o);
+  Start({.hold_copies = true}, /*with_gpu=*/true, &reaper);
+  Put(0);
+  auto [buf, handle] = WorkerBuffer(4 * kChunk);
+  auto ch = Channel();
+  auto reg = ch->AddDevice(handle, 4 * kChunk);
+  ASSERT_TRUE(reg.ok()) << reg.status();
+  {
+    grpc::ClientContext ctx;
+    auto reader = stub_->Get(&ctx, Request({0}, reg->region_id, reg->token));
+    for (int i = 0; i < 10000 && device_->pending() == 0; ++i) {
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    ASSERT_EQ(device_->pending(), 1u);
+    clock.Advance(absl::Minutes(1));
+    EXPECT_EQ(reaper.Sweep(), 0) << "a Get waiting on its copy was reaped";
+    device_->RunPending();
+    v1::GetFrame f;
+    ASSERT_TRUE(reader->Read(&f));
+    EXPECT_TRUE(f.found());
+    EXPECT_FALSE(reader->Read(&f));
+    ASSERT_TRUE(reader->Finish().ok());
+    EXPECT_TRUE(Landed(buf, kChunk) == PatternBytes(0, kChunk));
+  }
+
+  // 4000 keys of 4 KiB: a layout with 1 layer, 1 head of 64, 16 tokens, fp16.
+  LayoutSpec tiny = LayoutOfMiB(1, "tiny-model");
+  tiny.num_kv_heads = 1;
+  tiny.head_dim = 64;
+  tiny.tokens_per_chunk = 16;
+  auto tiny_ns = client_->RegisterLayout(tiny);
+  ASSERT_TRUE(tiny_ns.ok()) << tiny_ns.status();
+  constexpr uint64_t kKeys = 4000;
+  const uint64_t key_bytes = tiny.ChunkBytes();
+  auto [tiny_buf, tiny_handle] = WorkerBuffer(kKeys * key_bytes);
+  auto tiny_reg = ch->AddDevice(tiny_handle, kKeys * key_bytes);
+  ASSERT_TRUE(tiny_reg.ok()) << tiny_reg.status();
+  std::vector<uint64_t> keys(kKeys);
+  for (uint64_t k = 0; k < kKeys; ++k) keys[k] = 100000 + k;
+  v1::GetRequest req = Request(keys, tiny_reg->region_id, tiny_reg->token);
+  req.set_namespace_id(tiny_ns->namespace_id);
+
+  const int port = std::stoi(target_.substr(target_.rfind(':') + 1));
+  auto proxy = testing::StallingProxy::Start(port);
+  ASSERT_TRUE(proxy.ok()) << proxy.status();
+  grpc::ChannelArguments args;
+  // A small window that stays small: a few hundred frames fill it.
+  args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 1024);
+  auto stalled = v1::KvCache::NewStub(grpc::CreateCustomChannel(
+      (*proxy)->target(), grpc::InsecureChannelCredentials(), args));
+  {
+    grpc::ClientContext hello;  // The connection is up, through the proxy.
+    v1::DataPlaneResponse plane;
+    ASSERT_TRUE(stalled->DataPlane(&hello, v1::DataPlaneRequest(), &plane).ok());
+  }
+  (*proxy)->PauseDownstream();
+  grpc::ClientContext ctx;
+  auto reader = stalled->Get(&ctx, req);
+  // Until a frame has waited on the worker past the idle time: then it is reaped.
+  int reaped = 0;
+  for (int i = 0; i < 10000 && reaped == 0; ++i) {
+    clock.Advance(absl::Seconds(11));
+    reaped = reaper.Sweep();
+    if (reaped == 0) absl::SleepFor(absl::Milliseconds(1));
+  }
+  EXPECT_EQ(reaped, 1) << "the stalled device Get was never reaped";
+  EXPECT_EQ(reaper.reaped(), 1u);
+  ctx.TryCancel();
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  // The daemon goes on serving device Gets.
+  std::thread device([&] {
+    for (int i = 0; i < 10000 && device_->pending() == 0; ++i) {
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    device_->RunPending();
+  });
+  const Frames again = Get(Request({0}, reg->region_id, reg->token));
+  device.join();
+  EXPECT_TRUE(again.status.ok()) << again.status.error_message();
 }
 
 }  // namespace
