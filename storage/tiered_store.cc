@@ -169,7 +169,7 @@ absl::StatusOr<std::unique_ptr<TieredStore>> TieredStore::Open(TieredStoreOption
 TieredStore::TieredStore(TieredStoreOptions options)
     : options_(std::move(options)),
       hints_(std::make_unique<HintWindow>(options_.hints)),
-      buffered_reads_(std::max(1, options_.max_buffered_reads)),
+      buffered_reads_(std::make_shared<FairGate>(std::max(1, options_.max_buffered_reads))),
       stream_gate_(options_.stream_buffer_bytes),
       read_pool_(std::make_unique<IoPool>(options_.read_threads)),
       commit_pool_(std::make_unique<IoPool>(options_.commit_threads)) {}
@@ -461,11 +461,12 @@ absl::StatusOr<ChunkView> TieredStore::Read(const ChunkId& id, bool stream) {
   } else {
     // No room in RAM: a heap buffer, at most max_buffered_reads of them at once. The
     // gate is left when the last holder of the buffer drops it.
-    buffered_reads_.Enter();
+    buffered_reads_->Enter();
+    // The gate is shared with the buffer: a view may outlive the store.
     auto buffer = std::shared_ptr<std::string>(new std::string(meta->size, '\0'),
-                                               [this](std::string* b) {
+                                               [gate = buffered_reads_](std::string* b) {
                                                  delete b;
-                                                 buffered_reads_.Leave();
+                                                 gate->Leave();
                                                });
     StringSink sink(buffer.get());
     if (absl::Status s = ssd_->ReadPayload(id, *meta, sink); !s.ok()) return s;
@@ -511,11 +512,11 @@ absl::StatusOr<ChunkView> TieredStore::ReadRemote(const ChunkId& id) {
     view.pool_ = *std::move(room);
     return view;
   }
-  buffered_reads_.Enter();
+  buffered_reads_->Enter();
   auto buffer = std::shared_ptr<std::string>(new std::string(record->meta.size, '\0'),
-                                             [this](std::string* b) {
+                                             [gate = buffered_reads_](std::string* b) {
                                                delete b;
-                                               buffered_reads_.Leave();
+                                               gate->Leave();
                                              });
   StringSink sink(buffer.get());
   if (!remote_->ReadPayload(id, *record, sink).ok()) {

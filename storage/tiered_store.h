@@ -179,7 +179,9 @@ class ChunkWriter {
   uint32_t crc_ = 0;  // CRC32C of the bytes so far, computed as they arrive.
 };
 
-// A chunk being read: its bytes stay valid while this object lives.
+// A chunk being read: its bytes stay valid while this object lives, even past the store
+// that gave it (a lease, or a read answered while the store was being destroyed).
+// Buffers from ReadRangeAsync must be dropped before the store.
 class ChunkView {
  public:
   const ChunkMeta& meta() const { return meta_; }
@@ -341,7 +343,7 @@ class TieredStore {
   }
   size_t hint_clients() const { return hints_->clients(); }
   // Readers waiting for one of the max_buffered_reads buffers now (tests).
-  uint64_t buffered_read_waiters() const { return buffered_reads_.waiting(); }
+  uint64_t buffered_read_waiters() const { return buffered_reads_->waiting(); }
 
   // Pins in RAM (promoting from SSD first). `budget` (may be null) bounds the pinned
   // bytes of a group of namespaces (HostPool::PinBudget). Returns: Ok, NotFound,
@@ -447,7 +449,8 @@ class TieredStore {
   // ram-only mode.
   StorageTier* backing_ = nullptr;
   FetchClaims remote_fetches_;  // Chunks being read from the remote tier now.
-  FairGate buffered_reads_;
+  // max_buffered_reads; shared with the buffers, which a view may keep past the store.
+  const std::shared_ptr<FairGate> buffered_reads_;
   AsyncGate stream_gate_;   // stream_buffer_bytes.
   absl::Mutex spare_mu_;
   std::vector<std::unique_ptr<char[]>> spare_buffers_ ABSL_GUARDED_BY(spare_mu_);

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <ostream>
 #include <string>
 #include <thread>
@@ -19,6 +20,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
@@ -666,6 +668,61 @@ TEST_F(TieredStoreWriteBackTest, BufferedSsdReadsAreBounded) {
   t.join();
   EXPECT_TRUE(second_done.load());
   EXPECT_TRUE(second_bytes == Payload(Id(1), second_bytes.size()));
+}
+
+// The store destroyed while reads wait behind its one read thread (parked at the buffer
+// gate, the rest queued): the destructor answers every queued read, with the right
+// bytes, before the tiers go, and a view it handed out stays readable after the store
+// is gone (its buffer shares the gate, not the store). The test lets go of the gate
+// just after starting the destructor, which then meets the queue in either order.
+TEST_F(TieredStoreWriteBackTest, DestroyedWithReadsQueuedAnswersEveryOne) {
+  auto o = Options(WriteMode::kWriteBack);
+  o.max_buffered_reads = 1;
+  o.read_threads = 1;
+  OpenWith(o);
+  ns_ = Register();
+  constexpr uint64_t kQueued = 4;
+  for (uint64_t i = 0; i < kRamChunks + kQueued + 1; ++i) PutOk(Id(i));
+  WaitFlushed(kRamChunks + kQueued + 1);
+  std::vector<ChunkView> held;  // Pin RAM down: no promotion is possible.
+  for (uint64_t i = kQueued + 1; i < kRamChunks + kQueued + 1; ++i) {
+    auto v = store_->Read(Id(i));
+    ASSERT_TRUE(v.ok());
+    if (v->tier() == Tier::kRam) held.push_back(*std::move(v));
+  }
+  for (uint64_t i = 0; i <= kQueued; ++i) ASSERT_EQ(store_->Locate(Id(i)), Tier::kSsd) << i;
+  auto first = store_->Read(Id(0));  // Holds the one buffer.
+  ASSERT_TRUE(first.ok());
+  ASSERT_EQ(first->tier(), Tier::kSsd);
+
+  absl::Mutex mu;
+  std::vector<uint64_t> answered;
+  std::vector<std::string> wrong;
+  std::optional<ChunkView> kept;  // The last one's view, read after the store is gone.
+  for (uint64_t i = 1; i <= kQueued; ++i) {
+    store_->ReadAsync(Id(i), [&, i](absl::StatusOr<ChunkView> v) {
+      absl::MutexLock lock(&mu);
+      answered.push_back(i);
+      if (!v.ok()) {
+        wrong.push_back(absl::StrCat(i, ": ", v.status().ToString()));
+      } else if (ReadAll(*v) != Payload(Id(i), v->meta().size)) {
+        wrong.push_back(absl::StrCat(i, ": bytes differ"));
+      } else if (i == kQueued) {
+        kept = *std::move(v);  // Earlier ones let go of the gate for the next.
+      }
+    });
+  }
+  ASSERT_TRUE(WaitFor([&] { return store_->buffered_read_waiters() == 1; }));
+  std::thread destroyer([&] { store_.reset(); });
+  first = absl::NotFoundError("dropped");  // Lets the parked read, and the queue, go on.
+  destroyer.join();
+  held.clear();
+  absl::MutexLock lock(&mu);
+  EXPECT_EQ(answered, (std::vector<uint64_t>{1, 2, 3, 4}));
+  EXPECT_TRUE(wrong.empty()) << wrong[0];
+  ASSERT_TRUE(kept.has_value());
+  EXPECT_TRUE(ReadAll(*kept) == Payload(Id(kQueued), kept->meta().size));
+  kept.reset();  // Leaves the gate, which outlived the store with it.
 }
 
 TEST_F(TieredStoreWriteBackTest, ReadAsyncRunsSsdReadsOffTheCallersThread) {
