@@ -3,6 +3,7 @@
 // reflection, and shuts down gracefully on SIGTERM/SIGINT: health goes NOT_SERVING,
 // in-flight RPCs get shutdown_grace to finish, write-back chunks are flushed to SSD and
 // RocksDB is closed.
+#include <grpc/grpc.h>
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
@@ -20,10 +21,12 @@
 #include <fstream>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/cleanup/cleanup.h"
+#include "absl/synchronization/notification.h"
 #include "server/authenticator.h"
 #include "server/daemon_config.h"
 #include "server/http_endpoint.h"
@@ -353,8 +356,26 @@ int Run(const DaemonConfig& config, const sigset_t& signals) {
   prefill.BeginShutdown();  // Sessions send Done with what they streamed, then end.
   events.Close();           // Events subscribers get UNAVAILABLE instead of waiting.
   if (unix_listener) unix_listener->Stop();  // No new connections into a closing server.
+  // gRPC's graceful GOAWAY waits for each connection to answer a ping, and an idle C++
+  // client (polled only by its 5 s backup poller) answers late: SIGTERM was held up by
+  // idle connections. So once no call of ours has been open for 100 ms (time for the
+  // last statuses to leave), the connections that are left are closed outright.
+  absl::Notification shut;
+  std::thread closer([&] {
+    int quiet = 0;
+    while (!shut.WaitForNotificationWithTimeout(absl::Milliseconds(50))) {
+      quiet = rpc_metrics.open_calls() == 0 ? quiet + 1 : 0;
+      if (quiet > 2) {
+        LogInfo("no RPC in flight: closing the idle client connections");
+        grpc_server_cancel_all_calls(server->c_server());
+        return;
+      }
+    }
+  });
   server->Shutdown(std::chrono::system_clock::now() +
                    absl::ToChronoSeconds(config.shutdown_grace));
+  shut.Notify();
+  closer.join();
   server->Wait();
   // The server goes before the store: no handler, reactor or completion callback of
   // gRPC's can reach the store while it closes.

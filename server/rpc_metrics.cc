@@ -61,13 +61,17 @@ RpcMetrics::RpcMetrics(prometheus::Registry& registry) {
 
 RpcMetrics::Scope::Scope(RpcMetrics* metrics, RpcMethod method)
     : metrics_(metrics), method_(static_cast<int>(method)), start_(std::chrono::steady_clock::now()) {
-  if (metrics_) metrics_->inflight_[method_]->Increment();
+  if (metrics_) {
+    metrics_->inflight_[method_]->Increment();
+    metrics_->open_calls_.fetch_add(1, std::memory_order_acq_rel);
+  }
 }
 
 RpcMetrics::Scope::~Scope() {
   // A handler that returned without Done() (it cannot, by construction) still leaves
   // the in-flight gauge right.
   if (!done_ && metrics_) metrics_->inflight_[method_]->Decrement();
+  if (metrics_) metrics_->open_calls_.fetch_sub(1, std::memory_order_acq_rel);
 }
 
 grpc::Status RpcMetrics::Scope::Done(grpc::Status status) {

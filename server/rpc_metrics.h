@@ -11,6 +11,7 @@
 #define KVTIER_SERVER_RPC_METRICS_H_
 
 #include <array>
+#include <atomic>
 #include <chrono>
 
 #include <grpcpp/support/status.h>
@@ -52,6 +53,10 @@ class RpcMetrics {
     bool done_ = false;
   };
 
+  // Calls whose Scope exists now: from their start until their handler returned or
+  // their reactor was destroyed (after OnDone), so a little past Done().
+  int64_t open_calls() const { return open_calls_.load(std::memory_order_acquire); }
+
   void CountLookup(uint64_t keys, uint64_t hits) {
     lookup_keys_->Increment(static_cast<double>(keys));
     lookup_hits_->Increment(static_cast<double>(hits));
@@ -63,6 +68,7 @@ class RpcMetrics {
   std::array<prometheus::Gauge*, kRpcMethodCount> inflight_{};
   prometheus::Counter* lookup_keys_ = nullptr;
   prometheus::Counter* lookup_hits_ = nullptr;
+  std::atomic<int64_t> open_calls_{0};
 };
 
 }  // namespace kvtier
