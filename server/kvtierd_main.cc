@@ -358,7 +358,7 @@ int Run(const DaemonConfig& config, const sigset_t& signals) {
   if (unix_listener) unix_listener->Stop();  // No new connections into a closing server.
   // gRPC's graceful GOAWAY waits for each connection to answer a ping, and an idle C++
   // client (polled only by its 5 s backup poller) answers late: SIGTERM was held up by
-  // idle connections. So once no call of ours has been open for 100 ms (time for the
+  // idle connections. So once no call of ours has been open for 150 ms (time for the
   // last statuses to leave), the connections that are left are closed outright.
   absl::Notification shut;
   std::thread closer([&] {
