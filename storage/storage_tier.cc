@@ -48,4 +48,16 @@ absl::Status WriteAndWait(StorageTier& tier, const ChunkId& id, const ChunkMeta&
   return status;
 }
 
+absl::StatusOr<ChunkMeta> ReadAndWait(StorageTier& tier, const ChunkId& id,
+                                      StorageTier::SinkFor sink_for) {
+  absl::Notification read;
+  absl::StatusOr<ChunkMeta> meta;
+  tier.Read(id, std::move(sink_for), [&](absl::StatusOr<ChunkMeta> m) {
+    meta = std::move(m);
+    read.Notify();
+  });
+  read.WaitForNotification();
+  return meta;
+}
+
 }  // namespace kvtier

@@ -134,6 +134,9 @@ class StorageTier {
 // have a thread to spend on the write: the flushers, a write-through commit.
 absl::Status WriteAndWait(StorageTier& tier, const ChunkId& id, const ChunkMeta& meta,
                           ChunkBytes bytes);
+// Read, likewise.
+absl::StatusOr<ChunkMeta> ReadAndWait(StorageTier& tier, const ChunkId& id,
+                                      StorageTier::SinkFor sink_for);
 
 }  // namespace kvtier
 

@@ -441,38 +441,45 @@ absl::StatusOr<ChunkView> TieredStore::Read(const ChunkId& id, bool stream) {
     if (remote_ != nullptr) return ReadRemote(id);
     return absl::NotFoundError("chunk not cached");
   }
-  auto meta = ssd_->ReadMeta(id);
-  if (!meta.ok()) {
-    if (absl::IsNotFound(meta.status()) && remote_ != nullptr) return ReadRemote(id);
-    return meta.status();
+  // Without room in RAM: streamed, nothing read yet (the caller reads a frame at a time
+  // with ReadRangeAsync); or else a heap buffer, at most max_buffered_reads of them at
+  // once, whose gate is left when the last holder of the buffer drops it (shared with
+  // the buffer: a view may outlive the store).
+  std::shared_ptr<std::string> buffer;
+  std::optional<StringSink> buffer_sink;
+  bool streamed = false;
+  BelowRead below = ReadBelow(id, [&](const ChunkMeta& meta) -> ChunkSink* {
+    if (stream) {
+      streamed = true;
+      return nullptr;
+    }
+    buffered_reads_->Enter();
+    buffer = std::shared_ptr<std::string>(new std::string(meta.size, '\0'),
+                                          [gate = buffered_reads_](std::string* b) {
+                                            delete b;
+                                            gate->Leave();
+                                          });
+    buffer_sink.emplace(buffer.get());
+    return &*buffer_sink;
+  });
+  if (!below.meta.has_value()) {
+    if (absl::IsNotFound(below.status) && remote_ != nullptr) return ReadRemote(id);
+    return below.status;
   }
-  view.meta_ = *meta;
+  view.meta_ = *below.meta;
   view.tier_ = Tier::kSsd;
-  auto room = Promote(id, *meta);
-  if (room.ok()) {
-    view.pool_ = *std::move(room);
-  } else if (!absl::IsResourceExhausted(room.status())) {
-    return room.status();
-  } else if (stream) {
-    // Nothing read yet: the caller reads a frame at a time (ReadRangeAsync).
+  if (streamed) {
     ssd_->CountRangedRead();
     view.streamed_ = true;
     return view;
+  }
+  if (!below.status.ok()) return below.status;
+  if (below.room != nullptr) {
+    view.pool_ = std::move(below.room);
   } else {
-    // No room in RAM: a heap buffer, at most max_buffered_reads of them at once. The
-    // gate is left when the last holder of the buffer drops it.
-    buffered_reads_->Enter();
-    // The gate is shared with the buffer: a view may outlive the store.
-    auto buffer = std::shared_ptr<std::string>(new std::string(meta->size, '\0'),
-                                               [gate = buffered_reads_](std::string* b) {
-                                                 delete b;
-                                                 gate->Leave();
-                                               });
-    StringSink sink(buffer.get());
-    if (absl::Status s = ssd_->ReadPayload(id, *meta, sink); !s.ok()) return s;
     view.buf_ = std::move(buffer);
   }
-  ssd_bytes_out_.fetch_add(meta->size, std::memory_order_relaxed);
+  ssd_bytes_out_.fetch_add(view.meta_.size, std::memory_order_relaxed);
   return view;
 }
 
@@ -635,24 +642,34 @@ std::vector<Tier> TieredStore::LocateMany(absl::Span<const ChunkId> ids) {
   return tiers;
 }
 
-absl::StatusOr<std::shared_ptr<PoolChunk>> TieredStore::Promote(const ChunkId& id,
-                                                                const ChunkMeta& meta) {
-  // Only when there is room without demoting anything (a read must not cascade into SSD
-  // writes): the segments are read straight into the new pool chunk.
-  auto room = ram_->Allocate(meta.size);
-  if (!room.ok()) {
-    // Larger than the pool (a chunk from a run with a bigger ram_capacity) is no room
-    // too: the caller serves it another way.
-    return absl::ResourceExhaustedError(room.status().message());
+TieredStore::BelowRead TieredStore::ReadBelow(
+    const ChunkId& id, absl::FunctionRef<ChunkSink*(const ChunkMeta&)> no_room) {
+  BelowRead out;
+  std::optional<PoolSink> pool_sink;
+  absl::StatusOr<ChunkMeta> meta =
+      ReadAndWait(*backing_, id, [&](const ChunkMeta& m) -> ChunkSink* {
+        out.meta = m;
+        // Promoted only when there is room without demoting anything (a read must not
+        // cascade into SSD writes): the bytes land straight in the new pool chunk. A
+        // chunk larger than the pool (from a run with a bigger ram_capacity) is no room
+        // too.
+        absl::StatusOr<std::shared_ptr<PoolChunk>> room = ram_->Allocate(m.size);
+        if (!room.ok()) return no_room(m);
+        out.room = *std::move(room);
+        pool_sink.emplace(out.room.get());
+        return &*pool_sink;
+      });
+  out.status = meta.status();
+  if (!meta.ok()) {
+    out.room.reset();  // Its slots go back; nothing was indexed.
+    return out;
   }
-  PoolSink sink(room->get());
-  if (absl::Status s = ssd_->ReadPayload(id, meta, sink); !s.ok()) return s;
-  if (ram_->Insert(id, *room, meta, /*dirty=*/false)) {
+  if (out.room != nullptr && ram_->Insert(id, out.room, *meta, /*dirty=*/false)) {
     promotions_.fetch_add(1, std::memory_order_relaxed);
-    ram_bytes_in_.fetch_add(meta.size, std::memory_order_relaxed);
+    ram_bytes_in_.fetch_add(meta->size, std::memory_order_relaxed);
     Emit(ChunkEventKind::kPromoted, id, Tier::kRam);
   }
-  return room;
+  return out;
 }
 
 absl::StatusOr<TieredStore::HintResult> TieredStore::Hint(
@@ -738,12 +755,11 @@ absl::StatusOr<TieredStore::HintResult> TieredStore::Hint(
 
 void TieredStore::Prefetch(const ChunkId& id) {
   if (stopping_.load(std::memory_order_acquire) || ram_->Contains(id)) return;
-  auto meta = ssd_->ReadMeta(id);
-  if (!meta.ok()) return;  // Gone meanwhile; a corrupt row was already dropped.
-  auto room = Promote(id, *meta);
-  // No room now, or the read failed (the SSD tier deletes and counts a corrupt chunk).
-  if (!room.ok()) return;
-  ssd_bytes_out_.fetch_add(meta->size, std::memory_order_relaxed);
+  // Gone meanwhile, no room now, or the read failed (the SSD tier deletes and counts a
+  // corrupt chunk): nothing to do.
+  BelowRead below = ReadBelow(id, [](const ChunkMeta&) -> ChunkSink* { return nullptr; });
+  if (!below.status.ok() || below.room == nullptr) return;
+  ssd_bytes_out_.fetch_add(below.meta->size, std::memory_order_relaxed);
   // Staged, if near enough, by the next Hint: now in RAM, it is counted there.
 }
 

@@ -411,10 +411,18 @@ class TieredStore {
   // Room in RAM may have appeared: puts waiting for it retry now.
   void NotifyRoom();
   absl::StatusOr<ChunkView> Read(const ChunkId& id, bool stream);
-  // Copies an SSD chunk into RAM if there is room without demoting anything (dirty
-  // chunks are passed over). Returns the pool copy; ResourceExhausted (no room), or the
-  // SSD read's error.
-  absl::StatusOr<std::shared_ptr<PoolChunk>> Promote(const ChunkId& id, const ChunkMeta& meta);
+  // Reads a chunk from the tier under RAM (backing_): into RAM when there is room
+  // without demoting anything (dirty chunks are passed over), a promotion; else where
+  // `no_room(meta)` says (null: nowhere, the read stops at its meta with
+  // ResourceExhausted). `meta` is set once the tier found the chunk; `room` when it was
+  // promoted.
+  struct BelowRead {
+    absl::Status status;
+    std::optional<ChunkMeta> meta;
+    std::shared_ptr<PoolChunk> room;
+  };
+  BelowRead ReadBelow(const ChunkId& id,
+                      absl::FunctionRef<ChunkSink*(const ChunkMeta&)> no_room);
   // A local miss read through the remote tier: into RAM when there is room (kept
   // there, clean), else into a whole-chunk buffer (max_buffered_reads). NotFound for
   // anything short of a verified chunk.
