@@ -45,6 +45,15 @@ StreamLimiter::StreamLimiter(uint32_t max_streams, prometheus::Registry* registr
                                      "of kvtier_" + what + "_open was reached")
                          .Register(*registry)
                          .Add({});
+  tenant_open_ = &prometheus::BuildGauge()
+                      .Name("kvtier_tenant_" + what + "_open")
+                      .Help("Of kvtier_" + what + "_open, a named tenant's")
+                      .Register(*registry);
+  tenant_refused_ = &prometheus::BuildCounter()
+                         .Name("kvtier_tenant_" + what + "_refused_total")
+                         .Help("Of kvtier_" + what + "_refused_total, a named tenant's (by "
+                               "its own max_streams or the daemon's)")
+                         .Register(*registry);
 }
 
 absl::StatusOr<StreamLimiter::Ticket> StreamLimiter::TryAcquire(const std::string& tenant,
@@ -56,14 +65,17 @@ absl::StatusOr<StreamLimiter::Ticket> StreamLimiter::TryAcquire(const std::strin
   if (tenant_max != 0) {
     auto it = by_tenant_.find(tenant);
     if (it != by_tenant_.end() && it->second >= tenant_max) {
-      Refused();
+      Refused(tenant);
       return absl::ResourceExhaustedError(absl::StrCat(
           "tenant ", tenant, " has its max_streams (", tenant_max,
           ") streaming calls open; retry in 100ms"));
     }
   }
   absl::StatusOr<Ticket> place = TakePlace(tenant);
-  if (place.ok()) ++by_tenant_[tenant];
+  if (place.ok()) {
+    ++by_tenant_[tenant];
+    if (tenant_open_ != nullptr) tenant_open_->Add({{"tenant", tenant}}).Increment();
+  }
   return place;
 }
 
@@ -71,7 +83,7 @@ absl::StatusOr<StreamLimiter::Ticket> StreamLimiter::TakePlace(const std::string
   uint32_t n = open_.load(std::memory_order_relaxed);
   do {
     if (max_ != 0 && n >= max_) {
-      Refused();
+      Refused(tenant);
       return absl::ResourceExhaustedError(absl::StrCat(
           "kvtierd has max_streams (", max_, ") streaming calls open; retry in 100ms"));
     }
@@ -86,8 +98,11 @@ uint32_t StreamLimiter::open(const std::string& tenant) const {
   return it == by_tenant_.end() ? 0 : it->second;
 }
 
-void StreamLimiter::Refused() {
+void StreamLimiter::Refused(const std::string& tenant) {
   if (refused_metric_ != nullptr) refused_metric_->Increment();
+  if (!tenant.empty() && tenant_refused_ != nullptr) {
+    tenant_refused_->Add({{"tenant", tenant}}).Increment();
+  }
 }
 
 void StreamLimiter::Release(const std::string& tenant) {
@@ -95,6 +110,7 @@ void StreamLimiter::Release(const std::string& tenant) {
     absl::MutexLock lock(&mu_);
     auto it = by_tenant_.find(tenant);
     if (it != by_tenant_.end() && --it->second == 0) by_tenant_.erase(it);
+    if (tenant_open_ != nullptr) tenant_open_->Add({{"tenant", tenant}}).Decrement();
   }
   open_.fetch_sub(1, std::memory_order_relaxed);
   if (open_metric_ != nullptr) open_metric_->Decrement();

@@ -24,6 +24,8 @@ namespace prometheus {
 class Registry;
 class Counter;
 class Gauge;
+template <typename T>
+class Family;
 }  // namespace prometheus
 
 namespace kvtier {
@@ -54,7 +56,8 @@ class StreamLimiter {
 
   // `max_streams` 0: unbounded. `registry` (may be null) gets kvtier_<what>_open and
   // kvtier_<what>_refused_total (`what` names the streams counted, "streams" for all of
-  // them, "put_streams" for puts). Must outlive every ticket.
+  // them, "put_streams" for puts), and per named tenant kvtier_tenant_<what>_open and
+  // kvtier_tenant_<what>_refused_total{tenant}. Must outlive every ticket.
   StreamLimiter(uint32_t max_streams, prometheus::Registry* registry,
                 const std::string& what = "streams");
 
@@ -71,7 +74,7 @@ class StreamLimiter {
   // The daemon-wide place alone.
   absl::StatusOr<Ticket> TakePlace(const std::string& tenant);
   void Release(const std::string& tenant);
-  void Refused();
+  void Refused(const std::string& tenant);
 
   const uint32_t max_;
   std::atomic<uint32_t> open_{0};
@@ -80,6 +83,8 @@ class StreamLimiter {
   absl::flat_hash_map<std::string, uint32_t> by_tenant_ ABSL_GUARDED_BY(mu_);
   prometheus::Gauge* open_metric_ = nullptr;
   prometheus::Counter* refused_metric_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* tenant_open_ = nullptr;
+  prometheus::Family<prometheus::Counter>* tenant_refused_ = nullptr;
 };
 
 }  // namespace kvtier

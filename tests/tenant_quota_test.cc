@@ -191,25 +191,29 @@ TEST_F(TenantQuotaTest, StreamsAndLeasesStopAtTheTenantsOwnBound) {
     held.AddMetadata("authorization", "Bearer token-small");
     v1::PutResponse resp;
     auto writer = small_->stub()->Put(&held, &resp);
-    // Until the daemon has admitted it (counted in kvtier_streams_open).
-    for (int i = 0; i < 500 && Metric("kvtier_streams_open") < 1; ++i) {
+    // Until the daemon has admitted it (counted as small's open stream).
+    const std::string open = R"(kvtier_tenant_streams_open{tenant="small"})";
+    for (int i = 0; i < 500 && Metric(open) < 1; ++i) {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
-    ASSERT_EQ(Metric("kvtier_streams_open"), 1);
+    ASSERT_EQ(Metric(open), 1);
     auto refused = small_->Get(ns_, {KeyOf(1)});
     EXPECT_TRUE(absl::IsResourceExhausted(refused.status())) << refused.status();
     EXPECT_NE(refused.status().message().find("tenant small has its max_streams (1)"),
               std::string::npos)
         << refused.status();
+    EXPECT_EQ(Metric(R"(kvtier_tenant_streams_refused_total{tenant="small"})"), 1);
     // Another tenant is not held back by small's bound.
     auto other = big_->Get(ns_, {KeyOf(1)});
     EXPECT_TRUE(other.ok()) << other.status();
+    EXPECT_EQ(Metric(R"(kvtier_tenant_streams_refused_total{tenant="big"})"), -1);  // None.
     writer->WritesDone();
     EXPECT_TRUE(writer->Finish().ok());
   }
   // The place is small's again once its stream ended.
   auto again = small_->Get(ns_, {KeyOf(1)});
   EXPECT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(Metric(R"(kvtier_tenant_streams_open{tenant="small"})"), 0);
 
   // One lease at a time for small: a second Lookup still answers, without a lease.
   auto first = small_->Lookup(ns_, {KeyOf(1)}, /*lease_seconds=*/60);
