@@ -15,6 +15,10 @@ void StringSink::Write(uint64_t offset, absl::string_view bytes) {
 
 uint32_t StringSink::Crc32c() const { return crc32c::Value(*out_); }
 
+void PoolSink::Write(uint64_t offset, absl::string_view bytes) { chunk_->Write(offset, bytes); }
+
+uint32_t PoolSink::Crc32c() const { return chunk_->Crc32c(); }
+
 ChunkBytes ChunkBytes::Of(std::shared_ptr<const PoolChunk> chunk) {
   ChunkBytes b;
   b.pieces.reserve(chunk->slot_count());

@@ -54,6 +54,17 @@ class StringSink final : public ChunkSink {
   std::string* const out_;
 };
 
+// A sink into a pool chunk already sized to the chunk: reads land straight in its slots.
+class PoolSink final : public ChunkSink {
+ public:
+  explicit PoolSink(PoolChunk* chunk) : chunk_(chunk) {}
+  void Write(uint64_t offset, absl::string_view bytes) override;
+  uint32_t Crc32c() const override;
+
+ private:
+  PoolChunk* const chunk_;
+};
+
 // A chunk's bytes handed to a tier's Write: `pieces`, in order, cover the chunk; they
 // stay valid while `keep_alive` is held, which the tier holds until its write is done.
 struct ChunkBytes {

@@ -138,6 +138,14 @@ absl::StatusOr<std::unique_ptr<TieredStore>> TieredStore::Open(TieredStoreOption
     if (tier != nullptr) store->tiers_.push_back(tier);
   }
   store->backing_ = store->ssd_.get();
+  if (store->backing_ != nullptr) {
+    TieredStore* s = store.get();
+    store->promoter_ = std::make_unique<Promoter>(
+        store->ram_.get(), store->backing_, [s](const ChunkId& id, const ChunkMeta& meta) {
+          s->ram_bytes_in_.fetch_add(meta.size, std::memory_order_relaxed);
+          s->Emit(ChunkEventKind::kPromoted, id, Tier::kRam);
+        });
+  }
   store->layouts_ = std::make_unique<LayoutRegistry>(
       store->ssd_.get(),
       std::min(store->options_.max_chunk_bytes, store->ram_->capacity_bytes()));
@@ -401,21 +409,6 @@ Tier TieredStore::Locate(const ChunkId& id) const {
   return Tier::kNone;
 }
 
-namespace {
-
-// Reads land straight in the pool chunk they are promoted into.
-class PoolSink final : public ChunkSink {
- public:
-  explicit PoolSink(PoolChunk* chunk) : chunk_(chunk) {}
-  void Write(uint64_t offset, absl::string_view bytes) override { chunk_->Write(offset, bytes); }
-  uint32_t Crc32c() const override { return chunk_->Crc32c(); }
-
- private:
-  PoolChunk* const chunk_;
-};
-
-}  // namespace
-
 std::optional<ChunkView> TieredStore::HoldInRam(const ChunkId& id) const {
   auto hit = ram_->Peek(id);
   if (!hit) return std::nullopt;
@@ -448,7 +441,7 @@ absl::StatusOr<ChunkView> TieredStore::Read(const ChunkId& id, bool stream) {
   std::shared_ptr<std::string> buffer;
   std::optional<StringSink> buffer_sink;
   bool streamed = false;
-  BelowRead below = ReadBelow(id, [&](const ChunkMeta& meta) -> ChunkSink* {
+  Promoter::Result below = promoter_->Read(id, [&](const ChunkMeta& meta) -> ChunkSink* {
     if (stream) {
       streamed = true;
       return nullptr;
@@ -642,36 +635,6 @@ std::vector<Tier> TieredStore::LocateMany(absl::Span<const ChunkId> ids) {
   return tiers;
 }
 
-TieredStore::BelowRead TieredStore::ReadBelow(
-    const ChunkId& id, absl::FunctionRef<ChunkSink*(const ChunkMeta&)> no_room) {
-  BelowRead out;
-  std::optional<PoolSink> pool_sink;
-  absl::StatusOr<ChunkMeta> meta =
-      ReadAndWait(*backing_, id, [&](const ChunkMeta& m) -> ChunkSink* {
-        out.meta = m;
-        // Promoted only when there is room without demoting anything (a read must not
-        // cascade into SSD writes): the bytes land straight in the new pool chunk. A
-        // chunk larger than the pool (from a run with a bigger ram_capacity) is no room
-        // too.
-        absl::StatusOr<std::shared_ptr<PoolChunk>> room = ram_->Allocate(m.size);
-        if (!room.ok()) return no_room(m);
-        out.room = *std::move(room);
-        pool_sink.emplace(out.room.get());
-        return &*pool_sink;
-      });
-  out.status = meta.status();
-  if (!meta.ok()) {
-    out.room.reset();  // Its slots go back; nothing was indexed.
-    return out;
-  }
-  if (out.room != nullptr && ram_->Insert(id, out.room, *meta, /*dirty=*/false)) {
-    promotions_.fetch_add(1, std::memory_order_relaxed);
-    ram_bytes_in_.fetch_add(meta->size, std::memory_order_relaxed);
-    Emit(ChunkEventKind::kPromoted, id, Tier::kRam);
-  }
-  return out;
-}
-
 absl::StatusOr<TieredStore::HintResult> TieredStore::Hint(
     const std::string& client, std::vector<HintedRequest> requests) {
   std::vector<HintWindow::Request> window_requests;
@@ -757,7 +720,7 @@ void TieredStore::Prefetch(const ChunkId& id) {
   if (stopping_.load(std::memory_order_acquire) || ram_->Contains(id)) return;
   // Gone meanwhile, no room now, or the read failed (the SSD tier deletes and counts a
   // corrupt chunk): nothing to do.
-  BelowRead below = ReadBelow(id, [](const ChunkMeta&) -> ChunkSink* { return nullptr; });
+  Promoter::Result below = promoter_->Read(id, [](const ChunkMeta&) -> ChunkSink* { return nullptr; });
   if (!below.status.ok() || below.room == nullptr) return;
   ssd_bytes_out_.fetch_add(below.meta->size, std::memory_order_relaxed);
   // Staged, if near enough, by the next Hint: now in RAM, it is counted there.
@@ -1062,7 +1025,7 @@ TieredStoreStats TieredStore::GetStats() const {
   s.ram = ram_->GetStats();
   if (has_ssd()) s.ssd = ssd_->GetStats();
   s.namespaces = layouts_->size();
-  s.promotions = promotions_.load(std::memory_order_relaxed);
+  s.promotions = promoter_ != nullptr ? promoter_->promotions() : 0;
   s.prefetched = prefetched();
   s.hint_clients = hints_->clients();
   s.hinted_chunks = hints_->snapshot()->by_rank.size();

@@ -44,6 +44,7 @@
 #include "storage/eviction_policies.h"
 #include "storage/hint_window.h"
 #include "storage/prefetcher.h"
+#include "storage/promoter.h"
 #include "storage/fair_gate.h"
 #include "storage/gpu_tier.h"
 #include "storage/host_pool.h"
@@ -411,18 +412,6 @@ class TieredStore {
   // Room in RAM may have appeared: puts waiting for it retry now.
   void NotifyRoom();
   absl::StatusOr<ChunkView> Read(const ChunkId& id, bool stream);
-  // Reads a chunk from the tier under RAM (backing_): into RAM when there is room
-  // without demoting anything (dirty chunks are passed over), a promotion; else where
-  // `no_room(meta)` says (null: nowhere, the read stops at its meta with
-  // ResourceExhausted). `meta` is set once the tier found the chunk; `room` when it was
-  // promoted.
-  struct BelowRead {
-    absl::Status status;
-    std::optional<ChunkMeta> meta;
-    std::shared_ptr<PoolChunk> room;
-  };
-  BelowRead ReadBelow(const ChunkId& id,
-                      absl::FunctionRef<ChunkSink*(const ChunkMeta&)> no_room);
   // A local miss read through the remote tier: into RAM when there is room (kept
   // there, clean), else into a whole-chunk buffer (max_buffered_reads). NotFound for
   // anything short of a verified chunk.
@@ -456,6 +445,9 @@ class TieredStore {
   // The local tier under RAM that write-back and write-through write to (SSD); null in
   // ram-only mode.
   StorageTier* backing_ = nullptr;
+  // Reads from backing_ into RAM; null in ram-only mode. After ram_ and ssd_, which it
+  // reads and fills.
+  std::unique_ptr<Promoter> promoter_;
   FetchClaims remote_fetches_;  // Chunks being read from the remote tier now.
   // max_buffered_reads; shared with the buffers, which a view may keep past the store.
   const std::shared_ptr<FairGate> buffered_reads_;
@@ -469,7 +461,6 @@ class TieredStore {
 
   std::unique_ptr<LayoutRegistry> layouts_;  // Set in Open, after ssd_.
 
-  std::atomic<uint64_t> promotions_{0};
   std::atomic<uint64_t> remote_promotions_{0};
   std::atomic<uint64_t> demotions_{0};
   std::atomic<uint64_t> demotion_failures_{0};

@@ -1,0 +1,38 @@
+#include "storage/promoter.h"
+
+#include <utility>
+
+namespace kvtier {
+
+Promoter::Promoter(HostPool* ram, StorageTier* below,
+                   std::function<void(const ChunkId&, const ChunkMeta&)> on_promoted)
+    : ram_(ram), below_(below), on_promoted_(std::move(on_promoted)) {}
+
+Promoter::Result Promoter::Read(const ChunkId& id,
+                                absl::FunctionRef<ChunkSink*(const ChunkMeta&)> no_room) {
+  Result out;
+  std::optional<PoolSink> pool_sink;
+  absl::StatusOr<ChunkMeta> meta =
+      ReadAndWait(*below_, id, [&](const ChunkMeta& m) -> ChunkSink* {
+        out.meta = m;
+        // A chunk larger than the pool (from a run with a bigger ram_capacity) is no
+        // room too.
+        absl::StatusOr<std::shared_ptr<PoolChunk>> room = ram_->Allocate(m.size);
+        if (!room.ok()) return no_room(m);
+        out.room = *std::move(room);
+        pool_sink.emplace(out.room.get());
+        return &*pool_sink;
+      });
+  out.status = meta.status();
+  if (!meta.ok()) {
+    out.room.reset();  // Its slots go back; nothing was indexed.
+    return out;
+  }
+  if (out.room != nullptr && ram_->Insert(id, out.room, *meta, /*dirty=*/false)) {
+    promotions_.fetch_add(1, std::memory_order_relaxed);
+    if (on_promoted_) on_promoted_(id, *meta);
+  }
+  return out;
+}
+
+}  // namespace kvtier
