@@ -10,10 +10,12 @@ namespace kvtier {
 DeviceGetReactor::DeviceGetReactor(grpc::CallbackServerContext* ctx, const v1::GetRequest& req,
                                    TieredStore* store, RpcMetrics* metrics, LeaseTable* leases,
                                    RegionTable* regions, uint64_t max_frame_bytes,
-                                   uint32_t max_keys, StallReaper* stalls)
+                                   uint32_t max_keys, StreamLimiter::Ticket place,
+                                   StallReaper* stalls)
     : ctx_(ctx),
       store_(store),
       scope_(metrics, RpcMethod::kGet),
+      place_(std::move(place)),
       stall_(stalls, [ctx] { ctx->TryCancel(); }) {
   absl::Status s = Start(req, leases, regions, max_frame_bytes, max_keys);
   {

@@ -50,20 +50,19 @@ class DeviceGetReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>
   static constexpr size_t kWindow = 8;
 
   // `req` was parsed by the caller and names a device region. `store` may be null
-  // (starting up: UNAVAILABLE). `stalls` (may be null) cancels the call when a frame
+  // (starting up: UNAVAILABLE). `place` is the call's place among max_streams, given
+  // back as the call finishes. `stalls` (may be null) cancels the call when a frame
   // waits longer than its idle time for a client that stopped reading; waiting on the
-  // device (copies in flight) is not idle. It is watched from the start, before any
-  // delivery can complete on the device's thread. Everything given must outlive the
-  // call.
+  // device (copies in flight) is not idle. Both are the reactor's from the start, before
+  // any delivery can complete (and finish the call) on the device's thread. Everything
+  // given must outlive the call.
   DeviceGetReactor(grpc::CallbackServerContext* ctx, const v1::GetRequest& req,
                    TieredStore* store, RpcMetrics* metrics, LeaseTable* leases,
                    RegionTable* regions, uint64_t max_frame_bytes, uint32_t max_keys,
-                   StallReaper* stalls = nullptr);
+                   StreamLimiter::Ticket place = {}, StallReaper* stalls = nullptr);
 
   void OnWriteDone(bool ok) override;
   void OnDone() override;
-  // Keeps the call's place among max_streams until the call is done.
-  void Hold(StreamLimiter::Ticket place) { place_ = std::move(place); }
 
  private:
   absl::Status Start(const v1::GetRequest& req, LeaseTable* leases, RegionTable* regions,

@@ -6,13 +6,15 @@ namespace kvtier {
 
 EventsReactor::EventsReactor(EventLog* log, const v1::EventsRequest& request,
                              uint64_t internal_ns, RpcMetrics* metrics,
-                             std::shared_ptr<std::atomic<int>> subscribers)
+                             std::shared_ptr<std::atomic<int>> subscribers,
+                             StreamLimiter::Ticket place)
     : log_(log),
       ns_(internal_ns),
       public_ns_(request.namespace_id()),
       scope_(metrics, RpcMethod::kEvents),
       subscribers_(std::move(subscribers)),
-      waker_(std::make_shared<Waker>()) {
+      waker_(std::make_shared<Waker>()),
+      place_(std::move(place)) {
   // A cursor from another run of the daemon (its instance id differs) says nothing
   // about this one: start from the oldest event kept, marked resync.
   const bool other_run =

@@ -35,14 +35,16 @@ class EventsReactor final : public grpc::ServerWriteReactor<v1::EventBatch> {
   // `internal_ns` is the store's id of the request's namespace (the caller's tenant
   // maps it; 0: all namespaces); events go out under the id the client named.
   // `subscribers` counts live subscribers; decremented when the call is done.
+  // `place`: the call's place among max_streams, given back as the call finishes (the
+  // reactor's before it can be woken, and finished, on another thread).
   EventsReactor(EventLog* log, const v1::EventsRequest& request, uint64_t internal_ns,
-                RpcMetrics* metrics, std::shared_ptr<std::atomic<int>> subscribers);
+                RpcMetrics* metrics, std::shared_ptr<std::atomic<int>> subscribers,
+                StreamLimiter::Ticket place = {});
 
   void OnWriteDone(bool ok) override;
   void OnCancel() override;
   void OnDone() override;
   // Keeps the call's place among max_streams until the call is done.
-  void Hold(StreamLimiter::Ticket place) { place_ = std::move(place); }
 
  private:
   // What the log's wake-up needs; outlives the reactor if a wake-up is in flight.

@@ -44,8 +44,13 @@ absl::Status StreamedReadError(uint32_t key, const absl::Status& read, absl::str
 GetReactor::GetReactor(grpc::CallbackServerContext* ctx, const v1::GetRequest* request,
                        TieredStore* store, RpcMetrics* metrics, LeaseTable* leases,
                        RegionTable* regions, ParallelCopy* copier, uint64_t max_frame_bytes,
-                       uint32_t max_keys)
-    : ctx_(ctx), store_(store), scope_(metrics, RpcMethod::kGet), copier_(copier) {
+                       uint32_t max_keys, StreamLimiter::Ticket place, StallReaper* stalls)
+    : ctx_(ctx),
+      store_(store),
+      scope_(metrics, RpcMethod::kGet),
+      copier_(copier),
+      place_(std::move(place)),
+      stall_(stalls, [ctx] { ctx->TryCancel(); }) {
   if (absl::Status s = Start(request, leases, regions, max_frame_bytes, max_keys); !s.ok()) {
     absl::MutexLock lock(&mu_);
     error_ = s;
@@ -404,19 +409,6 @@ void GetReactor::OnWriteDone(bool ok) {
     }
   }
   Pump();
-}
-
-void GetReactor::WatchForStalls(StallReaper* reaper) {
-  // gRPC binds the reactor to the call, and runs reactions, only after the handler
-  // returns it; a write the constructor started is queued until then, so none runs yet.
-  stall_ = StallReaper::Watched(reaper, [ctx = ctx_] { ctx->TryCancel(); });
-  bool writing;
-  {
-    absl::MutexLock lock(&mu_);
-    writing = writing_;
-  }
-  // Outside mu_: the reaper's lock is never taken under ours.
-  if (writing) stall_.WaitingOnClient(true);
 }
 
 void GetReactor::OnDone() {

@@ -68,19 +68,19 @@ class GetReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   // All must outlive the call. A lease the request names is taken
   // from `leases` at the start and its chunks held until the call ends.
   // `request` is the parsed GetRequest, or null when the bytes were not one.
+  // `place` is the call's place among max_streams, given back as the call finishes.
+  // `stalls` (may be null; must outlive the call) cancels the call when its client stops
+  // reading: a frame's write held back by flow control for longer than its idle time.
+  // Both are the reactor's before it starts any work that can finish the call on
+  // another thread.
   GetReactor(grpc::CallbackServerContext* ctx, const v1::GetRequest* request,
              TieredStore* store, RpcMetrics* metrics, LeaseTable* leases,
              RegionTable* regions, ParallelCopy* copier, uint64_t max_frame_bytes,
-             uint32_t max_keys);
+             uint32_t max_keys, StreamLimiter::Ticket place = {},
+             StallReaper* stalls = nullptr);
 
   void OnWriteDone(bool ok) override;
   void OnDone() override;
-  // Keeps the call's place among max_streams until the call is done.
-  void Hold(StreamLimiter::Ticket place) { place_ = std::move(place); }
-  // Lets `reaper` (may be null; must outlive the call) cancel the call when its client
-  // stops reading: a frame's write held back by flow control for longer than the
-  // reaper's idle time. Call right after construction, like Hold.
-  void WatchForStalls(StallReaper* reaper);
 
  private:
   // One frame of a streamed chunk: its byte range, then its bytes once read.

@@ -176,20 +176,15 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* KvCacheService::Get(
   if (parsed) req.set_namespace_id(tenant->Internal(req.namespace_id()));
   if (parsed && req.has_target() && data_plane_.regions != nullptr &&
       data_plane_.regions->IsDevice(req.target().region_id())) {
-    auto* reactor = new DeviceGetReactor(ctx, req, store_.load(std::memory_order_acquire),
-                                         metrics_, leases_, data_plane_.regions,
-                                         limits_.max_frame_bytes, limits_.max_keys_per_request,
-                                         guards_.stalls);
-    reactor->Hold(*std::move(place));
-    return reactor;
+    return new DeviceGetReactor(ctx, req, store_.load(std::memory_order_acquire), metrics_,
+                                leases_, data_plane_.regions, limits_.max_frame_bytes,
+                                limits_.max_keys_per_request, *std::move(place),
+                                guards_.stalls);
   }
-  auto* reactor = new GetReactor(ctx, parsed ? &req : nullptr,
-                                 store_.load(std::memory_order_acquire), metrics_, leases_,
-                                 data_plane_.regions, data_plane_.copier, limits_.max_frame_bytes,
-                                 limits_.max_keys_per_request);
-  reactor->Hold(*std::move(place));
-  reactor->WatchForStalls(guards_.stalls);
-  return reactor;
+  return new GetReactor(ctx, parsed ? &req : nullptr, store_.load(std::memory_order_acquire),
+                        metrics_, leases_, data_plane_.regions, data_plane_.copier,
+                        limits_.max_frame_bytes, limits_.max_keys_per_request,
+                        *std::move(place), guards_.stalls);
 }
 
 grpc::Status KvCacheService::DataPlane(grpc::ServerContext* ctx, const v1::DataPlaneRequest* req,
@@ -332,10 +327,8 @@ grpc::ServerWriteReactor<v1::EventBatch>* KvCacheService::Events(
     subscribers_->fetch_sub(1);
     return new Refused(metrics_, RpcMethod::kEvents, ToGrpcStatus(place.status()));
   }
-  auto* reactor = new EventsReactor(events_, *req, tenant->Internal(req->namespace_id()),
-                                    metrics_, subscribers_);
-  reactor->Hold(*std::move(place));
-  return reactor;
+  return new EventsReactor(events_, *req, tenant->Internal(req->namespace_id()), metrics_,
+                           subscribers_, *std::move(place));
 }
 
 grpc::Status KvCacheService::Prefill(grpc::ServerContext* ctx, PrefillStream* stream) {

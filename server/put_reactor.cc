@@ -48,6 +48,7 @@ PutReactor::PutReactor(grpc::CallbackServerContext* ctx, grpc::ByteBuffer* respo
       tenant_(std::move(tenant)),
       scope_(metrics, RpcMethod::kPut) {
   if (store_ == nullptr) {
+    finished_early_ = true;
     Finish(scope_.Done(ToGrpcStatus(absl::UnavailableError(
         "kvtierd is starting up (recovering the SSD tier's index); retry shortly"))));
     return;

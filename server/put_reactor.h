@@ -58,8 +58,11 @@ class PutReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   void OnReadDone(bool ok) override;
   void OnCancel() override;
   void OnDone() override;
-  // Keeps the call's place among max_streams until the call is done.
+  // Keeps the call's places (among max_streams, within max_put_buffer) until the call
+  // finishes. Call right after construction: no reaction runs before the handler
+  // returns the reactor. A call the constructor already finished keeps none.
   void Hold(StreamLimiter::Ticket place, StreamLimiter::Ticket put_place) {
+    if (finished_early_) return;
     place_ = std::move(place);
     put_place_ = std::move(put_place);
   }
@@ -146,6 +149,7 @@ class PutReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   // before the client can see its status: a client's next call finds them free.
   StreamLimiter::Ticket place_;
   StreamLimiter::Ticket put_place_;
+  bool finished_early_ = false;  // The constructor finished the call (no store yet).
   StallReaper::Watched stall_;
   TenantQuotas* quotas_ = nullptr;
 };
