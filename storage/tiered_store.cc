@@ -396,16 +396,19 @@ bool TieredStore::StagedAndBacked(const ChunkId& id) const {
 
 Tier TieredStore::Locate(const ChunkId& id) const {
   // A copy tier names the chunk only while a local tier below it backs the copy.
-  Tier copy = Tier::kNone;
-  for (const StorageTier* tier : tiers_) {
+  StorageTier* copy = nullptr;
+  for (StorageTier* tier : tiers_) {
     if (tier->role() == StorageTier::Role::kShared) break;
     if (!tier->Contains(id)) continue;
     if (tier->role() == StorageTier::Role::kCopy) {
-      if (copy == Tier::kNone) copy = tier->tier();
+      if (copy == nullptr) copy = tier;
       continue;
     }
-    return copy != Tier::kNone ? copy : tier->tier();
+    return copy != nullptr ? copy->tier() : tier->tier();
   }
+  // A copy of a chunk no local tier holds any more (evicted in ram-only mode, deleted in
+  // a race with StageAsync) is dropped: it must not hold room or stop a restaging.
+  if (copy != nullptr) copy->Delete(id).IgnoreError();
   return Tier::kNone;
 }
 

@@ -253,6 +253,8 @@ TEST_F(TieredStoreGpuTest, AStagedCopyOfAChunkTheStoreDroppedIsNotAHit) {
   ASSERT_EQ(store_->Locate(Id(1)), Tier::kGpu);
   for (uint64_t i = 100; i < 108; ++i) Put(i);  // Fills the 8-chunk pool: 1 is evicted.
   EXPECT_EQ(store_->Locate(Id(1)), Tier::kNone);
+  // The orphaned copy is dropped, not left to hold staging room until evicted.
+  EXPECT_EQ(store_->GetStats().gpu.staging.chunks, 0u);
   const DevicePtr dst = WorkerBuffer(kChunk);
   EXPECT_EQ(Deliver(1, {{0, kChunk, dst}}).status().code(), absl::StatusCode::kNotFound);
   Put(1);  // Stored again, not drained as already present.
