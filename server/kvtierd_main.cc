@@ -358,14 +358,16 @@ int Run(const DaemonConfig& config, const sigset_t& signals) {
   if (unix_listener) unix_listener->Stop();  // No new connections into a closing server.
   // gRPC's graceful GOAWAY waits for each connection to answer a ping, and an idle C++
   // client (polled only by its 5 s backup poller) answers late: SIGTERM was held up by
-  // idle connections. So once no call of ours has been open for 150 ms (time for the
-  // last statuses to leave), the connections that are left are closed outright.
+  // idle connections. So once no call of ours has been open for a second (time for the
+  // last replies to leave: a synchronous handler's call counts as closed when it
+  // returns, just before gRPC sends its reply), the connections left are closed
+  // outright. A request still arriving then, with no handler yet, is cancelled.
   absl::Notification shut;
   std::thread closer([&] {
     int quiet = 0;
     while (!shut.WaitForNotificationWithTimeout(absl::Milliseconds(50))) {
       quiet = rpc_metrics.open_calls() == 0 ? quiet + 1 : 0;
-      if (quiet > 2) {
+      if (quiet >= 20) {
         LogInfo("no RPC in flight: closing the idle client connections");
         grpc_server_cancel_all_calls(server->c_server());
         return;

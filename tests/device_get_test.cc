@@ -178,6 +178,9 @@ class DeviceGetTest : public ::testing::Test {
   std::string socket_name_, target_;
   uint64_t ns_ = 0;
   size_t worker_buffers_ = 0;
+  // Outlive the server and its calls: TearDown shuts it down before members go.
+  testing::FakeClock clock_;
+  std::unique_ptr<StallReaper> reaper_;
 };
 
 TEST_F(DeviceGetTest, ChunksLandInTheWorkersGpuMemoryFromStagingAndFromRam) {
@@ -497,17 +500,19 @@ TEST_F(DeviceGetTest, ADaemonWithoutAGpuRefusesDeviceMemory) {
 
 // A device Get is watched like a streamed one: waiting on the device is not idle (copies
 // held on the fake device for longer than the idle time are not reaped), but a worker
-// that stops reading its frames is cancelled, and its place comes back. The worker
+// that stops reading its frames is cancelled, and the daemon goes on serving. The worker
 // reaches the daemon through a proxy that stops forwarding the daemon's bytes, and asks
 // for 4000 small chunks (most absent: a frame each, no copy) so that the frames fill
 // its flow-control window.
 TEST_F(DeviceGetTest, AWorkerThatStopsReadingIsCancelledButWaitingOnTheDeviceIsNot) {
-  testing::FakeClock clock;
   StallReaperOptions o;
   o.idle = absl::Seconds(10);
   o.run_thread = false;
-  o.clock = clock.AsFunction();
-  StallReaper reaper(o);
+  o.clock = clock_.AsFunction();
+  // A member: calls end (and leave the reaper) until the server is shut down.
+  reaper_ = std::make_unique<StallReaper>(o);
+  StallReaper& reaper = *reaper_;
+  testing::FakeClock& clock = clock_;
   Start({.hold_copies = true}, /*with_gpu=*/true, &reaper);
   Put(0);
   auto [buf, handle] = WorkerBuffer(4 * kChunk);

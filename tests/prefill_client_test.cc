@@ -1040,7 +1040,8 @@ TEST_F(DaemonPrefillTest, AbandonedSessionLeavesTheDaemonServing) {
     };
     auto session = PrefillSession::Start(*client_, ns_, keys, options);
     ASSERT_TRUE(session.ok()) << session.status();
-    first_chunk.WaitForNotification();  // 1 of 8 chunks at 2 MiB/s: the rest in flight.
+    // 1 of 8 chunks at 2 MiB/s: the rest in flight.
+    ASSERT_TRUE(first_chunk.WaitForNotificationWithTimeout(absl::Seconds(60)));
   }  // Destroyed mid-stream: cancelled.
   PrefillOptions options;
   options.compute_estimate = ComputeEstimate{100, 0};

@@ -361,7 +361,9 @@ TEST_F(PrefillTest, ShortSessionIsNotStarvedByALongOne) {
     });
     long_done = true;
   });
-  long_streaming.WaitForNotification();
+  if (!long_streaming.WaitForNotificationWithTimeout(absl::Seconds(60))) {
+    ADD_FAILURE() << "the long session never streamed";
+  }
   const uint32_t long_before = long_chunks.load();
   Seen short_seen = run(4, {});
   const bool long_done_first = long_done.load();
