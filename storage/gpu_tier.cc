@@ -205,7 +205,7 @@ void GpuTier::Read(const ChunkId& id, SinkFor sink_for, ReadDone done) {
   if (!meta.has_value()) return done(absl::NotFoundError("chunk not staged on the GPU"));
   ChunkSink* sink = sink_for(*meta);
   if (sink == nullptr) {
-    return done(absl::ResourceExhaustedError("no room to read the chunk into"));
+    return done(NoSinkError());
   }
   auto buffer = std::shared_ptr<char[]>(new char[meta->size]);
   Begin();

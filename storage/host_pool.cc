@@ -344,11 +344,7 @@ uint64_t HostPool::dirty_bytes() const {
 
 void HostPool::Write(const ChunkId& id, const ChunkMeta& meta, ChunkBytes bytes,
                      WriteDone done) {
-  if (bytes.size() != meta.size) {
-    return done(absl::InvalidArgumentError(absl::StrCat(
-        "RAM write of ", id.DebugString(), ": ", bytes.size(), " bytes for a chunk of ",
-        meta.size)));
-  }
+  if (absl::Status s = CheckChunkBytes(Tier::kRam, id, meta, bytes); !s.ok()) return done(s);
   if (Contains(id)) return done(absl::OkStatus());
   absl::StatusOr<std::shared_ptr<PoolChunk>> chunk = Allocate(meta.size, DirtyVictim::kSkip);
   if (!chunk.ok()) return done(chunk.status());
@@ -371,7 +367,7 @@ void HostPool::Read(const ChunkId& id, SinkFor sink_for, ReadDone done) {
   if (!hit.has_value()) return done(absl::NotFoundError("chunk not in RAM"));
   ChunkSink* sink = sink_for(hit->meta);
   if (sink == nullptr) {
-    return done(absl::ResourceExhaustedError("no room to read the chunk into"));
+    return done(NoSinkError());
   }
   uint64_t offset = 0;
   hit->data->ForEachPiece(0, hit->meta.size, [&](absl::string_view piece) {

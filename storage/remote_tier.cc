@@ -557,33 +557,32 @@ bool RemoteTier::Contains(const ChunkId& id) const {
   return const_cast<RemoteTier*>(this)->ContainsMany({&id, 1})[0];
 }
 
+absl::StatusOr<uint64_t> RemoteTier::FingerprintOf(uint64_t ns) const {
+  if (!options_.layout_fingerprint) {
+    return absl::FailedPreconditionError("remote tier: no layout fingerprints given");
+  }
+  return options_.layout_fingerprint(ns);
+}
+
 void RemoteTier::Write(const ChunkId& id, const ChunkMeta& meta, ChunkBytes bytes,
                        WriteDone done) {
-  if (!options_.layout_fingerprint) {
-    return done(absl::FailedPreconditionError("remote tier: no layout fingerprints given"));
-  }
-  absl::StatusOr<uint64_t> fingerprint = options_.layout_fingerprint(id.ns);
+  absl::StatusOr<uint64_t> fingerprint = FingerprintOf(id.ns);
   if (!fingerprint.ok()) return done(fingerprint.status());
-  if (bytes.size() != meta.size) {
-    return done(absl::InvalidArgumentError(absl::StrCat(
-        "remote write of ", id.DebugString(), ": ", bytes.size(), " bytes for a chunk of ",
-        meta.size)));
+  if (absl::Status s = CheckChunkBytes(Tier::kRemote, id, meta, bytes); !s.ok()) {
+    return done(s);
   }
   WriteAsync(id, meta, *fingerprint, std::move(bytes.pieces), std::move(bytes.keep_alive),
              std::move(done));
 }
 
 void RemoteTier::Read(const ChunkId& id, SinkFor sink_for, ReadDone done) {
-  if (!options_.layout_fingerprint) {
-    return done(absl::FailedPreconditionError("remote tier: no layout fingerprints given"));
-  }
-  absl::StatusOr<uint64_t> fingerprint = options_.layout_fingerprint(id.ns);
+  absl::StatusOr<uint64_t> fingerprint = FingerprintOf(id.ns);
   if (!fingerprint.ok()) return done(fingerprint.status());
   absl::StatusOr<RemoteRecord> record = ReadRecord(id, *fingerprint);
   if (!record.ok()) return done(record.status());
   ChunkSink* sink = sink_for(record->meta);
   if (sink == nullptr) {
-    return done(absl::ResourceExhaustedError("no room to read the chunk into"));
+    return done(NoSinkError());
   }
   if (absl::Status s = ReadPayload(id, *record, *sink); !s.ok()) return done(s);
   done(record->meta);

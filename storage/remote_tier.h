@@ -167,6 +167,8 @@ class RemoteTier final : public StorageTier {
   RemoteTier(RemoteTierOptions options, std::unique_ptr<RedisCluster> cluster);
   void WriterLoop();
   absl::Status Write(const Job& job);
+  // options_.layout_fingerprint(ns), or FailedPrecondition without one.
+  absl::StatusOr<uint64_t> FingerprintOf(uint64_t ns) const;
   // Deletes segments [0, n) of `generation` (a write that did not commit).
   void DeleteSegments(const ChunkId& id, uint64_t generation, uint32_t n);
   // Counts `s` against health when it says the cluster was unreachable.

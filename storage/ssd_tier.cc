@@ -736,12 +736,7 @@ absl::StatusOr<std::vector<std::pair<uint64_t, std::string>>> SsdTier::LoadLayou
 
 void SsdTier::Write(const ChunkId& id, const ChunkMeta& meta, ChunkBytes bytes,
                     WriteDone done) {
-  if (bytes.size() != meta.size) {
-    done(absl::InvalidArgumentError(absl::StrCat("SSD write of ", id.DebugString(), ": ",
-                                                 bytes.size(), " bytes for a chunk of ",
-                                                 meta.size)));
-    return;
-  }
+  if (absl::Status s = CheckChunkBytes(Tier::kSsd, id, meta, bytes); !s.ok()) return done(s);
   done(Put(id, meta, bytes.pieces));
 }
 
@@ -750,7 +745,7 @@ void SsdTier::Read(const ChunkId& id, SinkFor sink_for, ReadDone done) {
   if (!meta.ok()) return done(meta.status());
   ChunkSink* sink = sink_for(*meta);
   if (sink == nullptr) {
-    return done(absl::ResourceExhaustedError("no room to read the chunk into"));
+    return done(NoSinkError());
   }
   if (absl::Status s = ReadPayload(id, *meta, *sink); !s.ok()) return done(s);
   done(*std::move(meta));

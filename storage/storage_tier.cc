@@ -3,6 +3,7 @@
 #include <cstring>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "storage/crc32c.h"
 #include "storage/pool_chunk.h"
@@ -38,6 +39,18 @@ uint64_t ChunkBytes::size() const {
   uint64_t n = 0;
   for (absl::string_view p : pieces) n += p.size();
   return n;
+}
+
+absl::Status CheckChunkBytes(Tier tier, const ChunkId& id, const ChunkMeta& meta,
+                             const ChunkBytes& bytes) {
+  if (bytes.size() == meta.size) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(TierName(tier), " write of ",
+                                                 id.DebugString(), ": ", bytes.size(),
+                                                 " bytes for a chunk of ", meta.size));
+}
+
+absl::Status NoSinkError() {
+  return absl::ResourceExhaustedError("no room to read the chunk into");
 }
 
 absl::Status WriteAndWait(StorageTier& tier, const ChunkId& id, const ChunkMeta& meta,

@@ -141,6 +141,13 @@ class StorageTier {
   virtual TierStats Stats() const = 0;
 };
 
+// What a tier's Write answers when `bytes` do not add up to meta.size (InvalidArgument
+// naming the tier and the chunk), or Ok.
+absl::Status CheckChunkBytes(Tier tier, const ChunkId& id, const ChunkMeta& meta,
+                             const ChunkBytes& bytes);
+// What a tier's Read answers when `sink_for` gives no sink.
+absl::Status NoSinkError();
+
 // Write, waiting for `done` (on this thread for a synchronous tier). For callers that
 // have a thread to spend on the write: the flushers, a write-through commit.
 absl::Status WriteAndWait(StorageTier& tier, const ChunkId& id, const ChunkMeta& meta,
