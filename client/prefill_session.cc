@@ -47,8 +47,11 @@ absl::Status PrefillOptions::Validate() const {
   if (!into.empty() && on_chunk) {
     return absl::InvalidArgumentError("Prefill: pass into or on_chunk, not both");
   }
-  if (into.empty() && on_chunk_in_place) {
-    return absl::InvalidArgumentError("Prefill: on_chunk_in_place needs into");
+  if (into_device.has_value() && (!into.empty() || on_chunk)) {
+    return absl::InvalidArgumentError("Prefill: pass one of into_device, into and on_chunk");
+  }
+  if (into.empty() && !into_device.has_value() && on_chunk_in_place) {
+    return absl::InvalidArgumentError("Prefill: on_chunk_in_place needs into or into_device");
   }
   if (rpc_deadline < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("rpc_deadline must not be negative");
@@ -112,11 +115,18 @@ absl::StatusOr<std::unique_ptr<PrefillSession>> PrefillSession::Start(
     target.set_region_id(into_shared->region_id());
     target.set_token(into_shared->token());
     target.add_offsets(static_cast<uint64_t>(options.into.data() - into_shared->data()));
+  } else if (options.into_device.has_value()) {
+    // The daemon checks that every key's chunk fits the region.
+    v1::RegionTarget& target = *open.mutable_target();
+    target.set_region_id(options.into_device->region.region_id);
+    target.set_token(options.into_device->region.token);
+    target.add_offsets(options.into_device->offset);
   }
 
   std::unique_ptr<PrefillSession> session(
       new PrefillSession(static_cast<uint32_t>(keys.size()), std::move(options)));
   PrefillSession& s = *session;
+  s.placed_by_daemon_ = into_shared != nullptr || s.options_.into_device.has_value();
   s.into_shared_ = std::move(into_shared);
   s.start_time_ = absl::Now();
   s.ctx_.set_deadline(absl::ToChronoTime(s.start_time_ + deadline));
@@ -390,11 +400,11 @@ absl::Status PrefillSession::OnFrame(v1::PrefillChunkFrame& frame) {
                                   chunk_bytes, " bytes"));
   }
   const std::string& data = frame.data();
-  if (into_shared_ != nullptr) {
-    // The daemon copied the whole chunk into our shared memory and checked its CRC32C
-    // as it did: one frame, no data.
+  if (placed_by_daemon_) {
+    // The daemon copied the whole chunk into our shared or GPU memory and checked its
+    // CRC32C as it did: one frame, no data.
     if (!frame.last() || !data.empty()) {
-      return Violation(absl::StrCat("chunk ", index, " of a Prefill into shared memory "
+      return Violation(absl::StrCat("chunk ", index, " of a Prefill into registered memory "
                                     "came with ", data.size(), " data bytes and last = ",
                                     frame.last()));
     }
@@ -427,7 +437,7 @@ absl::Status PrefillSession::OnFrame(v1::PrefillChunkFrame& frame) {
     return Violation(absl::StrCat("last frame of chunk ", index, " after ", assembled_,
                                   " of ", chunk_bytes, " bytes"));
   }
-  if (into_shared_ == nullptr && assembling_crc_ != assembling_expected_crc_) {
+  if (!placed_by_daemon_ && assembling_crc_ != assembling_expected_crc_) {
     return absl::DataLossError(absl::StrFormat(
         "Prefill: chunk %u failed its CRC32C: the daemon says %08x, the %u bytes "
         "received give %08x",
@@ -448,10 +458,10 @@ absl::Status PrefillSession::OnFrame(v1::PrefillChunkFrame& frame) {
   last_index_ = index;
   assembling_index_ = -1;
   assembled_ = 0;
-  if (!options_.into.empty()) {
+  if (!options_.into.empty() || placed_by_daemon_) {
     // Into place only whole and verified: the worker may hold its own copy of a chunk
     // whose streaming was cut short, in the same memory.
-    if (into_shared_ == nullptr) {
+    if (!placed_by_daemon_) {
       std::memcpy(options_.into.data() + uint64_t{index} * chunk_bytes, assembling_.data(),
                   chunk_bytes);
       assembling_ = std::string();
@@ -547,7 +557,8 @@ absl::StatusOr<PrefillResult> PrefillSession::Finish() {
   r.detail = done.detail();
   r.sources.assign(h_, ChunkSource::kComputed);
   for (uint32_t i = s; i < h_; ++i) r.sources[i] = ChunkSource::kStreamed;
-  r.path = into_shared_ != nullptr ? DataPath::kSharedMemory : DataPath::kStream;
+  // kSharedMemory: the daemon placed the chunks in registered memory (shared or GPU).
+  r.path = placed_by_daemon_ ? DataPath::kSharedMemory : DataPath::kStream;
   r.chunks_streamed = chunks_received_;
   r.bytes_streamed = bytes_received_;
   r.bytes_discarded = bytes_discarded_;

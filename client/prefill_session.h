@@ -63,6 +63,7 @@
 #include "client/kvtier_client.h"
 #include "client/shared_buffer.h"
 #include "client/prefill_stream_writer.h"
+#include "client/region_channel.h"
 #include "kvtier/v1/kvtier.pb.h"
 #include "storage/chunk_key.h"
 
@@ -97,6 +98,19 @@ struct PrefillOptions {
   // session that failed or was cancelled, the daemon may still be finishing one chunk's
   // copy into the buffer for as long as that copy takes (milliseconds) after Close.
   absl::Span<char> into;
+  // Instead of on_chunk or into: streamed chunks land in GPU memory this process
+  // registered with KvTierClient::RegisterDeviceMemory, chunk i at `offset` + i *
+  // chunk_bytes of `region` (the daemon refuses, InvalidArgument, keys that do not fit
+  // it). The daemon copies each chunk there on its CUDA streams, device-to-device from
+  // its staging buffers or host-to-device from its pool, checking the CRC32C of what it
+  // copies, and announces it (on_chunk_in_place) only once the bytes have landed: the
+  // worker may then use them on any of its streams. Same caveats as `into` in shared
+  // memory.
+  struct DeviceInto {
+    RegionChannel::Registration region;
+    uint64_t offset = 0;
+  };
+  std::optional<DeviceInto> into_device;
   std::function<void(uint32_t index, v1::Tier tier)> on_chunk_in_place;
   // Sent in Open so the daemon's forecast (and its decision to stop before a chunk the
   // worker would compute sooner) uses this worker's real speed. Absent: the daemon uses
@@ -252,6 +266,9 @@ class PrefillSession {
   // With options_.into in shared memory: the buffer, held (and so registered with the
   // daemon) for the session; the daemon copies chunks into it.
   std::shared_ptr<SharedBuffer> into_shared_;
+  // The daemon copies each chunk into place itself (shared memory or GPU memory): one
+  // frame per chunk, no data bytes.
+  bool placed_by_daemon_ = false;
   absl::Time start_time_;
 
   // The call. ctx_ precedes stream_ (the stream refers to it) and both outlive the

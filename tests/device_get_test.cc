@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "client/kvtier_client.h"
+#include "client/prefill_session.h"
 #include "client/region_channel.h"
 #include "gtest/gtest.h"
 #include "kvtier/v1/kvtier.grpc.pb.h"
@@ -344,6 +345,50 @@ TEST_F(DeviceGetTest, PrefillStreamsChunksIntoGpuMemory) {
   // The three cached chunks were sent to staging at open (whether a delivery found one
   // there yet depends on timing).
   EXPECT_GE(staged_at_plan, 3u);
+}
+
+// The client's PrefillSession with into_device: the daemon places each streamed chunk
+// in the worker's GPU memory and the session announces it once it landed; options that
+// name two destinations, and keys that do not fit the region, are refused.
+TEST_F(DeviceGetTest, ClientPrefillSessionDeliversIntoGpuMemory) {
+  Start();
+  for (uint64_t i = 0; i < 3; ++i) Put(i);
+  auto [buf, handle] = WorkerBuffer(4 * kChunk);
+  auto reg = client_->RegisterDeviceMemory(handle, 4 * kChunk);
+  ASSERT_TRUE(reg.ok()) << reg.status();
+  const std::vector<ChunkKey> keys = {KeyOf(0), KeyOf(1), KeyOf(2)};
+  std::vector<uint32_t> placed;
+  PrefillOptions options;
+  options.into_device = PrefillOptions::DeviceInto{*reg, kChunk};
+  options.on_chunk_in_place = [&](uint32_t index, v1::Tier tier) {
+    // Announced only once the bytes are in the worker's memory.
+    EXPECT_TRUE(Landed(buf + kChunk + index * kChunk, kChunk) == PatternBytes(index, kChunk))
+        << index;
+    EXPECT_NE(tier, v1::TIER_UNSPECIFIED);
+    placed.push_back(index);
+  };
+  options.compute_estimate = ComputeEstimate{100, 0};  // Slow worker: all streamed.
+  auto session = PrefillSession::Start(*client_, ns_, keys, options);
+  ASSERT_TRUE(session.ok()) << session.status();
+  auto r = (*session)->Finish();
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->reason, v1::PrefillDone::ALL_STREAMED);
+  EXPECT_EQ(r->path, DataPath::kSharedMemory);
+  EXPECT_EQ(r->chunks_streamed, 3u);
+  EXPECT_EQ(placed, (std::vector<uint32_t>{2, 1, 0}));
+  ASSERT_TRUE((*session)->Close().ok());
+
+  // Two destinations; three chunks from 2 chunks into a 4-chunk region.
+  PrefillOptions both = options;
+  both.on_chunk = [](uint32_t, std::string, v1::Tier) {};
+  both.on_chunk_in_place = nullptr;
+  EXPECT_EQ(PrefillSession::Start(*client_, ns_, keys, both).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  PrefillOptions past_end = options;
+  past_end.into_device->offset = 2 * kChunk;
+  EXPECT_EQ(PrefillSession::Start(*client_, ns_, keys, past_end).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(client_->ReleaseDeviceMemory(reg->region_id).ok());
 }
 
 TEST_F(DeviceGetTest, BadHandlesAndTargetsGetClearStatuses) {

@@ -33,6 +33,12 @@ target_compile_definitions(tls_integration_test PRIVATE
 # Get into GPU memory through an in-process server on the fake device backend.
 kvtier_test(device_get_test LIBS kvtier_server kvtier_daemon_support LABELS integration)
 
+# A worker on a real GPU against a real kvtierd (CUDA IPC needs two processes): label
+# `gpu`; each test skips without one.
+if(KVTIER_HAVE_CUDA)
+  kvtier_test(daemon_gpu_test LIBS kvtier_daemon_support CUDA::cudart_static LABELS gpu)
+endif()
+
 kvtier_test(daemon_config_test LIBS kvtier_server)
 kvtier_test(tenant_auth_test LIBS kvtier_server)
 kvtier_test(stall_reaper_test LIBS kvtier_server)
