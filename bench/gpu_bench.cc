@@ -104,6 +104,7 @@ int Main() {
     layout.num_kv_heads = 8;
     layout.head_dim = 128;
     layout.tokens_per_chunk = 256;
+    layout.key_position = LayoutSpec::KeyPosition::kPostRope;
     auto reg = (*store)->RegisterLayout(layout);
     if (!reg.ok()) {
       std::fprintf(stderr, "layout: %s\n", std::string(reg.status().message()).c_str());

@@ -163,6 +163,7 @@ Daemon StartDaemon(uint32_t layers, uint64_t chunks, uint64_t staging_bytes) {
   layout.num_kv_heads = 8;
   layout.head_dim = 128;
   layout.tokens_per_chunk = 256;
+  layout.key_position = LayoutSpec::KeyPosition::kPostRope;
   auto reg = d.client->RegisterLayout(layout);
   if (!reg.ok()) {
     std::fprintf(stderr, "layout: %s\n", std::string(reg.status().message()).c_str());

@@ -146,11 +146,11 @@ TEST_F(DaemonGpuTest, GetDeliversChunksAndLayersIntoTheWorkersGpuMemory) {
   EXPECT_TRUE(mem.Read(kChunk, kChunk) == PatternBytes(1, kChunk));
   EXPECT_TRUE(mem.Read(3 * kChunk, kChunk) == PatternBytes(2, kChunk));
 
-  // Layer-major, layers 1..3 of two chunks after the first four: layer by layer, each
+  // Layer-major, layers [1, 4) of two chunks after the first four: layer by layer, each
   // layer of each key once it landed, and exactly those bytes.
   std::vector<std::pair<uint32_t, uint32_t>> layers;
   auto part = client_->GetIntoDevice(
-      ns_, std::vector<ChunkKey>{KeyOf(3), KeyOf(1)}, *reg, 4 * kChunk, LayerRange{1, 3},
+      ns_, std::vector<ChunkKey>{KeyOf(3), KeyOf(1)}, *reg, 4 * kChunk, LayerRange{1, 4},
       v1::GET_ORDER_LAYER_MAJOR, 0, [&](uint32_t key, uint32_t layer) {
         layers.emplace_back(key, layer);
         return absl::OkStatus();
@@ -162,7 +162,7 @@ TEST_F(DaemonGpuTest, GetDeliversChunksAndLayersIntoTheWorkersGpuMemory) {
   EXPECT_TRUE(mem.Read(4 * kChunk, part_bytes) == PatternBytes(3, kChunk).substr(kMiB));
   EXPECT_TRUE(mem.Read(4 * kChunk + part_bytes, part_bytes) ==
               PatternBytes(1, kChunk).substr(kMiB));
-  EXPECT_GT(Metric("kvtier_gpu_deliveries_total"), 0);
+  EXPECT_GT(Metric("kvtier_gpu_delivered_bytes_total"), 0);
   EXPECT_TRUE(client_->ReleaseDeviceMemory(reg->region_id).ok());
 }
 
