@@ -175,6 +175,35 @@ TEST(SlotArenaTest, TakeIsAllOrNothing) {
   (*arena)->Release(*all);
 }
 
+// A chunk's slots come in ascending order, adjacent where the free list allows: one
+// copy for the GPU's DMA instead of one per slot. A released run is taken back whole.
+TEST(SlotArenaTest, AChunksSlotsAscendAndAReleasedRunComesBackWhole) {
+  SlotArenaOptions o;
+  o.capacity_bytes = 16 * 4096;
+  o.slot_bytes = 4096;
+  auto arena = SlotArena::Create(o);
+  ASSERT_TRUE(arena.ok()) << arena.status();
+  auto a = (*arena)->Take(5);
+  auto b = (*arena)->Take(3);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(*a, (std::vector<uint32_t>{0, 1, 2, 3, 4}));
+  EXPECT_EQ(*b, (std::vector<uint32_t>{5, 6, 7}));
+  (*arena)->Release(*a);
+  auto c = (*arena)->Take(5);
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(*c, (std::vector<uint32_t>{0, 1, 2, 3, 4}));
+  // Smaller takes from a released run stay in order too.
+  (*arena)->Release(*c);
+  auto d = (*arena)->Take(2);
+  auto e = (*arena)->Take(3);
+  ASSERT_TRUE(d.ok() && e.ok());
+  EXPECT_EQ(*d, (std::vector<uint32_t>{0, 1}));
+  EXPECT_EQ(*e, (std::vector<uint32_t>{2, 3, 4}));
+  (*arena)->Release(*d);
+  (*arena)->Release(*e);
+  (*arena)->Release(*b);
+}
+
 TEST_F(HostPoolTest, SlotAccounting) {
   HostPoolStats s = pool_->GetStats();
   EXPECT_EQ(s.capacity_bytes, kSlots * kSlot);
