@@ -44,7 +44,7 @@ absl::Status DeviceGetReactor::Start(const v1::GetRequest& req, LeaseTable* leas
 }
 
 void DeviceGetReactor::Pump() {
-  std::vector<size_t> issue;
+  std::vector<std::pair<size_t, bool>> issue;  // Items, and whether to check the CRC32C.
   bool write = false, finish = false;
   absl::Status finish_status;
   {
@@ -65,7 +65,13 @@ void DeviceGetReactor::Pump() {
             continue;
           }
         }
-        issue.push_back(next_issue_++);
+        // A key's later layers (layer-major) come from the chunk its first pass read
+        // from the host, checked and held in RAM since (OnDelivered): its CRC32C is
+        // not checked again for each layer. After a first pass from staging it is.
+        const uint32_t key = plan_.items[i].key;
+        const bool check = FirstItemOfKey(i) || !results_[key]->ok() ||
+                           **results_[key] == Tier::kGpu;
+        issue.emplace_back(next_issue_++, check);
         ++in_flight_;
         ++copies_;
       }
@@ -115,14 +121,15 @@ void DeviceGetReactor::Pump() {
       finish_status = error_;
     }
   }
-  for (size_t i : issue) {
+  for (const auto& [i, check] : issue) {
     const GetPlan::Item& item = plan_.items[i];
     const DevicePtr key_dst = target_.dest[item.key];
     std::vector<TieredStore::DeviceRange> ranges{
         {item.begin * plan_.layer_bytes, (item.end - item.begin) * plan_.layer_bytes,
          key_dst + (item.begin - plan_.first_layer) * plan_.layer_bytes}};
-    store_->ReadToDeviceAsync(plan_.ids[item.key], std::move(ranges),
-                              [this, i](absl::StatusOr<Tier> r) { OnDelivered(i, std::move(r)); });
+    store_->ReadToDeviceAsync(
+        plan_.ids[item.key], std::move(ranges),
+        [this, i = i](absl::StatusOr<Tier> r) { OnDelivered(i, std::move(r)); }, check);
   }
   if (write) {
     stall_.WaitingOnClient(true);

@@ -1,8 +1,10 @@
 #include "storage/gpu_tier.h"
 
+#include <algorithm>
 #include <atomic>
 #include <memory>
 #include <optional>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -40,7 +42,12 @@ std::unique_ptr<GpuTier> GpuTier::Create(DeviceBackend* device,
 }
 
 GpuTier::GpuTier(DeviceBackend* device, void* pinned, std::unique_ptr<GpuStagingTier> staging)
-    : device_(device), pinned_(pinned), staging_(std::move(staging)) {
+    : device_(device),
+      pinned_(pinned),
+      staging_(std::move(staging)),
+      // A quarter of the cores beside the caller's: a 32 MiB check in five parts keeps
+      // up with a PCIe 5 x16 DMA on the cores of a GPU host.
+      crc_(std::clamp<int>(static_cast<int>(std::thread::hardware_concurrency()) / 4, 1, 8)) {
   stats_.pool_pinned = pinned_ != nullptr;
   stats_.staging_enabled = staging_ != nullptr;
 }
@@ -97,7 +104,7 @@ void GpuTier::DeliverFromStaging(const ChunkId& id, std::vector<Range> ranges, D
 
 void GpuTier::DeliverFromHost(const ChunkMeta& meta, std::vector<absl::string_view> pieces,
                               std::shared_ptr<const void> keep_alive,
-                              std::vector<Range> ranges, Done done) {
+                              std::vector<Range> ranges, Done done, bool check_crc) {
   std::vector<DeviceCopy> copies;
   uint64_t bytes = 0;
   absl::Status bad;
@@ -134,8 +141,7 @@ void GpuTier::DeliverFromHost(const ChunkMeta& meta, std::vector<absl::string_vi
   };
   auto join = std::make_shared<Join>();
   join->done = std::move(done);
-  const uint32_t expected = meta.crc32c;
-  auto finish = [this, join, bytes, expected] {
+  auto finish = [this, join, bytes] {
     absl::Status s = join->copy;
     if (s.ok() && !join->crc_ok) {
       s = absl::DataLossError(
@@ -159,10 +165,19 @@ void GpuTier::DeliverFromHost(const ChunkMeta& meta, std::vector<absl::string_vi
                     join->copy = std::move(s);
                     if (join->left.fetch_sub(1, std::memory_order_acq_rel) == 1) finish();
                   });
-  uint32_t crc = 0;
-  for (absl::string_view p : pieces) crc = crc32c::Extend(crc, p.data(), p.size());
-  join->crc_ok = crc == expected;
-  if (join->left.fetch_sub(1, std::memory_order_acq_rel) == 1) finish();
+  if (!check_crc) {
+    join->crc_ok = true;
+    if (join->left.fetch_sub(1, std::memory_order_acq_rel) == 1) finish();
+    return;
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    stats_.crc_checked_bytes += meta.size;
+  }
+  crc_.Compute(std::move(pieces), [join, finish, expected = meta.crc32c](uint32_t crc) {
+    join->crc_ok = crc == expected;
+    if (join->left.fetch_sub(1, std::memory_order_acq_rel) == 1) finish();
+  });
 }
 
 void GpuTier::Copy(std::vector<DeviceCopy> copies, Done done) {

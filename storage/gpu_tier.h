@@ -10,14 +10,16 @@
 // the metrics).
 //
 // Checksums: a host-to-device delivery checks the chunk's CRC32C on the CPU while the
-// DMA runs and answers DataLoss if it is wrong (the bytes may have landed; the worker
-// must not use them). Staged copies were made from host bytes that had passed the same
+// DMA runs (in parallel parts for chunks of several MiB, see ParallelCrc) and answers
+// DataLoss if it is wrong (the bytes may have landed; the worker must not use them). A
+// caller that checked the same chunk earlier in one request, and held it since, may
+// skip the check for its later ranges (a layer-major Get's later layers). Staged copies were made from host bytes that had passed the same
 // check when they entered the pool and live in ECC-protected device memory; they are
 // not checked again (a GPU kernel would be needed to).
 //
 // Thread-safety: thread-safe. `done` callbacks run on the backend's completion threads,
-// except DeliverFromHost's, which runs on the caller's thread when its CRC32C check
-// finishes after the copy.
+// except DeliverFromHost's, which runs on the caller's thread or a CRC32C thread when
+// its check finishes after the copy.
 // The destructor waits for deliveries in flight; the device backend and the pool
 // memory must outlive this object.
 #ifndef KVTIER_STORAGE_GPU_TIER_H_
@@ -35,6 +37,7 @@
 #include "storage/chunk_id.h"
 #include "storage/device_backend.h"
 #include "storage/gpu_staging_tier.h"
+#include "storage/parallel_crc.h"
 #include "storage/storage_tier.h"
 
 namespace kvtier {
@@ -49,6 +52,7 @@ struct GpuTierStats {
   uint64_t delivered_bytes = 0;
   uint64_t delivery_failures = 0;  // Device errors, and DataLoss found during the copy.
   uint64_t stage_requests = 0;     // StageAsync calls that started a copy in.
+  uint64_t crc_checked_bytes = 0;  // Host bytes whose CRC32C a delivery checked.
 };
 
 class GpuTier final : public StorageTier {
@@ -83,11 +87,13 @@ class GpuTier final : public StorageTier {
   // InvalidArgument, Unavailable.
   void DeliverFromStaging(const ChunkId& id, std::vector<Range> ranges, Done done);
   // From host bytes `pieces` covering meta.size, alive while `keep_alive` is held.
+  // `check_crc` false: the caller checked these bytes earlier in the same request and
+  // held them since, so the whole chunk's CRC32C is not checked again for a range.
   // `done`: Ok, DataLoss (CRC32C mismatch), InvalidArgument (a range outside the chunk
   // or a destination the device refuses), Unavailable (device error).
   void DeliverFromHost(const ChunkMeta& meta, std::vector<absl::string_view> pieces,
                        std::shared_ptr<const void> keep_alive, std::vector<Range> ranges,
-                       Done done);
+                       Done done, bool check_crc = true);
 
   // Runs `copies` on the device (a put from a worker's GPU memory into the pool),
   // counted like a delivery for the destructor's wait. `done`: the backend's status.
@@ -110,6 +116,9 @@ class GpuTier final : public StorageTier {
   mutable absl::Mutex mu_;
   int in_flight_ ABSL_GUARDED_BY(mu_) = 0;  // Deliveries whose done has not run.
   GpuTierStats stats_ ABSL_GUARDED_BY(mu_);
+  // Last: its threads may still be returning from a check whose delivery ended (End)
+  // when the destructor stops waiting, so it is joined before the state above goes.
+  ParallelCrc crc_;
 };
 
 }  // namespace kvtier

@@ -916,12 +916,13 @@ void TieredStore::StageAsync(const ChunkId& id) {
 }
 
 void TieredStore::ReadToDeviceAsync(const ChunkId& id, std::vector<DeviceRange> ranges,
-                                    std::function<void(absl::StatusOr<Tier>)> done) {
+                                    std::function<void(absl::StatusOr<Tier>)> done,
+                                    bool check_crc) {
   if (gpu_ == nullptr) {
     done(absl::FailedPreconditionError("this daemon has no GPU"));
     return;
   }
-  auto from_host = [this, id, ranges, done](absl::StatusOr<ChunkView> view) mutable {
+  auto from_host = [this, id, ranges, done, check_crc](absl::StatusOr<ChunkView> view) mutable {
     if (!view.ok()) {
       done(view.status());
       return;
@@ -941,7 +942,8 @@ void TieredStore::ReadToDeviceAsync(const ChunkId& id, std::vector<DeviceRange> 
                             // A worker on this GPU asked for it: likely again soon.
                             StageAsync(id);
                             done(from);
-                          });
+                          },
+                          check_crc);
   };
   if (!StagedAndBacked(id)) {
     ReadAsync(id, std::move(from_host));

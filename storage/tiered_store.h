@@ -306,9 +306,12 @@ class TieredStore {
   // Ok, NotFound, DataLoss, FailedPrecondition (no GPU), InvalidArgument (a range
   // outside the chunk, a destination the device refuses), Unavailable. Runs on the
   // GPU's completion threads (or the read threads); never blocks the caller.
+  // `check_crc` false: the caller delivered this chunk earlier in the same request, its
+  // CRC32C checked, and holds it since (HoldInRam), so a host-to-device copy of a
+  // range of it does not check the whole chunk again.
   using DeviceRange = GpuTier::Range;
   void ReadToDeviceAsync(const ChunkId& id, std::vector<DeviceRange> ranges,
-                         std::function<void(absl::StatusOr<Tier>)> done);
+                         std::function<void(absl::StatusOr<Tier>)> done, bool check_crc = true);
   // Put from GPU memory: copies the next `n` bytes of `writer`'s chunk from device
   // address `src` (a worker's mapped memory) straight into its pool slots, then extends
   // the chunk's CRC32C over the pool's copy, as Append does. `writer` must stay alive

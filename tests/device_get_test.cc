@@ -291,6 +291,8 @@ TEST_F(DeviceGetTest, ClientGetIntoDeviceReportsEachItemAsItLands) {
   }
   EXPECT_TRUE(Landed(buf + kChunk, kChunk) == PatternBytes(1, kChunk));
   EXPECT_TRUE(Landed(buf + 3 * kChunk, kChunk) == PatternBytes(0, kChunk));
+  // Each chunk's CRC32C was checked once, at its first layer (from RAM), not per layer.
+  EXPECT_EQ(store_->GetStats().gpu.crc_checked_bytes, 2 * kChunk);
   // Keys that do not fit: the daemon's InvalidArgument.
   EXPECT_EQ(client_->GetIntoDevice(ns_, std::vector<ChunkKey>{KeyOf(0), KeyOf(1)}, *reg,
                                    3 * kChunk)

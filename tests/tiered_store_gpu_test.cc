@@ -5,6 +5,7 @@
 // nothing, and leaves RAM and SSD serving.
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/synchronization/notification.h"
@@ -163,6 +164,83 @@ TEST_F(TieredStoreGpuTest, UnstagedChunksGoHostToDeviceInLayerRanges) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(Deliver(2, {{0, 64, 0x40}}).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(Deliver(99, {{0, 64, dst}}).status().code(), absl::StatusCode::kNotFound);
+}
+
+// A chunk put into a fresh pool has adjacent slots: the whole delivery is one DMA, not
+// one per 64 KiB slot. Its CRC32C is checked once per delivery, and not at all when
+// the caller says it checked the chunk earlier in the same request.
+TEST_F(TieredStoreGpuTest, AFreshChunkIsOneCopyAndItsCrcIsCheckedOncePerDelivery) {
+  Open({}, /*staging_chunks=*/0);
+  Put(1);
+  Put(2);
+  const DevicePtr dst = WorkerBuffer(kChunk);
+  const uint64_t copies = device_->copies_run();
+  ASSERT_TRUE(Deliver(2, {{0, kChunk, dst}}).ok());
+  EXPECT_EQ(device_->copies_run() - copies, 1u);
+  EXPECT_EQ(std::string(device_->HostView(dst), kChunk), Payload(2));
+  EXPECT_EQ(store_->GetStats().gpu.crc_checked_bytes, kChunk);
+
+  absl::Notification done;
+  store_->ReadToDeviceAsync(
+      Id(1), {{0, kChunk / 4, dst}}, [&](absl::StatusOr<Tier> r) {
+        EXPECT_TRUE(r.ok()) << r.status();
+        done.Notify();
+      },
+      /*check_crc=*/false);
+  done.WaitForNotification();
+  EXPECT_EQ(store_->GetStats().gpu.crc_checked_bytes, kChunk);
+  EXPECT_EQ(std::string(device_->HostView(dst), kChunk / 4), Payload(1).substr(0, kChunk / 4));
+}
+
+// A chunk large enough for its check to be split into parts (ParallelCrc): delivered
+// intact, and a flipped byte in its last part is found like one in the first.
+TEST(TieredStoreGpuLargeChunkTest, CorruptBytesInAnyPartOfALargeChunkAreDataLoss) {
+  SetMinLogLevel(LogLevel::kError);
+  constexpr uint64_t kLarge = 16 * kMiB;  // At least two 4 MiB parts.
+  FakeDeviceBackend device({.memory_bytes = 256 * kMiB});
+  TieredStoreOptions o;
+  o.write_mode = WriteMode::kRamOnly;
+  o.ram.arena.capacity_bytes = 2 * kLarge;
+  o.max_chunk_bytes = kLarge;
+  o.device = &device;
+  auto store = TieredStore::Open(o);
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto reg = (*store)->RegisterLayout(testing::LayoutOfMiB(16));
+  ASSERT_TRUE(reg.ok()) << reg.status();
+  std::string data(kLarge, '\0');
+  for (uint64_t i = 0; i < kLarge; ++i) data[i] = static_cast<char>(i * 7 + (i >> 12));
+  auto dst = device.Allocate(kLarge);
+  ASSERT_TRUE(dst.ok());
+  for (uint64_t at : {uint64_t{100}, kLarge - 100}) {
+    const ChunkId id{reg->namespace_id, ChunkKey{at, 1}};
+    auto w = (*store)->BeginPut(id, 256);
+    ASSERT_TRUE(w.ok() && *w != nullptr);
+    ASSERT_TRUE((*w)->Append(data).ok());
+    ASSERT_TRUE((*store)->CommitPut(*std::move(w), crc32c::Value(data)).ok());
+    // Intact, its parts' CRCs combine to the chunk's.
+    absl::Notification clean;
+    (*store)->ReadToDeviceAsync(id, {{0, kLarge, *dst}}, [&](absl::StatusOr<Tier> r) {
+      EXPECT_TRUE(r.ok()) << r.status();
+      clean.Notify();
+    });
+    clean.WaitForNotification();
+    EXPECT_TRUE(std::string(device.HostView(*dst), kLarge) == data);
+    std::optional<ChunkView> view = (*store)->HoldInRam(id);
+    ASSERT_TRUE(view.has_value());
+    view->ForEachPiece(at, 1, [](absl::string_view p) { const_cast<char*>(p.data())[0] ^= 1; });
+    view.reset();
+    absl::Notification done;
+    absl::Status status;
+    (*store)->ReadToDeviceAsync(id, {{0, kLarge, *dst}}, [&](absl::StatusOr<Tier> r) {
+      status = r.status();
+      done.Notify();
+    });
+    done.WaitForNotification();
+    EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << at << ": " << status;
+  }
+  device.Free(*dst);
+  store->reset();
+  EXPECT_EQ(device.live_allocations(), 0u);
 }
 
 TEST_F(TieredStoreGpuTest, CorruptPoolBytesAreDataLossNotDelivered) {
