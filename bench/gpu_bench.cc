@@ -11,11 +11,15 @@
 //
 // Without a GPU it prints why and exits 0 (nothing to measure).
 #include <cuda_runtime_api.h>
+#include <sys/mman.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/synchronization/notification.h"
@@ -24,6 +28,7 @@
 #include "storage/crc32c.h"
 #include "storage/cuda/cuda_device_backend.h"
 #include "storage/log.h"
+#include "storage/parallel_crc.h"
 #include "storage/tiered_store.h"
 
 namespace kvtier::bench {
@@ -73,6 +78,52 @@ double StoreSeconds(TieredStore& store, const ChunkId& id, uint64_t bytes, Devic
   return Pct(t, 50);
 }
 
+// Exploration for the host path (--explore): DMA from registered 4 KiB-page and
+// transparent-huge-page host memory, and the CRC32C check split over more threads.
+void Explore(uint64_t bytes, DevicePtr dst) {
+  cudaStream_t stream;
+  cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+  auto dma = [&](void* src) {
+    std::vector<double> t;
+    for (int r = 0; r < 10; ++r) {
+      const auto t0 = std::chrono::steady_clock::now();
+      cudaMemcpyAsync(reinterpret_cast<void*>(dst), src, bytes, cudaMemcpyHostToDevice, stream);
+      cudaStreamSynchronize(stream);
+      t.push_back(Seconds(t0));
+    }
+    return bytes / Pct(t, 50) / 1e9;
+  };
+  JsonLine line;
+  line.S("bench", "gpu_explore").N("chunk_mib", bytes >> 20);
+  for (bool huge : {false, true}) {
+    void* p = mmap(nullptr, bytes + (2 << 20), PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    char* a = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(p) + (2 << 20) - 1) &
+                                      ~uintptr_t{(2 << 20) - 1});
+    madvise(a, bytes, huge ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
+    std::memset(a, 3, bytes);
+    const bool reg = cudaHostRegister(a, bytes, cudaHostRegisterDefault) == cudaSuccess;
+    line.N(huge ? "dma_thp_registered_gbps" : "dma_4k_registered_gbps", reg ? dma(a) : 0);
+    if (reg) cudaHostUnregister(a);
+    munmap(p, bytes + (2 << 20));
+  }
+  std::string data(bytes, 'q');
+  for (int threads : {1, 2, 4, 8, 12}) {
+    ParallelCrc crc(threads, 1 << 20);
+    std::vector<double> t;
+    for (int r = 0; r < 10; ++r) {
+      const auto t0 = std::chrono::steady_clock::now();
+      absl::Notification done;
+      crc.Compute({data}, [&](uint32_t) { done.Notify(); });
+      done.WaitForNotification();
+      t.push_back(Seconds(t0));
+    }
+    line.N("crc_" + std::to_string(threads) + "_helpers_gbps", bytes / Pct(t, 50) / 1e9);
+  }
+  line.Emit();
+  cudaStreamDestroy(stream);
+}
+
 int Main() {
   SetMinLogLevel(LogLevel::kWarning);
   auto backend = OpenCudaBackend({});
@@ -120,6 +171,7 @@ int Main() {
     auto dst = (*backend)->Allocate(bytes);
     if (!dst.ok()) return 1;
 
+    if (Flag("explore", 0) != 0) Explore(bytes, *dst);
     const double base = BaselineSeconds(bytes, reinterpret_cast<void*>(*dst));
     // Host path: a fresh chunk each rep, so that it is never staged.
     std::vector<double> host_t;
@@ -142,6 +194,50 @@ int Main() {
       (*store)->Delete(id).IgnoreError();
     }
     const double host = Pct(host_t, 50);
+    // Where a host delivery's time goes, on a chunk in the pool: the DMA alone from the
+    // pool's page-locked slots (one copy per run of adjacent slots), and the CRC32C
+    // check alone, on one thread and split as the GPU tier splits it.
+    const ChunkId probe{reg->namespace_id, ChunkKey{999, mib}};
+    if (!put(probe)) return 1;
+    std::vector<double> dma_t, crc1_t, crcn_t;
+    size_t runs = 0;
+    {
+      std::optional<ChunkView> view = (*store)->HoldInRam(probe);
+      if (!view.has_value()) return 1;
+      std::vector<absl::string_view> pieces;
+      view->ForEachPiece(0, bytes, [&](absl::string_view p) {
+        if (!pieces.empty() && pieces.back().data() + pieces.back().size() == p.data()) {
+          pieces.back() = absl::string_view(pieces.back().data(), pieces.back().size() + p.size());
+        } else {
+          pieces.push_back(p);
+        }
+      });
+      runs = pieces.size();
+      cudaStream_t stream;
+      cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+      ParallelCrc crc(std::clamp<int>(static_cast<int>(std::thread::hardware_concurrency()) / 2, 1, 16));
+      for (uint64_t r = 0; r < Flag("reps", 20); ++r) {
+        auto t0 = std::chrono::steady_clock::now();
+        uint64_t at = 0;
+        for (absl::string_view p : pieces) {
+          cudaMemcpyAsync(reinterpret_cast<void*>(*dst + at), p.data(), p.size(),
+                          cudaMemcpyHostToDevice, stream);
+          at += p.size();
+        }
+        cudaStreamSynchronize(stream);
+        dma_t.push_back(Seconds(t0));
+        t0 = std::chrono::steady_clock::now();
+        uint32_t c = 0;
+        for (absl::string_view p : pieces) c = crc32c::Extend(c, p.data(), p.size());
+        crc1_t.push_back(Seconds(t0));
+        t0 = std::chrono::steady_clock::now();
+        absl::Notification crc_done;
+        crc.Compute(pieces, [&](uint32_t) { crc_done.Notify(); });
+        crc_done.WaitForNotification();
+        crcn_t.push_back(Seconds(t0));
+      }
+      cudaStreamDestroy(stream);
+    }
     // Staging path.
     const ChunkId staged{reg->namespace_id, ChunkKey{0, mib}};
     if (!put(staged)) return 1;
@@ -163,6 +259,10 @@ int Main() {
         .N("host_gbps", bytes / host / 1e9)
         .N("staging_gbps", staging > 0 ? bytes / staging / 1e9 : 0)
         .N("host_vs_baseline", base / host)
+        .N("pool_runs", runs)
+        .N("dma_from_pool_gbps", bytes / Pct(dma_t, 50) / 1e9)
+        .N("crc_1_thread_gbps", bytes / Pct(crc1_t, 50) / 1e9)
+        .N("crc_parallel_gbps", bytes / Pct(crcn_t, 50) / 1e9)
         .Emit();
     (*backend)->Free(*dst);
   }

@@ -237,6 +237,9 @@ const std::vector<Option>& Options() {
                  &DaemonConfig::gpu_staging_size),
       UintOption("gpu_copy_streams", "CUDA streams the GPU tier's copies are spread over",
                  &DaemonConfig::gpu_copy_streams),
+      UintOption("gpu_crc_threads",
+                 "threads checking a GPU delivery's CRC32C beside its own; 0: half the cores",
+                 &DaemonConfig::gpu_crc_threads),
       StringOption("remote_seeds",
                    "shared tier: Redis Cluster seed nodes, host:port[,host:port...]; empty: none",
                    &DaemonConfig::remote_seeds),
@@ -507,6 +510,9 @@ absl::Status DaemonConfig::Validate() const {
     return absl::InvalidArgumentError(absl::StrCat(
         "option gpu: '", gpu, "' is not auto, off or a device ordinal (0, 1, ...)"));
   }
+  if (gpu_crc_threads > 64) {
+    return absl::InvalidArgumentError("option gpu_crc_threads: must be 0 (half the cores) to 64");
+  }
   if (gpu_copy_streams == 0 || gpu_copy_streams > 16) {
     return absl::InvalidArgumentError("option gpu_copy_streams: must be 1 to 16");
   }
@@ -571,6 +577,7 @@ absl::StatusOr<TieredStoreOptions> DaemonConfig::ToStoreOptions() const {
   o.hints.max_clients = max_hint_clients;
   o.hints.ttl = hint_ttl;
   o.gpu_staging.capacity_bytes = gpu_staging_size;  // Used only with a device.
+  o.gpu_crc_threads = static_cast<int>(gpu_crc_threads);
   if (!remote_seeds.empty()) {
     for (absl::string_view seed : absl::StrSplit(remote_seeds, ',', absl::SkipWhitespace())) {
       auto e = RedisEndpoint::Parse(absl::StripAsciiWhitespace(seed));

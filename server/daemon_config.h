@@ -114,6 +114,9 @@ struct DaemonConfig {
   std::string gpu = "auto";
   uint64_t gpu_staging_size = 1ull << 30;  // GPU staging buffers (L0), bytes; 0: none.
   uint32_t gpu_copy_streams = 2;           // CUDA streams copies are spread over.
+  // Threads that check a host-to-device delivery's CRC32C beside the delivering one;
+  // 0: half the cores (at most 16).
+  uint32_t gpu_crc_threads = 0;
   // The shared tier (L3) on Redis Cluster: seed nodes as "host:port,host:port"; empty
   // for none. The password is read from a file (not kept in the config); a user name
   // means a Redis ACL user. remote_max_pending 0: ram_capacity / 8, at most 256MiB.

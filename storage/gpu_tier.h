@@ -59,9 +59,10 @@ class GpuTier final : public StorageTier {
  public:
   // `device` must outlive the tier; `pool`/`pool_bytes` is the host pool's memory to
   // page-lock (unlocked again by the destructor). Staging with capacity 0 is off.
-  // Never fails: what cannot be set up is a degraded mode (see above).
+  // `crc_threads` check CRC32Cs beside the delivering thread; 0: half the cores, at
+  // most 16. Never fails: what cannot be set up is a degraded mode (see above).
   static std::unique_ptr<GpuTier> Create(DeviceBackend* device, const GpuStagingOptions& staging,
-                                         void* pool, uint64_t pool_bytes);
+                                         void* pool, uint64_t pool_bytes, int crc_threads = 0);
   ~GpuTier();
   GpuTier(const GpuTier&) = delete;
   GpuTier& operator=(const GpuTier&) = delete;
@@ -105,7 +106,8 @@ class GpuTier final : public StorageTier {
   GpuTierStats GetStats() const;
 
  private:
-  GpuTier(DeviceBackend* device, void* pinned, std::unique_ptr<GpuStagingTier> staging);
+  GpuTier(DeviceBackend* device, void* pinned, std::unique_ptr<GpuStagingTier> staging,
+          int crc_threads);
   void Begin();
   void End();
 

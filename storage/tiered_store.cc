@@ -105,7 +105,8 @@ absl::StatusOr<std::unique_ptr<TieredStore>> TieredStore::Open(TieredStoreOption
   store->ram_ = *std::move(ram);
   if (store->options_.device != nullptr) {
     store->gpu_ = GpuTier::Create(store->options_.device, store->options_.gpu_staging,
-                                  store->ram_->memory(), store->ram_->memory_bytes());
+                                  store->ram_->memory(), store->ram_->memory_bytes(),
+                                  store->options_.gpu_crc_threads);
   }
   if (store->options_.remote.enabled()) {
     RemoteTierOptions remote_options = store->options_.remote;

@@ -103,6 +103,9 @@ struct TieredStoreOptions {
   // (capacity_bytes 0: none); see GpuTier for the degraded modes.
   DeviceBackend* device = nullptr;
   GpuStagingOptions gpu_staging;
+  // Threads that check a host-to-device delivery's CRC32C in parallel parts beside the
+  // delivering thread (see GpuTier); 0: half the cores, at most 16.
+  int gpu_crc_threads = 0;
   // The RAM and SSD tiers' eviction policy (each tier builds its own instance). Both
   // are wrapped so that chunks in the hint window go last.
   EvictionPolicyOptions eviction;

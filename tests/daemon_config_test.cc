@@ -125,6 +125,10 @@ TEST(DaemonConfigTest, GpuOptions) {
   c.gpu_copy_streams = 0;
   EXPECT_EQ(c.Validate().code(), absl::StatusCode::kInvalidArgument);
   c.gpu_copy_streams = 2;
+  c.gpu_crc_threads = 65;
+  EXPECT_EQ(c.Validate().code(), absl::StatusCode::kInvalidArgument);
+  c.gpu_crc_threads = 8;
+  EXPECT_TRUE(c.Validate().ok());
   c.gpu_staging_size = 4096;
   EXPECT_EQ(c.Validate().code(), absl::StatusCode::kInvalidArgument);
   c.gpu_staging_size = 0;
