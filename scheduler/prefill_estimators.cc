@@ -6,6 +6,7 @@ PrefillEstimators::PrefillEstimators(PrefillEstimatorOptions options)
     : options_(options),
       ssd_read_(options.ssd_read_prior),
       send_(options.send_prior),
+      device_(std::make_shared<BandwidthEstimator>(options.device_prior)),
       compute_prior_(options.compute_prior) {}
 
 std::shared_ptr<BandwidthEstimator> PrefillEstimators::Connection(const std::string& peer) {

@@ -23,6 +23,10 @@ namespace kvtier {
 struct PrefillEstimatorOptions {
   double ssd_read_prior = 1.0e9;   // Bytes/s before the first SSD read is measured.
   double send_prior = 1.0e9;       // Bytes/s for a connection never measured.
+  // Bytes/s of a delivery into a worker's GPU memory before the first is measured: a
+  // PCIe 4 x16 link's host-to-device rate. Not a connection's rate: those bytes never
+  // cross the network, so a stream's estimate would keep the daemon from streaming.
+  double device_prior = 20.0e9;
   ComputeCost compute_prior{0.025, 0.0027};  // A 7B model on an A100, 512-token chunks.
   size_t max_connections = 1024;
 };
@@ -36,6 +40,9 @@ class PrefillEstimators {
   std::shared_ptr<BandwidthEstimator> Connection(const std::string& peer);
   // Daemon-wide send bandwidth (all connections).
   BandwidthEstimator& send() { return send_; }
+  // Deliveries into workers' GPU memory (Prefill sessions with a device target): the
+  // daemon's one GPU, whichever worker asks.
+  std::shared_ptr<BandwidthEstimator> Device() { return device_; }
 
   ComputeCost ComputePrior() const;
   // Folds a finished session's fit into the prior (moving average, weight 1/4).
@@ -45,6 +52,7 @@ class PrefillEstimators {
   const PrefillEstimatorOptions options_;
   BandwidthEstimator ssd_read_;
   BandwidthEstimator send_;
+  const std::shared_ptr<BandwidthEstimator> device_;
   mutable absl::Mutex mu_;
   std::list<std::string> lru_ ABSL_GUARDED_BY(mu_);  // Front: most recent.
   absl::flat_hash_map<std::string, std::pair<std::shared_ptr<BandwidthEstimator>,

@@ -177,7 +177,9 @@ absl::Status Session::Open() {
   if (open.max_bytes_per_second() > 0) {
     session_limit_.emplace(static_cast<double>(open.max_bytes_per_second()));
   }
-  connection_ = runner_->estimators().Connection(ctx_->peer());
+  // Into GPU memory the pace is the GPU's copies, not the connection's.
+  connection_ = device_target_ ? runner_->estimators().Device()
+                               : runner_->estimators().Connection(ctx_->peer());
 
   // The cached prefix: keys are prefix-chained, so the first miss ends it.
   for (const ChunkId& id : ids_) {
@@ -428,10 +430,11 @@ absl::Status Session::AnnounceLanded(uint32_t j, const ChunkMeta& meta, Tier fro
   frame->set_tier(static_cast<v1::Tier>(static_cast<int>(from)));
   const auto start = Clock::now();
   if (!Write(msg)) return absl::CancelledError("client went away");
-  // The copy and the announcement together are what the connection delivered.
+  // The copy and the announcement together are what the connection delivered (the
+  // GPU's, for a device target: the send estimate is the network's).
   const double took = std::max(SecondsSince(copy_start), SecondsSince(start));
   connection_->Record(meta.size, took);
-  runner_->estimators().send().Record(meta.size, took);
+  if (!device_target_) runner_->estimators().send().Record(meta.size, took);
   return absl::OkStatus();
 }
 

@@ -327,7 +327,13 @@ TEST_F(DeviceGetTest, PrefillStreamsChunksIntoGpuMemory) {
   uint64_t staged_at_plan = 0;
   while (stream->Read(&msg)) {
     // The plan is sent after the session asked for its chunks to be staged.
-    if (msg.has_plan()) staged_at_plan = store_->GetStats().gpu.stage_requests;
+    if (msg.has_plan()) {
+      staged_at_plan = store_->GetStats().gpu.stage_requests;
+      // The pace forecast is the GPU's (the device prior, nothing measured yet), not a
+      // network connection's (1 GB/s), which would keep the daemon from streaming.
+      EXPECT_NEAR(msg.plan().stream_bytes_per_second(), PrefillEstimatorOptions{}.device_prior,
+                  1e3);
+    }
     if (msg.has_chunk()) {
       EXPECT_TRUE(msg.chunk().last());
       EXPECT_TRUE(msg.chunk().data().empty());
