@@ -142,6 +142,7 @@ int Main() {
     o.max_chunk_bytes = bytes;
     o.device = backend->get();
     o.gpu_staging.capacity_bytes = bytes + (2 << 20);
+    o.gpu_crc_threads = static_cast<int>(Flag("crc-threads", 0));  // 0: the store's default.
     auto store = TieredStore::Open(o);
     if (!store.ok()) {
       std::fprintf(stderr, "store: %s\n", std::string(store.status().message()).c_str());

@@ -28,6 +28,8 @@
 //
 //   build/bench/gpu_worker_bench --sizes-mib=32,128 --reps=10 --chunks=12 --layers=32
 //       --json=FILE --timeline-dir=DIR   (one command line)
+// --crc-threads=N passes --gpu-crc-threads=N to the daemon (0: its default); --h2d-only=1
+// skips the timelines.
 //
 // Without a GPU it prints why and exits 0 (nothing to measure).
 #include <cuda_runtime_api.h>
@@ -148,7 +150,8 @@ Daemon StartDaemon(uint32_t layers, uint64_t chunks, uint64_t staging_bytes) {
       {"--shm-socket=auto", "--gpu=0", "--write-mode=ram-only", "--ram-prefault=true",
        "--gpu-staging-size=" + std::to_string(staging_bytes),
        "--ram-capacity=" + std::to_string(chunks * chunk + 64 * kMiB),
-       "--max-chunk-size=" + std::to_string(chunk), "--log-level=warn"});
+       "--max-chunk-size=" + std::to_string(chunk), "--log-level=warn",
+       "--gpu-crc-threads=" + std::to_string(Flag("crc-threads", 0))});
   if (!p.ok()) {
     std::fprintf(stderr, "kvtierd: %s\n", std::string(p.status().message()).c_str());
     std::exit(1);
@@ -585,6 +588,7 @@ int Main() {
   CUDA_OR_DIE(cudaGetDeviceProperties(&prop, 0));
   std::fprintf(stderr, "gpu_worker_bench on %s\n", prop.name);
   for (uint64_t mib : ListFlag("sizes-mib", "32,128")) H2d(mib);
+  if (Flag("h2d-only", 0) != 0) return 0;
   Layerwise();
   Prefill();
   return 0;

@@ -357,24 +357,72 @@ def remote(res, w):
 
 
 def gpu(res, w):
-    """The GPU tier (gpu_bench, run by bench/run.sh on CUDA builds)."""
-    w("## GPU tier: host-to-device and staging vs cudaMemcpyAsync (issue 11)\n")
-    w("Command: `build/bench/gpu_bench --sizes-mib=32,128 --reps=20 "
-      "--json=bench/results/gpu.jsonl` (medians; in-process: the store's GPU path, "
-      "not the RPC). Target: host-to-device through the daemon >= 0.8 x "
-      "cudaMemcpyAsync from pinned memory.\n")
-    rows = jsonl(os.path.join(res, "gpu.jsonl"))
-    if not rows:
-        w("Not measured: no GPU has been available to this project (the benchmark exits "
+    """The GPU tier (gpu_bench and gpu_worker_bench; bench/run.sh on a GPU host, or the
+    bundle of bench/gpu_bundle.sh)."""
+    d = os.path.join(res, "gpu")
+    w("## GPU tier: into a worker's GPU memory vs cudaMemcpyAsync (issue 11)\n")
+    rows = jsonl(os.path.join(d, "gpu.jsonl"))
+    worker = jsonl(os.path.join(d, "gpu_worker.jsonl"))
+    if not rows and not worker:
+        w("Not measured: no GPU has been available to this project (the benchmarks exit "
           "saying so). The GPU logic is tested against a fake device; `ctest -L gpu` and "
-          "the command above are what to run on a GPU host.\n")
+          "`bash bench/gpu_bundle.sh build DIR && bash DIR/run.sh OUT` are what to run on a "
+          "GPU host.\n")
         return
-    w(f"Device: {rows[0].get('device', '?')}\n")
-    w("| chunk | cudaMemcpyAsync GB/s | host path GB/s | ratio (>= 0.8) | staging (D2D) GB/s |\n")
-    w("|---|---|---|---|---|\n")
-    for r in rows:
-        w(f"| {r['chunk_mib']:.0f} MiB | {r['baseline_gbps']:.2f} | {r['host_gbps']:.2f} | "
-          f"{r['host_vs_baseline']:.2f} | {r['staging_gbps']:.2f} |\n")
+    w("Commands: " + rd(os.path.join(d, "command.txt")).strip() + "\n")
+    w("Device: " + rd(os.path.join(d, "device.txt")).strip().replace("\n", "; ") + "\n")
+    if rows:
+        w("**In-process** (`gpu_bench`: the store's GPU path without the RPC; a fresh chunk "
+          "per rep from the page-locked pool, medians of 20). `DMA` and `CRC` time the two "
+          "halves of a host delivery alone on the same chunk: the delivery is the slower "
+          "of the two, run at once.\n")
+        w("| chunk | cudaMemcpyAsync GB/s | host path GB/s | ratio (>= 0.8) | DMA from pool "
+          "GB/s | CRC32C 1 thread GB/s | CRC32C split GB/s | staging (D2D) GB/s |")
+        w("|---|---|---|---|---|---|---|---|")
+        for r in rows:
+            w(f"| {r['chunk_mib']:.0f} MiB | {r['baseline_gbps']:.1f} | {r['host_gbps']:.1f} | "
+              f"{r['host_vs_baseline']:.2f} | {r.get('dma_from_pool_gbps', 0):.1f} | "
+              f"{r.get('crc_1_thread_gbps', 0):.1f} | {r.get('crc_parallel_gbps', 0):.1f} | "
+              f"{r['staging_gbps']:.0f} |")
+        w("")
+    h2d = [r for r in worker if r.get("bench") == "gpu_worker_h2d"]
+    if h2d:
+        w("**Through the daemon** (`gpu_worker_bench`: a worker process, kvtierd with "
+          "`--gpu=0`, GetIntoDevice into the worker's IPC-registered memory, timed from the "
+          "call to its return; one key per call (median of 10) and 8 keys per call (median "
+          "of 3); the baseline is this process's own cudaMemcpyAsync from cudaHostAlloc'd "
+          "memory).\n")
+        w("| chunk | cudaMemcpyAsync GB/s | RAM, 1 key GB/s | ratio | RAM, 8 keys GB/s | "
+          "ratio (>= 0.8) | staging, 1 key GB/s | staging, 8 keys GB/s |")
+        w("|---|---|---|---|---|---|---|---|")
+        for r in h2d:
+            w(f"| {r['chunk_mib']:.0f} MiB | {r['baseline_gbps']:.1f} | "
+              f"{r['daemon_ram_gbps']:.1f} | {r['ram_vs_baseline']:.2f} | "
+              f"{r.get('batch_ram_gbps', 0):.1f} | {r.get('batch_ram_vs_baseline', 0):.2f} | "
+              f"{r['daemon_staging_gbps']:.0f} | {r.get('batch_staging_gbps', 0):.0f} |")
+        w("")
+    for r in worker:
+        if r.get("bench") == "gpu_worker_layerwise":
+            w(f"**Layer-wise load beside compute**: {r['chunks']:.0f} chunks of "
+              f"{r['layers']:.0f} x 1 MiB layers, each layer's compute a "
+              f"{r['compute_layer_ms']:.3f} ms kernel on every SM queued once its layer "
+              f"landed. Load alone {r['load_only_ms']:.1f} ms, compute alone "
+              f"{r['compute_only_ms']:.1f} ms, both pipelined {r['pipelined_ms']:.1f} ms; "
+              f"the compute stream was busy {100 * r['compute_busy_share']:.1f}% of its span, "
+              f"and {100 * r['median_overlap_k_with_k_minus_1']:.0f}% (median) of chunk k's "
+              f"transfer ran while chunk k-1 computed.\n")
+        if r.get("bench") == "gpu_worker_prefill":
+            w(f"**Prefill session into GPU memory**: {r['chunks']:.0f} cached chunks of "
+              f"{r['chunk_mib']:.0f} MiB, {r['compute_chunk_ms']:.2f} ms of compute each; "
+              f"the worker computed {r['computed']:.0f} forward, the daemon streamed "
+              f"{r['streamed']:.0f} backward into its memory (they met at chunk "
+              f"{r['first_streamed']:.0f}, {r['reason']}): {r['session_ms']:.1f} ms against "
+              f"{r['compute_only_ms']:.1f} ms computing all and {r['load_only_ms']:.1f} ms "
+              f"loading all; the compute stream was busy "
+              f"{100 * r['compute_busy_share']:.1f}% of its span.\n")
+    if os.path.exists(os.path.join(d, "gpu_timeline.png")):
+        w("![GPU timelines](results/gpu/gpu_timeline.png)\n")
+    write_notes(d, w)
 
 
 def main():

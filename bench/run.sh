@@ -48,7 +48,7 @@ fi
 
 cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build "$BUILD" -j"$JOBS" --target kvtierd kv_bench redis_bench rss_bench samehost_bench
-cmake --build "$BUILD" -j"$JOBS" --target gpu_bench 2>/dev/null || true  # CUDA builds only.
+cmake --build "$BUILD" -j"$JOBS" --target gpu_bench gpu_worker_bench 2>/dev/null || true  # CUDA builds only.
 # Another engineer's planner benchmark; included when it builds.
 cmake --build "$BUILD" -j"$JOBS" --target cake_bench >/dev/null 2>&1 || true
 B=$BUILD/bench
@@ -139,10 +139,17 @@ bash bench/cache.sh "$B"
 # ---- resident memory, planner ----
 step rss "$B/rss_bench" --mode=write-back
 if [ -x "$B/cake_bench" ]; then step cake "$B/cake_bench"; fi
-# ---- GPU tier vs cudaMemcpyAsync from pinned memory (CUDA builds; no-op without a GPU) ----
-if [ -x "$B/gpu_bench" ]; then
-  rm -f "$RES/gpu.jsonl"
-  step gpu "$B/gpu_bench" --sizes-mib=32,128 --reps=20 --json="$RES/gpu.jsonl"
+# ---- GPU tier vs cudaMemcpyAsync from pinned memory (CUDA builds on a GPU host; the
+# results of the last GPU run, in $RES/gpu, stay as they are without one) ----
+if [ -x "$B/gpu_bench" ] && [ -x "$B/gpu_worker_bench" ] && nvidia-smi -L >/dev/null 2>&1; then
+  rm -f "$RES/gpu/gpu.jsonl" "$RES/gpu/gpu_worker.jsonl"
+  mkdir -p "$RES/gpu"
+  nvidia-smi --query-gpu=name,driver_version,memory.total,pcie.link.gen.current,pcie.link.width.current \
+    --format=csv > "$RES/gpu/device.txt"
+  step gpu "$B/gpu_bench" --sizes-mib=32,128 --reps=20 --json="$RES/gpu/gpu.jsonl"
+  step gpu_worker "$B/gpu_worker_bench" --sizes-mib=32,128 --reps=10 --chunks=12 --layers=32 \
+    --json="$RES/gpu/gpu_worker.jsonl" --timeline-dir="$RES/gpu"
+  /usr/bin/python3 bench/plot_gpu.py "$RES/gpu"
 fi
 
 echo "suite took $((SECONDS - T0)) s" >> "$RES/machine.txt"
