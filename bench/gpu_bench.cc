@@ -200,7 +200,7 @@ int Main() {
     // check alone, on one thread and split as the GPU tier splits it.
     const ChunkId probe{reg->namespace_id, ChunkKey{999, mib}};
     if (!put(probe)) return 1;
-    std::vector<double> dma_t, crc1_t, crcn_t;
+    std::vector<double> dma_t, crc1_t, crcn_t, gpu_crc_t;
     size_t runs = 0;
     {
       std::optional<ChunkView> view = (*store)->HoldInRam(probe);
@@ -236,6 +236,15 @@ int Main() {
         crc.Compute(pieces, [&](uint32_t) { crc_done.Notify(); });
         crc_done.WaitForNotification();
         crcn_t.push_back(Seconds(t0));
+        if ((*backend)->ChecksCrc32c()) {  // The check on the GPU alone, over device memory.
+          t0 = std::chrono::steady_clock::now();
+          absl::Notification gpu_done;
+          (*backend)->SubmitAndCrc32c({}, *dst, bytes, [&](DeviceBackend::CopiedAndChecked) {
+            gpu_done.Notify();
+          });
+          gpu_done.WaitForNotification();
+          gpu_crc_t.push_back(Seconds(t0));
+        }
       }
       cudaStreamDestroy(stream);
     }
@@ -264,6 +273,7 @@ int Main() {
         .N("dma_from_pool_gbps", bytes / Pct(dma_t, 50) / 1e9)
         .N("crc_1_thread_gbps", bytes / Pct(crc1_t, 50) / 1e9)
         .N("crc_parallel_gbps", bytes / Pct(crcn_t, 50) / 1e9)
+        .N("crc_on_gpu_gbps", gpu_crc_t.empty() ? 0 : bytes / Pct(gpu_crc_t, 50) / 1e9)
         .Emit();
     (*backend)->Free(*dst);
   }

@@ -97,8 +97,10 @@ std::vector<MetricFamily> StoreCollector::Collect() const {
                        "Bytes delivered into workers' GPU memory", C,
                        {{{}, double(s.gpu.delivered_bytes)}}));
     f.push_back(Family("kvtier_gpu_crc_checked_bytes_total",
-                       "Host bytes whose CRC32C a delivery into GPU memory checked", C,
-                       {{{}, double(s.gpu.crc_checked_bytes)}}));
+                       "Bytes whose CRC32C a delivery into GPU memory checked, by where: the "
+                       "CPU (the pool's copy) or the GPU (what landed)", C,
+                       {{{{"on", "cpu"}}, double(s.gpu.crc_checked_bytes)},
+                        {{{"on", "gpu"}}, double(s.gpu.device_crc_checked_bytes)}}));
     f.push_back(Family("kvtier_gpu_delivery_failures_total",
                        "Deliveries into GPU memory that failed (device error, bad checksum)", C,
                        {{{}, double(s.gpu.delivery_failures)}}));

@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -77,6 +78,26 @@ class DeviceBackend {
   // device error). Never calls `done` on the submitting thread.
   virtual void Submit(std::vector<DeviceCopy> copies,
                       std::function<void(absl::Status)> done) = 0;
+
+  // Whether SubmitAndCrc32c checks bytes on the device (where it does not, the caller
+  // checks on the CPU and need not call it).
+  virtual bool ChecksCrc32c() const { return false; }
+  // Runs `copies` as Submit does and then, on the device after them, the CRC32C of
+  // [at, at + bytes): `at` 16-byte aligned, `bytes` a non-zero multiple of
+  // kDeviceCrcBlockBytes. `done` runs once with the copies' status and, when the check
+  // ran, the standard CRC32C of those bytes (unset: it could not run now, e.g. no
+  // room for its result; the caller checks elsewhere).
+  static constexpr uint64_t kDeviceCrcBlockBytes = 64 << 10;
+  struct CopiedAndChecked {
+    absl::Status copy;
+    std::optional<uint32_t> crc32c;
+  };
+  virtual void SubmitAndCrc32c(std::vector<DeviceCopy> copies, DevicePtr at, uint64_t bytes,
+                               std::function<void(CopiedAndChecked)> done) {
+    Submit(std::move(copies), [done = std::move(done)](absl::Status s) {
+      done({std::move(s), std::nullopt});
+    });
+  }
 
   // Another process's device memory, from its IPC handle (kIpcHandleBytes bytes): its
   // base address here and the size of the allocation, as the device knows it (so a

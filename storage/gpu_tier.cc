@@ -165,6 +165,48 @@ void GpuTier::DeliverFromHost(const ChunkMeta& meta, std::vector<absl::string_vi
     End();
   };
   Begin();
+  // A whole chunk into one aligned place, on a device that checks: the GPU checks what
+  // landed (the largest multiple of 64 KiB of it; the CPU the source's tail), after the
+  // copy, leaving the CPU out of the delivery's path. Should the device not run the
+  // check, the CPU checks the source.
+  const uint64_t device_bytes =
+      meta.size / DeviceBackend::kDeviceCrcBlockBytes * DeviceBackend::kDeviceCrcBlockBytes;
+  if (check_crc && device_->ChecksCrc32c() && ranges.size() == 1 && ranges[0].offset == 0 &&
+      ranges[0].len == meta.size && ranges[0].dst % 16 == 0 && device_bytes > 0) {
+    join->left.store(1, std::memory_order_relaxed);  // The callback below answers.
+    const DevicePtr at = ranges[0].dst;
+    device_->SubmitAndCrc32c(
+        CoalesceCopies(std::move(copies)), at, device_bytes,
+        [this, join, finish, keep_alive, pieces = std::move(pieces), device_bytes,
+         expected = meta.crc32c](DeviceBackend::CopiedAndChecked r) mutable {
+          join->copy = std::move(r.copy);
+          if (!join->copy.ok()) return finish();
+          if (!r.crc32c.has_value()) {
+            CheckOnCpu(std::move(pieces), expected, [join, finish](bool ok) {
+              join->crc_ok = ok;
+              finish();
+            });
+            return;
+          }
+          // The tail past the last whole 64 KiB, from the source.
+          uint32_t crc = *r.crc32c;
+          uint64_t at = 0;
+          for (absl::string_view p : pieces) {
+            if (at + p.size() > device_bytes) {
+              const uint64_t skip = at >= device_bytes ? 0 : device_bytes - at;
+              crc = crc32c::Extend(crc, p.data() + skip, p.size() - skip);
+            }
+            at += p.size();
+          }
+          {
+            absl::MutexLock lock(&mu_);
+            stats_.device_crc_checked_bytes += device_bytes;
+          }
+          join->crc_ok = crc == expected;
+          finish();
+        });
+    return;
+  }
   device_->Submit(CoalesceCopies(std::move(copies)),
                   [join, finish, keep_alive](absl::Status s) {
                     join->copy = std::move(s);
@@ -175,13 +217,22 @@ void GpuTier::DeliverFromHost(const ChunkMeta& meta, std::vector<absl::string_vi
     if (join->left.fetch_sub(1, std::memory_order_acq_rel) == 1) finish();
     return;
   }
+  CheckOnCpu(std::move(pieces), meta.crc32c, [join, finish](bool ok) {
+    join->crc_ok = ok;
+    if (join->left.fetch_sub(1, std::memory_order_acq_rel) == 1) finish();
+  });
+}
+
+void GpuTier::CheckOnCpu(std::vector<absl::string_view> pieces, uint32_t expected,
+                         std::function<void(bool)> done) {
+  uint64_t bytes = 0;
+  for (absl::string_view p : pieces) bytes += p.size();
   {
     absl::MutexLock lock(&mu_);
-    stats_.crc_checked_bytes += meta.size;
+    stats_.crc_checked_bytes += bytes;
   }
-  crc_.Compute(std::move(pieces), [join, finish, expected = meta.crc32c](uint32_t crc) {
-    join->crc_ok = crc == expected;
-    if (join->left.fetch_sub(1, std::memory_order_acq_rel) == 1) finish();
+  crc_.Compute(std::move(pieces), [expected, done = std::move(done)](uint32_t crc) {
+    done(crc == expected);
   });
 }
 

@@ -9,9 +9,12 @@
 // host-to-device only; each logs a warning once and shows in GpuTierStats (and so in
 // the metrics).
 //
-// Checksums: a host-to-device delivery checks the chunk's CRC32C on the CPU while the
-// DMA runs (in parallel parts for chunks of several MiB, see ParallelCrc) and answers
-// DataLoss if it is wrong (the bytes may have landed; the worker must not use them). A
+// Checksums: a host-to-device delivery checks the chunk's CRC32C and answers DataLoss if
+// it is wrong (the bytes may have landed; the worker must not use them). A whole chunk
+// delivered into one place on a device that checks (DeviceBackend::ChecksCrc32c: the
+// CUDA backend, once its kernels passed a self-test) is checked on the GPU after the
+// copy, over the bytes that landed; otherwise the CPU checks the source while the DMA
+// runs (in parallel parts for chunks of several MiB, see ParallelCrc). A
 // caller that checked the same chunk earlier in one request, and held it since, may
 // skip the check for its later ranges (a layer-major Get's later layers). Staged copies were made from host bytes that had passed the same
 // check when they entered the pool and live in ECC-protected device memory; they are
@@ -52,7 +55,9 @@ struct GpuTierStats {
   uint64_t delivered_bytes = 0;
   uint64_t delivery_failures = 0;  // Device errors, and DataLoss found during the copy.
   uint64_t stage_requests = 0;     // StageAsync calls that started a copy in.
-  uint64_t crc_checked_bytes = 0;  // Host bytes whose CRC32C a delivery checked.
+  uint64_t crc_checked_bytes = 0;  // Host bytes whose CRC32C a delivery checked on the CPU.
+  // Bytes a delivery checked on the GPU, where they landed (DeviceBackend::ChecksCrc32c).
+  uint64_t device_crc_checked_bytes = 0;
 };
 
 class GpuTier final : public StorageTier {
@@ -108,6 +113,9 @@ class GpuTier final : public StorageTier {
  private:
   GpuTier(DeviceBackend* device, void* pinned, std::unique_ptr<GpuStagingTier> staging,
           int crc_threads);
+  // The CRC32C of `pieces` against `expected`, on the CPU (ParallelCrc).
+  void CheckOnCpu(std::vector<absl::string_view> pieces, uint32_t expected,
+                  std::function<void(bool)> done);
   void Begin();
   void End();
 

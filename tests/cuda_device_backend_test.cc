@@ -12,6 +12,7 @@
 
 #include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
+#include "storage/crc32c.h"
 #include "storage/gpu_staging_tier.h"
 #include "storage/lru_policy.h"
 
@@ -112,6 +113,40 @@ TEST_F(CudaBackendTest, StagingTierOnRealDeviceMemory) {
   copied.WaitForNotification();
   ASSERT_TRUE(copy_status.ok()) << copy_status;
   EXPECT_TRUE(back == *bytes);
+}
+
+// The CRC32C check on the device (a build with GPU kernels: the backend's self-test must
+// have passed, or checks would silently stay on the CPU): what landed, checked after
+// the copies, equals the CPU's CRC32C for sizes of one block, odd block counts, and more
+// blocks than the combining kernel has threads; a flipped byte changes it.
+TEST_F(CudaBackendTest, Crc32cOnTheDeviceIsTheCpusCrc32c) {
+#ifndef KVTIER_HAVE_CUDA_KERNELS
+  GTEST_SKIP() << "this build has no GPU kernels";
+#endif
+  ASSERT_TRUE(backend_->ChecksCrc32c()) << "the device's CRC32C self-test failed";
+  constexpr uint64_t kBlock = DeviceBackend::kDeviceCrcBlockBytes;
+  for (uint64_t blocks : {1u, 3u, 1025u, 2048u, 5000u}) {
+    const uint64_t bytes = blocks * kBlock;
+    std::string src(bytes, '\0');
+    for (uint64_t i = 0; i < bytes; ++i) src[i] = static_cast<char>((i * 2654435761u) >> 13);
+    auto dst = backend_->Allocate(bytes);
+    ASSERT_TRUE(dst.ok());
+    for (bool flip : {false, true}) {
+      if (flip) src[bytes / 3] ^= 4;
+      absl::Notification done;
+      DeviceBackend::CopiedAndChecked got;
+      backend_->SubmitAndCrc32c({DeviceCopy::HostToDevice(*dst, src.data(), bytes)}, *dst, bytes,
+                                [&](DeviceBackend::CopiedAndChecked r) {
+                                  got = std::move(r);
+                                  done.Notify();
+                                });
+      done.WaitForNotification();
+      ASSERT_TRUE(got.copy.ok()) << got.copy;
+      ASSERT_TRUE(got.crc32c.has_value()) << blocks;
+      EXPECT_EQ(*got.crc32c, crc32c::Value(src)) << blocks << " blocks, flip " << flip;
+    }
+    backend_->Free(*dst);
+  }
 }
 
 }  // namespace

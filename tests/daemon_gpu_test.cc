@@ -145,6 +145,10 @@ TEST_F(DaemonGpuTest, GetDeliversChunksAndLayersIntoTheWorkersGpuMemory) {
   EXPECT_TRUE(mem.Read(0, kChunk) == PatternBytes(0, kChunk));
   EXPECT_TRUE(mem.Read(kChunk, kChunk) == PatternBytes(1, kChunk));
   EXPECT_TRUE(mem.Read(3 * kChunk, kChunk) == PatternBytes(2, kChunk));
+#ifdef KVTIER_HAVE_CUDA_KERNELS
+  // Whole chunks were checked on the GPU, where they landed.
+  EXPECT_GE(Metric("kvtier_gpu_crc_checked_bytes_total{on=\"gpu\"}"), 3.0 * kChunk);
+#endif
 
   // Layer-major, layers [1, 4) of two chunks after the first four: layer by layer, each
   // layer of each key once it landed, and exactly those bytes.

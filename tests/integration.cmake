@@ -37,6 +37,9 @@ kvtier_test(device_get_test LIBS kvtier_server kvtier_daemon_support LABELS inte
 # `gpu`; each test skips without one.
 if(KVTIER_HAVE_CUDA)
   kvtier_test(daemon_gpu_test LIBS kvtier_daemon_support CUDA::cudart_static LABELS gpu)
+  if(KVTIER_HAVE_CUDA_KERNELS)
+    target_compile_definitions(daemon_gpu_test PRIVATE KVTIER_HAVE_CUDA_KERNELS=1)
+  endif()
 endif()
 
 kvtier_test(daemon_config_test LIBS kvtier_server)

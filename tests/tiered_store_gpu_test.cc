@@ -192,6 +192,85 @@ TEST_F(TieredStoreGpuTest, AFreshChunkIsOneCopyAndItsCrcIsCheckedOncePerDelivery
   EXPECT_EQ(std::string(device_->HostView(dst), kChunk / 4), Payload(1).substr(0, kChunk / 4));
 }
 
+// On a device that checks CRC32Cs, a whole chunk delivered into one place is checked on
+// the device, over what landed: the CPU checks nothing (bar a tail past the last 64
+// KiB), corrupt pool bytes are still DataLoss, a layer range is still checked on the
+// CPU, and a check the device could not run falls back to the CPU.
+TEST(TieredStoreGpuDeviceCrcTest, WholeChunksAreCheckedOnTheDeviceOverWhatLanded) {
+  SetMinLogLevel(LogLevel::kError);
+  FakeDeviceBackend device({.memory_bytes = 256 * kMiB, .checks_crc32c = true});
+  TieredStoreOptions o;
+  o.write_mode = WriteMode::kRamOnly;
+  o.ram.arena.capacity_bytes = 16 * kMiB;
+  o.max_chunk_bytes = 4 * kMiB;
+  o.device = &device;
+  auto store = TieredStore::Open(o);
+  ASSERT_TRUE(store.ok()) << store.status();
+  // K and V of 257 tokens x 8 heads x 256 dims in fp16: 2 MiB and 8 KiB, 32 blocks of
+  // 64 KiB and a tail.
+  LayoutSpec layout = testing::LayoutOfMiB(1);
+  layout.tokens_per_chunk = 257;
+  layout.head_dim = 256;
+  auto reg = (*store)->RegisterLayout(layout);
+  ASSERT_TRUE(reg.ok()) << reg.status();
+  const uint64_t size = layout.ChunkBytes();
+  ASSERT_EQ(size, 2 * kMiB + 8192);
+  std::string data(size, '\0');
+  for (uint64_t i = 0; i < size; ++i) data[i] = static_cast<char>(i * 13 + (i >> 11));
+  auto put = [&](uint64_t k) {
+    const ChunkId id{reg->namespace_id, ChunkKey{k, 5}};
+    auto w = (*store)->BeginPut(id, 257);
+    EXPECT_TRUE(w.ok() && *w != nullptr);
+    EXPECT_TRUE((*w)->Append(data).ok());
+    EXPECT_TRUE((*store)->CommitPut(*std::move(w), crc32c::Value(data)).ok());
+    return id;
+  };
+  auto deliver = [&](const ChunkId& id, std::vector<TieredStore::DeviceRange> ranges) {
+    absl::Notification done;
+    absl::StatusOr<Tier> result;
+    (*store)->ReadToDeviceAsync(id, std::move(ranges), [&](absl::StatusOr<Tier> r) {
+      result = std::move(r);
+      done.Notify();
+    });
+    done.WaitForNotification();
+    return result;
+  };
+  auto dst = device.Allocate(size);
+  ASSERT_TRUE(dst.ok());
+  const uint64_t whole = size / (64 << 10) * (64 << 10);
+
+  const ChunkId a = put(1);
+  ASSERT_TRUE(deliver(a, {{0, size, *dst}}).ok());
+  EXPECT_TRUE(std::string(device.HostView(*dst), size) == data);
+  EXPECT_EQ(device.checks_run(), 1u);
+  EXPECT_EQ((*store)->GetStats().gpu.device_crc_checked_bytes, whole);
+  EXPECT_EQ((*store)->GetStats().gpu.crc_checked_bytes, 0u);
+
+  // A layer range: the CPU checks the whole chunk.
+  ASSERT_TRUE(deliver(a, {{0, size / 2, *dst}}).ok());
+  EXPECT_EQ(device.checks_run(), 1u);
+  EXPECT_EQ((*store)->GetStats().gpu.crc_checked_bytes, size);
+
+  // The device could not check: the CPU does.
+  device.SkipNextCheck();
+  ASSERT_TRUE(deliver(a, {{0, size, *dst}}).ok());
+  EXPECT_EQ(device.checks_run(), 1u);
+  EXPECT_EQ((*store)->GetStats().gpu.crc_checked_bytes, 2 * size);
+
+  // A flipped byte inside the checked part, and one in the tail, are DataLoss.
+  for (uint64_t at : {uint64_t{70000}, size - 5}) {
+    const ChunkId id = put(at);
+    std::optional<ChunkView> view = (*store)->HoldInRam(id);
+    ASSERT_TRUE(view.has_value());
+    view->ForEachPiece(at, 1, [](absl::string_view p) { const_cast<char*>(p.data())[0] ^= 1; });
+    view.reset();
+    EXPECT_EQ(deliver(id, {{0, size, *dst}}).status().code(), absl::StatusCode::kDataLoss) << at;
+  }
+  device.Free(*dst);
+  store->reset();
+  EXPECT_TRUE(device.misuse().empty()) << device.misuse()[0];
+}
+
 // A chunk large enough for its check to be split into parts (ParallelCrc): delivered
 // intact, and a flipped byte in its last part is found like one in the first.
 TEST(TieredStoreGpuLargeChunkTest, CorruptBytesInAnyPartOfALargeChunkAreDataLoss) {

@@ -3,6 +3,7 @@
 #include <cuda.h>  // CUdeviceptr, CUresult: the one driver call, made through the runtime.
 
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <optional>
@@ -15,15 +16,35 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
+#include "storage/crc32c_gf2.h"
 #include "storage/cuda/cuda_raii.h"
+#include "storage/log.h"
+#ifdef KVTIER_HAVE_CUDA_KERNELS
+#include "storage/cuda/crc32c_kernels.h"
+#endif
 
 namespace kvtier {
 namespace {
 
-// One copy stream and the thread that completes its submissions in order.
+static_assert(DeviceBackend::kDeviceCrcBlockBytes == crc32c_gf2::kBlockBytes);
+
+// The CRC32C tables a lane's checks read: on the host (to finish a result) and on the
+// device (for the kernels). Null: no checks on the device.
+struct CrcTables {
+  const crc32c_gf2::Tables* host = nullptr;
+  const crc32c_gf2::Tables* device = nullptr;
+};
+
+using CopyDone = std::function<void(DeviceBackend::CopiedAndChecked)>;
+
+// One copy stream and the thread that completes its submissions in order. A
+// submission may end with a CRC32C check on the stream (two kernels, then the 4-byte
+// result copied into a page-locked slot of this lane), read once the event is reached.
 class CopyLane {
  public:
-  CopyLane(int device, CudaStream stream) : device_(device), stream_(std::move(stream)) {
+  CopyLane(int device, CudaStream stream, CrcTables crc)
+      : device_(device), stream_(std::move(stream)) {
+    if (crc.device != nullptr) SetUpChecks(crc);
     thread_ = std::thread([this] { Loop(); });
   }
   ~CopyLane() {
@@ -34,7 +55,12 @@ class CopyLane {
     thread_.join();
   }
 
-  void Submit(std::vector<DeviceCopy> copies, std::function<void(absl::Status)> done) {
+  // `check`: the bytes to check after the copies (unset: none).
+  struct Check {
+    DevicePtr at = 0;
+    uint64_t bytes = 0;
+  };
+  void Submit(std::vector<DeviceCopy> copies, std::optional<Check> check, CopyDone done) {
     Pending p;
     p.done = std::move(done);
     // Enqueueing and queueing for completion under one lock keeps the completion queue
@@ -42,7 +68,9 @@ class CopyLane {
     absl::MutexLock lock(&mu_);
     cudaSetDevice(device_);
     p.status = Enqueue(copies);
-    if (!copies.empty()) {
+    bool work = !copies.empty();
+    if (check.has_value() && p.status.ok()) work = EnqueueCheck(*check, &p) || work;
+    if (work) {
       // Even when enqueueing failed partway, the copies already queued must finish
       // before `done` hears of it: the caller frees their memory on an error.
       absl::StatusOr<CudaEvent> ev = TakeEvent();
@@ -61,8 +89,69 @@ class CopyLane {
     std::optional<CudaEvent> event;  // Unset: nothing to wait for (error or no copies).
     bool sync_stream = false;        // No event could be recorded: wait for the stream.
     absl::Status status;             // An error from enqueueing, reported after the wait.
-    std::function<void(absl::Status)> done;
+    int crc_slot = -1;               // The check's result slot, or -1: no check.
+    uint64_t crc_bytes = 0;
+    CopyDone done;
   };
+
+  // Room for the checks' results (one slot per check in flight) and the first kernel's
+  // per-64-KiB results (one check at a time: the stream orders them).
+  static constexpr int kCrcSlots = 1024;
+  static constexpr uint64_t kScratchWords = 1 << 20;  // Chunks up to 64 GiB.
+
+  void SetUpChecks(CrcTables crc) {
+    auto scratch = CudaDeviceMemory::Create(kScratchWords * sizeof(uint32_t));
+    auto results = CudaDeviceMemory::Create(kCrcSlots * sizeof(uint32_t));
+    // Pages of its own: page-locking a range that shares a page with another lane's
+    // fails (cudaErrorHostMemoryAlreadyRegistered), as a heap allocation may.
+    static_assert(kCrcSlots * sizeof(uint32_t) % 4096 == 0);
+    results_host_.reset(static_cast<uint32_t*>(
+        std::aligned_alloc(4096, kCrcSlots * sizeof(uint32_t))));
+    if (results_host_ == nullptr) return;
+    auto pinned = CudaPinnedRange::Create(results_host_.get(), kCrcSlots * sizeof(uint32_t));
+    if (!scratch.ok() || !results.ok() || !pinned.ok()) {  // No checks on this lane.
+      LogWarning("GPU CRC32C checks: a copy stream has no room for them: ",
+                 !scratch.ok() ? scratch.status().message()
+                 : !results.ok() ? results.status().message()
+                                 : pinned.status().message());
+      return;
+    }
+    scratch_ = *std::move(scratch);
+    results_dev_ = *std::move(results);
+    results_pinned_ = *std::move(pinned);
+    for (int i = kCrcSlots; i-- > 0;) free_slots_.push_back(i);
+    crc_ = crc;
+  }
+
+  // Enqueues the check of `check` after the copies; false when it could not (no
+  // device tables, no free slot, too large, or the launch failed).
+  bool EnqueueCheck(const Check& check, Pending* p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+#ifdef KVTIER_HAVE_CUDA_KERNELS
+    if (crc_.device == nullptr || free_slots_.empty() ||
+        check.bytes / crc32c_gf2::kBlockBytes > kScratchWords) {
+      return false;
+    }
+    const int slot = free_slots_.back();
+    uint32_t* result = static_cast<uint32_t*>(results_dev_->get()) + slot;
+    cudaError_t e = cuda::EnqueueRawCrc32c(stream_.get(), crc_.device,
+                                           reinterpret_cast<const void*>(check.at), check.bytes,
+                                           static_cast<uint32_t*>(scratch_->get()), result);
+    if (e == cudaSuccess) {
+      e = cudaMemcpyAsync(&results_host_[slot], result, sizeof(uint32_t),
+                          cudaMemcpyDeviceToHost, stream_.get());
+    }
+    if (e != cudaSuccess) {
+      cudaGetLastError();  // A launch error is not sticky: the copies stand.
+      return false;
+    }
+    free_slots_.pop_back();
+    p->crc_slot = slot;
+    p->crc_bytes = check.bytes;
+    return true;
+#else
+    return false;
+#endif
+  }
 
   absl::Status Enqueue(const std::vector<DeviceCopy>& copies)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -138,7 +227,16 @@ class CopyLane {
         waited = CudaError(cudaStreamSynchronize(stream_.get()), "copy");
       }
       if (p.status.ok()) p.status = waited;
-      p.done(std::move(p.status));
+      DeviceBackend::CopiedAndChecked result{std::move(p.status), std::nullopt};
+      if (p.crc_slot >= 0) {
+        if (result.copy.ok()) {
+          result.crc32c = crc32c_gf2::StandardFromRaw(*crc_.host, results_host_[p.crc_slot],
+                                                      p.crc_bytes);
+        }
+        absl::MutexLock lock(&mu_);
+        free_slots_.push_back(p.crc_slot);
+      }
+      p.done(std::move(result));
     }
   }
 
@@ -149,6 +247,17 @@ class CopyLane {
   std::vector<CudaEvent> spare_events_ ABSL_GUARDED_BY(mu_);
   std::deque<Pending> queue_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  // Checks on the device (set up before the thread starts, fixed after).
+  CrcTables crc_;
+  std::optional<CudaDeviceMemory> scratch_;
+  std::optional<CudaDeviceMemory> results_dev_;
+  struct Free {
+    void operator()(uint32_t* p) const { std::free(p); }
+  };
+  // Slot i: written by the stream, read by Loop. Declared before its page-locking.
+  std::unique_ptr<uint32_t[], Free> results_host_;
+  std::optional<CudaPinnedRange> results_pinned_;
+  std::vector<int> free_slots_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;  // Last: started once the state above exists.
 };
 
@@ -173,12 +282,92 @@ class CudaDeviceBackend final : public DeviceBackend {
     }
   }
 
+  // The CRC32C tables, on the host and in device memory, for the lanes added after.
+  // False: no checks on the device (no kernels in this build, or no memory for them).
+  bool SetUpCrcTables() {
+#ifdef KVTIER_HAVE_CUDA_KERNELS
+    crc_host_ = std::make_unique<crc32c_gf2::Tables>();
+    crc32c_gf2::MakeTables(crc_host_.get());
+    auto dev = CudaDeviceMemory::Create(sizeof(crc32c_gf2::Tables));
+    if (!dev.ok() || cudaMemcpy(dev->get(), crc_host_.get(), sizeof(crc32c_gf2::Tables),
+                                cudaMemcpyHostToDevice) != cudaSuccess) {
+      return false;
+    }
+    crc_dev_ = *std::move(dev);
+    return true;
+#else
+    return false;
+#endif
+  }
+
   absl::Status AddLane() {
     cudaSetDevice(device_);
     absl::StatusOr<CudaStream> stream = CudaStream::Create();
     if (!stream.ok()) return stream.status();
-    lanes_.push_back(std::make_unique<CopyLane>(device_, *std::move(stream)));
+    CrcTables crc;
+    if (crc_dev_.has_value()) {
+      crc.host = crc_host_.get();
+      crc.device = static_cast<const crc32c_gf2::Tables*>(crc_dev_->get());
+    }
+    lanes_.push_back(std::make_unique<CopyLane>(device_, *std::move(stream), crc));
     return absl::OkStatus();
+  }
+
+  // Checks on the device only once they give the CPU's answer on this GPU: 3 x 64 KiB
+  // of a pattern, copied in and checked on every lane. Says once which it is.
+  void SelfTestCrc() {
+    if (!crc_dev_.has_value()) {
+      LogInfo("GPU CRC32C checks: on the CPU (this build has no GPU kernels)");
+      return;
+    }
+    const uint64_t bytes = 3 * kDeviceCrcBlockBytes;
+    std::vector<uint8_t> pattern(bytes);
+    for (uint64_t i = 0; i < bytes; ++i) pattern[i] = static_cast<uint8_t>(i * 131 + (i >> 9));
+    uint32_t want = 0xffffffffu;
+    want = crc32c_gf2::RawExtend(want, pattern.data(), bytes, crc_host_->table) ^ 0xffffffffu;
+    absl::StatusOr<DevicePtr> buf = Allocate(bytes);
+    if (!buf.ok()) {
+      LogWarning("GPU CRC32C checks: on the CPU (no memory to test them: ", buf.status().message(), ")");
+      return;
+    }
+    bool ok = true;
+    std::string why;
+    for (auto& lane : lanes_) {
+      absl::Mutex mu;
+      bool done = false;
+      CopiedAndChecked got;
+      lane->Submit({DeviceCopy::HostToDevice(*buf, pattern.data(), bytes)},
+                   CopyLane::Check{*buf, bytes}, [&](CopiedAndChecked r) {
+                     absl::MutexLock lock(&mu);
+                     got = std::move(r);
+                     done = true;
+                   });
+      absl::MutexLock lock(&mu);
+      mu.Await(absl::Condition(&done));
+      if (!got.copy.ok() || !got.crc32c.has_value() || *got.crc32c != want) {
+        ok = false;
+        why = !got.copy.ok() ? std::string(got.copy.message())
+              : !got.crc32c.has_value() ? std::string("the check did not run")
+                                        : absl::StrFormat("got %08x, want %08x", *got.crc32c, want);
+      }
+    }
+    Free(*buf);
+    checks_crc_ = ok;
+    if (ok) {
+      LogInfo("GPU CRC32C checks: on the GPU (deliveries check what landed)");
+    } else {
+      LogWarning("GPU CRC32C checks: on the CPU (the GPU's self-test failed: ", why, ")");
+    }
+  }
+
+  bool ChecksCrc32c() const override { return checks_crc_; }
+
+  void SubmitAndCrc32c(std::vector<DeviceCopy> copies, DevicePtr at, uint64_t bytes,
+                       std::function<void(CopiedAndChecked)> done) override {
+    const size_t lane = next_lane_.fetch_add(1, std::memory_order_relaxed) % lanes_.size();
+    std::optional<CopyLane::Check> check;
+    if (checks_crc_) check = CopyLane::Check{at, bytes};
+    lanes_[lane]->Submit(std::move(copies), check, std::move(done));
   }
 
   std::string Describe() const override { return description_; }
@@ -216,7 +405,8 @@ class CudaDeviceBackend final : public DeviceBackend {
 
   void Submit(std::vector<DeviceCopy> copies, std::function<void(absl::Status)> done) override {
     const size_t lane = next_lane_.fetch_add(1, std::memory_order_relaxed) % lanes_.size();
-    lanes_[lane]->Submit(std::move(copies), std::move(done));
+    lanes_[lane]->Submit(std::move(copies), std::nullopt,
+                         [done = std::move(done)](CopiedAndChecked r) { done(std::move(r.copy)); });
   }
 
   absl::StatusOr<IpcMemory> OpenIpcMemory(absl::string_view handle) override {
@@ -265,6 +455,10 @@ class CudaDeviceBackend final : public DeviceBackend {
   const int device_;
   const std::string description_;
   GetAddressRange get_address_range_ = nullptr;  // Set once, before the backend is shared.
+  // The CRC32C tables (before the lanes, which read them, and outliving them).
+  std::unique_ptr<crc32c_gf2::Tables> crc_host_;
+  std::optional<CudaDeviceMemory> crc_dev_;
+  bool checks_crc_ = false;  // Set once by SelfTestCrc, before the backend is shared.
   std::vector<std::unique_ptr<CopyLane>> lanes_;  // Fixed after OpenCudaBackend.
   std::atomic<uint64_t> next_lane_{0};
   absl::Mutex mu_;
@@ -304,9 +498,11 @@ absl::StatusOr<std::unique_ptr<DeviceBackend>> OpenCudaBackend(const CudaBackend
       options.device, absl::StrFormat("%s (device %d, %.1f GiB)", prop.name, options.device,
                                       prop.totalGlobalMem / double(1ull << 30)));
   backend->LoadDriverCalls();
+  backend->SetUpCrcTables();
   for (int i = 0; i < options.copy_streams; ++i) {
     if (absl::Status s = backend->AddLane(); !s.ok()) return s;
   }
+  backend->SelfTestCrc();
   return backend;
 }
 

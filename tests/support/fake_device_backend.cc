@@ -12,7 +12,9 @@ constexpr absl::string_view kHandleMagic = "kvtier-fake-ipc:";
 
 }  // namespace
 
-FakeDeviceBackend::FakeDeviceBackend(FakeDeviceOptions options) : options_(options) {
+FakeDeviceBackend::FakeDeviceBackend(FakeDeviceOptions options)
+    : options_(options), crc_tables_(std::make_unique<crc32c_gf2::Tables>()) {
+  crc32c_gf2::MakeTables(crc_tables_.get());
   if (!options_.hold_copies) thread_ = std::thread([this] { Loop(); });
 }
 
@@ -104,8 +106,35 @@ absl::Status FakeDeviceBackend::Check(const DeviceCopy& c) const {
 
 void FakeDeviceBackend::Submit(std::vector<DeviceCopy> copies,
                                std::function<void(absl::Status)> done) {
+  Enqueue(Job{std::move(copies),
+              [done = std::move(done)](CopiedAndChecked r) { done(std::move(r.copy)); },
+              absl::OkStatus(), std::nullopt});
+}
+
+void FakeDeviceBackend::SubmitAndCrc32c(std::vector<DeviceCopy> copies, DevicePtr at,
+                                        uint64_t bytes,
+                                        std::function<void(CopiedAndChecked)> done) {
+  std::optional<std::pair<DevicePtr, uint64_t>> check;
+  if (options_.checks_crc32c) check.emplace(at, bytes);
+  Enqueue(Job{std::move(copies), std::move(done), absl::OkStatus(), check});
+}
+
+void FakeDeviceBackend::SkipNextCheck() {
   absl::MutexLock lock(&mu_);
-  Job job{std::move(copies), std::move(done), absl::OkStatus()};
+  skip_next_check_ = true;
+}
+
+uint64_t FakeDeviceBackend::checks_run() const {
+  absl::MutexLock lock(&mu_);
+  return checks_run_;
+}
+
+void FakeDeviceBackend::Enqueue(Job job) {
+  absl::MutexLock lock(&mu_);
+  if (job.check.has_value() && skip_next_check_) {
+    skip_next_check_ = false;
+    job.check.reset();
+  }
   if (!job.copies.empty()) {
     ++submissions_;
     if (fail_in_ > 0 && --fail_in_ == 0) job.fail = fail_status_;
@@ -131,7 +160,24 @@ void FakeDeviceBackend::Run(Job job) {
       break;
     }
   }
-  job.done(status);
+  CopiedAndChecked result{status, std::nullopt};
+  if (status.ok() && job.check.has_value()) {
+    const auto [at, bytes] = *job.check;
+    {
+      absl::MutexLock lock(&mu_);
+      status = CheckDeviceRange(at, bytes);
+      if (status.ok()) ++checks_run_;
+    }
+    if (!status.ok() || at % 16 != 0 || bytes == 0 || bytes % crc32c_gf2::kBlockBytes != 0) {
+      absl::MutexLock lock(&mu_);
+      misuse_.push_back(absl::StrCat("a check of [", at, ", +", bytes, ") the device refuses"));
+    } else {
+      const uint32_t raw = crc32c_gf2::RawCrcLikeTheGpu(
+          *crc_tables_, reinterpret_cast<const uint8_t*>(at), bytes);
+      result.crc32c = crc32c_gf2::StandardFromRaw(*crc_tables_, raw, bytes);
+    }
+  }
+  job.done(std::move(result));
 }
 
 void FakeDeviceBackend::Loop() {

@@ -18,6 +18,7 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <optional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -25,6 +26,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "storage/crc32c_gf2.h"
 #include "storage/device_backend.h"
 
 namespace kvtier {
@@ -32,6 +34,9 @@ namespace kvtier {
 struct FakeDeviceOptions {
   uint64_t memory_bytes = 1ull << 30;  // Device memory; Allocate beyond it fails.
   bool hold_copies = false;            // Copies wait for RunPending.
+  // Checks CRC32Cs "on the device" (SubmitAndCrc32c), by the GPU kernels' own
+  // arithmetic (crc32c_gf2::RawCrcLikeTheGpu) over the fake's memory.
+  bool checks_crc32c = false;
 };
 
 class FakeDeviceBackend final : public DeviceBackend {
@@ -45,6 +50,9 @@ class FakeDeviceBackend final : public DeviceBackend {
   absl::Status PinHost(void* p, uint64_t bytes) override;
   void UnpinHost(void* p) override;
   void Submit(std::vector<DeviceCopy> copies, std::function<void(absl::Status)> done) override;
+  bool ChecksCrc32c() const override { return options_.checks_crc32c; }
+  void SubmitAndCrc32c(std::vector<DeviceCopy> copies, DevicePtr at, uint64_t bytes,
+                       std::function<void(CopiedAndChecked)> done) override;
   absl::StatusOr<IpcMemory> OpenIpcMemory(absl::string_view handle) override;
   void CloseIpcMemory(DevicePtr base) override;
 
@@ -60,6 +68,9 @@ class FakeDeviceBackend final : public DeviceBackend {
   // The `n`-th submission from now (1 = the next one that copies anything) runs its
   // first copy, then fails with `s`: a device error midway through a transfer.
   void FailSubmission(int n, absl::Status s);
+  // The next check on the device does not run (as when its result slots are all in
+  // use): the copies complete and the caller gets no CRC32C.
+  void SkipNextCheck();
 
   // hold_copies: runs the held submissions in order on this thread; returns how many.
   size_t RunPending();
@@ -77,6 +88,7 @@ class FakeDeviceBackend final : public DeviceBackend {
   size_t open_ipc_mappings() const;
   uint64_t copies_run() const;
   uint64_t submissions() const;
+  uint64_t checks_run() const;  // CRC32C checks run "on the device".
   // Frees of unknown pointers, unpins of unpinned memory, closes of unknown mappings.
   std::vector<std::string> misuse() const;
 
@@ -87,9 +99,11 @@ class FakeDeviceBackend final : public DeviceBackend {
  private:
   struct Job {
     std::vector<DeviceCopy> copies;
-    std::function<void(absl::Status)> done;
+    std::function<void(CopiedAndChecked)> done;
     absl::Status fail;  // Injected: fails after the first copy.
+    std::optional<std::pair<DevicePtr, uint64_t>> check;  // After the copies.
   };
+  void Enqueue(Job job);
   absl::Status CheckDeviceRange(uint64_t addr, uint64_t bytes) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
   absl::Status Check(const DeviceCopy& c) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
@@ -113,6 +127,9 @@ class FakeDeviceBackend final : public DeviceBackend {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t copies_run_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t submissions_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t checks_run_ ABSL_GUARDED_BY(mu_) = 0;
+  bool skip_next_check_ ABSL_GUARDED_BY(mu_) = false;
+  std::unique_ptr<crc32c_gf2::Tables> crc_tables_;  // Fixed at construction.
   std::vector<std::string> misuse_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;  // Last: started once the state above exists.
 };
