@@ -124,6 +124,9 @@ TEST_F(CudaBackendTest, Crc32cOnTheDeviceIsTheCpusCrc32c) {
   GTEST_SKIP() << "this build has no GPU kernels";
 #endif
   ASSERT_TRUE(backend_->ChecksCrc32c()) << "the device's CRC32C self-test failed";
+  // A failed call earlier on this thread (a worker's bad IPC handle) leaves the CUDA
+  // runtime's last error set; the checks must not read it as their own.
+  EXPECT_FALSE(backend_->OpenIpcMemory(std::string(kIpcHandleBytes, '\0')).ok());
   constexpr uint64_t kBlock = DeviceBackend::kDeviceCrcBlockBytes;
   for (uint64_t blocks : {1u, 3u, 1025u, 2048u, 5000u}) {
     const uint64_t bytes = blocks * kBlock;

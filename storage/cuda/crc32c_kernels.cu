@@ -86,6 +86,10 @@ cudaError_t EnqueueRawCrc32c(cudaStream_t stream, const Tables* tables, const vo
   if (g.blocks == 0 || g.blocks > 0x7fffffffu || g.per_thread_log2 + 10 > kBlockLevels) {
     return cudaErrorInvalidValue;
   }
+  // The runtime's last error is per thread and outlives the call that set it (an IPC
+  // handle this thread failed to open, say): clear it, or it would read as this
+  // launch's.
+  (void)cudaGetLastError();
   BlockCrcs<<<static_cast<unsigned>(g.blocks), kThreadsPerBlock, 0, stream>>>(
       static_cast<const uint8_t*>(data), tables, scratch);
   CombineBlocks<<<1, kCombineThreads, 0, stream>>>(scratch, g.per_thread, g.per_thread_log2,
