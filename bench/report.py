@@ -373,17 +373,19 @@ def gpu(res, w):
     w("Device: " + rd(os.path.join(d, "device.txt")).strip().replace("\n", "; ") + "\n")
     if rows:
         w("**In-process** (`gpu_bench`: the store's GPU path without the RPC; a fresh chunk "
-          "per rep from the page-locked pool, medians of 20). `DMA` and `CRC` time the two "
-          "halves of a host delivery alone on the same chunk: the delivery is the slower "
-          "of the two, run at once.\n")
+          "per rep from the page-locked pool, medians of 20). `DMA` and `CRC32C` time a host "
+          "delivery's parts alone on the same chunk: the copy, and its check on the CPU "
+          "(one thread; split over the GPU tier's threads) or on the GPU after the copy "
+          "(which a whole chunk gets where the device checks).\n")
         w("| chunk | cudaMemcpyAsync GB/s | host path GB/s | ratio (>= 0.8) | DMA from pool "
-          "GB/s | CRC32C 1 thread GB/s | CRC32C split GB/s | staging (D2D) GB/s |")
-        w("|---|---|---|---|---|---|---|---|")
+          "GB/s | CRC32C 1 thread GB/s | CRC32C split GB/s | staging (D2D) GB/s | CRC32C on GPU "
+          "GB/s |")
+        w("|---|---|---|---|---|---|---|---|---|")
         for r in rows:
             w(f"| {r['chunk_mib']:.0f} MiB | {r['baseline_gbps']:.1f} | {r['host_gbps']:.1f} | "
               f"{r['host_vs_baseline']:.2f} | {r.get('dma_from_pool_gbps', 0):.1f} | "
               f"{r.get('crc_1_thread_gbps', 0):.1f} | {r.get('crc_parallel_gbps', 0):.1f} | "
-              f"{r['staging_gbps']:.0f} |")
+              f"{r['staging_gbps']:.0f} | {r.get('crc_on_gpu_gbps', 0):.0f} |")
         w("")
     h2d = [r for r in worker if r.get("bench") == "gpu_worker_h2d"]
     if h2d:
