@@ -119,6 +119,7 @@ class CopyLane {
     scratch_ = *std::move(scratch);
     results_dev_ = *std::move(results);
     results_pinned_ = *std::move(pinned);
+    absl::MutexLock lock(&mu_);  // Before the thread starts, but the analysis cannot tell.
     for (int i = kCrcSlots; i-- > 0;) free_slots_.push_back(i);
     crc_ = crc;
   }
