@@ -102,10 +102,11 @@ struct PrefillOptions {
   // registered with KvTierClient::RegisterDeviceMemory, chunk i at `offset` + i *
   // chunk_bytes of `region` (the daemon refuses, InvalidArgument, keys that do not fit
   // it). The daemon copies each chunk there on its CUDA streams, device-to-device from
-  // its staging buffers or host-to-device from its pool, checking the CRC32C of what it
-  // copies, and announces it (on_chunk_in_place) only once the bytes have landed: the
-  // worker may then use them on any of its streams. Same caveats as `into` in shared
-  // memory.
+  // its staging buffers (checked when they were staged) or host-to-device from its
+  // pool (checked as it copies), and announces it (on_chunk_in_place) only once the
+  // bytes have landed: the worker may then use them on any of its streams. A chunk the
+  // worker writes into its place during the copy (computing it too) goes back to the
+  // worker: the session ends there (Done MET). Same caveats as `into` in shared memory.
   struct DeviceInto {
     RegionChannel::Registration region;
     uint64_t offset = 0;

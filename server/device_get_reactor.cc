@@ -66,11 +66,12 @@ void DeviceGetReactor::Pump() {
           }
         }
         // A key's later layers (layer-major) come from the chunk its first pass read
-        // from the host, checked and held in RAM since (OnDelivered): its CRC32C is
-        // not checked again for each layer. After a first pass from staging it is.
+        // from the host and checked: held in RAM since (OnDelivered), or, read from SSD
+        // into a buffer without promotion, checked by the SSD read itself each time. Its
+        // whole-chunk CRC32C is not checked again for each layer on the host. After a
+        // first pass from staging it is. (A later pass runs only for found keys.)
         const uint32_t key = plan_.items[i].key;
-        const bool check = FirstItemOfKey(i) || !results_[key]->ok() ||
-                           **results_[key] == Tier::kGpu;
+        const bool check = FirstItemOfKey(i) || **results_[key] == Tier::kGpu;
         issue.emplace_back(next_issue_++, check);
         ++in_flight_;
         ++copies_;

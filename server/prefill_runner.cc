@@ -387,17 +387,28 @@ absl::Status Session::SendChunk(uint32_t j, const ChunkView& view, bool* aborted
     if (runner_->metrics()) runner_->metrics()->Streamed(n);
   }
   if (device_target_) {
-    // Device-to-device from staging, or host-to-device with the CRC32C checked during
-    // the DMA; this session thread waits for the bytes to land.
+    // Device-to-device from staging, or host-to-device with the CRC32C checked (on the
+    // GPU after the copy, or on the CPU during it); this session thread waits for the
+    // bytes to land.
     absl::Notification landed;
     absl::StatusOr<Tier> from;
+    const auto device_start = Clock::now();
     store_->ReadToDeviceAsync(ids_[j], {{0, size, device_target_->dest[j]}},
                               [&](absl::StatusOr<Tier> r) {
                                 from = std::move(r);
                                 landed.Notify();
                               });
     landed.WaitForNotification();
+    if (absl::IsAborted(from.status())) {
+      // The worker wrote into chunk j's place during the copy: it is computing chunk j
+      // itself (the contract lets either copy stand). The chunk goes back to it.
+      *aborted = true;
+      return absl::OkStatus();
+    }
     if (!from.ok()) return from.status();
+    // The GPU's pace: the copy alone, not this session's rate limits nor its client's
+    // reading, which are not the device's and would slow every session's forecast.
+    connection_->Record(size, SecondsSince(device_start));
     if (runner_->metrics()) runner_->metrics()->Streamed(size);
     return AnnounceLanded(j, view.meta(), *from, copy_start);
   }
@@ -430,11 +441,12 @@ absl::Status Session::AnnounceLanded(uint32_t j, const ChunkMeta& meta, Tier fro
   frame->set_tier(static_cast<v1::Tier>(static_cast<int>(from)));
   const auto start = Clock::now();
   if (!Write(msg)) return absl::CancelledError("client went away");
-  // The copy and the announcement together are what the connection delivered (the
-  // GPU's, for a device target: the send estimate is the network's).
+  // The copy and the announcement together are what the connection delivered (a device
+  // target's copy was recorded on its own, above).
+  if (device_target_) return absl::OkStatus();
   const double took = std::max(SecondsSince(copy_start), SecondsSince(start));
   connection_->Record(meta.size, took);
-  if (!device_target_) runner_->estimators().send().Record(meta.size, took);
+  runner_->estimators().send().Record(meta.size, took);
   return absl::OkStatus();
 }
 

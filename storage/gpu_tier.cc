@@ -182,7 +182,7 @@ void GpuTier::DeliverFromHost(const ChunkMeta& meta, std::vector<absl::string_vi
           join->copy = std::move(r.copy);
           if (!join->copy.ok()) return finish();
           if (!r.crc32c.has_value()) {
-            CheckOnCpu(std::move(pieces), expected, [join, finish](bool ok) {
+            CheckOnCpu(std::move(pieces), expected, keep_alive, [join, finish](bool ok) {
               join->crc_ok = ok;
               finish();
             });
@@ -202,8 +202,23 @@ void GpuTier::DeliverFromHost(const ChunkMeta& meta, std::vector<absl::string_vi
             absl::MutexLock lock(&mu_);
             stats_.device_crc_checked_bytes += device_bytes;
           }
-          join->crc_ok = crc == expected;
-          finish();
+          if (crc == expected) {
+            join->crc_ok = true;
+            return finish();
+          }
+          // What landed differs. The pool's copy decides whose fault: intact, the
+          // worker's memory changed under the copy (a Prefill worker computing the same
+          // chunk into the same place may do so), and the chunk stays; corrupt, DataLoss.
+          CheckOnCpu(std::move(pieces), expected, keep_alive, [join, finish](bool source_ok) {
+            join->crc_ok = true;
+            join->copy = source_ok ? absl::AbortedError(
+                                         "the bytes changed in GPU memory during the copy into "
+                                         "it (another writer?); the stored chunk is intact")
+                                   : absl::DataLossError(
+                                         "chunk failed its CRC32C check while being copied to "
+                                         "the GPU; do not use the bytes");
+            finish();
+          });
         });
     return;
   }
@@ -217,23 +232,23 @@ void GpuTier::DeliverFromHost(const ChunkMeta& meta, std::vector<absl::string_vi
     if (join->left.fetch_sub(1, std::memory_order_acq_rel) == 1) finish();
     return;
   }
-  CheckOnCpu(std::move(pieces), meta.crc32c, [join, finish](bool ok) {
+  CheckOnCpu(std::move(pieces), meta.crc32c, std::move(keep_alive), [join, finish](bool ok) {
     join->crc_ok = ok;
     if (join->left.fetch_sub(1, std::memory_order_acq_rel) == 1) finish();
   });
 }
 
 void GpuTier::CheckOnCpu(std::vector<absl::string_view> pieces, uint32_t expected,
-                         std::function<void(bool)> done) {
+                         std::shared_ptr<const void> keep_alive, std::function<void(bool)> done) {
   uint64_t bytes = 0;
   for (absl::string_view p : pieces) bytes += p.size();
   {
     absl::MutexLock lock(&mu_);
     stats_.crc_checked_bytes += bytes;
   }
-  crc_.Compute(std::move(pieces), [expected, done = std::move(done)](uint32_t crc) {
-    done(crc == expected);
-  });
+  // The pieces stay alive until the last part is checked, whichever thread that is.
+  crc_.Compute(std::move(pieces), [expected, keep_alive = std::move(keep_alive),
+                                   done = std::move(done)](uint32_t crc) { done(crc == expected); });
 }
 
 void GpuTier::Copy(std::vector<DeviceCopy> copies, Done done) {

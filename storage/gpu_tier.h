@@ -95,8 +95,10 @@ class GpuTier final : public StorageTier {
   // From host bytes `pieces` covering meta.size, alive while `keep_alive` is held.
   // `check_crc` false: the caller checked these bytes earlier in the same request and
   // held them since, so the whole chunk's CRC32C is not checked again for a range.
-  // `done`: Ok, DataLoss (CRC32C mismatch), InvalidArgument (a range outside the chunk
-  // or a destination the device refuses), Unavailable (device error).
+  // `done`: Ok, DataLoss (CRC32C mismatch of the pool's copy), Aborted (what landed
+  // differs from an intact pool copy: the destination changed during the copy),
+  // InvalidArgument (a range outside the chunk or a destination the device refuses),
+  // Unavailable (device error).
   void DeliverFromHost(const ChunkMeta& meta, std::vector<absl::string_view> pieces,
                        std::shared_ptr<const void> keep_alive, std::vector<Range> ranges,
                        Done done, bool check_crc = true);
@@ -113,9 +115,10 @@ class GpuTier final : public StorageTier {
  private:
   GpuTier(DeviceBackend* device, void* pinned, std::unique_ptr<GpuStagingTier> staging,
           int crc_threads);
-  // The CRC32C of `pieces` against `expected`, on the CPU (ParallelCrc).
+  // The CRC32C of `pieces` (alive while `keep_alive` is held) against `expected`, on the
+  // CPU (ParallelCrc).
   void CheckOnCpu(std::vector<absl::string_view> pieces, uint32_t expected,
-                  std::function<void(bool)> done);
+                  std::shared_ptr<const void> keep_alive, std::function<void(bool)> done);
   void Begin();
   void End();
 

@@ -107,9 +107,9 @@ absl::StatusOr<std::vector<uint32_t>> SlotArena::Take(size_t n) {
   }
   // The top of the free stack holds the lowest slot of the last run released (see
   // Release), so taking from the top in reverse gives ascending slots: on a fresh arena
-  // one run, after churn as many adjacent pairs as the free list has. Adjacent slots
-  // are one copy for the GPU's DMA (512 copies of a 32 MiB chunk cost it 8x its link
-  // speed) and one memcpy for the CPU.
+  // one run; after churn, ascending within each released run (runs released in between
+  // may interleave). Adjacent slots are one copy for the GPU's DMA (512 copies of a 32
+  // MiB chunk cost it 8x its link speed) and one memcpy for the CPU.
   std::vector<uint32_t> out(free_.rbegin(), free_.rbegin() + n);
   free_.resize(free_.size() - n);
   return out;

@@ -54,7 +54,7 @@ struct Frames {
 class DeviceGetTest : public ::testing::Test {
  protected:
   void Start(FakeDeviceOptions device_options = {}, bool with_gpu = true,
-             StallReaper* stalls = nullptr) {
+             StallReaper* stalls = nullptr, uint64_t staging_chunks = 2) {
     SetMinLogLevel(LogLevel::kError);
     device_ = std::make_unique<FakeDeviceBackend>(device_options);
     TieredStoreOptions o;
@@ -62,7 +62,7 @@ class DeviceGetTest : public ::testing::Test {
     o.ram.arena.capacity_bytes = 8 * kChunk;
     o.max_chunk_bytes = kChunk;
     if (with_gpu) o.device = device_.get();
-    o.gpu_staging.capacity_bytes = 2 * kChunk;
+    o.gpu_staging.capacity_bytes = staging_chunks * kChunk;
     auto store = TieredStore::Open(o);
     ASSERT_TRUE(store.ok()) << store.status();
     store_ = *std::move(store);
@@ -397,6 +397,67 @@ TEST_F(DeviceGetTest, ClientPrefillSessionDeliversIntoGpuMemory) {
   EXPECT_EQ(PrefillSession::Start(*client_, ns_, keys, past_end).status().code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(client_->ReleaseDeviceMemory(reg->region_id).ok());
+}
+
+// A Prefill worker that writes its own KV into a chunk's place while the daemon copies
+// the same chunk there (which the contract allows): the device's check of what landed
+// differs, the pool's copy is intact, so the chunk goes back to the worker (Done MET at
+// that chunk) and stays stored; nothing is deleted.
+TEST_F(DeviceGetTest, PrefillChunkOverwrittenDuringItsCopyGoesBackToTheWorker) {
+  // No staging: every chunk is copied from the host and checked on the device.
+  Start({.checks_crc32c = true}, /*with_gpu=*/true, /*stalls=*/nullptr, /*staging_chunks=*/0);
+  for (uint64_t i = 0; i < 3; ++i) Put(i);
+  auto [buf, handle] = WorkerBuffer(3 * kChunk);
+  auto reg = client_->RegisterDeviceMemory(handle, 3 * kChunk);
+  ASSERT_TRUE(reg.ok()) << reg.status();
+  device_->ChangeTargetBeforeNextCheck();  // The first streamed chunk: 2.
+  std::vector<uint32_t> placed;
+  PrefillOptions options;
+  options.into_device = PrefillOptions::DeviceInto{*reg, 0};
+  options.on_chunk_in_place = [&](uint32_t index, v1::Tier) { placed.push_back(index); };
+  options.compute_estimate = ComputeEstimate{100, 0};
+  auto session = PrefillSession::Start(*client_, ns_, {KeyOf(0), KeyOf(1), KeyOf(2)}, options);
+  ASSERT_TRUE(session.ok()) << session.status();
+  auto r = (*session)->Finish();
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->reason, v1::PrefillDone::MET);
+  EXPECT_EQ(r->first_streamed, 3u);
+  EXPECT_TRUE(placed.empty());
+  EXPECT_EQ(store_->Locate(ChunkId{ns_, KeyOf(2)}), Tier::kRam);
+  EXPECT_EQ(store_->GetStats().checksum_failures, 0u);
+  EXPECT_TRUE((*session)->Close().ok());
+}
+
+// The device's pace is learned from its copies alone: a session held to a low rate by
+// its own limit does not drag the next session's forecast down to that rate (the
+// estimate is the daemon's, shared by every worker on this GPU).
+TEST_F(DeviceGetTest, APacedSessionDoesNotSlowTheDeviceForecast) {
+  Start({}, /*with_gpu=*/true, /*stalls=*/nullptr, /*staging_chunks=*/0);
+  for (uint64_t i = 0; i < 3; ++i) Put(i);
+  auto [buf, handle] = WorkerBuffer(3 * kChunk);
+  auto reg = client_->RegisterDeviceMemory(handle, 3 * kChunk);
+  ASSERT_TRUE(reg.ok()) << reg.status();
+  // 1 MiB frames at 16 MiB/s: every chunk, the first streamed too, waits ~0.19 s for
+  // its last three frames (the bucket's burst is 5 ms); the whole session ~0.7 s. The
+  // first sample decides a fresh estimate, so a paced one would stay near kLimit.
+  constexpr uint64_t kLimit = 16 * kMiB;
+  double forecast[2] = {0, 0};
+  for (int session = 0; session < 2; ++session) {
+    PrefillOptions options;
+    options.into_device = PrefillOptions::DeviceInto{*reg, 0};
+    options.compute_estimate = ComputeEstimate{100, 0};
+    options.max_frame_bytes = kMiB;
+    if (session == 0) options.max_bytes_per_second = kLimit;
+    auto s = PrefillSession::Start(*client_, ns_, {KeyOf(0), KeyOf(1), KeyOf(2)}, options);
+    ASSERT_TRUE(s.ok()) << s.status();
+    forecast[session] = (*s)->plan().stream_bytes_per_second();
+    auto r = (*s)->Finish();
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->chunks_streamed, 3u);
+  }
+  EXPECT_NEAR(forecast[0], kLimit, 1e3);  // Its own limit caps its forecast.
+  // The fake device's copies are memcpys: gigabytes per second, not 64 MiB/s.
+  EXPECT_GT(forecast[1], 4.0 * kLimit);
 }
 
 TEST_F(DeviceGetTest, BadHandlesAndTargetsGetClearStatuses) {

@@ -257,6 +257,13 @@ TEST(TieredStoreGpuDeviceCrcTest, WholeChunksAreCheckedOnTheDeviceOverWhatLanded
   EXPECT_EQ(device.checks_run(), 1u);
   EXPECT_EQ((*store)->GetStats().gpu.crc_checked_bytes, 2 * size);
 
+  // What landed changed under the copy (another writer in the worker's memory) while
+  // the pool's copy is intact: Aborted, and the chunk stays.
+  device.ChangeTargetBeforeNextCheck();
+  EXPECT_EQ(deliver(a, {{0, size, *dst}}).status().code(), absl::StatusCode::kAborted);
+  EXPECT_EQ((*store)->Locate(a), Tier::kRam);
+  ASSERT_TRUE(deliver(a, {{0, size, *dst}}).ok());
+
   // A flipped byte inside the checked part, and one in the tail, are DataLoss.
   for (uint64_t at : {uint64_t{70000}, size - 5}) {
     const ChunkId id = put(at);

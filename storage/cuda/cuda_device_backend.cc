@@ -290,8 +290,14 @@ class CudaDeviceBackend final : public DeviceBackend {
     crc_host_ = std::make_unique<crc32c_gf2::Tables>();
     crc32c_gf2::MakeTables(crc_host_.get());
     auto dev = CudaDeviceMemory::Create(sizeof(crc32c_gf2::Tables));
-    if (!dev.ok() || cudaMemcpy(dev->get(), crc_host_.get(), sizeof(crc32c_gf2::Tables),
-                                cudaMemcpyHostToDevice) != cudaSuccess) {
+    if (!dev.ok()) {
+      crc_unavailable_ = absl::StrCat("no device memory for its tables: ", dev.status().message());
+      return false;
+    }
+    if (cudaError_t e = cudaMemcpy(dev->get(), crc_host_.get(), sizeof(crc32c_gf2::Tables),
+                                   cudaMemcpyHostToDevice);
+        e != cudaSuccess) {
+      crc_unavailable_ = absl::StrCat("copying its tables failed: ", cudaGetErrorString(e));
       return false;
     }
     crc_dev_ = *std::move(dev);
@@ -318,7 +324,7 @@ class CudaDeviceBackend final : public DeviceBackend {
   // of a pattern, copied in and checked on every lane. Says once which it is.
   void SelfTestCrc() {
     if (!crc_dev_.has_value()) {
-      LogInfo("GPU CRC32C checks: on the CPU (this build has no GPU kernels)");
+      LogInfo("GPU CRC32C checks: on the CPU (", crc_unavailable_, ")");
       return;
     }
     const uint64_t bytes = 3 * kDeviceCrcBlockBytes;
@@ -460,6 +466,7 @@ class CudaDeviceBackend final : public DeviceBackend {
   std::unique_ptr<crc32c_gf2::Tables> crc_host_;
   std::optional<CudaDeviceMemory> crc_dev_;
   bool checks_crc_ = false;  // Set once by SelfTestCrc, before the backend is shared.
+  std::string crc_unavailable_ = "this build has no GPU kernels";  // Why not, if not.
   std::vector<std::unique_ptr<CopyLane>> lanes_;  // Fixed after OpenCudaBackend.
   std::atomic<uint64_t> next_lane_{0};
   absl::Mutex mu_;

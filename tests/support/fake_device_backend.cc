@@ -124,6 +124,11 @@ void FakeDeviceBackend::SkipNextCheck() {
   skip_next_check_ = true;
 }
 
+void FakeDeviceBackend::ChangeTargetBeforeNextCheck() {
+  absl::MutexLock lock(&mu_);
+  change_before_next_check_ = true;
+}
+
 uint64_t FakeDeviceBackend::checks_run() const {
   absl::MutexLock lock(&mu_);
   return checks_run_;
@@ -163,15 +168,21 @@ void FakeDeviceBackend::Run(Job job) {
   CopiedAndChecked result{status, std::nullopt};
   if (status.ok() && job.check.has_value()) {
     const auto [at, bytes] = *job.check;
+    bool change = false;
     {
       absl::MutexLock lock(&mu_);
       status = CheckDeviceRange(at, bytes);
-      if (status.ok()) ++checks_run_;
+      change = std::exchange(change_before_next_check_, false);
     }
     if (!status.ok() || at % 16 != 0 || bytes == 0 || bytes % crc32c_gf2::kBlockBytes != 0) {
       absl::MutexLock lock(&mu_);
       misuse_.push_back(absl::StrCat("a check of [", at, ", +", bytes, ") the device refuses"));
     } else {
+      if (change) HostView(at)[bytes / 2] ^= 0x20;
+      {
+        absl::MutexLock lock(&mu_);
+        ++checks_run_;
+      }
       const uint32_t raw = crc32c_gf2::RawCrcLikeTheGpu(
           *crc_tables_, reinterpret_cast<const uint8_t*>(at), bytes);
       result.crc32c = crc32c_gf2::StandardFromRaw(*crc_tables_, raw, bytes);

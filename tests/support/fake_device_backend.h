@@ -71,6 +71,9 @@ class FakeDeviceBackend final : public DeviceBackend {
   // The next check on the device does not run (as when its result slots are all in
   // use): the copies complete and the caller gets no CRC32C.
   void SkipNextCheck();
+  // Between the next check's copies and the check itself, a byte of the checked range
+  // changes: another writer into the same memory (a worker computing the chunk there).
+  void ChangeTargetBeforeNextCheck();
 
   // hold_copies: runs the held submissions in order on this thread; returns how many.
   size_t RunPending();
@@ -129,6 +132,7 @@ class FakeDeviceBackend final : public DeviceBackend {
   uint64_t submissions_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t checks_run_ ABSL_GUARDED_BY(mu_) = 0;
   bool skip_next_check_ ABSL_GUARDED_BY(mu_) = false;
+  bool change_before_next_check_ ABSL_GUARDED_BY(mu_) = false;
   std::unique_ptr<crc32c_gf2::Tables> crc_tables_;  // Fixed at construction.
   std::vector<std::string> misuse_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;  // Last: started once the state above exists.
