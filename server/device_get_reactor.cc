@@ -45,7 +45,7 @@ absl::Status DeviceGetReactor::Start(const v1::GetRequest& req, LeaseTable* leas
 
 void DeviceGetReactor::Pump() {
   std::vector<std::pair<size_t, bool>> issue;  // Items, and whether to check the CRC32C.
-  bool write = false, finish = false;
+  bool write = false, finish = false, write_and_finish = false;
   absl::Status finish_status;
   {
     absl::MutexLock lock(&mu_);
@@ -114,6 +114,11 @@ void DeviceGetReactor::Pump() {
       grpc::Slice slice(bytes);
       frame_ = grpc::ByteBuffer(&slice, 1);
       writing_ = write = true;
+      // The last frame, every copy landed: it goes with the call's status, saving the
+      // client a round of the event loop (OnWriteDone, then Finish).
+      if (next_write_ == plan_.items.size() && copies_ == 0 && issue.empty()) {
+        finished_ = write_and_finish = true;
+      }
     }
     // The end: every frame written, or an error; either way only once no copy is still
     // writing into the worker's memory (which it may reuse as soon as the call ends).
@@ -132,7 +137,11 @@ void DeviceGetReactor::Pump() {
         plan_.ids[item.key], std::move(ranges),
         [this, i = i](absl::StatusOr<Tier> r) { OnDelivered(i, std::move(r)); }, check);
   }
-  if (write) {
+  if (write_and_finish) {
+    stall_.WaitingOnClient(true);  // Until OnDone: a client that stops reading is reaped.
+    place_ = StreamLimiter::Ticket();
+    StartWriteAndFinish(&frame_, grpc::WriteOptions(), scope_.Done(grpc::Status::OK));
+  } else if (write) {
     stall_.WaitingOnClient(true);
     StartWrite(&frame_);
   }
