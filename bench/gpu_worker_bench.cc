@@ -391,13 +391,26 @@ void AddCompute(const GpuClock& clock, const std::vector<std::vector<cudaEvent_t
   }
 }
 
-void Layerwise() {
-  const uint32_t layers = static_cast<uint32_t>(Flag("layers", 32));
-  const uint32_t chunks = static_cast<uint32_t>(Flag("chunks", 12));
-  const uint64_t chunk_bytes = uint64_t{layers} * kMiB;
+// What both timelines start from: --chunks chunks of --layers 1 MiB layers in a daemon
+// without staging, and a registered region that holds them all.
+struct TimelineSetUp {
+  uint32_t layers = static_cast<uint32_t>(Flag("layers", 32));
+  uint32_t chunks = static_cast<uint32_t>(Flag("chunks", 12));
+  uint64_t chunk_bytes = uint64_t{layers} * kMiB;
   Daemon d = StartDaemon(layers, chunks + 2, 0);
-  PutChunks(d, 0, chunks, chunk_bytes);
-  Region r = Register(*d.client, uint64_t{chunks} * chunk_bytes);
+  Region r;
+  TimelineSetUp() {
+    PutChunks(d, 0, chunks, chunk_bytes);
+    r = Register(*d.client, uint64_t{chunks} * chunk_bytes);
+  }
+};
+
+void Layerwise() {
+  TimelineSetUp setup;
+  const uint32_t layers = setup.layers, chunks = setup.chunks;
+  const uint64_t chunk_bytes = setup.chunk_bytes;
+  Daemon& d = setup.d;
+  const Region& r = setup.r;
   Spinner spin;
 
   // Load alone: one chunk layer-major, median of 5 (a chunk not read before each time
@@ -496,12 +509,10 @@ void Layerwise() {
 }
 
 void Prefill() {
-  const uint32_t layers = static_cast<uint32_t>(Flag("layers", 32));
-  const uint32_t chunks = static_cast<uint32_t>(Flag("chunks", 12));
-  const uint64_t chunk_bytes = uint64_t{layers} * kMiB;
-  Daemon d = StartDaemon(layers, chunks + 2, 0);
-  PutChunks(d, 0, chunks, chunk_bytes);
-  Region r = Register(*d.client, uint64_t{chunks} * chunk_bytes);
+  TimelineSetUp setup;
+  const uint32_t layers = setup.layers, chunks = setup.chunks;
+  Daemon& d = setup.d;
+  const Region& r = setup.r;
   Spinner spin;
   // Per-chunk compute: the same factor over a whole chunk's transfer, measured here.
   std::vector<double> load;
