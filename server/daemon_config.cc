@@ -166,6 +166,10 @@ const std::vector<Option>& Options() {
                  "bytes gRPC may buffer for open Put streams outside the pool (each counts "
                  "stream_window + max_frame_size); 0: ram_capacity / 8, at least 256MiB",
                  &DaemonConfig::max_put_buffer),
+      SizeOption("grpc_memory",
+                 "memory gRPC may hold for received bytes on all connections (its resource "
+                 "quota; bounds oversized messages); 0: twice max_put_buffer",
+                 &DaemonConfig::grpc_memory),
       UintOption("max_keys_per_request", "most keys in one Lookup/Get/Pin/Unpin/Delete/Prefill",
                  &DaemonConfig::max_keys_per_request),
       UintOption("max_leases", "most Lookup leases live at once",
@@ -452,6 +456,11 @@ absl::Status DaemonConfig::Validate() const {
     return absl::InvalidArgumentError(absl::StrCat(
         "option max_put_buffer: must hold at least one Put stream (stream_window + "
         "max_frame_size = ", stream_window + max_frame_size, "), got ", max_put_buffer));
+  }
+  if (grpc_memory != 0 && grpc_memory < PutBufferBytes()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "option grpc_memory: must hold the Put streams max_put_buffer admits (",
+        PutBufferBytes(), " bytes), got ", grpc_memory));
   }
   if (ssd_stream_buffer < max_frame_size) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -764,6 +773,11 @@ std::string DaemonUsage() {
 uint64_t DaemonConfig::PutBufferBytes() const {
   if (max_put_buffer != 0) return max_put_buffer;
   return std::max<uint64_t>(256ull << 20, ram_capacity / 8);
+}
+
+uint64_t DaemonConfig::GrpcMemoryBytes() const {
+  if (grpc_memory != 0) return grpc_memory;
+  return 2 * PutBufferBytes();
 }
 
 uint32_t DaemonConfig::MaxPutStreams() const {

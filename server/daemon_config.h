@@ -60,6 +60,15 @@ struct DaemonConfig {
   uint64_t max_put_buffer = 0;
   uint64_t PutBufferBytes() const;     // max_put_buffer, resolved.
   uint32_t MaxPutStreams() const;      // Put streams that fit in it (at least 1).
+  // All the memory gRPC may hold for received bytes (gRPC's resource quota): read
+  // buffers and messages being assembled, on every connection. gRPC assembles a whole
+  // message before it checks its size, so without this bound one oversized message costs
+  // its full size in RSS. Near the bound gRPC shrinks HTTP/2 windows, then cancels
+  // streams and closes connections (clients see RESOURCE_EXHAUSTED or UNAVAILABLE, both
+  // retryable): the daemon degrades instead of growing until the kernel kills it.
+  // 0: twice max_put_buffer.
+  uint64_t grpc_memory = 0;
+  uint64_t GrpcMemoryBytes() const;    // grpc_memory, resolved.
   uint32_t max_keys_per_request = 4096;    // Keys in one Lookup/Get/Pin/Delete.
   uint32_t max_leases = 65536;             // Lookup leases live at once.
   uint32_t max_lease_seconds = 300;        // Longest Lookup lease.

@@ -269,6 +269,10 @@ int Run(const DaemonConfig& config, const sigset_t& signals) {
                              static_cast<int>(config.max_streams_per_connection));
   grpc::ResourceQuota quota("kvtierd");
   quota.SetMaxThreads(static_cast<int>(config.max_rpc_threads));
+  // gRPC buffers a whole message before its size check (measured: a 512 MiB Put frame
+  // raised the daemon's peak RSS by 512 MiB, then got "larger than max"); the quota
+  // bounds what all connections together hold.
+  quota.Resize(config.GrpcMemoryBytes());
   builder.SetResourceQuota(quota);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES,
                              static_cast<int>(config.stream_window));

@@ -71,6 +71,20 @@ TEST(DaemonConfigTest, PutBufferBoundsPutStreams) {
   EXPECT_EQ(c.MaxPutStreams(), 2u);
 }
 
+TEST(DaemonConfigTest, GrpcMemoryHoldsThePutStreams) {
+  DaemonConfig c;
+  c.ram_capacity = 16ull << 30;
+  EXPECT_EQ(c.GrpcMemoryBytes(), 4ull << 30) << "twice the resolved max_put_buffer";
+  c.max_put_buffer = 64ull << 20;
+  EXPECT_EQ(c.GrpcMemoryBytes(), 128ull << 20);
+  c.grpc_memory = (64ull << 20) - 1;  // Less than the Put streams it admits.
+  EXPECT_EQ(c.Validate().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(c.Validate().message().find("grpc_memory"), std::string::npos);
+  c.grpc_memory = 64ull << 20;
+  EXPECT_TRUE(c.Validate().ok());
+  EXPECT_EQ(c.GrpcMemoryBytes(), 64ull << 20);
+}
+
 TEST(DaemonConfigTest, SharedMemoryOptions) {
   DaemonConfig c;
   EXPECT_EQ(c.RegionSocketName(0xab), "@kvtierd-00000000000000ab");
