@@ -19,12 +19,18 @@ WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 run() {
   local name=$1; shift
-  echo "build/bench/overload_bench $* --json=$OUT/overload.jsonl" >> "$OUT/commands.txt"
+  echo "build/bench/overload_bench $* --label=$name --json=$OUT/overload.jsonl" >> "$OUT/commands.txt"
   echo "== $name: $*" >&2
-  "$B/overload_bench" --data-dir="$WORK/$name" --json="$OUT/overload.jsonl" "$@" \
+  "$B/overload_bench" --data-dir="$WORK/$name" --json="$OUT/overload.jsonl" "$@" --label="$name" \
     > "$OUT/$name.log" 2>&1 || echo "$name: exit $?" >> "$OUT/$name.log"
   rm -rf "$WORK/$name"
   cat "$OUT/$name.log" | grep -v '^{' >&2
 }
 run shipped
 run unbounded --daemon-args=--max-put-buffer=64GiB
+# Four more clients send 256 MiB Put frames (the limit is 4 MiB) again and again; the
+# idle timeout is long enough for such a frame to arrive. gRPC assembles a message
+# before its size check, so grpc_memory is what bounds them: at its default (half the
+# memory beside the pool) and set low enough for them to reach it.
+run hostile --oversized=4 --idle-timeout-s=30
+run hostile_bounded --oversized=4 --idle-timeout-s=30 --daemon-args=--grpc-memory=512MiB

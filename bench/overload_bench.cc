@@ -7,11 +7,16 @@
 //   - health and Lookup latency (p50, p99, max) under that load;
 //   - every put's final status. Each must be OK or RESOURCE_EXHAUSTED; the stalled
 //     clients' must be CANCELLED (reaped after client_idle_timeout) or
-//     RESOURCE_EXHAUSTED.
+//     RESOURCE_EXHAUSTED;
+//   - with --oversized=N, N more clients that send Put frames of --oversized-mib each
+//     (far past the frame limit) over and over while the load runs: each must be
+//     refused (RESOURCE_EXHAUSTED or INVALID_ARGUMENT), and the peak RSS shows whether
+//     the daemon bounded what gRPC buffered for them (grpc_memory).
 //
 //   overload_bench [--ram-mib=2048] [--streams=256] [--stalled=32] [--chunk-mib=2]
-//                  [--times-pool=10] [--idle-timeout-s=3] [--data-dir=DIR]
-//                  [--daemon-args=a,b] [--json=FILE]
+//                  [--times-pool=10] [--idle-timeout-s=3] [--oversized=0]
+//                  [--oversized-mib=256] [--data-dir=DIR] [--daemon-args=a,b]
+//                  [--label=NAME] [--json=FILE]
 //
 // Exits 1 if a put got any other status, or if a probe failed.
 #include <grpcpp/grpcpp.h>
@@ -107,14 +112,17 @@ int main(int argc, char** argv) {
   if (kvtier::bench::HelpRequested(argc, argv)) {
     std::printf(
         "usage: overload_bench [--ram-mib=2048] [--streams=256] [--stalled=32] "
-        "[--chunk-mib=2] [--times-pool=10] [--idle-timeout-s=3] [--data-dir=DIR] "
-        "[--daemon-args=a,b] [--json=FILE]\n");
+        "[--chunk-mib=2] [--times-pool=10] [--idle-timeout-s=3] [--oversized=0] "
+        "[--oversized-mib=256] [--data-dir=DIR] [--daemon-args=a,b] [--label=NAME] "
+        "[--json=FILE]\n");
     return 0;
   }
   kvtier::bench::InitFlags(argc, argv);
   const uint64_t ram_mib = Flag("ram-mib", 2048);
   const int streams = static_cast<int>(Flag("streams", 256));
   const int stalled = static_cast<int>(Flag("stalled", 32));
+  const int oversized = static_cast<int>(Flag("oversized", 0));
+  const uint64_t oversized_mib = Flag("oversized-mib", 256);
   const uint32_t chunk_mib = static_cast<uint32_t>(Flag("chunk-mib", 2));
   const uint64_t total_bytes = Flag("times-pool", 10) * (ram_mib << 20);
   const std::string dir = StrFlag("data-dir", kvtier::testing::MakeTempDir("kvtierd-overload"));
@@ -227,6 +235,36 @@ int main(int argc, char** argv) {
       }
     });
   }
+  // Oversized senders: one frame of oversized_mib, again and again, each on its own
+  // connection (with no client-side send limit) until the load is done.
+  StatusTally oversize;
+  std::vector<std::thread> oversizers;
+  std::atomic<bool> load_done{false};
+  if (oversized > 0) {
+    auto big = std::make_shared<const kvtier::v1::PutFrame>([&] {
+      kvtier::v1::PutFrame f = frame(1ull << 41, 0);
+      f.set_data(std::string(oversized_mib << 20, 'o'));
+      return f;
+    }());
+    for (int t = 0; t < oversized; ++t) {
+      oversizers.emplace_back([&, big] {
+        grpc::ChannelArguments args;
+        args.SetMaxSendMessageSize(-1);
+        auto channel = grpc::CreateCustomChannel(daemon->target(),
+                                                 grpc::InsecureChannelCredentials(), args);
+        auto stub = kvtier::v1::KvCache::NewStub(channel);
+        while (!load_done.load()) {
+          grpc::ClientContext ctx;
+          kvtier::v1::PutResponse resp;
+          auto w = stub->Put(&ctx, &resp);
+          w->Write(*big);
+          w->WritesDone();
+          grpc::Status s = w->Finish();
+          oversize.Add(s.error_code(), s.error_message());
+        }
+      });
+    }
+  }
   // Probes: health and a 16-key Lookup, each every 10 ms, on their own connection.
   std::vector<double> health_ms, lookup_ms;
   StatusTally probes;
@@ -267,6 +305,8 @@ int main(int argc, char** argv) {
     }
   });
   for (std::thread& t : threads) t.join();
+  load_done = true;
+  for (std::thread& t : oversizers) t.join();
   const double secs = std::chrono::duration<double>(Clock::now() - start).count();
   // The stallers' last round ends when the daemon reaps it.
   stop = true;
@@ -284,6 +324,15 @@ int main(int argc, char** argv) {
   for (const auto& [code, n] : sc) {
     if (code != grpc::StatusCode::CANCELLED && code != grpc::StatusCode::RESOURCE_EXHAUSTED) bad += n;
   }
+  const auto oc = oversize.counts();
+  uint64_t oversized_sent = 0;
+  for (const auto& [code, n] : oc) {
+    oversized_sent += n;
+    if (code != grpc::StatusCode::RESOURCE_EXHAUSTED &&
+        code != grpc::StatusCode::INVALID_ARGUMENT) {
+      bad += n;
+    }
+  }
   uint64_t probe_errors = 0;
   for (const auto& [code, n] : prc) {
     if (code != grpc::StatusCode::OK) probe_errors += n;
@@ -294,10 +343,10 @@ int main(int argc, char** argv) {
   };
   const double pool = static_cast<double>(ram_mib << 20);
   std::printf("overload: pool %llu MiB, %d put streams x %llu chunks of %u MiB (%.1f x pool) "
-              "+ %d stalled clients, %.1f s\n",
+              "+ %d stalled clients + %d sending %llu MiB frames, %.1f s\n",
               static_cast<unsigned long long>(ram_mib), streams,
               static_cast<unsigned long long>(chunks_total), chunk_mib, total_bytes / pool,
-              stalled, secs);
+              stalled, oversized, static_cast<unsigned long long>(oversized_mib), secs);
   std::printf("| measure | value |\n|---|---|\n");
   std::printf("| daemon RSS idle (pool prefaulted) | %.0f MiB |\n", rss_idle / 1048576.0);
   std::printf("| daemon peak RSS | %.0f MiB (%.3f x pool) |\n", rss_peak / 1048576.0,
@@ -311,6 +360,10 @@ int main(int argc, char** argv) {
   std::printf("| stalled rounds CANCELLED / RESOURCE_EXHAUSTED | %llu / %llu |\n",
               static_cast<unsigned long long>(count(sc, grpc::StatusCode::CANCELLED)),
               static_cast<unsigned long long>(count(sc, grpc::StatusCode::RESOURCE_EXHAUSTED)));
+  std::printf("| oversized frames sent / RESOURCE_EXHAUSTED / INVALID_ARGUMENT | %llu / %llu / %llu |\n",
+              static_cast<unsigned long long>(oversized_sent),
+              static_cast<unsigned long long>(count(oc, grpc::StatusCode::RESOURCE_EXHAUSTED)),
+              static_cast<unsigned long long>(count(oc, grpc::StatusCode::INVALID_ARGUMENT)));
   std::printf("| health p50 / p99 / max | %.2f / %.2f / %.2f ms (%zu probes) |\n",
               Percentile(health_ms, 0.5), Percentile(health_ms, 0.99),
               Percentile(health_ms, 1.0), health_ms.size());
@@ -318,9 +371,9 @@ int main(int argc, char** argv) {
               Percentile(lookup_ms, 0.99), Percentile(lookup_ms, 1.0));
   std::printf("| unexpected statuses | %llu (probe errors %llu) |\n",
               static_cast<unsigned long long>(bad), static_cast<unsigned long long>(probe_errors));
-  for (const auto* m : {&pc, &sc, &prc}) {
+  for (const auto* m : {&pc, &sc, &prc, &oc}) {
     for (const auto& [code, n] : *m) {
-      const StatusTally& t = m == &pc ? puts : m == &sc ? stalls : probes;
+      const StatusTally& t = m == &pc ? puts : m == &sc ? stalls : m == &prc ? probes : oversize;
       if (code != grpc::StatusCode::OK) {
         std::printf("  %s x%llu, e.g. %s\n", CodeName(code), static_cast<unsigned long long>(n),
                     t.example(code).c_str());
@@ -328,7 +381,7 @@ int main(int argc, char** argv) {
     }
   }
   kvtier::bench::JsonLine()
-      .S("kind", "overload").N("pool_mib", ram_mib).N("streams", streams)
+      .S("kind", "overload").S("label", StrFlag("label", "")).N("pool_mib", ram_mib).N("streams", streams)
       .N("stalled", stalled).N("chunk_mib", chunk_mib).N("times_pool", total_bytes / pool)
       .N("secs", secs).N("rss_idle_mib", rss_idle / 1048576.0)
       .N("rss_peak_mib", rss_peak / 1048576.0)
@@ -336,6 +389,8 @@ int main(int argc, char** argv) {
       .N("puts_refused", count(pc, grpc::StatusCode::RESOURCE_EXHAUSTED))
       .N("stalls_reaped", count(sc, grpc::StatusCode::CANCELLED))
       .N("stalls_refused", count(sc, grpc::StatusCode::RESOURCE_EXHAUSTED))
+      .N("oversized", oversized).N("oversized_mib", oversized_mib)
+      .N("oversized_sent", oversized_sent)
       .N("unexpected", bad).N("probe_errors", probe_errors)
       .N("stored_gib", stored_bytes / 1073741824.0)
       .N("health_p50_ms", Percentile(health_ms, 0.5))

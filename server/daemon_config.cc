@@ -3,11 +3,13 @@
 #include <algorithm>
 
 #include <grp.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <functional>
 #include <string_view>
 #include <thread>
@@ -168,7 +170,8 @@ const std::vector<Option>& Options() {
                  &DaemonConfig::max_put_buffer),
       SizeOption("grpc_memory",
                  "memory gRPC may hold for received bytes on all connections (its resource "
-                 "quota; bounds oversized messages); 0: twice max_put_buffer",
+                 "quota; bounds oversized messages); 0: half the memory beside ram_capacity, "
+                 "at least twice max_put_buffer",
                  &DaemonConfig::grpc_memory),
       UintOption("max_keys_per_request", "most keys in one Lookup/Get/Pin/Unpin/Delete/Prefill",
                  &DaemonConfig::max_keys_per_request),
@@ -775,9 +778,22 @@ uint64_t DaemonConfig::PutBufferBytes() const {
   return std::max<uint64_t>(256ull << 20, ram_capacity / 8);
 }
 
-uint64_t DaemonConfig::GrpcMemoryBytes() const {
+uint64_t DaemonConfig::GrpcMemoryBytes(uint64_t machine_memory) const {
   if (grpc_memory != 0) return grpc_memory;
-  return 2 * PutBufferBytes();
+  const uint64_t beside_pool = machine_memory > ram_capacity ? machine_memory - ram_capacity : 0;
+  return std::max(2 * PutBufferBytes(), beside_pool / 2);
+}
+
+uint64_t MachineMemoryBytes() {
+  uint64_t bytes = static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) *
+                   static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  std::ifstream in("/sys/fs/cgroup/memory.max");  // cgroup v2; "max" when unlimited.
+  std::string limit;
+  uint64_t cgroup = 0;
+  if (in >> limit && absl::SimpleAtoi(limit, &cgroup) && cgroup > 0) {
+    bytes = std::min(bytes, cgroup);
+  }
+  return bytes;
 }
 
 uint32_t DaemonConfig::MaxPutStreams() const {

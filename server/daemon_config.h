@@ -66,9 +66,11 @@ struct DaemonConfig {
   // its full size in RSS. Near the bound gRPC shrinks HTTP/2 windows, then cancels
   // streams and closes connections (clients see RESOURCE_EXHAUSTED or UNAVAILABLE, both
   // retryable): the daemon degrades instead of growing until the kernel kills it.
-  // 0: twice max_put_buffer.
+  // 0: half the memory beside the pool (what the OOM killer would otherwise bound), at
+  // least twice max_put_buffer.
   uint64_t grpc_memory = 0;
-  uint64_t GrpcMemoryBytes() const;    // grpc_memory, resolved.
+  // grpc_memory, resolved against `machine_memory` (MachineMemoryBytes()).
+  uint64_t GrpcMemoryBytes(uint64_t machine_memory) const;
   uint32_t max_keys_per_request = 4096;    // Keys in one Lookup/Get/Pin/Delete.
   uint32_t max_leases = 65536;             // Lookup leases live at once.
   uint32_t max_lease_seconds = 300;        // Longest Lookup lease.
@@ -188,6 +190,10 @@ std::string DaemonUsage();
 // "4MiB", "1GiB", "512k", "1048576" -> bytes. Returns InvalidArgument.
 absl::StatusOr<uint64_t> ParseByteSize(absl::string_view text);
 std::string FormatBytes(uint64_t bytes);
+
+// The memory this process may use: physical memory, or the cgroup's memory.max when
+// lower (a container's limit).
+uint64_t MachineMemoryBytes();
 
 }  // namespace kvtier
 

@@ -272,7 +272,10 @@ int Run(const DaemonConfig& config, const sigset_t& signals) {
   // gRPC buffers a whole message before its size check (measured: a 512 MiB Put frame
   // raised the daemon's peak RSS by 512 MiB, then got "larger than max"); the quota
   // bounds what all connections together hold.
-  quota.Resize(config.GrpcMemoryBytes());
+  const uint64_t grpc_memory = config.GrpcMemoryBytes(MachineMemoryBytes());
+  quota.Resize(grpc_memory);
+  LogInfo("gRPC may hold ", grpc_memory >> 20, " MiB of received bytes (grpc_memory",
+          config.grpc_memory == 0 ? ": half the memory beside the pool" : "", ")");
   builder.SetResourceQuota(quota);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES,
                              static_cast<int>(config.stream_window));

@@ -1,5 +1,7 @@
 #include "server/daemon_config.h"
 
+#include <unistd.h>
+
 #include <cstdlib>
 #include <fstream>
 #include <functional>
@@ -74,15 +76,24 @@ TEST(DaemonConfigTest, PutBufferBoundsPutStreams) {
 TEST(DaemonConfigTest, GrpcMemoryHoldsThePutStreams) {
   DaemonConfig c;
   c.ram_capacity = 16ull << 30;
-  EXPECT_EQ(c.GrpcMemoryBytes(), 4ull << 30) << "twice the resolved max_put_buffer";
+  EXPECT_EQ(c.GrpcMemoryBytes(64ull << 30), 24ull << 30) << "half the memory beside the pool";
+  EXPECT_EQ(c.GrpcMemoryBytes(20ull << 30), 4ull << 30) << "twice the resolved max_put_buffer";
+  EXPECT_EQ(c.GrpcMemoryBytes(8ull << 30), 4ull << 30) << "a pool larger than the machine";
   c.max_put_buffer = 64ull << 20;
-  EXPECT_EQ(c.GrpcMemoryBytes(), 128ull << 20);
+  EXPECT_EQ(c.GrpcMemoryBytes(16ull << 30 | 256ull << 20), 128ull << 20);
   c.grpc_memory = (64ull << 20) - 1;  // Less than the Put streams it admits.
   EXPECT_EQ(c.Validate().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(c.Validate().message().find("grpc_memory"), std::string::npos);
   c.grpc_memory = 64ull << 20;
   EXPECT_TRUE(c.Validate().ok());
-  EXPECT_EQ(c.GrpcMemoryBytes(), 64ull << 20);
+  EXPECT_EQ(c.GrpcMemoryBytes(64ull << 30), 64ull << 20) << "set: the machine does not matter";
+}
+
+TEST(DaemonConfigTest, MachineMemoryIsAtMostThePhysicalMemory) {
+  const uint64_t physical = static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) *
+                            static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  EXPECT_GT(MachineMemoryBytes(), 0u);
+  EXPECT_LE(MachineMemoryBytes(), physical);
 }
 
 TEST(DaemonConfigTest, SharedMemoryOptions) {
