@@ -6,14 +6,14 @@ namespace kvtier {
 
 EventsReactor::EventsReactor(EventLog* log, const v1::EventsRequest& request,
                              uint64_t internal_ns, RpcMetrics* metrics,
-                             std::shared_ptr<std::atomic<int>> subscribers,
+                             StreamLimiter::Ticket subscription,
                              StreamLimiter::Ticket place)
     : log_(log),
       ns_(internal_ns),
       public_ns_(request.namespace_id()),
       scope_(metrics, RpcMethod::kEvents),
-      subscribers_(std::move(subscribers)),
       waker_(std::make_shared<Waker>()),
+      subscription_(std::move(subscription)),
       place_(std::move(place)) {
   // A cursor from another run of the daemon (its instance id differs) says nothing
   // about this one: start from the oldest event kept, marked resync.
@@ -121,7 +121,9 @@ void EventsReactor::Finish(grpc::Status status) {
     if (finished_ || writing_) return;  // A write in flight: OnWriteDone finishes.
     finished_ = true;
   }
-  place_ = StreamLimiter::Ticket();  // Free before the client sees the status.
+  // Free before the client sees the status.
+  subscription_ = StreamLimiter::Ticket();
+  place_ = StreamLimiter::Ticket();
   grpc::ServerWriteReactor<v1::EventBatch>::Finish(scope_.Done(std::move(status)));
 }
 
@@ -130,7 +132,6 @@ void EventsReactor::OnDone() {
     absl::MutexLock lock(&waker_->mu);
     waker_->reactor = nullptr;
   }
-  subscribers_->fetch_sub(1);
   delete this;
 }
 

@@ -34,11 +34,12 @@ class EventsReactor final : public grpc::ServerWriteReactor<v1::EventBatch> {
   // `log` must outlive the call. Starts at the request's cursor (0: from now on).
   // `internal_ns` is the store's id of the request's namespace (the caller's tenant
   // maps it; 0: all namespaces); events go out under the id the client named.
-  // `subscribers` counts live subscribers; decremented when the call is done.
-  // `place`: the call's place among max_streams, given back as the call finishes (the
-  // reactor's before it can be woken, and finished, on another thread).
+  // `subscription`: the call's place among the Events subscribers (the daemon's and its
+  // tenant's share); `place`: its place among max_streams. Both are given back as the
+  // call finishes, before the client sees its status (the reactor's before it can be
+  // woken, and finished, on another thread).
   EventsReactor(EventLog* log, const v1::EventsRequest& request, uint64_t internal_ns,
-                RpcMetrics* metrics, std::shared_ptr<std::atomic<int>> subscribers,
+                RpcMetrics* metrics, StreamLimiter::Ticket subscription,
                 StreamLimiter::Ticket place = {});
 
   void OnWriteDone(bool ok) override;
@@ -61,7 +62,6 @@ class EventsReactor final : public grpc::ServerWriteReactor<v1::EventBatch> {
   const uint64_t ns_;         // Store id filtered on (0: all).
   const uint64_t public_ns_;  // What the client called it (0: all).
   RpcMetrics::Scope scope_;
-  const std::shared_ptr<std::atomic<int>> subscribers_;
   std::shared_ptr<Waker> waker_;
 
   absl::Mutex mu_;
@@ -71,8 +71,9 @@ class EventsReactor final : public grpc::ServerWriteReactor<v1::EventBatch> {
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   v1::EventBatch batch_;  // Owned by gRPC between StartWrite and OnWriteDone.
-  // Among max_streams; given back as the call finishes, before the client can see its
-  // status, so that a client's next call finds it free.
+  // Among the subscribers and among max_streams; given back as the call finishes,
+  // before the client can see its status, so that a client's next call finds them free.
+  StreamLimiter::Ticket subscription_;
   StreamLimiter::Ticket place_;
 };
 

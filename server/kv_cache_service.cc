@@ -58,6 +58,12 @@ KvCacheService::KvCacheService(ServiceLimits limits, std::string version, RpcMet
       data_plane_(std::move(data_plane)),
       events_(events),
       guards_(guards),
+      own_subscribers_(guards.subscribers != nullptr
+                           ? nullptr
+                           : std::make_unique<StreamLimiter>(kMaxEventSubscribers, nullptr,
+                                                             "event_subscribers",
+                                                             EventSubscriberNaming())),
+      subscribers_(guards.subscribers != nullptr ? guards.subscribers : own_subscribers_.get()),
       limits_(limits),
       version_(std::move(version)) {}
 
@@ -316,19 +322,20 @@ grpc::ServerWriteReactor<v1::EventBatch>* KvCacheService::Events(
     return new Refused(metrics_, RpcMethod::kEvents, grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
                                               "events: this daemon keeps no event log"));
   }
-  if (subscribers_->fetch_add(1) >= kMaxEventSubscribers) {
-    subscribers_->fetch_sub(1);
-    return new Refused(metrics_, RpcMethod::kEvents, ToGrpcStatus(absl::ResourceExhaustedError(absl::StrCat(
-                                     "events: ", kMaxEventSubscribers,
-                                     " subscribers already; retry later"))));
+  // The implicit tenant is bounded by the daemon's places alone; a named one also by
+  // its share (never 0 once the tenants file is parsed).
+  absl::StatusOr<StreamLimiter::Ticket> subscription =
+      subscribers_->TryAcquire(tenant->tenant(), tenant->quota().subscribers);
+  if (!subscription.ok()) {
+    ctx->AddTrailingMetadata("kvtier-retry-after-ms", "100");
+    return new Refused(metrics_, RpcMethod::kEvents, ToGrpcStatus(subscription.status()));
   }
   absl::StatusOr<StreamLimiter::Ticket> place = TakeStreamPlace(ctx, *tenant);
   if (!place.ok()) {
-    subscribers_->fetch_sub(1);
     return new Refused(metrics_, RpcMethod::kEvents, ToGrpcStatus(place.status()));
   }
   return new EventsReactor(events_, *req, tenant->Internal(req->namespace_id()), metrics_,
-                           subscribers_, *std::move(place));
+                           *std::move(subscription), *std::move(place));
 }
 
 grpc::Status KvCacheService::Prefill(grpc::ServerContext* ctx, PrefillStream* stream) {

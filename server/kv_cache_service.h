@@ -16,6 +16,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "absl/time/time.h"
@@ -60,6 +61,9 @@ struct ServiceGuards {
   StreamLimiter* put_streams = nullptr;  // Put streams within max_put_buffer.
   StallReaper* stalls = nullptr;  // Cancels Put, Get and Prefill calls whose client went quiet.
   TenantQuotas* quotas = nullptr;  // Per-tenant RAM, SSD and pinned byte quotas.
+  // Events subscribers, at most kMaxEventSubscribers (each tenant its quota's share);
+  // null: the service counts them itself, without metrics.
+  StreamLimiter* subscribers = nullptr;
 };
 
 // Put and Get run on gRPC's callback API with raw buffers (PutReactor: one copy from
@@ -107,8 +111,13 @@ class KvCacheService final
   grpc::ServerWriteReactor<v1::EventBatch>* Events(grpc::CallbackServerContext* ctx,
                                                    const v1::EventsRequest* req) override;
 
-  // Most Events subscribers at once; more are answered RESOURCE_EXHAUSTED.
-  static constexpr int kMaxEventSubscribers = 1024;
+  // Most Events subscribers at once; more are answered RESOURCE_EXHAUSTED. A named
+  // tenant holds at most its quota's share of them.
+  static constexpr uint32_t kMaxEventSubscribers = TenantTable::kEventSubscribers;
+  // How the subscriber limiter's refusals name its bounds.
+  static StreamLimiter::Naming EventSubscriberNaming() {
+    return {"its Events subscriber bound", "max_subscribers", "Events subscriptions"};
+  }
 
  private:
   grpc::Status RegisterLayoutImpl(TieredStore* store, const TenantScope& tenant,
@@ -150,7 +159,9 @@ class KvCacheService final
   const DataPlaneInfo data_plane_;
   EventLog* const events_;
   const ServiceGuards guards_;
-  std::shared_ptr<std::atomic<int>> subscribers_ = std::make_shared<std::atomic<int>>(0);
+  // guards_.subscribers, or one of the service's own.
+  std::unique_ptr<StreamLimiter> own_subscribers_;
+  StreamLimiter* const subscribers_;
   const ServiceLimits limits_;
   const std::string version_;
   const absl::Time started_ = absl::Now();

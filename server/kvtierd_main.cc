@@ -237,6 +237,8 @@ int Run(const DaemonConfig& config, const sigset_t& signals) {
   }
   StreamLimiter streams(config.max_streams, registry.get());
   StreamLimiter put_streams(config.MaxPutStreams(), registry.get(), "put_streams");
+  StreamLimiter subscribers(KvCacheService::kMaxEventSubscribers, registry.get(),
+                            "event_subscribers", KvCacheService::EventSubscriberNaming());
   StallReaperOptions stall_options;
   stall_options.idle = config.client_idle_timeout;
   stall_options.registry = registry.get();
@@ -245,7 +247,7 @@ int Run(const DaemonConfig& config, const sigset_t& signals) {
   KvCacheService service(limits, KVTIER_VERSION, &rpc_metrics, &prefill, &leases, data_plane,
                          &events,
                          ServiceGuards{auth->get(), unix_listener.get(), &streams, &put_streams, &stalls,
-                                       &quotas});
+                                       &quotas, &subscribers});
   std::atomic<bool> serving{false};
 
   // gRPC first, so that health checks get NOT_SERVING (and KvCache calls UNAVAILABLE)

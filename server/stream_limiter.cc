@@ -27,8 +27,8 @@ void StreamLimiter::Ticket::Release() {
 }
 
 StreamLimiter::StreamLimiter(uint32_t max_streams, prometheus::Registry* registry,
-                             const std::string& what)
-    : max_(max_streams) {
+                             const std::string& what, Naming naming)
+    : max_(max_streams), naming_(std::move(naming)) {
   if (registry == nullptr) return;
   const bool all = what == "streams";
   open_metric_ = &prometheus::BuildGauge()
@@ -67,8 +67,8 @@ absl::StatusOr<StreamLimiter::Ticket> StreamLimiter::TryAcquire(const std::strin
     if (it != by_tenant_.end() && it->second >= tenant_max) {
       Refused(tenant);
       return absl::ResourceExhaustedError(absl::StrCat(
-          "tenant ", tenant, " has its max_streams (", tenant_max,
-          ") streaming calls open; retry in 100ms"));
+          "tenant ", tenant, " has its ", naming_.tenant_bound, " (", tenant_max, ") ",
+          naming_.noun, " open; retry in 100ms"));
     }
   }
   absl::StatusOr<Ticket> place = TakePlace(tenant);
@@ -85,7 +85,8 @@ absl::StatusOr<StreamLimiter::Ticket> StreamLimiter::TakePlace(const std::string
     if (max_ != 0 && n >= max_) {
       Refused(tenant);
       return absl::ResourceExhaustedError(absl::StrCat(
-          "kvtierd has max_streams (", max_, ") streaming calls open; retry in 100ms"));
+          "kvtierd has ", naming_.daemon_bound, " (", max_, ") ", naming_.noun,
+          " open; retry in 100ms"));
     }
   } while (!open_.compare_exchange_weak(n, n + 1, std::memory_order_relaxed));
   if (open_metric_ != nullptr) open_metric_->Increment();

@@ -30,6 +30,14 @@ class Family;
 
 namespace kvtier {
 
+// How a StreamLimiter's refusals name what it counts: "kvtierd has <daemon_bound> (N)
+// <noun> open" and "tenant T has its <tenant_bound> (N) <noun> open".
+struct StreamLimiterNaming {
+  std::string daemon_bound = "max_streams";
+  std::string tenant_bound = "max_streams";
+  std::string noun = "streaming calls";
+};
+
 class StreamLimiter {
  public:
   // A held place; gives it back when destroyed. Empty (default) tickets hold nothing.
@@ -58,8 +66,9 @@ class StreamLimiter {
   // kvtier_<what>_refused_total (`what` names the streams counted, "streams" for all of
   // them, "put_streams" for puts), and per named tenant kvtier_tenant_<what>_open and
   // kvtier_tenant_<what>_refused_total{tenant}. Must outlive every ticket.
+  using Naming = StreamLimiterNaming;
   StreamLimiter(uint32_t max_streams, prometheus::Registry* registry,
-                const std::string& what = "streams");
+                const std::string& what = "streams", Naming naming = Naming());
 
   // A place for a stream of `tenant` ("" for the implicit tenant), which may hold at
   // most `tenant_max` at once (0: no bound of its own). Returns: Ok, ResourceExhausted
@@ -77,6 +86,7 @@ class StreamLimiter {
   void Refused(const std::string& tenant);
 
   const uint32_t max_;
+  const Naming naming_;
   std::atomic<uint32_t> open_{0};
   mutable absl::Mutex mu_;
   // Named tenants' open streams; a tenant leaves the map when it has none.

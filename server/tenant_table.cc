@@ -2,6 +2,7 @@
 
 #include <openssl/sha.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/ascii.h"
@@ -115,10 +116,18 @@ absl::StatusOr<TenantTable> TenantTable::Parse(absl::string_view text) {
                                     "': expected a whole number 0 to 1000000"));
           }
           (kv.first == "max_streams" ? spec.quota.streams : spec.quota.leases) = n;
+        } else if (kv.first == "max_subscribers") {
+          uint32_t n;
+          if (!absl::SimpleAtoi(kv.second, &n) || n < 1 || n > kEventSubscribers) {
+            return bad(absl::StrCat("max_subscribers='", kv.second, "': expected a whole number 1 to ",
+                                    kEventSubscribers));
+          }
+          spec.quota.subscribers = n;
         } else {
           return bad(absl::StrCat("unknown setting '", words[i],
                                   "' (role=, requests_per_second=, burst=, ram_quota=, "
-                                  "ssd_quota=, pinned_quota=, max_streams=, max_leases=)"));
+                                  "ssd_quota=, pinned_quota=, max_streams=, max_leases=, "
+                                  "max_subscribers=)"));
         }
       }
       if (!burst_set) spec.burst = spec.requests_per_second;
@@ -157,6 +166,14 @@ absl::StatusOr<TenantTable> TenantTable::Parse(absl::string_view text) {
       if (!table.by_uid_.emplace(uid, tenant->second).second) {
         return bad(absl::StrCat("uid: ", uid, " is listed twice"));
       }
+    }
+  }
+  // Tenants with no max_subscribers of their own share the daemon's equally, so that no
+  // one tenant's subscribers can shut out another's.
+  for (TenantSpec& spec : table.tenants_) {
+    if (spec.quota.subscribers == 0) {
+      spec.quota.subscribers = std::max<uint32_t>(
+          1, kEventSubscribers / static_cast<uint32_t>(table.tenants_.size()));
     }
   }
   return table;

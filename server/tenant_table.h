@@ -3,7 +3,7 @@
 //
 //   tenant NAME [role=user|admin] [requests_per_second=N] [burst=N]
 //               [ram_quota=SIZE] [ssd_quota=SIZE] [pinned_quota=SIZE]
-//               [max_streams=N] [max_leases=N]
+//               [max_streams=N] [max_leases=N] [max_subscribers=N]
 //   token  NAME sha256:HEX        a bearer token ("authorization: Bearer <token>") whose
 //                                 SHA-256 is HEX (64 hex digits); the file never holds
 //                                 the token itself
@@ -19,7 +19,8 @@
 // the tenant's streaming calls open at once (Put, Get, Prefill, Events; StreamLimiter)
 // and max_leases its live Lookup leases (LeaseTable), each within the daemon-wide
 // bound, so that one tenant cannot take them all; 0, the default, is no bound of its
-// own.
+// own. max_subscribers bounds its Events subscriptions (1 to kEventSubscribers); unset,
+// each tenant gets an equal share of the daemon's kEventSubscribers.
 //
 // Thread-safety: immutable once parsed.
 #ifndef KVTIER_SERVER_TENANT_TABLE_H_
@@ -48,6 +49,9 @@ struct TenantQuota {
   uint64_t pinned_bytes = 0;
   uint32_t streams = 0;  // Streaming calls open at once.
   uint32_t leases = 0;   // Live Lookup leases.
+  // Events subscriptions at once, within TenantTable::kEventSubscribers. Never 0 once
+  // parsed: unset, an equal share of the daemon's among the file's tenants.
+  uint32_t subscribers = 0;
   // Whether a byte quota is set (TenantQuotas has work to do).
   bool any() const { return ram_bytes != 0 || ssd_bytes != 0 || pinned_bytes != 0; }
 };
@@ -62,6 +66,9 @@ struct TenantSpec {
 
 class TenantTable {
  public:
+  // Events subscriptions the daemon holds at once, all tenants together.
+  static constexpr uint32_t kEventSubscribers = 1024;
+
   // Returns InvalidArgument naming the line and what is wrong with it.
   static absl::StatusOr<TenantTable> Parse(absl::string_view text);
 

@@ -26,7 +26,7 @@ const std::string& Table() {
       "# teams\n"
       "tenant team-a\n"
       "tenant team-b role=user requests_per_second=2 burst=3 ram_quota=4GiB ssd_quota=1TiB "
-      "pinned_quota=1048576 max_streams=8 max_leases=32\n"
+      "pinned_quota=1048576 max_streams=8 max_leases=32 max_subscribers=4\n"
       "tenant ops role=admin   # operators\n" +
       TokenLine("team-a", "secret-a") + TokenLine("ops", "secret-ops") +
       "cert team-a worker-a.example\n"
@@ -56,6 +56,10 @@ TEST(TenantTableTest, ParsesEveryDirective) {
   EXPECT_EQ(b.quota.pinned_bytes, 1ull << 20);
   EXPECT_EQ(b.quota.streams, 8u);
   EXPECT_EQ(b.quota.leases, 32u);
+  EXPECT_EQ(b.quota.subscribers, 4u);
+  // Unset: an equal share of the daemon's Events subscribers among the three tenants.
+  EXPECT_EQ(t->tenants()[t->FindTenant("team-a")].quota.subscribers,
+            TenantTable::kEventSubscribers / 3);
   EXPECT_EQ(t->tenants()[t->FindTenant("team-a")].quota.streams, 0u);  // No bound of its own.
   EXPECT_FALSE(t->tenants()[t->FindTenant("team-a")].quota.any());  // Unlimited.
 }
@@ -78,6 +82,8 @@ TEST(TenantTableTest, RejectsBadLinesNamingThem) {
       {"tenant a max_streams=-1\n", "line 1: max_streams='-1': expected a whole number"},
       {"tenant a max_leases=2000000\n", "line 1: max_leases='2000000'"},
       {"tenant a max_streams=1.5\n", "line 1: max_streams='1.5'"},
+      {"tenant a max_subscribers=0\n", "line 1: max_subscribers='0': expected a whole number 1"},
+      {"tenant a max_subscribers=1025\n", "line 1: max_subscribers='1025'"},
       {"\n\ntoken a sha256:00\n", "line 3: tenant 'a' is not declared"},
       {"tenant a\ntoken a plaintext-token\n", "line 2: token: expected sha256:"},
       {"tenant a\ntoken a sha256:" + std::string(63, '0') + "g\n", "line 2: token: expected"},

@@ -41,13 +41,14 @@ std::string TokenLine(const std::string& tenant, const std::string& token) {
 
 class TenantQuotaTest : public ::testing::Test {
  protected:
-  // Tenant "small" has a 3 MiB RAM, 2 MiB SSD and 1 MiB pinned quota, one stream and
-  // one lease at a time; "big" none.
+  // Tenant "small" has a 3 MiB RAM, 2 MiB SSD and 1 MiB pinned quota, one stream, one
+  // lease and one Events subscription at a time; "big" none (and half the daemon's
+  // Events subscribers, the default share).
   void Start(const std::string& mode) {
     dir_ = MakeTempDir("kvtierd-quota");
     const std::string tenants = dir_ + ".tenants";
     std::ofstream(tenants) << "tenant small ram_quota=3MiB ssd_quota=2MiB pinned_quota=1MiB "
-                              "max_streams=1 max_leases=1\n"
+                              "max_streams=1 max_leases=1 max_subscribers=1\n"
                            << "tenant big\n"
                            << TokenLine("small", "token-small") << TokenLine("big", "token-big");
     auto d = DaemonProcess::Start(dir_, {"--tenants-file=" + tenants, "--write-mode=" + mode,
@@ -229,6 +230,60 @@ TEST_F(TenantQuotaTest, StreamsAndLeasesStopAtTheTenantsOwnBound) {
   auto third = small_->Lookup(ns_, {KeyOf(1)}, 60);
   ASSERT_TRUE(third.ok());
   EXPECT_NE(third->lease_id, 0u);
+}
+
+// An Events subscription of `token`'s tenant on a raw stub, admitted once its headers
+// arrive (the daemon sends them when the subscription holds its places).
+struct Subscription {
+  grpc::ClientContext ctx;
+  std::unique_ptr<grpc::ClientReader<v1::EventBatch>> reader;
+  Subscription(KvTierClient& c, const std::string& token, uint64_t ns) {
+    ctx.AddMetadata("authorization", "Bearer " + token);
+    v1::EventsRequest req;
+    req.set_namespace_id(ns);
+    reader = c.stub()->Events(&ctx, req);
+  }
+};
+
+TEST_F(TenantQuotaTest, EventsSubscriptionsStopAtTheTenantsShare) {
+  Start("ram-only");
+  Subscription held(*small_, "token-small", ns_);
+  held.reader->WaitForInitialMetadata();
+  const std::string open = R"(kvtier_tenant_event_subscribers_open{tenant="small"})";
+  ASSERT_EQ(Metric(open), 1);  // Counted before the daemon sent the headers.
+
+  // small's second subscription is refused, naming its bound, with a retry hint.
+  Subscription second(*small_, "token-small", ns_);
+  v1::EventBatch batch;
+  EXPECT_FALSE(second.reader->Read(&batch));
+  const grpc::Status refused = second.reader->Finish();
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << refused.error_message();
+  EXPECT_NE(refused.error_message().find("tenant small has its max_subscribers (1) Events"),
+            std::string::npos)
+      << refused.error_message();
+  EXPECT_EQ(second.ctx.GetServerTrailingMetadata().count("kvtier-retry-after-ms"), 1u);
+  EXPECT_EQ(Metric(R"(kvtier_tenant_event_subscribers_refused_total{tenant="small"})"), 1);
+
+  // Another tenant subscribes within its own share.
+  Subscription other(*big_, "token-big", ns_);
+  other.reader->WaitForInitialMetadata();
+  EXPECT_EQ(Metric(R"(kvtier_tenant_event_subscribers_open{tenant="big"})"), 1);
+  EXPECT_EQ(Metric("kvtier_event_subscribers_open"), 2);
+
+  // small's place comes back when its subscription ends.
+  held.ctx.TryCancel();
+  EXPECT_EQ(held.reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  for (int i = 0; i < 500 && Metric(open) > 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(Metric(open), 0);
+  Subscription again(*small_, "token-small", ns_);
+  again.reader->WaitForInitialMetadata();
+  EXPECT_EQ(Metric(open), 1);
+  again.ctx.TryCancel();
+  other.ctx.TryCancel();
+  again.reader->Finish();
+  other.reader->Finish();
 }
 
 }  // namespace
