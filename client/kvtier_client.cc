@@ -1021,6 +1021,67 @@ absl::StatusOr<GetIntoResult> KvTierClient::GetIntoDevice(
   return result;
 }
 
+absl::StatusOr<PutResult> KvTierClient::PutFromDevice(uint64_t namespace_id,
+                                                      absl::Span<const DeviceChunkToPut> chunks,
+                                                      const RegionChannel::Registration& region) {
+  const std::optional<uint64_t> chunk_bytes = ChunkBytes(namespace_id);
+  if (!chunk_bytes.has_value()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "PutFromDevice: namespace ", absl::Hex(namespace_id, absl::kZeroPad16),
+        " is not known to this client or the daemon"));
+  }
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    if (chunks[i].offset > region.bytes || region.bytes - chunks[i].offset < *chunk_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "PutFromDevice: chunk ", i, " (", chunks[i].key.ToHex(), ") at offset ",
+          chunks[i].offset, " does not fit the ", region.bytes, "-byte region"));
+    }
+  }
+  if (chunks.empty()) return PutResult{};
+  grpc::ClientContext ctx;
+  PrepareContext(&ctx);
+  v1::PutResponse response;
+  std::unique_ptr<grpc::ClientWriter<v1::PutFrame>> writer = stub_->Put(&ctx, &response);
+  // Headers first: a stream refused at admission gets its status before any frame.
+  writer->WaitForInitialMetadata();
+  v1::PutFrame frame;
+  frame.set_namespace_id(namespace_id);
+  frame.set_offset(0);
+  v1::RegionRef* ref = frame.mutable_region();
+  ref->set_region_id(region.region_id);
+  ref->set_token(region.token);
+  ref->set_length(*chunk_bytes);
+  bool broken = false;
+  for (const DeviceChunkToPut& chunk : chunks) {
+    frame.set_key(chunk.key.ToByteString());
+    frame.set_token_count(chunk.token_count);
+    frame.set_crc32c(chunk.crc32c);
+    ref->set_offset(chunk.offset);
+    if (chunk.chunk_index.has_value()) {
+      frame.set_chunk_index(*chunk.chunk_index);
+    } else {
+      frame.clear_chunk_index();
+    }
+    if (chunk.prev_key.has_value()) {
+      frame.set_prev_key(chunk.prev_key->ToByteString());
+    } else {
+      frame.clear_prev_key();
+    }
+    if (!writer->Write(frame)) {
+      broken = true;  // The daemon ended the stream; Finish says why.
+      break;
+    }
+  }
+  if (!broken) broken = !writer->WritesDone();
+  grpc::Status status = writer->Finish();
+  if (!status.ok()) return FromGrpcStatus(status);
+  if (broken) {
+    return absl::InternalError("PutFromDevice: the daemon closed the stream without an error");
+  }
+  return PutResult{response.chunks_stored(), response.chunks_already_present(),
+                   response.bytes_received()};
+}
+
 absl::StatusOr<PinResult> KvTierClient::Pin(uint64_t namespace_id,
                                             absl::Span<const ChunkKey> keys,
                                             uint32_t ttl_seconds) {

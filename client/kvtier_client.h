@@ -123,6 +123,21 @@ struct ChunkToPut {
   std::optional<ChunkKey> prev_key;
 };
 
+// A chunk in GPU memory this process registered (RegisterDeviceMemory), for
+// PutFromDevice: its bytes are region[offset, offset + chunk_bytes).
+struct DeviceChunkToPut {
+  ChunkKey key;
+  uint64_t offset = 0;
+  // CRC32C of the chunk's bytes, as the worker knows them: computed on its GPU, or kept
+  // from the Get that loaded the chunk. The daemon copies the bytes into its pool on the
+  // device and stores the chunk only if the pool's copy matches it, so a chunk still
+  // being written on the GPU, or one that a copy tore, is never stored.
+  uint32_t crc32c = 0;
+  uint32_t token_count = 0;  // As ChunkToPut.
+  std::optional<uint32_t> chunk_index;
+  std::optional<ChunkKey> prev_key;
+};
+
 struct PutResult {
   uint32_t stored = 0;           // Chunks newly stored.
   uint32_t already_present = 0;  // Chunks the server already had.
@@ -328,6 +343,18 @@ class KvTierClient {
                                                                    uint64_t bytes);
   // Forgets a registration. Returns: Ok, NotFound, FailedPrecondition (no data plane).
   absl::Status ReleaseDeviceMemory(uint64_t region_id);
+
+  // Same host, GPU: stores chunks from GPU memory this process registered on the
+  // daemon's region socket (RegisterDeviceMemory), on one Put stream: the daemon copies
+  // each chunk from the region into its pool on its CUDA streams (no byte crosses the
+  // socket) and checks it against the chunk's CRC32C before it becomes visible. Each
+  // chunk is the namespace's chunk_bytes.
+  // Returns: as Put, plus FailedPrecondition (namespace unknown; no GPU on the daemon,
+  // or the region unknown) and InvalidArgument (a chunk outside the region, a CRC32C
+  // that does not match the bytes: nothing of that chunk is stored).
+  absl::StatusOr<PutResult> PutFromDevice(uint64_t namespace_id,
+                                          absl::Span<const DeviceChunkToPut> chunks,
+                                          const RegionChannel::Registration& region);
 
   // Same host, GPU: reads `keys` straight into GPU memory this process registered on
   // the daemon's region socket (RegionChannel::AddDevice, on a daemon whose DataPlane

@@ -227,7 +227,11 @@ TEST_F(DaemonGpuTest, PutTakesChunksFromTheWorkersGpuMemory) {
   auto absent = client_->Get(ns_, std::vector<ChunkKey>{KeyOf(7)});
   ASSERT_TRUE(absent.ok());
   EXPECT_FALSE((*absent)[0].found);
-  ASSERT_TRUE(put(crc32c::Value(a)).ok());
+  // The client's call sends the same frame.
+  const DeviceChunkToPut chunk[] = {{KeyOf(7), kChunk, crc32c::Value(a), 256}};
+  auto stored = client_->PutFromDevice(ns_, chunk, *reg);
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  EXPECT_EQ(stored->stored, 1u);
   auto got = client_->Get(ns_, std::vector<ChunkKey>{KeyOf(7)});
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_TRUE((*got)[0].found);

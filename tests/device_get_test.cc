@@ -599,6 +599,54 @@ TEST_F(DeviceGetTest, PutTakesChunksFromTheWorkersGpuMemory) {
   EXPECT_EQ(store_->Locate(ChunkId{ns_, KeyOf(9)}), Tier::kNone);
 }
 
+// The C++ client's PutFromDevice: chunks in the worker's registered GPU memory are
+// stored by reference (one Put stream, a region frame per chunk), and each is stored
+// only if the daemon's copy matches the CRC32C the worker gave.
+TEST_F(DeviceGetTest, ClientPutFromDeviceStoresChunksThatMatchTheirCrc) {
+  Start();
+  auto [buf, handle] = WorkerBuffer(3 * kChunk);
+  const std::string a = PatternBytes(7, kChunk), b = PatternBytes(8, kChunk);
+  std::memcpy(device_->HostView(buf), a.data(), kChunk);
+  std::memcpy(device_->HostView(buf) + 2 * kChunk, b.data(), kChunk);
+  auto reg = client_->RegisterDeviceMemory(handle, 3 * kChunk);
+  ASSERT_TRUE(reg.ok()) << reg.status();
+  const DeviceChunkToPut chunks[] = {
+      {KeyOf(7), 0, crc32c::Value(a), 256, 0, std::nullopt},
+      {KeyOf(8), 2 * kChunk, crc32c::Value(b), 256, 1, KeyOf(7)}};
+  auto put = client_->PutFromDevice(ns_, chunks, *reg);
+  ASSERT_TRUE(put.ok()) << put.status();
+  EXPECT_EQ(put->stored, 2u);
+  auto got = client_->Get(ns_, std::vector<ChunkKey>{KeyOf(7), KeyOf(8)});
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(got->size(), 2u);
+  EXPECT_TRUE((*got)[0].data == a);
+  EXPECT_TRUE((*got)[1].data == b);
+  auto again = client_->PutFromDevice(ns_, chunks, *reg);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->stored, 0u);
+  EXPECT_EQ(again->already_present, 2u);
+
+  // A CRC32C the bytes do not have: nothing of that chunk is stored.
+  const DeviceChunkToPut torn[] = {{KeyOf(9), kChunk, crc32c::Value(a), 256}};
+  auto bad = client_->PutFromDevice(ns_, torn, *reg);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument) << bad.status();
+  EXPECT_EQ(store_->Locate(ChunkId{ns_, KeyOf(9)}), Tier::kNone);
+  // A chunk that does not fit the region is refused before anything is sent.
+  const DeviceChunkToPut outside[] = {{KeyOf(9), 2 * kChunk + 1, crc32c::Value(b), 256}};
+  auto past = client_->PutFromDevice(ns_, outside, *reg);
+  EXPECT_EQ(past.status().code(), absl::StatusCode::kInvalidArgument) << past.status();
+  EXPECT_NE(past.status().message().find("does not fit"), std::string::npos) << past.status();
+  // A namespace nobody registered.
+  EXPECT_EQ(client_->PutFromDevice(ns_ + 1, chunks, *reg).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  // A region the daemon does not know (released): the daemon refuses it.
+  ASSERT_TRUE(client_->ReleaseDeviceMemory(reg->region_id).ok());
+  const DeviceChunkToPut fresh[] = {{KeyOf(10), 0, crc32c::Value(a), 256}};
+  auto gone = client_->PutFromDevice(ns_, fresh, *reg);
+  EXPECT_FALSE(gone.ok());
+  EXPECT_EQ(store_->Locate(ChunkId{ns_, KeyOf(10)}), Tier::kNone);
+}
+
 TEST_F(DeviceGetTest, ADaemonWithoutAGpuRefusesDeviceMemory) {
   Start({}, /*with_gpu=*/false);
   auto [buf, handle] = WorkerBuffer(kChunk);
