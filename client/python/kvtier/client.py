@@ -65,6 +65,13 @@ class DeviceRegion:
     nbytes: int
 
 
+def _check_chain_start(chain_start: Optional[int], keys: int) -> None:
+    if chain_start is not None and not 0 <= int(chain_start) <= 2**32 - 2 - keys:
+        raise InvalidArgumentError(
+            f"chain_start: {chain_start} is not a chunk index (0 to 2**32 - 2, "
+            f"with room for {keys} keys)")
+
+
 def _order(order: str) -> int:
     if order not in _ORDERS:
         raise InvalidArgumentError(f"order: {order!r} is not 'chunk' or 'layer'")
@@ -142,6 +149,30 @@ class Client:
     def release_device_memory(self, region: DeviceRegion) -> None:
         """Forgets a registration (copies in flight into it still finish)."""
         self._native.release_device_memory(region.region_id)
+
+    def put_from_device(self, namespace_id: int, keys: Sequence[bytes], region: DeviceRegion,
+                        offsets: Sequence[int], crc32cs: Sequence[int],
+                        token_counts: Optional[Sequence[int]] = None, *,
+                        chain_start: Optional[int] = None,
+                        prev_key: Optional[bytes] = None) -> PutResult:
+        """Stores one chunk per key from registered GPU memory: key i's chunk is
+        ``region[offsets[i], offsets[i] + chunk_bytes)``. No byte passes through this
+        process: the daemon copies each chunk into its pool on its CUDA streams and
+        stores it only if that copy's CRC32C is ``crc32cs[i]`` (computed on the GPU, or
+        kept from the get that loaded the chunk), so a chunk still being written is never
+        stored. ``token_counts``, ``chain_start`` and ``prev_key`` as put(). Raises
+        InvalidArgumentError for a chunk outside the region or a CRC32C the bytes do not
+        have, FailedPreconditionError when the daemon has no GPU or does not know the
+        region. ``bytes`` in the result is 0."""
+        keys = _keys(keys)
+        counts = None if token_counts is None else [int(c) for c in token_counts]
+        _check_chain_start(chain_start, len(keys))
+        stored, present, nbytes = self._native.put_from_device(
+            namespace_id, keys, region.region_id, region.token, region.nbytes,
+            [int(o) for o in offsets], [int(c) for c in crc32cs], counts,
+            None if chain_start is None else int(chain_start),
+            None if prev_key is None else bytes(prev_key))
+        return PutResult(stored, present, nbytes)
 
     def get_into_device(self, namespace_id: int, keys: Sequence[bytes], region: DeviceRegion,
                         offset: int = 0, layers: Optional[LayerRange] = None,
@@ -275,10 +306,7 @@ class Client:
                         f"buffers[{i}]: {v.nbytes} bytes; a chunk of this layout is "
                         f"{layout.chunk_bytes}")
         counts = None if token_counts is None else [int(c) for c in token_counts]
-        if chain_start is not None and not 0 <= int(chain_start) <= 2**32 - 2 - len(keys):
-            raise InvalidArgumentError(
-                f"chain_start: {chain_start} is not a chunk index (0 to 2**32 - 2, "
-                f"with room for {len(keys)} keys)")
+        _check_chain_start(chain_start, len(keys))
         stored, present, nbytes = self._native.put(
             namespace_id, keys, views, counts,
             None if chain_start is None else int(chain_start),

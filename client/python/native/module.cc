@@ -87,6 +87,10 @@ PYBIND11_MODULE(_native, m) {
       .def("register_device_memory", &PyClient::RegisterDeviceMemory, py::arg("ipc_handle"),
            py::arg("nbytes"))
       .def("release_device_memory", &PyClient::ReleaseDeviceMemory, py::arg("region_id"))
+      .def("put_from_device", &PyClient::PutFromDevice, py::arg("namespace_id"),
+           py::arg("keys"), py::arg("region_id"), py::arg("token"), py::arg("region_bytes"),
+           py::arg("offsets"), py::arg("crc32cs"), py::arg("token_counts"),
+           py::arg("chain_start"), py::arg("prev_key"))
       .def("get_into_device", &PyClient::GetIntoDevice, py::arg("namespace_id"),
            py::arg("keys"), py::arg("region_id"), py::arg("token"), py::arg("offset"),
            py::arg("layers"), py::arg("order"), py::arg("on_layer"), py::arg("lease_id"),

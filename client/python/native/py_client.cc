@@ -279,26 +279,23 @@ bool PyClient::ReleaseLease(uint64_t namespace_id, uint64_t lease_id) {
   return ValueOrThrow(std::move(r));
 }
 
-py::tuple PyClient::Put(uint64_t namespace_id, const py::list& keys, const py::list& buffers,
-                        const py::object& token_counts, const py::object& chain_start,
-                        const py::object& prev_key, PyCanceller* canceller) {
-  std::vector<ChunkKey> k = KeysFromList(keys);
-  if (buffers.size() != k.size()) {
-    throw StatusError(absl::InvalidArgumentError(absl::StrCat(
-        "buffers: ", buffers.size(), " buffers for ", k.size(), " keys; pass one per key")));
-  }
-  std::vector<uint32_t> tokens(k.size(), 0);
+namespace {
+
+// token_counts (None: zeros), one per key.
+std::vector<uint32_t> TokenCounts(const py::object& token_counts, size_t keys) {
+  std::vector<uint32_t> tokens(keys, 0);
   if (!token_counts.is_none()) tokens = token_counts.cast<std::vector<uint32_t>>();
-  if (tokens.size() != k.size()) {
+  if (tokens.size() != keys) {
     throw StatusError(absl::InvalidArgumentError("token_counts: one per key"));
   }
-  std::vector<BufferRef> refs = AcquireAll(buffers, /*writable=*/false);
-  std::vector<ChunkToPut> chunks(k.size());
-  for (size_t i = 0; i < k.size(); ++i) {
-    chunks[i].key = k[i];
-    chunks[i].data = absl::string_view(refs[i].data(), refs[i].size());
-    chunks[i].token_count = tokens[i];
-  }
+  return tokens;
+}
+
+// Sets each chunk's place in its request's chain (ChunkToPut or DeviceChunkToPut):
+// chunks[i] is chunk chain_start + i, its parent keys[i - 1] (prev_key for the first).
+template <typename Chunk>
+void SetChain(std::vector<Chunk>& chunks, const std::vector<ChunkKey>& k,
+              const py::object& chain_start, const py::object& prev_key) {
   if (!chain_start.is_none()) {
     const uint32_t start = chain_start.cast<uint32_t>();
     for (size_t i = 0; i < k.size(); ++i) {
@@ -320,6 +317,27 @@ py::tuple PyClient::Put(uint64_t namespace_id, const py::list& keys, const py::l
   } else if (!prev_key.is_none()) {
     throw StatusError(absl::InvalidArgumentError("prev_key: needs chain_start"));
   }
+}
+
+}  // namespace
+
+py::tuple PyClient::Put(uint64_t namespace_id, const py::list& keys, const py::list& buffers,
+                        const py::object& token_counts, const py::object& chain_start,
+                        const py::object& prev_key, PyCanceller* canceller) {
+  std::vector<ChunkKey> k = KeysFromList(keys);
+  if (buffers.size() != k.size()) {
+    throw StatusError(absl::InvalidArgumentError(absl::StrCat(
+        "buffers: ", buffers.size(), " buffers for ", k.size(), " keys; pass one per key")));
+  }
+  const std::vector<uint32_t> tokens = TokenCounts(token_counts, k.size());
+  std::vector<BufferRef> refs = AcquireAll(buffers, /*writable=*/false);
+  std::vector<ChunkToPut> chunks(k.size());
+  for (size_t i = 0; i < k.size(); ++i) {
+    chunks[i].key = k[i];
+    chunks[i].data = absl::string_view(refs[i].data(), refs[i].size());
+    chunks[i].token_count = tokens[i];
+  }
+  SetChain(chunks, k, chain_start, prev_key);
   absl::StatusOr<PutResult> r;
   {
     py::gil_scoped_release nogil;
@@ -499,6 +517,36 @@ void PyClient::ReleaseDeviceMemory(uint64_t region_id) {
     s = client_->ReleaseDeviceMemory(region_id);
   }
   ThrowIfError(s);
+}
+
+py::tuple PyClient::PutFromDevice(uint64_t namespace_id, const py::list& keys,
+                                  uint64_t region_id, uint64_t token, uint64_t region_bytes,
+                                  const std::vector<uint64_t>& offsets,
+                                  const std::vector<uint32_t>& crc32cs,
+                                  const py::object& token_counts, const py::object& chain_start,
+                                  const py::object& prev_key) {
+  std::vector<ChunkKey> k = KeysFromList(keys);
+  if (offsets.size() != k.size() || crc32cs.size() != k.size()) {
+    throw StatusError(absl::InvalidArgumentError(absl::StrCat(
+        "offsets, crc32cs: ", offsets.size(), " and ", crc32cs.size(), " for ", k.size(),
+        " keys; pass one of each per key")));
+  }
+  const std::vector<uint32_t> tokens = TokenCounts(token_counts, k.size());
+  std::vector<DeviceChunkToPut> chunks(k.size());
+  for (size_t i = 0; i < k.size(); ++i) {
+    chunks[i].key = k[i];
+    chunks[i].offset = offsets[i];
+    chunks[i].crc32c = crc32cs[i];
+    chunks[i].token_count = tokens[i];
+  }
+  SetChain(chunks, k, chain_start, prev_key);
+  absl::StatusOr<PutResult> r;
+  {
+    py::gil_scoped_release nogil;
+    r = client_->PutFromDevice(namespace_id, chunks, {region_id, token, region_bytes});
+  }
+  PutResult v = ValueOrThrow(std::move(r));
+  return py::make_tuple(v.stored, v.already_present, v.bytes);
 }
 
 py::tuple PyClient::GetIntoDevice(uint64_t namespace_id, const py::list& keys,

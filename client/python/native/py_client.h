@@ -71,6 +71,16 @@ class PyClient {
   // token, bytes).
   pybind11::tuple RegisterDeviceMemory(const pybind11::bytes& ipc_handle, uint64_t nbytes);
   void ReleaseDeviceMemory(uint64_t region_id);
+  // Stores chunk i from a registered GPU region at offsets[i], checked against
+  // crc32cs[i] (KvTierClient::PutFromDevice); chain_start and prev_key as Put. Returns
+  // (stored, already_present, bytes).
+  pybind11::tuple PutFromDevice(uint64_t namespace_id, const pybind11::list& keys,
+                                uint64_t region_id, uint64_t token, uint64_t region_bytes,
+                                const std::vector<uint64_t>& offsets,
+                                const std::vector<uint32_t>& crc32cs,
+                                const pybind11::object& token_counts,
+                                const pybind11::object& chain_start,
+                                const pybind11::object& prev_key);
   // Loads keys into a registered GPU region at `offset` (key i at offset + i x bytes
   // per key), the daemon copying on its CUDA streams. on_layer as GetInto. Same result
   // tuple as GetInto.

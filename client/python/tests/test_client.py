@@ -453,6 +453,18 @@ def test_device_memory_needs_a_daemon_with_a_gpu(tmp_path):
                 c.get_into_device(ns, keys, region)
             with pytest.raises(kvtier.InvalidArgumentError, match="on_layer"):
                 c.get_into_device(ns, keys, region, on_layer=lambda layer: None)
+            # put_from_device: what the client checks itself, then the daemon's answer
+            # for a region it does not have; nothing is stored.
+            chunk = layout.chunk_bytes
+            with pytest.raises(kvtier.InvalidArgumentError, match="one of each per key"):
+                c.put_from_device(ns, keys, region, offsets=[], crc32cs=[])
+            with pytest.raises(kvtier.InvalidArgumentError, match="does not fit"):
+                c.put_from_device(ns, keys, region, offsets=[region.nbytes - chunk + 1],
+                                  crc32cs=[0])
+            with pytest.raises(kvtier.KvTierError) as refused:
+                c.put_from_device(ns, keys, region, offsets=[0], crc32cs=[0])
+            assert not isinstance(refused.value, kvtier.UnavailableError), refused.value
+            assert c.lookup(ns, keys).prefix_hits == 0
             with pytest.raises(kvtier.NotFoundError):
                 c.release_device_memory(region)
     finally:
