@@ -116,7 +116,18 @@ absl::StatusOr<std::unique_ptr<PrefillSession>> PrefillSession::Start(
     target.set_token(into_shared->token());
     target.add_offsets(static_cast<uint64_t>(options.into.data() - into_shared->data()));
   } else if (options.into_device.has_value()) {
-    // The daemon checks that every key's chunk fits the region.
+    // The daemon checks that every key's chunk fits the region; so does the client,
+    // where it knows the region's size and the chunk size, before any call.
+    const PrefillOptions::DeviceInto& into = *options.into_device;
+    const std::optional<uint64_t> chunk_bytes =
+        into.region.bytes != 0 ? client.ChunkBytes(namespace_id) : std::nullopt;
+    if (chunk_bytes.has_value() &&
+        (into.offset > into.region.bytes ||
+         (into.region.bytes - into.offset) / *chunk_bytes < keys.size())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Prefill: ", keys.size(), " chunks of ", *chunk_bytes, " bytes at offset ",
+          into.offset, " do not fit the ", into.region.bytes, "-byte GPU region"));
+    }
     v1::RegionTarget& target = *open.mutable_target();
     target.set_region_id(options.into_device->region.region_id);
     target.set_token(options.into_device->region.token);

@@ -412,12 +412,19 @@ class Client:
 
     def prefill(self, namespace_id: int, keys: Sequence[bytes], *, dest=None,
                 on_chunk: Optional[Callable[[int, bytes, Tier], None]] = None,
+                device_dest: Optional[Tuple[DeviceRegion, int]] = None,
+                on_in_place: Optional[Callable[[int, Tier], None]] = None,
                 compute_estimate: Optional[Tuple[float, float]] = None,
                 max_bytes_per_second: int = 0, max_frame_bytes: int = 0,
                 rpc_deadline: float = 0.0, use_forecast: bool = True) -> "PrefillSession":
-        """Opens a Cake prefill session (see kvtier.PrefillSession)."""
+        """Opens a Cake prefill session (see kvtier.PrefillSession). Streamed chunks go
+        to ``dest`` (a buffer), to ``on_chunk``, or with ``device_dest=(region, offset)``
+        into registered GPU memory (chunk i at ``offset + i * chunk_bytes``), copied by
+        the daemon on its CUDA streams; ``on_in_place(i, tier)`` then runs once chunk i's
+        bytes have landed."""
         from .prefill import PrefillSession
         return PrefillSession(self, namespace_id, _keys(keys), dest=dest, on_chunk=on_chunk,
+                              device_dest=device_dest, on_in_place=on_in_place,
                               compute_estimate=compute_estimate,
                               max_bytes_per_second=max_bytes_per_second,
                               max_frame_bytes=max_frame_bytes, rpc_deadline=rpc_deadline,

@@ -56,9 +56,20 @@ class PrefillSession:
     """Created by Client.prefill(); see the module docstring."""
 
     def __init__(self, client, namespace_id: int, keys, *, dest, on_chunk, compute_estimate,
-                 max_bytes_per_second, max_frame_bytes, rpc_deadline, use_forecast):
-        if dest is not None and on_chunk is not None:
-            raise InvalidArgumentError("pass dest or on_chunk, not both")
+                 max_bytes_per_second, max_frame_bytes, rpc_deadline, use_forecast,
+                 device_dest=None, on_in_place=None):
+        if sum(x is not None for x in (dest, on_chunk, device_dest)) > 1:
+            raise InvalidArgumentError("pass one of dest, on_chunk and device_dest")
+        if on_in_place is not None and device_dest is None:
+            raise InvalidArgumentError("on_in_place: only with device_dest")
+        native_device = None
+        if device_dest is not None:
+            region, offset = device_dest
+            native_device = (region.region_id, region.token, region.nbytes, int(offset))
+        in_place = None
+        if on_in_place is not None:
+            def in_place(index, tier):
+                on_in_place(index, Tier(tier))
         layout = client.layout(namespace_id)
         view = None
         if dest is not None:
@@ -76,7 +87,7 @@ class PrefillSession:
         self._native = _native.PrefillSession(
             client._native, namespace_id, keys, view, callback, compute_estimate,
             int(max_bytes_per_second), int(max_frame_bytes), float(rpc_deadline),
-            bool(use_forecast))
+            bool(use_forecast), native_device, in_place)
         self.plan = kvtier_pb2.PrefillPlan()
         self.plan.ParseFromString(self._native.plan())
         self._finished = False

@@ -106,11 +106,13 @@ PYBIND11_MODULE(_native, m) {
 
   py::class_<PyPrefillSession>(m, "PrefillSession")
       .def(py::init<PyClient&, uint64_t, const py::list&, const py::object&, const py::object&,
-                    const py::object&, uint64_t, uint32_t, double, bool>(),
+                    const py::object&, uint64_t, uint32_t, double, bool, const py::object&,
+                    const py::object&>(),
            py::arg("client"), py::arg("namespace_id"), py::arg("keys"), py::arg("dest"),
            py::arg("on_chunk"), py::arg("compute_estimate"), py::arg("max_bytes_per_second"),
            py::arg("max_frame_bytes"), py::arg("rpc_deadline_seconds"),
-           py::arg("use_forecast"), py::keep_alive<1, 2>())
+           py::arg("use_forecast"), py::arg("device_dest") = py::none(),
+           py::arg("on_in_place") = py::none(), py::keep_alive<1, 2>())
       .def("plan", &PyPrefillSession::plan)
       .def_property_readonly("num_keys", &PyPrefillSession::num_keys)
       .def_property_readonly("stream_reached", &PyPrefillSession::stream_reached)

@@ -17,11 +17,17 @@ PyPrefillSession::PyPrefillSession(PyClient& client, uint64_t namespace_id,
                                    const py::object& on_chunk,
                                    const py::object& compute_estimate,
                                    uint64_t max_bytes_per_second, uint32_t max_frame_bytes,
-                                   double rpc_deadline_seconds, bool use_forecast)
-    : on_chunk_(py::none()), client_(&client) {
+                                   double rpc_deadline_seconds, bool use_forecast,
+                                   const py::object& device_dest,
+                                   const py::object& on_in_place)
+    : on_chunk_(py::none()), on_in_place_(py::none()), client_(&client) {
   std::vector<ChunkKey> k = KeysFromList(keys);
-  if (!dest.is_none() && !on_chunk.is_none()) {
-    throw StatusError(absl::InvalidArgumentError("pass dest or on_chunk, not both"));
+  if (int(!dest.is_none()) + int(!on_chunk.is_none()) + int(!device_dest.is_none()) > 1) {
+    throw StatusError(
+        absl::InvalidArgumentError("pass one of dest, on_chunk and device_dest"));
+  }
+  if (!on_in_place.is_none() && device_dest.is_none()) {
+    throw StatusError(absl::InvalidArgumentError("on_in_place: only with device_dest"));
   }
   if (!dest.is_none()) {
     dest_ = BufferRef::Acquire(dest, /*writable=*/true);
@@ -37,6 +43,16 @@ PyPrefillSession::PyPrefillSession(PyClient& client, uint64_t namespace_id,
     options.on_chunk = [this](uint32_t index, std::string data, v1::Tier tier) {
       OnChunk(index, std::move(data), tier);
     };
+  } else if (!device_dest.is_none()) {
+    auto [region_id, token, region_bytes, offset] =
+        device_dest.cast<std::tuple<uint64_t, uint64_t, uint64_t, uint64_t>>();
+    options.into_device = PrefillOptions::DeviceInto{{region_id, token, region_bytes}, offset};
+    on_in_place_ = on_in_place;
+    if (!on_in_place_.is_none()) {
+      options.on_chunk_in_place = [this](uint32_t index, v1::Tier tier) {
+        OnInPlace(index, tier);
+      };
+    }
   }
   if (!compute_estimate.is_none()) {
     auto ab = compute_estimate.cast<std::pair<double, double>>();
@@ -62,17 +78,27 @@ PyPrefillSession::~PyPrefillSession() {
   }
 }
 
-void PyPrefillSession::OnChunk(uint32_t index, std::string data, v1::Tier tier) {
+template <typename Call>
+void PyPrefillSession::CallPython(const char* what, uint32_t index, Call call) {
   py::gil_scoped_acquire gil;
   try {
-    on_chunk_(index, py::bytes(data), static_cast<int>(tier));
+    call();
   } catch (py::error_already_set& e) {
     absl::MutexLock lock(&mu_);
     if (chunk_error_.ok()) {
       chunk_error_ = absl::InternalError(
-          absl::StrCat("on_chunk raised for chunk ", index, ": ", e.what()));
+          absl::StrCat(what, " raised for chunk ", index, ": ", e.what()));
     }
   }
+}
+
+void PyPrefillSession::OnChunk(uint32_t index, std::string data, v1::Tier tier) {
+  CallPython("on_chunk", index,
+             [&] { on_chunk_(index, py::bytes(data), static_cast<int>(tier)); });
+}
+
+void PyPrefillSession::OnInPlace(uint32_t index, v1::Tier tier) {
+  CallPython("on_in_place", index, [&] { on_in_place_(index, static_cast<int>(tier)); });
 }
 
 py::bytes PyPrefillSession::plan() const {

@@ -11,7 +11,12 @@
 //    the GIL (PrefillOptions::into).
 //  - `on_chunk(index, data: bytes, tier: int)`: called on the reader thread with the GIL
 //    taken. An exception it raises fails the session (finish raises Internal naming it).
-//  - neither: chunks are checked and dropped (benchmarks).
+//  - `device_dest`: (region_id, token, region_bytes, offset) of GPU memory this process
+//    registered (Client.register_device_memory): the daemon copies chunk i to offset +
+//    i * chunk_bytes on its CUDA streams (PrefillOptions::into_device), and
+//    `on_in_place(index, tier: int)`, if not None, is called (GIL taken) once a chunk's
+//    bytes have landed. An exception it raises fails the session like on_chunk's.
+//  - none: chunks are checked and dropped (benchmarks).
 //
 // Threading: as PrefillSession. Every method that may wait (start, report_computed,
 // finish, close) releases the GIL, so on_chunk can run meanwhile; should_compute only
@@ -39,7 +44,8 @@ class PyPrefillSession {
   PyPrefillSession(PyClient& client, uint64_t namespace_id, const pybind11::list& keys,
                    const pybind11::object& dest, const pybind11::object& on_chunk,
                    const pybind11::object& compute_estimate, uint64_t max_bytes_per_second,
-                   uint32_t max_frame_bytes, double rpc_deadline_seconds, bool use_forecast);
+                   uint32_t max_frame_bytes, double rpc_deadline_seconds, bool use_forecast,
+                   const pybind11::object& device_dest, const pybind11::object& on_in_place);
   ~PyPrefillSession();
 
   // The serialized kvtier.v1.PrefillPlan.
@@ -54,12 +60,17 @@ class PyPrefillSession {
 
  private:
   void OnChunk(uint32_t index, std::string data, v1::Tier tier);
+  void OnInPlace(uint32_t index, v1::Tier tier);
+  // Runs `call` with the GIL; an exception it raises becomes chunk_error_ (the first).
+  template <typename Call>
+  void CallPython(const char* what, uint32_t index, Call call);
 
   // Declared before session_: the reader thread (owned by session_) uses them until
   // session_ is closed, which the destructor does first.
   BufferRef dest_;
   bool has_dest_ = false;
-  pybind11::object on_chunk_;  // None when unused. Touched only with the GIL.
+  pybind11::object on_chunk_;     // None when unused. Touched only with the GIL.
+  pybind11::object on_in_place_;  // Likewise.
   absl::Mutex mu_;
   absl::Status chunk_error_ ABSL_GUARDED_BY(mu_);  // First failure of a delivery.
 

@@ -465,6 +465,21 @@ def test_device_memory_needs_a_daemon_with_a_gpu(tmp_path):
                 c.put_from_device(ns, keys, region, offsets=[0], crc32cs=[0])
             assert not isinstance(refused.value, kvtier.UnavailableError), refused.value
             assert c.lookup(ns, keys).prefix_hits == 0
+            # A Prefill session into GPU memory: one destination, callbacks that fit it,
+            # the chunks within the region; then the daemon's answer.
+            with pytest.raises(kvtier.InvalidArgumentError, match="one of dest"):
+                c.prefill(ns, keys, dest=bytearray(chunk), device_dest=(region, 0))
+            with pytest.raises(kvtier.InvalidArgumentError, match="only with device_dest"):
+                c.prefill(ns, keys, on_in_place=lambda i, tier: None)
+            with pytest.raises(kvtier.InvalidArgumentError):
+                c.prefill(ns, keys, device_dest=(region, region.nbytes - chunk + 1))
+            c.put(ns, keys, [bytes(chunk)])
+            with pytest.raises(kvtier.KvTierError) as no_gpu:
+                with c.prefill(ns, keys, device_dest=(region, 0),
+                               on_in_place=lambda i, tier: None) as s:
+                    s.finish()
+            assert isinstance(no_gpu.value, kvtier.FailedPreconditionError), no_gpu.value
+            assert "not registered" in str(no_gpu.value)
             with pytest.raises(kvtier.NotFoundError):
                 c.release_device_memory(region)
     finally:

@@ -89,7 +89,7 @@ def test_bad_prefill_input(client, cached):
     lay, ns, keys, data = cached
     with pytest.raises(kvtier.InvalidArgumentError, match="dest"):
         client.prefill(ns, keys, dest=bytearray(lay.chunk_bytes))
-    with pytest.raises(kvtier.InvalidArgumentError, match="not both"):
+    with pytest.raises(kvtier.InvalidArgumentError, match="one of dest, on_chunk"):
         client.prefill(ns, keys, dest=bytearray(8 * lay.chunk_bytes), on_chunk=print)
     with pytest.raises(kvtier.NotFoundError):
         client.prefill(999, keys)
