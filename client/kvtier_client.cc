@@ -13,6 +13,7 @@
 #include <grpcpp/support/channel_arguments.h>
 #include <grpcpp/support/sync_stream.h>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
@@ -71,6 +72,17 @@ absl::StatusOr<Resp> CallUnary(
 
 absl::Status FromGrpcStatus(const grpc::Status& status) {
   if (status.ok()) return absl::OkStatus();
+  // gRPC's own cut-off of a message past a limit (the daemon's max_message_bytes, or
+  // this client's) comes as RESOURCE_EXHAUSTED, which the contract reads as "retry";
+  // it can never succeed (kvtier.proto, RegisterLayoutResponse.max_message_bytes).
+  if (status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED &&
+      (absl::StartsWith(status.error_message(), "Received message larger than max") ||
+       absl::StartsWith(status.error_message(), "Sent message larger than max"))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a message is larger than gRPC allows (", status.error_message(),
+        "); the daemon's limits are in RegisterLayoutResponse (max_message_bytes, "
+        "max_frame_bytes): send smaller frames or fewer keys, do not retry"));
+  }
   // grpc::StatusCode and absl::StatusCode share the canonical code numbers.
   return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
                       status.error_message());

@@ -323,6 +323,29 @@ TEST_F(BadInputTest, OversizedFrame) {
   ExpectNothingLeft(KeyOf(1));
 }
 
+// A client that does not know the daemon's limits (no RegisterLayout, frames larger
+// than the daemon's max_message_bytes): gRPC cuts the message off with its own
+// RESOURCE_EXHAUSTED, which the C++ client reports as the final INVALID_ARGUMENT it is,
+// never as something to retry.
+TEST_F(BadInputTest, AMessagePastGrpcsLimitIsFinalForTheClient) {
+  auto four = client_->RegisterLayout(LayoutOfMiB(4));
+  ASSERT_TRUE(four.ok()) << four.status();
+  ClientOptions o;
+  o.max_frame_bytes = 4 << 20;  // The daemon's messages are at most 256 KiB + 1 MiB.
+  auto naive = KvTierClient::Connect(daemon_->target(), o);
+  ASSERT_TRUE(naive.ok());
+  const std::string data = PatternBytes(4, 4 << 20);
+  ChunkToPut chunk{KeyOf(4), data, 256};
+  auto put = (*naive)->Put(four->namespace_id, {&chunk, 1});
+  EXPECT_EQ(put.status().code(), absl::StatusCode::kInvalidArgument) << put.status();
+  EXPECT_NE(put.status().message().find("do not retry"), std::string::npos) << put.status();
+  EXPECT_NE(put.status().message().find("max_message_bytes"), std::string::npos)
+      << put.status();
+  auto l = client_->Lookup(four->namespace_id, std::vector<ChunkKey>{KeyOf(4)});
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_EQ(l->tiers[0], v1::TIER_UNSPECIFIED);
+}
+
 // A frame far past the message limit: gRPC assembles a whole message before its size
 // check, so without grpc_memory (gRPC's resource quota) each such message costs the
 // daemon its full size in RSS (measured: +512 MiB for a 512 MiB frame). With it, the
