@@ -460,10 +460,12 @@ absl::Status DaemonConfig::Validate() const {
         "option max_put_buffer: must hold at least one Put stream (stream_window + "
         "max_frame_size = ", stream_window + max_frame_size, "), got ", max_put_buffer));
   }
-  if (grpc_memory != 0 && grpc_memory < PutBufferBytes()) {
+  if (grpc_memory != 0 && grpc_memory / 2 < PutBufferBytes()) {
+    // At less, the Put streams max_put_buffer admits can fill gRPC's quota alone, and
+    // gRPC then closes connections that did nothing wrong.
     return absl::InvalidArgumentError(absl::StrCat(
-        "option grpc_memory: must hold the Put streams max_put_buffer admits (",
-        PutBufferBytes(), " bytes), got ", grpc_memory));
+        "option grpc_memory: must be at least twice max_put_buffer (", PutBufferBytes(),
+        " bytes), got ", grpc_memory));
   }
   if (ssd_stream_buffer < max_frame_size) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -781,18 +783,42 @@ uint64_t DaemonConfig::PutBufferBytes() const {
 uint64_t DaemonConfig::GrpcMemoryBytes(uint64_t machine_memory) const {
   if (grpc_memory != 0) return grpc_memory;
   const uint64_t beside_pool = machine_memory > ram_capacity ? machine_memory - ram_capacity : 0;
-  return std::max(2 * PutBufferBytes(), beside_pool / 2);
+  const uint64_t put_buffer = PutBufferBytes();
+  const uint64_t floor = put_buffer > UINT64_MAX / 2 ? UINT64_MAX : 2 * put_buffer;
+  return std::max(floor, beside_pool / 2);
+}
+
+uint64_t CgroupMemoryLimit(const std::string& cgroup_root, const std::string& proc_self_cgroup) {
+  // cgroup v2: "0::/system.slice/kvtierd.service". The limits that bind this process are
+  // memory.max of its cgroup and of every cgroup above it ("max": none).
+  std::ifstream self(proc_self_cgroup);
+  std::string line, path;
+  while (std::getline(self, line)) {
+    if (absl::StartsWith(line, "0::")) path = line.substr(3);
+  }
+  uint64_t limit = 0;
+  std::string dir = path;
+  while (true) {
+    std::ifstream in(cgroup_root + dir + "/memory.max");
+    std::string value;
+    uint64_t bytes = 0;
+    if (in >> value && absl::SimpleAtoi(value, &bytes) && bytes > 0) {
+      limit = limit == 0 ? bytes : std::min(limit, bytes);
+    }
+    const size_t slash = dir.rfind('/');
+    if (dir.empty() || slash == std::string::npos) break;
+    dir.resize(slash);  // The parent; "" is the root.
+  }
+  return limit;
 }
 
 uint64_t MachineMemoryBytes() {
-  uint64_t bytes = static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) *
-                   static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
-  std::ifstream in("/sys/fs/cgroup/memory.max");  // cgroup v2; "max" when unlimited.
-  std::string limit;
-  uint64_t cgroup = 0;
-  if (in >> limit && absl::SimpleAtoi(limit, &cgroup) && cgroup > 0) {
-    bytes = std::min(bytes, cgroup);
-  }
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  uint64_t bytes = pages > 0 && page > 0
+                       ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page)
+                       : 0;
+  const uint64_t cgroup = CgroupMemoryLimit("/sys/fs/cgroup", "/proc/self/cgroup");
+  if (cgroup != 0) bytes = bytes == 0 ? cgroup : std::min(bytes, cgroup);
   return bytes;
 }
 

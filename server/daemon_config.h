@@ -67,7 +67,7 @@ struct DaemonConfig {
   // streams and closes connections (clients see RESOURCE_EXHAUSTED or UNAVAILABLE, both
   // retryable): the daemon degrades instead of growing until the kernel kills it.
   // 0: half the memory beside the pool (what the OOM killer would otherwise bound), at
-  // least twice max_put_buffer.
+  // least twice max_put_buffer; set, at least twice max_put_buffer.
   uint64_t grpc_memory = 0;
   // grpc_memory, resolved against `machine_memory` (MachineMemoryBytes()).
   uint64_t GrpcMemoryBytes(uint64_t machine_memory) const;
@@ -191,9 +191,13 @@ std::string DaemonUsage();
 absl::StatusOr<uint64_t> ParseByteSize(absl::string_view text);
 std::string FormatBytes(uint64_t bytes);
 
-// The memory this process may use: physical memory, or the cgroup's memory.max when
-// lower (a container's limit).
+// The memory this process may use: physical memory, or the lowest memory.max of its
+// cgroup and the cgroups above it (a container's or a systemd unit's MemoryMax=) when
+// lower.
 uint64_t MachineMemoryBytes();
+// That lowest memory.max (0: none), for the cgroup v2 hierarchy at `cgroup_root` and
+// this process's line in `proc_self_cgroup` ("0::/path").
+uint64_t CgroupMemoryLimit(const std::string& cgroup_root, const std::string& proc_self_cgroup);
 
 }  // namespace kvtier
 

@@ -277,7 +277,11 @@ int Run(const DaemonConfig& config, const sigset_t& signals) {
   const uint64_t grpc_memory = config.GrpcMemoryBytes(MachineMemoryBytes());
   quota.Resize(grpc_memory);
   LogInfo("gRPC may hold ", grpc_memory >> 20, " MiB of received bytes (grpc_memory",
-          config.grpc_memory == 0 ? ": half the memory beside the pool" : "", ")");
+          config.grpc_memory != 0 ? ""
+          : grpc_memory == 2 * config.PutBufferBytes()
+              ? ": twice max_put_buffer"
+              : ": half the memory beside the pool",
+          ")");
   builder.SetResourceQuota(quota);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES,
                              static_cast<int>(config.stream_window));

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <sstream>
@@ -81,12 +82,37 @@ TEST(DaemonConfigTest, GrpcMemoryHoldsThePutStreams) {
   EXPECT_EQ(c.GrpcMemoryBytes(8ull << 30), 4ull << 30) << "a pool larger than the machine";
   c.max_put_buffer = 64ull << 20;
   EXPECT_EQ(c.GrpcMemoryBytes(16ull << 30 | 256ull << 20), 128ull << 20);
-  c.grpc_memory = (64ull << 20) - 1;  // Less than the Put streams it admits.
+  c.grpc_memory = (128ull << 20) - 1;  // The Put streams it admits could fill it.
   EXPECT_EQ(c.Validate().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(c.Validate().message().find("grpc_memory"), std::string::npos);
-  c.grpc_memory = 64ull << 20;
+  c.grpc_memory = 128ull << 20;
   EXPECT_TRUE(c.Validate().ok());
-  EXPECT_EQ(c.GrpcMemoryBytes(64ull << 30), 64ull << 20) << "set: the machine does not matter";
+  EXPECT_EQ(c.GrpcMemoryBytes(64ull << 30), 128ull << 20) << "set: the machine does not matter";
+}
+
+// A systemd unit's MemoryMax= sits on the unit's cgroup, not the root: the lowest limit
+// on the way from the process's cgroup up to the root is the one that binds.
+TEST(DaemonConfigTest, CgroupMemoryLimitIsTheLowestOnThePathToTheRoot) {
+  const std::string root = ::testing::TempDir() + "/cgroup-" + std::to_string(getpid());
+  std::filesystem::create_directories(root + "/system.slice/kvtierd.service");
+  const std::string self = root + "/self";
+  auto write = [](const std::string& path, const std::string& text) {
+    std::ofstream(path) << text;
+  };
+  write(self, "0::/system.slice/kvtierd.service\n");
+  EXPECT_EQ(CgroupMemoryLimit(root, self), 0u) << "no memory.max anywhere";
+  write(root + "/system.slice/kvtierd.service/memory.max", "max\n");
+  write(root + "/system.slice/memory.max", "8589934592\n");
+  EXPECT_EQ(CgroupMemoryLimit(root, self), 8ull << 30) << "the slice's";
+  write(root + "/system.slice/kvtierd.service/memory.max", "4294967296\n");
+  EXPECT_EQ(CgroupMemoryLimit(root, self), 4ull << 30) << "the unit's, lower";
+  write(root + "/memory.max", "1073741824\n");
+  EXPECT_EQ(CgroupMemoryLimit(root, self), 1ull << 30) << "the root's, lower still";
+  write(self, "0::/\n");  // A container's own namespace: its root.
+  EXPECT_EQ(CgroupMemoryLimit(root, self), 1ull << 30);
+  write(self, "");  // cgroup v1 or no line: only the root's.
+  EXPECT_EQ(CgroupMemoryLimit(root, self), 1ull << 30);
+  std::filesystem::remove_all(root);
 }
 
 TEST(DaemonConfigTest, MachineMemoryIsAtMostThePhysicalMemory) {
