@@ -68,6 +68,23 @@ absl::StatusOr<Resp> CallUnary(
   return response;
 }
 
+// The fields a chunk's first frame carries, from a ChunkToPut or a DeviceChunkToPut.
+template <typename Chunk>
+void SetChunkFields(const Chunk& chunk, v1::PutFrame& frame) {
+  frame.set_key(chunk.key.ToByteString());
+  frame.set_token_count(chunk.token_count);
+  if (chunk.chunk_index.has_value()) {
+    frame.set_chunk_index(*chunk.chunk_index);
+  } else {
+    frame.clear_chunk_index();
+  }
+  if (chunk.prev_key.has_value()) {
+    frame.set_prev_key(chunk.prev_key->ToByteString());
+  } else {
+    frame.clear_prev_key();
+  }
+}
+
 }  // namespace
 
 absl::Status FromGrpcStatus(const grpc::Status& status) {
@@ -230,7 +247,7 @@ std::shared_ptr<SharedBuffer> KvTierClient::SharedBufferOf(const void* p, uint64
   return plane != nullptr ? plane->Find(p, n) : nullptr;
 }
 
-std::optional<std::pair<uint64_t, uint64_t>> KvTierClient::ItemSizes(
+absl::StatusOr<std::pair<uint64_t, uint64_t>> KvTierClient::ItemSizes(
     uint64_t namespace_id, std::optional<LayerRange> layers) {
   uint64_t chunk_bytes = 0;
   uint32_t num_layers = 0;
@@ -248,7 +265,12 @@ std::optional<std::pair<uint64_t, uint64_t>> KvTierClient::ItemSizes(
     v1::DataPlaneRequest req;
     req.set_namespace_id(namespace_id);
     auto info = CallUnary(*this, &v1::KvCache::Stub::DataPlane, req);
-    if (!info.ok() || info->num_layers() == 0 || info->chunk_bytes() == 0) return std::nullopt;
+    if (!info.ok()) return info.status();  // Unavailable and the like: retry.
+    if (info->num_layers() == 0 || info->chunk_bytes() == 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "namespace ", absl::Hex(namespace_id, absl::kZeroPad16),
+          " is not registered (register its layout first)"));
+    }
     chunk_bytes = info->chunk_bytes();
     num_layers = info->num_layers();
     absl::MutexLock lock(&mu_);
@@ -257,7 +279,11 @@ std::optional<std::pair<uint64_t, uint64_t>> KvTierClient::ItemSizes(
   }
   const uint64_t layer_bytes = chunk_bytes / num_layers;
   if (!layers.has_value()) return std::make_pair(chunk_bytes, layer_bytes);
-  if (layers->end <= layers->begin || layers->end > num_layers) return std::nullopt;
+  if (layers->end <= layers->begin || layers->end > num_layers) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "layers [", layers->begin, ", ", layers->end, ") are not a range of namespace ",
+        absl::Hex(namespace_id, absl::kZeroPad16), "'s ", num_layers, " layers"));
+  }
   return std::make_pair(layer_bytes * (layers->end - layers->begin), layer_bytes);
 }
 
@@ -532,18 +558,7 @@ absl::StatusOr<PutResult> KvTierClient::Put(uint64_t namespace_id,
   bool broken = false;  // Write failed: the server ended the stream; Finish says why.
   for (size_t i = 0; i < chunks.size(); ++i) {
     const ChunkToPut& chunk = chunks[i];
-    frame.set_key(chunk.key.ToByteString());
-    frame.set_token_count(chunk.token_count);
-    if (chunk.chunk_index.has_value()) {
-      frame.set_chunk_index(*chunk.chunk_index);
-    } else {
-      frame.clear_chunk_index();
-    }
-    if (chunk.prev_key.has_value()) {
-      frame.set_prev_key(chunk.prev_key->ToByteString());
-    } else {
-      frame.clear_prev_key();
-    }
+    SetChunkFields(chunk, frame);
     const uint64_t size = chunk.data.size();
     if (const Source& src = sources[i]; src.buffer != nullptr) {
       // Frames naming the bytes in shared memory; the daemon copies them. The chunk's
@@ -801,7 +816,7 @@ absl::Status KvTierClient::GetStreamRaw(uint64_t namespace_id,
   auto plane = Plane();
   if (!plane.ok()) return plane.status();
   if (*plane != nullptr) {
-    if (auto sizes = ItemSizes(namespace_id, layers)) {
+    if (auto sizes = ItemSizes(namespace_id, layers); sizes.ok()) {
       if (auto staging = (*plane)->AcquireStaging(keys.size() * sizes->first)) {
         absl::Status s = GetViaRegion(namespace_id, keys, layers, order, lease_id,
                                       staging->region_id(), staging->token(),
@@ -920,10 +935,9 @@ absl::StatusOr<GetIntoResult> KvTierClient::GetInto(uint64_t namespace_id,
                                                     v1::GetOrder order, uint64_t lease_id,
                                                     const GetIntoItemCallback& on_item) {
   const auto sizes = ItemSizes(namespace_id, layers);
-  if (!sizes.has_value()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "GetInto: namespace ", absl::Hex(namespace_id, absl::kZeroPad16),
-        " is not registered (or the layer range is outside its layers)"));
+  if (!sizes.ok()) {
+    return absl::Status(sizes.status().code(),
+                        absl::StrCat("GetInto: ", sizes.status().message()));
   }
   // Plain locals, not a structured binding: lambdas below capture them (clang 14).
   const uint64_t key_bytes = sizes->first;
@@ -1004,10 +1018,9 @@ absl::StatusOr<GetIntoResult> KvTierClient::GetIntoDevice(
     std::optional<LayerRange> layers, v1::GetOrder order, uint64_t lease_id,
     const GetIntoItemCallback& on_item) {
   const auto sizes = ItemSizes(namespace_id, layers);
-  if (!sizes.has_value()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "GetIntoDevice: namespace ", absl::Hex(namespace_id, absl::kZeroPad16),
-        " is not registered (or the layer range is outside its layers)"));
+  if (!sizes.ok()) {
+    return absl::Status(sizes.status().code(),
+                        absl::StrCat("GetIntoDevice: ", sizes.status().message()));
   }
   const auto [key_bytes, layer_bytes] = *sizes;
   const bool layer_major = order == v1::GET_ORDER_LAYER_MAJOR;
@@ -1036,12 +1049,12 @@ absl::StatusOr<GetIntoResult> KvTierClient::GetIntoDevice(
 absl::StatusOr<PutResult> KvTierClient::PutFromDevice(uint64_t namespace_id,
                                                       absl::Span<const DeviceChunkToPut> chunks,
                                                       const RegionChannel::Registration& region) {
-  const std::optional<uint64_t> chunk_bytes = ChunkBytes(namespace_id);
-  if (!chunk_bytes.has_value()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "PutFromDevice: namespace ", absl::Hex(namespace_id, absl::kZeroPad16),
-        " is not known to this client or the daemon"));
+  const auto sizes = ItemSizes(namespace_id, std::nullopt);
+  if (!sizes.ok()) {
+    return absl::Status(sizes.status().code(),
+                        absl::StrCat("PutFromDevice: ", sizes.status().message()));
   }
+  const std::optional<uint64_t> chunk_bytes = sizes->first;
   for (size_t i = 0; i < chunks.size(); ++i) {
     if (chunks[i].offset > region.bytes || region.bytes - chunks[i].offset < *chunk_bytes) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -1065,20 +1078,9 @@ absl::StatusOr<PutResult> KvTierClient::PutFromDevice(uint64_t namespace_id,
   ref->set_length(*chunk_bytes);
   bool broken = false;
   for (const DeviceChunkToPut& chunk : chunks) {
-    frame.set_key(chunk.key.ToByteString());
-    frame.set_token_count(chunk.token_count);
+    SetChunkFields(chunk, frame);
     frame.set_crc32c(chunk.crc32c);
     ref->set_offset(chunk.offset);
-    if (chunk.chunk_index.has_value()) {
-      frame.set_chunk_index(*chunk.chunk_index);
-    } else {
-      frame.clear_chunk_index();
-    }
-    if (chunk.prev_key.has_value()) {
-      frame.set_prev_key(chunk.prev_key->ToByteString());
-    } else {
-      frame.clear_prev_key();
-    }
     if (!writer->Write(frame)) {
       broken = true;  // The daemon ended the stream; Finish says why.
       break;

@@ -350,8 +350,8 @@ class KvTierClient {
   // socket) and checks it against the chunk's CRC32C before it becomes visible. Each
   // chunk is the namespace's chunk_bytes.
   // Returns: as Put, plus FailedPrecondition (namespace unknown; no GPU on the daemon,
-  // or the region unknown) and InvalidArgument (a chunk outside the region, a CRC32C
-  // that does not match the bytes: nothing of that chunk is stored).
+  // or the region unknown; like GetIntoDevice) and InvalidArgument (a chunk outside the
+  // region, a CRC32C that does not match the bytes: nothing of that chunk is stored).
   absl::StatusOr<PutResult> PutFromDevice(uint64_t namespace_id,
                                           absl::Span<const DeviceChunkToPut> chunks,
                                           const RegionChannel::Registration& region);
@@ -386,7 +386,7 @@ class KvTierClient {
   // Nullopt when the daemon cannot say (unknown namespace, unreachable).
   std::optional<uint64_t> ChunkBytes(uint64_t namespace_id) {
     auto sizes = ItemSizes(namespace_id, std::nullopt);
-    if (!sizes.has_value()) return std::nullopt;
+    if (!sizes.ok()) return std::nullopt;
     return sizes->first;
   }
   // The data path this client's transfers take, and why (e.g. which socket, or why not
@@ -430,7 +430,9 @@ class KvTierClient {
                             const char* host, uint64_t offset, uint64_t key_bytes,
                             uint64_t layer_bytes, const GetFrameRawCallback& on_frame);
   // Key bytes and layer bytes of a namespace this client registered.
-  std::optional<std::pair<uint64_t, uint64_t>> ItemSizes(uint64_t namespace_id,
+  // Returns: Ok, FailedPrecondition (namespace unknown, layers outside it), or the
+  // status of asking the daemon (Unavailable and the like).
+  absl::StatusOr<std::pair<uint64_t, uint64_t>> ItemSizes(uint64_t namespace_id,
                                                          std::optional<LayerRange> layers);
 
   const std::string target_;

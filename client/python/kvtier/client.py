@@ -163,7 +163,7 @@ class Client:
         stored. ``token_counts``, ``chain_start`` and ``prev_key`` as put(). Raises
         InvalidArgumentError for a chunk outside the region or a CRC32C the bytes do not
         have, FailedPreconditionError when the daemon has no GPU or does not know the
-        region. ``bytes`` in the result is 0."""
+        region. ``bytes`` in the result counts the chunks' bytes the daemon copied."""
         keys = _keys(keys)
         counts = None if token_counts is None else [int(c) for c in token_counts]
         _check_chain_start(chain_start, len(keys))
