@@ -95,13 +95,19 @@ absl::StatusOr<TenantScope> KvCacheService::Admit(grpc::ServerContextBase* ctx) 
   return r.denied.status;
 }
 
-absl::StatusOr<StreamLimiter::Ticket> KvCacheService::TakeStreamPlace(
-    grpc::ServerContextBase* ctx, const TenantScope& tenant) {
-  if (guards_.streams == nullptr) return StreamLimiter::Ticket();
-  absl::StatusOr<StreamLimiter::Ticket> place =
-      guards_.streams->TryAcquire(tenant.tenant(), tenant.quota().streams);
+absl::StatusOr<StreamLimiter::Ticket> KvCacheService::TakePlace(grpc::ServerContextBase* ctx,
+                                                                 StreamLimiter* limiter,
+                                                                 const TenantScope& tenant,
+                                                                 uint32_t tenant_max) {
+  if (limiter == nullptr) return StreamLimiter::Ticket();
+  absl::StatusOr<StreamLimiter::Ticket> place = limiter->TryAcquire(tenant.tenant(), tenant_max);
   if (!place.ok()) ctx->AddTrailingMetadata("kvtier-retry-after-ms", "100");
   return place;
+}
+
+absl::StatusOr<StreamLimiter::Ticket> KvCacheService::TakeStreamPlace(
+    grpc::ServerContextBase* ctx, const TenantScope& tenant) {
+  return TakePlace(ctx, guards_.streams, tenant, tenant.quota().streams);
 }
 
 template <typename Impl>
@@ -325,9 +331,8 @@ grpc::ServerWriteReactor<v1::EventBatch>* KvCacheService::Events(
   // The implicit tenant is bounded by the daemon's places alone; a named one also by
   // its share (never 0 once the tenants file is parsed).
   absl::StatusOr<StreamLimiter::Ticket> subscription =
-      subscribers_->TryAcquire(tenant->tenant(), tenant->quota().subscribers);
+      TakePlace(ctx, subscribers_, *tenant, tenant->quota().subscribers);
   if (!subscription.ok()) {
-    ctx->AddTrailingMetadata("kvtier-retry-after-ms", "100");
     return new Refused(metrics_, RpcMethod::kEvents, ToGrpcStatus(subscription.status()));
   }
   absl::StatusOr<StreamLimiter::Ticket> place = TakeStreamPlace(ctx, *tenant);

@@ -116,7 +116,7 @@ class KvCacheService final
   static constexpr uint32_t kMaxEventSubscribers = TenantTable::kEventSubscribers;
   // How the subscriber limiter's refusals name its bounds.
   static StreamLimiter::Naming EventSubscriberNaming() {
-    return {"its Events subscriber bound", "max_subscribers", "Events subscriptions"};
+    return {"its maximum", "max_subscribers", "Events subscriptions"};
   }
 
  private:
@@ -146,6 +146,12 @@ class KvCacheService final
   // kvtier-retry-after-ms trailer on `ctx`.
   absl::StatusOr<StreamLimiter::Ticket> TakeStreamPlace(grpc::ServerContextBase* ctx,
                                                         const TenantScope& tenant);
+  // A place on `limiter` (null: an empty ticket) for `tenant`, which may hold at most
+  // `tenant_max` (0: no bound of its own), or RESOURCE_EXHAUSTED with a
+  // kvtier-retry-after-ms trailer on `ctx`.
+  absl::StatusOr<StreamLimiter::Ticket> TakePlace(grpc::ServerContextBase* ctx,
+                                                  StreamLimiter* limiter,
+                                                  const TenantScope& tenant, uint32_t tenant_max);
 
   // Runs `impl(store, tenant)` under a metrics scope, once the caller is admitted;
   // UNAVAILABLE before SetStore.

@@ -52,7 +52,7 @@ StreamLimiter::StreamLimiter(uint32_t max_streams, prometheus::Registry* registr
   tenant_refused_ = &prometheus::BuildCounter()
                          .Name("kvtier_tenant_" + what + "_refused_total")
                          .Help("Of kvtier_" + what + "_refused_total, a named tenant's (by "
-                               "its own max_streams or the daemon's)")
+                               "its own " + naming_.tenant_bound + " or the daemon's bound)")
                          .Register(*registry);
 }
 
