@@ -262,6 +262,10 @@ std::vector<std::string> DaemonArgs(const std::string& mode, uint64_t ram_mib, u
   if (const std::string tenants = StrFlag("tenants-file", ""); !tenants.empty()) {
     args.push_back("--tenants-file=" + tenants);
   }
+  // --daemon-args=a,b: any other daemon options, as given (an A/B of one option).
+  for (absl::string_view a : absl::StrSplit(StrFlag("daemon-args", ""), ',', absl::SkipEmpty())) {
+    args.emplace_back(a);
+  }
   return args;
 }
 
@@ -628,7 +632,7 @@ constexpr char kUsage[] =
     "                [--budget-mib=N] [--get-budget-mib=N] [--hot-mib=N] [--mode=MODE]\n"
     "                [--min-ops-per-client=N] [--skip-puts=1] [--skip-gets=1]\n"
     "                [--tls-dir=DIR] [--tenants-file=FILE] [--token=T] [--label=NAME]\n"
-    "                [--data-dir=DIR] [--json=FILE]\n"
+    "                [--daemon-args=a,b] [--data-dir=DIR] [--json=FILE]\n"
     "Starts its own kvtierd and measures put/get throughput and latency; see the\n"
     "comment at the top of bench/kv_bench.cc and bench/run.sh for the sections.\n";
 
