@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <random>
 #include <utility>
 
 #include <grpcpp/create_channel.h>
@@ -14,6 +15,7 @@
 #include <grpcpp/support/sync_stream.h>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
@@ -66,6 +68,32 @@ absl::StatusOr<Resp> CallUnary(
   grpc::Status status = (client.stub()->*method)(&ctx, request, &response);
   if (!status.ok()) return FromGrpcStatus(status);
   return response;
+}
+
+// How long to wait before opening again a Put the daemon refused at admission; nullopt
+// when it was not such a refusal (bytes were sent, another code, no kvtier-retry-after-ms
+// hint), retries are off, or the wait would pass `deadline`. The hint, doubled for each
+// refusal in a row up to 1 s, with jitter so that refused clients do not return together.
+std::optional<absl::Duration> RefusalBackoff(bool enabled, const grpc::ClientContext& ctx,
+                                             const grpc::Status& status, uint64_t sent,
+                                             int attempt, absl::Time deadline) {
+  if (!enabled || sent != 0 || status.error_code() != grpc::StatusCode::RESOURCE_EXHAUSTED) {
+    return std::nullopt;
+  }
+  const auto& trailers = ctx.GetServerTrailingMetadata();
+  auto hint = trailers.find("kvtier-retry-after-ms");
+  if (hint == trailers.end()) return std::nullopt;
+  int ms = 0;
+  if (!absl::SimpleAtoi(absl::string_view(hint->second.data(), hint->second.size()), &ms) ||
+      ms <= 0) {
+    ms = 50;
+  }
+  double wait_ms = std::min(1000.0, ms * static_cast<double>(1 << std::min(attempt, 5)));
+  thread_local std::mt19937 rng(std::random_device{}());
+  wait_ms *= std::uniform_real_distribution<double>(0.5, 1.5)(rng);
+  const absl::Duration wait = absl::Milliseconds(wait_ms);
+  if (absl::Now() + wait >= deadline) return std::nullopt;
+  return wait;
 }
 
 // The fields a chunk's first frame carries, from a ChunkToPut or a DeviceChunkToPut.
@@ -529,121 +557,135 @@ absl::StatusOr<PutResult> KvTierClient::Put(uint64_t namespace_id,
     }
   } staging_return{*plane, staging, put_ok};
 
-  grpc::ClientContext ctx;
-  PrepareContext(&ctx);
-  // What the generated stub_->Put does, except that each frame is sent as a ByteBuffer
-  // of its serialized header fields, then data's tag and length, then a slice that
-  // points into the caller's chunk: the payload is not copied into a PutFrame and then
-  // again into gRPC's buffer (protobuf accepts fields in any order, so the daemon parses
-  // an ordinary PutFrame). The caller's bytes outlive the slices: this call returns only
-  // after Finish, when gRPC holds none of them. See GetStreamRaw on the factory.
-  const grpc::internal::RpcMethod method(kPutMethod,
-                                         grpc::internal::RpcMethod::CLIENT_STREAMING);
-  grpc::ByteBuffer response_bytes;
-  std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer(
-      grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(channel_.get(), method,
-                                                                    &ctx, &response_bytes));
-  // The daemon sends headers as soon as it accepts the stream; one refused at admission
-  // gets its status instead, and Finish below reports it before any payload is sent.
-  writer->WaitForInitialMetadata();
+  // One deadline for every attempt: a Put the daemon refuses at admission is retried
+  // (ClientOptions::retry_refused_puts) until then.
+  const absl::Time deadline = absl::Now() + options_.rpc_deadline;
+  for (int attempt = 0;; ++attempt) {
+    grpc::ClientContext ctx;
+    PrepareContext(&ctx);
+    ctx.set_deadline(absl::ToChronoTime(deadline));
+    // What the generated stub_->Put does, except that each frame is sent as a ByteBuffer
+    // of its serialized header fields, then data's tag and length, then a slice that
+    // points into the caller's chunk: the payload is not copied into a PutFrame and then
+    // again into gRPC's buffer (protobuf accepts fields in any order, so the daemon parses
+    // an ordinary PutFrame). The caller's bytes outlive the slices: this call returns only
+    // after Finish, when gRPC holds none of them. See GetStreamRaw on the factory.
+    const grpc::internal::RpcMethod method(kPutMethod,
+                                           grpc::internal::RpcMethod::CLIENT_STREAMING);
+    grpc::ByteBuffer response_bytes;
+    std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer(
+        grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(channel_.get(), method,
+                                                                      &ctx, &response_bytes));
+    // The daemon sends headers as soon as it accepts the stream; one refused at admission
+    // gets its status instead, and Finish below reports it before any payload is sent.
+    writer->WaitForInitialMetadata();
 
-  v1::PutFrame frame;  // Every field but data.
-  frame.set_namespace_id(namespace_id);
-  std::string head;
-  // Our frame size, or the daemon's limit if that is smaller (learnt at RegisterLayout).
-  const uint32_t daemon_max = daemon_max_frame_.load(std::memory_order_relaxed);
-  const uint64_t max_frame =
-      daemon_max != 0 ? std::min(options_.max_frame_bytes, daemon_max) : options_.max_frame_bytes;
-  uint64_t sent = 0;
-  bool broken = false;  // Write failed: the server ended the stream; Finish says why.
-  for (size_t i = 0; i < chunks.size(); ++i) {
-    const ChunkToPut& chunk = chunks[i];
-    SetChunkFields(chunk, frame);
-    const uint64_t size = chunk.data.size();
-    if (const Source& src = sources[i]; src.buffer != nullptr) {
-      // Frames naming the bytes in shared memory; the daemon copies them. The chunk's
-      // CRC32C (on the last frame) is this client's own reading of the bytes, so the
-      // daemon stores nothing torn by a writer still busy in the buffer. A chunk staged
-      // above has it already; for one in the caller's buffer it is computed piece by
-      // piece, each piece after the frame naming it is sent: the daemon's copy of a
-      // piece overlaps the checksum of the next instead of waiting for all of it.
-      uint32_t crc = src.crc.value_or(0);
-      for (uint64_t offset = 0; offset < size && !broken;) {
-        const uint64_t n = std::min(kRegionPieceBytes, size - offset);
-        const bool last = offset + n == size;
-        if (last && !src.crc) crc = crc32c::Extend(crc, chunk.data.data() + offset, n);
+    v1::PutFrame frame;  // Every field but data.
+    frame.set_namespace_id(namespace_id);
+    std::string head;
+    // Our frame size, or the daemon's limit if that is smaller (learnt at RegisterLayout).
+    const uint32_t daemon_max = daemon_max_frame_.load(std::memory_order_relaxed);
+    const uint64_t max_frame =
+        daemon_max != 0 ? std::min(options_.max_frame_bytes, daemon_max) : options_.max_frame_bytes;
+    uint64_t sent = 0;
+    bool broken = false;  // Write failed: the server ended the stream; Finish says why.
+    for (size_t i = 0; i < chunks.size(); ++i) {
+      const ChunkToPut& chunk = chunks[i];
+      SetChunkFields(chunk, frame);
+      const uint64_t size = chunk.data.size();
+      if (const Source& src = sources[i]; src.buffer != nullptr) {
+        // Frames naming the bytes in shared memory; the daemon copies them. The chunk's
+        // CRC32C (on the last frame) is this client's own reading of the bytes, so the
+        // daemon stores nothing torn by a writer still busy in the buffer. A chunk staged
+        // above has it already; for one in the caller's buffer it is computed piece by
+        // piece, each piece after the frame naming it is sent: the daemon's copy of a
+        // piece overlaps the checksum of the next instead of waiting for all of it.
+        uint32_t crc = src.crc.value_or(0);
+        for (uint64_t offset = 0; offset < size && !broken;) {
+          const uint64_t n = std::min(kRegionPieceBytes, size - offset);
+          const bool last = offset + n == size;
+          if (last && !src.crc) crc = crc32c::Extend(crc, chunk.data.data() + offset, n);
+          frame.set_offset(offset);
+          if (last) {
+            frame.set_crc32c(crc);
+          } else {
+            frame.clear_crc32c();
+          }
+          v1::RegionRef* ref = frame.mutable_region();
+          ref->set_region_id(src.buffer->region_id());
+          ref->set_token(src.buffer->token());
+          ref->set_offset(src.offset + offset);
+          ref->set_length(n);
+          grpc::Slice slice(frame.SerializeAsString());
+          frame.clear_region();
+          grpc::ByteBuffer message(&slice, 1);
+          if (!writer->Write(message)) {
+            broken = true;
+            break;
+          }
+          if (!last && !src.crc) crc = crc32c::Extend(crc, chunk.data.data() + offset, n);
+          offset += n;
+          sent += n;
+          if (progress) progress(sent, total);
+        }
+        frame.clear_crc32c();
+        if (broken) break;
+        continue;
+      }
+      uint32_t crc = 0;
+      for (uint64_t offset = 0; offset < size;) {
+        const uint64_t n = std::min(max_frame, size - offset);
+        const char* p = chunk.data.data() + offset;
         frame.set_offset(offset);
-        if (last) {
+        crc = crc32c::Extend(crc, p, n);
+        offset += n;
+        if (offset == size) {
           frame.set_crc32c(crc);
         } else {
           frame.clear_crc32c();
         }
-        v1::RegionRef* ref = frame.mutable_region();
-        ref->set_region_id(src.buffer->region_id());
-        ref->set_token(src.buffer->token());
-        ref->set_offset(src.offset + offset);
-        ref->set_length(n);
-        grpc::Slice slice(frame.SerializeAsString());
-        frame.clear_region();
-        grpc::ByteBuffer message(&slice, 1);
+        head.clear();
+        frame.AppendToString(&head);
+        head.push_back(kPutDataTag);
+        AppendVarint(head, n);
+        grpc::Slice slices[2] = {grpc::Slice(head),
+                                 grpc::Slice(p, n, grpc::Slice::STATIC_SLICE)};
+        grpc::ByteBuffer message(slices, 2);
         if (!writer->Write(message)) {
           broken = true;
           break;
         }
-        if (!last && !src.crc) crc = crc32c::Extend(crc, chunk.data.data() + offset, n);
-        offset += n;
         sent += n;
         if (progress) progress(sent, total);
       }
-      frame.clear_crc32c();
       if (broken) break;
-      continue;
     }
-    uint32_t crc = 0;
-    for (uint64_t offset = 0; offset < size;) {
-      const uint64_t n = std::min(max_frame, size - offset);
-      const char* p = chunk.data.data() + offset;
-      frame.set_offset(offset);
-      crc = crc32c::Extend(crc, p, n);
-      offset += n;
-      if (offset == size) {
-        frame.set_crc32c(crc);
-      } else {
-        frame.clear_crc32c();
+    // A failed WritesDone means the stream is already broken; Finish reports the cause.
+    if (!broken) broken = !writer->WritesDone();
+    grpc::Status status = writer->Finish();
+    if (!status.ok()) {
+      // Refused at admission (nothing sent, a retry hint): back off as the hint says,
+      // doubling with jitter as refusals repeat, and open the stream again.
+      if (std::optional<absl::Duration> wait = RefusalBackoff(options_.retry_refused_puts, ctx, status, sent, attempt, deadline)) {
+        absl::SleepFor(*wait);
+        continue;
       }
-      head.clear();
-      frame.AppendToString(&head);
-      head.push_back(kPutDataTag);
-      AppendVarint(head, n);
-      grpc::Slice slices[2] = {grpc::Slice(head),
-                               grpc::Slice(p, n, grpc::Slice::STATIC_SLICE)};
-      grpc::ByteBuffer message(slices, 2);
-      if (!writer->Write(message)) {
-        broken = true;
-        break;
-      }
-      sent += n;
-      if (progress) progress(sent, total);
+      return FromGrpcStatus(status);
     }
-    if (broken) break;
+    if (broken) {
+      return absl::InternalError(absl::StrCat("Put: the server closed the stream after ", sent,
+                                              " of ", total, " bytes without an error"));
+    }
+    v1::PutResponse response;
+    grpc::Slice flat;
+    if (!response_bytes.DumpToSingleSlice(&flat).ok() ||
+        !response.ParseFromArray(flat.begin(), static_cast<int>(flat.size()))) {
+      return absl::InternalError("Put: the daemon's response is not a PutResponse");
+    }
+    put_ok = true;
+    return PutResult{response.chunks_stored(), response.chunks_already_present(),
+                     response.bytes_received()};
   }
-  // A failed WritesDone means the stream is already broken; Finish reports the cause.
-  if (!broken) broken = !writer->WritesDone();
-  grpc::Status status = writer->Finish();
-  if (!status.ok()) return FromGrpcStatus(status);
-  if (broken) {
-    return absl::InternalError(absl::StrCat("Put: the server closed the stream after ", sent,
-                                            " of ", total, " bytes without an error"));
-  }
-  v1::PutResponse response;
-  grpc::Slice flat;
-  if (!response_bytes.DumpToSingleSlice(&flat).ok() ||
-      !response.ParseFromArray(flat.begin(), static_cast<int>(flat.size()))) {
-    return absl::InternalError("Put: the daemon's response is not a PutResponse");
-  }
-  put_ok = true;
-  return PutResult{response.chunks_stored(), response.chunks_already_present(),
-                   response.bytes_received()};
 }
 
 absl::StatusOr<std::vector<GotChunk>> KvTierClient::Get(uint64_t namespace_id,

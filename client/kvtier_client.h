@@ -59,6 +59,11 @@ struct ClientOptions {
   // Deadline of each RPC, measured from its start. A whole Put or Get stream is one RPC,
   // so this also bounds the largest transfer; raise it for multi-GiB batches.
   absl::Duration rpc_deadline = absl::Seconds(60);
+  // A Put the daemon refuses at admission (RESOURCE_EXHAUSTED with a
+  // kvtier-retry-after-ms hint, before any byte is sent: its Put streams are all taken)
+  // is opened again after the hinted wait, doubled with jitter as refusals repeat,
+  // until rpc_deadline; then the refusal is returned. False: returned at once.
+  bool retry_refused_puts = true;
   // gRPC's limit on one message, sent or received (bytes). 64 MiB, well above a frame.
   int max_message_bytes = 64 << 20;
   // If > 0, Connect() waits this long for the channel to be ready and fails with

@@ -636,21 +636,30 @@ TEST_F(BadInputTest, PutStreamsPastMaxPutBufferAreRefusedBeforeTheirPayload) {
       << refused.error_message();
   EXPECT_EQ(ctx.GetServerTrailingMetadata().count("kvtier-retry-after-ms"), 1u);
   EXPECT_EQ(Metric("kvtier_put_streams_refused_total"), 1);
-  // The C++ client sees the same refusal as a status, and nothing is stored.
+  // A C++ client that does not retry sees the same refusal as a status; nothing is stored.
+  ClientOptions no_retry;
+  no_retry.max_frame_bytes = kFrameLimit;
+  no_retry.retry_refused_puts = false;
+  auto once = KvTierClient::Connect(daemon_->target(), no_retry);
+  ASSERT_TRUE(once.ok());
   ChunkToPut c{KeyOf(20), data, 256};
-  auto put = client_->Put(ns_, {&c, 1});
+  auto put = (*once)->Put(ns_, {&c, 1});
   EXPECT_EQ(put.status().code(), absl::StatusCode::kResourceExhausted) << put.status();
-  // A holder ends; its place comes back (after the call's OnDone: retry, as the
-  // contract says).
+  EXPECT_EQ(Metric("kvtier_put_streams_refused_total"), 2);
+  // One that retries (the default) backs off as the hint says and tries again: its Put
+  // gets in once a holder ends and its place comes back.
+  absl::StatusOr<PutResult> retried;
+  std::thread putter([&] { retried = client_->Put(ns_, {&c, 1}); });
+  for (int i = 0; i < 1000 && Metric("kvtier_put_streams_refused_total") < 4; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_GE(Metric("kvtier_put_streams_refused_total"), 4) << "refused, and refused again";
   holders.back()->ctx.TryCancel();
   holders.back()->w->Finish().IgnoreError();
   holders.pop_back();
-  for (int attempt = 0; attempt < 100; ++attempt) {
-    put = client_->Put(ns_, {&c, 1});
-    if (put.status().code() != absl::StatusCode::kResourceExhausted) break;
-  }
-  ASSERT_TRUE(put.ok()) << put.status();
-  EXPECT_EQ(put->stored, 1u);
+  putter.join();
+  ASSERT_TRUE(retried.ok()) << retried.status();
+  EXPECT_EQ(retried->stored, 1u);
   holders.back()->ctx.TryCancel();
   holders.back()->w->Finish().IgnoreError();
 }
