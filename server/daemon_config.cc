@@ -166,7 +166,7 @@ const std::vector<Option>& Options() {
                  &DaemonConfig::stream_window),
       SizeOption("max_put_buffer",
                  "bytes gRPC may buffer for open Put streams outside the pool (each counts "
-                 "stream_window + max_frame_size); 0: ram_capacity / 8, at least 256MiB",
+                 "stream_window + max_frame_size); 0: ram_capacity / 8, at least 64MiB",
                  &DaemonConfig::max_put_buffer),
       SizeOption("grpc_memory",
                  "memory gRPC may hold for received bytes on all connections (its resource "
@@ -777,7 +777,7 @@ std::string DaemonUsage() {
 
 uint64_t DaemonConfig::PutBufferBytes() const {
   if (max_put_buffer != 0) return max_put_buffer;
-  return std::max<uint64_t>(256ull << 20, ram_capacity / 8);
+  return std::max<uint64_t>(64ull << 20, ram_capacity / 8);
 }
 
 uint64_t DaemonConfig::GrpcMemoryBytes(uint64_t machine_memory) const {

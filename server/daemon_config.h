@@ -56,7 +56,7 @@ struct DaemonConfig {
   uint64_t stream_window = 2ull << 20;     // HTTP/2 receive window per stream, bytes.
   // What gRPC may buffer for open Put streams, outside the pool: each counts
   // stream_window + max_frame_size (its window, and a frame being assembled); past it a
-  // new Put is answered RESOURCE_EXHAUSTED. 0: ram_capacity / 8, at least 256MiB.
+  // new Put is answered RESOURCE_EXHAUSTED. 0: ram_capacity / 8, at least 64MiB.
   uint64_t max_put_buffer = 0;
   uint64_t PutBufferBytes() const;     // max_put_buffer, resolved.
   uint32_t MaxPutStreams() const;      // Put streams that fit in it (at least 1).

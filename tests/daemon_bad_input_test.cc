@@ -667,7 +667,9 @@ TEST_F(BadInputTest, PutStreamsPastMaxPutBufferAreRefusedBeforeTheirPayload) {
 // Puts that find RAM full wait for room (put_wait) in arrival order without a daemon
 // thread each; a waiting stream the client cancels leaves the queue and takes no room.
 TEST_F(BadInputTest, WaitingPutsHoldNoThreadAndCancelCleanly) {
-  Start({"--put-wait=120s"});  // No waiter may time out while the test looks.
+  // No waiter may time out while the test looks; max_put_buffer admits all 48 streams
+  // (the default's 64 MiB floor admits 28 on this pool, and refuses the rest).
+  Start({"--put-wait=120s", "--max-put-buffer=128MiB"});
   struct Stream {
     grpc::ClientContext ctx;
     v1::PutResponse resp;

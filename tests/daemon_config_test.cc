@@ -62,7 +62,7 @@ TEST(DaemonConfigTest, WritebackMaxDirtyDefaultsToHalfThePool) {
 TEST(DaemonConfigTest, PutBufferBoundsPutStreams) {
   DaemonConfig c;
   c.ram_capacity = 32ull << 20;
-  EXPECT_EQ(c.PutBufferBytes(), 256ull << 20) << "the floor for small pools";
+  EXPECT_EQ(c.PutBufferBytes(), 64ull << 20) << "the floor for small pools";
   c.ram_capacity = 16ull << 30;
   EXPECT_EQ(c.PutBufferBytes(), 2ull << 30) << "an eighth of the pool";
   EXPECT_EQ(c.MaxPutStreams(), (2ull << 30) / ((2ull << 20) + (4ull << 20)));
