@@ -145,6 +145,9 @@ const std::vector<Option>& Options() {
       BoolOption("ram_prefault",
                  "fault the host-RAM pool's pages in at start-up, in the background",
                  &DaemonConfig::ram_prefault),
+      BoolOption("ram_huge_pages",
+                 "ask for transparent huge pages on the host-RAM pool (MADV_HUGEPAGE)",
+                 &DaemonConfig::ram_huge_pages),
       DoubleOption("max_pinned_fraction", "largest share of the RAM pool pinned chunks may hold",
                    &DaemonConfig::max_pinned_fraction),
       SizeOption("ssd_capacity", "SSD tier capacity (chunk bytes, each rounded up to 4 KiB)",
@@ -574,6 +577,7 @@ absl::StatusOr<TieredStoreOptions> DaemonConfig::ToStoreOptions() const {
   o.ram.arena.slot_bytes = ram_slot_size;
   o.ram.arena.lock_memory = lock_memory;
   o.ram.arena.prefault = ram_prefault;
+  o.ram.arena.huge_pages = ram_huge_pages;
   o.ram.max_pinned_fraction = max_pinned_fraction;
   o.ssd.path = data_dir + "/ssd";
   o.ssd.capacity_bytes = ssd_capacity;

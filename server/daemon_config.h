@@ -45,6 +45,7 @@ struct DaemonConfig {
   uint64_t ram_slot_size = 64ull << 10;    // Pool slot, bytes (see SlotArenaOptions).
   bool lock_memory = false;                // mlock the pool.
   bool ram_prefault = true;                // Fault the pool in at start, in the background.
+  bool ram_huge_pages = true;              // Transparent huge pages for the pool.
   double max_pinned_fraction = 0.5;        // Share of the pool pins may hold.
   uint64_t ssd_capacity = 16ull << 30;     // SSD tier payload bytes.
   absl::Duration ssd_ttl = absl::ZeroDuration();  // Zero: no expiry.

@@ -7,7 +7,10 @@
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 
+#include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 
 #include <algorithm>
 #include <atomic>
@@ -145,6 +148,41 @@ TEST(SlotArenaTest, WithoutPrefaultPagesStayUntouched) {
   (*arena)->WaitForPrefault();  // Returns at once.
   EXPECT_EQ((*arena)->prefaulted_bytes(), 0u);
   EXPECT_EQ(ResidentPages((*arena)->SlotData(0), (*arena)->capacity_bytes()), 0u);
+}
+
+// The VmFlags line of the mapping in /proc/self/smaps that holds `p` ("" if none).
+std::string VmFlagsOf(const void* p) {
+  std::ifstream smaps("/proc/self/smaps");
+  const auto at = reinterpret_cast<uintptr_t>(p);
+  bool inside = false;
+  for (std::string line; std::getline(smaps, line);) {
+    uintptr_t lo = 0, hi = 0;
+    if (std::sscanf(line.c_str(), "%lx-%lx ", &lo, &hi) == 2 && line.find(':') > line.find(' ')) {
+      inside = lo <= at && at < hi;
+    } else if (inside && line.rfind("VmFlags:", 0) == 0) {
+      return line;
+    }
+  }
+  return "";
+}
+
+// ram_huge_pages: the arena's mapping carries MADV_HUGEPAGE ("hg" in VmFlags), so that
+// pages faulted in (by the prefault or the first put) are 2 MiB where THP allows.
+TEST(SlotArenaTest, HugePagesAreAskedForTheArenaOnly) {
+  if (!std::filesystem::exists("/sys/kernel/mm/transparent_hugepage/enabled")) {
+    GTEST_SKIP() << "this kernel has no transparent huge pages";
+  }
+  for (bool huge : {true, false}) {
+    SlotArenaOptions o;
+    o.capacity_bytes = 8ull << 20;
+    o.slot_bytes = 1 << 20;
+    o.huge_pages = huge;
+    auto arena = SlotArena::Create(o);
+    ASSERT_TRUE(arena.ok()) << arena.status();
+    const std::string flags = VmFlagsOf((*arena)->SlotData(0));
+    ASSERT_FALSE(flags.empty()) << "no mapping holds the arena";
+    EXPECT_EQ(flags.find(" hg") != std::string::npos, huge) << flags;
+  }
 }
 
 TEST(SlotArenaTest, TakeIsAllOrNothing) {
