@@ -21,9 +21,16 @@
 // Put payloads are one shared read-only buffer per chunk size (re-keyed); gets go through
 // GetStream with a callback that only counts bytes, so the benchmark's own memory stays
 // small even at 128 MiB x 64 clients. The client still CRC-checks every chunk.
+// --plane=shm instead moves every chunk through the same-host data plane (kvtierd with
+// --shm-socket=auto; Put from and GetInto one AllocateShared buffer per client, set up
+// before the clock starts; the daemon checks the CRC32C in its copy), so SSD cells
+// measure the tier without loopback TCP in the way. --frame-kib and --window-kib set the
+// clients' max_frame_bytes and receive_window_bytes (transport experiments).
 // Clients connect (--preconnect=1) before a cell's clock starts, and in get cells each
 // gets one chunk of the cell's size first (--warm=1, see Grid), so cells measure warm
 // connections; redis_bench does the same for its connections.
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -31,10 +38,12 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <functional>
+#include <iterator>
 #include <thread>
 #include <vector>
 
@@ -46,6 +55,7 @@
 #include "bench/json_line.h"
 #include "bench/trace.h"
 #include "client/kvtier_client.h"
+#include "client/shared_buffer.h"
 #include "tests/support/daemon_process.h"
 #include "tests/support/test_data.h"
 
@@ -67,6 +77,15 @@ double Secs(Clock::time_point a, Clock::time_point b) {
 }
 
 
+// --plane=shm: clients move chunks through the same-host data plane (Put from and
+// GetInto a buffer from AllocateShared, one per client, set up before a cell's clock
+// starts) instead of the gRPC stream.
+bool SharedPlane() { return StrFlag("plane", "grpc") == "shm"; }
+
+// Each client's shared buffer in a --plane=shm cell, holding the cell's payload. Filled
+// before the cell's threads start and cleared after they join; read-only in between.
+std::map<const KvTierClient*, std::shared_ptr<kvtier::SharedBuffer>> g_shared;
+
 std::unique_ptr<KvTierClient> MakeClient(const std::string& target, int i) {
   kvtier::ClientOptions o;
   o.rpc_deadline = absl::Minutes(10);
@@ -81,6 +100,9 @@ std::unique_ptr<KvTierClient> MakeClient(const std::string& target, int i) {
     o.tls_server_name = "localhost";
   }
   o.bearer_token = StrFlag("token", "");
+  if (const int kib = Flag("frame-kib", 0); kib > 0) o.max_frame_bytes = uint32_t(kib) << 10;
+  if (const int kib = Flag("window-kib", -1); kib >= 0) o.receive_window_bytes = kib << 10;
+  if (SharedPlane()) o.data_plane = kvtier::ClientOptions::DataPlane::kSharedMemory;
   auto c = KvTierClient::Connect(target, o);
   if (!c.ok()) {
     std::fprintf(stderr, "connect: %s\n", c.status().ToString().c_str());
@@ -132,7 +154,27 @@ struct Cell {
   std::atomic<uint64_t> from_ram{0}, from_ssd{0}, errors{0}, retries{0}, absent{0};
   // Put cells: bytes the daemon wrote to the device during the cell (0: not measured).
   uint64_t device_write_bytes = 0;
+  // CPU seconds (user + system) over the cell's clock: the daemon's (when daemon_pid is
+  // set) and this process's, i.e. the clients'. What a byte costs when both ends share
+  // the machine's cores.
+  pid_t daemon_pid = 0;
+  double daemon_cpu_s = 0, client_cpu_s = 0;
 };
+
+// User + system CPU seconds of process `pid` so far (/proc/PID/stat); 0 if unreadable.
+double ProcessCpuSeconds(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t paren = stat.rfind(')');
+  if (paren == std::string::npos) return 0;
+  std::vector<std::string> f = absl::StrSplit(stat.substr(paren + 2), ' ');
+  // After the command: state is field 3 of stat(5), utime 14 and stime 15.
+  uint64_t utime = 0, stime = 0;
+  if (f.size() < 13 || !absl::SimpleAtoi(f[11], &utime) || !absl::SimpleAtoi(f[12], &stime)) {
+    return 0;
+  }
+  return double(utime + stime) / ::sysconf(_SC_CLK_TCK);
+}
 
 void EmitCell(Cell& c) {
   const double gbps = c.bytes / c.secs / 1e9;
@@ -145,6 +187,7 @@ void EmitCell(Cell& c) {
       .N("errors", c.errors).N("retries", c.retries)
       .N("device_write_bytes", c.device_write_bytes)
       .N("write_amp", c.bytes ? double(c.device_write_bytes) / c.bytes : 0.0)
+      .N("daemon_cpu_s", c.daemon_cpu_s).N("client_cpu_s", c.client_cpu_s)
       .Emit();
   std::printf("| %s | %s | %.0f MiB | %lu | %lu | %.2f GiB | %.2f s | %.3f | %.2f | %.2f | %lu/%lu | %lu |\n",
               c.tier.c_str(), c.op.c_str(), c.chunk_bytes / 1048576.0, c.clients, c.ops,
@@ -160,6 +203,19 @@ void RunCell(const std::string& target, Cell& cell, const Op& op,
              const std::function<void(KvTierClient&)>& warm = nullptr) {
   std::vector<std::unique_ptr<KvTierClient>> clients;
   for (uint64_t w = 0; w < cell.clients; ++w) clients.push_back(MakeClient(target, w));
+  if (SharedPlane()) {
+    const std::string payload =
+        kvtier::testing::PatternBytes(cell.chunk_bytes >> 20, cell.chunk_bytes);
+    for (auto& c : clients) {
+      auto buf = c->AllocateShared(cell.chunk_bytes);
+      if (!buf.ok()) {
+        std::fprintf(stderr, "shared buffer: %s\n", buf.status().ToString().c_str());
+        std::exit(1);
+      }
+      std::memcpy((*buf)->data(), payload.data(), payload.size());
+      g_shared[c.get()] = *std::move(buf);
+    }
+  }
   if (warm) {
     std::vector<std::thread> ts;
     for (auto& c : clients) ts.emplace_back([&warm, &c] { warm(*c); });
@@ -168,6 +224,8 @@ void RunCell(const std::string& target, Cell& cell, const Op& op,
   std::atomic<uint64_t> next{0}, bytes{0};
   std::mutex mu;
   std::vector<std::thread> workers;
+  const double daemon_cpu0 = cell.daemon_pid ? ProcessCpuSeconds(cell.daemon_pid) : 0;
+  const double client_cpu0 = ProcessCpuSeconds(::getpid());
   const auto start = Clock::now();
   for (uint64_t w = 0; w < cell.clients; ++w) {
     workers.emplace_back([&, w] {
@@ -189,11 +247,17 @@ void RunCell(const std::string& target, Cell& cell, const Op& op,
   for (auto& t : workers) t.join();
   cell.secs = Secs(start, Clock::now());
   cell.bytes = bytes;
+  if (cell.daemon_pid) cell.daemon_cpu_s = ProcessCpuSeconds(cell.daemon_pid) - daemon_cpu0;
+  cell.client_cpu_s = ProcessCpuSeconds(::getpid()) - client_cpu0;
+  g_shared.clear();
 }
 
 int64_t PutOne(KvTierClient& c, uint64_t ns, const kvtier::ChunkKey& key,
                const std::string& data, Cell& cell) {
   kvtier::ChunkToPut chunk{key, data, 256};
+  if (auto it = g_shared.find(&c); it != g_shared.end()) {
+    chunk.data = absl::string_view(it->second->data(), data.size());
+  }
   // The pool refuses a put (ResourceExhausted) while in-flight puts hold all of it; the
   // client backs off and retries, for up to two minutes.
   const auto give_up = Clock::now() + std::chrono::minutes(2);
@@ -210,6 +274,25 @@ int64_t PutOne(KvTierClient& c, uint64_t ns, const kvtier::ChunkKey& key,
 }
 
 int64_t GetOne(KvTierClient& c, uint64_t ns, const kvtier::ChunkKey& key, Cell& cell) {
+  if (auto it = g_shared.find(&c); it != g_shared.end()) {
+    const kvtier::SharedBuffer& buf = *it->second;
+    auto r = c.GetInto(ns, {&key, 1}, absl::Span<char>(buf.data(), buf.size()));
+    if (!r.ok()) {
+      std::fprintf(stderr, "get: %s\n", r.status().ToString().c_str());
+      return -1;
+    }
+    if (!r->found[0]) {
+      cell.absent++;
+      return 0;
+    }
+    if (r->path != kvtier::DataPath::kSharedMemory) {
+      std::fprintf(stderr, "get: came by the stream, not shared memory\n");
+      return -1;
+    }
+    if (r->tiers[0] == kvtier::v1::TIER_SSD) cell.from_ssd++;
+    if (r->tiers[0] == kvtier::v1::TIER_RAM) cell.from_ram++;
+    return buf.size();
+  }
   uint64_t got = 0;
   absl::Status s = c.GetStreamRaw(ns, {&key, 1}, std::nullopt,
                                [&](uint32_t, const kvtier::GetFrameHeader& f, absl::Span<const absl::string_view> d) {
@@ -236,6 +319,7 @@ std::vector<std::string> DaemonArgs(const std::string& mode, uint64_t ram_mib, u
       absl::StrCat("--ram-capacity=", ram_mib, "MiB"), "--write-mode=" + mode,
       absl::StrCat("--ssd-capacity=", ssd_mib, "MiB"), "--log-level=warn",
       Flag("prefault", 1) != 0 ? "--ram-prefault=true" : "--ram-prefault=false"};
+  if (SharedPlane()) args.push_back("--shm-socket=auto");
   // --slot-kib: the pool's slot size (the daemon's default when unset).
   if (const uint64_t kib = Flag("slot-kib", 0); kib != 0) {
     args.push_back(absl::StrCat("--ram-slot-size=", kib, "KiB"));
@@ -372,6 +456,7 @@ int Grid(const std::string& dir) {
       Cell cell;
       cell.tier = tier, cell.op = "put", cell.chunk_bytes = cb, cell.clients = clients;
       cell.ops = std::max(clients * min_ops, budget / cb);
+      cell.daemon_pid = daemon.pid();
       const uint64_t base = key_base;
       key_base += cell.ops;
       const uint64_t device_before = DeviceWriteBytes(daemon.pid());
@@ -413,6 +498,7 @@ int Grid(const std::string& dir) {
       Cell cell;
       cell.tier = tier, cell.op = "get", cell.chunk_bytes = cb, cell.clients = clients;
       cell.ops = std::max(clients * min_ops, get_budget / cb);
+      cell.daemon_pid = daemon.pid();
       if (tier_name == "ssd") cell.ops = std::min<uint64_t>(std::max(cell.ops, clients), ws.size());
       const uint64_t start = tier_name == "ssd" ? cursor : 0;
       RunCell(daemon.target(), cell, [&](KvTierClient& c, uint64_t i, Cell& cl) {
@@ -632,6 +718,7 @@ constexpr char kUsage[] =
     "                [--budget-mib=N] [--get-budget-mib=N] [--hot-mib=N] [--mode=MODE]\n"
     "                [--min-ops-per-client=N] [--skip-puts=1] [--skip-gets=1]\n"
     "                [--tls-dir=DIR] [--tenants-file=FILE] [--token=T] [--label=NAME]\n"
+    "                [--plane=grpc|shm] [--frame-kib=N] [--window-kib=N]\n"
     "                [--daemon-args=a,b] [--data-dir=DIR] [--json=FILE]\n"
     "Starts its own kvtierd and measures put/get throughput and latency; see the\n"
     "comment at the top of bench/kv_bench.cc and bench/run.sh for the sections.\n";
