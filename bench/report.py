@@ -237,6 +237,35 @@ def security(res, w):
         w(f"| {k[0]} | {k[1]} MiB | {k[2]} | {num(p)} | {num(t)} | {ratio(t)}{flag} | {num(tt)} | "
           f"{ratio(tt)} |")
     w(f"\n{runs} runs per variant.\n")
+    cpu = [r for r in cells if r.get("daemon_cpu_s")]
+    if cpu:
+        # CPU seconds per GB moved (user + system, over the cell), medians over the runs:
+        # the daemon's and the clients' (kv_bench's own process).
+        per = {}
+        for r in cpu:
+            gb = r["bytes"] / 1e9
+            per.setdefault((r["tier"],) + key(r), []).append(
+                (r["daemon_cpu_s"] / gb, r["client_cpu_s"] / gb))
+        w("CPU seconds per GB moved, daemon / clients (user + system over each cell, from "
+          "`/proc/PID/stat`; medians over the runs). Both ends share this machine's 2 cores, "
+          "so their sum bounds the rate at 2 / (sum) GB/s:\n")
+        w("| op | chunk | clients | plaintext | TLS | TLS + token | daemon TLS / plaintext |")
+        w("|---|---|---|---|---|---|---|")
+        for k in sorted({key(r) for r in cpu}):
+            vals = {}
+            for lab in ("plaintext", "tls", "tls+token"):
+                xs = per.get((lab,) + k)
+                if xs:
+                    vals[lab] = (statistics.median(x[0] for x in xs),
+                                 statistics.median(x[1] for x in xs))
+            if "plaintext" not in vals:
+                continue
+            fmt = lambda lab: (f"{vals[lab][0]:.2f} / {vals[lab][1]:.2f}" if lab in vals else "-")
+            rat = (f"{vals['tls'][0] / vals['plaintext'][0]:.2f}"
+                   if "tls" in vals and vals["plaintext"][0] else "-")
+            w(f"| {k[0]} | {k[1]} MiB | {k[2]} | {fmt('plaintext')} | {fmt('tls')} | "
+              f"{fmt('tls+token')} | {rat} |")
+        w("")
     write_notes(d, w)
 
 
