@@ -33,6 +33,10 @@ HostPool::~HostPool() {
   index_.clear();
 }
 
+bool HostPool::WriteFirstCandidate(const Entry& e) const {
+  return !IsPinned(e) && (e.flushing || e.data.use_count() == 1);
+}
+
 bool HostPool::Reclaimable(const Entry& e) const {
   // use_count() == 1 means only the index holds the chunk. New references are made only
   // under mu_, and readers drop theirs without it, so the count can only fall while we
@@ -75,15 +79,16 @@ absl::StatusOr<std::shared_ptr<PoolChunk>> HostPool::Allocate(uint64_t size,
     uint64_t freed = 0;
     while (arena_->free_slots() + freed < need) {
       // kWriteFirst: the policy's victim among the chunks nobody else holds, dirty or
-      // not, including one the flusher is writing right now (it holds the only other
-      // reference); such a victim is not skipped for a more recently used clean one.
+      // not, including one being flushed right now (its write holds references of its
+      // own, as many as the writer makes); such a victim is not skipped for a more
+      // recently used one.
       std::optional<ChunkId> victim = policy_->PickVictim([&](const ChunkId& id) {
         mu_.AssertHeld();
         auto it = index_.find(id);
         if (it == index_.end() || chosen_set.contains(id)) return false;
         const Entry& e = it->second;
         if (dirty == DirtyVictim::kSkip) return Reclaimable(e) && !e.dirty;
-        return !IsPinned(e) && e.data.use_count() <= (e.flushing ? 2 : 1);
+        return WriteFirstCandidate(e);
       });
       if (!victim) {
         return absl::ResourceExhaustedError(absl::StrCat(
@@ -280,13 +285,17 @@ uint64_t HostPool::RemoveNamespace(uint64_t ns) {
 
 std::optional<HostPool::DirtyChunk> HostPool::TakeDirtyVictim() {
   absl::MutexLock lock(&mu_);
+  // Allocate's victim (kWriteFirst). Being flushed already: the caller waits for that
+  // write rather than write (and so evict) a more recently used chunk. Clean: nothing
+  // to write, Allocate can take it.
   std::optional<ChunkId> victim = policy_->PickVictim([this](const ChunkId& id) {
     mu_.AssertHeld();
     auto it = index_.find(id);
-    return it != index_.end() && it->second.dirty && Reclaimable(it->second);
+    return it != index_.end() && WriteFirstCandidate(it->second);
   });
   if (!victim) return std::nullopt;
   Entry& e = index_.find(*victim)->second;
+  if (e.flushing || !e.dirty) return std::nullopt;
   e.flushing = true;
   return DirtyChunk{*victim, e.data, e.meta};
 }

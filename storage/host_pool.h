@@ -144,8 +144,10 @@ class HostPool final : public StorageTier {
     ChunkMeta meta;
   };
   std::optional<DirtyChunk> TakeDirty();
-  // For a demotion: the policy's victim among dirty chunks nobody holds (Allocate's
-  // victim once it is clean), marked flushing like TakeDirty's.
+  // For a demotion: Allocate's victim (kWriteFirst) if it is dirty and not already being
+  // flushed, marked flushing like TakeDirty's. None when that victim is being flushed
+  // (wait for the write: taking the next dirty chunk would evict it out of the policy's
+  // order), is clean (Allocate can take it), or there is none.
   std::optional<DirtyChunk> TakeDirtyVictim();
   // `written`: the SSD write succeeded; the chunk becomes clean. Otherwise it stays
   // dirty and is handed out again later. Returns false if the chunk left the index
@@ -177,6 +179,9 @@ class HostPool final : public StorageTier {
   bool IsPinned(const Entry& e) const { return e.pinned_until > options_.now(); }
   // Not pinned, not being read or written to SSD: evictable once clean.
   bool Reclaimable(const Entry& e) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A victim a put may take or wait for (Allocate with kWriteFirst): not pinned, and held
+  // by nobody but the index, or being flushed (the write holds it).
+  bool WriteFirstCandidate(const Entry& e) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EraseLocked(const ChunkId& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const HostPoolOptions options_;

@@ -350,6 +350,10 @@ bool TieredStore::FlushOne(bool demotion) {
   std::optional<HostPool::DirtyChunk> d = demotion ? ram_->TakeDirtyVictim() : ram_->TakeDirty();
   if (!d) return false;
   absl::Status s = WriteAndWait(*backing_, d->id, d->meta, ChunkBytes::Of(d->data));
+  // Our reference goes before the chunk stops being "flushing": a put's Allocate must
+  // not see a clean chunk still held (as if a reader had it) and evict a more recently
+  // used one in its place.
+  d->data.reset();
   if (s.ok()) {
     ssd_bytes_in_.fetch_add(d->meta.size, std::memory_order_relaxed);
     if (demotion) demotions_.fetch_add(1, std::memory_order_relaxed);

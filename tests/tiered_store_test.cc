@@ -550,15 +550,23 @@ TEST_F(TieredStoreWriteBackTest, EvictsCleanChunksWhenRamIsFull) {
   EXPECT_EQ(store_->Locate(Id(3)), Tier::kRam);
 }
 
-// The SSD's WAL is made slow, so the flusher is still writing chunk 0 when RAM fills
-// with dirty chunks: the next put must demote one (write it to SSD itself) to get room.
+// The SSD's WAL is made slow, so the (one) flusher is still writing chunk 0 when RAM
+// fills with dirty chunks. Chunk 0 is then read, so the policy's victim is chunk 1,
+// dirty and written by nobody: the next put must demote it (write it to SSD itself) to
+// get room. (Had the victim been chunk 0, the put would wait for the flusher's write
+// instead: HostPoolTest.ADemotionWaitsForTheVictimBeingFlushed.)
 TEST_F(TieredStoreWriteBackTest, DemotesDirtyChunksWhenRamIsFull) {
+  TieredStoreOptions o = Options(WriteMode::kWriteBack);
+  o.flush_threads = 1;
+  OpenWith(o);
+  ns_ = Register();
   fs_->SetWalWriteDelay(absl::Milliseconds(200));
   PutOk(Id(0));
   ASSERT_TRUE(WaitFor([&] { return fs_->wal_appends_in_flight() > 0; }))
       << "the flusher never started writing";
   for (uint64_t i = 1; i < kRamChunks; ++i) PutOk(Id(i));
   EXPECT_EQ(store_->GetStats().ram.dirty_chunks, kRamChunks) << "RAM is all dirty";
+  ASSERT_TRUE(store_->Read(Id(0)).ok());  // LRU order now 1, 2, ..., 0.
   PutOk(Id(kRamChunks));  // Needs a demotion.
   fs_->SetWalWriteDelay(absl::ZeroDuration());
   TieredStoreStats s = store_->GetStats();
@@ -574,6 +582,7 @@ TEST_F(TieredStoreWriteBackTest, DemotesDirtyChunksWhenRamIsFull) {
     on_ssd += t == Tier::kSsd;
   }
   EXPECT_GE(on_ssd, 1u);
+  EXPECT_EQ(store_->Locate(Id(1)), Tier::kSsd) << "the policy's victim was demoted";
   for (uint64_t i = 0; i <= kRamChunks; ++i) ExpectReadable(Id(i));
 }
 
