@@ -285,17 +285,18 @@ uint64_t HostPool::RemoveNamespace(uint64_t ns) {
 
 std::optional<HostPool::DirtyChunk> HostPool::TakeDirtyVictim() {
   absl::MutexLock lock(&mu_);
-  // Allocate's victim (kWriteFirst). Being flushed already: the caller waits for that
-  // write rather than write (and so evict) a more recently used chunk. Clean: nothing
-  // to write, Allocate can take it.
+  // The first dirty chunk among Allocate's victims (kWriteFirst), in the policy's order;
+  // the clean ones before it Allocate can take as they are. Being flushed already: the
+  // caller waits for that write rather than write (and so evict) a more recently used
+  // chunk.
   std::optional<ChunkId> victim = policy_->PickVictim([this](const ChunkId& id) {
     mu_.AssertHeld();
     auto it = index_.find(id);
-    return it != index_.end() && WriteFirstCandidate(it->second);
+    return it != index_.end() && it->second.dirty && WriteFirstCandidate(it->second);
   });
   if (!victim) return std::nullopt;
   Entry& e = index_.find(*victim)->second;
-  if (e.flushing || !e.dirty) return std::nullopt;
+  if (e.flushing) return std::nullopt;
   e.flushing = true;
   return DirtyChunk{*victim, e.data, e.meta};
 }

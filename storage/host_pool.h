@@ -144,10 +144,10 @@ class HostPool final : public StorageTier {
     ChunkMeta meta;
   };
   std::optional<DirtyChunk> TakeDirty();
-  // For a demotion: Allocate's victim (kWriteFirst) if it is dirty and not already being
-  // flushed, marked flushing like TakeDirty's. None when that victim is being flushed
-  // (wait for the write: taking the next dirty chunk would evict it out of the policy's
-  // order), is clean (Allocate can take it), or there is none.
+  // For a demotion: the first dirty chunk among Allocate's victims (kWriteFirst) in the
+  // policy's order, marked flushing like TakeDirty's. None when that chunk is being
+  // flushed already (wait for the write: taking the next dirty chunk would evict it out
+  // of the policy's order) or there is none.
   std::optional<DirtyChunk> TakeDirtyVictim();
   // `written`: the SSD write succeeded; the chunk becomes clean. Otherwise it stays
   // dirty and is handed out again later. Returns false if the chunk left the index

@@ -426,12 +426,25 @@ TEST_F(HostPoolTest, ADemotionWaitsForTheVictimBeingFlushed) {
   in_write.reset();
   flushing->data.reset();
   ASSERT_TRUE(pool_->FinishFlush(Id(1), /*written=*/true));
-  // 1 is clean now: nothing to write, and the put takes 1's room.
-  EXPECT_FALSE(pool_->TakeDirtyVictim().has_value());
+  // 1 is clean now: the put takes 1's room, and 2 stays.
   auto room = pool_->Allocate(kSlot, kWriteFirst);
   ASSERT_TRUE(room.ok()) << room.status();
   EXPECT_FALSE(pool_->Contains(Id(1)));
   EXPECT_TRUE(pool_->Contains(Id(2)));
+}
+
+// A put that needs two chunks' room may find the policy's first victim clean and the
+// second dirty: the demotion writes that second one (the first Allocate takes as it is).
+TEST_F(HostPoolTest, ADemotionPassesCleanVictimsForTheFirstDirtyOne) {
+  Put(Id(1));
+  Put(Id(2), kChunk, /*dirty=*/true);
+  Put(Id(3), kChunk, /*dirty=*/true);
+  Put(Id(4));  // LRU order: 1, 2, 3, 4.
+  auto d = pool_->TakeDirtyVictim();
+  ASSERT_TRUE(d.has_value());
+  EXPECT_EQ(d->id, Id(2));
+  d->data.reset();
+  ASSERT_TRUE(pool_->FinishFlush(Id(2), /*written=*/true));
 }
 
 TEST_F(HostPoolTest, DirtyVictimIsWrittenFirstNotSkipped) {
