@@ -50,6 +50,7 @@
 #include "absl/strings/str_split.h"
 #include "bench/bench_flags.h"
 #include "bench/json_line.h"
+#include "bench/proc_stat.h"
 #include "bench/trace.h"
 #include "client/kvtier_client.h"
 #include "tests/support/daemon_process.h"
@@ -316,17 +317,6 @@ Replay Run(const Trace& t, const std::vector<std::string>& targets, uint64_t ns,
   return total;
 }
 
-// User + system CPU seconds of process `pid` so far.
-double CpuSeconds(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  const size_t close = stat.rfind(')');
-  if (close == std::string::npos) return 0;
-  std::vector<std::string> f = absl::StrSplit(stat.substr(close + 2), ' ');
-  if (f.size() < 13) return 0;
-  return (std::stod(f[11]) + std::stod(f[12])) / static_cast<double>(sysconf(_SC_CLK_TCK));
-}
-
 // Seconds the daemon's handlers of `method` took in total, from /metrics.
 double RpcSeconds(const DaemonProcess& d, const std::string& method) {
   auto r = kvtier::testing::HttpGet(d.metrics_port(), "/metrics");
@@ -389,9 +379,9 @@ int Policies(const Trace& t, const std::string& dir) {
         Daemon d = StartDaemon(dir + "/" + policy + std::to_string(pct) + "-" + std::to_string(hints),
                                {"--write-mode=ram-only", "--eviction-policy=" + policy,
                                 absl::StrCat("--ram-capacity=", cap * Flag("chunk-kib", 16), "KiB")});
-        const double cpu0 = CpuSeconds(d.process.pid());
+        const double cpu0 = kvtier::bench::ProcessCpuSeconds(d.process.pid());
         Replay r = Run(t, {d.process.target()}, d.ns, d.chunk_bytes, d.tokens, 1, 0, hints, false);
-        const double cpu = CpuSeconds(d.process.pid()) - cpu0;
+        const double cpu = kvtier::bench::ProcessCpuSeconds(d.process.pid()) - cpu0;
         const double hint_s = RpcSeconds(d.process, "Hint");
         const double ratio = r.o.prefix_hits / double(t.refs);
         const double lru_ratio = lru.prefix_hits / double(t.refs);
@@ -432,10 +422,10 @@ int Timed(const Trace& t, const std::string& dir) {
                            {"--write-mode=write-back", "--eviction-policy=" + policy,
                             absl::StrCat("--ram-capacity=", cap * Flag("chunk-kib", 16), "KiB"),
                             absl::StrCat("--ssd-capacity=", Flag("ssd-mib", 8192), "MiB")});
-    const double cpu0 = CpuSeconds(d.process.pid());
+    const double cpu0 = kvtier::bench::ProcessCpuSeconds(d.process.pid());
     Replay r = Run(t, {d.process.target()}, d.ns, d.chunk_bytes, d.tokens,
                    static_cast<int>(Flag("workers", 16)), DFlag("compress", 100), hints, true);
-    const double cpu = CpuSeconds(d.process.pid()) - cpu0;
+    const double cpu = kvtier::bench::ProcessCpuSeconds(d.process.pid()) - cpu0;
     const double hint_s = RpcSeconds(d.process, "Hint");
     const uint64_t loaded = r.from_ram + r.from_ssd + r.from_gpu;
     const double share = loaded ? double(r.from_ram + r.from_gpu) / loaded : 0;

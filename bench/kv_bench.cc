@@ -43,7 +43,6 @@
 #include <mutex>
 #include <string>
 #include <functional>
-#include <iterator>
 #include <thread>
 #include <vector>
 
@@ -53,6 +52,7 @@
 #include "absl/strings/strip.h"
 #include "bench/bench_flags.h"
 #include "bench/json_line.h"
+#include "bench/proc_stat.h"
 #include "bench/trace.h"
 #include "client/kvtier_client.h"
 #include "client/shared_buffer.h"
@@ -70,6 +70,7 @@ using kvtier::bench::Flag;
 using kvtier::bench::JsonLine;
 using kvtier::bench::ListFlag;
 using kvtier::bench::Pct;
+using kvtier::bench::ProcessCpuSeconds;
 using kvtier::bench::StrFlag;
 
 double Secs(Clock::time_point a, Clock::time_point b) {
@@ -160,21 +161,6 @@ struct Cell {
   pid_t daemon_pid = 0;
   double daemon_cpu_s = 0, client_cpu_s = 0;
 };
-
-// User + system CPU seconds of process `pid` so far (/proc/PID/stat); 0 if unreadable.
-double ProcessCpuSeconds(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  const size_t paren = stat.rfind(')');
-  if (paren == std::string::npos) return 0;
-  std::vector<std::string> f = absl::StrSplit(stat.substr(paren + 2), ' ');
-  // After the command: state is field 3 of stat(5), utime 14 and stime 15.
-  uint64_t utime = 0, stime = 0;
-  if (f.size() < 13 || !absl::SimpleAtoi(f[11], &utime) || !absl::SimpleAtoi(f[12], &stime)) {
-    return 0;
-  }
-  return double(utime + stime) / ::sysconf(_SC_CLK_TCK);
-}
 
 void EmitCell(Cell& c) {
   const double gbps = c.bytes / c.secs / 1e9;
