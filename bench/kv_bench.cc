@@ -25,7 +25,8 @@
 // --shm-socket=auto; Put from and GetInto one AllocateShared buffer per client, set up
 // before the clock starts; the daemon checks the CRC32C in its copy), so SSD cells
 // measure the tier without loopback TCP in the way. --frame-kib and --window-kib set the
-// clients' max_frame_bytes and receive_window_bytes (transport experiments).
+// clients' max_frame_bytes and receive_window_bytes (transport experiments);
+// --malloc-pad-mib their malloc_top_pad_bytes (0: the process's allocator untouched).
 // Clients connect (--preconnect=1) before a cell's clock starts, and in get cells each
 // gets one chunk of the cell's size first (--warm=1, see Grid), so cells measure warm
 // connections; redis_bench does the same for its connections.
@@ -103,6 +104,9 @@ std::unique_ptr<KvTierClient> MakeClient(const std::string& target, int i) {
   o.bearer_token = StrFlag("token", "");
   if (const int kib = Flag("frame-kib", 0); kib > 0) o.max_frame_bytes = uint32_t(kib) << 10;
   if (const int kib = Flag("window-kib", -1); kib >= 0) o.receive_window_bytes = kib << 10;
+  if (const int mib = Flag("malloc-pad-mib", -1); mib >= 0) {
+    o.malloc_top_pad_bytes = uint64_t(mib) << 20;
+  }
   if (SharedPlane()) o.data_plane = kvtier::ClientOptions::DataPlane::kSharedMemory;
   auto c = KvTierClient::Connect(target, o);
   if (!c.ok()) {
@@ -704,7 +708,7 @@ constexpr char kUsage[] =
     "                [--budget-mib=N] [--get-budget-mib=N] [--hot-mib=N] [--mode=MODE]\n"
     "                [--min-ops-per-client=N] [--skip-puts=1] [--skip-gets=1]\n"
     "                [--tls-dir=DIR] [--tenants-file=FILE] [--token=T] [--label=NAME]\n"
-    "                [--plane=grpc|shm] [--frame-kib=N] [--window-kib=N]\n"
+    "                [--plane=grpc|shm] [--frame-kib=N] [--window-kib=N] [--malloc-pad-mib=N]\n"
     "                [--daemon-args=a,b] [--data-dir=DIR] [--json=FILE]\n"
     "Starts its own kvtierd and measures put/get throughput and latency; see the\n"
     "comment at the top of bench/kv_bench.cc and bench/run.sh for the sections.\n";

@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <utility>
@@ -19,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "client/allocator_tuning.h"
 #include "client/get_frame_checker.h"
 #include "client/frame_parser.h"
 #include "client/layout_convert.h"
@@ -185,6 +187,10 @@ absl::Status ClientOptions::Validate() const {
         "receive_window_bytes must be 0 or in [65536, 1073741824), got ",
         receive_window_bytes));
   }
+  if (malloc_top_pad_bytes > (1u << 30)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "malloc_top_pad_bytes must be at most 1073741824, got ", malloc_top_pad_bytes));
+  }
   return absl::OkStatus();
 }
 
@@ -319,6 +325,10 @@ absl::StatusOr<std::unique_ptr<KvTierClient>> KvTierClient::Connect(
     const std::string& target, ClientOptions options) {
   if (target.empty()) return absl::InvalidArgumentError("target is empty");
   if (absl::Status s = options.Validate(); !s.ok()) return s;
+  if (options.malloc_top_pad_bytes > 0) {
+    const char* tunables = std::getenv("GLIBC_TUNABLES");
+    TuneAllocatorForTransfers(options.malloc_top_pad_bytes, tunables ? tunables : "");
+  }
   grpc::ChannelArguments args;
   args.SetMaxSendMessageSize(options.max_message_bytes);
   args.SetMaxReceiveMessageSize(options.max_message_bytes);

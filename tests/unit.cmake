@@ -31,6 +31,7 @@ kvtier_test(scheduler_test LIBS kvtier_scheduler)
 # Client internals.
 kvtier_test(frame_parser_test LIBS kvtier_frame_parser)
 kvtier_test(get_frame_checker_test LIBS kvtier_client)
+kvtier_test(allocator_tuning_test LIBS kvtier_client)
 
 # The CUDA device backend on a real GPU: label `gpu`; each test skips without one.
 if(KVTIER_HAVE_CUDA)
