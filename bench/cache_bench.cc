@@ -529,7 +529,22 @@ int Shared(const Trace& t, const std::string& dir) {
 
 }  // namespace
 
+constexpr char kUsage[] =
+    "usage: cache_bench [--section=policies|timed|shared] [--trace=FILE]\n"
+    "                   [--trace-requests=N] [--chunk-kib=N] [--fracs=5,10,20]\n"
+    "                   [--policies=lru,prefix-lru,prefix-cost] [--hint-depth=N]\n"
+    "                   [--hint-every=N] [--timed-frac=N] [--timed-hints=0,N]\n"
+    "                   [--timed-policy=P] [--ssd-mib=N] [--compress=X] [--workers=N]\n"
+    "                   [--daemons=N] [--masters=N] [--shared-fracs=10,100] [--a=S] [--b=S]\n"
+    "                   [--json=FILE]\n"
+    "Replays the Mooncake trace against kvtierd instances it starts; see the comment\n"
+    "at the top of bench/cache_bench.cc for the sections.\n";
+
 int main(int argc, char** argv) {
+  if (kvtier::bench::HelpRequested(argc, argv)) {
+    std::fputs(kUsage, stdout);
+    return 0;
+  }
   kvtier::bench::InitFlags(argc, argv);
   Trace t;
   const std::string path =
