@@ -632,8 +632,18 @@ def main():
             w(f"| resident memory, rss_bench {f[0]} (4x pool put load) | peak {f[6]} | pool {f[1]} | "
               f"{q:.3f} | <= 1.15 | {met(q <= 1.15)} |")
     for r in one("rss"):
-        w(f"| resident memory, {r['tier']}-tier grid daemon (all cells) | peak {r['peak_rss_mib']:.0f} MiB | "
-          f"pool {r['pool_mib']:.0f} MiB | {r['ratio']:.3f} | <= 1.15 | {met(r['ratio'] <= 1.15)} |")
+        if "bound_mib" in r:
+            # Issue 10's form: the pool x 1.15 plus the daemon's fixed allowance (its idle
+            # process beside the pool, and the buffers its options bound), measured by
+            # kv_bench at the daemon's start; explained under "Resident memory".
+            allow = r["process_mib"] + r["buffers_mib"]
+            w(f"| resident memory, {r['tier']}-tier grid daemon (all cells) | peak {r['peak_rss_mib']:.0f} MiB "
+              f"({r['ratio']:.3f} x pool) | pool {r['pool_mib']:.0f} MiB x 1.15 + allowance {allow:.0f} MiB "
+              f"= {r['bound_mib']:.0f} MiB | {r['peak_rss_mib'] / r['bound_mib']:.3f} of the bound | <= 1 | "
+              f"{met(r['peak_rss_mib'] <= r['bound_mib'])} |")
+        else:
+            w(f"| resident memory, {r['tier']}-tier grid daemon (all cells) | peak {r['peak_rss_mib']:.0f} MiB | "
+              f"pool {r['pool_mib']:.0f} MiB | {r['ratio']:.3f} | <= 1.15 | {met(r['ratio'] <= 1.15)} |")
     w("")
     w("A target that compares against the peak takes the best client count on each side. "
       "The 64-client row is the worst of all (tier, op, chunk) cells; every cell is in the "
@@ -742,6 +752,23 @@ def main():
     w("## Resident memory (this run)\n")
     w("Command: `" + "build/bench/rss_bench --mode=write-back" + "`\n")
     w(rss_log.strip() + "\n")
+    grid_rss = [r for r in one("rss") if "bound_mib" in r]
+    if grid_rss:
+        w("The grid daemons (kv_bench, all cells of each tier) against issue 10's form of the "
+          "target: peak RSS at most the pool x 1.15 plus a fixed allowance that grows with "
+          "neither chunk size nor client count. The allowance is measured at the daemon's "
+          "start: its idle process beside the pool (RSS once the pool is faulted in, less the "
+          "pool: code, libraries, RocksDB open), and the buffers its options bound beside the "
+          "pool, as the daemon exports them (`kvtier_memory_bound_bytes`, "
+          "`DaemonConfig::MemoryBesidePool`). Not in it, and so inside the 15%: gRPC's "
+          "per-connection state and RocksDB's block cache.\n")
+        w("| tier | pool MiB | idle process MiB | bounded buffers MiB (MiB each) | bound MiB | peak RSS MiB | peak / bound | peak / pool |")
+        w("|---|---|---|---|---|---|---|---|")
+        for r in grid_rss:
+            w(f"| {r['tier']} | {r['pool_mib']:.0f} | {r['process_mib']:.0f} | {r['buffers_mib']:.0f} "
+              f"({r['buffers']}) | {r['bound_mib']:.0f} | {r['peak_rss_mib']:.0f} | "
+              f"{r['peak_rss_mib'] / r['bound_mib']:.3f} | {r['ratio']:.3f} |")
+        w("")
 
     cake = rd(os.path.join(res, "cake.log")).strip()
     if cake:

@@ -784,6 +784,25 @@ uint64_t DaemonConfig::PutBufferBytes() const {
   return std::max<uint64_t>(64ull << 20, ram_capacity / 8);
 }
 
+std::vector<DaemonConfig::MemoryPart> DaemonConfig::MemoryBesidePool() const {
+  std::vector<MemoryPart> parts;
+  // Put streams' windows and frames being assembled (admission refuses past it).
+  parts.push_back({"put_buffer", PutBufferBytes()});
+  if (write_mode != "ram-only") {
+    const TieredStoreOptions store;  // Defaults of what has no option.
+    // Streamed SSD reads: the budget in use, and as many recycled spares.
+    parts.push_back({"ssd_stream_buffer", 2 * ssd_stream_buffer});
+    // The payload log's staging buffers: writes in flight plus the one being filled,
+    // and two reads per read thread (storage/payload_log.h).
+    parts.push_back({"ssd_io_buffers", uint64_t(store.ssd.write_depth + 1 +
+                                                2 * store.ssd.read_threads) *
+                                           store.ssd.io_bytes});
+    parts.push_back({"ssd_memtables", ssd_write_buffer});
+  }
+  parts.push_back({"malloc_pad", uint64_t{kMallocArenas} * kMallocTopPad});
+  return parts;
+}
+
 uint64_t DaemonConfig::GrpcMemoryBytes(uint64_t machine_memory) const {
   if (grpc_memory != 0) return grpc_memory;
   const uint64_t beside_pool = machine_memory > ram_capacity ? machine_memory - ram_capacity : 0;

@@ -72,6 +72,18 @@ struct DaemonConfig {
   uint64_t grpc_memory = 0;
   // grpc_memory, resolved against `machine_memory` (MachineMemoryBytes()).
   uint64_t GrpcMemoryBytes(uint64_t machine_memory) const;
+  // The memory this configuration bounds beside the pool, part by part (bytes): the
+  // daemon's fixed allowance outside ram_capacity, which grows with neither chunk size
+  // nor client count. kvtierd exports it as kvtier_memory_bound_bytes{part} and logs it
+  // at start-up. Not in it: the process's code and libraries, gRPC's per-connection
+  // state (bounded as a whole by grpc_memory), RocksDB's block cache, and whole-chunk
+  // buffers of Prefill reads from SSD that find no room in RAM (at most
+  // TieredStoreOptions::max_buffered_reads chunks).
+  struct MemoryPart {
+    std::string part;
+    uint64_t bytes = 0;
+  };
+  std::vector<MemoryPart> MemoryBesidePool() const;
   uint32_t max_keys_per_request = 4096;    // Keys in one Lookup/Get/Pin/Delete.
   uint32_t max_leases = 65536;             // Lookup leases live at once.
   uint32_t max_lease_seconds = 300;        // Longest Lookup lease.
@@ -191,6 +203,11 @@ std::string DaemonUsage();
 // "4MiB", "1GiB", "512k", "1048576" -> bytes. Returns InvalidArgument.
 absl::StatusOr<uint64_t> ParseByteSize(absl::string_view text);
 std::string FormatBytes(uint64_t bytes);
+
+// kvtierd's malloc settings (kvtierd_main.cc): at most kMallocArenas arenas, each
+// keeping kMallocTopPad bytes free at its top (part "malloc_pad" of MemoryBesidePool).
+inline constexpr int kMallocArenas = 4;
+inline constexpr int kMallocTopPad = 8 << 20;
 
 // The memory this process may use: physical memory, or the lowest memory.max of its
 // cgroup and the cgroups above it (a container's or a systemd unit's MemoryMax=) when

@@ -8,6 +8,7 @@
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <malloc.h>
+#include <prometheus/gauge.h>
 #include <prometheus/registry.h>
 #include <pthread.h>
 #include <signal.h>
@@ -145,6 +146,25 @@ int Run(const DaemonConfig& config, const sigset_t& signals) {
   // goes; the gRPC server is drained before either.
   auto registry = std::make_shared<prometheus::Registry>();
   RpcMetrics rpc_metrics(*registry);
+  {
+    // The memory envelope: the pool, and what the configuration bounds beside it.
+    auto& bound = prometheus::BuildGauge()
+                      .Name("kvtier_memory_bound_bytes")
+                      .Help("Memory the configuration bounds: the RAM pool, and each buffer "
+                            "beside it (their sum is the daemon's fixed allowance; not "
+                            "counted: code, libraries, gRPC connections up to grpc_memory)")
+                      .Register(*registry);
+    bound.Add({{"part", "pool"}}).Set(static_cast<double>(config.ram_capacity));
+    uint64_t beside = 0;
+    std::string parts;
+    for (const DaemonConfig::MemoryPart& p : config.MemoryBesidePool()) {
+      bound.Add({{"part", p.part}}).Set(static_cast<double>(p.bytes));
+      beside += p.bytes;
+      absl::StrAppend(&parts, parts.empty() ? "" : ", ", p.part, " ", FormatBytes(p.bytes));
+    }
+    LogInfo("memory: pool ", FormatBytes(config.ram_capacity), "; beside it at most ",
+            FormatBytes(beside), " (", parts, ") plus code and gRPC connections");
+  }
   ServiceLimits limits;
   limits.max_frame_bytes = config.max_frame_size;
   limits.max_keys_per_request = config.max_keys_per_request;
@@ -430,8 +450,8 @@ int main(int argc, char** argv) {
   // (bench/RESULTS.md, optimisation log).
   mallopt(M_MMAP_THRESHOLD, 256 << 10);
   mallopt(M_TRIM_THRESHOLD, 1 << 20);
-  mallopt(M_TOP_PAD, 8 << 20);
-  mallopt(M_ARENA_MAX, 4);
+  mallopt(M_TOP_PAD, kvtier::kMallocTopPad);
+  mallopt(M_ARENA_MAX, kvtier::kMallocArenas);
   // SIGTERM and SIGINT are taken synchronously by sigwait in Run(). Block them first
   // thing, before any library can start a thread, so that every thread inherits the
   // mask and no thread dies of the default action.

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <sstream>
 
 #include "gtest/gtest.h"
@@ -72,6 +73,39 @@ TEST(DaemonConfigTest, PutBufferBoundsPutStreams) {
   c.max_put_buffer = 13ull << 20;
   EXPECT_TRUE(c.Validate().ok());
   EXPECT_EQ(c.MaxPutStreams(), 2u);
+}
+
+TEST(DaemonConfigTest, MemoryBesidePoolNamesEachBoundedBuffer) {
+  auto parts_of = [](const DaemonConfig& c) {
+    std::map<std::string, uint64_t> parts;
+    for (const DaemonConfig::MemoryPart& p : c.MemoryBesidePool()) {
+      EXPECT_TRUE(parts.emplace(p.part, p.bytes).second) << "part twice: " << p.part;
+    }
+    return parts;
+  };
+  DaemonConfig c;
+  c.ram_capacity = 512ull << 20;
+  c.write_mode = "write-through";
+  c.ssd_stream_buffer = 48ull << 20;
+  c.ssd_write_buffer = 16ull << 20;
+  const std::map<std::string, uint64_t> expected = {
+      {"put_buffer", 64ull << 20},         // The floor: an eighth of 512 MiB is less.
+      {"ssd_stream_buffer", 96ull << 20},  // The budget and its recycled spares.
+      {"ssd_io_buffers", (4 + 1 + 2 * 4) * (4ull << 20)},  // Payload log staging.
+      {"ssd_memtables", 16ull << 20},
+      {"malloc_pad", 4 * (8ull << 20)},
+  };
+  EXPECT_EQ(parts_of(c), expected);
+  c.max_put_buffer = 100ull << 20;
+  EXPECT_EQ(parts_of(c)["put_buffer"], 100ull << 20) << "the set value, resolved";
+  // Chunk size and client count are not inputs: only the options above move it.
+  c.max_chunk_size = 8ull << 20;
+  EXPECT_EQ(parts_of(c)["ssd_stream_buffer"], 96ull << 20);
+  // No SSD tier, no SSD buffers.
+  c.write_mode = "ram-only";
+  const std::map<std::string, uint64_t> ram_only = {{"put_buffer", 100ull << 20},
+                                                    {"malloc_pad", 4 * (8ull << 20)}};
+  EXPECT_EQ(parts_of(c), ram_only);
 }
 
 TEST(DaemonConfigTest, GrpcMemoryHoldsThePutStreams) {

@@ -85,6 +85,15 @@ TEST_F(MetricsTest, ExposesWhatTheTrafficDid) {
   EXPECT_EQ(SeriesValue(m, "kvtier_tier_bytes_out_total{tier=\"ram\"}"), 2 << 20);
   EXPECT_EQ(SeriesValue(m, "kvtier_tier_hits_total{tier=\"ram\"}"), 2);
   EXPECT_EQ(SeriesValue(m, "kvtier_tier_capacity_bytes{tier=\"ram\"}"), 64 << 20);
+  // The memory envelope (DaemonConfig::MemoryBesidePool): the pool and what is bounded
+  // beside it, for this daemon's options (write-back: the SSD tier's buffers too).
+  EXPECT_EQ(SeriesValue(m, "kvtier_memory_bound_bytes{part=\"pool\"}"), 64 << 20);
+  EXPECT_EQ(SeriesValue(m, "kvtier_memory_bound_bytes{part=\"put_buffer\"}"), 64 << 20);
+  EXPECT_EQ(SeriesValue(m, "kvtier_memory_bound_bytes{part=\"ssd_stream_buffer\"}"),
+            2 * (64 << 20));
+  EXPECT_EQ(SeriesValue(m, "kvtier_memory_bound_bytes{part=\"ssd_memtables\"}"), 32 << 20);
+  EXPECT_GT(SeriesValue(m, "kvtier_memory_bound_bytes{part=\"ssd_io_buffers\"}"), 0);
+  EXPECT_EQ(SeriesValue(m, "kvtier_memory_bound_bytes{part=\"malloc_pad\"}"), 32 << 20);
   EXPECT_EQ(SeriesValue(m, "kvtier_checksum_failures_total{source=\"ssd\"}"), 0);
   EXPECT_EQ(SeriesValue(m, "kvtier_rpc_inflight_streams{method=\"Get\"}"), 0);
   EXPECT_GE(SeriesValue(m, "kvtier_writeback_queue_depth"), 0);
