@@ -1,6 +1,7 @@
 #include "client/allocator_tuning.h"
 
 #include <atomic>
+#include <fstream>
 
 #if defined(__GLIBC__)
 #include <malloc.h>
@@ -31,6 +32,16 @@ AllocatorTuning TuneAllocatorForTransfers(uint64_t top_pad_bytes,
   (void)glibc_tunables;
   return AllocatorTuning::kNotGlibc;
 #endif
+}
+
+std::string StartupGlibcTunables() {
+  std::ifstream in("/proc/self/environ", std::ios::binary);
+  std::string entry;
+  constexpr absl::string_view kName = "GLIBC_TUNABLES=";
+  while (std::getline(in, entry, '\0')) {
+    if (absl::StartsWith(entry, kName)) return entry.substr(kName.size());
+  }
+  return "";
 }
 
 }  // namespace kvtier

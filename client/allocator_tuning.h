@@ -1,23 +1,33 @@
 // The client process's allocator, tuned for bulk transfers over gRPC.
 //
 // gRPC reads a Get's bytes into buffers it mallocs per read and frees once the frame is
-// consumed. Under glibc, a thread other than the main one allocates from an arena that
-// gives the top of its heap back to the kernel as soon as it is free, so every frame
-// maps fresh pages and faults them in again while the kernel copies the bytes in. On the
-// VMs we measured, that cost the client 2-5 CPU-seconds per GB received and capped a
-// 1-client Get of 2 MiB chunks at 0.4-0.6 GB/s (bench/RESULTS.md, optimisation log).
-// Keeping a pad of free memory at the top of each arena (glibc's M_TOP_PAD) ends it.
+// consumed. glibc gives the top of a malloc arena back to the kernel once the free space
+// there passes its trim threshold, which a frame's worth of freed buffers does; so each
+// frame maps fresh pages and faults them in again while the kernel copies the bytes in.
+// That made the client, not the daemon, the limit of a Get: a 1-client Get of 2 MiB
+// chunks ran at 0.36 GB/s, and 2.2 GB/s with the tuning (kv_bench RAM grid, A/B with
+// --malloc-pad-mib; bench/RESULTS.md, optimisation log). Keeping a pad of free memory at
+// the top of each arena (glibc's M_TOP_PAD) ends it.
 //
 // This is process-wide, so it is done at most once per process (by KvTierClient::Connect
-// unless ClientOptions::malloc_top_pad_bytes is 0) and never when the process's
-// environment already tunes glibc's malloc (GLIBC_TUNABLES naming glibc.malloc.*):
-// the operator's choice wins. Setting the pad also fixes glibc's mmap threshold at its
-// current value instead of letting it grow with freed blocks; so the threshold is set to
-// the ceiling glibc's own adaptation reaches on 64-bit (32 MiB) at the same time.
+// unless ClientOptions::malloc_top_pad_bytes is 0) and never when the process started
+// with glibc's malloc already tuned (GLIBC_TUNABLES naming glibc.malloc.*): the
+// operator's choice wins. Setting the pad also freezes glibc's mmap threshold at its
+// current value (128 KiB in a fresh process) instead of letting it grow as large blocks
+// are freed; so the threshold is set to the ceiling of glibc's own adaptation on 64-bit
+// (32 MiB) at the same time. What the host process pays: blocks of 128 KiB to 32 MiB
+// come from arenas instead of mmap (as they would anyway once glibc has adapted), and
+// each arena keeps up to top_pad_bytes free at its top (glibc creates up to 8 arenas per
+// core; a process uses as many as it has threads allocating at once). Fragmentation
+// inside an arena is not bounded by the pad.
+//
+// Thread-safety: thread-safe; the first call that gets past the checks wins, whether
+// its mallopt succeeds or not (a failure is not retried).
 #ifndef KVTIER_CLIENT_ALLOCATOR_TUNING_H_
 #define KVTIER_CLIENT_ALLOCATOR_TUNING_H_
 
 #include <cstdint>
+#include <string>
 
 #include "absl/strings/string_view.h"
 
@@ -34,9 +44,14 @@ enum class AllocatorTuning {
 
 // Sets glibc's top pad to `top_pad_bytes` (and the mmap threshold as above), the first
 // time it is called in the process with top_pad_bytes > 0. `glibc_tunables` is the
-// process's GLIBC_TUNABLES (pass getenv's result, or "" when unset).
-AllocatorTuning TuneAllocatorForTransfers(uint64_t top_pad_bytes,
-                                          absl::string_view glibc_tunables);
+// GLIBC_TUNABLES the process started with (StartupGlibcTunables()).
+[[nodiscard]] AllocatorTuning TuneAllocatorForTransfers(uint64_t top_pad_bytes,
+                                                        absl::string_view glibc_tunables);
+
+// GLIBC_TUNABLES as the process started with it (from /proc/self/environ: glibc read its
+// tunables then, so a value set later with setenv, or os.environ in Python, is not in
+// effect and not returned); "" when it was unset or cannot be read.
+std::string StartupGlibcTunables();
 
 }  // namespace kvtier
 

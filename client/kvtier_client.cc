@@ -4,7 +4,6 @@
 #include <sstream>
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <utility>
@@ -325,10 +324,6 @@ absl::StatusOr<std::unique_ptr<KvTierClient>> KvTierClient::Connect(
     const std::string& target, ClientOptions options) {
   if (target.empty()) return absl::InvalidArgumentError("target is empty");
   if (absl::Status s = options.Validate(); !s.ok()) return s;
-  if (options.malloc_top_pad_bytes > 0) {
-    const char* tunables = std::getenv("GLIBC_TUNABLES");
-    TuneAllocatorForTransfers(options.malloc_top_pad_bytes, tunables ? tunables : "");
-  }
   grpc::ChannelArguments args;
   args.SetMaxSendMessageSize(options.max_message_bytes);
   args.SetMaxReceiveMessageSize(options.max_message_bytes);
@@ -372,6 +367,10 @@ absl::StatusOr<std::unique_ptr<KvTierClient>> KvTierClient::Connect(
       !channel->WaitForConnected(absl::ToChronoTime(absl::Now() + options.connect_timeout))) {
     return absl::UnavailableError(absl::StrCat("kvtierd at ", target, " not reachable within ",
                                                absl::FormatDuration(options.connect_timeout)));
+  }
+  if (options.malloc_top_pad_bytes > 0) {
+    // The result only says whether this call changed anything; none is an error.
+    (void)TuneAllocatorForTransfers(options.malloc_top_pad_bytes, StartupGlibcTunables());
   }
   return std::unique_ptr<KvTierClient>(
       new KvTierClient(target, std::move(options), std::move(channel)));

@@ -789,7 +789,8 @@ std::vector<DaemonConfig::MemoryPart> DaemonConfig::MemoryBesidePool() const {
   // Put streams' windows and frames being assembled (admission refuses past it).
   parts.push_back({"put_buffer", PutBufferBytes()});
   if (write_mode != "ram-only") {
-    const TieredStoreOptions store;  // Defaults of what has no option.
+    // Defaults of what has no option (ToStoreOptions copies none of these).
+    const TieredStoreOptions store;
     // Streamed SSD reads: the budget in use, and as many recycled spares.
     parts.push_back({"ssd_stream_buffer", 2 * ssd_stream_buffer});
     // The payload log's staging buffers: writes in flight plus the one being filled,
@@ -798,6 +799,15 @@ std::vector<DaemonConfig::MemoryPart> DaemonConfig::MemoryBesidePool() const {
                                                 2 * store.ssd.read_threads) *
                                            store.ssd.io_bytes});
     parts.push_back({"ssd_memtables", ssd_write_buffer});
+    // Reads from SSD that find no room in RAM and are not streamed (a Prefill session's)
+    // take a whole-chunk buffer each, at most max_buffered_reads at once.
+    parts.push_back({"prefill_ssd_reads", uint64_t(store.max_buffered_reads) * max_chunk_size});
+  }
+  if (!remote_seeds.empty()) {
+    const TieredStoreOptions store;
+    // The shared tier's pipelines: each writer thread builds one batch of segments.
+    parts.push_back({"remote_batches", uint64_t(store.remote.write_threads) *
+                                           store.remote.batch_bytes});
   }
   parts.push_back({"malloc_pad", uint64_t{kMallocArenas} * kMallocTopPad});
   return parts;

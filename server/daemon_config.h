@@ -73,12 +73,13 @@ struct DaemonConfig {
   // grpc_memory, resolved against `machine_memory` (MachineMemoryBytes()).
   uint64_t GrpcMemoryBytes(uint64_t machine_memory) const;
   // The memory this configuration bounds beside the pool, part by part (bytes): the
-  // daemon's fixed allowance outside ram_capacity, which grows with neither chunk size
-  // nor client count. kvtierd exports it as kvtier_memory_bound_bytes{part} and logs it
-  // at start-up. Not in it: the process's code and libraries, gRPC's per-connection
-  // state (bounded as a whole by grpc_memory), RocksDB's block cache, and whole-chunk
-  // buffers of Prefill reads from SSD that find no room in RAM (at most
-  // TieredStoreOptions::max_buffered_reads chunks).
+  // daemon's fixed allowance outside ram_capacity, which grows with neither the chunks
+  // stored nor the clients (prefill_ssd_reads grows with the max_chunk_size option).
+  // kvtierd exports it as kvtier_memory_bound_bytes{part} and logs it at start-up. Not
+  // in it: the process's code and libraries, RocksDB's block cache, and gRPC's state
+  // and buffers beyond put_buffer (bounded as a whole by grpc_memory, which includes
+  // put_buffer). malloc_pad is the free memory kept at the arenas' tops, not their
+  // fragmentation.
   struct MemoryPart {
     std::string part;
     uint64_t bytes = 0;

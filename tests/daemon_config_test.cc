@@ -93,15 +93,19 @@ TEST(DaemonConfigTest, MemoryBesidePoolNamesEachBoundedBuffer) {
       {"ssd_stream_buffer", 96ull << 20},  // The budget and its recycled spares.
       {"ssd_io_buffers", (4 + 1 + 2 * 4) * (4ull << 20)},  // Payload log staging.
       {"ssd_memtables", 16ull << 20},
+      {"prefill_ssd_reads", 4 * (512ull << 20)},  // Whole chunks of max_chunk_size.
       {"malloc_pad", 4 * (8ull << 20)},
   };
   EXPECT_EQ(parts_of(c), expected);
   c.max_put_buffer = 100ull << 20;
   EXPECT_EQ(parts_of(c)["put_buffer"], 100ull << 20) << "the set value, resolved";
-  // Chunk size and client count are not inputs: only the options above move it.
   c.max_chunk_size = 8ull << 20;
+  EXPECT_EQ(parts_of(c)["prefill_ssd_reads"], 4 * (8ull << 20));
   EXPECT_EQ(parts_of(c)["ssd_stream_buffer"], 96ull << 20);
-  // No SSD tier, no SSD buffers.
+  c.remote_seeds = "127.0.0.1:7000";
+  EXPECT_EQ(parts_of(c)["remote_batches"], 2 * (16ull << 20)) << "two writers' pipelines";
+  // No SSD tier and no shared tier, no buffers of theirs.
+  c.remote_seeds.clear();
   c.write_mode = "ram-only";
   const std::map<std::string, uint64_t> ram_only = {{"put_buffer", 100ull << 20},
                                                     {"malloc_pad", 4 * (8ull << 20)}};

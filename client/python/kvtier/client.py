@@ -107,16 +107,20 @@ class Client:
     ``tls_cert_file`` and ``tls_key_file`` add a client certificate (mutual TLS);
     ``tls_server_name`` overrides the name checked in the daemon's certificate.
     ``token`` is sent as a bearer token on every call (a daemon with a tenants file).
+    ``malloc_top_pad_bytes``: the first client tunes this process's malloc so that gRPC's
+    receive buffers stay mapped between frames (C++ ``ClientOptions``, same name; the
+    README's "Using it" says what it changes); 0 leaves the allocator alone.
     """
 
     def __init__(self, target: str, *, max_frame_bytes: int = 4 << 20,
                  rpc_deadline: float = 60.0, connect_timeout: float = 0.0,
                  receive_window_bytes: int = 8 << 20, tls_ca_file: str = "",
                  tls_cert_file: str = "", tls_key_file: str = "", tls_server_name: str = "",
-                 token: str = ""):
+                 token: str = "", malloc_top_pad_bytes: int = 16 << 20):
         self._native = _native.Client(target, max_frame_bytes, rpc_deadline, connect_timeout,
                                       receive_window_bytes, tls_ca_file, tls_cert_file,
-                                      tls_key_file, tls_server_name, token)
+                                      tls_key_file, tls_server_name, token,
+                                      malloc_top_pad_bytes)
         self._layouts: Dict[int, Layout] = {}
         self._lock = threading.Lock()
         self._handles: List["LoadHandle"] = []

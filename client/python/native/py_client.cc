@@ -210,8 +210,10 @@ PyClient::PyClient(const std::string& target, uint32_t max_frame_bytes,
                    double rpc_deadline_seconds, double connect_timeout_seconds,
                    int receive_window_bytes, const std::string& tls_ca_file,
                    const std::string& tls_cert_file, const std::string& tls_key_file,
-                   const std::string& tls_server_name, const std::string& bearer_token) {
+                   const std::string& tls_server_name, const std::string& bearer_token,
+                   uint64_t malloc_top_pad_bytes) {
   ClientOptions options;
+  options.malloc_top_pad_bytes = malloc_top_pad_bytes;
   options.tls_ca_file = tls_ca_file;
   options.tls_cert_file = tls_cert_file;
   options.tls_key_file = tls_key_file;

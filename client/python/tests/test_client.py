@@ -521,3 +521,12 @@ def test_chain_puts_steer_a_prefix_policy_and_hints_answer_what_they_took(tmp_pa
                 c.hint("scheduler", [(ns + 1, keys[:1])])
     finally:
         d.close()
+
+
+def test_malloc_tuning_option_is_validated_and_can_be_turned_off(daemon):
+    # The tuning itself (faults per frame, once per process) is tested in C++
+    # (tests/allocator_tuning_test.cc); here: the keyword reaches ClientOptions.
+    with pytest.raises(kvtier.InvalidArgumentError, match="malloc_top_pad_bytes"):
+        kvtier.Client(daemon.target, malloc_top_pad_bytes=(1 << 30) + 1)
+    with kvtier.Client(daemon.target, malloc_top_pad_bytes=0, connect_timeout=30) as c:
+        assert c.stats().tiers
