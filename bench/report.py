@@ -793,6 +793,9 @@ def main():
           "interleaved per repetition; medians of 5; GB/s). Raw: "
           "`bench/results/python/py_client.jsonl`.\n")
         w(py + "\n")
+        notes = rd(os.path.join(res, "python", "notes.md")).strip()
+        if notes:
+            w(notes + "\n")
     samehost(res, w, ratio, met)
     cache(res, w)
     ssd_fio(res, w)
