@@ -1,7 +1,9 @@
 """kvtier.testing: a real kvtierd for tests and examples.
 
 Daemon starts the kvtierd binary on port 0 with a fresh data directory, learns its ports
-from the port file it writes once it serves, and stops it with SIGTERM or SIGKILL. The
+from the port file it writes once it serves, and stops it with SIGTERM or SIGKILL. A
+daemon still running when its Daemon is garbage-collected or the interpreter exits is
+killed then, so a script that forgets stop() leaves nothing behind. The
 binary is $KVTIERD_BINARY, else the build tree's (build/server/kvtierd next to the
 package in build/python), else kvtierd on PATH.
 """
@@ -14,6 +16,7 @@ import signal
 import subprocess
 import tempfile
 import time
+import weakref
 from pathlib import Path
 from typing import List, Optional
 
@@ -32,6 +35,12 @@ def find_kvtierd() -> str:
     raise FileNotFoundError("kvtierd not found: build it, or set KVTIERD_BINARY")
 
 
+def _reap(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
 class Daemon:
     """A kvtierd child process. Use as a context manager, or call stop()."""
 
@@ -45,6 +54,7 @@ class Daemon:
         self.port = 0
         self.metrics_port = 0
         self.proc: Optional[subprocess.Popen] = None
+        self._reaper: Optional[weakref.finalize] = None
         self.log_path = self.data_dir + ".log"
         self.start()
 
@@ -62,6 +72,8 @@ class Daemon:
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(argv, stdout=log, stderr=log, stdin=subprocess.DEVNULL)
         log.close()
+        # Holds the process, not self: runs when self is collected, or at exit.
+        self._reaper = weakref.finalize(self, _reap, self.proc)
         deadline = time.monotonic() + self.start_timeout
         # Polls for the port file: the daemon renames it into place whole once it
         # serves. This waits for a process to start; it orders nothing in a test.
@@ -91,7 +103,7 @@ class Daemon:
             return 0
         self.proc.send_signal(signal.SIGTERM)
         code = self.proc.wait(timeout)
-        self.proc = None
+        self._forget()
         return code
 
     def kill(self) -> None:
@@ -99,7 +111,13 @@ class Daemon:
         if self.proc is not None:
             self.proc.kill()
             self.proc.wait()
-            self.proc = None
+            self._forget()
+
+    def _forget(self) -> None:
+        self.proc = None
+        if self._reaper is not None:
+            self._reaper.detach()
+            self._reaper = None
 
     def restart(self) -> None:
         self.stop()

@@ -530,3 +530,21 @@ def test_malloc_tuning_option_is_validated_and_can_be_turned_off(daemon):
         kvtier.Client(daemon.target, malloc_top_pad_bytes=(1 << 30) + 1)
     with kvtier.Client(daemon.target, malloc_top_pad_bytes=0, connect_timeout=30) as c:
         assert c.stats().tiers
+
+
+def test_a_daemon_left_running_dies_with_the_script(tmp_path):
+    # A script that starts a Daemon and exits without stop() must not leave kvtierd
+    # (and its RAM pool) behind. The child prints the daemon's pid, then exits.
+    import subprocess
+    import sys
+    script = ("from kvtier.testing import Daemon\n"
+              f"d = Daemon({str(tmp_path / 'data')!r}, args=['--ram-capacity=64MiB'])\n"
+              "print(d.proc.pid, flush=True)\n")
+    os.makedirs(tmp_path / "data")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=120, env=dict(os.environ))
+    assert out.returncode == 0, out.stderr
+    pid = int(out.stdout.split()[0])
+    # Reaped by the finalizer before the child exited: no such process, not even a zombie.
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
