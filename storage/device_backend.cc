@@ -6,6 +6,10 @@ std::vector<DeviceCopy> CoalesceCopies(std::vector<DeviceCopy> copies) {
   std::vector<DeviceCopy> out;
   out.reserve(copies.size());
   for (const DeviceCopy& c : copies) {
+    if (c.kind == CopyKind::kRecordEvent) {
+      out.push_back(c);
+      continue;
+    }
     if (c.bytes == 0) continue;
     if (!out.empty()) {
       DeviceCopy& last = out.back();

@@ -27,7 +27,10 @@ namespace kvtier {
 
 using DevicePtr = uint64_t;
 
-enum class CopyKind { kHostToDevice, kDeviceToHost, kDeviceToDevice };
+// kRecordEvent is no copy: it records an IPC event (DeviceBackend::OpenIpcEvent) on the
+// list's stream at its place in the list, so that another process's stream waiting on
+// that event runs once every copy before it has landed.
+enum class CopyKind { kHostToDevice, kDeviceToHost, kDeviceToDevice, kRecordEvent };
 
 // One copy of `bytes` bytes. Host addresses are pointers cast to integers; device
 // addresses are DevicePtrs. Both ends must stay valid until the list's `done` has run.
@@ -46,10 +49,13 @@ struct DeviceCopy {
   static DeviceCopy DeviceToDevice(DevicePtr dst, DevicePtr src, uint64_t bytes) {
     return {CopyKind::kDeviceToDevice, dst, src, bytes};
   }
+  // `event`: an id from OpenIpcEvent, open until the list's `done` has run.
+  static DeviceCopy RecordEvent(uint64_t event) { return {CopyKind::kRecordEvent, event, 0, 0}; }
 };
 
 // Merges neighbours of the same kind whose sources and destinations both continue each
-// other, so that chunks whose pool slots happen to be adjacent move in one call.
+// other, so that chunks whose pool slots happen to be adjacent move in one call. Drops
+// empty copies; keeps every event record in its place.
 std::vector<DeviceCopy> CoalesceCopies(std::vector<DeviceCopy> copies);
 
 // A CUDA IPC memory or event handle: 64 opaque bytes made by the exporting process.
@@ -109,6 +115,14 @@ class DeviceBackend {
   };
   virtual absl::StatusOr<IpcMemory> OpenIpcMemory(absl::string_view handle) = 0;
   virtual void CloseIpcMemory(DevicePtr base) = 0;
+
+  // Another process's event, from its IPC handle (cudaIpcGetEventHandle of an event
+  // made with cudaEventInterprocess | cudaEventDisableTiming): an id for
+  // DeviceCopy::RecordEvent, never 0. Returns: Ok, InvalidArgument (not a handle, or a
+  // stale or foreign one), Unavailable.
+  virtual absl::StatusOr<uint64_t> OpenIpcEvent(absl::string_view handle) = 0;
+  // Closes it once no list that records it is in flight.
+  virtual void CloseIpcEvent(uint64_t event) = 0;
 };
 
 }  // namespace kvtier

@@ -5,6 +5,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "storage/enqueue_gate.h"
 
 namespace kvtier {
 
@@ -219,7 +220,7 @@ std::optional<ChunkMeta> GpuStagingTier::Find(const ChunkId& id) const {
 void GpuStagingTier::CopyOut(
     const ChunkId& id,
     absl::FunctionRef<absl::StatusOr<std::vector<DeviceCopy>>(const Entry&)> build,
-    Done done) {
+    Done done, std::function<void()> enqueued) {
   std::shared_ptr<Entry> entry;
   absl::StatusOr<std::vector<DeviceCopy>> copies;
   {
@@ -248,8 +249,10 @@ void GpuStagingTier::CopyOut(
   }
   uint64_t bytes = 0;
   for (const DeviceCopy& c : *copies) bytes += c.bytes;
+  // `enqueued` before `done`, however fast the copies complete.
+  auto gate = std::make_shared<EnqueueGate>();
   backend_->Submit(CoalesceCopies(*std::move(copies)),
-                   [this, entry, bytes, done = std::move(done)](absl::Status s) {
+                   [this, entry, bytes, gate, done = std::move(done)](absl::Status s) {
                      {
                        absl::MutexLock lock(&mu_);
                        --entry->readers;
@@ -261,14 +264,18 @@ void GpuStagingTier::CopyOut(
                        FreeIfIdleLocked(*entry);
                        --in_flight_;
                      }
-                     done(s.ok() ? s
-                                 : absl::Status(s.code(),
-                                                absl::StrCat("copy out of GPU staging failed: ",
-                                                             s.message())));
+                     gate->AfterEnqueued([s, done = std::move(done)] {
+                       done(s.ok() ? s
+                                   : absl::Status(s.code(),
+                                                  absl::StrCat("copy out of GPU staging failed: ",
+                                                               s.message())));
+                     });
                    });
+  gate->Enqueued(enqueued);
 }
 
-void GpuStagingTier::CopyToDevice(const ChunkId& id, std::vector<Range> ranges, Done done) {
+void GpuStagingTier::CopyToDevice(const ChunkId& id, std::vector<Range> ranges, Done done,
+                                  std::function<void()> enqueued) {
   CopyOut(
       id,
       [&](const Entry& e) -> absl::StatusOr<std::vector<DeviceCopy>> {
@@ -282,10 +289,11 @@ void GpuStagingTier::CopyToDevice(const ChunkId& id, std::vector<Range> ranges, 
           ForEachDeviceRange(e, r.offset, r.len, [&](DevicePtr src, uint64_t at, uint64_t n) {
             copies.push_back(DeviceCopy::DeviceToDevice(r.dst + (at - r.offset), src, n));
           });
+          if (r.record_event != 0) copies.push_back(DeviceCopy::RecordEvent(r.record_event));
         }
         return copies;
       },
-      std::move(done));
+      std::move(done), std::move(enqueued));
 }
 
 void GpuStagingTier::CopyToHost(const ChunkId& id, char* dst, Done done) {

@@ -99,12 +99,18 @@ class GpuStagingTier {
     uint64_t offset = 0;
     uint64_t len = 0;
     DevicePtr dst = 0;
+    // An event (DeviceBackend::OpenIpcEvent) recorded on the copy's stream right after
+    // this range's bytes, for the worker's streams to wait on; 0: none.
+    uint64_t record_event = 0;
   };
   // Copies the ranges device-to-device, in order, as one submission; counts a hit or a
   // miss. The chunk cannot be evicted until `done` has run. `done`: Ok, NotFound (not
   // staged, or still loading), InvalidArgument (a range outside the chunk, or a
-  // destination the backend rejects), Unavailable (device error).
-  void CopyToDevice(const ChunkId& id, std::vector<Range> ranges, Done done);
+  // destination the backend rejects), Unavailable (device error). `enqueued`, if set,
+  // runs on the caller's thread once the copies (and their event records) are on the
+  // device's stream, and only then: not when the chunk was not found.
+  void CopyToDevice(const ChunkId& id, std::vector<Range> ranges, Done done,
+                    std::function<void()> enqueued = nullptr);
   // The whole chunk into host memory `dst` (meta.size bytes, valid until `done`).
   void CopyToHost(const ChunkId& id, char* dst, Done done);
 
@@ -139,7 +145,7 @@ class GpuStagingTier {
   // chunk as a reader until they complete.
   void CopyOut(const ChunkId& id,
                absl::FunctionRef<absl::StatusOr<std::vector<DeviceCopy>>(const Entry&)> build,
-               Done done);
+               Done done, std::function<void()> enqueued = nullptr);
 
   const GpuStagingOptions options_;
   DeviceBackend* const backend_;

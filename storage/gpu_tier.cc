@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "storage/crc32c.h"
+#include "storage/enqueue_gate.h"
 #include "storage/log.h"
 #include "storage/lru_policy.h"
 
@@ -81,7 +82,8 @@ bool GpuTier::Contains(const ChunkId& id) const {
   return staging_ != nullptr && staging_->Find(id).has_value();
 }
 
-void GpuTier::DeliverFromStaging(const ChunkId& id, std::vector<Range> ranges, Done done) {
+void GpuTier::DeliverFromStaging(const ChunkId& id, std::vector<Range> ranges, Done done,
+                                 std::function<void()> enqueued) {
   if (staging_ == nullptr) {
     device_->Submit({}, [done = std::move(done)](absl::Status) {
       done(absl::NotFoundError("no GPU staging buffers"));
@@ -104,12 +106,14 @@ void GpuTier::DeliverFromStaging(const ChunkId& id, std::vector<Range> ranges, D
                            }
                            done(std::move(s));
                            End();
-                         });
+                         },
+                         std::move(enqueued));
 }
 
 void GpuTier::DeliverFromHost(const ChunkMeta& meta, std::vector<absl::string_view> pieces,
                               std::shared_ptr<const void> keep_alive,
-                              std::vector<Range> ranges, Done done, bool check_crc) {
+                              std::vector<Range> ranges, Done done, bool check_crc,
+                              std::function<void()> enqueued) {
   std::vector<DeviceCopy> copies;
   uint64_t bytes = 0;
   absl::Status bad;
@@ -132,6 +136,7 @@ void GpuTier::DeliverFromHost(const ChunkMeta& meta, std::vector<absl::string_vi
       }
       at += p.size();
     }
+    if (r.record_event != 0) copies.push_back(DeviceCopy::RecordEvent(r.record_event));
   }
   if (!bad.ok()) {
     device_->Submit({}, [bad, done = std::move(done)](absl::Status) { done(bad); });
@@ -165,6 +170,8 @@ void GpuTier::DeliverFromHost(const ChunkMeta& meta, std::vector<absl::string_vi
     End();
   };
   Begin();
+  // `enqueued` before anything of `done`, however fast the copies complete.
+  auto gate = std::make_shared<EnqueueGate>();
   // A whole chunk into one aligned place, on a device that checks: the GPU checks what
   // landed (the largest multiple of 64 KiB of it; the CPU the source's tail), after the
   // copy, leaving the CPU out of the delivery's path. Should the device not run the
@@ -177,56 +184,63 @@ void GpuTier::DeliverFromHost(const ChunkMeta& meta, std::vector<absl::string_vi
     const DevicePtr at = ranges[0].dst;
     device_->SubmitAndCrc32c(
         CoalesceCopies(std::move(copies)), at, device_bytes,
-        [this, join, finish, keep_alive, pieces = std::move(pieces), device_bytes,
+        [this, join, finish, keep_alive, pieces = std::move(pieces), device_bytes, gate,
          expected = meta.crc32c](DeviceBackend::CopiedAndChecked r) mutable {
-          join->copy = std::move(r.copy);
-          if (!join->copy.ok()) return finish();
-          if (!r.crc32c.has_value()) {
-            CheckOnCpu(std::move(pieces), expected, keep_alive, [join, finish](bool ok) {
-              join->crc_ok = ok;
+          gate->AfterEnqueued([this, join, finish, keep_alive, pieces = std::move(pieces),
+                               device_bytes, expected, r = std::move(r)]() mutable {
+            join->copy = std::move(r.copy);
+            if (!join->copy.ok()) return finish();
+            if (!r.crc32c.has_value()) {
+              CheckOnCpu(std::move(pieces), expected, keep_alive, [join, finish](bool ok) {
+                join->crc_ok = ok;
+                finish();
+              });
+              return;
+            }
+            // The tail past the last whole 64 KiB, from the source.
+            uint32_t crc = *r.crc32c;
+            uint64_t at = 0;
+            for (absl::string_view p : pieces) {
+              if (at + p.size() > device_bytes) {
+                const uint64_t skip = at >= device_bytes ? 0 : device_bytes - at;
+                crc = crc32c::Extend(crc, p.data() + skip, p.size() - skip);
+              }
+              at += p.size();
+            }
+            {
+              absl::MutexLock lock(&mu_);
+              stats_.device_crc_checked_bytes += device_bytes;
+            }
+            if (crc == expected) {
+              join->crc_ok = true;
+              return finish();
+            }
+            // What landed differs. The pool's copy decides whose fault: intact, the
+            // worker's memory changed under the copy (a Prefill worker computing the same
+            // chunk into the same place may do so), and the chunk stays; corrupt, DataLoss.
+            CheckOnCpu(std::move(pieces), expected, keep_alive, [join, finish](bool source_ok) {
+              join->crc_ok = true;
+              join->copy = source_ok ? absl::AbortedError(
+                                           "the bytes changed in GPU memory during the copy into "
+                                           "it (another writer?); the stored chunk is intact")
+                                     : absl::DataLossError(
+                                           "chunk failed its CRC32C check while being copied to "
+                                           "the GPU; do not use the bytes");
               finish();
             });
-            return;
-          }
-          // The tail past the last whole 64 KiB, from the source.
-          uint32_t crc = *r.crc32c;
-          uint64_t at = 0;
-          for (absl::string_view p : pieces) {
-            if (at + p.size() > device_bytes) {
-              const uint64_t skip = at >= device_bytes ? 0 : device_bytes - at;
-              crc = crc32c::Extend(crc, p.data() + skip, p.size() - skip);
-            }
-            at += p.size();
-          }
-          {
-            absl::MutexLock lock(&mu_);
-            stats_.device_crc_checked_bytes += device_bytes;
-          }
-          if (crc == expected) {
-            join->crc_ok = true;
-            return finish();
-          }
-          // What landed differs. The pool's copy decides whose fault: intact, the
-          // worker's memory changed under the copy (a Prefill worker computing the same
-          // chunk into the same place may do so), and the chunk stays; corrupt, DataLoss.
-          CheckOnCpu(std::move(pieces), expected, keep_alive, [join, finish](bool source_ok) {
-            join->crc_ok = true;
-            join->copy = source_ok ? absl::AbortedError(
-                                         "the bytes changed in GPU memory during the copy into "
-                                         "it (another writer?); the stored chunk is intact")
-                                   : absl::DataLossError(
-                                         "chunk failed its CRC32C check while being copied to "
-                                         "the GPU; do not use the bytes");
-            finish();
           });
         });
+    gate->Enqueued(enqueued);
     return;
   }
   device_->Submit(CoalesceCopies(std::move(copies)),
-                  [join, finish, keep_alive](absl::Status s) {
-                    join->copy = std::move(s);
-                    if (join->left.fetch_sub(1, std::memory_order_acq_rel) == 1) finish();
+                  [join, finish, keep_alive, gate](absl::Status s) {
+                    gate->AfterEnqueued([join, finish, s] {
+                      join->copy = s;
+                      if (join->left.fetch_sub(1, std::memory_order_acq_rel) == 1) finish();
+                    });
                   });
+  gate->Enqueued(enqueued);
   if (!check_crc) {
     join->crc_ok = true;
     if (join->left.fetch_sub(1, std::memory_order_acq_rel) == 1) finish();

@@ -89,9 +89,14 @@ class GpuTier final : public StorageTier {
 
   using Range = GpuStagingTier::Range;
   using Done = std::function<void(absl::Status)>;
+  // Each range's `record_event` is recorded on the copy's stream right after its bytes.
+  // `enqueued`, if set, runs once the copies and those records are on the stream, and
+  // before `done`; not at all if nothing was submitted (NotFound, a bad range).
+  //
   // From staging. `done`: Ok, NotFound (not staged: deliver from host instead),
   // InvalidArgument, Unavailable.
-  void DeliverFromStaging(const ChunkId& id, std::vector<Range> ranges, Done done);
+  void DeliverFromStaging(const ChunkId& id, std::vector<Range> ranges, Done done,
+                          std::function<void()> enqueued = nullptr);
   // From host bytes `pieces` covering meta.size, alive while `keep_alive` is held.
   // `check_crc` false: the caller checked these bytes earlier in the same request and
   // held them since, so the whole chunk's CRC32C is not checked again for a range.
@@ -101,7 +106,8 @@ class GpuTier final : public StorageTier {
   // Unavailable (device error).
   void DeliverFromHost(const ChunkMeta& meta, std::vector<absl::string_view> pieces,
                        std::shared_ptr<const void> keep_alive, std::vector<Range> ranges,
-                       Done done, bool check_crc = true);
+                       Done done, bool check_crc = true,
+                       std::function<void()> enqueued = nullptr);
 
   // Runs `copies` on the device (a put from a worker's GPU memory into the pool),
   // counted like a delivery for the destructor's wait. `done`: the backend's status.

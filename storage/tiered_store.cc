@@ -922,12 +922,13 @@ void TieredStore::StageAsync(const ChunkId& id) {
 
 void TieredStore::ReadToDeviceAsync(const ChunkId& id, std::vector<DeviceRange> ranges,
                                     std::function<void(absl::StatusOr<Tier>)> done,
-                                    bool check_crc) {
+                                    bool check_crc, std::function<void(Tier)> enqueued) {
   if (gpu_ == nullptr) {
     done(absl::FailedPreconditionError("this daemon has no GPU"));
     return;
   }
-  auto from_host = [this, id, ranges, done, check_crc](absl::StatusOr<ChunkView> view) mutable {
+  auto from_host = [this, id, ranges, done, check_crc,
+                    enqueued](absl::StatusOr<ChunkView> view) mutable {
     if (!view.ok()) {
       done(view.status());
       return;
@@ -948,7 +949,9 @@ void TieredStore::ReadToDeviceAsync(const ChunkId& id, std::vector<DeviceRange> 
                             StageAsync(id);
                             done(from);
                           },
-                          check_crc);
+                          check_crc,
+                          enqueued ? std::function<void()>([enqueued, from] { enqueued(from); })
+                                   : nullptr);
   };
   if (!StagedAndBacked(id)) {
     ReadAsync(id, std::move(from_host));
@@ -967,7 +970,8 @@ void TieredStore::ReadToDeviceAsync(const ChunkId& id, std::vector<DeviceRange> 
         } else {
           done(s);
         }
-      });
+      },
+      enqueued ? std::function<void()>([enqueued] { enqueued(Tier::kGpu); }) : nullptr);
 }
 
 absl::StatusOr<bool> TieredStore::Delete(const ChunkId& id) {

@@ -312,9 +312,14 @@ class TieredStore {
   // `check_crc` false: the caller delivered this chunk earlier in the same request, its
   // CRC32C checked, and holds it since (HoldInRam), so a host-to-device copy of a
   // range of it does not check the whole chunk again.
+  // A range's `record_event` (DeviceBackend::OpenIpcEvent) is recorded on the device
+  // right after its bytes. `enqueued`, if set, runs once the copies and those records
+  // are on the device's stream, with the tier the bytes come from, before `done`; not
+  // at all when nothing was submitted (absent, a bad range, a read error).
   using DeviceRange = GpuTier::Range;
   void ReadToDeviceAsync(const ChunkId& id, std::vector<DeviceRange> ranges,
-                         std::function<void(absl::StatusOr<Tier>)> done, bool check_crc = true);
+                         std::function<void(absl::StatusOr<Tier>)> done, bool check_crc = true,
+                         std::function<void(Tier)> enqueued = nullptr);
   // Put from GPU memory: copies the next `n` bytes of `writer`'s chunk from device
   // address `src` (a worker's mapped memory) straight into its pool slots, then extends
   // the chunk's CRC32C over the pool's copy, as Append does. `writer` must stay alive

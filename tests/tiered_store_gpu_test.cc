@@ -7,7 +7,10 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
 #include "storage/crc32c.h"
@@ -164,6 +167,69 @@ TEST_F(TieredStoreGpuTest, UnstagedChunksGoHostToDeviceInLayerRanges) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(Deliver(2, {{0, 64, 0x40}}).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(Deliver(99, {{0, 64, dst}}).status().code(), absl::StatusCode::kNotFound);
+}
+
+// A range's event is recorded on the device after its bytes, and `enqueued` (with the
+// tier) comes before `done`, from the host and from staging alike; a delivery that
+// submits nothing (an absent chunk, a bad range) never says enqueued. The device holds
+// the copies here: "enqueued" is heard while none has run.
+TEST_F(TieredStoreGpuTest, EventsAreRecordedAfterTheirRangesAndEnqueuedComesFirst) {
+  Open({.hold_copies = true});
+  Put(1);
+  Put(2);
+  store_->StageAsync(Id(2));
+  device_->RunPending();
+  ASSERT_EQ(store_->Locate(Id(2)), Tier::kGpu);
+  const std::string first = device_->ExportIpcEvent(), second = device_->ExportIpcEvent();
+  auto a = device_->OpenIpcEvent(first);
+  auto b = device_->OpenIpcEvent(second);
+  ASSERT_TRUE(a.ok() && b.ok());
+  const DevicePtr dst = WorkerBuffer(2 * kChunk);
+  for (uint64_t n : {1, 2}) {
+    absl::Mutex mu;  // `done` may run on a CRC32C thread.
+    std::vector<std::string> heard;
+    std::optional<absl::StatusOr<Tier>> result;
+    absl::Notification done;
+    store_->ReadToDeviceAsync(
+        Id(n), {{0, kChunk / 2, dst, *a}, {kChunk / 2, kChunk / 2, dst + kChunk / 2, *b}},
+        [&](absl::StatusOr<Tier> r) {
+          absl::MutexLock lock(&mu);
+          heard.push_back("done");
+          result = std::move(r);
+          done.Notify();
+        },
+        /*check_crc=*/true,
+        [&](Tier from) {
+          absl::MutexLock lock(&mu);
+          heard.push_back(absl::StrCat("enqueued ", TierName(from)));
+        });
+    const std::string tier = n == 1 ? "ram" : "gpu";
+    {
+      absl::MutexLock lock(&mu);
+      EXPECT_EQ(heard, (std::vector<std::string>{"enqueued " + tier})) << n;
+    }
+    EXPECT_EQ(device_->event_reached(first), n - 1);
+    device_->RunPending();
+    done.WaitForNotification();
+    absl::MutexLock lock(&mu);
+    EXPECT_EQ(heard, (std::vector<std::string>{"enqueued " + tier, "done"})) << n;
+    ASSERT_TRUE(result.has_value() && result->ok()) << n;
+    EXPECT_EQ(device_->event_reached(first), n);
+    EXPECT_EQ(device_->event_reached(second), n);
+    EXPECT_EQ(std::string(device_->HostView(dst), kChunk), Payload(n));
+  }
+  int enqueued = 0;
+  absl::Status absent;
+  store_->ReadToDeviceAsync(
+      Id(9), {{0, kChunk, dst, *a}}, [&](absl::StatusOr<Tier> r) { absent = r.status(); },
+      true, [&](Tier) { ++enqueued; });
+  device_->RunPending();
+  EXPECT_EQ(absent.code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(enqueued, 0);
+  EXPECT_EQ(device_->event_reached(first), 2u);
+  device_->CloseIpcEvent(*a);
+  device_->CloseIpcEvent(*b);
+  EXPECT_EQ(device_->open_ipc_events(), 0u);
 }
 
 // A chunk put into a fresh pool has adjacent slots: the whole delivery is one DMA, not

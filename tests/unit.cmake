@@ -25,6 +25,7 @@ kvtier_test(fetch_claims_test LIBS kvtier_storage)
 kvtier_test(parallel_crc_test LIBS kvtier_storage)
 kvtier_test(crc32c_gf2_test LIBS kvtier_storage)
 kvtier_test(gpu_staging_tier_test LIBS kvtier_storage)
+kvtier_test(enqueue_gate_test LIBS kvtier_storage)
 kvtier_test(tiered_store_gpu_test LIBS kvtier_storage)
 kvtier_test(scheduler_test LIBS kvtier_scheduler)
 

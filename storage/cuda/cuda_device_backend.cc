@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
 #include "storage/crc32c_gf2.h"
 #include "storage/cuda/cuda_raii.h"
 #include "storage/log.h"
@@ -154,7 +155,30 @@ class CopyLane {
 #endif
   }
 
+  // The copies in order, as batches between event records.
   absl::Status Enqueue(const std::vector<DeviceCopy>& copies)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    size_t begin = 0;
+    while (begin < copies.size()) {
+      size_t end = begin;
+      while (end < copies.size() && copies[end].kind != CopyKind::kRecordEvent) ++end;
+      if (absl::Status s = EnqueueCopies(absl::MakeConstSpan(copies).subspan(begin, end - begin));
+          !s.ok()) {
+        return s;
+      }
+      if (end < copies.size()) {
+        cudaEvent_t ev = reinterpret_cast<cudaEvent_t>(copies[end].dst);
+        if (cudaError_t e = cudaEventRecord(ev, stream_.get()); e != cudaSuccess) {
+          return CudaError(e, "cudaEventRecord (a worker's IPC event)");
+        }
+        ++end;
+      }
+      begin = end;
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status EnqueueCopies(absl::Span<const DeviceCopy> copies)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (copies.empty()) return absl::OkStatus();
 #if CUDART_VERSION >= 13000  // The batch call's signature from CUDA 13 on.
@@ -456,6 +480,32 @@ class CudaDeviceBackend final : public DeviceBackend {
     if (it->second.empty()) ipc_.erase(it);
   }
 
+  absl::StatusOr<uint64_t> OpenIpcEvent(absl::string_view handle) override {
+    if (handle.size() != sizeof(cudaIpcEventHandle_t)) {
+      return absl::InvalidArgumentError(absl::StrCat("an IPC event handle is ",
+                                                     sizeof(cudaIpcEventHandle_t),
+                                                     " bytes, got ", handle.size()));
+    }
+    cudaIpcEventHandle_t h;
+    std::memcpy(&h, handle.data(), sizeof(h));
+    cudaSetDevice(device_);
+    absl::StatusOr<CudaEvent> ev = CudaEvent::OpenIpc(h);
+    if (!ev.ok()) return ev.status();
+    const uint64_t id = reinterpret_cast<uint64_t>(ev->get());
+    absl::MutexLock lock(&mu_);
+    events_[id].push_back(*std::move(ev));
+    return id;
+  }
+
+  void CloseIpcEvent(uint64_t event) override {
+    cudaSetDevice(device_);
+    absl::MutexLock lock(&mu_);
+    auto it = events_.find(event);
+    if (it == events_.end()) return;
+    it->second.pop_back();
+    if (it->second.empty()) events_.erase(it);
+  }
+
  private:
   using GetAddressRange = CUresult (*)(CUdeviceptr*, size_t*, CUdeviceptr);
 
@@ -474,6 +524,8 @@ class CudaDeviceBackend final : public DeviceBackend {
   absl::flat_hash_map<void*, CudaPinnedRange> pinned_ ABSL_GUARDED_BY(mu_);
   // Every open of each base address (the same handle opened twice maps once).
   absl::flat_hash_map<DevicePtr, std::vector<CudaIpcMapping>> ipc_ ABSL_GUARDED_BY(mu_);
+  // Workers' events by id (their address here), every open of each, as ipc_.
+  absl::flat_hash_map<uint64_t, std::vector<CudaEvent>> events_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace

@@ -54,6 +54,14 @@ absl::StatusOr<CudaEvent> CudaEvent::Create() {
   return CudaEvent(ev);
 }
 
+absl::StatusOr<CudaEvent> CudaEvent::OpenIpc(const cudaIpcEventHandle_t& handle) {
+  cudaEvent_t ev = nullptr;
+  if (cudaError_t e = cudaIpcOpenEventHandle(&ev, handle); e != cudaSuccess) {
+    return CudaError(e, "cudaIpcOpenEventHandle (stale or foreign handle?)");
+  }
+  return CudaEvent(ev);
+}
+
 absl::StatusOr<CudaDeviceMemory> CudaDeviceMemory::Create(size_t bytes) {
   void* p = nullptr;
   if (cudaError_t e = cudaMalloc(&p, bytes); e != cudaSuccess) {

@@ -76,6 +76,8 @@ class CudaEvent : public CudaHandle<cudaEvent_t, cuda_release::Event> {
  public:
   using CudaHandle::CudaHandle;
   static absl::StatusOr<CudaEvent> Create();
+  // Another process's event (cudaEventInterprocess), from its IPC handle.
+  static absl::StatusOr<CudaEvent> OpenIpc(const cudaIpcEventHandle_t& handle);
 };
 
 // cudaMalloc'd device memory.

@@ -9,6 +9,7 @@ namespace kvtier {
 namespace {
 
 constexpr absl::string_view kHandleMagic = "kvtier-fake-ipc:";
+constexpr absl::string_view kEventMagic = "kvtier-fake-event:";
 
 }  // namespace
 
@@ -91,6 +92,12 @@ absl::Status FakeDeviceBackend::CheckDeviceRange(uint64_t addr, uint64_t bytes) 
 }
 
 absl::Status FakeDeviceBackend::Check(const DeviceCopy& c) const {
+  if (c.kind == CopyKind::kRecordEvent) {
+    if (!open_events_.contains(c.dst)) {
+      return absl::InvalidArgumentError(absl::StrCat("event ", c.dst, " is not open"));
+    }
+    return absl::OkStatus();
+  }
   if (c.kind != CopyKind::kHostToDevice) {
     if (absl::Status s = CheckDeviceRange(c.src, c.bytes); !s.ok()) return s;
   } else if (c.src == 0) {
@@ -156,6 +163,10 @@ void FakeDeviceBackend::Run(Job job) {
       // submission and execution is a use after free.
       absl::MutexLock lock(&mu_);
       status = Check(c);
+      if (status.ok() && c.kind == CopyKind::kRecordEvent) {
+        ++events_[open_events_.at(c.dst)].reached;
+        continue;
+      }
       if (status.ok()) ++copies_run_;
     }
     if (!status.ok()) break;
@@ -290,6 +301,53 @@ void FakeDeviceBackend::CloseIpcMemory(DevicePtr base) {
     return;
   }
   --it->second;
+}
+
+std::string FakeDeviceBackend::ExportIpcEvent() {
+  absl::MutexLock lock(&mu_);
+  std::string handle = absl::StrCat(kEventMagic, next_handle_++);
+  handle.resize(kIpcHandleBytes, '\0');
+  events_.emplace(handle, FakeEvent{});
+  return handle;
+}
+
+void FakeDeviceBackend::RevokeIpcEvent(const std::string& handle) {
+  absl::MutexLock lock(&mu_);
+  auto it = events_.find(handle);
+  if (it != events_.end()) it->second.exported = false;
+}
+
+uint64_t FakeDeviceBackend::event_reached(const std::string& handle) const {
+  absl::MutexLock lock(&mu_);
+  auto it = events_.find(handle);
+  return it == events_.end() ? 0 : it->second.reached;
+}
+
+size_t FakeDeviceBackend::open_ipc_events() const {
+  absl::MutexLock lock(&mu_);
+  return open_events_.size();
+}
+
+absl::StatusOr<uint64_t> FakeDeviceBackend::OpenIpcEvent(absl::string_view handle) {
+  absl::MutexLock lock(&mu_);
+  if (handle.size() != kIpcHandleBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("an IPC event handle is ", kIpcHandleBytes,
+                                                   " bytes, got ", handle.size()));
+  }
+  auto it = events_.find(std::string(handle));
+  if (it == events_.end() || !it->second.exported) {
+    return absl::InvalidArgumentError("stale or foreign IPC event handle");
+  }
+  const uint64_t id = next_event_id_++;
+  open_events_.emplace(id, it->first);
+  return id;
+}
+
+void FakeDeviceBackend::CloseIpcEvent(uint64_t event) {
+  absl::MutexLock lock(&mu_);
+  if (open_events_.erase(event) == 0) {
+    misuse_.push_back(absl::StrCat("close of unopened IPC event ", event));
+  }
 }
 
 void FakeDeviceBackend::FailNextPin(absl::Status s) {

@@ -55,6 +55,8 @@ class FakeDeviceBackend final : public DeviceBackend {
                        std::function<void(CopiedAndChecked)> done) override;
   absl::StatusOr<IpcMemory> OpenIpcMemory(absl::string_view handle) override;
   void CloseIpcMemory(DevicePtr base) override;
+  absl::StatusOr<uint64_t> OpenIpcEvent(absl::string_view handle) override;
+  void CloseIpcEvent(uint64_t event) override;
 
   // What a worker process does: allocates device memory and exports its IPC handle.
   // The memory counts against memory_bytes like any allocation.
@@ -62,6 +64,13 @@ class FakeDeviceBackend final : public DeviceBackend {
   // The exporting worker exited: its handle becomes stale (new opens fail); mappings
   // already open stay valid until closed, as with CUDA.
   void RevokeIpcMemory(const std::string& handle);
+  // A worker's interprocess event, and its IPC handle. Revoking makes the handle stale.
+  std::string ExportIpcEvent();
+  void RevokeIpcEvent(const std::string& handle);
+  // How often the event behind `handle` was reached on the device: a record of it ran
+  // after every copy submitted before it in its list.
+  uint64_t event_reached(const std::string& handle) const;
+  size_t open_ipc_events() const;
 
   // Faults. The next PinHost returns `s`.
   void FailNextPin(absl::Status s);
@@ -121,6 +130,14 @@ class FakeDeviceBackend final : public DeviceBackend {
   std::map<void*, uint64_t> pinned_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, DevicePtr> exported_ ABSL_GUARDED_BY(mu_);
   std::map<DevicePtr, int> open_mappings_ ABSL_GUARDED_BY(mu_);
+  struct FakeEvent {
+    bool exported = true;  // False once revoked.
+    uint64_t reached = 0;
+  };
+  std::map<std::string, FakeEvent> events_ ABSL_GUARDED_BY(mu_);  // By handle.
+  // Open ids (each open a new id) -> handle.
+  std::map<uint64_t, std::string> open_events_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_event_id_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t next_handle_ ABSL_GUARDED_BY(mu_) = 1;
   absl::Status pin_failure_ ABSL_GUARDED_BY(mu_);
   int fail_in_ ABSL_GUARDED_BY(mu_) = 0;
