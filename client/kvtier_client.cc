@@ -928,13 +928,15 @@ absl::Status KvTierClient::GetViaRegion(uint64_t namespace_id, absl::Span<const 
                                         uint64_t lease_id, uint64_t region_id,
                                         uint64_t token, const char* host, uint64_t offset,
                                         uint64_t key_bytes, uint64_t layer_bytes,
-                                        const GetFrameRawCallback& on_frame) {
+                                        const GetFrameRawCallback& on_frame,
+                                        bool record_events) {
   const bool layer_major = order == v1::GET_ORDER_LAYER_MAJOR;
   v1::GetRequest request = MakeGetRequest(namespace_id, keys, layers, order, lease_id);
   v1::RegionTarget* target = request.mutable_target();
   target->set_region_id(region_id);
   target->set_token(token);
   target->add_offsets(offset);
+  target->set_record_events(record_events);
 
   grpc::ClientContext ctx;
   PrepareContext(&ctx);
@@ -956,9 +958,15 @@ absl::Status KvTierClient::GetViaRegion(uint64_t namespace_id, absl::Span<const 
     if (frame.found()) {
       // Every found item is one frame, whole, with its bytes already in the region.
       const uint64_t item = layer_major ? layer_bytes : key_bytes;
+      // record_events: each found item in flight, with its own event.
+      const uint64_t event = layer_major ? uint64_t{frame.layer() - first} * keys.size() +
+                                               frame.key_index()
+                                         : frame.key_index();
       if (!frame.data().empty() || frame.offset() != 0 || !frame.last() ||
           frame.total_bytes() != item || frame.key_index() >= keys.size() ||
-          (layer_major && (frame.layer() < first || frame.layer() >= end))) {
+          (layer_major && (frame.layer() < first || frame.layer() >= end)) ||
+          frame.in_flight() != record_events ||
+          (record_events && frame.event_index() != event)) {
         client_error = absl::InternalError(absl::StrCat(
             "Get: the daemon broke the registered-memory protocol at key ", frame.key_index(),
             " (frame: ", frame.total_bytes(), " bytes, offset ", frame.offset(), ", layer ",
@@ -1045,7 +1053,7 @@ absl::StatusOr<GetIntoResult> KvTierClient::GetInto(uint64_t namespace_id,
 }
 
 absl::StatusOr<RegionChannel::Registration> KvTierClient::RegisterDeviceMemory(
-    absl::string_view ipc_handle, uint64_t bytes) {
+    absl::string_view ipc_handle, uint64_t bytes, absl::Span<const std::string> event_handles) {
   auto plane = Plane();
   if (!plane.ok()) return plane.status();
   if (*plane == nullptr) {
@@ -1053,7 +1061,7 @@ absl::StatusOr<RegionChannel::Registration> KvTierClient::RegisterDeviceMemory(
         "GPU memory can be registered only with a daemon on this host: ",
         data_path_detail()));
   }
-  return (*plane)->channel().AddDevice(ipc_handle, bytes);
+  return (*plane)->channel().AddDevice(ipc_handle, bytes, event_handles);
 }
 
 absl::Status KvTierClient::ReleaseDeviceMemory(uint64_t region_id) {
@@ -1067,7 +1075,7 @@ absl::StatusOr<GetIntoResult> KvTierClient::GetIntoDevice(
     uint64_t namespace_id, absl::Span<const ChunkKey> keys,
     const RegionChannel::Registration& region, uint64_t offset,
     std::optional<LayerRange> layers, v1::GetOrder order, uint64_t lease_id,
-    const GetIntoItemCallback& on_item) {
+    const GetIntoItemCallback& on_item, bool record_events) {
   const auto sizes = ItemSizes(namespace_id, layers);
   if (!sizes.ok()) {
     return absl::Status(sizes.status().code(),
@@ -1092,7 +1100,8 @@ absl::StatusOr<GetIntoResult> KvTierClient::GetIntoDevice(
   if (keys.empty()) return result;
   absl::Status status =
       GetViaRegion(namespace_id, keys, layers, order, lease_id, region.region_id,
-                   region.token, /*host=*/nullptr, offset, key_bytes, layer_bytes, on_frame);
+                   region.token, /*host=*/nullptr, offset, key_bytes, layer_bytes, on_frame,
+                   record_events);
   if (!status.ok()) return status;
   return result;
 }

@@ -353,8 +353,11 @@ class KvTierClient {
   // `ipc_handle`, on the daemon's region socket. Returns: Ok, FailedPrecondition (the
   // data path is the stream, or the daemon has no GPU), InvalidArgument (a stale or
   // foreign handle, an allocation smaller than `bytes`), ResourceExhausted.
-  absl::StatusOr<RegionChannel::Registration> RegisterDeviceMemory(absl::string_view ipc_handle,
-                                                                   uint64_t bytes);
+  // `event_handles` (cudaIpcGetEventHandle of events made with cudaEventInterprocess |
+  // cudaEventDisableTiming; at most 512) are for GetIntoDevice's record_events.
+  absl::StatusOr<RegionChannel::Registration> RegisterDeviceMemory(
+      absl::string_view ipc_handle, uint64_t bytes,
+      absl::Span<const std::string> event_handles = {});
   // Forgets a registration. Returns: Ok, NotFound, FailedPrecondition (no data plane).
   absl::Status ReleaseDeviceMemory(uint64_t region_id);
 
@@ -375,8 +378,16 @@ class KvTierClient {
   // says device_memory): key k's bytes (its layers `layers`) at `offset` + k *
   // key_bytes of the region. The daemon copies on its CUDA streams and answers each key
   // (chunk-major) or each layer (layer-major) once it has landed, when `on_item` runs.
-  // Returns: as GetInto, plus FailedPrecondition (no GPU on the daemon, region unknown)
-  // and InvalidArgument (the keys do not fit the region).
+  // `record_events` (a region registered with event handles): `on_item` runs as soon
+  // as the item's copies are queued on the daemon's stream, before they land; the
+  // worker makes its stream wait on the region's event number item (the key's index
+  // chunk-major; (layer - layers->begin) * keys.size() + key layer-major) before
+  // reading them, and uses nothing unless the call returns Ok, its verdict on every
+  // item. One such call per region at a time.
+  // Returns: as GetInto, plus FailedPrecondition (no GPU on the daemon, region unknown),
+  // InvalidArgument (the keys do not fit the region; record_events with more items
+  // than the region has events) and Aborted (record_events: the region's events are
+  // in use by another call).
   absl::StatusOr<GetIntoResult> GetIntoDevice(uint64_t namespace_id,
                                               absl::Span<const ChunkKey> keys,
                                               const RegionChannel::Registration& region,
@@ -384,7 +395,8 @@ class KvTierClient {
                                               std::optional<LayerRange> layers = std::nullopt,
                                               v1::GetOrder order = v1::GET_ORDER_CHUNK_MAJOR,
                                               uint64_t lease_id = 0,
-                                              const GetIntoItemCallback& on_item = nullptr);
+                                              const GetIntoItemCallback& on_item = nullptr,
+                                              bool record_events = false);
 
   // Memory shared with the daemon (same host only): Put from it and GetInto it move
   // each byte once. Returns: Ok, FailedPrecondition (the data path is the stream: see
@@ -442,7 +454,8 @@ class KvTierClient {
                             std::optional<LayerRange> layers, v1::GetOrder order,
                             uint64_t lease_id, uint64_t region_id, uint64_t token,
                             const char* host, uint64_t offset, uint64_t key_bytes,
-                            uint64_t layer_bytes, const GetFrameRawCallback& on_frame);
+                            uint64_t layer_bytes, const GetFrameRawCallback& on_frame,
+                            bool record_events = false);
   // Key bytes and layer bytes of a namespace this client registered.
   // Returns: Ok, FailedPrecondition (namespace unknown, layers outside it), or the
   // status of asking the daemon (Unavailable and the like).

@@ -96,10 +96,11 @@ absl::StatusOr<RegionChannel::Registration> RegionChannel::Add(int fd, uint64_t 
 }
 
 absl::StatusOr<RegionChannel::Registration> RegionChannel::AddDevice(
-    absl::string_view ipc_handle, uint64_t bytes) {
+    absl::string_view ipc_handle, uint64_t bytes, absl::Span<const std::string> event_handles) {
   v1::RegionSocketRequest req;
   req.mutable_add_device()->set_ipc_handle(std::string(ipc_handle));
   req.mutable_add_device()->set_bytes(bytes);
+  for (const std::string& h : event_handles) req.mutable_add_device()->add_event_handles(h);
   return Register(req, -1);
 }
 

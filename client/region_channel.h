@@ -13,6 +13,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "absl/synchronization/mutex.h"
 #include "kvtier/v1/kvtier.pb.h"
 
@@ -44,7 +45,10 @@ class RegionChannel {
   // (DataPlaneResponse.device_memory). Get then copies chunks straight into it.
   // Returns: Ok, FailedPrecondition (the daemon has no GPU), InvalidArgument (a stale
   // or foreign handle, or an allocation smaller than `bytes`), ResourceExhausted.
-  absl::StatusOr<Registration> AddDevice(absl::string_view ipc_handle, uint64_t bytes);
+  // `event_handles`: cudaIpcGetEventHandle of interprocess events, for Gets with
+  // RegionTarget.record_events (at most 512).
+  absl::StatusOr<Registration> AddDevice(absl::string_view ipc_handle, uint64_t bytes,
+                                         absl::Span<const std::string> event_handles = {});
   absl::Status Remove(uint64_t region_id);
 
   // Sends `request` with `fd` attached (-1: none) and reads the answer. For tests that

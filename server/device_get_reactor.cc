@@ -1,5 +1,6 @@
 #include "server/device_get_reactor.h"
 
+#include <functional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -22,7 +23,9 @@ DeviceGetReactor::DeviceGetReactor(grpc::CallbackServerContext* ctx, const v1::G
     absl::MutexLock lock(&mu_);
     error_ = s;
     results_.resize(plan_.items.size());
+    enqueued_.resize(plan_.items.size());
     found_.assign(plan_.ids.size(), false);
+    events_lent_ = record_events_;
   }
   Pump();
 }
@@ -37,6 +40,21 @@ absl::Status DeviceGetReactor::Start(const v1::GetRequest& req, LeaseTable* leas
   }
   auto target = ResolveDeviceTarget(regions, req.target(), plan->ids.size(), plan->KeyBytes());
   if (!target.ok()) return target.status();
+  if (req.target().record_events()) {
+    const size_t events = target->region->events().size();
+    if (plan->items.size() > events) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "target.record_events: the Get has ", plan->items.size(),
+          " items (keys, times layers in layer-major order) but region ",
+          req.target().region_id(), " registered ", events, " events"));
+    }
+    if (!target->region->TakeEvents()) {
+      return absl::AbortedError(absl::StrCat(
+          "target.record_events: region ", req.target().region_id(),
+          "'s events are in use by another Get; retry once it has ended"));
+    }
+    record_events_ = true;
+  }
   plan_ = *std::move(plan);
   target_ = *std::move(target);
   remote_ahead_ = store_->FetchRemoteAsync(plan_.ids);
@@ -52,13 +70,17 @@ void DeviceGetReactor::Pump() {
     if (finished_) return;
     if (error_.ok() && ctx_->IsCancelled()) error_ = absl::CancelledError("get cancelled");
     if (error_.ok()) {
-      while (next_issue_ < plan_.items.size() && next_issue_ - next_write_ < kWindow) {
+      // With record_events frames go out before the copies land: copies_ bounds them.
+      while (next_issue_ < plan_.items.size() && next_issue_ - next_write_ < kWindow &&
+             copies_ < static_cast<int>(kWindow)) {
         const size_t i = next_issue_;
         if (!FirstItemOfKey(i)) {
           // A later pass: only for keys the first pass found (layer-major items are
           // pass by pass, so key k's first item is item k).
           const uint32_t key = plan_.items[i].key;
-          if (!results_[key].has_value()) break;  // Not known yet: wait for it.
+          if (!FirstPassTier(key).has_value() && !results_[key].has_value()) {
+            break;  // Not known yet: wait for it.
+          }
           if (!found_[key]) {
             results_[i] = absl::NotFoundError("absent");  // Skipped, never copied.
             ++next_issue_;
@@ -71,37 +93,46 @@ void DeviceGetReactor::Pump() {
         // whole-chunk CRC32C is not checked again for each layer on the host. After a
         // first pass from staging it is. (A later pass runs only for found keys.)
         const uint32_t key = plan_.items[i].key;
-        const bool check = FirstItemOfKey(i) || **results_[key] == Tier::kGpu;
+        const bool check = FirstItemOfKey(i) || *FirstPassTier(key) == Tier::kGpu;
         issue.emplace_back(next_issue_++, check);
         ++in_flight_;
         ++copies_;
       }
     }
+    // An item's frame is ready once it landed (or failed), or, with record_events, once
+    // its copies are queued.
+    auto ready = [this](size_t i) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return results_[i].has_value() || enqueued_[i].has_value();
+    };
     // Later-pass items of keys absent in the first pass get no frame.
-    while (!writing_ && error_.ok() && next_write_ < results_.size() &&
-           results_[next_write_].has_value() && !FirstItemOfKey(next_write_) &&
-           !found_[plan_.items[next_write_].key]) {
+    while (!writing_ && error_.ok() && next_write_ < results_.size() && ready(next_write_) &&
+           !FirstItemOfKey(next_write_) && !found_[plan_.items[next_write_].key]) {
       ++next_write_;
     }
     if (!writing_ && error_.ok() && next_write_ < results_.size() &&
-        results_[next_write_].has_value() && !FirstItemOfKey(next_write_) &&
-        !results_[next_write_]->ok()) {
+        !enqueued_[next_write_].has_value() && results_[next_write_].has_value() &&
+        !FirstItemOfKey(next_write_) && !results_[next_write_]->ok()) {
       // Found in the first pass (the loop above skipped the others), gone now: the
       // stream cannot stay consistent.
       error_ = absl::UnavailableError(absl::StrCat(
           "keys[", plan_.items[next_write_].key, "]: the chunk left the cache during this "
           "Get (evicted or deleted); retry"));
     }
-    if (!writing_ && error_.ok() && next_write_ < results_.size() &&
-        results_[next_write_].has_value()) {
+    if (!writing_ && error_.ok() && next_write_ < results_.size() && ready(next_write_)) {
       const size_t i = next_write_++;
-      const absl::StatusOr<Tier>& r = *results_[i];
+      // Queued with its event (in flight), else landed or failed.
+      const absl::StatusOr<Tier> r =
+          enqueued_[i].has_value() ? absl::StatusOr<Tier>(*enqueued_[i]) : *results_[i];
       const GetPlan::Item& item = plan_.items[i];
       v1::GetFrame frame;
       frame.set_key_index(item.key);
       frame.set_last(true);
       if (plan_.layer_major) frame.set_layer(item.begin);
       if (r.ok()) {
+        if (record_events_) {
+          frame.set_in_flight(true);
+          frame.set_event_index(static_cast<uint32_t>(i));
+        }
         frame.set_found(true);
         frame.set_total_bytes(plan_.layer_bytes * (item.end - item.begin));
         // A chunk fetched ahead from the shared tier into RAM came from there.
@@ -118,6 +149,7 @@ void DeviceGetReactor::Pump() {
       // client a round of the event loop (OnWriteDone, then Finish).
       if (next_write_ == plan_.items.size() && copies_ == 0 && issue.empty()) {
         finished_ = write_and_finish = true;
+        ReturnEvents();
       }
     }
     // The end: every frame written, or an error; either way only once no copy is still
@@ -125,6 +157,7 @@ void DeviceGetReactor::Pump() {
     if (!writing_ && copies_ == 0 && (!error_.ok() || next_write_ == plan_.items.size())) {
       finished_ = finish = true;
       finish_status = error_;
+      ReturnEvents();
     }
   }
   for (const auto& [i, check] : issue) {
@@ -132,10 +165,14 @@ void DeviceGetReactor::Pump() {
     const DevicePtr key_dst = target_.dest[item.key];
     std::vector<TieredStore::DeviceRange> ranges{
         {item.begin * plan_.layer_bytes, (item.end - item.begin) * plan_.layer_bytes,
-         key_dst + (item.begin - plan_.first_layer) * plan_.layer_bytes}};
+         key_dst + (item.begin - plan_.first_layer) * plan_.layer_bytes,
+         record_events_ ? target_.region->events()[i] : 0}};
+    std::function<void(Tier)> enqueued;
+    if (record_events_) enqueued = [this, i = i](Tier from) { OnEnqueued(i, from); };
     store_->ReadToDeviceAsync(
         plan_.ids[item.key], std::move(ranges),
-        [this, i = i](absl::StatusOr<Tier> r) { OnDelivered(i, std::move(r)); }, check);
+        [this, i = i](absl::StatusOr<Tier> r) { OnDelivered(i, std::move(r)); }, check,
+        std::move(enqueued));
   }
   if (write_and_finish) {
     stall_.WaitingOnClient(true);  // Until OnDone: a client that stops reading is reaped.
@@ -149,6 +186,28 @@ void DeviceGetReactor::Pump() {
     place_ = StreamLimiter::Ticket();  // Free before the client sees the status.
     Finish(scope_.Done(ToGrpcStatus(finish_status)));
   }
+}
+
+void DeviceGetReactor::OnEnqueued(size_t item, Tier from) {
+  {
+    absl::MutexLock lock(&mu_);
+    enqueued_[item] = from;
+    if (FirstItemOfKey(item)) found_[plan_.items[item].key] = true;
+  }
+  // Runs before the item's OnDelivered (TieredStore::ReadToDeviceAsync), which is what
+  // keeps the reactor alive here.
+  Pump();
+}
+
+std::optional<Tier> DeviceGetReactor::FirstPassTier(uint32_t key) const {
+  if (results_[key].has_value() && results_[key]->ok()) return **results_[key];
+  return enqueued_[key];
+}
+
+void DeviceGetReactor::ReturnEvents() {
+  if (!events_lent_) return;
+  events_lent_ = false;
+  target_.region->ReturnEvents();
 }
 
 bool DeviceGetReactor::FirstItemOfKey(size_t item) const {
@@ -200,6 +259,7 @@ void DeviceGetReactor::OnDone() {
     absl::MutexLock lock(&mu_);
     done_ = true;
     last = in_flight_ == 0;
+    ReturnEvents();  // Finishing returned them; a call that ended otherwise does here.
   }
   if (last) delete this;
 }

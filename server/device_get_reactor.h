@@ -17,6 +17,14 @@
 // destination the device refuses) ends the call with that status. crc32c is 0 in the
 // frames: the daemon has checked it.
 //
+// With target.record_events (a region registered with events) item i's copies are
+// followed on the device by a record of the region's event i, and its frame
+// (in_flight = true) is sent once they are queued rather than landed: the worker's
+// GPU waits on the event, not its host on the frame. The call's status, sent once
+// every copy has landed and been checked, is the verdict on them all. The region's
+// events are lent to this call until its status is sent (one such Get per region at a
+// time: another is ABORTED).
+//
 // Thread-safety: gRPC calls the reactions one at a time; store callbacks (GPU
 // completion threads) run concurrently with them; all state is under mu_. The reactor
 // deletes itself once OnDone has run and no store callback is outstanding.
@@ -71,6 +79,13 @@ class DeviceGetReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>
   // finishes the call. Call without mu_.
   void Pump();
   void OnDelivered(size_t item, absl::StatusOr<Tier> result);
+  // record_events: item's copies (and its event's record) are on the device's stream.
+  void OnEnqueued(size_t item, Tier from);
+  // The tier key `key`'s first item came from, once it is known (landed, or queued
+  // with record_events).
+  std::optional<Tier> FirstPassTier(uint32_t key) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends the loan of the region's events (record_events), once.
+  void ReturnEvents() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether `item` is its key's first (chunk-major: its only) item.
   bool FirstItemOfKey(size_t item) const;
 
@@ -83,10 +98,14 @@ class DeviceGetReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>
   std::vector<bool> remote_ahead_;
   ResolvedDeviceTarget target_;
   std::vector<ChunkView> lease_hold_;
+  bool record_events_ = false;  // target.record_events, the region's events lent to us.
 
   absl::Mutex mu_;
   absl::Status error_ ABSL_GUARDED_BY(mu_);
   std::vector<std::optional<absl::StatusOr<Tier>>> results_ ABSL_GUARDED_BY(mu_);
+  // record_events: per item, where its queued copies come from.
+  std::vector<std::optional<Tier>> enqueued_ ABSL_GUARDED_BY(mu_);
+  bool events_lent_ ABSL_GUARDED_BY(mu_) = false;
   // Per key: found by its first item (later passes then must find it too).
   std::vector<bool> found_ ABSL_GUARDED_BY(mu_);
   // Layer-major: chunks found in the first pass, held in RAM for the later passes.

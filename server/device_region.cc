@@ -6,7 +6,12 @@ namespace kvtier {
 
 absl::StatusOr<std::shared_ptr<const DeviceRegion>> DeviceRegion::Open(
     DeviceBackend* backend, absl::string_view handle, uint64_t expected_bytes,
-    uint64_t max_bytes) {
+    uint64_t max_bytes, const std::vector<std::string>& event_handles) {
+  if (event_handles.size() > kMaxEvents) {
+    return absl::InvalidArgumentError(absl::StrCat("device region: at most ", kMaxEvents,
+                                                   " event handles, got ",
+                                                   event_handles.size()));
+  }
   if (expected_bytes == 0 || expected_bytes > max_bytes) {
     return absl::InvalidArgumentError(absl::StrCat(
         "device region: bytes must be 1 to ", max_bytes, " (shm_max_region_bytes), got ",
@@ -29,10 +34,28 @@ absl::StatusOr<std::shared_ptr<const DeviceRegion>> DeviceRegion::Open(
         "device region: the allocation behind the handle is ", mem->bytes,
         " bytes, smaller than the ", expected_bytes, " registered"));
   }
+  std::vector<uint64_t> events;
+  for (size_t i = 0; i < event_handles.size(); ++i) {
+    absl::StatusOr<uint64_t> ev = backend->OpenIpcEvent(event_handles[i]);
+    if (!ev.ok()) {
+      for (uint64_t e : events) backend->CloseIpcEvent(e);
+      backend->CloseIpcMemory(mem->base);
+      const absl::StatusCode code =
+          absl::IsInvalidArgument(ev.status()) || absl::IsNotFound(ev.status())
+              ? absl::StatusCode::kInvalidArgument
+              : ev.status().code();
+      return absl::Status(code, absl::StrCat("device region: cannot open event_handles[", i,
+                                             "]: ", ev.status().message()));
+    }
+    events.push_back(*ev);
+  }
   return std::shared_ptr<const DeviceRegion>(
-      new DeviceRegion(backend, mem->base, expected_bytes));
+      new DeviceRegion(backend, mem->base, expected_bytes, std::move(events)));
 }
 
-DeviceRegion::~DeviceRegion() { backend_->CloseIpcMemory(base_); }
+DeviceRegion::~DeviceRegion() {
+  for (uint64_t e : events_) backend_->CloseIpcEvent(e);
+  backend_->CloseIpcMemory(base_);
+}
 
 }  // namespace kvtier

@@ -158,6 +158,10 @@ absl::Status Session::Open() {
   chunk_bytes_ = layout->ChunkBytes();
   if (open.has_target() && regions_ != nullptr && regions_->IsDevice(open.target().region_id())) {
     if (!store_->has_gpu()) return absl::FailedPreconditionError("open.target: this daemon has no GPU");
+    if (open.target().record_events()) {
+      return absl::InvalidArgumentError(
+          "open.target.record_events: a Prefill session signals chunks by its frames, not events");
+    }
     auto target = ResolveDeviceTarget(regions_, open.target(), ids_.size(), chunk_bytes_);
     if (!target.ok()) {
       return absl::Status(target.status().code(),

@@ -18,8 +18,9 @@
 namespace kvtier {
 namespace {
 
-// Requests are a few dozen bytes; anything longer is not ours.
-constexpr size_t kMaxPacket = 4096;
+// Requests are a few dozen bytes, up to 35 KB for a device registration with
+// DeviceRegion::kMaxEvents event handles; anything longer is not ours.
+constexpr size_t kMaxPacket = 64 << 10;
 // Descriptors one packet may carry before it is rejected (extra ones are closed).
 constexpr int kMaxFds = 4;
 
@@ -208,9 +209,10 @@ absl::Status Answer(const absl::StatusOr<RegionTable::Added>& added,
 }  // namespace
 
 bool RegionSocket::Serve(Connection& conn) {
-  char buf[kMaxPacket];
+  if (packet_.size() < kMaxPacket) packet_.resize(kMaxPacket);
+  char* const buf = packet_.data();
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFds)];
-  iovec iov{buf, sizeof(buf)};
+  iovec iov{buf, kMaxPacket};
   msghdr msg{};
   msg.msg_iov = &iov;
   msg.msg_iovlen = 1;
@@ -255,9 +257,11 @@ bool RegionSocket::Serve(Connection& conn) {
       status = absl::FailedPreconditionError(
           "region socket: this daemon has no GPU; register host memory (a memfd) instead");
     } else {
+      const std::vector<std::string> events(req.add_device().event_handles().begin(),
+                                            req.add_device().event_handles().end());
       status = Answer(regions_->AddDevice(conn.id, options_.device,
                                           req.add_device().ipc_handle(),
-                                          req.add_device().bytes()),
+                                          req.add_device().bytes(), events),
                       resp);
     }
   } else if (req.has_remove()) {

@@ -84,6 +84,9 @@ class RegionSocket {
   const int listen_fd_;
   const int wake_fd_;  // eventfd: written by the destructor to stop the loop.
   uint64_t next_connection_id_ = 0;  // Touched only by the server thread.
+  // The packet being read (up to 64 KiB: a device registration with its events), by
+  // the server thread only; on the heap, not its stack.
+  std::vector<char> packet_;
   std::thread thread_;
 };
 

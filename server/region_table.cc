@@ -54,16 +54,16 @@ absl::StatusOr<RegionTable::Added> RegionTable::Add(uint64_t owner, int fd,
   return Insert(Entry{owner, 0, *std::move(region), nullptr});
 }
 
-absl::StatusOr<RegionTable::Added> RegionTable::AddDevice(uint64_t owner,
-                                                          DeviceBackend* backend,
-                                                          absl::string_view ipc_handle,
-                                                          uint64_t expected_bytes) {
+absl::StatusOr<RegionTable::Added> RegionTable::AddDevice(
+    uint64_t owner, DeviceBackend* backend, absl::string_view ipc_handle,
+    uint64_t expected_bytes, const std::vector<std::string>& event_handles) {
   {
     absl::MutexLock lock(&mu_);
     if (absl::Status s = CheckRoom(); !s.ok()) return s;
   }
   auto device =
-      DeviceRegion::Open(backend, ipc_handle, expected_bytes, options_.max_region_bytes);
+      DeviceRegion::Open(backend, ipc_handle, expected_bytes, options_.max_region_bytes,
+                         event_handles);
   if (!device.ok()) return device.status();
   return Insert(Entry{owner, 0, nullptr, *std::move(device)});
 }

@@ -13,6 +13,8 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
@@ -47,7 +49,8 @@ class RegionTable {
   // Opens a worker's GPU memory from its CUDA IPC handle (see DeviceRegion::Open) for
   // connection `owner`. Returns: Ok, InvalidArgument, ResourceExhausted (max_regions).
   absl::StatusOr<Added> AddDevice(uint64_t owner, DeviceBackend* backend,
-                                  absl::string_view ipc_handle, uint64_t expected_bytes);
+                                  absl::string_view ipc_handle, uint64_t expected_bytes,
+                                  const std::vector<std::string>& event_handles = {});
   // Returns: Ok, NotFound (no such region of this owner).
   absl::Status Remove(uint64_t owner, uint64_t id);
   // Forgets every region of `owner`; returns how many.

@@ -58,6 +58,12 @@ absl::StatusOr<ResolvedTarget> ResolveRegionTarget(RegionTable* regions,
     return absl::FailedPreconditionError(
         "target: this daemon serves no registered memory (shm_socket is off); use the stream");
   }
+  if (target.record_events()) {  // Device regions go to ResolveDeviceTarget.
+    return absl::InvalidArgumentError(absl::StrCat(
+        "target.record_events: region ", target.region_id(),
+        " is not GPU memory registered with this daemon; only a Get into a registered GPU "
+        "region records events"));
+  }
   auto region = regions->Find(target.region_id(), target.token());
   if (!region.ok()) return region.status();
   ResolvedTarget out;

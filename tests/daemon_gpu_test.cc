@@ -2,7 +2,8 @@
 // the worker. It allocates device memory with the CUDA runtime, registers it with the
 // daemon by its CUDA IPC handle (the daemon is another process, as CUDA IPC requires),
 // and has chunks delivered into it by Get (chunk-major and layer-major, each item
-// announced once it landed) and by a Prefill session, and Puts chunks from it. Then what
+// announced once it landed, or once queued with the worker's own events recorded after
+// it) and by a Prefill session, and Puts chunks from it. Then what
 // a worker gets wrong: a stale or foreign handle, an allocation smaller than it says, a
 // worker that exits with a registration and a transfer in flight, and staging buffers
 // larger than the GPU. After each the daemon still serves from RAM.
@@ -168,6 +169,74 @@ TEST_F(DaemonGpuTest, GetDeliversChunksAndLayersIntoTheWorkersGpuMemory) {
               PatternBytes(1, kChunk).substr(kMiB));
   EXPECT_GT(Metric("kvtier_gpu_delivered_bytes_total"), 0);
   EXPECT_TRUE(client_->ReleaseDeviceMemory(reg->region_id).ok());
+}
+
+// record_events: the worker's stream waits on the worker's own interprocess events,
+// which the daemon records on its copy streams after each layer, so the worker queues
+// its reads of a layer (here a copy back to the host, as a kernel would) as soon as the
+// layer's frame says its copies are queued, before they land. The region starts out
+// zeroed: a read that ran before its layer landed would see zeros.
+TEST_F(DaemonGpuTest, TheWorkersStreamWaitsOnEventsTheDaemonRecordsAfterEachLayer) {
+  StartDaemon();
+  for (uint64_t i = 0; i < 4; ++i) Put(i);
+  constexpr uint32_t kUsed = 2;  // Layers [0, 2) of 4 keys: 8 items.
+  constexpr uint64_t kKeyBytes = kUsed * kMiB;
+  WorkerMemory mem(4 * kKeyBytes);
+  ASSERT_EQ(cudaMemset(mem.ptr, 0, mem.bytes), cudaSuccess);
+  std::vector<cudaEvent_t> events(8);
+  std::vector<std::string> handles;
+  for (cudaEvent_t& e : events) {
+    ASSERT_EQ(cudaEventCreateWithFlags(&e, cudaEventInterprocess | cudaEventDisableTiming),
+              cudaSuccess);
+    cudaIpcEventHandle_t h;
+    ASSERT_EQ(cudaIpcGetEventHandle(&h, e), cudaSuccess);
+    handles.emplace_back(reinterpret_cast<const char*>(&h), sizeof(h));
+  }
+  auto reg = client_->RegisterDeviceMemory(mem.handle, mem.bytes, handles);
+  ASSERT_TRUE(reg.ok()) << reg.status();
+  // The same events in a second region: opened twice in the daemon, closed twice.
+  auto twice = client_->RegisterDeviceMemory(mem.handle, mem.bytes, handles);
+  ASSERT_TRUE(twice.ok()) << twice.status();
+  EXPECT_TRUE(client_->ReleaseDeviceMemory(twice->region_id).ok());
+
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  char* back = nullptr;
+  ASSERT_EQ(cudaMallocHost(reinterpret_cast<void**>(&back), mem.bytes), cudaSuccess);
+  std::memset(back, 0x55, mem.bytes);
+  std::vector<uint32_t> items;
+  auto got = client_->GetIntoDevice(
+      ns_, std::vector<ChunkKey>{KeyOf(0), KeyOf(1), KeyOf(2), KeyOf(3)}, *reg, 0,
+      LayerRange{0, kUsed}, v1::GET_ORDER_LAYER_MAJOR, 0,
+      [&](uint32_t key, uint32_t layer) {
+        const uint32_t item = layer * 4 + key;
+        items.push_back(item);
+        const uint64_t at = key * kKeyBytes + layer * kMiB;
+        EXPECT_EQ(cudaStreamWaitEvent(stream, events[item], 0), cudaSuccess);
+        EXPECT_EQ(cudaMemcpyAsync(back + at, static_cast<char*>(mem.ptr) + at, kMiB,
+                                  cudaMemcpyDeviceToHost, stream),
+                  cudaSuccess);
+        return absl::OkStatus();
+      },
+      /*record_events=*/true);
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  EXPECT_EQ(items, (std::vector<uint32_t>{0, 1, 2, 3, 4, 5, 6, 7}));
+  for (uint64_t k = 0; k < 4; ++k) {
+    EXPECT_TRUE(std::string(back + k * kKeyBytes, kKeyBytes) ==
+                PatternBytes(k, kChunk).substr(0, kKeyBytes))
+        << "key " << k;
+  }
+  // Too many items for the events: refused before any copy, and it says so.
+  auto too_many = client_->GetIntoDevice(
+      ns_, std::vector<ChunkKey>{KeyOf(0), KeyOf(1), KeyOf(2), KeyOf(3)}, *reg, 0,
+      LayerRange{0, 3}, v1::GET_ORDER_LAYER_MAJOR, 0, nullptr, /*record_events=*/true);
+  EXPECT_EQ(too_many.status().code(), absl::StatusCode::kInvalidArgument) << too_many.status();
+  EXPECT_TRUE(client_->ReleaseDeviceMemory(reg->region_id).ok());
+  ExpectServesFromRam(0);
+  cudaFreeHost(back);
+  cudaStreamDestroy(stream);
+  for (cudaEvent_t e : events) cudaEventDestroy(e);
 }
 
 TEST_F(DaemonGpuTest, PrefillSessionStreamsIntoGpuMemory) {

@@ -7,6 +7,8 @@
 // token, a device error mid-copy, and a worker that exits with a transfer in flight.
 #include <grpcpp/grpcpp.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstring>
 #include <memory>
 #include <optional>
@@ -14,6 +16,8 @@
 #include <thread>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "client/kvtier_client.h"
 #include "client/prefill_session.h"
 #include "client/region_channel.h"
@@ -57,6 +61,7 @@ class DeviceGetTest : public ::testing::Test {
              StallReaper* stalls = nullptr, uint64_t staging_chunks = 2) {
     SetMinLogLevel(LogLevel::kError);
     device_ = std::make_unique<FakeDeviceBackend>(device_options);
+    hold_copies_ = device_options.hold_copies;
     TieredStoreOptions o;
     o.write_mode = WriteMode::kRamOnly;
     o.ram.arena.capacity_bytes = 8 * kChunk;
@@ -103,7 +108,20 @@ class DeviceGetTest : public ::testing::Test {
 
   void TearDown() override {
     client_.reset();
-    if (server_) server_->Shutdown();
+    if (server_) {
+      // Copies a failed test left held would keep calls open, and Shutdown waiting on
+      // them: run them meanwhile (a no-op for a passing test).
+      std::atomic<bool> down{false};
+      std::thread drain([&] {
+        while (!down.load()) {
+          if (hold_copies_) device_->RunPending();
+          absl::SleepFor(absl::Milliseconds(1));
+        }
+      });
+      server_->Shutdown();
+      down = true;
+      drain.join();
+    }
     server_.reset();
     if (device_ != nullptr) device_->RunPending();  // Held copies (hold_copies tests).
     service_.reset();
@@ -114,6 +132,7 @@ class DeviceGetTest : public ::testing::Test {
     if (device_ == nullptr) return;
     // Only the worker's own buffers are left; every IPC mapping was closed.
     EXPECT_EQ(device_->open_ipc_mappings(), 0u);
+    EXPECT_EQ(device_->open_ipc_events(), 0u);
     EXPECT_EQ(device_->pinned_ranges(), 0u);
     EXPECT_EQ(device_->live_allocations(), worker_buffers_);
     EXPECT_TRUE(device_->misuse().empty()) << device_->misuse()[0];
@@ -133,6 +152,13 @@ class DeviceGetTest : public ::testing::Test {
     auto handle = device_->ExportIpcMemory(*p);
     EXPECT_TRUE(handle.ok());
     return {*p, *handle};
+  }
+
+  // A worker's interprocess events and their IPC handles.
+  std::vector<std::string> WorkerEvents(int n) {
+    std::vector<std::string> handles;
+    for (int i = 0; i < n; ++i) handles.push_back(device_->ExportIpcEvent());
+    return handles;
   }
 
   std::shared_ptr<RegionChannel> Channel() {
@@ -179,6 +205,7 @@ class DeviceGetTest : public ::testing::Test {
   std::string socket_name_, target_;
   uint64_t ns_ = 0;
   size_t worker_buffers_ = 0;
+  bool hold_copies_ = false;
   // Outlive the server and its calls: TearDown shuts it down before members go.
   testing::FakeClock clock_;
   std::unique_ptr<StallReaper> reaper_;
@@ -755,6 +782,199 @@ TEST_F(DeviceGetTest, AWorkerThatStopsReadingIsCancelledButWaitingOnTheDeviceIsN
   const Frames again = Get(Request({0}, reg->region_id, reg->token));
   device.join();
   EXPECT_TRUE(again.status.ok()) << again.status.error_message();
+}
+
+// record_events: each item's frame comes once its copies are queued, before they land,
+// and the worker's event for that item is recorded right after its bytes: here no
+// copy has run (the fake device holds them) when all four frames are in. The status
+// comes only once every copy landed.
+TEST_F(DeviceGetTest, RecordEventsSendsEachFrameBeforeItsBytesLandAndRecordsItsEvent) {
+  Start({.hold_copies = true});
+  Put(0);
+  Put(1);
+  auto [buf, handle] = WorkerBuffer(4 * kChunk);
+  const std::vector<std::string> events = WorkerEvents(4);
+  auto ch = Channel();
+  auto reg = ch->AddDevice(handle, 4 * kChunk, events);
+  ASSERT_TRUE(reg.ok()) << reg.status();
+  EXPECT_EQ(device_->open_ipc_events(), 4u);
+  v1::GetRequest req = Request({0, 1}, reg->region_id, reg->token);
+  req.set_order(v1::GET_ORDER_LAYER_MAJOR);
+  req.mutable_layer_range()->set_begin(2);
+  req.mutable_layer_range()->set_end(4);
+  req.mutable_target()->set_record_events(true);
+  grpc::ClientContext ctx;
+  // (A deadline only so that frames held until landing fail here, not hang.)
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  auto reader = stub_->Get(&ctx, req);
+  // Items in order: (layer 2: key 0, key 1), (layer 3: key 0, key 1).
+  for (uint32_t i = 0; i < 4; ++i) {
+    v1::GetFrame f;
+    ASSERT_TRUE(reader->Read(&f)) << i;
+    EXPECT_TRUE(f.found()) << i;
+    EXPECT_TRUE(f.in_flight()) << i;
+    EXPECT_EQ(f.event_index(), i);
+    EXPECT_EQ(f.key_index(), i % 2);
+    EXPECT_EQ(f.layer(), 2 + i / 2);
+    EXPECT_EQ(f.tier(), v1::TIER_RAM);
+    EXPECT_EQ(device_->event_reached(events[i]), 0u) << "event " << i << " before its copy ran";
+  }
+  EXPECT_GE(device_->pending(), 1u);
+  EXPECT_NE(Landed(buf, 2 * kMiB), PatternBytes(0, kChunk).substr(2 * kMiB));
+  device_->RunPending();
+  v1::GetFrame f;
+  EXPECT_FALSE(reader->Read(&f));
+  ASSERT_TRUE(reader->Finish().ok());
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(device_->event_reached(events[i]), 1u) << i;
+  for (uint64_t k : {0, 1}) {
+    EXPECT_TRUE(Landed(buf + k * 2 * kMiB, 2 * kMiB) == PatternBytes(k, kChunk).substr(2 * kMiB))
+        << k;
+  }
+  // Removing the region closes its events (TearDown checks none is left open).
+  ASSERT_TRUE(ch->Remove(reg->region_id).ok());
+  EXPECT_EQ(device_->open_ipc_events(), 0u);
+}
+
+// The C++ client: on_item runs before the bytes land (the worker waits on the event),
+// and the call returns the verdict once they have; from staging the event is recorded
+// after the device-to-device copy just the same.
+TEST_F(DeviceGetTest, ClientGetIntoDeviceWithEventsCallsBackBeforeTheBytesLand) {
+  Start({.hold_copies = true});
+  Put(0);
+  Put(1);
+  store_->StageAsync(ChunkId{ns_, KeyOf(1)});
+  device_->RunPending();
+  ASSERT_EQ(store_->Locate(ChunkId{ns_, KeyOf(1)}), Tier::kGpu);
+  auto [buf, handle] = WorkerBuffer(2 * kChunk);
+  const std::vector<std::string> events = WorkerEvents(2);
+  auto ch = Channel();
+  auto reg = ch->AddDevice(handle, 2 * kChunk, events);
+  ASSERT_TRUE(reg.ok()) << reg.status();
+  absl::Mutex mu;
+  std::vector<uint32_t> called;
+  std::vector<uint64_t> reached_then;
+  absl::StatusOr<GetIntoResult> got;
+  std::thread worker([&] {
+    got = client_->GetIntoDevice(
+        ns_, std::vector<ChunkKey>{KeyOf(0), KeyOf(1)}, *reg, 0, std::nullopt,
+        v1::GET_ORDER_CHUNK_MAJOR, 0,
+        [&](uint32_t key, uint32_t) {
+          absl::MutexLock lock(&mu);
+          called.push_back(key);
+          reached_then.push_back(device_->event_reached(events[key]));
+          return absl::OkStatus();
+        },
+        /*record_events=*/true);
+  });
+  bool early;  // Both items announced while their copies are held.
+  {
+    absl::MutexLock lock(&mu);
+    early = mu.AwaitWithTimeout(
+        absl::Condition(+[](std::vector<uint32_t>* c) { return c->size() == 2; }, &called),
+        absl::Seconds(30));  // Only so that a failure does not hang.
+  }
+  device_->RunPending();
+  worker.join();
+  EXPECT_TRUE(early) << "on_item waited for the copies to land";
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(called, (std::vector<uint32_t>{0, 1}));
+  EXPECT_EQ(reached_then, (std::vector<uint64_t>{0, 0}));
+  EXPECT_EQ(got->tiers, (std::vector<v1::Tier>{v1::TIER_RAM, v1::TIER_GPU}));
+  EXPECT_EQ(device_->event_reached(events[0]), 1u);
+  EXPECT_EQ(device_->event_reached(events[1]), 1u);
+  EXPECT_TRUE(Landed(buf, kChunk) == PatternBytes(0, kChunk));
+  EXPECT_TRUE(Landed(buf + kChunk, kChunk) == PatternBytes(1, kChunk));
+}
+
+// What goes wrong with events: handles that are not, stale or too few; two Gets at
+// once on one region's events; a device error after the frames went out. Each gets
+// a code that says whether to retry, and nothing is left open.
+TEST_F(DeviceGetTest, RecordEventsBadHandlesTooFewEventsAndRacesGetClearStatuses) {
+  Start({.hold_copies = true});
+  Put(0);
+  Put(1);
+  auto [buf, handle] = WorkerBuffer(2 * kChunk);
+  auto ch = Channel();
+  std::vector<std::string> events = WorkerEvents(2);
+  // Not a handle; a stale one (its worker went away): nothing stays open.
+  auto bad = ch->AddDevice(handle, 2 * kChunk, {events[0], "short"});
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("event_handles[1]"), std::string::npos) << bad.status();
+  const std::string stale = device_->ExportIpcEvent();
+  device_->RevokeIpcEvent(stale);
+  EXPECT_EQ(ch->AddDevice(handle, 2 * kChunk, {stale}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(device_->open_ipc_events(), 0u);
+  EXPECT_EQ(device_->open_ipc_mappings(), 0u);
+  EXPECT_EQ(ch->AddDevice(handle, 2 * kChunk, std::vector<std::string>(513, events[0]))
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+
+  auto one = ch->AddDevice(handle, 2 * kChunk, {events[0]});
+  ASSERT_TRUE(one.ok()) << one.status();
+  v1::GetRequest two_keys = Request({0, 1}, one->region_id, one->token);
+  two_keys.mutable_target()->set_record_events(true);
+  const uint64_t submitted = device_->submissions();
+  const Frames too_many = Get(two_keys);
+  EXPECT_EQ(too_many.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(too_many.status.error_message().find("1 events"), std::string::npos)
+      << too_many.status.error_message();
+  EXPECT_EQ(device_->submissions(), submitted);  // Refused before any copy.
+  // A region registered without events cannot record them.
+  auto none = ch->AddDevice(handle, 2 * kChunk);
+  ASSERT_TRUE(none.ok());
+  v1::GetRequest no_events = Request({0}, none->region_id, none->token);
+  no_events.mutable_target()->set_record_events(true);
+  EXPECT_EQ(Get(no_events).status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+
+  // A second Get on the same events while the first holds them: ABORTED, retry later.
+  auto reg = ch->AddDevice(handle, 2 * kChunk, events);
+  ASSERT_TRUE(reg.ok());
+  v1::GetRequest req = Request({0, 1}, reg->region_id, reg->token);
+  req.mutable_target()->set_record_events(true);
+  {
+    grpc::ClientContext ctx;
+    auto reader = stub_->Get(&ctx, req);
+    v1::GetFrame f;
+    ASSERT_TRUE(reader->Read(&f));  // The first is under way, its copies held.
+    // (A deadline only so that a daemon that lets it run fails here, not hangs: its
+    // copies are held.)
+    grpc::ClientContext raced_ctx;
+    raced_ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    auto raced = stub_->Get(&raced_ctx, req);
+    while (raced->Read(&f)) {
+    }
+    const grpc::Status raced_status = raced->Finish();
+    EXPECT_EQ(raced_status.error_code(), grpc::StatusCode::ABORTED) << raced_status.error_message();
+    device_->RunPending();
+    while (reader->Read(&f)) {
+    }
+    ASSERT_TRUE(reader->Finish().ok());
+  }
+  // Lent back: the next one runs. Then a device error after its frames went out: the
+  // status says so (UNAVAILABLE: retry), and the daemon goes on.
+  device_->FailSubmission(1, absl::UnavailableError("injected: device fell off the bus"));
+  {
+    grpc::ClientContext ctx;
+    auto reader = stub_->Get(&ctx, req);
+    v1::GetFrame f;
+    ASSERT_TRUE(reader->Read(&f));
+    EXPECT_TRUE(f.in_flight());
+    device_->RunPending();
+    while (reader->Read(&f)) {
+    }
+    const grpc::Status s = reader->Finish();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
+  }
+  std::thread run([&] {
+    ASSERT_TRUE(testing::Eventually([&] { return device_->pending() > 0; }));
+    device_->RunPending();
+  });
+  const Frames again = Get(req);
+  run.join();
+  EXPECT_TRUE(again.status.ok()) << again.status.error_message();
+  EXPECT_TRUE(Landed(buf + kChunk, kChunk) == PatternBytes(1, kChunk));
 }
 
 }  // namespace

@@ -138,7 +138,8 @@ class Client:
         automatically. Raises FailedPreconditionError when the data path is the stream."""
         return self._native.shared_buffer(nbytes)
 
-    def register_device_memory(self, ipc_handle: bytes, nbytes: int) -> DeviceRegion:
+    def register_device_memory(self, ipc_handle: bytes, nbytes: int,
+                               event_handles: Sequence[bytes] = ()) -> DeviceRegion:
         """Registers ``nbytes`` of this process's GPU memory, from the start of the
         allocation whose CUDA IPC handle is ``ipc_handle`` (the 64 bytes of
         cudaIpcGetMemHandle; with PyTorch, a tensor's storage handle). The daemon opens
@@ -146,8 +147,12 @@ class Client:
         Raises FailedPreconditionError when the daemon is on another host or has no
         GPU, InvalidArgumentError for a stale or foreign handle or too small an
         allocation. The registration lasts until release_device_memory() or until this
-        client's process exits."""
-        region_id, token, n = self._native.register_device_memory(bytes(ipc_handle), nbytes)
+        client's process exits. ``event_handles`` (at most 512; with PyTorch,
+        ``torch.cuda.Event(interprocess=True).ipc_handle()``) are events the daemon
+        records for get_into_device(record_events=True); a stale or foreign one raises
+        InvalidArgumentError."""
+        region_id, token, n = self._native.register_device_memory(
+            bytes(ipc_handle), nbytes, [bytes(h) for h in event_handles])
         return DeviceRegion(region_id, token, n)
 
     def release_device_memory(self, region: DeviceRegion) -> None:
@@ -182,14 +187,22 @@ class Client:
                         offset: int = 0, layers: Optional[LayerRange] = None,
                         order: str = "chunk",
                         on_layer: Optional[Callable[[int], None]] = None, *,
-                        lease: int = 0) -> GetResult:
+                        lease: int = 0, record_events: bool = False) -> GetResult:
         """Loads ``keys`` into registered GPU memory: key i's bytes (the chunk, or
         ``layers`` of it) at ``offset + i * bytes per key`` of ``region``. The daemon
         copies device-to-device from its staging buffers or host-to-device from its
         pinned pool, checking each chunk's CRC32C, and reports each key (or each layer
         with ``order="layer"``, where ``on_layer(l)`` runs once layer ``l`` of every
         found key has landed) only when its bytes are there. ``bytes`` in the result is
-        0: the bytes never pass through this process."""
+        0: the bytes never pass through this process.
+
+        ``record_events`` (a region registered with event handles): each item is
+        reported as soon as its copies are queued on the daemon's stream, and the
+        region's event number item is recorded after them (item: the key's index, or
+        ``(l - layers.begin) * len(keys) + key`` with ``order="layer"``). Make the
+        stream that reads the bytes wait on that event (``stream.wait_event``) instead
+        of waiting here, and use nothing unless the call returns: its verdict covers
+        every item. One such call per region at a time (AbortedError otherwise)."""
         keys = _keys(keys)
         layers = _layers(layers)
         o = _order(order)
@@ -197,7 +210,7 @@ class Client:
             raise InvalidArgumentError("on_layer: only with order='layer'")
         found, tiers, tokens, nbytes = self._native.get_into_device(
             namespace_id, keys, region.region_id, region.token, offset, layers, o, on_layer,
-            lease, None)
+            lease, None, bool(record_events))
         return GetResult(list(found), [Tier(t) for t in tiers], list(tokens), nbytes)
 
     @property

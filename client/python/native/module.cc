@@ -85,7 +85,7 @@ PYBIND11_MODULE(_native, m) {
            py::arg("outs"), py::arg("layers"), py::arg("order"), py::arg("on_layer"),
            py::arg("lease_id"), py::arg("canceller"))
       .def("register_device_memory", &PyClient::RegisterDeviceMemory, py::arg("ipc_handle"),
-           py::arg("nbytes"))
+           py::arg("nbytes"), py::arg("event_handles"))
       .def("release_device_memory", &PyClient::ReleaseDeviceMemory, py::arg("region_id"))
       .def("put_from_device", &PyClient::PutFromDevice, py::arg("namespace_id"),
            py::arg("keys"), py::arg("region_id"), py::arg("token"), py::arg("region_bytes"),
@@ -94,7 +94,7 @@ PYBIND11_MODULE(_native, m) {
       .def("get_into_device", &PyClient::GetIntoDevice, py::arg("namespace_id"),
            py::arg("keys"), py::arg("region_id"), py::arg("token"), py::arg("offset"),
            py::arg("layers"), py::arg("order"), py::arg("on_layer"), py::arg("lease_id"),
-           py::arg("canceller"))
+           py::arg("canceller"), py::arg("record_events"))
       .def("get", &PyClient::Get, py::arg("namespace_id"), py::arg("keys"), py::arg("layers"),
            py::arg("order"), py::arg("lease_id"), py::arg("canceller"))
       .def("pin", &PyClient::Pin)

@@ -501,12 +501,13 @@ py::tuple PyClient::GetIntoSpan(uint64_t namespace_id, const std::vector<ChunkKe
   return ResultTuple(v, keys.empty() ? 0 : out.size() / keys.size());
 }
 
-py::tuple PyClient::RegisterDeviceMemory(const py::bytes& ipc_handle, uint64_t nbytes) {
+py::tuple PyClient::RegisterDeviceMemory(const py::bytes& ipc_handle, uint64_t nbytes,
+                                         const std::vector<std::string>& event_handles) {
   const std::string handle = ipc_handle;
   absl::StatusOr<RegionChannel::Registration> r;
   {
     py::gil_scoped_release nogil;
-    r = client_->RegisterDeviceMemory(handle, nbytes);
+    r = client_->RegisterDeviceMemory(handle, nbytes, event_handles);
   }
   RegionChannel::Registration reg = ValueOrThrow(std::move(r));
   return py::make_tuple(reg.region_id, reg.token, reg.bytes);
@@ -555,7 +556,7 @@ py::tuple PyClient::GetIntoDevice(uint64_t namespace_id, const py::list& keys,
                                   uint64_t region_id, uint64_t token, uint64_t offset,
                                   const py::object& layers, int order,
                                   const py::object& on_layer, uint64_t lease_id,
-                                  PyCanceller* canceller) {
+                                  PyCanceller* canceller, bool record_events) {
   std::vector<ChunkKey> k = KeysFromList(keys);
   const v1::GetOrder get_order = OrderFromInt(order);
   if (!on_layer.is_none() && get_order != v1::GET_ORDER_LAYER_MAJOR) {
@@ -568,7 +569,8 @@ py::tuple PyClient::GetIntoDevice(uint64_t namespace_id, const py::list& keys,
     py::gil_scoped_release nogil;
     r = client_->GetIntoDevice(namespace_id, k, {region_id, token, 0}, offset, range,
                                get_order, lease_id,
-                               [&](uint32_t, uint32_t layer) { return passes.OnItem(layer); });
+                               [&](uint32_t, uint32_t layer) { return passes.OnItem(layer); },
+                               record_events);
     if (r.ok()) {
       if (absl::Status s = passes.Finish(); !s.ok()) r = s;
     }

@@ -67,9 +67,10 @@ class PyClient {
                           const pybind11::list& outs, const pybind11::object& layers,
                           int order, const pybind11::object& on_layer, uint64_t lease_id,
                           PyCanceller* canceller);
-  // GPU memory of this process, registered by its CUDA IPC handle. Returns (region_id,
-  // token, bytes).
-  pybind11::tuple RegisterDeviceMemory(const pybind11::bytes& ipc_handle, uint64_t nbytes);
+  // GPU memory of this process, registered by its CUDA IPC handle, with the IPC handles
+  // of interprocess events for record_events. Returns (region_id, token, bytes).
+  pybind11::tuple RegisterDeviceMemory(const pybind11::bytes& ipc_handle, uint64_t nbytes,
+                                       const std::vector<std::string>& event_handles);
   void ReleaseDeviceMemory(uint64_t region_id);
   // Stores chunk i from a registered GPU region at offsets[i], checked against
   // crc32cs[i] (KvTierClient::PutFromDevice); chain_start and prev_key as Put. Returns
@@ -82,13 +83,14 @@ class PyClient {
                                 const pybind11::object& chain_start,
                                 const pybind11::object& prev_key);
   // Loads keys into a registered GPU region at `offset` (key i at offset + i x bytes
-  // per key), the daemon copying on its CUDA streams. on_layer as GetInto. Same result
-  // tuple as GetInto.
+  // per key), the daemon copying on its CUDA streams. on_layer as GetInto, but with
+  // record_events it runs once the layer's copies are queued (the worker waits on the
+  // region's events). Same result tuple as GetInto.
   pybind11::tuple GetIntoDevice(uint64_t namespace_id, const pybind11::list& keys,
                                 uint64_t region_id, uint64_t token, uint64_t offset,
                                 const pybind11::object& layers, int order,
                                 const pybind11::object& on_layer, uint64_t lease_id,
-                                PyCanceller* canceller);
+                                PyCanceller* canceller, bool record_events);
   // Returns a list with, per key, bytes (the chunk or its layer range) or None (absent).
   pybind11::list Get(uint64_t namespace_id, const pybind11::list& keys,
                      const pybind11::object& layers, int order, uint64_t lease_id,

@@ -453,6 +453,12 @@ def test_device_memory_needs_a_daemon_with_a_gpu(tmp_path):
                 c.get_into_device(ns, keys, region)
             with pytest.raises(kvtier.InvalidArgumentError, match="on_layer"):
                 c.get_into_device(ns, keys, region, on_layer=lambda layer: None)
+            # record_events reaches the daemon, which records events only into GPU
+            # memory it has registered.
+            with pytest.raises(kvtier.InvalidArgumentError, match="record_events"):
+                c.get_into_device(ns, keys, region, record_events=True)
+            with pytest.raises(kvtier.FailedPreconditionError, match="no GPU"):
+                c.register_device_memory(b"\0" * 64, 1 << 20, event_handles=[b"\0" * 64])
             # put_from_device: what the client checks itself, then the daemon's answer
             # for a region it does not have; nothing is stored.
             chunk = layout.chunk_bytes
