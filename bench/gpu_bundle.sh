@@ -49,7 +49,7 @@ export TMPDIR=$(mktemp -d)
   done
   echo "gpu tests: $([ $rc -eq 0 ] && echo passed || echo FAILED)"
   timeout 60 "$here/bin/gpu_bench" --sizes-mib=32,128 --reps=20 --json="$out/gpu.jsonl"
-  timeout 150 "$here/bin/gpu_worker_bench" --sizes-mib=32,128 --reps=10 --chunks=12 --layers=32 \
+  timeout 200 "$here/bin/gpu_worker_bench" --sizes-mib=32,128 --reps=10 --chunks=12 --layers=32 \
     --json="$out/gpu_worker.jsonl" --timeline-dir="$out"
 } 2>&1 | tee "$out/run.log"
 find "$TMPDIR" -name '*.log' -print0 | tar -czf "$out/daemon-logs.tar.gz" --null -T - 2>/dev/null

@@ -117,15 +117,25 @@ class Spinner {
 struct Region {
   void* ptr = nullptr;
   RegionChannel::Registration reg;
+  std::vector<cudaEvent_t> events;  // Registered with it, for record_events.
 };
 
-Region Register(KvTierClient& client, uint64_t bytes) {
+Region Register(KvTierClient& client, uint64_t bytes, int events = 0) {
   Region r;
   CUDA_OR_DIE(cudaMalloc(&r.ptr, bytes));
   cudaIpcMemHandle_t h;
   CUDA_OR_DIE(cudaIpcGetMemHandle(&h, r.ptr));
+  std::vector<std::string> handles;
+  for (int i = 0; i < events; ++i) {
+    cudaEvent_t e;
+    CUDA_OR_DIE(cudaEventCreateWithFlags(&e, cudaEventInterprocess | cudaEventDisableTiming));
+    cudaIpcEventHandle_t eh;
+    CUDA_OR_DIE(cudaIpcGetEventHandle(&eh, e));
+    handles.emplace_back(reinterpret_cast<const char*>(&eh), sizeof(eh));
+    r.events.push_back(e);
+  }
   auto reg = client.RegisterDeviceMemory(std::string(reinterpret_cast<const char*>(&h), sizeof(h)),
-                                         bytes);
+                                         bytes, handles);
   if (!reg.ok()) {
     std::fprintf(stderr, "register: %s\n", std::string(reg.status().message()).c_str());
     std::exit(1);
@@ -228,7 +238,7 @@ void H2d(uint64_t mib) {
   cudaFree(dst);
 
   // From the pool: staging off, a fresh chunk each rep.
-  std::vector<double> ram;
+  std::vector<double> ram, absent;
   {
     Daemon d = StartDaemon(static_cast<uint32_t>(mib), reps + 2, 0);
     PutChunks(d, 0, reps + 1, bytes);
@@ -238,6 +248,18 @@ void H2d(uint64_t mib) {
       const double s = TimedGet(d, i, r, &tier);
       if (i > 0) ram.push_back(s);
       if (tier != v1::TIER_RAM) std::fprintf(stderr, "h2d ram: chunk came from tier %d\n", tier);
+    }
+    // The call's fixed cost: one GetIntoDevice of a key the daemon does not hold.
+    for (uint64_t i = 0; i < reps + 1; ++i) {
+      const auto t0 = Clock::now();
+      auto got = d.client->GetIntoDevice(d.ns, std::vector<ChunkKey>{Key(1000 + i)}, r.reg, 0);
+      const double s = Since(t0);
+      if (!got.ok() || got->found[0]) {
+        std::fprintf(stderr, "absent get: %s\n",
+                     got.ok() ? "found" : std::string(got.status().message()).c_str());
+        std::exit(1);
+      }
+      if (i > 0) absent.push_back(s);
     }
     cudaFree(r.ptr);
   }
@@ -323,6 +345,7 @@ void H2d(uint64_t mib) {
       .N("daemon_staging_gbps", st > 0 ? bytes / st / 1e9 : 0)
       .S("staging_tier", staged_tier)
       .N("ram_vs_baseline", b / h)
+      .N("absent_get_us", Pct(absent, 50) * 1e6)
       .N("staging_vs_baseline", st > 0 ? b / st : 0)
       .N("batch", batch)
       .N("batch_ram_gbps", ram_b.empty() ? 0 : batch * bytes / Pct(ram_b, 50) / 1e9)
@@ -413,22 +436,57 @@ void Layerwise() {
   const Region& r = setup.r;
   Spinner spin;
 
-  // Load alone: one chunk layer-major, median of 5 (a chunk not read before each time
-  // is not needed: staging is off, every read is from the pool).
-  std::vector<double> load;
-  for (int i = 0; i < 5; ++i) {
-    const auto t0 = Clock::now();
-    auto got = d.client->GetIntoDevice(d.ns, std::vector<ChunkKey>{Key(i % chunks)}, r.reg, 0,
-                                       LayerRange{0, layers}, v1::GET_ORDER_LAYER_MAJOR);
+  // Load alone: one chunk layer-major, frames on landing and record_events (the
+  // worker's stream waits on the event the daemon records after each layer) in turn,
+  // medians of --load-reps each (staging is off: every read is from the pool). For
+  // each, the whole chunk (the call, and with events the stream past every wait) and
+  // its first layer: the first frame on the host, or the stream past the first wait.
+  cudaStream_t compute;
+  CUDA_OR_DIE(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking));
+  Region er = Register(*d.client, uint64_t{chunks} * chunk_bytes, static_cast<int>(layers));
+  cudaEvent_t go, first;
+  CUDA_OR_DIE(cudaEventCreate(&go));
+  CUDA_OR_DIE(cudaEventCreate(&first));
+  std::vector<double> load, first_frame, events_load, events_first;
+  for (uint64_t i = 0; i < Flag("load-reps", 11); ++i) {
+    const ChunkKey key = Key(i % chunks);
+    auto t0 = Clock::now();
+    double first_s = 0;
+    auto got = d.client->GetIntoDevice(d.ns, std::vector<ChunkKey>{key}, r.reg, 0,
+                                       LayerRange{0, layers}, v1::GET_ORDER_LAYER_MAJOR, 0,
+                                       [&](uint32_t, uint32_t layer) {
+                                         if (layer == 0) first_s = Since(t0);
+                                         return absl::OkStatus();
+                                       });
     if (!got.ok()) std::exit(1);
     load.push_back(Since(t0));
+    first_frame.push_back(first_s);
+
+    t0 = Clock::now();
+    CUDA_OR_DIE(cudaEventRecord(go, compute));
+    got = d.client->GetIntoDevice(
+        d.ns, std::vector<ChunkKey>{key}, er.reg, 0, LayerRange{0, layers},
+        v1::GET_ORDER_LAYER_MAJOR, 0,
+        [&](uint32_t, uint32_t layer) {
+          CUDA_OR_DIE(cudaStreamWaitEvent(compute, er.events[layer], 0));
+          if (layer == 0) CUDA_OR_DIE(cudaEventRecord(first, compute));
+          return absl::OkStatus();
+        },
+        /*record_events=*/true);
+    if (!got.ok()) {
+      std::fprintf(stderr, "events get: %s\n", std::string(got.status().message()).c_str());
+      std::exit(1);
+    }
+    CUDA_OR_DIE(cudaStreamSynchronize(compute));
+    events_load.push_back(Since(t0));
+    float ms = 0;
+    CUDA_OR_DIE(cudaEventElapsedTime(&ms, go, first));
+    events_first.push_back(ms / 1e3);
   }
   const double load_chunk = Pct(load, 50);
   const double factor = DFlag("compute-factor", 1.25);
   const uint64_t layer_ns = static_cast<uint64_t>(load_chunk / layers * factor * 1e9);
 
-  cudaStream_t compute;
-  CUDA_OR_DIE(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking));
   std::vector<std::vector<cudaEvent_t>> begin(chunks, std::vector<cudaEvent_t>(layers));
   std::vector<std::vector<cudaEvent_t>> end(chunks, std::vector<cudaEvent_t>(layers));
   for (auto* v : {&begin, &end}) {
@@ -492,8 +550,43 @@ void Layerwise() {
   }
   const double busy = BusyShare(rows);
   WriteTimeline("layerwise", rows);
+
+  // The same pipeline with record_events (the region `er`): the worker's stream waits
+  // on the daemon's record of each layer's event, queued from the layer's frame as soon
+  // as its copies are queued; the host waits on nothing per layer. One thread.
+  std::vector<Interval> event_rows;
+  const auto e0 = Clock::now();
+  GpuClock eclock = StartGpuClock(compute, e0);
+  for (uint32_t k = 0; k < chunks; ++k) {
+    auto got = d.client->GetIntoDevice(
+        d.ns, std::vector<ChunkKey>{Key(k)}, er.reg, uint64_t{k} * chunk_bytes,
+        LayerRange{0, layers}, v1::GET_ORDER_LAYER_MAJOR, 0,
+        [&](uint32_t, uint32_t l) {
+          CUDA_OR_DIE(cudaStreamWaitEvent(compute, er.events[l], 0));
+          CUDA_OR_DIE(cudaEventRecord(begin[k][l], compute));
+          spin.Launch(compute, layer_ns);
+          CUDA_OR_DIE(cudaEventRecord(end[k][l], compute));
+          return absl::OkStatus();
+        },
+        /*record_events=*/true);
+    if (!got.ok()) {
+      std::fprintf(stderr, "events pipeline: %s\n", std::string(got.status().message()).c_str());
+      std::exit(1);
+    }
+  }
+  CUDA_OR_DIE(cudaStreamSynchronize(compute));
+  const double events_total = Since(e0) - eclock.origin_s;
+  AddCompute(eclock, begin, end, &event_rows);
+  WriteTimeline("layerwise_events", event_rows);
+  cudaFree(er.ptr);
+
   JsonLine()
       .S("bench", "gpu_worker_layerwise")
+      .N("first_layer_frame_ms", Pct(first_frame, 50) * 1e3)
+      .N("events_load_chunk_ms", Pct(events_load, 50) * 1e3)
+      .N("events_first_layer_ms", Pct(events_first, 50) * 1e3)
+      .N("events_pipelined_ms", events_total * 1e3)
+      .N("events_compute_busy_share", BusyShare(event_rows))
       .N("chunks", chunks)
       .N("layers", layers)
       .N("chunk_mib", layers)

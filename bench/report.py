@@ -498,6 +498,20 @@ def gpu(res, w):
               f"{r.get('crc_1_thread_gbps', 0):.1f} | {r.get('crc_parallel_gbps', 0):.1f} | "
               f"{r['staging_gbps']:.0f} | {r.get('crc_on_gpu_gbps', 0):.0f} |")
         w("")
+        parts = [r for r in rows if "lane_4k_us" in r]
+        if parts:
+            w("Where a host delivery's fixed cost goes, on the same pool chunk: a 4 KiB copy "
+              "through a copy lane (the submission, the wait on its event and the hand-off "
+              "back), the chunk's copies through a lane without and with the check, and the "
+              "two CRC32C kernels alone, timed on the device.\n")
+            w("| chunk | lane, 4 KiB us | lane copy GB/s | lane copy + check GB/s | CRC32C "
+              "kernels us |")
+            w("|---|---|---|---|---|")
+            for r in parts:
+                w(f"| {r['chunk_mib']:.0f} MiB | {r['lane_4k_us']:.0f} | "
+                  f"{r['lane_copy_gbps']:.1f} | {r.get('lane_copy_crc_gbps', 0):.1f} | "
+                  f"{r.get('crc_kernels_us', 0):.0f} |")
+            w("")
     h2d = [r for r in worker if r.get("bench") == "gpu_worker_h2d"]
     if h2d:
         w("**Through the daemon** (`gpu_worker_bench`: a worker process, kvtierd with "
@@ -514,6 +528,12 @@ def gpu(res, w):
               f"{r.get('batch_ram_gbps', 0):.1f} | {r.get('batch_ram_vs_baseline', 0):.2f} | "
               f"{r['daemon_staging_gbps']:.0f} | {r.get('batch_staging_gbps', 0):.0f} |")
         w("")
+        absent = [r for r in h2d if "absent_get_us" in r]
+        if absent:
+            w("The call's own cost, without a copy: a GetIntoDevice of one key the daemon "
+              "does not hold took " + ", ".join(
+                  f"{r['absent_get_us']:.0f} us" for r in absent) + " (median, in the "
+              "runs of the rows above).\n")
     for r in worker:
         if r.get("bench") == "gpu_worker_layerwise":
             w(f"**Layer-wise load beside compute**: {r['chunks']:.0f} chunks of "
@@ -524,6 +544,20 @@ def gpu(res, w):
               f"the compute stream was busy {100 * r['compute_busy_share']:.1f}% of its span, "
               f"and {100 * r['median_overlap_k_with_k_minus_1']:.0f}% (median) of chunk k's "
               f"transfer ran while chunk k-1 computed.\n")
+            if "events_pipelined_ms" in r:
+                first = ""
+                if "events_first_layer_ms" in r:
+                    first = (f"; its first layer was ready for the worker's GPU after "
+                             f"{r['events_first_layer_ms']:.2f} ms (its frame reached the "
+                             f"host after {r['first_layer_frame_ms']:.2f} ms without events)")
+                w(f"With `record_events` (the compute stream waits on the worker's IPC event "
+                  f"the daemon records after each layer, queued from the layer's frame as soon "
+                  f"as its copies are queued; the host waits on nothing per layer): one chunk "
+                  f"loaded in {r['events_load_chunk_ms']:.2f} ms (against "
+                  f"{r['load_chunk_ms']:.2f} ms with frames on landing, alternating, medians)"
+                  f"{first}; the same pipeline took {r['events_pipelined_ms']:.1f} ms with the "
+                  f"compute stream busy {100 * r['events_compute_busy_share']:.1f}% of its "
+                  f"span.\n")
         if r.get("bench") == "gpu_worker_prefill":
             w(f"**Prefill session into GPU memory**: {r['chunks']:.0f} cached chunks of "
               f"{r['chunk_mib']:.0f} MiB, {r['compute_chunk_ms']:.2f} ms of compute each; "
