@@ -382,7 +382,8 @@ class KvTierClient {
   // as the item's copies are queued on the daemon's stream, before they land; the
   // worker makes its stream wait on the region's event number item (the key's index
   // chunk-major; (layer - layers->begin) * keys.size() + key layer-major) before
-  // reading them, and uses nothing unless the call returns Ok, its verdict on every
+  // reading them, writes nothing there before the call returns (the daemon may still be
+  // checking what landed), and uses nothing unless it returns Ok, its verdict on every
   // item. One such call per region at a time.
   // Returns: as GetInto, plus FailedPrecondition (no GPU on the daemon, region unknown),
   // InvalidArgument (the keys do not fit the region; record_events with more items

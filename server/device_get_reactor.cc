@@ -189,10 +189,16 @@ void DeviceGetReactor::Pump() {
 }
 
 void DeviceGetReactor::OnEnqueued(size_t item, Tier from) {
+  const uint32_t key = plan_.items[item].key;
+  const bool first = FirstItemOfKey(item);
+  // Later passes start now, reading the chunk from RAM unchecked: hold it from here.
+  std::optional<ChunkView> hold;
+  if (first && plan_.layer_major) hold = store_->HoldInRam(plan_.ids[key]);
   {
     absl::MutexLock lock(&mu_);
     enqueued_[item] = from;
-    if (FirstItemOfKey(item)) found_[plan_.items[item].key] = true;
+    if (first) found_[key] = true;
+    if (hold) held_.push_back(*std::move(hold));
   }
   // Runs before the item's OnDelivered (TieredStore::ReadToDeviceAsync), which is what
   // keeps the reactor alive here.
@@ -217,15 +223,21 @@ bool DeviceGetReactor::FirstItemOfKey(size_t item) const {
 void DeviceGetReactor::OnDelivered(size_t item, absl::StatusOr<Tier> result) {
   const uint32_t key = plan_.items[item].key;
   const bool first = FirstItemOfKey(item);
-  // A chunk found by its first pass is held in RAM for the later ones.
+  // A chunk found by its first pass is held in RAM for the later ones (with
+  // record_events, since it was queued: OnEnqueued).
   std::optional<ChunkView> hold;
-  if (first && result.ok() && plan_.layer_major) hold = store_->HoldInRam(plan_.ids[key]);
+  if (first && result.ok() && plan_.layer_major && !record_events_) {
+    hold = store_->HoldInRam(plan_.ids[key]);
+  }
   {
     absl::MutexLock lock(&mu_);
     --copies_;
     if (first && result.ok()) found_[key] = true;
     if (hold) held_.push_back(*std::move(hold));
-    if (!result.ok() && !absl::IsNotFound(result.status()) && error_.ok()) {
+    // Absent is no error, but an item whose frame already said "in flight" that fails
+    // in any way is: the worker was told to wait for bytes that did not land.
+    const bool sent = enqueued_[item].has_value();
+    if (!result.ok() && (sent || !absl::IsNotFound(result.status())) && error_.ok()) {
       error_ = absl::Status(result.status().code(),
                             absl::StrCat("keys[", key, "]: ", result.status().message()));
     }

@@ -40,10 +40,13 @@ absl::StatusOr<std::shared_ptr<const DeviceRegion>> DeviceRegion::Open(
     if (!ev.ok()) {
       for (uint64_t e : events) backend->CloseIpcEvent(e);
       backend->CloseIpcMemory(mem->base);
+      // A bad handle is the client's; a device that cannot open IPC events here will
+      // not on a retry either (only running out of resources may pass).
       const absl::StatusCode code =
           absl::IsInvalidArgument(ev.status()) || absl::IsNotFound(ev.status())
               ? absl::StatusCode::kInvalidArgument
-              : ev.status().code();
+          : absl::IsResourceExhausted(ev.status()) ? absl::StatusCode::kResourceExhausted
+                                                   : absl::StatusCode::kFailedPrecondition;
       return absl::Status(code, absl::StrCat("device region: cannot open event_handles[", i,
                                              "]: ", ev.status().message()));
     }

@@ -107,8 +107,8 @@ class GpuStagingTier {
   // miss. The chunk cannot be evicted until `done` has run. `done`: Ok, NotFound (not
   // staged, or still loading), InvalidArgument (a range outside the chunk, or a
   // destination the backend rejects), Unavailable (device error). `enqueued`, if set,
-  // runs on the caller's thread once the copies (and their event records) are on the
-  // device's stream, and only then: not when the chunk was not found.
+  // runs once the copies (and their event records) were submitted to the device's
+  // stream, before `done`, and only then: not when the chunk was not found.
   void CopyToDevice(const ChunkId& id, std::vector<Range> ranges, Done done,
                     std::function<void()> enqueued = nullptr);
   // The whole chunk into host memory `dst` (meta.size bytes, valid until `done`).

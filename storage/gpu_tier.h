@@ -90,8 +90,9 @@ class GpuTier final : public StorageTier {
   using Range = GpuStagingTier::Range;
   using Done = std::function<void(absl::Status)>;
   // Each range's `record_event` is recorded on the copy's stream right after its bytes.
-  // `enqueued`, if set, runs once the copies and those records are on the stream, and
-  // before `done`; not at all if nothing was submitted (NotFound, a bad range).
+  // `enqueued`, if set, runs once the copies and those records were submitted to the
+  // device's stream (an error there reaches `done`), and before `done`; not at all if
+  // nothing was submitted (NotFound, a bad range).
   //
   // From staging. `done`: Ok, NotFound (not staged: deliver from host instead),
   // InvalidArgument, Unavailable.

@@ -941,6 +941,10 @@ void TieredStore::ReadToDeviceAsync(const ChunkId& id, std::vector<DeviceRange> 
     gpu_->DeliverFromHost(view->meta(), std::move(pieces), view->KeepAlive(), std::move(ranges),
                           [this, id, done = std::move(done), from, chunk](absl::Status s) {
                             if (absl::IsDataLoss(s)) DropCorruptInRam(id, chunk);
+                            if (absl::IsNotFound(s)) {
+                              // The chunk was read: this is the device's (no device).
+                              s = absl::UnavailableError(s.message());
+                            }
                             if (!s.ok()) {
                               done(s);
                               return;
@@ -957,11 +961,16 @@ void TieredStore::ReadToDeviceAsync(const ChunkId& id, std::vector<DeviceRange> 
     ReadAsync(id, std::move(from_host));
     return;
   }
+  // NotFound before anything was submitted means not staged (any more); after, it is
+  // the device's error and must not send the item to the host path a second time.
+  auto submitted = std::make_shared<std::atomic<bool>>(false);
   gpu_->DeliverFromStaging(
       id, ranges,
-      [this, id, from_host = std::move(from_host), done](absl::Status s) mutable {
+      [this, id, from_host = std::move(from_host), done, submitted](absl::Status s) mutable {
         if (s.ok()) {
           done(Tier::kGpu);
+        } else if (absl::IsNotFound(s) && submitted->load(std::memory_order_acquire)) {
+          done(absl::UnavailableError(s.message()));
         } else if (absl::IsNotFound(s) && stopping_.load(std::memory_order_acquire)) {
           done(absl::UnavailableError("kvtierd is shutting down"));
         } else if (absl::IsNotFound(s)) {
@@ -971,7 +980,10 @@ void TieredStore::ReadToDeviceAsync(const ChunkId& id, std::vector<DeviceRange> 
           done(s);
         }
       },
-      enqueued ? std::function<void()>([enqueued] { enqueued(Tier::kGpu); }) : nullptr);
+      [enqueued, submitted] {
+        submitted->store(true, std::memory_order_release);
+        if (enqueued) enqueued(Tier::kGpu);
+      });
 }
 
 absl::StatusOr<bool> TieredStore::Delete(const ChunkId& id) {

@@ -314,8 +314,10 @@ class TieredStore {
   // range of it does not check the whole chunk again.
   // A range's `record_event` (DeviceBackend::OpenIpcEvent) is recorded on the device
   // right after its bytes. `enqueued`, if set, runs once the copies and those records
-  // are on the device's stream, with the tier the bytes come from, before `done`; not
-  // at all when nothing was submitted (absent, a bad range, a read error).
+  // were submitted to the device's stream (an error there reaches `done`), with the
+  // tier the bytes come from, before `done`; not at all when nothing was submitted
+  // (absent, a bad range, a read error). A chunk found then, and lost to a device
+  // error, is Unavailable, never NotFound.
   using DeviceRange = GpuTier::Range;
   void ReadToDeviceAsync(const ChunkId& id, std::vector<DeviceRange> ranges,
                          std::function<void(absl::StatusOr<Tier>)> done, bool check_crc = true,

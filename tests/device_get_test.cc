@@ -977,5 +977,40 @@ TEST_F(DeviceGetTest, RecordEventsBadHandlesTooFewEventsAndRacesGetClearStatuses
   EXPECT_TRUE(Landed(buf + kChunk, kChunk) == PatternBytes(1, kChunk));
 }
 
+// A device error coded NOT_FOUND (CUDA's "no device") after an item's frame said "in
+// flight" fails the call: it is not an absent chunk, and a staged chunk is not sent to
+// the host path a second time (which would record its event twice).
+TEST_F(DeviceGetTest, ADeviceErrorCodedNotFoundAfterTheFrameFailsTheCall) {
+  Start({.hold_copies = true});
+  Put(0);
+  Put(1);
+  store_->StageAsync(ChunkId{ns_, KeyOf(0)});
+  device_->RunPending();
+  ASSERT_EQ(store_->Locate(ChunkId{ns_, KeyOf(0)}), Tier::kGpu);
+  auto [buf, handle] = WorkerBuffer(kChunk);
+  const std::vector<std::string> events = WorkerEvents(1);
+  auto ch = Channel();
+  auto reg = ch->AddDevice(handle, kChunk, events);
+  ASSERT_TRUE(reg.ok()) << reg.status();
+  for (uint64_t key : {0, 1}) {  // From staging, then from RAM.
+    v1::GetRequest req = Request({key}, reg->region_id, reg->token);
+    req.mutable_target()->set_record_events(true);
+    device_->FailSubmission(1, absl::NotFoundError("injected: no CUDA device"));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    auto reader = stub_->Get(&ctx, req);
+    v1::GetFrame f;
+    ASSERT_TRUE(reader->Read(&f)) << key;
+    EXPECT_TRUE(f.in_flight());
+    EXPECT_EQ(f.tier(), key == 0 ? v1::TIER_GPU : v1::TIER_RAM);
+    device_->RunPending();
+    while (reader->Read(&f)) {
+    }
+    const grpc::Status s = reader->Finish();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << key << ": " << s.error_message();
+    EXPECT_LE(device_->event_reached(events[0]), key) << "recorded again after the failure";
+  }
+}
+
 }  // namespace
 }  // namespace kvtier

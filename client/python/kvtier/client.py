@@ -201,8 +201,9 @@ class Client:
         region's event number item is recorded after them (item: the key's index, or
         ``(l - layers.begin) * len(keys) + key`` with ``order="layer"``). Make the
         stream that reads the bytes wait on that event (``stream.wait_event``) instead
-        of waiting here, and use nothing unless the call returns: its verdict covers
-        every item. One such call per region at a time (AbortedError otherwise)."""
+        of waiting here; write nothing there before the call returns (the daemon may
+        still be checking what landed), and use nothing unless it returns: its verdict
+        covers every item. One such call per region at a time (AbortedError otherwise)."""
         keys = _keys(keys)
         layers = _layers(layers)
         o = _order(order)
