@@ -1,4 +1,4 @@
-// One flat JSON object per line (numbers and strings), appended to --json=FILE and
+// One flat JSON object per line (numbers, strings and arrays of numbers), appended to --json=FILE and
 // echoed to stderr: the raw results bench/report.py and bench/plot.py read.
 // Standard library only.
 #ifndef KVTIER_BENCH_JSON_LINE_H_
@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "bench/bench_flags.h"
 
@@ -24,6 +25,17 @@ class JsonLine {
     char buf[64];
     std::snprintf(buf, sizeof buf, "%.6g", v);
     s_ += "\"" + k + "\": " + buf;
+    return *this;
+  }
+  JsonLine& V(const std::string& k, const std::vector<double>& v) {
+    Sep();
+    s_ += "\"" + k + "\": [";
+    for (size_t i = 0; i < v.size(); ++i) {
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "%s%.6g", i ? ", " : "", v[i]);
+      s_ += buf;
+    }
+    s_ += "]";
     return *this;
   }
   void Emit() {

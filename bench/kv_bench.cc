@@ -26,7 +26,9 @@
 // before the clock starts; the daemon checks the CRC32C in its copy), so SSD cells
 // measure the tier without loopback TCP in the way. --frame-kib and --window-kib set the
 // clients' max_frame_bytes and receive_window_bytes (transport experiments);
-// --malloc-pad-mib their malloc_top_pad_bytes (0: the process's allocator untouched).
+// --malloc-pad-mib their malloc_top_pad_bytes (0: the process's allocator untouched),
+// --malloc-arena-max their malloc_arena_max (default 2, as a process running many
+// client threads should; 0: glibc's 8 arenas per core).
 // Clients connect (--preconnect=1) before a cell's clock starts, and in get cells each
 // gets one chunk of the cell's size first (--warm=1, see Grid), so cells measure warm
 // connections; redis_bench does the same for its connections.
@@ -108,6 +110,7 @@ std::unique_ptr<KvTierClient> MakeClient(const std::string& target, int i) {
   if (const int mib = Flag("malloc-pad-mib", -1); mib >= 0) {
     o.malloc_top_pad_bytes = uint64_t(mib) << 20;
   }
+  o.malloc_arena_max = uint32_t(Flag("malloc-arena-max", 2));
   if (SharedPlane()) o.data_plane = kvtier::ClientOptions::DataPlane::kSharedMemory;
   auto c = KvTierClient::Connect(target, o);
   if (!c.ok()) {
@@ -167,10 +170,11 @@ struct Cell {
   double daemon_cpu_s = 0, client_cpu_s = 0;
 };
 
-void EmitCell(Cell& c) {
+// `runs`: every round's GB/s when the cell is the median of several (--rounds).
+void EmitCell(Cell& c, const std::vector<double>& runs = {}) {
   const double gbps = c.bytes / c.secs / 1e9;
-  JsonLine()
-      .S("kind", "cell").S("tier", c.tier).S("op", c.op)
+  JsonLine line;
+  line.S("kind", "cell").S("tier", c.tier).S("op", c.op)
       .N("chunk_mib", c.chunk_bytes / 1048576.0).N("clients", c.clients).N("ops", c.ops)
       .N("bytes", c.bytes).N("secs", c.secs).N("gbps", gbps)
       .N("p50_ms", Pct(c.lat_ms, 0.5)).N("p99_ms", Pct(c.lat_ms, 0.99))
@@ -178,13 +182,28 @@ void EmitCell(Cell& c) {
       .N("errors", c.errors).N("retries", c.retries)
       .N("device_write_bytes", c.device_write_bytes)
       .N("write_amp", c.bytes ? double(c.device_write_bytes) / c.bytes : 0.0)
-      .N("daemon_cpu_s", c.daemon_cpu_s).N("client_cpu_s", c.client_cpu_s)
-      .Emit();
+      .N("daemon_cpu_s", c.daemon_cpu_s).N("client_cpu_s", c.client_cpu_s);
+  if (!runs.empty()) line.V("gbps_rounds", runs);
+  line.Emit();
   std::printf("| %s | %s | %.0f MiB | %lu | %lu | %.2f GiB | %.2f s | %.3f | %.2f | %.2f | %lu/%lu | %lu |\n",
               c.tier.c_str(), c.op.c_str(), c.chunk_bytes / 1048576.0, c.clients, c.ops,
               c.bytes / 1073741824.0, c.secs, gbps, Pct(c.lat_ms, 0.5), Pct(c.lat_ms, 0.99),
               c.from_ram.load(), c.from_ssd.load(), c.errors.load());
   std::fflush(stdout);
+}
+
+// A cell measured in several rounds: emits the round of median throughput (the lower of
+// the two middle ones for an even count), with every round's GB/s beside it.
+void EmitMedian(std::vector<std::unique_ptr<Cell>>& rounds) {
+  if (rounds.empty()) return;
+  std::vector<double> runs;
+  for (const auto& c : rounds) runs.push_back(c->bytes / c->secs / 1e9);
+  std::vector<Cell*> sorted;
+  for (auto& c : rounds) sorted.push_back(c.get());
+  std::sort(sorted.begin(), sorted.end(), [](const Cell* a, const Cell* b) {
+    return a->bytes / a->secs < b->bytes / b->secs;
+  });
+  EmitCell(*sorted[(sorted.size() - 1) / 2], rounds.size() > 1 ? runs : std::vector<double>{});
 }
 
 // Runs `ops` operations over `clients` threads; op(client, i, cell) returns bytes moved
@@ -450,6 +469,11 @@ int Grid(const std::string& dir) {
   // time is set by the last of its streams to finish, and a 64-client cell of 32 MiB
   // chunks lasts about a second on this machine.
   const uint64_t min_ops = std::max<uint64_t>(1, Flag("min-ops-per-client", 1));
+  // --rounds=N measures every cell N times, the client counts interleaved (round 1 of
+  // each, then round 2, ...), and reports each cell's median round: one run of a
+  // sub-second cell moved by +-0.15 on this shared 2-vCPU machine, and the peak over
+  // client counts, a maximum of such runs, was biased upwards.
+  const uint64_t rounds = std::max<uint64_t>(1, Flag("rounds", 1));
   // --mode: the daemon's write mode (ram-only for the RAM tier and write-through for the
   // SSD tier unless given; write-back measures puts drained by the background writers).
   const std::string mode = StrFlag("mode", tier_name == "ram" ? "ram-only" : "write-through");
@@ -491,9 +515,11 @@ int Grid(const std::string& dir) {
         GetOne(c, warm_ns, warm_key, ignored);
       };
     };
+    std::map<uint64_t, std::vector<std::unique_ptr<Cell>>> measured;
+    for (uint64_t round = 0; round < rounds; ++round)
     for (uint64_t clients : client_counts) {
       if (Flag("skip-puts", 0) != 0) break;  // Profiling the get path only.
-      Cell cell;
+      Cell& cell = *measured[clients].emplace_back(std::make_unique<Cell>());
       cell.tier = tier, cell.op = "put", cell.chunk_bytes = cb, cell.clients = clients;
       cell.ops = std::max(clients * min_ops, budget / cb);
       cell.daemon_pid = daemon.pid();
@@ -507,8 +533,9 @@ int Grid(const std::string& dir) {
       // writeback still pending is missed; the SSD tier writes payloads with O_DIRECT.)
       cell.device_write_bytes = DeviceWriteBytes(daemon.pid()) - device_before;
       for (uint64_t i = 0; i < cell.ops; ++i) written.push_back(kvtier::testing::KeyOf(base + i));
-      EmitCell(cell);
     }
+    for (uint64_t clients : client_counts) EmitMedian(measured[clients]);
+    measured.clear();
     // Working set of the gets.
     std::vector<kvtier::ChunkKey> ws;
     if (Flag("skip-gets", 0) != 0) {
@@ -533,9 +560,10 @@ int Grid(const std::string& dir) {
       return 1;
     }
     uint64_t cursor = 0;  // SSD: each cell continues the cycle where the last one stopped.
+    for (uint64_t round = 0; round < rounds; ++round)
     for (uint64_t clients : client_counts) {
       if (Flag("skip-gets", 0) != 0) break;  // Profiling the put path only.
-      Cell cell;
+      Cell& cell = *measured[clients].emplace_back(std::make_unique<Cell>());
       cell.tier = tier, cell.op = "get", cell.chunk_bytes = cb, cell.clients = clients;
       cell.ops = std::max(clients * min_ops, get_budget / cb);
       cell.daemon_pid = daemon.pid();
@@ -545,8 +573,8 @@ int Grid(const std::string& dir) {
         return GetOne(c, ns, ws[(start + i) % ws.size()], cl);
       }, warm());
       cursor = start + cell.ops;
-      EmitCell(cell);
     }
+    for (uint64_t clients : client_counts) EmitMedian(measured[clients]);
     if (warm_up) {
       admin->Unpin(warm_ns, {&warm_key, 1}).IgnoreError();
       admin->Delete(warm_ns, {&warm_key, 1}).IgnoreError();
@@ -767,9 +795,10 @@ constexpr char kUsage[] =
     "usage: kv_bench [--section=grid|lookup|trace|memcpy] [--tier=ram|ssd]\n"
     "                [--chunks=2,32,128] [--clients=1,4,16,64] [--ram-mib=N] [--ssd-mib=N]\n"
     "                [--budget-mib=N] [--get-budget-mib=N] [--hot-mib=N] [--mode=MODE]\n"
-    "                [--min-ops-per-client=N] [--skip-puts=1] [--skip-gets=1]\n"
+    "                [--min-ops-per-client=N] [--rounds=N] [--skip-puts=1] [--skip-gets=1]\n"
     "                [--tls-dir=DIR] [--tenants-file=FILE] [--token=T] [--label=NAME]\n"
     "                [--plane=grpc|shm] [--frame-kib=N] [--window-kib=N] [--malloc-pad-mib=N]\n"
+    "                [--malloc-arena-max=N]\n"
     "                [--daemon-args=a,b] [--data-dir=DIR] [--json=FILE]\n"
     "Starts its own kvtierd and measures put/get throughput and latency; see the\n"
     "comment at the top of bench/kv_bench.cc and bench/run.sh for the sections.\n";

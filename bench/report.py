@@ -701,7 +701,8 @@ def main():
     # ---- grid ----
     w("## Put and get throughput and latency\n")
     w("Per cell: a fixed byte budget (at least one chunk per client; three on the RAM tier), "
-      "each client a thread with its own connection, connected before the cell's clock "
+      "each client a thread with its own connection (all in kv_bench's one process, its "
+      "malloc arenas capped at 2: `ClientOptions::malloc_arena_max`), connected before the cell's clock "
       "starts; before a get cell each client gets one chunk of the cell's size (warm "
       "connections, as a long-running worker has; Redis clients likewise). RAM tier: "
       "`--write-mode=ram-only`, 4 GiB pool, gets cycle "
@@ -744,6 +745,29 @@ def main():
                 p, k = peak(tier, op, c), cell(tier, op, c, 64)
                 vals.append(f"{k['gbps'] / p['gbps']:.2f} (peak at {int(p['clients'])})" if p and k else "-")
             w(f"| {tier} | {op} | " + " | ".join(vals) + " |")
+    w("")
+    rounds = max((len(r.get("gbps_rounds", [])) for r in cells), default=0)
+    if rounds > 1:
+        w(f"Each kvtier cell is the median of {rounds} rounds, the client counts interleaved "
+          "(`kv_bench --rounds`); Redis cells are one run.\n")
+    # Who pays for more clients: the daemon's CPU per GB against the clients' (kv_bench's
+    # one process, all its client threads).
+    w("What a GB costs at the peak and at 64 clients, in CPU seconds (user + system over the "
+      "cell), daemon / clients (kv_bench's one process, a thread per client):\n")
+    w("| tier | op | chunk | at the peak | at 64 clients |")
+    w("|---|---|---|---|---|")
+
+    def cpu(x):
+        gb = x["bytes"] / 1e9 if x and x.get("bytes") else 0
+        if not gb or "daemon_cpu_s" not in x:
+            return "-"
+        return f"{x['daemon_cpu_s'] / gb:.2f} / {x['client_cpu_s'] / gb:.2f}"
+    for tier in ("ram", "ssd"):
+        for op in ("get", "put"):
+            for c in chunks:
+                p, k = peak(tier, op, c), cell(tier, op, c, 64)
+                if p and k:
+                    w(f"| {tier} | {op} | {c} MiB | {cpu(p)} ({int(p['clients'])} clients) | {cpu(k)} |")
     w("")
     w("![throughput](plots/throughput.png)\n")
     w("![latency](plots/latency.png)\n")

@@ -12,7 +12,8 @@
 namespace kvtier {
 
 AllocatorTuning TuneAllocatorForTransfers(uint64_t top_pad_bytes,
-                                          absl::string_view glibc_tunables) {
+                                          absl::string_view glibc_tunables,
+                                          uint32_t arena_max) {
 #if defined(__GLIBC__)
   static std::atomic<bool> applied{false};
   if (top_pad_bytes == 0) return AllocatorTuning::kDisabled;
@@ -26,10 +27,15 @@ AllocatorTuning TuneAllocatorForTransfers(uint64_t top_pad_bytes,
       mallopt(M_TOP_PAD, static_cast<int>(top_pad_bytes)) != 1) {
     return AllocatorTuning::kFailed;
   }
+  // Validate bounds the cap well below INT_MAX too.
+  if (arena_max > 0 && mallopt(M_ARENA_MAX, static_cast<int>(arena_max)) != 1) {
+    return AllocatorTuning::kFailed;
+  }
   return AllocatorTuning::kApplied;
 #else
   (void)top_pad_bytes;
   (void)glibc_tunables;
+  (void)arena_max;
   return AllocatorTuning::kNotGlibc;
 #endif
 }

@@ -34,7 +34,7 @@
 namespace kvtier {
 
 enum class AllocatorTuning {
-  kApplied,          // This call set the pad.
+  kApplied,          // This call set the pad (and the arena cap, if asked).
   kDisabled,         // top_pad_bytes is 0; nothing changed.
   kAlreadyApplied,   // An earlier call in this process did (its pad stays).
   kLeftToOperator,   // GLIBC_TUNABLES tunes malloc; nothing changed.
@@ -42,11 +42,13 @@ enum class AllocatorTuning {
   kFailed,           // mallopt refused (the threshold may have been set).
 };
 
-// Sets glibc's top pad to `top_pad_bytes` (and the mmap threshold as above), the first
-// time it is called in the process with top_pad_bytes > 0. `glibc_tunables` is the
-// GLIBC_TUNABLES the process started with (StartupGlibcTunables()).
+// Sets glibc's top pad to `top_pad_bytes` (and the mmap threshold as above), and its
+// arena cap to `arena_max` when that is > 0, the first time it is called in the process
+// with top_pad_bytes > 0. `glibc_tunables` is the GLIBC_TUNABLES the process started
+// with (StartupGlibcTunables()).
 [[nodiscard]] AllocatorTuning TuneAllocatorForTransfers(uint64_t top_pad_bytes,
-                                                        absl::string_view glibc_tunables);
+                                                        absl::string_view glibc_tunables,
+                                                        uint32_t arena_max = 0);
 
 // GLIBC_TUNABLES as the process started with it (from /proc/self/environ: glibc read its
 // tunables then, so a value set later with setenv, or os.environ in Python, is not in

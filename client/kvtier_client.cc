@@ -190,6 +190,10 @@ absl::Status ClientOptions::Validate() const {
     return absl::InvalidArgumentError(absl::StrCat(
         "malloc_top_pad_bytes must be at most 1073741824, got ", malloc_top_pad_bytes));
   }
+  if (malloc_arena_max > 1024) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "malloc_arena_max must be at most 1024, got ", malloc_arena_max));
+  }
   return absl::OkStatus();
 }
 
@@ -324,6 +328,13 @@ absl::StatusOr<std::unique_ptr<KvTierClient>> KvTierClient::Connect(
     const std::string& target, ClientOptions options) {
   if (target.empty()) return absl::InvalidArgumentError("target is empty");
   if (absl::Status s = options.Validate(); !s.ok()) return s;
+  if (options.malloc_top_pad_bytes > 0) {
+    // Before the channel, whose creation may start gRPC's threads: an arena cap holds
+    // only for arenas made after it. The result only says whether this call changed
+    // anything; none is an error.
+    (void)TuneAllocatorForTransfers(options.malloc_top_pad_bytes, StartupGlibcTunables(),
+                                    options.malloc_arena_max);
+  }
   grpc::ChannelArguments args;
   args.SetMaxSendMessageSize(options.max_message_bytes);
   args.SetMaxReceiveMessageSize(options.max_message_bytes);
@@ -367,10 +378,6 @@ absl::StatusOr<std::unique_ptr<KvTierClient>> KvTierClient::Connect(
       !channel->WaitForConnected(absl::ToChronoTime(absl::Now() + options.connect_timeout))) {
     return absl::UnavailableError(absl::StrCat("kvtierd at ", target, " not reachable within ",
                                                absl::FormatDuration(options.connect_timeout)));
-  }
-  if (options.malloc_top_pad_bytes > 0) {
-    // The result only says whether this call changed anything; none is an error.
-    (void)TuneAllocatorForTransfers(options.malloc_top_pad_bytes, StartupGlibcTunables());
   }
   return std::unique_ptr<KvTierClient>(
       new KvTierClient(target, std::move(options), std::move(channel)));

@@ -79,11 +79,21 @@ struct ClientOptions {
   // (client/allocator_tuning.h, which says what else it changes): without it, gRPC's
   // per-read buffers are given back to the kernel and faulted in again on every frame,
   // which made the client's CPU the limit of a Get (2 MiB chunks, 1 client: 0.36 GB/s
-  // instead of 2.2). Process-wide: the first Connect that succeeds with a non-zero value
-  // sets it; never set when GLIBC_TUNABLES tunes malloc. If glibc refuses it, the
+  // instead of 2.2). Process-wide: the first Connect with valid options and a non-zero
+  // value sets it; never set when GLIBC_TUNABLES tunes malloc. If glibc refuses it, the
   // allocator stays as it was (only speed is at stake). 0 leaves the process's
   // allocator alone. At most 1 GiB.
   uint64_t malloc_top_pad_bytes = 16 << 20;
+  // With malloc_top_pad_bytes, at most this many malloc arenas in this process (glibc's
+  // M_ARENA_MAX; client/allocator_tuning.h). For a process that runs many client threads
+  // at once: 64 client threads in one process spent 1.7x the CPU per GiB got of 4 with
+  // glibc's default (8 arenas per core), and their Gets ran at 0.65-0.75 of the 4-thread
+  // rate; with 2 arenas, 0.9-1.0 (kv_bench, bench/RESULTS.md). It holds for the whole
+  // process, whose other threads then share those arenas too, so it is off by default.
+  // glibc applies a cap only to arenas made after it, and not at all once the process
+  // has made more than 8: set it on the first Connect, before the process's threads
+  // start (or MALLOC_ARENA_MAX in the environment). 0: glibc's default. At most 1024.
+  uint32_t malloc_arena_max = 0;
 
   // How chunk bytes travel (kvtier.proto, "Same-host data plane"). kAuto: through shared
   // memory when the daemon is on this host and admits this process, else the gRPC

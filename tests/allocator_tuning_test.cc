@@ -7,9 +7,15 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <malloc.h>
+
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <latch>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "client/kvtier_client.h"
@@ -59,6 +65,36 @@ long FaultsPerRound() {
   });
   thread.join();
   return faults;
+}
+
+// Starts `threads` threads that each malloc a block while all of them are alive (glibc
+// gives a new thread a new arena until it reaches its cap), then counts the process's
+// arenas in malloc_info's report (one <heap nr=...> per arena, the main one included).
+int ArenasAfterThreads(int threads) {
+  std::latch allocated(threads);
+  std::vector<std::thread> ts;
+  for (int i = 0; i < threads; ++i) {
+    ts.emplace_back([&] {
+      void* p = std::malloc(64 << 10);
+      Escape(p);
+      allocated.arrive_and_wait();
+      std::free(p);
+    });
+  }
+  for (std::thread& t : ts) t.join();
+  char* report = nullptr;
+  size_t size = 0;
+  FILE* out = open_memstream(&report, &size);
+  malloc_info(0, out);
+  std::fclose(out);
+  const std::string xml(report, size);
+  std::free(report);
+  int arenas = 0;
+  for (size_t at = xml.find("<heap nr="); at != std::string::npos;
+       at = xml.find("<heap nr=", at + 1)) {
+    ++arenas;
+  }
+  return arenas;
 }
 
 // Exit codes of the child processes. Not 0: a child that never ran the statement (a
@@ -146,6 +182,49 @@ TEST_F(AllocatorTuningTest, ConnectTunesTheProcessUnlessAskedNotTo) {
       testing::ExitedWithCode(kAsExpected), "");
 }
 
+TEST_F(AllocatorTuningTest, WithoutACapEachThreadGetsAnArena) {
+  // What the cap changes, on this machine's glibc (so the test below can fail).
+  EXPECT_EXIT(
+      {
+        if (TuneAllocatorForTransfers(16 << 20, "") != AllocatorTuning::kApplied) {
+          std::exit(kWrongResult);
+        }
+        std::exit(ArenasAfterThreads(8) > 2 ? kAsExpected : kWrongResult);
+      },
+      testing::ExitedWithCode(kAsExpected), "");
+}
+
+TEST_F(AllocatorTuningTest, TheArenaCapHoldsForThreadsStartedAfterIt) {
+  EXPECT_EXIT(
+      {
+        if (TuneAllocatorForTransfers(16 << 20, "", 2) != AllocatorTuning::kApplied) {
+          std::exit(kWrongResult);
+        }
+        if (ArenasAfterThreads(8) > 2) std::exit(kWrongResult);
+        // The pad is set as well.
+        std::exit(Reuses(FaultsPerRound()) ? kAsExpected : kStillFaults);
+      },
+      testing::ExitedWithCode(kAsExpected), "");
+}
+
+TEST_F(AllocatorTuningTest, ConnectCapsTheArenasWhenAsked) {
+  EXPECT_EXIT(
+      {
+        ClientOptions options;
+        options.malloc_arena_max = 2;
+        if (!KvTierClient::Connect("127.0.0.1:1", options).ok()) std::exit(kWrongResult);
+        std::exit(ArenasAfterThreads(8) <= 2 ? kAsExpected : kWrongResult);
+      },
+      testing::ExitedWithCode(kAsExpected), "");
+  // Not asked: glibc's default stands.
+  EXPECT_EXIT(
+      {
+        if (!KvTierClient::Connect("127.0.0.1:1").ok()) std::exit(kWrongResult);
+        std::exit(ArenasAfterThreads(8) > 2 ? kAsExpected : kWrongResult);
+      },
+      testing::ExitedWithCode(kAsExpected), "");
+}
+
 TEST_F(AllocatorTuningTest, ConnectHeedsTheTunablesTheProcessStartedWith) {
   // The child is a new process started with this environment (threadsafe death tests
   // execute the binary again), so GLIBC_TUNABLES is in its startup environment.
@@ -178,6 +257,16 @@ TEST(ClientOptionsTest, APadAboveOneGibIsRefused) {
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("malloc_top_pad_bytes"), std::string::npos) << s;
   options.malloc_top_pad_bytes = 1ull << 30;
+  EXPECT_TRUE(options.Validate().ok());
+}
+
+TEST(ClientOptionsTest, AnArenaCapAbove1024IsRefused) {
+  ClientOptions options;
+  options.malloc_arena_max = 1025;
+  absl::Status s = options.Validate();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("malloc_arena_max"), std::string::npos) << s;
+  options.malloc_arena_max = 1024;
   EXPECT_TRUE(options.Validate().ok());
 }
 

@@ -110,17 +110,20 @@ class Client:
     ``malloc_top_pad_bytes``: the first client tunes this process's malloc so that gRPC's
     receive buffers stay mapped between frames (C++ ``ClientOptions``, same name; the
     README's "Using it" says what it changes); 0 leaves the allocator alone.
+    ``malloc_arena_max`` > 0 also caps this process's malloc arenas (C++ ``ClientOptions``,
+    same name), for a process that runs many client threads at once.
     """
 
     def __init__(self, target: str, *, max_frame_bytes: int = 4 << 20,
                  rpc_deadline: float = 60.0, connect_timeout: float = 0.0,
                  receive_window_bytes: int = 8 << 20, tls_ca_file: str = "",
                  tls_cert_file: str = "", tls_key_file: str = "", tls_server_name: str = "",
-                 token: str = "", malloc_top_pad_bytes: int = 16 << 20):
+                 token: str = "", malloc_top_pad_bytes: int = 16 << 20,
+                 malloc_arena_max: int = 0):
         self._native = _native.Client(target, max_frame_bytes, rpc_deadline, connect_timeout,
                                       receive_window_bytes, tls_ca_file, tls_cert_file,
                                       tls_key_file, tls_server_name, token,
-                                      malloc_top_pad_bytes)
+                                      malloc_top_pad_bytes, malloc_arena_max)
         self._layouts: Dict[int, Layout] = {}
         self._lock = threading.Lock()
         self._handles: List["LoadHandle"] = []

@@ -50,12 +50,13 @@ PYBIND11_MODULE(_native, m) {
   py::class_<PyClient>(m, "Client")
       .def(py::init<const std::string&, uint32_t, double, double, int, const std::string&,
                     const std::string&, const std::string&, const std::string&,
-                    const std::string&, uint64_t>(),
+                    const std::string&, uint64_t, uint32_t>(),
            py::arg("target"), py::arg("max_frame_bytes"), py::arg("rpc_deadline_seconds"),
            py::arg("connect_timeout_seconds"), py::arg("receive_window_bytes"),
            py::arg("tls_ca_file") = "", py::arg("tls_cert_file") = "",
            py::arg("tls_key_file") = "", py::arg("tls_server_name") = "",
-           py::arg("bearer_token") = "", py::arg("malloc_top_pad_bytes") = 16 << 20)
+           py::arg("bearer_token") = "", py::arg("malloc_top_pad_bytes") = 16 << 20,
+           py::arg("malloc_arena_max") = 0)
       .def_property_readonly("target", &PyClient::target)
       .def("shared_buffer",
            [](PyClient& c, uint64_t nbytes) {

@@ -211,9 +211,10 @@ PyClient::PyClient(const std::string& target, uint32_t max_frame_bytes,
                    int receive_window_bytes, const std::string& tls_ca_file,
                    const std::string& tls_cert_file, const std::string& tls_key_file,
                    const std::string& tls_server_name, const std::string& bearer_token,
-                   uint64_t malloc_top_pad_bytes) {
+                   uint64_t malloc_top_pad_bytes, uint32_t malloc_arena_max) {
   ClientOptions options;
   options.malloc_top_pad_bytes = malloc_top_pad_bytes;
+  options.malloc_arena_max = malloc_arena_max;
   options.tls_ca_file = tls_ca_file;
   options.tls_cert_file = tls_cert_file;
   options.tls_key_file = tls_key_file;

@@ -39,7 +39,8 @@ class PyClient {
            double connect_timeout_seconds, int receive_window_bytes,
            const std::string& tls_ca_file = "", const std::string& tls_cert_file = "",
            const std::string& tls_key_file = "", const std::string& tls_server_name = "",
-           const std::string& bearer_token = "", uint64_t malloc_top_pad_bytes = 16 << 20);
+           const std::string& bearer_token = "", uint64_t malloc_top_pad_bytes = 16 << 20,
+           uint32_t malloc_arena_max = 0);
 
   // Returns (namespace_id, chunk_bytes, already_registered).
   pybind11::tuple RegisterLayout(const std::string& model_id, const std::string& model_revision,

@@ -536,6 +536,8 @@ def test_malloc_tuning_option_is_validated_and_can_be_turned_off(daemon):
         kvtier.Client(daemon.target, malloc_top_pad_bytes=(1 << 30) + 1)
     with kvtier.Client(daemon.target, malloc_top_pad_bytes=0, connect_timeout=30) as c:
         assert c.stats().tiers
+    with pytest.raises(kvtier.InvalidArgumentError, match="malloc_arena_max"):
+        kvtier.Client(daemon.target, malloc_arena_max=1025)
 
 
 def test_a_daemon_left_running_dies_with_the_script(tmp_path):
