@@ -786,11 +786,11 @@ uint64_t DaemonConfig::PutBufferBytes() const {
 
 std::vector<DaemonConfig::MemoryPart> DaemonConfig::MemoryBesidePool() const {
   std::vector<MemoryPart> parts;
+  // Defaults of what has no option (ToStoreOptions copies none of these).
+  const TieredStoreOptions store;
   // Put streams' windows and frames being assembled (admission refuses past it).
   parts.push_back({"put_buffer", PutBufferBytes()});
   if (write_mode != "ram-only") {
-    // Defaults of what has no option (ToStoreOptions copies none of these).
-    const TieredStoreOptions store;
     // Streamed SSD reads: the budget in use, and as many recycled spares.
     parts.push_back({"ssd_stream_buffer", 2 * ssd_stream_buffer});
     // The payload log's staging buffers: writes in flight plus the one being filled,
@@ -804,7 +804,6 @@ std::vector<DaemonConfig::MemoryPart> DaemonConfig::MemoryBesidePool() const {
     parts.push_back({"prefill_ssd_reads", uint64_t(store.max_buffered_reads) * max_chunk_size});
   }
   if (!remote_seeds.empty()) {
-    const TieredStoreOptions store;
     // The shared tier's pipelines: each writer thread builds one batch of segments.
     parts.push_back({"remote_batches", uint64_t(store.remote.write_threads) *
                                            store.remote.batch_bytes});
