@@ -28,7 +28,8 @@
 // clients' max_frame_bytes and receive_window_bytes (transport experiments);
 // --malloc-pad-mib their malloc_top_pad_bytes (0: the process's allocator untouched),
 // --malloc-arena-max their malloc_arena_max (default 2, as a process running many
-// client threads should; 0: glibc's 8 arenas per core).
+// client threads should; 0: glibc's 8 arenas per core; the cap comes with the pad, so
+// --malloc-pad-mib=0 leaves the arenas uncapped too).
 // Clients connect (--preconnect=1) before a cell's clock starts, and in get cells each
 // gets one chunk of the cell's size first (--warm=1, see Grid), so cells measure warm
 // connections; redis_bench does the same for its connections.

@@ -21,6 +21,14 @@
 // core; a process uses as many as it has threads allocating at once). Fragmentation
 // inside an arena is not bounded by the pad.
 //
+// Optionally (arena_max > 0) the same call also caps the number of arenas (glibc's
+// M_ARENA_MAX), for processes that run many client threads: with an arena per thread,
+// 64 client threads in one process spent 1.75x the CPU per GiB got of 4, and 2 arenas
+// cut that by about 30% (kv_bench; bench/RESULTS.md, optimisation log). glibc applies
+// the cap only to arenas made after it, and ignores it once the process has made more
+// than 8, so it belongs before the process's threads start; KvTierClient::Connect calls
+// this before it makes its channel, whose creation may start gRPC's threads.
+//
 // Thread-safety: thread-safe; the first call that gets past the checks wins, whether
 // its mallopt succeeds or not (a failure is not retried).
 #ifndef KVTIER_CLIENT_ALLOCATOR_TUNING_H_
@@ -39,7 +47,7 @@ enum class AllocatorTuning {
   kAlreadyApplied,   // An earlier call in this process did (its pad stays).
   kLeftToOperator,   // GLIBC_TUNABLES tunes malloc; nothing changed.
   kNotGlibc,         // Built against another C library; nothing changed.
-  kFailed,           // mallopt refused (the threshold may have been set).
+  kFailed,           // mallopt refused (the threshold, or the pad, may have been set).
 };
 
 // Sets glibc's top pad to `top_pad_bytes` (and the mmap threshold as above), and its

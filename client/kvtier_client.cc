@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <utility>
@@ -332,8 +333,12 @@ absl::StatusOr<std::unique_ptr<KvTierClient>> KvTierClient::Connect(
     // Before the channel, whose creation may start gRPC's threads: an arena cap holds
     // only for arenas made after it. The result only says whether this call changed
     // anything; none is an error.
+    // MALLOC_ARENA_MAX is glibc's older name for glibc.malloc.arena_max: the
+    // operator's cap wins as their tunables do.
+    const uint32_t arena_max =
+        std::getenv("MALLOC_ARENA_MAX") != nullptr ? 0 : options.malloc_arena_max;
     (void)TuneAllocatorForTransfers(options.malloc_top_pad_bytes, StartupGlibcTunables(),
-                                    options.malloc_arena_max);
+                                    arena_max);
   }
   grpc::ChannelArguments args;
   args.SetMaxSendMessageSize(options.max_message_bytes);

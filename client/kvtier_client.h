@@ -79,20 +79,25 @@ struct ClientOptions {
   // (client/allocator_tuning.h, which says what else it changes): without it, gRPC's
   // per-read buffers are given back to the kernel and faulted in again on every frame,
   // which made the client's CPU the limit of a Get (2 MiB chunks, 1 client: 0.36 GB/s
-  // instead of 2.2). Process-wide: the first Connect with valid options and a non-zero
-  // value sets it; never set when GLIBC_TUNABLES tunes malloc. If glibc refuses it, the
+  // instead of 2.2). Process-wide: the first Connect whose options pass Validate() sets
+  // it, before it makes its channel (so even if that Connect then fails); never set when
+  // GLIBC_TUNABLES tunes malloc. If glibc refuses it, the
   // allocator stays as it was (only speed is at stake). 0 leaves the process's
   // allocator alone. At most 1 GiB.
   uint64_t malloc_top_pad_bytes = 16 << 20;
-  // With malloc_top_pad_bytes, at most this many malloc arenas in this process (glibc's
-  // M_ARENA_MAX; client/allocator_tuning.h). For a process that runs many client threads
-  // at once: 64 client threads in one process spent 1.7x the CPU per GiB got of 4 with
-  // glibc's default (8 arenas per core), and their Gets ran at 0.65-0.75 of the 4-thread
-  // rate; with 2 arenas, 0.9-1.0 (kv_bench, bench/RESULTS.md). It holds for the whole
-  // process, whose other threads then share those arenas too, so it is off by default.
-  // glibc applies a cap only to arenas made after it, and not at all once the process
-  // has made more than 8: set it on the first Connect, before the process's threads
-  // start (or MALLOC_ARENA_MAX in the environment). 0: glibc's default. At most 1024.
+  // At most this many malloc arenas in this process (glibc's M_ARENA_MAX;
+  // client/allocator_tuning.h), set with the pad above and only with it (a
+  // malloc_top_pad_bytes of 0 leaves the arenas alone too), and not when the process
+  // started with MALLOC_ARENA_MAX set. For a process that runs many client threads at
+  // once: 64 client threads in one process spent 1.75x the CPU per GiB got of 4 with
+  // glibc's default (8 arenas per core), and their Gets ran at 0.72-0.76 of the 4-thread
+  // rate; with 2 arenas, 0.81-0.89, and about 30% less client CPU per GiB (kv_bench RAM
+  // grid, no put cells, medians of 3; bench/RESULTS.md, optimisation log). It holds for
+  // the whole process, whose other threads then share those arenas too, so it is off by
+  // default. glibc applies a cap only to arenas made after it, and not at all once the
+  // process has made more than 8; a later Connect's value is ignored: set it on the
+  // first Connect, before the process's threads start (or MALLOC_ARENA_MAX in the
+  // environment). 0: glibc's default. At most 1024.
   uint32_t malloc_arena_max = 0;
 
   // How chunk bytes travel (kvtier.proto, "Same-host data plane"). kAuto: through shared

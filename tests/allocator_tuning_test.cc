@@ -115,6 +115,10 @@ class AllocatorTuningTest : public testing::Test {
         std::getenv("KVTIER_TEST_CHILD_TUNABLES") == nullptr) {
       GTEST_SKIP() << "this process started with malloc tunables; the tuning stands aside";
     }
+    if (std::getenv("MALLOC_ARENA_MAX") != nullptr &&
+        std::getenv("KVTIER_TEST_CHILD_TUNABLES") == nullptr) {
+      GTEST_SKIP() << "MALLOC_ARENA_MAX caps this process's arenas already";
+    }
     GTEST_FLAG_SET(death_test_style, "threadsafe");
   }
 };
@@ -208,6 +212,8 @@ TEST_F(AllocatorTuningTest, TheArenaCapHoldsForThreadsStartedAfterIt) {
 }
 
 TEST_F(AllocatorTuningTest, ConnectCapsTheArenasWhenAsked) {
+  // Connect must cap before it makes its channel: gRPC's threads start with it and take
+  // arenas of their own (this failed when the tuning came after the channel).
   EXPECT_EXIT(
       {
         ClientOptions options;
@@ -223,6 +229,24 @@ TEST_F(AllocatorTuningTest, ConnectCapsTheArenasWhenAsked) {
         std::exit(ArenasAfterThreads(8) > 2 ? kAsExpected : kWrongResult);
       },
       testing::ExitedWithCode(kAsExpected), "");
+}
+
+TEST_F(AllocatorTuningTest, AnOperatorsArenaCapWins) {
+  // MALLOC_ARENA_MAX=4 at start-up: glibc allows 4 arenas, and Connect's 2 must not
+  // lower it.
+  ASSERT_EQ(setenv("MALLOC_ARENA_MAX", "4", 1), 0);
+  ASSERT_EQ(setenv("KVTIER_TEST_CHILD_TUNABLES", "1", 1), 0);
+  EXPECT_EXIT(
+      {
+        ClientOptions options;
+        options.malloc_arena_max = 2;
+        if (!KvTierClient::Connect("127.0.0.1:1", options).ok()) std::exit(kWrongResult);
+        const int arenas = ArenasAfterThreads(8);
+        std::exit(arenas > 2 && arenas <= 4 ? kAsExpected : kWrongResult);
+      },
+      testing::ExitedWithCode(kAsExpected), "");
+  ASSERT_EQ(unsetenv("MALLOC_ARENA_MAX"), 0);
+  ASSERT_EQ(unsetenv("KVTIER_TEST_CHILD_TUNABLES"), 0);
 }
 
 TEST_F(AllocatorTuningTest, ConnectHeedsTheTunablesTheProcessStartedWith) {

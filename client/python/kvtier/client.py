@@ -110,8 +110,9 @@ class Client:
     ``malloc_top_pad_bytes``: the first client tunes this process's malloc so that gRPC's
     receive buffers stay mapped between frames (C++ ``ClientOptions``, same name; the
     README's "Using it" says what it changes); 0 leaves the allocator alone.
-    ``malloc_arena_max`` > 0 also caps this process's malloc arenas (C++ ``ClientOptions``,
-    same name), for a process that runs many client threads at once.
+    ``malloc_arena_max`` > 0 also caps this process's malloc arenas, with the pad only, and
+    only the first client's value counts; glibc ignores it in a process that already has
+    more than 8 arenas (C++ ``ClientOptions``, same name, says more).
     """
 
     def __init__(self, target: str, *, max_frame_bytes: int = 4 << 20,
