@@ -690,8 +690,11 @@ def main():
     w(f"| memory | memcpy of 1 GiB buffers, one thread, median of 7 | {memcpy or 0:.2f} |")
     w(f"| network | iperf3 loopback TCP, one stream, 5 s | {tcp or 0:.2f} |")
     direct = "buffered (O_DIRECT unsupported)" if fio_note else "O_DIRECT"
-    w(f"| SSD read | fio sequential read, 4 MiB blocks, iodepth 8, libaio, {direct}, 2 GiB | {fio_r or 0:.2f} |")
-    w(f"| SSD write | fio sequential write, same settings | {fio_w or 0:.2f} |")
+    def fio_rounds(rw):
+        text = rd(os.path.join(res, f"fio_{rw}_rounds.txt")).strip()
+        return f" (median of {text})" if text else ""
+    w(f"| SSD read | fio sequential read, 4 MiB blocks, iodepth 8, libaio, {direct}, 2 GiB{fio_rounds('read')} | {fio_r or 0:.2f} |")
+    w(f"| SSD write | fio sequential write, same settings{fio_rounds('write')} | {fio_w or 0:.2f} |")
     w("| Redis | redis-server " + rd(os.path.join(res, "redis_cmd.txt")).strip().split("(")[-1].rstrip(")") +
       ", SET/GET of the same chunks (`bench/redis_bench.cc`) | see below |")
     w("")
