@@ -490,30 +490,29 @@ int Grid(const std::string& dir) {
     const uint64_t ns = Register(*admin, kvtier::testing::LayoutOfMiB(cmib));
     const std::string payload = kvtier::testing::PatternBytes(cmib, cb);
     std::vector<kvtier::ChunkKey> written;
-    // Before a get cell's clock starts, each client gets one chunk of the cell's size,
-    // pinned in RAM in a namespace of its own, so that the cell measures warm
-    // connections, as a long-running worker's are. Without it a 64-client get cell (one
-    // chunk per client) mostly measures gRPC and the kernel sizing a fresh connection's
-    // reads: RAM get, 32 MiB, 64 clients, 0.8-1.1 GB/s cold against 1.8-2.2 warm on this
-    // machine. Put cells showed no such effect (64-client RAM puts 0.7-1.1 GB/s cold, as
-    // warm) and run cold: warming them by putting the chunk again (drained by the daemon)
-    // made write-through puts slower in the full SSD grid (0.10-0.12 against 0.17-0.19
-    // GB/s at 4 clients), which we have not explained.
+    // Before a cell's clock starts, each client moves one chunk of the cell's size (a put
+    // cell puts it, a get cell gets it, pinned in RAM in a namespace of its own), so that
+    // the cell measures warm connections, as a long-running worker's are. The receiving
+    // end of a fresh connection grows its buffers while its first chunk arrives, and on
+    // this VM every first touch of a page is dear (shadow paging): a 64-client cell's
+    // first 32 MiB per connection cost the daemon about 3.6 CPU-seconds per GB against
+    // 0.4 warm. Measured on this machine, 32 MiB, 64 clients, cold against warm: RAM put
+    // 1.10-1.21 against 2.04-2.28 GB/s, RAM get 0.7-1.2 against 2.1-2.3, SSD
+    // write-through put 0.50-0.57 against 0.61-0.72 (4 clients 0.61-0.70 against
+    // 0.84-0.97).
     const bool warm_up = Flag("warm", 1) != 0;
     const uint64_t warm_ns = Register(*admin, kvtier::testing::LayoutOfMiB(cmib));
     const kvtier::ChunkKey warm_key = kvtier::testing::KeyOf(~0ull);
-    if (warm_up) {
-      Cell ignored;
-      if (PutOne(*admin, warm_ns, warm_key, payload, ignored) < 0) {
-        std::fprintf(stderr, "warm-up chunk: put failed\n");
-        return 1;
-      }
-    }
+    // Each warm-up must find the chunk: a connection that is not warmed makes a 64-client
+    // get cell about half as fast, and no cell may quietly measure that instead.
     auto warm = [&]() -> std::function<void(KvTierClient&)> {
       if (!warm_up) return nullptr;
       return [&](KvTierClient& c) {
-        Cell ignored;
-        GetOne(c, warm_ns, warm_key, ignored);
+        Cell got;
+        if (GetOne(c, warm_ns, warm_key, got) <= 0 || got.absent != 0) {
+          std::fprintf(stderr, "warm-up chunk: get did not find it\n");
+          std::exit(1);
+        }
       };
     };
     std::map<uint64_t, std::vector<std::unique_ptr<Cell>>> measured;
@@ -527,9 +526,21 @@ int Grid(const std::string& dir) {
       const uint64_t base = key_base;
       key_base += cell.ops;
       const uint64_t device_before = DeviceWriteBytes(daemon.pid());
+      // The first warm-up stores the chunk; the others are idempotent puts, whose frames
+      // the daemon still receives (and drops).
+      std::function<void(KvTierClient&)> warm_put;
+      if (warm_up) {
+        warm_put = [&](KvTierClient& c) {
+          Cell ignored;
+          if (PutOne(c, warm_ns, warm_key, payload, ignored) < 0) {
+            std::fprintf(stderr, "warm-up chunk: put failed\n");
+            std::exit(1);
+          }
+        };
+      }
       RunCell(daemon.target(), cell, [&](KvTierClient& c, uint64_t i, Cell& cl) {
         return PutOne(c, ns, kvtier::testing::KeyOf(base + i), payload, cl);
-      });
+      }, warm_put);
       // Write-through: every acknowledged byte is on the device by now. (Page-cache
       // writeback still pending is missed; the SSD tier writes payloads with O_DIRECT.)
       cell.device_write_bytes = DeviceWriteBytes(daemon.pid()) - device_before;
@@ -554,11 +565,22 @@ int Grid(const std::string& dir) {
     } else {
       ws = written;  // Everything put above: far more than the RAM pool.
     }
-    // (Only for the gets: right after a write-back put cell the pool may be all dirty,
-    // with no room to promote the chunk for the pin.)
-    if (warm_up && Flag("skip-gets", 0) == 0 && !admin->Pin(warm_ns, {&warm_key, 1}, 0).ok()) {
-      std::fprintf(stderr, "warm-up chunk: pin failed\n");
-      return 1;
+    // The warm-up chunk is put and pinned only now, after the put cells and the hot set:
+    // put before them, the RAM tier's put cells evicted it once they overflowed the pool,
+    // and every get cell after them ran on cold connections (64 clients, 32 MiB: 1.0-1.2
+    // GB/s against 2.1-2.3 warm).
+    if (warm_up && Flag("skip-gets", 0) == 0) {
+      Cell ignored;
+      if (PutOne(*admin, warm_ns, warm_key, payload, ignored) < 0) {
+        std::fprintf(stderr, "warm-up chunk: put failed\n");
+        return 1;
+      }
+      auto pinned = admin->Pin(warm_ns, {&warm_key, 1}, 0);
+      if (!pinned.ok() || pinned->pinned != 1) {
+        std::fprintf(stderr, "warm-up chunk: pin failed: %s\n",
+                     pinned.ok() ? "not pinned" : pinned.status().ToString().c_str());
+        return 1;
+      }
     }
     uint64_t cursor = 0;  // SSD: each cell continues the cycle where the last one stopped.
     for (uint64_t round = 0; round < rounds; ++round)

@@ -156,15 +156,20 @@ int main(int argc, char** argv) {
         std::vector<std::thread> ts;
         std::vector<std::unique_ptr<Conn>> conns;
         for (uint64_t w = 0; w < clients; ++w) conns.push_back(std::make_unique<Conn>(port));
-        // Warm-up, as kv_bench does: before a get cell's clock starts, each connection
-        // gets one chunk of this size.
-        if (std::strcmp(op, "get") == 0 && Flag("warm", 1) != 0) {
+        // Warm-up, as kv_bench does: before a cell's clock starts, each connection moves
+        // one chunk of this size the way the cell will (puts it, or gets it).
+        if (Flag("warm", 1) != 0) {
+          const bool put = std::strcmp(op, "put") == 0;
           const std::string warm_key = "warm:" + std::to_string(cmib);
-          conns[0]->Set(warm_key, payload.data(), cb);
+          if (!put) conns[0]->Set(warm_key, payload.data(), cb);
           std::vector<std::thread> warmers;
           for (uint64_t w = 0; w < clients; ++w) {
             warmers.emplace_back([&, w] {
-              conns[w]->Get(warm_key);
+              if (put) {
+                conns[w]->Set(warm_key, payload.data(), cb);
+              } else {
+                conns[w]->Get(warm_key);
+              }
             });
           }
           for (auto& t : warmers) t.join();
