@@ -703,7 +703,9 @@ def main():
 
     # ---- grid ----
     w("## Put and get throughput and latency\n")
-    w("Per cell: a fixed byte budget (at least one chunk per client; three on the RAM tier), "
+    w("Per cell: a fixed byte budget, and at least one chunk per client (on the RAM tier "
+      "at least three chunks and 96 MiB per client, on the SSD tier 32 MiB, so that a "
+      "64-client cell of small chunks is not decided by its start and its tail), "
       "each client a thread with its own connection (all in kv_bench's one process, its "
       "malloc arenas capped at 2: `ClientOptions::malloc_arena_max`), connected before the cell's clock "
       "starts; before a cell's clock each client puts or gets one chunk of the cell's size, "
