@@ -505,9 +505,8 @@ int Grid(const std::string& dir) {
     // cell puts it, a get cell gets it, pinned in RAM in a namespace of its own), so that
     // the cell measures warm connections, as a long-running worker's are. The receiving
     // end of a fresh connection grows its buffers while its first chunk arrives, and on
-    // this VM every first touch of a page is dear (shadow paging): a 64-client cell's
-    // first 32 MiB per connection cost the daemon about 3.6 CPU-seconds per GB against
-    // 0.4 warm. Measured on this machine, 32 MiB, 64 clients, cold against warm: RAM put
+    // this VM a first touch of a page is dear: a 64-client cell's first 32 MiB per
+    // connection cost the daemon about 3.5 CPU-seconds per GB against 0.4-0.6 warm. Measured on this machine, 32 MiB, 64 clients, cold against warm: RAM put
     // 1.10-1.21 against 2.04-2.28 GB/s, RAM get 0.7-1.2 against 2.1-2.3, SSD
     // write-through put 0.50-0.57 against 0.61-0.72 (4 clients 0.61-0.70 against
     // 0.84-0.97).
