@@ -171,6 +171,10 @@ const std::vector<Option>& Options() {
                  "bytes gRPC may buffer for open Put streams outside the pool (each counts "
                  "stream_window + max_frame_size); 0: ram_capacity / 8, at least 64MiB",
                  &DaemonConfig::max_put_buffer),
+      UintOption("max_put_waiters",
+                 "Put streams that may wait in line (up to put_wait each) for a place within "
+                 "max_put_buffer before new ones are refused; 0: none wait",
+                 &DaemonConfig::max_put_waiters),
       SizeOption("grpc_memory",
                  "memory gRPC may hold for received bytes on all connections (its resource "
                  "quota; bounds oversized messages); 0: half the memory beside ram_capacity, "
@@ -188,7 +192,8 @@ const std::vector<Option>& Options() {
       SizeOption("max_chunk_size", "largest chunk a registered layout may have",
                  &DaemonConfig::max_chunk_size),
       DurationOption("put_wait",
-                     "how long a put waits, in arrival order, for room in the RAM pool",
+                     "how long a put waits, in arrival order, for room in the RAM pool (and, in line, "
+                     "for a place within max_put_buffer)",
                      &DaemonConfig::put_wait),
       DurationOption("shutdown_grace", "time in-flight RPCs get at shutdown",
                      &DaemonConfig::shutdown_grace),
@@ -790,6 +795,11 @@ std::vector<DaemonConfig::MemoryPart> DaemonConfig::MemoryBesidePool() const {
   const TieredStoreOptions store;
   // Put streams' windows and frames being assembled (admission refuses past it).
   parts.push_back({"put_buffer", PutBufferBytes()});
+  // Put streams waiting in line: nothing from a client that waits for headers, at most
+  // its window from one that does not.
+  if (max_put_waiters != 0) {
+    parts.push_back({"put_waiters", uint64_t{max_put_waiters} * stream_window});
+  }
   if (write_mode != "ram-only") {
     // Streamed SSD reads: the budget in use, and as many recycled spares.
     parts.push_back({"ssd_stream_buffer", 2 * ssd_stream_buffer});

@@ -61,6 +61,11 @@ struct DaemonConfig {
   uint64_t max_put_buffer = 0;
   uint64_t PutBufferBytes() const;     // max_put_buffer, resolved.
   uint32_t MaxPutStreams() const;      // Put streams that fit in it (at least 1).
+  // Put streams that may wait, in arrival order, for one of those places (each up to
+  // put_wait) before a new one is refused at once; 0: none wait. A waiting stream is
+  // sent no headers, so a client that waits for them (kvtier's) sends it nothing; one
+  // that does not may fill its stream_window, counted in the memory bound.
+  uint32_t max_put_waiters = 64;
   // All the memory gRPC may hold for received bytes (gRPC's resource quota): read
   // buffers and messages being assembled, on every connection. gRPC assembles a whole
   // message before it checks its size, so without this bound one oversized message costs

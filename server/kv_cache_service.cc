@@ -142,27 +142,17 @@ grpc::ServerReadReactor<grpc::ByteBuffer>* KvCacheService::Put(
   if (!tenant.ok()) return new RefusedReader(metrics_, RpcMethod::kPut, ToGrpcStatus(tenant.status()));
   absl::StatusOr<StreamLimiter::Ticket> place = TakeStreamPlace(ctx, *tenant);
   if (!place.ok()) return new RefusedReader(metrics_, RpcMethod::kPut, ToGrpcStatus(place.status()));
-  std::optional<StreamLimiter::Ticket> put_place;
-  if (guards_.put_streams != nullptr) {
-    absl::StatusOr<StreamLimiter::Ticket> taken = guards_.put_streams->TryAcquire();
-    if (taken.ok()) put_place = *std::move(taken);
-    if (!put_place) {
-      ctx->AddTrailingMetadata("kvtier-retry-after-ms", "50");
-      return new RefusedReader(
-          metrics_, RpcMethod::kPut,
-          ToGrpcStatus(absl::ResourceExhaustedError(absl::StrCat(
-              "kvtierd has ", guards_.put_streams->max_streams(),
-              " Put streams open, all that max_put_buffer allows; retry in 50ms"))));
-    }
-  }
   leases_->Expire();  // Expired leases give their RAM back before this put needs it.
   auto* reactor = new PutReactor(ctx, response, store_.load(std::memory_order_acquire), metrics_,
                                  data_plane_.regions, data_plane_.copier, limits_.max_frame_bytes,
                                  *std::move(tenant));
   // gRPC calls OnDone only after this returns.
-  reactor->Hold(*std::move(place), put_place ? *std::move(put_place) : StreamLimiter::Ticket());
+  reactor->Hold(*std::move(place));
   reactor->WatchForStalls(guards_.stalls);
   reactor->EnforceQuotas(guards_.quotas);
+  // Within max_put_buffer: a place now, or in line for one (no thread waits), or
+  // RESOURCE_EXHAUSTED with a retry hint.
+  reactor->Begin(guards_.put_streams);
   return reactor;
 }
 grpc::ServerWriteReactor<grpc::ByteBuffer>* KvCacheService::Get(

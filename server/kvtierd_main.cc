@@ -256,7 +256,13 @@ int Run(const DaemonConfig& config, const sigset_t& signals) {
     unix_listener = *std::move(listener);
   }
   StreamLimiter streams(config.max_streams, registry.get());
-  StreamLimiter put_streams(config.MaxPutStreams(), registry.get(), "put_streams");
+  StreamLimiter::LineOptions put_line;
+  put_line.max_waiting = config.max_put_waiters;
+  put_line.max_wait = config.put_wait;
+  StreamLimiter put_streams(config.MaxPutStreams(), registry.get(), "put_streams",
+                            {"max_put_buffer", "max_put_buffer", "Put streams",
+                             "max_put_waiters", "put_wait"},
+                            std::move(put_line));
   StreamLimiter subscribers(KvCacheService::kMaxEventSubscribers, registry.get(),
                             "event_subscribers", KvCacheService::EventSubscriberNaming());
   StallReaperOptions stall_options;

@@ -53,16 +53,70 @@ PutReactor::PutReactor(grpc::CallbackServerContext* ctx, grpc::ByteBuffer* respo
         "kvtierd is starting up (recovering the SSD tier's index); retry shortly"))));
     return;
   }
+}
+
+void PutReactor::Begin(StreamLimiter* put_streams) {
+  if (finished_early_) return;
+  if (put_streams == nullptr) {
+    StartReading();
+    return;
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    line_ = put_streams;  // Before it can be granted, on another thread.
+  }
+  absl::StatusOr<std::optional<StreamLimiter::Ticket>> place =
+      put_streams->TryAcquireOrWait(this);
+  if (place.ok() && !place->has_value()) return;  // In line: PlaceGranted or WaitRefused.
+  {
+    absl::MutexLock lock(&mu_);
+    line_ = nullptr;
+  }
+  if (!place.ok()) {
+    RefusePlace(place.status());
+    return;
+  }
+  put_place_ = **std::move(place);
+  StartReading();
+}
+
+void PutReactor::PlaceGranted(StreamLimiter::Ticket put_place) {
+  {
+    absl::MutexLock lock(&mu_);
+    line_ = nullptr;
+  }
+  put_place_ = std::move(put_place);
+  // Cancelled meanwhile: the read fails at once and the call ends as any cancelled one.
+  StartReading();
+}
+
+void PutReactor::WaitRefused(absl::Status refusal) {
+  {
+    absl::MutexLock lock(&mu_);
+    line_ = nullptr;
+  }
+  RefusePlace(refusal);
+}
+
+void PutReactor::StartReading() {
   // Accepted: say so at once. A client may wait for these headers before sending its
   // first frame, so that a put refused at admission (RESOURCE_EXHAUSTED, sent with the
-  // status instead) costs it no payload bytes.
+  // status instead) or waiting in line costs it no payload bytes.
   StartSendInitialMetadata();
+  stall_.WaitingOnClient(true);  // The first read is pending.
   StartRead(&message_);
 }
 
+void PutReactor::RefusePlace(const absl::Status& refusal) {
+  ctx_->AddTrailingMetadata("kvtier-retry-after-ms", "100");
+  ReleasePlaces();
+  Finish(scope_.Done(ToGrpcStatus(refusal)));
+}
+
 void PutReactor::WatchForStalls(StallReaper* reaper) {
+  // Not idle until its first read is pending (StartReading): a call waiting in line
+  // waits for the daemon.
   stall_ = StallReaper::Watched(reaper, [ctx = ctx_] { ctx->TryCancel(); });
-  stall_.WaitingOnClient(true);  // The first read is pending.
 }
 
 void PutReactor::OnReadDone(bool ok) {
@@ -377,10 +431,20 @@ void PutReactor::Fail(const absl::Status& status) {
 
 void PutReactor::OnCancel() {
   uint64_t ticket;
+  StreamLimiter* line;
   {
     absl::MutexLock lock(&mu_);
     cancelled_ = true;
     ticket = ticket_;
+    line = line_;
+  }
+  // A put waiting in line leaves it and ends here; one granted or refused meanwhile
+  // ends on that path (its first read fails, or it is finished already).
+  if (line != nullptr && line->Leave(this)) {
+    ReleasePlaces();
+    Finish(scope_.Done(ToGrpcStatus(
+        absl::CancelledError("put stream cancelled while waiting in line for a place"))));
+    return;
   }
   // A put waiting for room gives up its place; the Cancelled answer ends the call.
   if (ticket != 0) store_->CancelPut(ticket);

@@ -45,7 +45,8 @@
 
 namespace kvtier {
 
-class PutReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
+class PutReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>,
+                         private StreamLimiter::Waiter {
  public:
   // `store` may be null (still starting: the call fails UNAVAILABLE). `metrics` and
   // `regions` may be null (no regions: a frame naming one is FAILED_PRECONDITION);
@@ -58,14 +59,19 @@ class PutReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   void OnReadDone(bool ok) override;
   void OnCancel() override;
   void OnDone() override;
-  // Keeps the call's places (among max_streams, within max_put_buffer) until the call
-  // finishes. Call right after construction: no reaction runs before the handler
-  // returns the reactor. A call the constructor already finished keeps none.
-  void Hold(StreamLimiter::Ticket place, StreamLimiter::Ticket put_place) {
+  // Keeps the call's place among max_streams until the call finishes. Call right after
+  // construction: no reaction runs before the handler returns the reactor. A call the
+  // constructor already finished keeps none.
+  void Hold(StreamLimiter::Ticket place) {
     if (finished_early_) return;
     place_ = std::move(place);
-    put_place_ = std::move(put_place);
   }
+  // Takes a place among the Put streams max_put_buffer admits (`put_streams`; null: no
+  // bound) and starts the call: at once; or after waiting in the limiter's line, the
+  // client sent no headers meanwhile (the C++ client sends nothing before them); or
+  // never, answering RESOURCE_EXHAUSTED with a retry hint (line full, or waited too
+  // long). Call last, after Hold, WatchForStalls and EnforceQuotas.
+  void Begin(StreamLimiter* put_streams);
   // Lets `reaper` (may be null; must outlive the call) cancel the call when its client
   // stays quiet too long while the daemon waits for its next frame.
   void WatchForStalls(StallReaper* reaper);
@@ -80,6 +86,14 @@ class PutReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     put_place_ = StreamLimiter::Ticket();
   }
   using Admission = absl::StatusOr<std::unique_ptr<ChunkWriter>>;
+
+  // StreamLimiter::Waiter: the line's answer.
+  void PlaceGranted(StreamLimiter::Ticket put_place) override;
+  void WaitRefused(absl::Status refusal) override;
+  // Sends the headers and reads the first frame.
+  void StartReading();
+  // Answers a put that never got a place: RESOURCE_EXHAUSTED with the retry hint.
+  void RefusePlace(const absl::Status& refusal);
 
   // Takes the frame just read: checks it, then starts its chunk or consumes it.
   void OnFrame();
@@ -145,6 +159,8 @@ class PutReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   bool admitting_ ABSL_GUARDED_BY(mu_) = false;
   std::optional<Admission> early_answer_ ABSL_GUARDED_BY(mu_);
   uint64_t ticket_ ABSL_GUARDED_BY(mu_) = 0;  // Waiting for room; 0 when not.
+  // The limiter whose line this call waits in; null when it does not.
+  StreamLimiter* line_ ABSL_GUARDED_BY(mu_) = nullptr;
   // Among max_streams, and within max_put_buffer. Given back as the call finishes,
   // before the client can see its status: a client's next call finds them free.
   StreamLimiter::Ticket place_;

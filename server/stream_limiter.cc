@@ -1,8 +1,10 @@
 #include "server/stream_limiter.h"
 
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
@@ -27,9 +29,24 @@ void StreamLimiter::Ticket::Release() {
 }
 
 StreamLimiter::StreamLimiter(uint32_t max_streams, prometheus::Registry* registry,
-                             const std::string& what, Naming naming)
-    : max_(max_streams), naming_(std::move(naming)) {
+                             const std::string& what, Naming naming, LineOptions line)
+    : max_(max_streams), naming_(std::move(naming)), line_options_(std::move(line)) {
+  if (has_line() && line_options_.run_thread) expirer_ = std::thread([this] { ExpireLoop(); });
   if (registry == nullptr) return;
+  if (has_line()) {
+    waiting_metric_ = &prometheus::BuildGauge()
+                           .Name("kvtier_" + what + "_waiting")
+                           .Help("Calls waiting in line for a place among kvtier_" + what +
+                                 "_open")
+                           .Register(*registry)
+                           .Add({});
+    waited_metric_ = &prometheus::BuildCounter()
+                          .Name("kvtier_" + what + "_waited_total")
+                          .Help("Calls that waited in line and were given a place among "
+                                "kvtier_" + what + "_open")
+                          .Register(*registry)
+                          .Add({});
+  }
   const bool all = what == "streams";
   open_metric_ = &prometheus::BuildGauge()
                       .Name("kvtier_" + what + "_open")
@@ -93,6 +110,103 @@ absl::StatusOr<StreamLimiter::Ticket> StreamLimiter::TakePlace(const std::string
   return Ticket(this, tenant);
 }
 
+StreamLimiter::~StreamLimiter() {
+  // Nobody waits: a waiter waits for a ticket, and every ticket is gone by now.
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+    line_changed_.SignalAll();
+  }
+  if (expirer_.joinable()) expirer_.join();
+}
+
+absl::StatusOr<std::optional<StreamLimiter::Ticket>> StreamLimiter::TryAcquireOrWait(
+    Waiter* waiter) {
+  if (!has_line()) {
+    absl::StatusOr<Ticket> place = TakePlace("");
+    if (!place.ok()) return place.status();
+    return std::optional<Ticket>(*std::move(place));
+  }
+  absl::MutexLock lock(&mu_);
+  if (line_.empty()) {
+    // Places are given back under mu_ while anyone waits, so an empty line with every
+    // place taken stays so until this waiter is in it.
+    uint32_t n = open_.load(std::memory_order_relaxed);
+    while (max_ == 0 || n < max_) {
+      if (open_.compare_exchange_weak(n, n + 1, std::memory_order_relaxed)) {
+        if (open_metric_ != nullptr) open_metric_->Increment();
+        return std::optional<Ticket>(Ticket(this, ""));
+      }
+    }
+  }
+  if (line_.size() >= line_options_.max_waiting) {
+    Refused("");
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "kvtierd has ", naming_.daemon_bound, " (", max_, ") ", naming_.noun, " open and ",
+        line_.size(), " waiting, all ", naming_.line_bound, " allows; retry in 100ms"));
+  }
+  if (line_.empty()) line_changed_.Signal();
+  line_.push_back({waiter, line_options_.clock() + line_options_.max_wait});
+  if (waiting_metric_ != nullptr) waiting_metric_->Increment();
+  return std::optional<Ticket>();
+}
+
+bool StreamLimiter::Leave(Waiter* waiter) {
+  absl::MutexLock lock(&mu_);
+  for (auto it = line_.begin(); it != line_.end(); ++it) {
+    if (it->waiter != waiter) continue;
+    line_.erase(it);
+    if (waiting_metric_ != nullptr) waiting_metric_->Decrement();
+    return true;
+  }
+  return false;
+}
+
+int StreamLimiter::ExpireWaits() {
+  std::vector<Waiter*> expired;
+  {
+    absl::MutexLock lock(&mu_);
+    const absl::Time now = line_options_.clock();
+    while (!line_.empty() && line_.front().deadline <= now) {
+      expired.push_back(line_.front().waiter);
+      line_.pop_front();
+      if (waiting_metric_ != nullptr) waiting_metric_->Decrement();
+      Refused("");
+    }
+  }
+  for (Waiter* w : expired) {
+    w->WaitRefused(absl::ResourceExhaustedError(absl::StrCat(
+        "waited ", absl::FormatDuration(line_options_.max_wait), " (", naming_.wait_bound,
+        ") in line and no place came free among ", naming_.daemon_bound, " (", max_, ") ",
+        naming_.noun, "; retry in 100ms")));
+  }
+  return static_cast<int>(expired.size());
+}
+
+void StreamLimiter::ExpireLoop() {
+  for (;;) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (stop_) return;
+      if (line_.empty()) {
+        line_changed_.Wait(&mu_);
+        continue;
+      }
+      // The front's deadline by the clock, waited for in real time (the thread runs
+      // only with the real clock).
+      const absl::Duration left = line_.front().deadline - line_options_.clock();
+      if (left > absl::ZeroDuration() && !line_changed_.WaitWithTimeout(&mu_, left)) continue;
+      if (stop_) return;
+    }
+    ExpireWaits();
+  }
+}
+
+uint32_t StreamLimiter::waiting() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<uint32_t>(line_.size());
+}
+
 uint32_t StreamLimiter::open(const std::string& tenant) const {
   absl::MutexLock lock(&mu_);
   auto it = by_tenant_.find(tenant);
@@ -113,7 +227,26 @@ void StreamLimiter::Release(const std::string& tenant) {
     if (it != by_tenant_.end() && --it->second == 0) by_tenant_.erase(it);
     if (tenant_open_ != nullptr) tenant_open_->Add({{"tenant", tenant}}).Decrement();
   }
-  open_.fetch_sub(1, std::memory_order_relaxed);
+  if (has_line()) {
+    Waiter* next = nullptr;
+    {
+      absl::MutexLock lock(&mu_);
+      if (line_.empty()) {
+        open_.fetch_sub(1, std::memory_order_relaxed);
+      } else {
+        next = line_.front().waiter;  // The place passes on; open_ stays.
+        line_.pop_front();
+        if (waiting_metric_ != nullptr) waiting_metric_->Decrement();
+      }
+    }
+    if (next != nullptr) {
+      if (waited_metric_ != nullptr) waited_metric_->Increment();
+      next->PlaceGranted(Ticket(this, ""));
+      return;
+    }
+  } else {
+    open_.fetch_sub(1, std::memory_order_relaxed);
+  }
   if (open_metric_ != nullptr) open_metric_->Decrement();
 }
 

@@ -605,12 +605,13 @@ TEST(AdmissionTest, APrefillThatNeverOpensIsCancelled) {
 }
 
 // Open Put streams are bounded by max_put_buffer (each counts stream_window +
-// max_frame_size, what gRPC may buffer for it outside the pool): past it a Put is
-// refused RESOURCE_EXHAUSTED with a retry hint, before the client sends any payload
-// (accepted streams get headers at once; the client waits for them). A place comes
-// back when a stream ends.
+// max_frame_size, what gRPC may buffer for it outside the pool): past it, with no line
+// to wait in, a Put is refused RESOURCE_EXHAUSTED with a retry hint, before the client
+// sends any payload (accepted streams get headers at once; the client waits for them).
+// A place comes back when a stream ends.
 TEST_F(BadInputTest, PutStreamsPastMaxPutBufferAreRefusedBeforeTheirPayload) {
-  Start({"--max-put-buffer=5MiB"});  // 2 streams of 2 MiB window + 256 KiB frame.
+  // 2 streams of 2 MiB window + 256 KiB frame; none may wait.
+  Start({"--max-put-buffer=5MiB", "--max-put-waiters=0"});
   const std::string data = PatternBytes(3, kChunk);
   struct Stream {
     grpc::ClientContext ctx;
@@ -662,6 +663,96 @@ TEST_F(BadInputTest, PutStreamsPastMaxPutBufferAreRefusedBeforeTheirPayload) {
   EXPECT_EQ(retried->stored, 1u);
   holders.back()->ctx.TryCancel();
   holders.back()->w->Finish().IgnoreError();
+}
+
+// Past max_put_buffer a Put waits in line (max_put_waiters) with no headers, so the
+// client sends nothing; a place given back goes to the first in line, which gets its
+// headers and goes on. Past the line, RESOURCE_EXHAUSTED at once; a waiter the client
+// cancels leaves the line and takes no place.
+TEST_F(BadInputTest, PutStreamsPastMaxPutBufferWaitInLineForAPlace) {
+  // 2 streams within max_put_buffer, 1 in line; no wait ends while the test looks.
+  Start({"--max-put-buffer=5MiB", "--max-put-waiters=1", "--put-wait=120s"});
+  const std::string data = PatternBytes(5, kChunk);
+  struct Stream {
+    grpc::ClientContext ctx;
+    v1::PutResponse resp;
+    std::unique_ptr<grpc::ClientWriter<v1::PutFrame>> w;
+  };
+  std::vector<std::unique_ptr<Stream>> holders;
+  for (int i = 0; i < 2; ++i) {
+    auto s = std::make_unique<Stream>();
+    s->w = client_->stub()->Put(&s->ctx, &s->resp);
+    s->w->WaitForInitialMetadata();  // Accepted.
+    ASSERT_TRUE(s->w->Write(Frame(KeyOf(10 + i), 0, data.substr(0, kFrameLimit))));
+    holders.push_back(std::move(s));
+  }
+  ASSERT_EQ(Metric("kvtier_put_streams_open"), 2);
+  // The C++ client's Put waits in line (its thread blocks on the headers, the daemon's
+  // none) and is stored once a holder ends; nothing of it is refused.
+  absl::StatusOr<PutResult> waited;
+  ChunkToPut c{KeyOf(20), data, 256};
+  std::thread putter([&] { waited = client_->Put(ns_, {&c, 1}); });
+  ASSERT_TRUE(Eventually([&] { return Metric("kvtier_put_streams_waiting") == 1; }))
+      << Metric("kvtier_put_streams_waiting");
+  // The line is full: the next Put is refused at once, with the retry hint.
+  {
+    grpc::ClientContext ctx;
+    v1::PutResponse resp;
+    auto w = client_->stub()->Put(&ctx, &resp);
+    w->WaitForInitialMetadata();  // Returns with the refusal.
+    grpc::Status refused = w->Finish();
+    EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+    EXPECT_NE(refused.error_message().find("max_put_waiters"), std::string::npos)
+        << refused.error_message();
+    EXPECT_EQ(ctx.GetServerTrailingMetadata().count("kvtier-retry-after-ms"), 1u);
+    EXPECT_EQ(Metric("kvtier_put_streams_refused_total"), 1);
+  }
+  EXPECT_EQ(RamUsed(), baseline_ram_ + 2 * kChunk) << "the waiter took no room";
+  holders.back()->ctx.TryCancel();
+  holders.back()->w->Finish().IgnoreError();
+  holders.pop_back();
+  putter.join();
+  ASSERT_TRUE(waited.ok()) << waited.status();
+  EXPECT_EQ(waited->stored, 1u);
+  EXPECT_EQ(Metric("kvtier_put_streams_waited_total"), 1);
+  EXPECT_EQ(Metric("kvtier_put_streams_refused_total"), 1) << "the waiter was not refused";
+  auto got = client_->Get(ns_, std::vector<ChunkKey>{KeyOf(20)});
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(got->size(), 1u);
+  EXPECT_TRUE((*got)[0].found);
+  EXPECT_EQ((*got)[0].data, data);
+
+  // Both places taken again; a raw waiter gets no headers, and cancelled, leaves the line.
+  auto other = std::make_unique<Stream>();
+  other->w = client_->stub()->Put(&other->ctx, &other->resp);
+  other->w->WaitForInitialMetadata();
+  holders.push_back(std::move(other));
+  ASSERT_EQ(Metric("kvtier_put_streams_open"), 2);
+  {
+    grpc::ClientContext ctx;
+    v1::PutResponse resp;
+    auto w = client_->stub()->Put(&ctx, &resp);
+    ASSERT_TRUE(Eventually([&] { return Metric("kvtier_put_streams_waiting") == 1; }));
+    ctx.TryCancel();
+    EXPECT_EQ(w->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  }
+  ASSERT_TRUE(Eventually([&] { return Metric("kvtier_put_streams_waiting") == 0; }));
+  // Its place was never taken: the holders' two end, and both places are free.
+  for (auto& h : holders) {
+    h->ctx.TryCancel();
+    h->w->Finish().IgnoreError();
+  }
+  holders.clear();
+  ASSERT_TRUE(Eventually([&] { return Metric("kvtier_put_streams_open") == 0; }))
+      << Metric("kvtier_put_streams_open");
+  EXPECT_EQ(Metric("kvtier_put_streams_waited_total"), 1);
+  // The cancelled holders stored nothing; the waiter's chunk is all the pool holds.
+  ASSERT_TRUE(Eventually([&] { return RamUsed() == baseline_ram_ + kChunk; })) << RamUsed();
+  auto l = client_->Lookup(ns_, std::vector<ChunkKey>{KeyOf(10), KeyOf(11), KeyOf(20)});
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_EQ(l->tiers[0], v1::TIER_UNSPECIFIED);
+  EXPECT_EQ(l->tiers[1], v1::TIER_UNSPECIFIED);
+  EXPECT_NE(l->tiers[2], v1::TIER_UNSPECIFIED);
 }
 
 // Puts that find RAM full wait for room (put_wait) in arrival order without a daemon

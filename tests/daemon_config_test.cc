@@ -90,6 +90,7 @@ TEST(DaemonConfigTest, MemoryBesidePoolNamesEachBoundedBuffer) {
   c.ssd_write_buffer = 16ull << 20;
   const std::map<std::string, uint64_t> expected = {
       {"put_buffer", 64ull << 20},         // The floor: an eighth of 512 MiB is less.
+      {"put_waiters", 64 * (2ull << 20)},  // 64 in line, a stream_window each at most.
       {"ssd_stream_buffer", 96ull << 20},  // The budget and its recycled spares.
       {"ssd_io_buffers", (4 + 1 + 2 * 4) * (4ull << 20)},  // Payload log staging.
       {"ssd_memtables", 16ull << 20},
@@ -102,11 +103,14 @@ TEST(DaemonConfigTest, MemoryBesidePoolNamesEachBoundedBuffer) {
   c.max_chunk_size = 8ull << 20;
   EXPECT_EQ(parts_of(c)["prefill_ssd_reads"], 4 * (8ull << 20));
   EXPECT_EQ(parts_of(c)["ssd_stream_buffer"], 96ull << 20);
+  c.max_put_waiters = 8;
+  EXPECT_EQ(parts_of(c)["put_waiters"], 8 * (2ull << 20));
   c.remote_seeds = "127.0.0.1:7000";
   EXPECT_EQ(parts_of(c)["remote_batches"], 2 * (16ull << 20)) << "two writers' pipelines";
   // No SSD tier and no shared tier, no buffers of theirs.
   c.remote_seeds.clear();
   c.write_mode = "ram-only";
+  c.max_put_waiters = 0;  // No line, no part for it.
   const std::map<std::string, uint64_t> ram_only = {{"put_buffer", 100ull << 20},
                                                     {"malloc_pad", 4 * (8ull << 20)}};
   EXPECT_EQ(parts_of(c), ram_only);
