@@ -117,11 +117,12 @@ rm -f "$FIO_FILE"
 
 # ---- kvtier ----
 step kv_ram "$B/kv_bench" --section=grid --tier=ram --ram-mib=4096 --hot-mib=1024 \
-  --budget-mib="$(mib 1536)" --min-ops-per-client=3 --min-mib-per-client="$(mib 96)" --rounds=3 \
+  --budget-mib="$(mib 1536)" --min-ops-per-client=3 --min-mib-per-client="$(mib 96)" \
+  --equal-cells=1 --rounds=3 \
   --chunks=2,32,128 --clients=1,4,16,64 \
   --data-dir="$DATA" --json="$JSON"
 step kv_ssd "$B/kv_bench" --section=grid --tier=ssd --ram-mib=512 \
-  --budget-mib="$(mib 256)" --get-budget-mib="$(mib 512)" --min-mib-per-client="$(mib 32)" \
+  --budget-mib="$(mib 2048)" --get-budget-mib="$(mib 512)" --min-mib-per-client="$(mib 32)" \
   --rounds=3 --chunks=2,32,128 \
   --clients=1,4,16,64 --data-dir="$DATA" --json="$JSON"
 step kv_lookup "$B/kv_bench" --section=lookup --keys=256 --samples=5000 --clients=1,4 \
