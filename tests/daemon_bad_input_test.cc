@@ -87,6 +87,35 @@ class BadInputTest : public ::testing::Test {
     return f;
   }
 
+  // A Put stream the test drives frame by frame.
+  struct OpenPut {
+    grpc::ClientContext ctx;
+    v1::PutResponse resp;
+    std::unique_ptr<grpc::ClientWriter<v1::PutFrame>> w;
+  };
+  // Opens a Put stream, waits until the daemon accepts it (its headers), sends the first
+  // frame of chunk KeyOf(key) and keeps the stream open: it holds its place.
+  std::unique_ptr<OpenPut> HoldPutPlace(uint64_t key, const std::string& data) {
+    auto s = std::make_unique<OpenPut>();
+    s->w = client_->stub()->Put(&s->ctx, &s->resp);
+    s->w->WaitForInitialMetadata();
+    EXPECT_TRUE(s->w->Write(Frame(KeyOf(key), 0, data.substr(0, kFrameLimit))));
+    return s;
+  }
+
+  // Opens a Put stream that the daemon refuses at admission: RESOURCE_EXHAUSTED with the
+  // retry hint and a message naming `bound`, before any frame is sent.
+  void ExpectPutRefusedAtOnce(const std::string& bound) {
+    grpc::ClientContext ctx;
+    v1::PutResponse resp;
+    auto w = client_->stub()->Put(&ctx, &resp);
+    w->WaitForInitialMetadata();  // Returns with the refusal.
+    grpc::Status refused = w->Finish();
+    EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+    EXPECT_NE(refused.error_message().find(bound), std::string::npos) << refused.error_message();
+    EXPECT_EQ(ctx.GetServerTrailingMetadata().count("kvtier-retry-after-ms"), 1u);
+  }
+
   // Sends `frames` on one Put stream and returns the final status.
   grpc::Status SendPut(const std::vector<v1::PutFrame>& frames) {
     grpc::ClientContext ctx;
@@ -613,29 +642,10 @@ TEST_F(BadInputTest, PutStreamsPastMaxPutBufferAreRefusedBeforeTheirPayload) {
   // 2 streams of 2 MiB window + 256 KiB frame; none may wait.
   Start({"--max-put-buffer=5MiB", "--max-put-waiters=0"});
   const std::string data = PatternBytes(3, kChunk);
-  struct Stream {
-    grpc::ClientContext ctx;
-    v1::PutResponse resp;
-    std::unique_ptr<grpc::ClientWriter<v1::PutFrame>> w;
-  };
-  std::vector<std::unique_ptr<Stream>> holders;
-  for (int i = 0; i < 2; ++i) {
-    auto s = std::make_unique<Stream>();
-    s->w = client_->stub()->Put(&s->ctx, &s->resp);
-    s->w->WaitForInitialMetadata();  // Accepted.
-    ASSERT_TRUE(s->w->Write(Frame(KeyOf(10 + i), 0, data.substr(0, kFrameLimit))));
-    holders.push_back(std::move(s));
-  }
+  std::vector<std::unique_ptr<OpenPut>> holders;
+  for (int i = 0; i < 2; ++i) holders.push_back(HoldPutPlace(10 + i, data));
   EXPECT_EQ(Metric("kvtier_put_streams_open"), 2);
-  grpc::ClientContext ctx;
-  v1::PutResponse resp;
-  auto w = client_->stub()->Put(&ctx, &resp);
-  w->WaitForInitialMetadata();  // Returns with the refusal.
-  grpc::Status refused = w->Finish();
-  EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
-  EXPECT_NE(refused.error_message().find("max_put_buffer"), std::string::npos)
-      << refused.error_message();
-  EXPECT_EQ(ctx.GetServerTrailingMetadata().count("kvtier-retry-after-ms"), 1u);
+  ExpectPutRefusedAtOnce("max_put_buffer");
   EXPECT_EQ(Metric("kvtier_put_streams_refused_total"), 1);
   // A C++ client that does not retry sees the same refusal as a status; nothing is stored.
   ClientOptions no_retry;
@@ -673,19 +683,8 @@ TEST_F(BadInputTest, PutStreamsPastMaxPutBufferWaitInLineForAPlace) {
   // 2 streams within max_put_buffer, 1 in line; no wait ends while the test looks.
   Start({"--max-put-buffer=5MiB", "--max-put-waiters=1", "--put-wait=120s"});
   const std::string data = PatternBytes(5, kChunk);
-  struct Stream {
-    grpc::ClientContext ctx;
-    v1::PutResponse resp;
-    std::unique_ptr<grpc::ClientWriter<v1::PutFrame>> w;
-  };
-  std::vector<std::unique_ptr<Stream>> holders;
-  for (int i = 0; i < 2; ++i) {
-    auto s = std::make_unique<Stream>();
-    s->w = client_->stub()->Put(&s->ctx, &s->resp);
-    s->w->WaitForInitialMetadata();  // Accepted.
-    ASSERT_TRUE(s->w->Write(Frame(KeyOf(10 + i), 0, data.substr(0, kFrameLimit))));
-    holders.push_back(std::move(s));
-  }
+  std::vector<std::unique_ptr<OpenPut>> holders;
+  for (int i = 0; i < 2; ++i) holders.push_back(HoldPutPlace(10 + i, data));
   ASSERT_EQ(Metric("kvtier_put_streams_open"), 2);
   // The C++ client's Put waits in line (its thread blocks on the headers, the daemon's
   // none) and is stored once a holder ends; nothing of it is refused.
@@ -695,18 +694,8 @@ TEST_F(BadInputTest, PutStreamsPastMaxPutBufferWaitInLineForAPlace) {
   ASSERT_TRUE(Eventually([&] { return Metric("kvtier_put_streams_waiting") == 1; }))
       << Metric("kvtier_put_streams_waiting");
   // The line is full: the next Put is refused at once, with the retry hint.
-  {
-    grpc::ClientContext ctx;
-    v1::PutResponse resp;
-    auto w = client_->stub()->Put(&ctx, &resp);
-    w->WaitForInitialMetadata();  // Returns with the refusal.
-    grpc::Status refused = w->Finish();
-    EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
-    EXPECT_NE(refused.error_message().find("max_put_waiters"), std::string::npos)
-        << refused.error_message();
-    EXPECT_EQ(ctx.GetServerTrailingMetadata().count("kvtier-retry-after-ms"), 1u);
-    EXPECT_EQ(Metric("kvtier_put_streams_refused_total"), 1);
-  }
+  ExpectPutRefusedAtOnce("max_put_waiters");
+  EXPECT_EQ(Metric("kvtier_put_streams_refused_total"), 1);
   EXPECT_EQ(RamUsed(), baseline_ram_ + 2 * kChunk) << "the waiter took no room";
   holders.back()->ctx.TryCancel();
   holders.back()->w->Finish().IgnoreError();
@@ -723,10 +712,7 @@ TEST_F(BadInputTest, PutStreamsPastMaxPutBufferWaitInLineForAPlace) {
   EXPECT_EQ((*got)[0].data, data);
 
   // Both places taken again; a raw waiter gets no headers, and cancelled, leaves the line.
-  auto other = std::make_unique<Stream>();
-  other->w = client_->stub()->Put(&other->ctx, &other->resp);
-  other->w->WaitForInitialMetadata();
-  holders.push_back(std::move(other));
+  holders.push_back(HoldPutPlace(12, data));
   ASSERT_EQ(Metric("kvtier_put_streams_open"), 2);
   {
     grpc::ClientContext ctx;
