@@ -27,7 +27,9 @@ for tool in fio "$B/kv_bench"; do
 done
 mkdir -p "$OUT" "$DATA"
 rm -f "$OUT/ssd_fio.jsonl" "$OUT/commands.txt" "$OUT"/*.log
-GRID=(--section=grid --tier=ssd --ram-mib=512 --budget-mib=256 --get-budget-mib=512
+# Put cells of 2 GiB each, as fio writes (and as bench/run.sh's SSD grid).
+GRID=(--section=grid --tier=ssd --ram-mib=512 --budget-mib=2048 --get-budget-mib=512
+      --min-mib-per-client=32
       "--chunks=$CHUNKS" "--clients=$CLIENTS")
 FIO=(--direct=1 --bs=4m --iodepth=8 --ioengine=libaio --size=2g --output-format=json)
 echo "bash bench/ssd_fio.sh $B $ROUNDS  (CHUNKS=$CHUNKS CLIENTS=$CLIENTS)" > "$OUT/commands.txt"
