@@ -96,17 +96,22 @@ absl::StatusOr<StreamLimiter::Ticket> StreamLimiter::TryAcquire(const std::strin
   return place;
 }
 
-absl::StatusOr<StreamLimiter::Ticket> StreamLimiter::TakePlace(const std::string& tenant) {
+bool StreamLimiter::TakeFreePlace() {
   uint32_t n = open_.load(std::memory_order_relaxed);
   do {
-    if (max_ != 0 && n >= max_) {
-      Refused(tenant);
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "kvtierd has ", naming_.daemon_bound, " (", max_, ") ", naming_.noun,
-          " open; retry in 100ms"));
-    }
+    if (max_ != 0 && n >= max_) return false;
   } while (!open_.compare_exchange_weak(n, n + 1, std::memory_order_relaxed));
   if (open_metric_ != nullptr) open_metric_->Increment();
+  return true;
+}
+
+absl::StatusOr<StreamLimiter::Ticket> StreamLimiter::TakePlace(const std::string& tenant) {
+  if (!TakeFreePlace()) {
+    Refused(tenant);
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "kvtierd has ", naming_.daemon_bound, " (", max_, ") ", naming_.noun,
+        " open; retry in 100ms"));
+  }
   return Ticket(this, tenant);
 }
 
@@ -128,17 +133,9 @@ absl::StatusOr<std::optional<StreamLimiter::Ticket>> StreamLimiter::TryAcquireOr
     return std::optional<Ticket>(*std::move(place));
   }
   absl::MutexLock lock(&mu_);
-  if (line_.empty()) {
-    // Places are given back under mu_ while anyone waits, so an empty line with every
-    // place taken stays so until this waiter is in it.
-    uint32_t n = open_.load(std::memory_order_relaxed);
-    while (max_ == 0 || n < max_) {
-      if (open_.compare_exchange_weak(n, n + 1, std::memory_order_relaxed)) {
-        if (open_metric_ != nullptr) open_metric_->Increment();
-        return std::optional<Ticket>(Ticket(this, ""));
-      }
-    }
-  }
+  // Places are given back under mu_ while anyone waits, so an empty line with every
+  // place taken stays so until this waiter is in it.
+  if (line_.empty() && TakeFreePlace()) return std::optional<Ticket>(Ticket(this, ""));
   if (line_.size() >= line_options_.max_waiting) {
     Refused("");
     return absl::ResourceExhaustedError(absl::StrCat(

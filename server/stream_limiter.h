@@ -134,6 +134,8 @@ class StreamLimiter {
   uint32_t max_streams() const { return max_; }
 
  private:
+  // Counts a daemon-wide place as taken if one is free (no refusal counted).
+  bool TakeFreePlace();
   // The daemon-wide place alone.
   absl::StatusOr<Ticket> TakePlace(const std::string& tenant);
   void Release(const std::string& tenant);
