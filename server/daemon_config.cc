@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include <grp.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -136,6 +137,10 @@ const std::vector<Option>& Options() {
                      "cancel a Put, Get or Prefill whose client sends nothing (Put, a "
                      "Prefill's open) or reads nothing (Get, Prefill) for this long; 0: never",
                      &DaemonConfig::client_idle_timeout),
+      DurationOption("put_place_idle",
+                     "cancel a Put holding a place within max_put_buffer that sends nothing "
+                     "for this long while other Puts wait in line; 0: client_idle_timeout only",
+                     &DaemonConfig::put_place_idle),
       StringOption("data_dir", "data directory; RocksDB lives in <data_dir>/ssd",
                    &DaemonConfig::data_dir),
       SizeOption("ram_capacity", "host-RAM pool size", &DaemonConfig::ram_capacity),
@@ -169,7 +174,8 @@ const std::vector<Option>& Options() {
                  &DaemonConfig::stream_window),
       SizeOption("max_put_buffer",
                  "bytes gRPC may buffer for open Put streams outside the pool (each counts "
-                 "stream_window + max_frame_size); 0: ram_capacity / 8, at least 64MiB",
+                 "stream_window + max_frame_size); 0: ram_capacity / 8, at most 8 streams "
+                 "per CPU, at least 64MiB",
                  &DaemonConfig::max_put_buffer),
       UintOption("max_put_waiters",
                  "Put streams that may wait in line (up to put_wait each) for a place within "
@@ -494,6 +500,9 @@ absl::Status DaemonConfig::Validate() const {
   if (put_wait < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("option put_wait: must not be negative");
   }
+  if (put_place_idle < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("option put_place_idle: must not be negative");
+  }
   if (shutdown_grace < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("option shutdown_grace: must not be negative");
   }
@@ -786,7 +795,18 @@ std::string DaemonUsage() {
 
 uint64_t DaemonConfig::PutBufferBytes() const {
   if (max_put_buffer != 0) return max_put_buffer;
-  return std::max<uint64_t>(64ull << 20, ram_capacity / 8);
+  uint64_t bytes = ram_capacity / 8;
+  if (cpus != 0) {
+    bytes = std::min(bytes, uint64_t{kPutStreamsPerCpu} * cpus * (stream_window + max_frame_size));
+  }
+  return std::max<uint64_t>(64ull << 20, bytes);
+}
+
+uint32_t UsableCpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return 0;
+  return static_cast<uint32_t>(CPU_COUNT(&set));
 }
 
 std::vector<DaemonConfig::MemoryPart> DaemonConfig::MemoryBesidePool() const {

@@ -23,6 +23,16 @@
 
 namespace kvtier {
 
+// CPUs this process may run on (its affinity mask, as taskset or a cpuset sets it);
+// 0 if unknown.
+uint32_t UsableCpus();
+
+// Put streams receiving at once, per CPU, that the max_put_buffer default allows. On the
+// overload probe (2 CPUs, bench/results/overload) 16 stored as fast as 42 and answered
+// health checks and Lookups in half the time: more streams than the CPUs can drain only
+// queue ahead of everything else.
+inline constexpr uint32_t kPutStreamsPerCpu = 8;
+
 struct DaemonConfig {
   std::string listen = "127.0.0.1:50051";  // gRPC address, host:port; port 0 picks one.
   // Transport security. TLS with tls_cert_file and tls_key_file (PEM); mutual TLS when
@@ -57,15 +67,19 @@ struct DaemonConfig {
   uint64_t stream_window = 2ull << 20;     // HTTP/2 receive window per stream, bytes.
   // What gRPC may buffer for open Put streams, outside the pool: each counts
   // stream_window + max_frame_size (its window, and a frame being assembled); past it a
-  // new Put is answered RESOURCE_EXHAUSTED. 0: ram_capacity / 8, at least 64MiB.
+  // new Put waits in line, or is answered RESOURCE_EXHAUSTED. 0: ram_capacity / 8, and
+  // at most kPutStreamsPerCpu streams per CPU in `cpus`; at least 64MiB.
   uint64_t max_put_buffer = 0;
+  // Not an option: the CPUs the daemon may run on, for the max_put_buffer default
+  // (0: unknown, ignored).
+  uint32_t cpus = UsableCpus();
   uint64_t PutBufferBytes() const;     // max_put_buffer, resolved.
   uint32_t MaxPutStreams() const;      // Put streams that fit in it (at least 1).
   // Put streams that may wait, in arrival order, for one of those places (each up to
   // put_wait) before a new one is refused at once; 0: none wait. A waiting stream is
   // sent no headers, so a client that waits for them (kvtier's) sends it nothing; one
   // that does not may fill its stream_window, counted in the memory bound.
-  uint32_t max_put_waiters = 64;
+  uint32_t max_put_waiters = 256;
   // All the memory gRPC may hold for received bytes (gRPC's resource quota): read
   // buffers and messages being assembled, on every connection. gRPC assembles a whole
   // message before it checks its size, so without this bound one oversized message costs
@@ -106,6 +120,10 @@ struct DaemonConfig {
   // (a write held back by flow control), for this long is cancelled, and what it held
   // (pool slots, chunks, a thread) is given back; 0: never.
   absl::Duration client_idle_timeout = absl::Seconds(60);
+  // A Put stream holding a place within max_put_buffer that sends nothing for this long
+  // while other Puts wait in line for a place is cancelled, and its place goes to the
+  // line; 0: only client_idle_timeout applies.
+  absl::Duration put_place_idle = absl::Milliseconds(500);
   absl::Duration shutdown_grace = absl::Seconds(30);  // In-flight RPCs get this long.
   std::string log_level = "info";          // debug | info | warn | error.
   uint64_t prefill_bandwidth_limit = 0;    // Daemon-wide Prefill streaming cap, bytes/s; 0: none.

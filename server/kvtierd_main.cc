@@ -16,6 +16,7 @@
 #include <systemd/sd-daemon.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <filesystem>
@@ -267,6 +268,12 @@ int Run(const DaemonConfig& config, const sigset_t& signals) {
                             "event_subscribers", KvCacheService::EventSubscriberNaming());
   StallReaperOptions stall_options;
   stall_options.idle = config.client_idle_timeout;
+  if (config.max_put_waiters != 0 && config.put_place_idle > absl::ZeroDuration()) {
+    stall_options.contended_idle = config.put_place_idle;
+    stall_options.waiting_for_place = [&put_streams] { return put_streams.waiting(); };
+    // Swept often enough that a stalled holder's place is back within a quarter more.
+    stall_options.period = std::min(stall_options.period, config.put_place_idle / 4);
+  }
   stall_options.registry = registry.get();
   StallReaper stalls(stall_options);
   TenantQuotas quotas(registry.get());

@@ -116,7 +116,9 @@ void PutReactor::RefusePlace(const absl::Status& refusal) {
 void PutReactor::WatchForStalls(StallReaper* reaper) {
   // Not idle until its first read is pending (StartReading): a call waiting in line
   // waits for the daemon.
-  stall_ = StallReaper::Watched(reaper, [ctx = ctx_] { ctx->TryCancel(); });
+  // Its place within max_put_buffer is contended: reclaimed sooner while others wait.
+  stall_ = StallReaper::Watched(reaper, [ctx = ctx_] { ctx->TryCancel(); },
+                                /*contendable=*/true);
 }
 
 void PutReactor::OnReadDone(bool ok) {
@@ -401,7 +403,7 @@ void PutReactor::EndOfStream() {
   if (ctx_->IsCancelled()) {
     Fail(absl::CancelledError(
         "put stream cancelled (by the client, or by the daemon after client_idle_timeout "
-        "without a frame)"));
+        "without a frame, or put_place_idle while other Puts waited for its place)"));
     return;
   }
   if (in_chunk_) {

@@ -8,6 +8,13 @@
 // flow-control window holds back), never while the daemon is working for it (waiting
 // for room, reading SSD, committing): those waits have their own deadlines.
 //
+// A place that others wait for is reclaimed sooner: a call watched as holding a
+// contended place (a Put stream's place within max_put_buffer) is cancelled once it has
+// waited on its client for `contended_idle`, but only while others wait in line for such
+// a place, and no more of them than wait (the longest idle first; those cancelled and
+// not yet gone count as places on their way). A stalled client then costs the line a
+// second, not client_idle_timeout.
+//
 // Thread-safety: thread-safe. `cancel` runs on the reaper's thread under its lock, so
 // Unwatch (which takes the lock) never returns while it runs: after Unwatch the call
 // may be destroyed.
@@ -28,11 +35,17 @@
 namespace kvtier {
 
 struct StallReaperOptions {
-  absl::Duration idle = absl::Seconds(60);  // Zero: reap nothing.
+  absl::Duration idle = absl::Seconds(60);  // Zero: reap nothing on this bound.
+  // The bound for calls holding a contended place while `waiting_for_place()` calls wait
+  // for one (asked once per sweep, with the reaper's lock held: it must not call into the
+  // reaper). Zero: off.
+  absl::Duration contended_idle = absl::ZeroDuration();
+  std::function<uint32_t()> waiting_for_place;
   absl::Duration period = absl::Seconds(1);  // How often the thread sweeps.
   bool run_thread = true;  // False: only Sweep() (tests, with a fake clock).
   std::function<absl::Time()> clock = [] { return absl::Now(); };
-  // Where kvtier_client_stalls_cancelled_total goes; may be null.
+  // Where kvtier_client_stalls_cancelled_total and kvtier_put_places_reclaimed_total go;
+  // may be null.
   prometheus::Registry* registry = nullptr;
 };
 
@@ -44,16 +57,18 @@ class StallReaper {
   StallReaper& operator=(const StallReaper&) = delete;
 
   // Starts watching a call; `cancel` ends it (for example ServerContext::TryCancel).
+  // `contendable`: it holds a place others may wait for (contended_idle applies).
   // Returns a handle for the calls below; 0 when reaping is off.
-  uint64_t Watch(std::function<void()> cancel);
+  uint64_t Watch(std::function<void()> cancel, bool contendable = false);
   // The call now waits for its client (true) or for the daemon (false).
   void SetWaitingOnClient(uint64_t handle, bool waiting);
   void Unwatch(uint64_t handle);
 
-  // Cancels every call that has waited on its client for longer than `idle`; each is
-  // cancelled once. Returns how many it cancelled.
+  // Cancels every call that has waited on its client for longer than `idle` (or than
+  // `contended_idle`, see above); each is cancelled once. Returns how many it cancelled.
   int Sweep();
   uint64_t reaped() const;
+  uint64_t reclaimed() const;  // Of those, cancelled by contended_idle alone.
 
   // One watched call, for as long as this lives (or until Reset): the RAII form of
   // Watch/SetWaitingOnClient/Unwatch. Default-constructed, or with a null reaper, it
@@ -61,7 +76,7 @@ class StallReaper {
   class Watched {
    public:
     Watched() = default;
-    Watched(StallReaper* reaper, std::function<void()> cancel);
+    Watched(StallReaper* reaper, std::function<void()> cancel, bool contendable = false);
     ~Watched() { Reset(); }
     Watched(Watched&& other) noexcept;
     Watched& operator=(Watched&& other) noexcept;
@@ -77,10 +92,12 @@ class StallReaper {
  private:
   struct Entry {
     std::function<void()> cancel;
+    bool contendable = false;
     bool waiting = false;
     bool cancelled = false;
     absl::Time since;
   };
+  bool Reaps() const;  // Either bound is on.
   void Loop();
 
   const StallReaperOptions options_;
@@ -88,7 +105,9 @@ class StallReaper {
   absl::flat_hash_map<uint64_t, Entry> calls_ ABSL_GUARDED_BY(mu_);
   uint64_t next_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t reaped_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t reclaimed_ ABSL_GUARDED_BY(mu_) = 0;
   prometheus::Counter* reaped_metric_ = nullptr;
+  prometheus::Counter* reclaimed_metric_ = nullptr;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };

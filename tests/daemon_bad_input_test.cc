@@ -681,7 +681,9 @@ TEST_F(BadInputTest, PutStreamsPastMaxPutBufferAreRefusedBeforeTheirPayload) {
 // cancels leaves the line and takes no place.
 TEST_F(BadInputTest, PutStreamsPastMaxPutBufferWaitInLineForAPlace) {
   // 2 streams within max_put_buffer, 1 in line; no wait ends while the test looks.
-  Start({"--max-put-buffer=5MiB", "--max-put-waiters=1", "--put-wait=120s"});
+  // Quiet holders keep their places (put_place_idle off: the next test covers it).
+  Start({"--max-put-buffer=5MiB", "--max-put-waiters=1", "--put-wait=120s",
+         "--put-place-idle=0"});
   const std::string data = PatternBytes(5, kChunk);
   std::vector<std::unique_ptr<OpenPut>> holders;
   for (int i = 0; i < 2; ++i) holders.push_back(HoldPutPlace(10 + i, data));
@@ -739,6 +741,64 @@ TEST_F(BadInputTest, PutStreamsPastMaxPutBufferWaitInLineForAPlace) {
   EXPECT_EQ(l->tiers[0], v1::TIER_UNSPECIFIED);
   EXPECT_EQ(l->tiers[1], v1::TIER_UNSPECIFIED);
   EXPECT_NE(l->tiers[2], v1::TIER_UNSPECIFIED);
+}
+
+// A Put that holds a place and sends nothing for put_place_idle while another waits in
+// line is cancelled, and its place goes to the line: one holder per waiter, and none
+// while nobody waits (client_idle_timeout, far off here, is the only bound then).
+TEST_F(BadInputTest, AQuietPutGivesItsPlaceToTheLineAfterPutPlaceIdle) {
+  Start({"--max-put-buffer=5MiB", "--max-put-waiters=4", "--put-wait=10m",
+         "--put-place-idle=100ms", "--client-idle-timeout=10m"});
+  const std::string data = PatternBytes(6, kChunk);
+  std::vector<std::unique_ptr<OpenPut>> holders;
+  for (int i = 0; i < 2; ++i) holders.push_back(HoldPutPlace(10 + i, data));
+  ASSERT_EQ(Metric("kvtier_put_streams_open"), 2);
+  // The C++ client's Put waits in line. Neither holder ends, yet it is stored: one of
+  // them gave its place up.
+  ChunkToPut c{KeyOf(20), data, 256};
+  absl::StatusOr<PutResult> waited = client_->Put(ns_, {&c, 1});
+  ASSERT_TRUE(waited.ok()) << waited.status();
+  EXPECT_EQ(waited->stored, 1u);
+  EXPECT_EQ(Metric("kvtier_put_streams_waited_total"), 1);
+  // Both holders have been quiet for longer than put_place_idle by now, but nobody waits:
+  // exactly one was cancelled, the other keeps its place and finishes its chunk.
+  int cancelled = 0, stored = 0;
+  for (auto& h : holders) {
+    bool open = true;
+    for (size_t off = kFrameLimit; open && off < kChunk; off += kFrameLimit) {
+      const bool last = off + kFrameLimit == kChunk;
+      open = h->w->Write(Frame(h == holders[0] ? KeyOf(10) : KeyOf(11), off,
+                               data.substr(off, kFrameLimit),
+                               last ? std::optional<uint32_t>(crc32c::Value(data))
+                                    : std::nullopt));
+    }
+    if (open) h->w->WritesDone();
+    grpc::Status st = h->w->Finish();
+    if (st.error_code() == grpc::StatusCode::CANCELLED) {
+      ++cancelled;  // TryCancel: the client sees gRPC's "Cancelled on the server side".
+    } else {
+      EXPECT_TRUE(st.ok()) << st.error_message();
+      EXPECT_EQ(h->resp.chunks_stored(), 1u);
+      ++stored;
+    }
+  }
+  EXPECT_EQ(cancelled, 1);
+  EXPECT_EQ(stored, 1);
+  EXPECT_EQ(Metric("kvtier_put_places_reclaimed_total"), 1);
+  EXPECT_EQ(Metric("kvtier_client_stalls_cancelled_total"), 1);
+  ASSERT_TRUE(Eventually([&] { return Metric("kvtier_put_streams_open") == 0; }));
+  // The reclaimed holder's chunk was not stored; the other two were, byte for byte.
+  auto got = client_->Get(ns_, std::vector<ChunkKey>{KeyOf(10), KeyOf(11), KeyOf(20)});
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(got->size(), 3u);
+  int found = 0;
+  for (const auto& g : *got) {
+    if (!g.found) continue;
+    ++found;
+    EXPECT_EQ(g.data, data);
+  }
+  EXPECT_EQ(found, 2);
+  EXPECT_TRUE((*got)[2].found);
 }
 
 // Puts that find RAM full wait for room (put_wait) in arrival order without a daemon

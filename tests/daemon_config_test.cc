@@ -62,6 +62,7 @@ TEST(DaemonConfigTest, WritebackMaxDirtyDefaultsToHalfThePool) {
 
 TEST(DaemonConfigTest, PutBufferBoundsPutStreams) {
   DaemonConfig c;
+  c.cpus = 0;  // Unknown: the pool alone sizes the default.
   c.ram_capacity = 32ull << 20;
   EXPECT_EQ(c.PutBufferBytes(), 64ull << 20) << "the floor for small pools";
   c.ram_capacity = 16ull << 30;
@@ -73,6 +74,34 @@ TEST(DaemonConfigTest, PutBufferBoundsPutStreams) {
   c.max_put_buffer = 13ull << 20;
   EXPECT_TRUE(c.Validate().ok());
   EXPECT_EQ(c.MaxPutStreams(), 2u);
+}
+
+TEST(DaemonConfigTest, PutBufferDefaultAllowsEightStreamsPerCpu) {
+  DaemonConfig c;
+  const uint64_t per_stream = (2ull << 20) + (4ull << 20);
+  c.ram_capacity = 16ull << 30;  // An eighth: 2 GiB, 341 streams.
+  c.cpus = 2;
+  EXPECT_EQ(c.PutBufferBytes(), 16 * per_stream);
+  EXPECT_EQ(c.MaxPutStreams(), 16u);
+  c.cpus = 64;  // 512 streams' worth: the pool's eighth is lower.
+  EXPECT_EQ(c.PutBufferBytes(), 2ull << 30);
+  c.cpus = 1;  // 48 MiB: the floor is higher.
+  EXPECT_EQ(c.PutBufferBytes(), 64ull << 20);
+  c.cpus = 2;
+  c.max_put_buffer = 1ull << 30;  // Set: CPUs do not matter.
+  EXPECT_EQ(c.PutBufferBytes(), 1ull << 30);
+  EXPECT_GT(UsableCpus(), 0u);
+  EXPECT_EQ(DaemonConfig{}.cpus, UsableCpus());
+}
+
+TEST(DaemonConfigTest, PutPlaceIdleParsesAndMustNotBeNegative) {
+  DaemonConfig c;
+  EXPECT_EQ(c.put_place_idle, absl::Milliseconds(500));
+  ASSERT_TRUE(ApplyToml("put_place_idle = \"250ms\"\n", "t.toml", c).ok());
+  EXPECT_EQ(c.put_place_idle, absl::Milliseconds(250));
+  c.put_place_idle = absl::Seconds(-1);
+  EXPECT_EQ(c.Validate().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(c.Validate().message().find("put_place_idle"), std::string::npos);
 }
 
 TEST(DaemonConfigTest, MemoryBesidePoolNamesEachBoundedBuffer) {
@@ -90,7 +119,7 @@ TEST(DaemonConfigTest, MemoryBesidePoolNamesEachBoundedBuffer) {
   c.ssd_write_buffer = 16ull << 20;
   const std::map<std::string, uint64_t> expected = {
       {"put_buffer", 64ull << 20},         // The floor: an eighth of 512 MiB is less.
-      {"put_waiters", 64 * (2ull << 20)},  // 64 in line, a stream_window each at most.
+      {"put_waiters", 256 * (2ull << 20)},  // 256 in line, a stream_window each at most.
       {"ssd_stream_buffer", 96ull << 20},  // The budget and its recycled spares.
       {"ssd_io_buffers", (4 + 1 + 2 * 4) * (4ull << 20)},  // Payload log staging.
       {"ssd_memtables", 16ull << 20},
@@ -118,6 +147,7 @@ TEST(DaemonConfigTest, MemoryBesidePoolNamesEachBoundedBuffer) {
 
 TEST(DaemonConfigTest, GrpcMemoryHoldsThePutStreams) {
   DaemonConfig c;
+  c.cpus = 0;  // max_put_buffer resolves to an eighth of the pool.
   c.ram_capacity = 16ull << 30;
   EXPECT_EQ(c.GrpcMemoryBytes(64ull << 30), 24ull << 30) << "half the memory beside the pool";
   EXPECT_EQ(c.GrpcMemoryBytes(20ull << 30), 4ull << 30) << "twice the resolved max_put_buffer";

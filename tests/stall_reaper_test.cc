@@ -1,6 +1,7 @@
 // StallReaper with a fake clock: only calls waiting on their client past `idle` are
 // cancelled, each once; a call working for the daemon is never idle; unwatched calls
-// are forgotten.
+// are forgotten; a call holding a contended place is cancelled after `contended_idle`,
+// but only while others wait for such a place.
 #include "server/stall_reaper.h"
 
 #include <gtest/gtest.h>
@@ -62,6 +63,85 @@ TEST(StallReaperTest, ZeroIdleWatchesNothing) {
   EXPECT_EQ(reaper.Sweep(), 0);
   reaper.Unwatch(h);
   EXPECT_FALSE(cancelled);
+}
+
+TEST(StallReaperTest, AContendedPlaceIsReclaimedOnlyWhileOthersWait) {
+  testing::FakeClock clock;
+  uint32_t in_line = 0;
+  StallReaperOptions o;
+  o.idle = absl::Seconds(60);
+  o.contended_idle = absl::Seconds(1);
+  o.waiting_for_place = [&] { return in_line; };
+  o.run_thread = false;
+  o.clock = clock.AsFunction();
+  StallReaper reaper(o);
+  int holder_cancels = 0, other_cancels = 0, busy_cancels = 0;
+  const uint64_t holder = reaper.Watch([&] { ++holder_cancels; }, /*contendable=*/true);
+  const uint64_t other = reaper.Watch([&] { ++other_cancels; });  // A Get, say.
+  const uint64_t busy = reaper.Watch([&] { ++busy_cancels; }, /*contendable=*/true);
+  reaper.SetWaitingOnClient(holder, true);
+  reaper.SetWaitingOnClient(other, true);
+  reaper.SetWaitingOnClient(busy, false);  // Waiting for room: the daemon's wait.
+  clock.Advance(absl::Seconds(5));
+  EXPECT_EQ(reaper.Sweep(), 0) << "nobody waits for the place: client_idle_timeout only";
+  in_line = 1;
+  EXPECT_EQ(reaper.Sweep(), 1) << "idle past contended_idle while another waits";
+  EXPECT_EQ(holder_cancels, 1);
+  EXPECT_EQ(other_cancels, 0) << "holds no contended place";
+  EXPECT_EQ(busy_cancels, 0) << "not waiting on its client";
+  // The holder's place is on its way to the line (cancelled, not yet gone): the next
+  // sweep takes no second place for the same waiter.
+  reaper.SetWaitingOnClient(busy, true);
+  clock.Advance(absl::Seconds(2));
+  EXPECT_EQ(reaper.Sweep(), 0) << "one waiter, one place on its way";
+  reaper.Unwatch(holder);  // Its call ended, and its place went to the waiter...
+  in_line = 1;             // ...and another Put joined the line.
+  EXPECT_EQ(reaper.Sweep(), 1);
+  EXPECT_EQ(busy_cancels, 1);
+  EXPECT_EQ(reaper.reclaimed(), 2u);
+  // Past `idle` a call is reaped as stalled, not counted as reclaimed.
+  clock.Advance(absl::Seconds(60));
+  EXPECT_EQ(reaper.Sweep(), 1);
+  EXPECT_EQ(other_cancels, 1);
+  EXPECT_EQ(reaper.reaped(), 3u);
+  EXPECT_EQ(reaper.reclaimed(), 2u);
+  reaper.Unwatch(other);
+  reaper.Unwatch(busy);
+}
+
+TEST(StallReaperTest, ReclaimsNoMorePlacesThanWaitLongestIdleFirst) {
+  testing::FakeClock clock;
+  uint32_t in_line = 2;
+  StallReaperOptions o;
+  o.idle = absl::ZeroDuration();  // client_idle_timeout = 0: the contended bound alone.
+  o.contended_idle = absl::Seconds(1);
+  o.waiting_for_place = [&] { return in_line; };
+  o.run_thread = false;
+  o.clock = clock.AsFunction();
+  StallReaper reaper(o);
+  int cancels[4] = {0, 0, 0, 0};
+  uint64_t h[4];
+  for (int i = 0; i < 4; ++i) {
+    h[i] = reaper.Watch([&cancels, i] { ++cancels[i]; }, /*contendable=*/true);
+    ASSERT_NE(h[i], 0u);
+  }
+  // Quiet since 0s, 3s, 1s and 2s; all past contended_idle at 5s.
+  reaper.SetWaitingOnClient(h[0], true);
+  clock.Advance(absl::Seconds(1));
+  reaper.SetWaitingOnClient(h[2], true);
+  clock.Advance(absl::Seconds(1));
+  reaper.SetWaitingOnClient(h[3], true);
+  clock.Advance(absl::Seconds(1));
+  reaper.SetWaitingOnClient(h[1], true);
+  clock.Advance(absl::Seconds(2));
+  EXPECT_EQ(reaper.Sweep(), 2) << "two wait: two places";
+  EXPECT_EQ(cancels[0], 1) << "quiet longest";
+  EXPECT_EQ(cancels[2], 1);
+  EXPECT_EQ(cancels[3], 0);
+  EXPECT_EQ(cancels[1], 0);
+  clock.Advance(absl::Hours(1));
+  EXPECT_EQ(reaper.Sweep(), 0) << "never stalled without idle; both places on their way";
+  for (uint64_t handle : h) reaper.Unwatch(handle);
 }
 
 }  // namespace
