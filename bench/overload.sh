@@ -27,6 +27,9 @@ run() {
   cat "$OUT/$name.log" | grep -v '^{' >&2
 }
 run shipped
+# The defaults before 0df07cc: an eighth of the pool for Put streams (42 here), a line of
+# 64 (the rest refused, to retry), and stalled holders kept until client_idle_timeout.
+run before --daemon-args=--max-put-buffer=256MiB,--max-put-waiters=64,--put-place-idle=0
 run unbounded --daemon-args=--max-put-buffer=64GiB
 # Four more clients send 256 MiB Put frames (the limit is 4 MiB) again and again; the
 # idle timeout is long enough for such a frame to arrive. gRPC assembles a message

@@ -358,10 +358,11 @@ def overload(res, w):
     cmds = rd(os.path.join(d, "commands.txt")).strip().splitlines()
     w("```\nbash bench/overload.sh\n" + "\n".join(cmds) + "\n```\n")
     w("| daemon | peak RSS / pool | outside the pool | stored GB/s | puts OK / refused | "
-      "stalled reaped | oversized frames sent | other statuses (probes failed) | "
+      "stalled reaped | oversized frames sent (cancelled) | other statuses (probes failed) | "
       "health p50 / p99 ms | Lookup p50 / p99 ms |")
     w("|---|---|---|---|---|---|---|---|---|---|")
-    names = {"shipped": "shipped (max_put_buffer default: 256 MiB here)",
+    names = {"shipped": "shipped (max_put_buffer default: 8 streams per CPU, 96 MiB here)",
+             "before": "defaults before 0df07cc (256 MiB, a line of 64, no put_place_idle)",
              "unbounded": "max_put_buffer lifted (baseline)",
              "hostile": "shipped + 4 clients sending 256 MiB frames",
              "hostile_bounded": "the same, grpc_memory 512 MiB (reached)"}
@@ -373,7 +374,7 @@ def overload(res, w):
         w(f"| {name} | {r['rss_peak_mib'] / pool:.3f} | {r['rss_peak_mib'] - pool:.0f} MiB | "
           f"{r['stored_gib'] * 1.073741824 / r['secs']:.2f} | {r['puts_ok']:.0f} / "
           f"{r['puts_refused']:.0f} | {r['stalls_reaped']:.0f} / {r['stalled']:.0f} | "
-          f"{r.get('oversized_sent', 0):.0f} | "
+          f"{r.get('oversized_sent', 0):.0f} ({r.get('oversized_cancelled', 0):.0f}) | "
           f"{r['unexpected'] + r['probe_errors']:.0f} ({r['probe_errors']:.0f}) | "
           f"{r['health_p50_ms']:.1f} / "
           f"{r['health_p99_ms']:.1f} | {r['lookup_p50_ms']:.1f} / {r['lookup_p99_ms']:.1f} |")
