@@ -138,8 +138,9 @@ const std::vector<Option>& Options() {
                      "Prefill's open) or reads nothing (Get, Prefill) for this long; 0: never",
                      &DaemonConfig::client_idle_timeout),
       DurationOption("put_place_idle",
-                     "cancel a Put holding a place within max_put_buffer that sends nothing "
-                     "for this long while other Puts wait in line; 0: client_idle_timeout only",
+                     "cancel a Put holding a place within max_put_buffer that completes no "
+                     "frame for this long while other Puts wait in line; 0: "
+                     "client_idle_timeout only",
                      &DaemonConfig::put_place_idle),
       StringOption("data_dir", "data directory; RocksDB lives in <data_dir>/ssd",
                    &DaemonConfig::data_dir),

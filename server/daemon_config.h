@@ -120,9 +120,9 @@ struct DaemonConfig {
   // (a write held back by flow control), for this long is cancelled, and what it held
   // (pool slots, chunks, a thread) is given back; 0: never.
   absl::Duration client_idle_timeout = absl::Seconds(60);
-  // A Put stream holding a place within max_put_buffer that sends nothing for this long
-  // while other Puts wait in line for a place is cancelled, and its place goes to the
-  // line; 0: only client_idle_timeout applies.
+  // A Put stream holding a place within max_put_buffer whose client completes no frame
+  // for this long while other Puts wait in line for a place is cancelled, and its place
+  // goes to the line; 0: only client_idle_timeout applies.
   absl::Duration put_place_idle = absl::Milliseconds(500);
   absl::Duration shutdown_grace = absl::Seconds(30);  // In-flight RPCs get this long.
   std::string log_level = "info";          // debug | info | warn | error.
