@@ -501,8 +501,10 @@ absl::Status DaemonConfig::Validate() const {
   if (put_wait < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("option put_wait: must not be negative");
   }
-  if (put_place_idle < absl::ZeroDuration()) {
-    return absl::InvalidArgumentError("option put_place_idle: must not be negative");
+  if (put_place_idle != absl::ZeroDuration() && put_place_idle < absl::Milliseconds(10)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "option put_place_idle: must be 0 (off) or at least 10ms, got ",
+        absl::FormatDuration(put_place_idle)));
   }
   if (shutdown_grace < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("option shutdown_grace: must not be negative");

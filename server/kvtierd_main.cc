@@ -272,7 +272,8 @@ int Run(const DaemonConfig& config, const sigset_t& signals) {
     stall_options.contended_idle = config.put_place_idle;
     stall_options.waiting_for_place = [&put_streams] { return put_streams.waiting(); };
     // Swept often enough that a stalled holder's place is back within a quarter more.
-    stall_options.period = std::min(stall_options.period, config.put_place_idle / 4);
+    stall_options.period =
+        std::clamp(config.put_place_idle / 4, absl::Milliseconds(1), stall_options.period);
   }
   stall_options.registry = registry.get();
   StallReaper stalls(stall_options);

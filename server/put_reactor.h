@@ -84,6 +84,10 @@ class PutReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>,
   void ReleasePlaces() {
     place_ = StreamLimiter::Ticket();
     put_place_ = StreamLimiter::Ticket();
+    // Unwatched only after its place went to the line: until then a reclaimed holder
+    // counts as a place on its way, and the reaper takes no second one for the same
+    // waiter; after, it does not count against a Put that joins the line next.
+    stall_.Reset();
   }
   using Admission = absl::StatusOr<std::unique_ptr<ChunkWriter>>;
 

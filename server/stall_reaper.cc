@@ -55,8 +55,25 @@ void StallReaper::SetWaitingOnClient(uint64_t handle, bool waiting) {
   absl::MutexLock lock(&mu_);
   auto it = calls_.find(handle);
   if (it == calls_.end()) return;
-  it->second.waiting = waiting;
-  it->second.since = now;
+  Entry& e = it->second;
+  if (e.contendable && e.waiting && !waiting && !e.cancelled) {
+    // A frame came: the time it took feeds the recent gap between frames.
+    const absl::Duration gap = now - e.since;
+    frame_gap_ = frame_gap_ == absl::ZeroDuration()
+                     ? gap
+                     : frame_gap_ + (gap - frame_gap_) / kFrameGapWeight;
+  }
+  e.waiting = waiting;
+  e.since = now;
+}
+
+absl::Duration StallReaper::ContendedBound() const {
+  absl::MutexLock lock(&mu_);
+  return ContendedBoundLocked();
+}
+
+absl::Duration StallReaper::ContendedBoundLocked() const {
+  return std::max(options_.contended_idle, kSlowFrameFactor * frame_gap_);
 }
 
 void StallReaper::Unwatch(uint64_t handle) {
@@ -78,6 +95,7 @@ int StallReaper::Sweep() {
       options_.contended_idle > absl::ZeroDuration() && options_.waiting_for_place
           ? options_.waiting_for_place()
           : 0;
+  const absl::Duration contended_bound = ContendedBoundLocked();
   uint32_t on_their_way = 0;  // Contended places whose holders are cancelled already.
   std::vector<std::pair<absl::Time, Entry*>> idle_holders;
   for (auto& [handle, e] : calls_) {
@@ -89,7 +107,7 @@ int StallReaper::Sweep() {
     if (!e.contendable) continue;
     if (e.cancelled) {
       ++on_their_way;
-    } else if (e.waiting && now - e.since > options_.contended_idle) {
+    } else if (e.waiting && now - e.since > contended_bound) {
       idle_holders.emplace_back(e.since, &e);
     }
   }

@@ -12,8 +12,11 @@
 // contended place (a Put stream's place within max_put_buffer) is cancelled once it has
 // waited on its client for `contended_idle`, but only while others wait in line for such
 // a place, and no more of them than wait (the longest idle first; those cancelled and
-// not yet gone count as places on their way). A stalled client then costs the line a
-// second, not client_idle_timeout.
+// not yet gone count as places on their way). A stalled client then costs the line
+// `contended_idle`, not client_idle_timeout. The daemon sees frames, not bytes: a frame
+// still arriving looks quiet. So the bound is also at least kSlowFrameFactor times the
+// recent time between frames of contendable calls (a moving average): where a slow link
+// makes every stream slow, healthy ones are not taken for stalled.
 //
 // Thread-safety: thread-safe. `cancel` runs on the reaper's thread under its lock, so
 // Unwatch (which takes the lock) never returns while it runs: after Unwatch the call
@@ -69,6 +72,12 @@ class StallReaper {
   int Sweep();
   uint64_t reaped() const;
   uint64_t reclaimed() const;  // Of those, cancelled by contended_idle alone.
+  // The bound on a contended place's quiet time now: contended_idle, or kSlowFrameFactor
+  // times the recent gap between frames if that is longer.
+  absl::Duration ContendedBound() const;
+
+  static constexpr int kSlowFrameFactor = 4;
+  static constexpr int kFrameGapWeight = 16;  // The average's weight: 1/16 per frame.
 
   // One watched call, for as long as this lives (or until Reset): the RAII form of
   // Watch/SetWaitingOnClient/Unwatch. Default-constructed, or with a null reaper, it
@@ -98,6 +107,7 @@ class StallReaper {
     absl::Time since;
   };
   bool Reaps() const;  // Either bound is on.
+  absl::Duration ContendedBoundLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Loop();
 
   const StallReaperOptions options_;
@@ -106,6 +116,8 @@ class StallReaper {
   uint64_t next_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t reaped_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t reclaimed_ ABSL_GUARDED_BY(mu_) = 0;
+  // Moving average of how long contendable calls waited for each frame; zero: none yet.
+  absl::Duration frame_gap_ ABSL_GUARDED_BY(mu_) = absl::ZeroDuration();
   prometheus::Counter* reaped_metric_ = nullptr;
   prometheus::Counter* reclaimed_metric_ = nullptr;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;

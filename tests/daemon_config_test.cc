@@ -102,6 +102,11 @@ TEST(DaemonConfigTest, PutPlaceIdleParsesAndMustNotBeNegative) {
   c.put_place_idle = absl::Seconds(-1);
   EXPECT_EQ(c.Validate().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(c.Validate().message().find("put_place_idle"), std::string::npos);
+  c.put_place_idle = absl::Milliseconds(1);  // The reaper would sweep without pause.
+  EXPECT_EQ(c.Validate().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(c.Validate().message().find("put_place_idle"), std::string::npos);
+  c.put_place_idle = absl::ZeroDuration();  // Off.
+  EXPECT_TRUE(c.Validate().ok());
 }
 
 TEST(DaemonConfigTest, MemoryBesidePoolNamesEachBoundedBuffer) {

@@ -144,5 +144,82 @@ TEST(StallReaperTest, ReclaimsNoMorePlacesThanWaitLongestIdleFirst) {
   for (uint64_t handle : h) reaper.Unwatch(handle);
 }
 
+TEST(StallReaperTest, SlowFramesEverywhereRaiseTheContendedBound) {
+  testing::FakeClock clock;
+  uint32_t in_line = 0;
+  StallReaperOptions o;
+  o.idle = absl::ZeroDuration();
+  o.contended_idle = absl::Milliseconds(500);
+  o.waiting_for_place = [&] { return in_line; };
+  o.run_thread = false;
+  o.clock = clock.AsFunction();
+  StallReaper reaper(o);
+  EXPECT_EQ(reaper.ContendedBound(), absl::Milliseconds(500)) << "no frame seen yet";
+  // A slow link: every holder's frames take 2 s to arrive. The bound is learned from
+  // frames as they come, so it starts before anyone waits.
+  int slow_cancels = 0, stalled_cancels = 0;
+  const uint64_t slow = reaper.Watch([&] { ++slow_cancels; }, /*contendable=*/true);
+  const uint64_t stalled = reaper.Watch([&] { ++stalled_cancels; }, /*contendable=*/true);
+  auto one_frame = [&] {
+    reaper.SetWaitingOnClient(slow, true);
+    clock.Advance(absl::Seconds(2));
+    const int cancelled = reaper.Sweep();
+    reaper.SetWaitingOnClient(slow, false);  // The frame arrived.
+    return cancelled;
+  };
+  EXPECT_EQ(one_frame(), 0);
+  EXPECT_EQ(reaper.ContendedBound(), absl::Seconds(8)) << "4 x the 2 s of the first frame";
+  in_line = 8;  // Now others wait for places.
+  reaper.SetWaitingOnClient(stalled, true);  // And this holder's client goes quiet.
+  for (int frame = 0; frame < 4; ++frame) {
+    EXPECT_EQ(one_frame(), 0) << "frame " << frame << ": 2 s is a frame's time here";
+  }
+  EXPECT_EQ(slow_cancels, 0);
+  EXPECT_EQ(stalled_cancels, 0) << "quiet for exactly the bound, 8 s: not past it";
+  EXPECT_EQ(reaper.ContendedBound(), absl::Seconds(8));
+  clock.Advance(absl::Milliseconds(1));
+  EXPECT_EQ(reaper.Sweep(), 1);
+  EXPECT_EQ(stalled_cancels, 1) << "quiet for longer than 4 frames' time: stalled";
+  EXPECT_EQ(slow_cancels, 0);
+  // Its quiet time, once cancelled, does not feed the average: it was no frame.
+  reaper.SetWaitingOnClient(stalled, false);
+  EXPECT_EQ(reaper.ContendedBound(), absl::Seconds(8));
+  // Faster frames bring the bound back down to contended_idle, a sixteenth at a time.
+  for (int frame = 0; frame < 64; ++frame) {
+    reaper.SetWaitingOnClient(slow, true);
+    clock.Advance(absl::Milliseconds(10));
+    reaper.SetWaitingOnClient(slow, false);
+  }
+  EXPECT_EQ(reaper.ContendedBound(), absl::Milliseconds(500));
+  reaper.Unwatch(slow);
+  reaper.Unwatch(stalled);
+}
+
+TEST(StallReaperTest, AStalledHolderReapedByIdleCountsAsAPlaceOnItsWay) {
+  testing::FakeClock clock;
+  StallReaperOptions o;
+  o.idle = absl::Seconds(10);
+  o.contended_idle = absl::Seconds(1);
+  uint32_t in_line = 0;
+  o.waiting_for_place = [&] { return in_line; };
+  o.run_thread = false;
+  o.clock = clock.AsFunction();
+  StallReaper reaper(o);
+  int first = 0, second = 0;
+  const uint64_t a = reaper.Watch([&] { ++first; }, /*contendable=*/true);
+  reaper.SetWaitingOnClient(a, true);
+  clock.Advance(absl::Seconds(5));
+  const uint64_t b = reaper.Watch([&] { ++second; }, /*contendable=*/true);
+  reaper.SetWaitingOnClient(b, true);
+  clock.Advance(absl::Seconds(6));  // a: 11 s, past idle; b: 6 s, past contended_idle.
+  in_line = 1;
+  EXPECT_EQ(reaper.Sweep(), 1) << "a is stalled; its place serves the one waiter";
+  EXPECT_EQ(first, 1);
+  EXPECT_EQ(second, 0);
+  EXPECT_EQ(reaper.reclaimed(), 0u);
+  reaper.Unwatch(a);
+  reaper.Unwatch(b);
+}
+
 }  // namespace
 }  // namespace kvtier
