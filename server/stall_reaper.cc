@@ -107,7 +107,7 @@ int StallReaper::Sweep() {
     if (!e.contendable) continue;
     if (e.cancelled) {
       ++on_their_way;
-    } else if (e.waiting && now - e.since > contended_bound) {
+    } else if (waiting_for_place > 0 && e.waiting && now - e.since > contended_bound) {
       idle_holders.emplace_back(e.since, &e);
     }
   }
