@@ -27,6 +27,10 @@ absl::Status IoError(absl::string_view what, const std::string& path, int err) {
         "SSD tier: disk full while ", what, " ", path, " (", std::strerror(err),
         "); free space under data_dir or lower ssd_capacity"));
   }
+  if (err == EEXIST) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("SSD tier: ", what, " ", path, ": ", std::strerror(err)));
+  }
   return absl::UnavailableError(
       absl::StrCat("SSD tier: ", what, " ", path, ": ", std::strerror(err)));
 }
@@ -59,6 +63,15 @@ ssize_t PayloadFileOps::PRead(int fd, void* buf, size_t n, off_t offset) {
   return ::pread(fd, buf, n, offset);
 }
 int PayloadFileOps::DataSync(int fd) { return ::fdatasync(fd); }
+int PayloadFileOps::SyncDir(const std::string& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  const int r = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  errno = err;
+  return r;
+}
 
 struct PayloadLog::File {
   uint32_t number = 0;
@@ -201,7 +214,20 @@ absl::StatusOr<std::shared_ptr<PayloadLog::File>> PayloadLog::OpenFile(uint32_t 
     if (file->wfd < 0) return IoError("creating", file->path, errno);
   }
   file->rfd = ::open(file->path.c_str(), O_RDONLY | O_CLOEXEC | direct);
-  if (file->rfd < 0) return IoError("opening", file->path, errno);
+  if (file->rfd < 0) {
+    const int err = errno;
+    // A file this call created and cannot use is not left behind under a number the
+    // next attempt would take again.
+    if (create) ::unlink(file->path.c_str());
+    return IoError("opening", file->path, err);
+  }
+  if (create && options_.sync && ops_->SyncDir(options_.dir) != 0) {
+    // Its directory entry must be durable before a row that names it is: after a power
+    // cut, the file of an acknowledged write-through chunk would otherwise be missing.
+    const int err = errno;
+    ::unlink(file->path.c_str());
+    return IoError("syncing the directory of", file->path, err);
+  }
   return file;
 }
 
@@ -257,9 +283,16 @@ absl::StatusOr<std::pair<std::shared_ptr<PayloadLog::File>, PayloadExtent>> Payl
     DeleteIfDeadLocked(old);
   }
   if (!active_) {
-    auto file = OpenFile(next_file_, /*create=*/true);
+    // A number is never tried twice: a failed creation (say, out of descriptors) moves
+    // on, and so does a file that appeared under the next name behind the log's back.
+    absl::StatusOr<std::shared_ptr<File>> file = OpenFile(next_file_++, /*create=*/true);
+    for (int skipped = 0; absl::IsAlreadyExists(file.status()) && skipped < 16; ++skipped) {
+      file = OpenFile(next_file_++, /*create=*/true);
+    }
+    if (absl::IsAlreadyExists(file.status())) {
+      return absl::UnavailableError(file.status().message());
+    }
     if (!file.ok()) return file.status();
-    ++next_file_;
     active_ = *std::move(file);
     files_[active_->number] = active_;
   }
@@ -310,6 +343,13 @@ absl::Status PayloadLog::ReadAt(const File& file, char* buf, uint64_t n, uint64_
     const ssize_t r = ops_->PRead(file.rfd, buf + *got, n - *got, static_cast<off_t>(offset + *got));
     if (r < 0) {
       if (errno == EINTR) continue;
+      if (errno == EIO) {
+        // The device cannot read these bytes (a bad sector, say): as lost as bytes that
+        // fail their checksum, and as final. UNAVAILABLE would have clients retry a read
+        // that fails every time.
+        return absl::DataLossError(absl::StrCat("SSD tier: reading ", file.path, " at ",
+                                                offset + *got, ": ", std::strerror(EIO)));
+      }
       return IoError("reading", file.path, errno);
     }
     if (r == 0) break;  // End of file.

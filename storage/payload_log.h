@@ -66,6 +66,8 @@ class PayloadFileOps {
   virtual ssize_t PWrite(int fd, const void* buf, size_t n, off_t offset);
   virtual ssize_t PRead(int fd, void* buf, size_t n, off_t offset);
   virtual int DataSync(int fd);
+  // fsync of a directory (a new file's entry).
+  virtual int SyncDir(const std::string& dir);
 };
 
 struct PayloadLogOptions {
@@ -83,7 +85,8 @@ struct PayloadLogOptions {
   int read_depth = 8;
   // Open files with O_DIRECT where the filesystem supports it.
   bool direct_io = true;
-  // fdatasync a file before Append or Move returns.
+  // fdatasync a file before Append or Move returns, and fsync the directory after
+  // creating a file.
   bool sync = false;
   // Null: the real system calls.
   std::shared_ptr<PayloadFileOps> file_ops;
@@ -129,8 +132,8 @@ class PayloadLog {
   // cover the range, checks each against its CRC32C, and hands the requested bytes to
   // `out` in order (each call: offset within the payload, bytes). Nothing of a piece
   // that fails is handed out. Returns: Ok, InvalidArgument (range outside the extent),
-  // NotFound (the file is gone), DataLoss (a piece failed its check or was short),
-  // Unavailable.
+  // NotFound (the file is gone), DataLoss (a piece failed its check, was short, or the
+  // device could not read it: EIO), Unavailable.
   absl::Status Read(const PayloadExtent& extent, absl::Span<const uint32_t> piece_crcs,
                     uint64_t offset, uint64_t len,
                     absl::FunctionRef<void(uint64_t, absl::string_view)> out);

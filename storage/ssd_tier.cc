@@ -5,6 +5,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "rocksdb/env.h"
 #include "rocksdb/options.h"
 #include "rocksdb/slice.h"
@@ -15,6 +16,16 @@
 
 namespace kvtier {
 namespace {
+
+// The CRC32C of a payload from the CRC32Cs of its consecutive pieces of `piece` bytes.
+uint32_t WholeCrc(absl::Span<const uint32_t> piece_crcs, uint64_t size, uint64_t piece) {
+  uint32_t crc = 0;
+  for (size_t i = 0; i < piece_crcs.size(); ++i) {
+    const uint64_t len = std::min(piece, size - i * piece);
+    crc = crc32c::Combine(crc, piece_crcs[i], len);
+  }
+  return crc;
+}
 
 absl::Status Unavailable(absl::string_view what, const rocksdb::Status& s) {
   return absl::UnavailableError(absl::StrCat("SSD tier: ", what, ": ", s.ToString()));
@@ -428,6 +439,16 @@ absl::Status SsdTier::Put(const ChunkId& id, const ChunkMeta& meta,
     MakeRoom(footprint);
     extent = log_->Append(parts, meta.size, &piece_crcs);
     status = extent.status();
+    // The pieces' checksums are of the bytes written: they must add up to the chunk's,
+    // or a RAM copy that changed since its put was checked would be stored with
+    // checksums that vouch for it, and served from here as sound.
+    if (status.ok() && WholeCrc(piece_crcs, meta.size, log_->piece_bytes()) != meta.crc32c) {
+      log_->Release(*extent);
+      status = absl::DataLossError(absl::StrFormat(
+          "SSD tier: the bytes of chunk %s to store do not match its CRC32C (%08x); "
+          "nothing stored",
+          id.key.ToHex(), meta.crc32c));
+    }
   } else {
     status = MapWriteError(s, "evicting chunks");
   }
@@ -445,22 +466,24 @@ absl::Status SsdTier::Put(const ChunkId& id, const ChunkMeta& meta,
     absl::MutexLock lock(&mu_);
     ++counters_.write_errors;
   }
-  absl::MutexLock lock(&mu_);
-  reserved_bytes_ -= footprint;
-  putting_.erase(id);
-  if (status.ok()) {
-    InsertLocked(id, IndexEntry{meta, now, *extent,
-                                std::make_shared<const std::vector<uint32_t>>(
-                                    std::move(piece_crcs))});
+  {
+    absl::MutexLock lock(&mu_);
+    reserved_bytes_ -= footprint;
+    putting_.erase(id);
+    if (status.ok()) {
+      InsertLocked(id, IndexEntry{meta, now, *extent,
+                                  std::make_shared<const std::vector<uint32_t>>(
+                                      std::move(piece_crcs))});
+    }
   }
   if (!victims_gone) {
     // Their rows are still there: put them back in the index rather than lose them to a
     // put that stored nothing. (They return as most recently used; the LRU has no way
     // to insert at the cold end.)
-    for (auto& [v, e] : victims) {
-      if (index_.contains(v)) continue;
-      InsertLocked(v, std::move(e));
-      if (v != id) --counters_.evictions;
+    const std::vector<ChunkId> restored = Restore(std::move(victims));
+    absl::MutexLock lock(&mu_);
+    for (const ChunkId& v : restored) {
+      if (v != id) --counters_.evictions;  // This put's own expired copy was no eviction.
     }
   }
   return status;
@@ -482,14 +505,15 @@ absl::Status SsdTier::Corrupt(const ChunkId& id, absl::string_view cause) {
     absl::MutexLock lock(&mu_);
     ++counters_.checksum_failures;
   }
-  LogWarning("SSD tier: chunk ", id.DebugString(), " failed its checksum and was deleted",
+  LogWarning("SSD tier: chunk ", id.DebugString(),
+             " failed its checksum or could not be read, and was deleted",
              cause.empty() ? "" : absl::StrCat(" (", cause, ")"));
   if (absl::Status d = DeleteChunk(id); !d.ok()) {
     LogError("SSD tier: could not delete corrupt chunk ", id.DebugString(), ": ", d.message());
   }
   return absl::DataLossError(absl::StrCat(
-      "chunk ", id.key.ToHex(), " failed its CRC32C check on the SSD tier and was "
-      "deleted; recompute it"));
+      "chunk ", id.key.ToHex(), " failed its CRC32C check on the SSD tier (or the device "
+      "could not read it) and was deleted; recompute it"));
 }
 
 absl::StatusOr<ChunkMeta> SsdTier::ReadMeta(const ChunkId& id) {
@@ -598,6 +622,24 @@ void SsdTier::ContainsMany(absl::Span<const ChunkId> ids, std::vector<bool>* pre
   }
 }
 
+std::vector<ChunkId> SsdTier::Restore(std::vector<std::pair<ChunkId, IndexEntry>> entries) {
+  std::vector<PayloadExtent> dead;
+  std::vector<ChunkId> restored;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [id, e] : entries) {
+      if (index_.contains(id)) {
+        dead.push_back(e.extent);
+        continue;
+      }
+      InsertLocked(id, std::move(e));
+      restored.push_back(id);
+    }
+  }
+  for (const PayloadExtent& extent : dead) log_->Release(extent);
+  return restored;
+}
+
 absl::Status SsdTier::DeleteChunk(const ChunkId& id) {
   std::optional<IndexEntry> e;
   {
@@ -605,7 +647,16 @@ absl::Status SsdTier::DeleteChunk(const ChunkId& id) {
     e = ForgetLocked(id);
   }
   rocksdb::Status s = db_->Delete(rocksdb::WriteOptions(), meta_cf_, SsdRowKey(id));
-  if (!s.ok()) return MapWriteError(s, "deleting a chunk");
+  if (!s.ok()) {
+    // The row is still there, and a restart would bring the chunk back: it stays in the
+    // index too, so that a retried delete finds it instead of reporting it gone.
+    if (e) {
+      std::vector<std::pair<ChunkId, IndexEntry>> back;
+      back.emplace_back(id, *std::move(e));
+      Restore(std::move(back));
+    }
+    return MapWriteError(s, "deleting a chunk");
+  }
   // Freed only now: until the row is gone, a restart would still look for the bytes.
   if (e) log_->Release(e->extent);
   return absl::OkStatus();
@@ -659,12 +710,9 @@ absl::StatusOr<uint64_t> SsdTier::ShrinkTo(const absl::flat_hash_set<uint64_t>& 
   wo.sync = options_.sync_writes;
   if (rocksdb::Status s = db_->Write(wo, &batch); !s.ok()) {
     // The rows are still there: the chunks stay, back in the index.
+    const size_t restored = Restore(std::move(gone)).size();
     absl::MutexLock lock(&mu_);
-    for (auto& [id, e] : gone) {
-      if (index_.contains(id)) continue;
-      InsertLocked(id, std::move(e));
-      --counters_.evictions;
-    }
+    counters_.evictions -= restored;
     return MapWriteError(s, "evicting chunks over a tenant's ssd_quota");
   }
   for (const auto& [id, e] : gone) {
@@ -688,7 +736,10 @@ absl::StatusOr<uint64_t> SsdTier::DeleteNamespace(uint64_t ns) {
   for (const auto& [id, e] : gone) batch.Delete(meta_cf_, SsdRowKey(id));
   if (batch.Count() > 0) {
     rocksdb::Status s = db_->Write(rocksdb::WriteOptions(), &batch);
-    if (!s.ok()) return MapWriteError(s, "clearing a namespace");
+    if (!s.ok()) {
+      Restore(std::move(gone));  // Their rows are still there; so are they.
+      return MapWriteError(s, "clearing a namespace");
+    }
   }
   for (const auto& [id, e] : gone) log_->Release(e.extent);
   return gone.size();

@@ -130,7 +130,8 @@ class SsdTier final : public StorageTier {
 
   // Stores a chunk whose payload is the concatenation of `parts`; idempotent (a present
   // chunk is left as is). Returns: Ok, InvalidArgument (larger than the capacity),
-  // ResourceExhausted (the disk is full), Unavailable (other I/O error).
+  // DataLoss (the bytes do not match meta.crc32c: nothing stored), ResourceExhausted
+  // (the disk is full), Unavailable (other I/O error).
   absl::Status Put(const ChunkId& id, const ChunkMeta& meta,
                    absl::Span<const absl::string_view> parts);
 
@@ -211,7 +212,13 @@ class SsdTier final : public StorageTier {
   void InsertLocked(const ChunkId& id, IndexEntry e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Removes a chunk from the index; returns its entry if it was there.
   std::optional<IndexEntry> ForgetLocked(const ChunkId& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Deletes from the index, then the row, then frees its bytes. Errors: Unavailable.
+  // Undoes ForgetLocked for entries whose row deletion failed (their rows are still
+  // there, so the index must hold them too). An entry whose chunk was put afresh
+  // meanwhile is not restored: the new row replaced its row, and its bytes are freed.
+  // Returns the chunks restored.
+  std::vector<ChunkId> Restore(std::vector<std::pair<ChunkId, IndexEntry>> entries) ABSL_LOCKS_EXCLUDED(mu_);
+  // Deletes from the index, then the row, then frees its bytes; a failed row deletion
+  // leaves the chunk stored. Errors: ResourceExhausted (disk full), Unavailable.
   absl::Status DeleteChunk(const ChunkId& id);
   // Reads [offset, offset + len) of a chunk's payload, following it if GC moves it.
   absl::Status ReadChunkRange(const ChunkId& id, uint64_t offset, uint64_t len,

@@ -308,6 +308,13 @@ absl::StatusOr<bool> TieredStore::Commit(std::unique_ptr<ChunkWriter> writer, ui
       if (absl::Status s =
               WriteAndWait(*backing_, writer->id_, meta, ChunkBytes::Of(writer->data_));
           !s.ok()) {
+        if (absl::IsDataLoss(s)) {
+          // The pool's copy changed after it was checked: nothing is stored, and the
+          // client's bytes were sound, so sending them again is the fix (DATA_LOSS is
+          // kept for stored chunks).
+          ram_checksum_failures_.fetch_add(1, std::memory_order_relaxed);
+          return absl::UnavailableError(absl::StrCat(s.message(), "; resend the chunk"));
+        }
         return s;
       }
       ssd_bytes_in_.fetch_add(meta.size, std::memory_order_relaxed);
@@ -362,6 +369,17 @@ bool TieredStore::FlushOne(bool demotion) {
       backing_->Delete(d->id).IgnoreError();  // Best effort; a leftover is only a stale hit.
     }
     if (!demotion) NotifyRoom();  // The chunk is evictable now.
+    return true;
+  }
+  if (absl::IsDataLoss(s)) {
+    // The RAM copy no longer matches its checksum: writing it again would fail again,
+    // and serving it would be wrong. Dropped; the chunk is recomputed on its next miss.
+    ram_checksum_failures_.fetch_add(1, std::memory_order_relaxed);
+    if (demotion) demotion_failures_.fetch_add(1, std::memory_order_relaxed);
+    LogWarning("tiered store: RAM copy of ", d->id.DebugString(),
+               " failed its CRC32C on the way to the SSD, dropped: ", s.message());
+    ram_->DropFlushing(d->id);  // Its eviction event goes out from the pool.
+    if (!demotion) NotifyRoom();
     return true;
   }
   if (demotion) {

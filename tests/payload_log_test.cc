@@ -7,7 +7,9 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
+#include <cerrno>
 #include <cstring>
+#include <iterator>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -268,6 +270,67 @@ TEST_P(PayloadLogTest, FullDiskIsResourceExhaustedAndLeavesNothingLive) {
   // Parts that hold fewer bytes than claimed are refused before anything is written.
   EXPECT_EQ(log_->Append({&part, 1}, data.size() + 1, &crcs).status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// A file under the next name, put there behind the log's back (or left by a creation
+// that failed halfway), is skipped, not retried forever: every append after it would
+// otherwise fail with a status that says "retry".
+TEST_P(PayloadLogTest, AFileUnderTheNextNameIsSkippedNotRetriedForever) {
+  Stored a = Append(200 * kKiB, 1);
+  const std::string squatter =
+      options_.dir + "/" + PayloadLog::FileName(a.extent.file + 1);
+  std::ofstream(squatter) << "not ours";
+  Stored b = Append(200 * kKiB, 2);  // Does not fit in a's file: needs a new one.
+  EXPECT_EQ(b.extent.file, a.extent.file + 2);
+  auto r = ReadAll(b, 0, b.data.size());
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(*r == b.data);
+  std::ifstream in(squatter);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(text, "not ours") << "the log wrote into a file it did not create";
+}
+
+// With sync on, a new file's directory entry is made durable before an append into it
+// returns (else a power cut can lose the file of an acknowledged chunk); a failed
+// directory sync fails the append and leaves no file behind.
+TEST_P(PayloadLogTest, SyncedAppendsSyncTheDirectoryOfEachNewFile) {
+  Append(100 * kKiB, 1);
+  EXPECT_EQ(ops_->dir_syncs(), 0u) << "sync is off";
+  options_.sync = true;
+  Open();
+  Stored a = Append(100 * kKiB, 2);  // A new file: the log never appends to old ones.
+  EXPECT_EQ(ops_->dir_syncs(), 1u);
+  Append(100 * kKiB, 3);  // Same file.
+  EXPECT_EQ(ops_->dir_syncs(), 1u);
+  const uint64_t files = FilesOnDisk();
+  ops_->SetFailSyncDir(true);
+  std::string data = Bytes(200 * kKiB, 4);  // Needs a new file.
+  const absl::string_view part(data);
+  std::vector<uint32_t> crcs;
+  auto failed = log_->Append({&part, 1}, data.size(), &crcs);
+  ops_->SetFailSyncDir(false);
+  EXPECT_EQ(failed.status().code(), absl::StatusCode::kUnavailable) << failed.status();
+  EXPECT_EQ(FilesOnDisk(), files) << "the file whose entry was not synced is left behind";
+  Stored b = Append(200 * kKiB, 5);
+  EXPECT_NE(b.extent.file, a.extent.file);
+  EXPECT_EQ(ops_->dir_syncs(), 2u);
+}
+
+// A device that cannot read the bytes (EIO) loses them as surely as a bad checksum:
+// DataLoss, not Unavailable, which would have clients retry a read that fails each time.
+TEST_P(PayloadLogTest, AnUnreadableDeviceIsDataLoss) {
+  Stored a = Append(100 * kKiB, 1);
+  ops_->SetReadError(EIO);
+  auto r = ReadAll(a, 0, a.data.size());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss) << r.status();
+  EXPECT_EQ(log_->Move(a.extent, a.crcs).status().code(), absl::StatusCode::kDataLoss);
+  // Other errors stay retryable.
+  ops_->SetReadError(ENOMEM);
+  EXPECT_EQ(ReadAll(a, 0, a.data.size()).status().code(), absl::StatusCode::kUnavailable);
+  ops_->SetReadError(0);
+  auto ok = ReadAll(a, 0, a.data.size());
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_TRUE(*ok == a.data);
 }
 
 TEST(PayloadLogOptionsTest, ValidateNamesTheBadOption) {

@@ -919,5 +919,74 @@ TEST_F(SsdTierFaultTest, NeverReturnsCorruptBytes) {
   ExpectStored(Id(100), kMiB);
 }
 
+// A delete whose row deletion fails (here: the disk is full) leaves the chunk stored,
+// in the index as in RocksDB: a retried delete must find it, not report it gone while a
+// restart would bring it back (and its bytes would never be freed).
+TEST_F(SsdTierFaultTest, AFailedDeleteLeavesTheChunkStored) {
+  PutOk(Id(1), kMiB);
+  PutOk(Id(2), kMiB);
+  const SsdTierStats before = tier_->GetStats();
+  SetNoSpace(true);
+  auto deleted = tier_->Delete(Id(1));
+  EXPECT_FALSE(deleted.ok());
+  EXPECT_EQ(deleted.status().code(), absl::StatusCode::kResourceExhausted) << deleted.status();
+  auto cleared = tier_->DeleteNamespace(Id(2).ns);
+  EXPECT_FALSE(cleared.ok());
+  EXPECT_EQ(cleared.status().code(), absl::StatusCode::kResourceExhausted) << cleared.status();
+  SetNoSpace(false);
+  EXPECT_TRUE(tier_->Contains(Id(1)));
+  EXPECT_TRUE(tier_->Contains(Id(2)));
+  const SsdTierStats after = tier_->GetStats();
+  EXPECT_EQ(after.chunks, before.chunks);
+  EXPECT_EQ(after.used_bytes, before.used_bytes);
+  EXPECT_EQ(after.payload_bytes, before.payload_bytes);
+  ExpectStored(Id(1), kMiB);
+  ExpectStored(Id(2), kMiB);
+  // A restart finds the same; there, with writes working again, the delete goes through.
+  Open();
+  ExpectStored(Id(1), kMiB);
+  auto again = tier_->Delete(Id(1));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(*again);
+  Open();
+  EXPECT_FALSE(tier_->Contains(Id(1)));
+  ExpectStored(Id(2), kMiB);
+}
+
+// A device that cannot read a chunk's bytes (EIO) gives DataLoss and drops the chunk,
+// as a failed checksum does: UNAVAILABLE would have clients retry a read that fails
+// every time, with the chunk still listed.
+TEST_F(SsdTierFaultTest, AnUnreadableChunkIsDataLossAndDropped) {
+  PutOk(Id(1), 2 * kMiB, 2);
+  PutOk(Id(2), kMiB);
+  ops_->SetReadError(EIO);
+  auto bad = tier_->Get(Id(1));
+  ops_->SetReadError(0);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kDataLoss) << bad.status();
+  EXPECT_FALSE(tier_->Contains(Id(1)));
+  EXPECT_EQ(tier_->GetStats().checksum_failures, 1u);
+  ExpectStored(Id(2), kMiB);
+  Open();
+  EXPECT_FALSE(tier_->Contains(Id(1)));
+}
+
+// The SSD's piece checksums are of the bytes written; if those are not the bytes the
+// chunk's CRC32C vouches for (a RAM copy that changed after its put was checked), the
+// put stores nothing: pieces that check out would otherwise serve wrong bytes as sound.
+TEST_F(SsdTierTest, BytesThatDoNotMatchTheChunksChecksumAreNotStored) {
+  const std::string data = Payload(Id(1), 3 * kMiB + 100);
+  ChunkMeta meta = MetaOf(data);
+  meta.crc32c ^= 1;
+  const auto parts = Parts(data, 3);
+  const absl::Status s = tier_->Put(Id(1), meta, parts);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_FALSE(tier_->Contains(Id(1)));
+  EXPECT_EQ(tier_->GetStats().used_bytes, 0u);
+  EXPECT_EQ(tier_->GetStats().chunks, 0u);
+  // The same bytes with their true checksum are stored.
+  ASSERT_TRUE(tier_->Put(Id(1), MetaOf(data), parts).ok());
+  ExpectStored(Id(1), 3 * kMiB + 100);
+}
+
 }  // namespace
 }  // namespace kvtier

@@ -1002,6 +1002,37 @@ TEST_F(TieredStoreWriteBackTest, ReopenAfterCloseRecoversChunksAndLayouts) {
   EXPECT_EQ(*w, nullptr);
 }
 
+// A RAM copy that no longer matches its checksum when the flusher writes it back (memory
+// corruption, here a flipped byte) is dropped: the SSD refuses bytes its CRC32C does not
+// vouch for, and a write-back that failed that way would fail again on every retry.
+TEST_F(TieredStoreWriteBackTest, ARamCopyThatChangedIsDroppedNotWrittenBack) {
+  auto o = Options(WriteMode::kWriteBack);
+  o.flush_threads = 1;
+  OpenWith(o);
+  ns_ = Register();
+  ops_->HoldWrites();
+  PutOk(Id(0));
+  // The one flusher is writing chunk 0 (held in the device), so chunk 1 waits in RAM.
+  ASSERT_TRUE(ops_->WaitForHeldBytes(kChunkBytes));
+  PutOk(Id(1));
+  {
+    auto v = store_->Read(Id(1));
+    ASSERT_TRUE(v.ok()) << v.status();
+    v->ForEachPiece(0, 1, [](absl::string_view p) { const_cast<char*>(p.data())[0] ^= 0x5a; });
+  }
+  ops_->ReleaseWrites();
+  Settle();
+  EXPECT_EQ(store_->Locate(Id(1)), Tier::kNone) << "written back, or kept, with wrong bytes";
+  const TieredStoreStats s = store_->GetStats();
+  EXPECT_EQ(s.checksum_failures, 1u);
+  EXPECT_EQ(s.ssd.chunks, 1u);
+  EXPECT_EQ(s.writeback_dirty_bytes, 0u);
+  ExpectReadable(Id(0));
+  Reopen();
+  EXPECT_EQ(store_->Locate(Id(1)), Tier::kNone);
+  ExpectReadable(Id(0), Tier::kSsd);
+}
+
 TEST_F(TieredStoreWriteBackTest, CorruptSsdChunkIsDataLossNeverServed) {
   PutOk(Id(1));
   PutOk(Id(2));

@@ -1,6 +1,7 @@
 // FaultyPayloadOps: the payload files' system calls, with faults a test switches on: a
 // full disk (writes fail with ENOSPC), corrupted reads (one byte of every read flipped,
-// the bytes on disk left intact), and failing syncs. A fake, not a mock: with no fault
+// the bytes on disk left intact), reads that fail with an errno (EIO: a bad sector), and
+// failing syncs, of files or of the directory. A fake, not a mock: with no fault
 // on it does the real I/O.
 #ifndef KVTIER_TESTS_SUPPORT_FAULTY_PAYLOAD_OPS_H_
 #define KVTIER_TESTS_SUPPORT_FAULTY_PAYLOAD_OPS_H_
@@ -8,6 +9,7 @@
 #include <cerrno>
 #include <atomic>
 #include <cstdint>
+#include <string>
 
 #include "absl/synchronization/mutex.h"
 #include "storage/payload_log.h"
@@ -22,6 +24,10 @@ class FaultyPayloadOps : public PayloadFileOps {
   void FailWritesAfter(uint64_t bytes) { budget_.store(static_cast<int64_t>(bytes)); }
   void SetCorruptReads(bool on) { corrupt_reads_.store(on); }
   void SetFailSync(bool on) { fail_sync_.store(on); }
+  // Reads fail with this errno; 0 turns it off.
+  void SetReadError(int err) { read_error_.store(err); }
+  void SetFailSyncDir(bool on) { fail_sync_dir_.store(on); }
+  uint64_t dir_syncs() const { return dir_syncs_.load(); }
   uint64_t no_space_errors() const { return no_space_errors_.load(); }
   uint64_t corrupted_reads() const { return corrupted_reads_.load(); }
   uint64_t bytes_written() const { return bytes_written_.load(); }
@@ -61,6 +67,10 @@ class FaultyPayloadOps : public PayloadFileOps {
     return w;
   }
   ssize_t PRead(int fd, void* buf, size_t n, off_t offset) override {
+    if (const int err = read_error_.load(); err != 0) {
+      errno = err;
+      return -1;
+    }
     const ssize_t r = PayloadFileOps::PRead(fd, buf, n, offset);
     if (r > 0 && corrupt_reads_.load()) {
       static_cast<char*>(buf)[r / 2] ^= 0x5a;
@@ -75,6 +85,15 @@ class FaultyPayloadOps : public PayloadFileOps {
     }
     return PayloadFileOps::DataSync(fd);
   }
+  int SyncDir(const std::string& dir) override {
+    if (fail_sync_dir_.load()) {
+      errno = EIO;
+      return -1;
+    }
+    const int r = PayloadFileOps::SyncDir(dir);
+    if (r == 0) dir_syncs_.fetch_add(1);
+    return r;
+  }
 
  private:
   absl::Mutex hold_mu_;
@@ -84,6 +103,9 @@ class FaultyPayloadOps : public PayloadFileOps {
   std::atomic<int64_t> budget_{INT64_MAX / 2};
   std::atomic<bool> corrupt_reads_{false};
   std::atomic<bool> fail_sync_{false};
+  std::atomic<int> read_error_{0};
+  std::atomic<bool> fail_sync_dir_{false};
+  std::atomic<uint64_t> dir_syncs_{0};
   std::atomic<uint64_t> no_space_errors_{0};
   std::atomic<uint64_t> corrupted_reads_{0};
   std::atomic<uint64_t> bytes_written_{0};
