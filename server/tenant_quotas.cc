@@ -108,7 +108,8 @@ absl::Status TenantQuotas::Pin(TieredStore* store, const TenantScope& t, const C
   if (t.quota().pinned_bytes == 0) return store->Pin(id, ttl);
   const HostPool::PinBudget budget{&namespaces, t.quota().pinned_bytes};
   absl::Status s = store->Pin(id, ttl, &budget);
-  if (absl::IsResourceExhausted(s) && absl::StrContains(s.message(), "pinned_quota")) {
+  if ((absl::IsResourceExhausted(s) || absl::IsInvalidArgument(s)) &&
+      absl::StrContains(s.message(), "pinned_quota")) {
     Refused(t.tenant(), "pinned");
   }
   return s;

@@ -44,9 +44,51 @@ bool HostPool::Reclaimable(const Entry& e) const {
   return !e.flushing && !IsPinned(e) && e.data.use_count() == 1;
 }
 
+void HostPool::CountPinLocked(const ChunkId& id, Entry& e) {
+  e.pin_counted = true;
+  pin_expiry_.emplace(e.pinned_until, id);
+  pinned_slot_bytes_ += e.data->slot_count() * arena_->slot_bytes();
+  pinned_payload_bytes_ += e.meta.size;
+  ns_pinned_bytes_[id.ns] += e.meta.size;
+}
+
+void HostPool::UncountPinLocked(const ChunkId& id, Entry& e) {
+  e.pin_counted = false;
+  auto [first, last] = pin_expiry_.equal_range(e.pinned_until);
+  for (auto it = first; it != last; ++it) {
+    if (it->second == id) {
+      pin_expiry_.erase(it);
+      break;
+    }
+  }
+  pinned_slot_bytes_ -= e.data->slot_count() * arena_->slot_bytes();
+  pinned_payload_bytes_ -= e.meta.size;
+  if (auto n = ns_pinned_bytes_.find(id.ns); n != ns_pinned_bytes_.end()) {
+    n->second -= e.meta.size;
+    if (n->second == 0) ns_pinned_bytes_.erase(n);
+  }
+}
+
+void HostPool::ExpirePinsLocked(absl::Time now) const {
+  while (!pin_expiry_.empty() && pin_expiry_.begin()->first <= now) {
+    const ChunkId id = pin_expiry_.begin()->second;
+    // The entry outlives its count: erasing a counted entry uncounts it first.
+    const Entry& e = index_.at(id);
+    e.pin_counted = false;
+    pin_expiry_.erase(pin_expiry_.begin());
+    pinned_slot_bytes_ -= e.data->slot_count() * arena_->slot_bytes();
+    pinned_payload_bytes_ -= e.meta.size;
+    if (auto n = ns_pinned_bytes_.find(id.ns); n != ns_pinned_bytes_.end()) {
+      n->second -= e.meta.size;
+      if (n->second == 0) ns_pinned_bytes_.erase(n);
+    }
+  }
+}
+
 void HostPool::EraseLocked(const ChunkId& id) {
   auto it = index_.find(id);
   if (it == index_.end()) return;
+  if (it->second.pin_counted) UncountPinLocked(id, it->second);
   if (it->second.dirty) {
     --dirty_count_;
     dirty_bytes_ -= it->second.meta.size;
@@ -178,15 +220,24 @@ absl::Status HostPool::Pin(const ChunkId& id, absl::Time until, const PinBudget*
   absl::MutexLock lock(&mu_);
   auto it = index_.find(id);
   if (it == index_.end()) return absl::NotFoundError("chunk not in the host pool");
-  if (!IsPinned(it->second)) {
-    uint64_t pinned = 0;
+  const absl::Time now = options_.now();
+  ExpirePinsLocked(now);
+  Entry& entry = it->second;
+  if (!entry.pin_counted) {
+    const uint64_t pinned = pinned_slot_bytes_;
     uint64_t budget_pinned = 0;
-    for (const auto& [other, e] : index_) {
-      if (!IsPinned(e)) continue;
-      pinned += e.data->slot_count() * arena_->slot_bytes();
-      if (budget != nullptr && budget->namespaces->contains(other.ns)) {
-        budget_pinned += e.meta.size;
+    if (budget != nullptr) {
+      for (uint64_t ns : *budget->namespaces) {
+        if (auto n = ns_pinned_bytes_.find(ns); n != ns_pinned_bytes_.end()) {
+          budget_pinned += n->second;
+        }
       }
+    }
+    if (budget != nullptr && entry.meta.size > budget->max_bytes) {
+      // Not even with nothing else pinned: a retry can never succeed.
+      return absl::InvalidArgumentError(absl::StrCat(
+          "pinning this ", entry.meta.size, "-byte chunk cannot fit the tenant's "
+          "pinned_quota (", budget->max_bytes, " bytes) even with nothing else pinned"));
     }
     if (budget != nullptr && budget_pinned + it->second.meta.size > budget->max_bytes) {
       return absl::ResourceExhaustedError(absl::StrCat(
@@ -202,7 +253,17 @@ absl::Status HostPool::Pin(const ChunkId& id, absl::Time until, const PinBudget*
           " of the host pool); unpin something first"));
     }
   }
-  it->second.pinned_until = std::max(it->second.pinned_until, until);
+  const absl::Time new_until = std::max(entry.pinned_until, until);
+  if (entry.pin_counted) {
+    if (new_until != entry.pinned_until) {
+      UncountPinLocked(id, entry);
+      entry.pinned_until = new_until;
+      CountPinLocked(id, entry);
+    }
+  } else {
+    entry.pinned_until = new_until;
+    if (new_until > now) CountPinLocked(id, entry);
+  }
   return absl::OkStatus();
 }
 
@@ -213,8 +274,9 @@ HostPool::NamespaceBytes HostPool::BytesOf(const absl::flat_hash_set<uint64_t>& 
     if (auto it = ns_bytes_.find(n); it != ns_bytes_.end()) out.bytes += it->second;
   }
   if (out.bytes == 0) return out;
-  for (const auto& [id, e] : index_) {
-    if (IsPinned(e) && ns.contains(id.ns)) out.pinned += e.meta.size;
+  ExpirePinsLocked(options_.now());
+  for (uint64_t n : ns) {
+    if (auto it = ns_pinned_bytes_.find(n); it != ns_pinned_bytes_.end()) out.pinned += it->second;
   }
   return out;
 }
@@ -254,7 +316,10 @@ uint64_t HostPool::ShrinkTo(const absl::flat_hash_set<uint64_t>& ns, uint64_t ke
 bool HostPool::Unpin(const ChunkId& id) {
   absl::MutexLock lock(&mu_);
   auto it = index_.find(id);
-  if (it == index_.end() || !IsPinned(it->second)) return false;
+  if (it == index_.end()) return false;
+  ExpirePinsLocked(options_.now());
+  if (!it->second.pin_counted) return false;
+  UncountPinLocked(id, it->second);
   it->second.pinned_until = absl::InfinitePast();
   return true;
 }
@@ -415,9 +480,8 @@ HostPoolStats HostPool::GetStats() const {
   s.prefaulted_bytes = arena_->prefaulted_bytes();
   s.chunk_bytes = chunk_bytes_;
   s.chunks = index_.size();
-  for (const auto& [_, e] : index_) {
-    if (IsPinned(e)) s.pinned_bytes += e.meta.size;
-  }
+  ExpirePinsLocked(options_.now());
+  s.pinned_bytes = pinned_payload_bytes_;
   s.dirty_chunks = dirty_count_;
   s.dirty_bytes = dirty_bytes_;
   s.hits = hits_;

@@ -17,6 +17,7 @@
 #include <optional>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/btree_map.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
@@ -124,7 +125,7 @@ class HostPool final : public StorageTier {
   uint64_t RemoveNamespace(uint64_t ns);
 
   // Payload bytes the namespaces `ns` hold in the pool, and how many of them are
-  // pinned now. O(namespaces) for `bytes`; `pinned` walks the index.
+  // pinned now. O(namespaces), plus the pins that expired since the last look.
   struct NamespaceBytes {
     uint64_t bytes = 0;
     uint64_t pinned = 0;
@@ -172,6 +173,8 @@ class HostPool final : public StorageTier {
     bool dirty = false;
     bool flushing = false;
     absl::Time pinned_until = absl::InfinitePast();
+    // Counted in the pin totals below (pinned when they were last brought up to date).
+    mutable bool pin_counted = false;
   };
 
   HostPool(HostPoolOptions options, std::unique_ptr<SlotArena> arena,
@@ -183,6 +186,13 @@ class HostPool final : public StorageTier {
   // by nobody but the index, or being flushed (the write holds it).
   bool WriteFirstCandidate(const Entry& e) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EraseLocked(const ChunkId& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The pin totals, kept as pins come and go so that no pin or quota check walks the
+  // index (a tenant's Pin of many keys would otherwise hold the pool's lock for
+  // keys x chunks steps). A pin that expires by time leaves them at the next look.
+  void CountPinLocked(const ChunkId& id, Entry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void UncountPinLocked(const ChunkId& id, Entry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes pins that expired by `now` out of the totals.
+  void ExpirePinsLocked(absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const HostPoolOptions options_;
   // Declared before the index: entries hold PoolChunks that release into the arena.
@@ -197,6 +207,13 @@ class HostPool final : public StorageTier {
   uint64_t chunk_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   // Payload bytes per namespace (entries removed at zero).
   absl::flat_hash_map<uint64_t, uint64_t> ns_bytes_ ABSL_GUARDED_BY(mu_);
+  // Counted pins by expiry, and their totals: slot bytes (max_pinned_fraction), payload
+  // bytes, and payload bytes per namespace (entries removed at zero). Mutable: taking
+  // expired pins out changes no state a caller sees, as IsPinned says the same.
+  mutable absl::btree_multimap<absl::Time, ChunkId> pin_expiry_ ABSL_GUARDED_BY(mu_);
+  mutable uint64_t pinned_slot_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  mutable uint64_t pinned_payload_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  mutable absl::flat_hash_map<uint64_t, uint64_t> ns_pinned_bytes_ ABSL_GUARDED_BY(mu_);
   uint64_t hits_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t misses_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t evictions_ ABSL_GUARDED_BY(mu_) = 0;

@@ -833,6 +833,15 @@ void TieredStore::Emit(ChunkEventKind kind, const ChunkId& id, Tier tier) {
 
 absl::Status TieredStore::Pin(const ChunkId& id, absl::Duration ttl,
                               const HostPool::PinBudget* budget) {
+  if (budget != nullptr) {
+    // A chunk the budget cannot hold even alone is refused before it is promoted (which
+    // would evict other chunks for nothing), and as final: RESOURCE_EXHAUSTED says retry.
+    if (auto layout = FindLayout(id.ns); layout.ok() && layout->ChunkBytes() > budget->max_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "pinning a ", layout->ChunkBytes(), "-byte chunk cannot fit the tenant's "
+          "pinned_quota (", budget->max_bytes, " bytes) even with nothing else pinned"));
+    }
+  }
   if (!ram_->Contains(id)) {
     if (!has_ssd() || !ssd_->Contains(id)) return absl::NotFoundError("chunk not cached");
     auto view = Read(id);  // Promotes.

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "storage/crc32c.h"
@@ -951,6 +952,81 @@ TEST_F(HostPoolTest, PinBudgetBoundsTheNamespacesPinnedBytes) {
   EXPECT_TRUE(pool_->Pin(Id(2), absl::InfiniteFuture(), &budget).ok());  // Extends only.
   ASSERT_TRUE(pool_->Unpin(Id(1)));
   EXPECT_TRUE(pool_->Pin(Id(3), absl::InfiniteFuture(), &budget).ok());
+  // A chunk larger than the whole budget can never be pinned under it: a final answer,
+  // not RESOURCE_EXHAUSTED (which says "retry").
+  Put(Id(4), 3 * kSlot);
+  const absl::Status too_big = pool_->Pin(Id(4), absl::InfiniteFuture(), &budget);
+  EXPECT_EQ(too_big.code(), absl::StatusCode::kInvalidArgument) << too_big;
+  EXPECT_NE(too_big.message().find("pinned_quota"), std::string::npos) << too_big;
+}
+
+// The pin totals are kept as pins come and go (no check walks the index): against a
+// model of the pins, through pins with and without expiry, extensions, unpins, expiry
+// on the clock, evictions, removals and cleared namespaces, GetStats' pinned bytes and
+// BytesOf's pinned share agree after every step, and max_pinned_fraction holds.
+TEST_F(HostPoolTest, PinTotalsFollowAModelOfThePins) {
+  pool_ = MakePool(0.5, 64);
+  std::mt19937_64 rng(7);
+  struct Pinned {
+    absl::Time until;
+    uint64_t size;
+  };
+  absl::flat_hash_map<ChunkId, Pinned> model;
+  for (int step = 0; step < 5000; ++step) {
+    const ChunkId id = Id(rng() % 48, 1 + rng() % 3);
+    switch (rng() % 8) {
+      case 0:
+      case 1: {
+        const uint64_t size = kSlot * (1 + rng() % 3) - rng() % 100;
+        auto chunk = pool_->Allocate(size);
+        if (!chunk.ok()) break;  // Everything evictable is pinned or in use.
+        pool_->Insert(id, *chunk, ChunkMeta{size, 0, 0, 0}, false);
+        break;
+      }
+      case 2:
+      case 3: {
+        const absl::Time until = rng() % 4 == 0 ? absl::InfiniteFuture()
+                                                : clock_.Now() + absl::Seconds(rng() % 30);
+        auto hit = pool_->Peek(id);
+        if (pool_->Pin(id, until).ok() && hit) {
+          auto [it, fresh] = model.try_emplace(id, Pinned{until, hit->meta.size});
+          if (!fresh) it->second.until = std::max(it->second.until, until);
+        }
+        break;
+      }
+      case 4:
+        pool_->Unpin(id);
+        model.erase(id);
+        break;
+      case 5:
+        if (rng() % 5 == 0) {
+          pool_->RemoveNamespace(id.ns);
+        } else {
+          pool_->Remove(id);
+        }
+        break;
+      default:
+        clock_.Advance(absl::Seconds(rng() % 5));
+        break;
+    }
+    // The model: pins not yet expired, of chunks still held.
+    uint64_t want = 0;
+    absl::flat_hash_map<uint64_t, uint64_t> want_ns;
+    for (auto it = model.begin(); it != model.end();) {
+      if (it->second.until <= clock_.Now() || !pool_->Contains(it->first)) {
+        model.erase(it++);
+        continue;
+      }
+      want += it->second.size;
+      want_ns[it->first.ns] += it->second.size;
+      ++it;
+    }
+    ASSERT_EQ(pool_->GetStats().pinned_bytes, want) << "step " << step;
+    for (uint64_t ns = 1; ns <= 3; ++ns) {
+      const absl::flat_hash_set<uint64_t> one = {ns};
+      ASSERT_EQ(pool_->BytesOf(one).pinned, want_ns[ns]) << "step " << step << ", ns " << ns;
+    }
+  }
 }
 
 }  // namespace

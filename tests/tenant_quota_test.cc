@@ -136,6 +136,22 @@ TEST_F(TenantQuotaTest, AChunkLargerThanTheQuotaIsInvalidArgumentAndStoresNothin
   EXPECT_EQ(Metric(R"(kvtier_tenant_quota_refusals_total{quota="ram",tenant="small"})"), 1);
 }
 
+// A chunk larger than the whole pinned quota can never be pinned: INVALID_ARGUMENT
+// naming the quota, not RESOURCE_EXHAUSTED, which would have the client retry forever.
+TEST_F(TenantQuotaTest, AChunkLargerThanThePinnedQuotaIsInvalidArgument) {
+  Start("ram-only");
+  const uint64_t two_mib = Register(*small_, 2);  // The pinned quota is 1 MiB.
+  ASSERT_TRUE(Put(*small_, two_mib, 1, 2 * kMiB).ok());
+  auto pinned = small_->Pin(two_mib, {KeyOf(1)}, 0);
+  EXPECT_TRUE(absl::IsInvalidArgument(pinned.status())) << pinned.status();
+  EXPECT_NE(pinned.status().message().find("pinned_quota"), std::string::npos)
+      << pinned.status();
+  EXPECT_EQ(Metric(R"(kvtier_tenant_quota_refusals_total{quota="pinned",tenant="small"})"), 1);
+  // A chunk within the quota still pins.
+  ASSERT_TRUE(Put(*small_, ns_, 1).ok());
+  EXPECT_TRUE(small_->Pin(ns_, {KeyOf(1)}, 0).ok());
+}
+
 TEST_F(TenantQuotaTest, PinsStopAtThePinnedQuotaAndPinnedChunksAreNotEvicted) {
   Start("ram-only");
   for (uint64_t n = 1; n <= 3; ++n) ASSERT_TRUE(Put(*small_, ns_, n).ok());
