@@ -318,6 +318,19 @@ grpc::ServerWriteReactor<v1::EventBatch>* KvCacheService::Events(
     return new Refused(metrics_, RpcMethod::kEvents, grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
                                               "events: this daemon keeps no event log"));
   }
+  if (req->namespace_id() != 0) {
+    // A namespace nobody registered would hold a subscription open, silent, forever.
+    TieredStore* store = store_.load(std::memory_order_acquire);
+    if (store == nullptr) {
+      return new Refused(metrics_, RpcMethod::kEvents,
+                         ToGrpcStatus(absl::UnavailableError(
+                             "kvtierd is starting up (recovering the SSD tier's index); "
+                             "retry shortly")));
+    }
+    if (auto l = RequireNamespace(store, tenant->Internal(req->namespace_id())); !l.ok()) {
+      return new Refused(metrics_, RpcMethod::kEvents, ToGrpcStatus(l.status()));
+    }
+  }
   // The implicit tenant is bounded by the daemon's places alone; a named one also by
   // its share (never 0 once the tenants file is parsed).
   absl::StatusOr<StreamLimiter::Ticket> subscription =

@@ -5,6 +5,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <chrono>
 #include <string>
 #include <vector>
 
@@ -137,6 +138,32 @@ TEST_F(HintEventsTest, EventsFilterByNamespaceAndAnOverwrittenCursorGetsAResyncM
     return mine.empty();
   }).ok());
   EXPECT_EQ(mine, std::vector<uint64_t>{6});
+}
+
+// A subscription to a namespace nobody registered is NOT_FOUND at once: it would
+// otherwise hold a subscriber's place and a stream's, silent, until the client gave up.
+TEST_F(HintEventsTest, EventsForAnUnregisteredNamespaceAreNotFound) {
+  Start({"--write-mode=ram-only", "--ram-capacity=64MiB"});
+  auto stub = v1::KvCache::NewStub(
+      grpc::CreateChannel(daemon_->target(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  // A bound on a test that would otherwise wait forever, not a timing assertion.
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  v1::EventsRequest req;
+  req.set_namespace_id(ns_ ^ 0x5a5a5a5a);
+  auto reader = stub->Events(&ctx, req);
+  v1::EventBatch batch;
+  EXPECT_FALSE(reader->Read(&batch));
+  const grpc::Status s = reader->Finish();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND) << s.error_message();
+  int batches = 0;
+  // The registered one still subscribes (resuming after the first of two events).
+  Put(1, 2, /*chain=*/false);
+  ASSERT_TRUE(client_->WatchEvents(ns_, 1, [&](const v1::EventBatch& b) {
+    batches += b.events_size();
+    return false;
+  }).ok());
+  EXPECT_EQ(batches, 1);
 }
 
 TEST_F(HintEventsTest, ASubscriberThatStopsReadingIsLappedAndToldToResync) {
