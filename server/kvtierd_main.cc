@@ -271,6 +271,7 @@ int Run(const DaemonConfig& config, const sigset_t& signals) {
   if (config.max_put_waiters != 0 && config.put_place_idle > absl::ZeroDuration()) {
     stall_options.contended_idle = config.put_place_idle;
     stall_options.waiting_for_place = [&put_streams] { return put_streams.waiting(); };
+    stall_options.full_frame_bytes = config.max_frame_size;
     // Swept often enough that a stalled holder's place is back within a quarter more.
     stall_options.period =
         std::clamp(config.put_place_idle / 4, absl::Milliseconds(1), stall_options.period);

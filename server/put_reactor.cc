@@ -122,7 +122,7 @@ void PutReactor::WatchForStalls(StallReaper* reaper) {
 }
 
 void PutReactor::OnReadDone(bool ok) {
-  stall_.WaitingOnClient(false);
+  stall_.WaitingOnClient(false, ok ? message_.Length() : 0);
   if (!ok) {
     EndOfStream();
     return;

@@ -49,14 +49,15 @@ uint64_t StallReaper::Watch(std::function<void()> cancel, bool contendable) {
   return handle;
 }
 
-void StallReaper::SetWaitingOnClient(uint64_t handle, bool waiting) {
+void StallReaper::SetWaitingOnClient(uint64_t handle, bool waiting, uint64_t frame_bytes) {
   if (handle == 0) return;
   const absl::Time now = options_.clock();
   absl::MutexLock lock(&mu_);
   auto it = calls_.find(handle);
   if (it == calls_.end()) return;
   Entry& e = it->second;
-  if (e.contendable && e.waiting && !waiting && !e.cancelled) {
+  if (e.contendable && e.waiting && !waiting && !e.cancelled &&
+      frame_bytes * 4 >= options_.full_frame_bytes) {
     // A frame came: the time it took feeds the recent gap between frames.
     const absl::Duration gap = now - e.since;
     frame_gap_ = frame_gap_ == absl::ZeroDuration()
@@ -73,7 +74,8 @@ absl::Duration StallReaper::ContendedBound() const {
 }
 
 absl::Duration StallReaper::ContendedBoundLocked() const {
-  return std::max(options_.contended_idle, kSlowFrameFactor * frame_gap_);
+  return std::min(std::max(options_.contended_idle, kSlowFrameFactor * frame_gap_),
+                  kMaxBoundFactor * options_.contended_idle);
 }
 
 void StallReaper::Unwatch(uint64_t handle) {
@@ -157,8 +159,8 @@ StallReaper::Watched& StallReaper::Watched::operator=(Watched&& other) noexcept 
   return *this;
 }
 
-void StallReaper::Watched::WaitingOnClient(bool waiting) const {
-  if (reaper_ != nullptr) reaper_->SetWaitingOnClient(handle_, waiting);
+void StallReaper::Watched::WaitingOnClient(bool waiting, uint64_t frame_bytes) const {
+  if (reaper_ != nullptr) reaper_->SetWaitingOnClient(handle_, waiting, frame_bytes);
 }
 
 void StallReaper::Watched::Reset() {

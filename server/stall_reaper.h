@@ -16,7 +16,11 @@
 // `contended_idle`, not client_idle_timeout. The daemon sees frames, not bytes: a frame
 // still arriving looks quiet. So the bound is also at least kSlowFrameFactor times the
 // recent time between frames of contendable calls (a moving average): where a slow link
-// makes every stream slow, healthy ones are not taken for stalled.
+// makes every stream slow, healthy ones are not taken for stalled. Only frames of at
+// least a quarter of full_frame_bytes feed that average (a small frame arriving slowly
+// is what a stalling client sends, not evidence of a slow link), and the bound is at
+// most kMaxBoundFactor times contended_idle: clients that hold every place cannot raise
+// it without end by sending frames just inside it.
 //
 // Thread-safety: thread-safe. `cancel` runs on the reaper's thread under its lock, so
 // Unwatch (which takes the lock) never returns while it runs: after Unwatch the call
@@ -44,6 +48,9 @@ struct StallReaperOptions {
   // reaper). Zero: off.
   absl::Duration contended_idle = absl::ZeroDuration();
   std::function<uint32_t()> waiting_for_place;
+  // A full frame's payload (the daemon's max_frame_size): smaller frames than a quarter
+  // of it do not feed the moving average of frame gaps.
+  uint64_t full_frame_bytes = 4ull << 20;
   absl::Duration period = absl::Seconds(1);  // How often the thread sweeps.
   bool run_thread = true;  // False: only Sweep() (tests, with a fake clock).
   std::function<absl::Time()> clock = [] { return absl::Now(); };
@@ -63,8 +70,9 @@ class StallReaper {
   // `contendable`: it holds a place others may wait for (contended_idle applies).
   // Returns a handle for the calls below; 0 when reaping is off.
   uint64_t Watch(std::function<void()> cancel, bool contendable = false);
-  // The call now waits for its client (true) or for the daemon (false).
-  void SetWaitingOnClient(uint64_t handle, bool waiting);
+  // The call now waits for its client (true) or for the daemon (false); when a frame
+  // ended the wait, `frame_bytes` is its size.
+  void SetWaitingOnClient(uint64_t handle, bool waiting, uint64_t frame_bytes = 0);
   void Unwatch(uint64_t handle);
 
   // Cancels every call that has waited on its client for longer than `idle` (or than
@@ -73,11 +81,13 @@ class StallReaper {
   uint64_t reaped() const;
   uint64_t reclaimed() const;  // Of those, cancelled by contended_idle alone.
   // The bound on a contended place's quiet time now: contended_idle, or kSlowFrameFactor
-  // times the recent gap between frames if that is longer.
+  // times the recent gap between frames if that is longer, but at most kMaxBoundFactor
+  // times contended_idle.
   absl::Duration ContendedBound() const;
 
   static constexpr int kSlowFrameFactor = 4;
   static constexpr int kFrameGapWeight = 16;  // The average's weight: 1/16 per frame.
+  static constexpr int kMaxBoundFactor = 8;
 
   // One watched call, for as long as this lives (or until Reset): the RAII form of
   // Watch/SetWaitingOnClient/Unwatch. Default-constructed, or with a null reaper, it
@@ -90,7 +100,7 @@ class StallReaper {
     Watched(Watched&& other) noexcept;
     Watched& operator=(Watched&& other) noexcept;
 
-    void WaitingOnClient(bool waiting) const;
+    void WaitingOnClient(bool waiting, uint64_t frame_bytes = 0) const;
     void Reset();
 
    private:

@@ -151,48 +151,84 @@ TEST(StallReaperTest, SlowFramesEverywhereRaiseTheContendedBound) {
   o.idle = absl::ZeroDuration();
   o.contended_idle = absl::Milliseconds(500);
   o.waiting_for_place = [&] { return in_line; };
+  o.full_frame_bytes = 4 << 20;
   o.run_thread = false;
   o.clock = clock.AsFunction();
   StallReaper reaper(o);
   EXPECT_EQ(reaper.ContendedBound(), absl::Milliseconds(500)) << "no frame seen yet";
-  // A slow link: every holder's frames take 2 s to arrive. The bound is learned from
-  // frames as they come, so it starts before anyone waits.
+  // A slow link: every holder's full frames take 750 ms to arrive. The bound is learned
+  // from frames as they come, so it starts before anyone waits.
   int slow_cancels = 0, stalled_cancels = 0;
   const uint64_t slow = reaper.Watch([&] { ++slow_cancels; }, /*contendable=*/true);
   const uint64_t stalled = reaper.Watch([&] { ++stalled_cancels; }, /*contendable=*/true);
   auto one_frame = [&] {
     reaper.SetWaitingOnClient(slow, true);
-    clock.Advance(absl::Seconds(2));
+    clock.Advance(absl::Milliseconds(750));
     const int cancelled = reaper.Sweep();
-    reaper.SetWaitingOnClient(slow, false);  // The frame arrived.
+    reaper.SetWaitingOnClient(slow, false, 4 << 20);  // The frame arrived.
     return cancelled;
   };
   EXPECT_EQ(one_frame(), 0);
-  EXPECT_EQ(reaper.ContendedBound(), absl::Seconds(8)) << "4 x the 2 s of the first frame";
+  EXPECT_EQ(reaper.ContendedBound(), absl::Seconds(3)) << "4 x the 750 ms of the first frame";
   in_line = 8;  // Now others wait for places.
   reaper.SetWaitingOnClient(stalled, true);  // And this holder's client goes quiet.
   for (int frame = 0; frame < 4; ++frame) {
-    EXPECT_EQ(one_frame(), 0) << "frame " << frame << ": 2 s is a frame's time here";
+    EXPECT_EQ(one_frame(), 0) << "frame " << frame << ": 750 ms is a frame's time here";
   }
   EXPECT_EQ(slow_cancels, 0);
-  EXPECT_EQ(stalled_cancels, 0) << "quiet for exactly the bound, 8 s: not past it";
-  EXPECT_EQ(reaper.ContendedBound(), absl::Seconds(8));
+  EXPECT_EQ(stalled_cancels, 0) << "quiet for exactly the bound, 3 s: not past it";
+  EXPECT_EQ(reaper.ContendedBound(), absl::Seconds(3));
   clock.Advance(absl::Milliseconds(1));
   EXPECT_EQ(reaper.Sweep(), 1);
   EXPECT_EQ(stalled_cancels, 1) << "quiet for longer than 4 frames' time: stalled";
   EXPECT_EQ(slow_cancels, 0);
   // Its quiet time, once cancelled, does not feed the average: it was no frame.
-  reaper.SetWaitingOnClient(stalled, false);
-  EXPECT_EQ(reaper.ContendedBound(), absl::Seconds(8));
+  reaper.SetWaitingOnClient(stalled, false, 4 << 20);
+  EXPECT_EQ(reaper.ContendedBound(), absl::Seconds(3));
   // Faster frames bring the bound back down to contended_idle, a sixteenth at a time.
   for (int frame = 0; frame < 64; ++frame) {
     reaper.SetWaitingOnClient(slow, true);
     clock.Advance(absl::Milliseconds(10));
-    reaper.SetWaitingOnClient(slow, false);
+    reaper.SetWaitingOnClient(slow, false, 4 << 20);
   }
   EXPECT_EQ(reaper.ContendedBound(), absl::Milliseconds(500));
   reaper.Unwatch(slow);
   reaper.Unwatch(stalled);
+}
+
+// Clients that hold every place cannot talk the bound up: tiny frames sent just inside
+// it do not feed the average (a small frame arriving slowly is a stall, not a slow
+// link), and full frames sent just inside it raise it only to kMaxBoundFactor times
+// contended_idle. Past that, a holder that goes quiet loses its place to the line.
+TEST(StallReaperTest, HoldersCannotRaiseTheBoundWithoutEnd) {
+  testing::FakeClock clock;
+  uint32_t in_line = 1;
+  StallReaperOptions o;
+  o.idle = absl::Seconds(60);
+  o.contended_idle = absl::Milliseconds(500);
+  o.waiting_for_place = [&] { return in_line; };
+  o.full_frame_bytes = 4 << 20;
+  o.run_thread = false;
+  o.clock = clock.AsFunction();
+  StallReaper reaper(o);
+  int cancels = 0;
+  const uint64_t holder = reaper.Watch([&] { ++cancels; }, /*contendable=*/true);
+  auto frame_inside_the_bound = [&](uint64_t bytes) {
+    reaper.SetWaitingOnClient(holder, true);
+    clock.Advance(reaper.ContendedBound() * 9 / 10);
+    EXPECT_EQ(reaper.Sweep(), 0);
+    reaper.SetWaitingOnClient(holder, false, bytes);
+  };
+  for (int i = 0; i < 40; ++i) frame_inside_the_bound(1);
+  EXPECT_EQ(reaper.ContendedBound(), absl::Milliseconds(500)) << "1-byte frames fed the average";
+  for (int i = 0; i < 40; ++i) frame_inside_the_bound(1 << 20);
+  EXPECT_EQ(reaper.ContendedBound(), StallReaper::kMaxBoundFactor * absl::Milliseconds(500));
+  EXPECT_EQ(cancels, 0);
+  reaper.SetWaitingOnClient(holder, true);
+  clock.Advance(StallReaper::kMaxBoundFactor * absl::Milliseconds(500) + absl::Milliseconds(1));
+  EXPECT_EQ(reaper.Sweep(), 1);
+  EXPECT_EQ(cancels, 1) << "quiet past the capped bound while a Put waits, long before idle";
+  reaper.Unwatch(holder);
 }
 
 TEST(StallReaperTest, AStalledHolderReapedByIdleCountsAsAPlaceOnItsWay) {
