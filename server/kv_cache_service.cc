@@ -292,8 +292,10 @@ grpc::Status KvCacheService::HintImpl(TieredStore* store, const TenantScope& ten
     out.keys.reserve(ids->size());
     for (const ChunkId& id : *ids) out.keys.push_back(id.key);
   }
-  // Each tenant's clients have their own hint windows, whatever names they pick.
-  auto result = store->Hint(tenant.ScopedName(req->client_id()), std::move(requests));
+  // Each tenant's clients have their own hint windows, whatever names they pick, and a
+  // tenant's share of max_hint_clients when they are all taken.
+  auto result = store->Hint(tenant.ScopedName(req->client_id()), std::move(requests),
+                            tenant.tenant());
   if (!result.ok()) return ToGrpcStatus(result.status());
   resp->set_requests_accepted(result->requests_accepted);
   resp->set_keys_accepted(result->keys_accepted);

@@ -21,8 +21,37 @@ absl::Status HintWindowOptions::Validate() const {
 HintWindow::HintWindow(HintWindowOptions options)
     : options_(std::move(options)), snapshot_(std::make_shared<Snapshot>()) {}
 
+bool HintWindow::TakeFairShareLocked(const std::string& group) {
+  absl::flat_hash_map<std::string, size_t> held;
+  for (const auto& [name, h] : clients_) ++held[h.group];
+  const size_t groups = held.size() + (held.contains(group) ? 0 : 1);
+  const size_t share = std::max<size_t>(1, options_.max_clients / groups);
+  if (held[group] >= share) return false;
+  const std::string* most = nullptr;
+  size_t most_held = share;
+  for (const auto& [g, n] : held) {
+    if (n > most_held) {
+      most = &g;
+      most_held = n;
+    }
+  }
+  if (most == nullptr) return false;
+  auto victim = clients_.end();
+  for (auto it = clients_.begin(); it != clients_.end(); ++it) {
+    if (it->second.group != *most) continue;
+    if (victim == clients_.end() || it->second.updated < victim->second.updated ||
+        (it->second.updated == victim->second.updated &&
+         it->second.order < victim->second.order)) {
+      victim = it;
+    }
+  }
+  clients_.erase(victim);
+  return true;
+}
+
 absl::StatusOr<HintWindow::Accepted> HintWindow::Set(const std::string& client,
-                                                     const std::vector<Request>& requests) {
+                                                     const std::vector<Request>& requests,
+                                                     const std::string& group) {
   Accepted out;
   size_t keys = 0;
   for (const Request& r : requests) keys += r.keys.size();
@@ -66,13 +95,15 @@ absl::StatusOr<HintWindow::Accepted> HintWindow::Set(const std::string& client,
     return out;
   }
   if (it == clients_.end()) {
-    if (clients_.size() >= options_.max_clients) {
+    if (clients_.size() >= options_.max_clients && !TakeFairShareLocked(group)) {
       return absl::ResourceExhaustedError(absl::StrCat(
-          "hint: ", clients_.size(), " clients hold live hints (max_hint_clients); a hint "
-          "not renewed expires, retry later"));
+          "hint: ", clients_.size(), " clients hold live hints (max_hint_clients), and "
+          "this tenant holds its share of them or no tenant holds more than its share; a "
+          "hint not renewed expires, retry later"));
     }
     it = clients_.emplace(client, ClientHint{}).first;
     it->second.order = next_order_++;
+    it->second.group = group;
   }
   it->second.window = std::move(own);
   it->second.updated = options_.now();

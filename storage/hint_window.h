@@ -65,9 +65,15 @@ class HintWindow {
 
   explicit HintWindow(HintWindowOptions options);
 
-  // Replaces `client`'s hint. Returns: Ok, ResourceExhausted (max_clients other clients
-  // hold live hints; they expire after ttl).
-  absl::StatusOr<Accepted> Set(const std::string& client, const std::vector<Request>& requests);
+  // Replaces `client`'s hint. `group` is whose client it is (a tenant): when
+  // max_clients hold live hints, a new client of a group holding fewer than its equal
+  // share (max_clients over the groups with hints, its own included) takes the place of
+  // the least recently renewed client of the group holding the most, if that is over its
+  // share; so one group cannot keep another's schedulers out. Returns: Ok,
+  // ResourceExhausted (the window is full and `group` holds its share or more, or no
+  // group holds more than its share; hints not renewed expire after ttl).
+  absl::StatusOr<Accepted> Set(const std::string& client, const std::vector<Request>& requests,
+                               const std::string& group = "");
   // The merged window now (dropping hints past their ttl first).
   std::shared_ptr<const Snapshot> snapshot();
   size_t clients() const;
@@ -77,7 +83,11 @@ class HintWindow {
     std::shared_ptr<const Snapshot> window;
     absl::Time updated;
     uint64_t order = 0;           // Arrival order of the client's first hint: ties.
+    std::string group;
   };
+  // Makes room for a new client of `group` in a full window by dropping another group's
+  // least recently renewed client (see Set). Returns false if `group` may not have it.
+  bool TakeFairShareLocked(const std::string& group) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DropExpiredLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RebuildLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

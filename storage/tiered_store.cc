@@ -662,7 +662,7 @@ std::vector<Tier> TieredStore::LocateMany(absl::Span<const ChunkId> ids) {
 }
 
 absl::StatusOr<TieredStore::HintResult> TieredStore::Hint(
-    const std::string& client, std::vector<HintedRequest> requests) {
+    const std::string& client, std::vector<HintedRequest> requests, const std::string& group) {
   std::vector<HintWindow::Request> window_requests;
   window_requests.reserve(requests.size());
   absl::flat_hash_map<uint64_t, uint64_t> chunk_bytes;
@@ -675,7 +675,7 @@ absl::StatusOr<TieredStore::HintResult> TieredStore::Hint(
     }
     window_requests.push_back({r.ns, it->second, std::move(r.keys)});
   }
-  auto accepted = hints_->Set(client, window_requests);
+  auto accepted = hints_->Set(client, window_requests, group);
   if (!accepted.ok()) return accepted.status();
   HintResult out;
   out.requests_accepted = accepted->requests;

@@ -349,7 +349,8 @@ class TieredStore {
     std::vector<ChunkKey> keys;
   };
   absl::StatusOr<HintResult> Hint(const std::string& client,
-                                  std::vector<HintedRequest> requests);
+                                  std::vector<HintedRequest> requests,
+                                  const std::string& group = "");
   uint64_t prefetched() const { return prefetcher_ ? prefetcher_->fetched() : 0; }
   // Waits until the prefetch queue is drained (tests, benchmarks).
   void WaitForPrefetch() {

@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <string>
+
 #include "storage/hinted_policy.h"
 #include "storage/lru_policy.h"
 #include "tests/support/fake_clock.h"
@@ -118,6 +120,38 @@ TEST(HintWindow, ClientsAreBoundedAndAHintNotRenewedExpires) {
   clock.Advance(absl::Seconds(61));
   EXPECT_TRUE(w.snapshot()->by_rank.empty());
   EXPECT_EQ(w.clients(), 0u);
+}
+
+// One tenant cannot keep another's schedulers out by holding every client place: a new
+// client of a tenant under its equal share takes the place of the least recently
+// renewed client of the tenant holding the most; at its share, it is refused.
+TEST(HintWindow, AFullWindowGivesEachTenantItsShare) {
+  testing::FakeClock clock;
+  HintWindowOptions o = Options(&clock);
+  o.max_clients = 4;
+  HintWindow w(o);
+  for (uint64_t i = 1; i <= 4; ++i) {
+    ASSERT_TRUE(w.Set("a/" + std::to_string(i), {Req({i})}, "a").ok());
+    clock.Advance(absl::Seconds(1));
+  }
+  ASSERT_TRUE(w.Set("a/1", {Req({1})}, "a").ok());  // Renewed: a/2 is now the oldest.
+  auto more_a = w.Set("a/5", {Req({5})}, "a");
+  EXPECT_EQ(more_a.status().code(), absl::StatusCode::kResourceExhausted) << more_a.status();
+  // b holds none of its share (4 / 2 tenants = 2): a's least recently renewed goes.
+  ASSERT_TRUE(w.Set("b/1", {Req({11})}, "b").ok());
+  EXPECT_EQ(w.clients(), 4u);
+  EXPECT_FALSE(w.snapshot()->position.contains(Id(2))) << "a/2, the oldest, should be gone";
+  EXPECT_TRUE(w.snapshot()->position.contains(Id(1)));
+  EXPECT_TRUE(w.snapshot()->position.contains(Id(11)));
+  ASSERT_TRUE(w.Set("b/2", {Req({12})}, "b").ok());  // Takes a/3's place.
+  EXPECT_FALSE(w.snapshot()->position.contains(Id(3)));
+  // Each holds its share now: neither gets another place.
+  EXPECT_EQ(w.Set("b/3", {Req({13})}, "b").status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(w.Set("a/6", {Req({6})}, "a").status().code(), absl::StatusCode::kResourceExhausted);
+  // A third tenant's share is 4 / 3 = 1, and a and b hold 2 each: it gets one.
+  ASSERT_TRUE(w.Set("c/1", {Req({21})}, "c").ok());
+  EXPECT_EQ(w.Set("c/2", {Req({22})}, "c").status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(w.clients(), 4u);
 }
 
 TEST(HintWindow, OptionsAreValidated) {
