@@ -249,6 +249,10 @@ const std::vector<Option>& Options() {
                  &DaemonConfig::max_hint_keys),
       UintOption("max_hint_clients", "most clients with a live Hint",
                  &DaemonConfig::max_hint_clients),
+      UintOption("max_layouts",
+                 "most layouts registered (kept until the data directory is cleared); a "
+                 "tenant's share is an equal part unless the tenants file sets max_layouts",
+                 &DaemonConfig::max_layouts),
       DurationOption("hint_ttl", "a client's Hint not renewed for this long is dropped",
                      &DaemonConfig::hint_ttl),
       UintOption("event_buffer", "chunk events kept for Events subscribers",
@@ -566,9 +570,10 @@ absl::Status DaemonConfig::Validate() const {
     return absl::InvalidArgumentError(absl::StrCat(
         "option hint_window_fraction: must be in (0, 1], got ", hint_window_fraction));
   }
-  if (max_hint_keys == 0 || max_hint_clients == 0 || event_buffer == 0) {
+  if (max_hint_keys == 0 || max_hint_clients == 0 || event_buffer == 0 || max_layouts == 0) {
     return absl::InvalidArgumentError(
-        "option max_hint_keys, max_hint_clients and event_buffer must be at least 1");
+        "option max_hint_keys, max_hint_clients, event_buffer and max_layouts must be at "
+        "least 1");
   }
   if (absl::Status s = ValidateRemoteTls(*this); !s.ok()) return s;
   auto store = ToStoreOptions();
@@ -602,6 +607,7 @@ absl::StatusOr<TieredStoreOptions> DaemonConfig::ToStoreOptions() const {
   o.ssd.sync_writes = ssd_sync_writes;
   o.ssd.write_buffer_bytes = ssd_write_buffer;
   o.max_chunk_bytes = max_chunk_size;
+  o.max_layouts = max_layouts;
   o.put_wait = put_wait;
   o.flush_threads = static_cast<int>(writeback_threads);
   o.max_dirty_bytes = writeback_max_dirty != 0 ? writeback_max_dirty : ram_capacity / 2;

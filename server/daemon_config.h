@@ -142,6 +142,9 @@ struct DaemonConfig {
   double hint_window_fraction = 0.5;
   uint32_t max_hint_keys = 65536;
   uint32_t max_hint_clients = 64;
+  // Most layouts registered at once, all tenants together (persisted ones included); a
+  // named tenant may register an equal share unless its max_layouts says otherwise.
+  uint32_t max_layouts = 4096;
   absl::Duration hint_ttl = absl::Seconds(60);  // A hint not renewed is dropped after this.
   uint32_t event_buffer = 65536;           // Events: chunk events kept for subscribers.
   // Same-host data plane: the region socket clients register shared memory on.

@@ -39,6 +39,7 @@ struct ServiceLimits {
   uint64_t max_frame_bytes = 4ull << 20;   // Largest data field in a frame.
   uint32_t max_keys_per_request = 4096;    // Keys in one unary or Get request.
   uint64_t max_message_bytes = 5ull << 20; // gRPC's cap on one message (told to clients).
+  uint32_t max_layouts = 4096;             // All tenants' layouts (a tenant's share of it).
 };
 
 // The same-host data plane, when the daemon serves one: the regions clients registered

@@ -169,6 +169,7 @@ int Run(const DaemonConfig& config, const sigset_t& signals) {
   ServiceLimits limits;
   limits.max_frame_bytes = config.max_frame_size;
   limits.max_keys_per_request = config.max_keys_per_request;
+  limits.max_layouts = config.max_layouts;
   // A frame is the data plus a few dozen bytes of framing; leave 1 MiB of slack.
   limits.max_message_bytes = config.max_frame_size + (1 << 20);
   PrefillMetrics prefill_metrics(*registry);

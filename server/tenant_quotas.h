@@ -61,6 +61,12 @@ class TenantQuotas final : public prometheus::Collectable {
   // implicit tenant).
   void Bind(const TenantScope& t, uint64_t ns);
 
+  // Before tenant `t` registers namespace `ns`: binds it if the tenant has named fewer
+  // than `max` namespaces since start-up (or named this one already). Returns: Ok,
+  // FailedPrecondition (at its share: layouts are never unregistered, so retrying cannot
+  // help).
+  absl::Status AdmitLayout(const TenantScope& t, uint64_t ns, uint32_t max);
+
   // Before a put of a `bytes`-byte chunk into `ns`: makes room within the tenant's RAM
   // and SSD quotas. Returns: Ok, InvalidArgument (larger than a quota),
   // ResourceExhausted (the tenant's chunks over quota cannot be evicted yet),

@@ -116,6 +116,13 @@ absl::StatusOr<TenantTable> TenantTable::Parse(absl::string_view text) {
                                     "': expected a whole number 0 to 1000000"));
           }
           (kv.first == "max_streams" ? spec.quota.streams : spec.quota.leases) = n;
+        } else if (kv.first == "max_layouts") {
+          uint32_t n;
+          if (!absl::SimpleAtoi(kv.second, &n) || n < 1 || n > 1000000) {
+            return bad(absl::StrCat("max_layouts='", kv.second,
+                                    "': expected a whole number 1 to 1000000"));
+          }
+          spec.quota.layouts = n;
         } else if (kv.first == "max_subscribers") {
           uint32_t n;
           if (!absl::SimpleAtoi(kv.second, &n) || n < 1 || n > kEventSubscribers) {
@@ -127,7 +134,7 @@ absl::StatusOr<TenantTable> TenantTable::Parse(absl::string_view text) {
           return bad(absl::StrCat("unknown setting '", words[i],
                                   "' (role=, requests_per_second=, burst=, ram_quota=, "
                                   "ssd_quota=, pinned_quota=, max_streams=, max_leases=, "
-                                  "max_subscribers=)"));
+                                  "max_subscribers=, max_layouts=)"));
         }
       }
       if (!burst_set) spec.burst = spec.requests_per_second;
@@ -171,6 +178,7 @@ absl::StatusOr<TenantTable> TenantTable::Parse(absl::string_view text) {
   // Tenants with no max_subscribers of their own share the daemon's equally, so that no
   // one tenant's subscribers can shut out another's.
   for (TenantSpec& spec : table.tenants_) {
+    spec.quota.tenants = static_cast<uint32_t>(table.tenants_.size());
     if (spec.quota.subscribers == 0) {
       spec.quota.subscribers = std::max<uint32_t>(
           1, kEventSubscribers / static_cast<uint32_t>(table.tenants_.size()));

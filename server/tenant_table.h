@@ -52,6 +52,10 @@ struct TenantQuota {
   // Events subscriptions at once, within TenantTable::kEventSubscribers. Never 0 once
   // parsed: unset, an equal share of the daemon's among the file's tenants.
   uint32_t subscribers = 0;
+  // Layouts (namespaces) it may register; 0: an equal share of the daemon's max_layouts
+  // among the file's `tenants`.
+  uint32_t layouts = 0;
+  uint32_t tenants = 1;  // Tenants the file names (for that share).
   // Whether a byte quota is set (TenantQuotas has work to do).
   bool any() const { return ram_bytes != 0 || ssd_bytes != 0 || pinned_bytes != 0; }
 };

@@ -42,14 +42,19 @@ absl::StatusOr<LayoutRegistry::Registered> LayoutRegistry::Register(const Layout
       out.already_registered = true;
       return out;
     }
-  }
-  if (ssd_ != nullptr) {
-    if (absl::Status s = ssd_->SaveLayout(out.namespace_id, layout.CanonicalEncoding());
-        !s.ok()) {
-      return s;
+    if (max_layouts_ != 0 && layouts_.size() + registering_ >= max_layouts_) {
+      // Layouts are never unregistered: waiting does not help, the operator must.
+      return absl::FailedPreconditionError(absl::StrCat(
+          "layout: ", layouts_.size(), " layouts are registered, all that max_layouts (",
+          max_layouts_, ") allows; raise max_layouts, or clear the data directory"));
     }
+    ++registering_;
   }
+  absl::Status saved = absl::OkStatus();
+  if (ssd_ != nullptr) saved = ssd_->SaveLayout(out.namespace_id, layout.CanonicalEncoding());
   absl::MutexLock lock(&mu_);
+  --registering_;
+  if (!saved.ok()) return saved;
   out.already_registered = !layouts_.try_emplace(out.namespace_id, layout).second;
   return out;
 }

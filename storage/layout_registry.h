@@ -21,9 +21,11 @@ namespace kvtier {
 class LayoutRegistry {
  public:
   // `ssd` may be null (nothing persisted); it must outlive the registry.
-  // `max_chunk_bytes`: the largest chunk a layout may have.
-  LayoutRegistry(SsdTier* ssd, uint64_t max_chunk_bytes)
-      : ssd_(ssd), max_chunk_bytes_(max_chunk_bytes) {}
+  // `max_chunk_bytes`: the largest chunk a layout may have. `max_layouts`: the most
+  // layouts registered at once (0: no bound); layouts are kept until the data directory
+  // is cleared, so this bounds what clients can make the daemon keep and persist.
+  LayoutRegistry(SsdTier* ssd, uint64_t max_chunk_bytes, uint64_t max_layouts = 0)
+      : ssd_(ssd), max_chunk_bytes_(max_chunk_bytes), max_layouts_(max_layouts) {}
 
   // Reads the persisted layouts (no-op without an SSD tier); unreadable rows are skipped
   // with a warning. Returns: Ok, Unavailable.
@@ -34,8 +36,8 @@ class LayoutRegistry {
     uint64_t chunk_bytes = 0;
     bool already_registered = false;
   };
-  // Returns: Ok, InvalidArgument, FailedPrecondition (chunk larger than allowed),
-  // Unavailable (could not persist).
+  // Returns: Ok, InvalidArgument, FailedPrecondition (chunk larger than allowed, or
+  // max_layouts others registered already), Unavailable (could not persist).
   // `ns` is the namespace id to register it under; 0: the layout's own hash (a
   // tenant's namespaces use other ids, see server/tenant_scope.h).
   absl::StatusOr<Registered> Register(const LayoutSpec& layout, uint64_t ns = 0);
@@ -46,8 +48,11 @@ class LayoutRegistry {
  private:
   SsdTier* const ssd_;
   const uint64_t max_chunk_bytes_;
+  const uint64_t max_layouts_;
   mutable absl::Mutex mu_;
   absl::flat_hash_map<uint64_t, LayoutSpec> layouts_ ABSL_GUARDED_BY(mu_);
+  // New layouts being persisted now: counted against max_layouts with the others.
+  uint64_t registering_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace kvtier

@@ -149,7 +149,8 @@ absl::StatusOr<std::unique_ptr<TieredStore>> TieredStore::Open(TieredStoreOption
   }
   store->layouts_ = std::make_unique<LayoutRegistry>(
       store->ssd_.get(),
-      std::min(store->options_.max_chunk_bytes, store->ram_->capacity_bytes()));
+      std::min(store->options_.max_chunk_bytes, store->ram_->capacity_bytes()),
+      store->options_.max_layouts);
   if (absl::Status s = store->layouts_->Load(); !s.ok()) return s;
   // Answers given on the admission thread run on the commit threads: a put's first
   // frame is copied in its answer.

@@ -72,6 +72,8 @@ struct TieredStoreOptions {
   WriteMode write_mode = WriteMode::kWriteBack;
   // Largest chunk a layout may have (bytes); also bounded by the RAM pool's size.
   uint64_t max_chunk_bytes = 512ull << 20;
+  // Most layouts registered (persisted ones included); 0: no bound.
+  uint64_t max_layouts = 0;
   // Read()s from SSD that find no room in RAM (Prefill sessions) are served from a
   // whole-chunk heap buffer; at most this many such buffers exist at once (more readers
   // wait), which bounds memory outside the pool.

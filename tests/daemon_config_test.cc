@@ -235,6 +235,21 @@ TEST(DaemonConfigTest, SharedMemoryOptions) {
   EXPECT_EQ(c.Validate().code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST(DaemonConfigTest, MaxLayoutsParsesReachesTheStoreAndMustBePositive) {
+  auto parsed = ParseDaemonArgs({"--max-layouts=12"});
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->config.max_layouts, 12u);
+  auto store = parsed->config.ToStoreOptions();
+  ASSERT_TRUE(store.ok()) << store.status();
+  EXPECT_EQ(store->max_layouts, 12u);
+  DaemonConfig c;
+  EXPECT_EQ(c.max_layouts, 4096u);
+  c.max_layouts = 0;
+  const absl::Status s = c.Validate();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("max_layouts"), std::string::npos) << s;
+}
+
 TEST(DaemonConfigTest, GpuOptions) {
   DaemonConfig c;
   EXPECT_EQ(c.GpuDevice(), std::optional<int>(0));  // auto

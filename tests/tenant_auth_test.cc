@@ -26,7 +26,7 @@ const std::string& Table() {
       "# teams\n"
       "tenant team-a\n"
       "tenant team-b role=user requests_per_second=2 burst=3 ram_quota=4GiB ssd_quota=1TiB "
-      "pinned_quota=1048576 max_streams=8 max_leases=32 max_subscribers=4\n"
+      "pinned_quota=1048576 max_streams=8 max_leases=32 max_subscribers=4 max_layouts=16\n"
       "tenant ops role=admin   # operators\n" +
       TokenLine("team-a", "secret-a") + TokenLine("ops", "secret-ops") +
       "cert team-a worker-a.example\n"
@@ -57,6 +57,9 @@ TEST(TenantTableTest, ParsesEveryDirective) {
   EXPECT_EQ(b.quota.streams, 8u);
   EXPECT_EQ(b.quota.leases, 32u);
   EXPECT_EQ(b.quota.subscribers, 4u);
+  EXPECT_EQ(b.quota.layouts, 16u);
+  EXPECT_EQ(b.quota.tenants, 3u);
+  EXPECT_EQ(t->tenants()[t->FindTenant("team-a")].quota.layouts, 0u);  // The daemon's share.
   // Unset: an equal share of the daemon's Events subscribers among the three tenants.
   EXPECT_EQ(t->tenants()[t->FindTenant("team-a")].quota.subscribers,
             TenantTable::kEventSubscribers / 3);
@@ -79,6 +82,8 @@ TEST(TenantTableTest, RejectsBadLinesNamingThem) {
       {"tenant a colour=blue\n", "line 1: unknown setting 'colour=blue'"},
       {"tenant a ram_quota=lots\n", "line 1: ram_quota='lots': expected a size"},
       {"tenant a pinned_quota=-1MiB\n", "line 1: pinned_quota='-1MiB'"},
+      {"tenant a max_layouts=0\n", "line 1: max_layouts='0'"},
+      {"tenant a max_layouts=many\n", "line 1: max_layouts='many'"},
       {"tenant a max_streams=-1\n", "line 1: max_streams='-1': expected a whole number"},
       {"tenant a max_leases=2000000\n", "line 1: max_leases='2000000'"},
       {"tenant a max_streams=1.5\n", "line 1: max_streams='1.5'"},

@@ -42,13 +42,13 @@ std::string TokenLine(const std::string& tenant, const std::string& token) {
 class TenantQuotaTest : public ::testing::Test {
  protected:
   // Tenant "small" has a 3 MiB RAM, 2 MiB SSD and 1 MiB pinned quota, one stream, one
-  // lease and one Events subscription at a time; "big" none (and half the daemon's
-  // Events subscribers, the default share).
+  // lease and one Events subscription at a time, and three layouts; "big" none (and half
+  // the daemon's Events subscribers and layouts, the default shares).
   void Start(const std::string& mode) {
     dir_ = MakeTempDir("kvtierd-quota");
     const std::string tenants = dir_ + ".tenants";
     std::ofstream(tenants) << "tenant small ram_quota=3MiB ssd_quota=2MiB pinned_quota=1MiB "
-                              "max_streams=1 max_leases=1 max_subscribers=1\n"
+                              "max_streams=1 max_leases=1 max_subscribers=1 max_layouts=3\n"
                            << "tenant big\n"
                            << TokenLine("small", "token-small") << TokenLine("big", "token-big");
     auto d = DaemonProcess::Start(dir_, {"--tenants-file=" + tenants, "--write-mode=" + mode,
@@ -150,6 +150,23 @@ TEST_F(TenantQuotaTest, AChunkLargerThanThePinnedQuotaIsInvalidArgument) {
   // A chunk within the quota still pins.
   ASSERT_TRUE(Put(*small_, ns_, 1).ok());
   EXPECT_TRUE(small_->Pin(ns_, {KeyOf(1)}, 0).ok());
+}
+
+// Layouts are kept until the data directory is cleared, so a tenant may register its
+// share and no more: past it FAILED_PRECONDITION (retrying cannot help), while one it
+// registered already is still answered, and other tenants register theirs.
+TEST_F(TenantQuotaTest, ATenantRegistersItsShareOfLayoutsAndNoMore) {
+  Start("ram-only");  // small has registered one layout (ns_); its max_layouts is 3.
+  ASSERT_NE(Register(*small_, 2), 0u);
+  ASSERT_NE(Register(*small_, 3), 0u);
+  auto fourth = small_->RegisterLayout(LayoutOfMiB(4));
+  EXPECT_EQ(fourth.status().code(), absl::StatusCode::kFailedPrecondition) << fourth.status();
+  EXPECT_NE(fourth.status().message().find("max_layouts"), std::string::npos) << fourth.status();
+  auto again = small_->RegisterLayout(LayoutOfMiB(2));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(again->already_registered);
+  EXPECT_EQ(Register(*big_, 4), LayoutOfMiB(4).NamespaceId()) << "big has a share of its own";
+  EXPECT_EQ(Metric(R"(kvtier_tenant_quota_refusals_total{quota="layouts",tenant="small"})"), 1);
 }
 
 TEST_F(TenantQuotaTest, PinsStopAtThePinnedQuotaAndPinnedChunksAreNotEvicted) {

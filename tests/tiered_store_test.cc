@@ -240,6 +240,27 @@ class TieredStoreLayoutTest : public TieredStoreTestBase {
   }
 };
 
+// max_layouts bounds what clients can make the daemon keep and persist: past it a new
+// layout is FAILED_PRECONDITION (layouts are never unregistered, so a retry cannot
+// succeed), a registered one is still answered, and the bound holds across a restart.
+TEST_F(TieredStoreLayoutTest, MaxLayoutsBoundsTheRegisteredLayouts) {
+  TieredStoreOptions o = Options(WriteMode::kWriteBack);
+  o.max_layouts = 2;
+  OpenWith(o);
+  ASSERT_TRUE(store_->RegisterLayout(SmallLayout("a")).ok());
+  ASSERT_TRUE(store_->RegisterLayout(SmallLayout("b")).ok());
+  auto third = store_->RegisterLayout(SmallLayout("c"));
+  EXPECT_EQ(third.status().code(), absl::StatusCode::kFailedPrecondition) << third.status();
+  EXPECT_NE(third.status().message().find("max_layouts"), std::string::npos) << third.status();
+  auto again = store_->RegisterLayout(SmallLayout("a"));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(again->already_registered);
+  Reopen();
+  EXPECT_EQ(store_->GetStats().namespaces, 2u);
+  EXPECT_EQ(store_->RegisterLayout(SmallLayout("c")).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
 TEST_F(TieredStoreLayoutTest, RegisterIsIdempotent) {
   const LayoutSpec layout = SmallLayout();
   auto first = store_->RegisterLayout(layout);
