@@ -33,7 +33,8 @@ absl::StatusOr<LayoutRegistry::Registered> LayoutRegistry::Register(const Layout
   if (bytes > max_chunk_bytes_) {
     return absl::FailedPreconditionError(absl::StrCat(
         "layout's chunk is ", bytes, " bytes, more than this daemon accepts (",
-        max_chunk_bytes_, " = min(max_chunk_size, ram_capacity)); use fewer tokens_per_chunk"));
+        max_chunk_bytes_, " = the least of max_chunk_size, ram_capacity and ssd_capacity); use "
+        "fewer tokens_per_chunk"));
   }
   Registered out{ns != 0 ? ns : layout.NamespaceId(), bytes, false};
   {

@@ -147,10 +147,12 @@ absl::StatusOr<std::unique_ptr<TieredStore>> TieredStore::Open(TieredStoreOption
           s->Emit(ChunkEventKind::kPromoted, id, Tier::kRam);
         });
   }
-  store->layouts_ = std::make_unique<LayoutRegistry>(
-      store->ssd_.get(),
-      std::min(store->options_.max_chunk_bytes, store->ram_->capacity_bytes()),
-      store->options_.max_layouts);
+  // A chunk must fit each tier it goes to: a layout whose chunk the SSD tier could never
+  // hold would have write-back retry its chunks forever.
+  uint64_t max_chunk = std::min(store->options_.max_chunk_bytes, store->ram_->capacity_bytes());
+  if (store->ssd_ != nullptr) max_chunk = std::min(max_chunk, store->options_.ssd.capacity_bytes);
+  store->layouts_ = std::make_unique<LayoutRegistry>(store->ssd_.get(), max_chunk,
+                                                     store->options_.max_layouts);
   if (absl::Status s = store->layouts_->Load(); !s.ok()) return s;
   // Answers given on the admission thread run on the commit threads: a put's first
   // frame is copied in its answer.

@@ -261,6 +261,24 @@ TEST_F(TieredStoreLayoutTest, MaxLayoutsBoundsTheRegisteredLayouts) {
             absl::StatusCode::kFailedPrecondition);
 }
 
+// A layout whose chunk the SSD tier could never hold is refused when registered (else
+// write-back would retry its chunks forever); without an SSD tier only RAM bounds it.
+TEST_F(TieredStoreLayoutTest, AChunkLargerThanTheSsdTierIsRefusedAtRegistration) {
+  LayoutSpec four = SmallLayout("four-mib");
+  four.tokens_per_chunk *= 4;  // 4 MiB chunks.
+  TieredStoreOptions o = Options(WriteMode::kWriteBack);
+  o.ssd.capacity_bytes = 2 * kMiB;
+  OpenWith(o);
+  auto refused = store_->RegisterLayout(four);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
+  EXPECT_NE(refused.status().message().find("ssd_capacity"), std::string::npos)
+      << refused.status();
+  EXPECT_TRUE(store_->RegisterLayout(SmallLayout()).ok()) << "1 MiB chunks fit";
+  o.write_mode = WriteMode::kRamOnly;
+  OpenWith(o);
+  EXPECT_TRUE(store_->RegisterLayout(four).ok());
+}
+
 TEST_F(TieredStoreLayoutTest, RegisterIsIdempotent) {
   const LayoutSpec layout = SmallLayout();
   auto first = store_->RegisterLayout(layout);
