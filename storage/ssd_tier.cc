@@ -327,7 +327,7 @@ void SsdTier::Relocate(uint32_t file) {
   for (auto& [id, e] : chunks) {
     auto moved = log_->Move(e.extent, *e.piece_crcs);
     if (absl::IsDataLoss(moved.status())) {
-      Corrupt(id, moved.status().message()).IgnoreError();
+      Corrupt(id, moved.status().message(), e.extent).IgnoreError();
       continue;
     }
     if (!moved.ok()) {
@@ -466,16 +466,21 @@ absl::Status SsdTier::Put(const ChunkId& id, const ChunkMeta& meta,
     absl::MutexLock lock(&mu_);
     ++counters_.write_errors;
   }
+  std::optional<IndexEntry> replaced;
   {
     absl::MutexLock lock(&mu_);
     reserved_bytes_ -= footprint;
     putting_.erase(id);
     if (status.ok()) {
+      // An entry put back meanwhile (a delete of this chunk whose row deletion failed)
+      // is replaced: this put's row overwrote its row, so its bytes are dead.
+      replaced = ForgetLocked(id);
       InsertLocked(id, IndexEntry{meta, now, *extent,
                                   std::make_shared<const std::vector<uint32_t>>(
                                       std::move(piece_crcs))});
     }
   }
+  if (replaced) log_->Release(replaced->extent);
   if (!victims_gone) {
     // Their rows are still there: put them back in the index rather than lose them to a
     // put that stored nothing. (They return as most recently used; the LRU has no way
@@ -500,10 +505,20 @@ absl::StatusOr<SsdTier::Chunk> SsdTier::Get(const ChunkId& id) {
   return chunk;
 }
 
-absl::Status SsdTier::Corrupt(const ChunkId& id, absl::string_view cause) {
+absl::Status SsdTier::Corrupt(const ChunkId& id, absl::string_view cause,
+                             std::optional<PayloadExtent> extent) {
   {
     absl::MutexLock lock(&mu_);
     ++counters_.checksum_failures;
+    if (extent.has_value()) {
+      auto it = index_.find(id);
+      if (it == index_.end() || !(it->second.extent == *extent)) {
+        // Deleted, or put afresh elsewhere, since the read: the bad bytes are no one's.
+        return absl::AbortedError(absl::StrCat(
+            "chunk ", id.key.ToHex(), " was deleted or stored afresh while it was read; "
+            "read it again"));
+      }
+    }
   }
   LogWarning("SSD tier: chunk ", id.DebugString(),
              " failed its checksum or could not be read, and was deleted",
@@ -548,7 +563,11 @@ absl::Status SsdTier::ReadChunkRange(const ChunkId& id, uint64_t offset, uint64_
       e = it->second;
     }
     absl::Status s = log_->Read(e.extent, *e.piece_crcs, offset, len, out);
-    if (absl::IsDataLoss(s)) return Corrupt(id, s.message());
+    if (absl::IsDataLoss(s)) {
+      absl::Status c = Corrupt(id, s.message(), e.extent);
+      if (absl::IsAborted(c) && attempt < 2) continue;  // Replaced meanwhile: read it.
+      return c;
+    }
     if (!absl::IsNotFound(s) || attempt == 2) return s;
   }
 }

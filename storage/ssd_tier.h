@@ -228,8 +228,11 @@ class SsdTier final : public StorageTier {
   void MakeRoom(uint64_t incoming) ABSL_LOCKS_EXCLUDED(mu_);
   void Relocate(uint32_t file) ABSL_EXCLUSIVE_LOCKS_REQUIRED(gc_mu_);
   absl::Status MapWriteError(const rocksdb::Status& s, absl::string_view what);
-  // Deletes a chunk that failed verification, counts it, and says so.
-  absl::Status Corrupt(const ChunkId& id, absl::string_view cause);
+  // Deletes a chunk that failed verification, counts it, and says so (DataLoss). With
+  // `extent`, only if the chunk is still stored there: else Aborted (deleted or put
+  // afresh meanwhile; the bad bytes are no one's).
+  absl::Status Corrupt(const ChunkId& id, absl::string_view cause,
+                       std::optional<PayloadExtent> extent = std::nullopt);
 
   const SsdTierOptions options_;
   // Wraps options_.file_system when set; must outlive db_.

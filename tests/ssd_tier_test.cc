@@ -953,6 +953,25 @@ TEST_F(SsdTierFaultTest, AFailedDeleteLeavesTheChunkStored) {
   ExpectStored(Id(2), kMiB);
 }
 
+// A read that fails its check after the chunk was deleted and stored afresh elsewhere
+// (here, from inside the read) deletes nothing: the bad bytes were the old copy's, and
+// the read is made again from the new one.
+TEST_F(SsdTierFaultTest, ABadReadOfAReplacedCopyDeletesNotTheNewOne) {
+  const std::string data = Payload(Id(1), kMiB);
+  ASSERT_TRUE(Put(Id(1), data).ok());
+  ops_->CorruptNextRead([&] {
+    auto deleted = tier_->Delete(Id(1));
+    ASSERT_TRUE(deleted.ok() && *deleted);
+    ASSERT_TRUE(Put(Id(1), data).ok());  // A new extent: the old file holds it no more.
+  });
+  auto got = tier_->Get(Id(1));
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_TRUE(got->data == data);
+  EXPECT_EQ(ops_->corrupted_reads(), 1u) << "the fault never fired";
+  EXPECT_TRUE(tier_->Contains(Id(1)));
+  ExpectStored(Id(1), kMiB);
+}
+
 // A device that cannot read a chunk's bytes (EIO) gives DataLoss and drops the chunk,
 // as a failed checksum does: UNAVAILABLE would have clients retry a read that fails
 // every time, with the chunk still listed.

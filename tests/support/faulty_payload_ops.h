@@ -9,7 +9,9 @@
 #include <cerrno>
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <utility>
 
 #include "absl/synchronization/mutex.h"
 #include "storage/payload_log.h"
@@ -23,6 +25,14 @@ class FaultyPayloadOps : public PayloadFileOps {
   // allowed whole or refused whole).
   void FailWritesAfter(uint64_t bytes) { budget_.store(static_cast<int64_t>(bytes)); }
   void SetCorruptReads(bool on) { corrupt_reads_.store(on); }
+  // The next read only is corrupted, and `before` (may be null) runs first, on the
+  // reading thread, before the bytes are read: a test's way to change the store under a
+  // read in flight.
+  void CorruptNextRead(std::function<void()> before) {
+    absl::MutexLock lock(&hook_mu_);
+    next_read_hook_ = std::move(before);
+    corrupt_next_ = true;
+  }
   void SetFailSync(bool on) { fail_sync_.store(on); }
   // Reads fail with this errno; 0 turns it off.
   void SetReadError(int err) { read_error_.store(err); }
@@ -71,8 +81,16 @@ class FaultyPayloadOps : public PayloadFileOps {
       errno = err;
       return -1;
     }
+    bool corrupt_this = false;
+    std::function<void()> before;
+    {
+      absl::MutexLock lock(&hook_mu_);
+      corrupt_this = std::exchange(corrupt_next_, false);
+      before = std::exchange(next_read_hook_, nullptr);
+    }
+    if (before) before();
     const ssize_t r = PayloadFileOps::PRead(fd, buf, n, offset);
-    if (r > 0 && corrupt_reads_.load()) {
+    if (r > 0 && (corrupt_reads_.load() || corrupt_this)) {
       static_cast<char*>(buf)[r / 2] ^= 0x5a;
       corrupted_reads_.fetch_add(1);
     }
@@ -96,6 +114,9 @@ class FaultyPayloadOps : public PayloadFileOps {
   }
 
  private:
+  absl::Mutex hook_mu_;
+  bool corrupt_next_ ABSL_GUARDED_BY(hook_mu_) = false;
+  std::function<void()> next_read_hook_ ABSL_GUARDED_BY(hook_mu_);
   absl::Mutex hold_mu_;
   bool hold_ ABSL_GUARDED_BY(hold_mu_) = false;
   uint64_t held_ ABSL_GUARDED_BY(hold_mu_) = 0;
