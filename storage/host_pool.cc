@@ -52,15 +52,8 @@ void HostPool::CountPinLocked(const ChunkId& id, Entry& e) {
   ns_pinned_bytes_[id.ns] += e.meta.size;
 }
 
-void HostPool::UncountPinLocked(const ChunkId& id, Entry& e) {
+void HostPool::SubtractPinLocked(const ChunkId& id, const Entry& e) const {
   e.pin_counted = false;
-  auto [first, last] = pin_expiry_.equal_range(e.pinned_until);
-  for (auto it = first; it != last; ++it) {
-    if (it->second == id) {
-      pin_expiry_.erase(it);
-      break;
-    }
-  }
   pinned_slot_bytes_ -= e.data->slot_count() * arena_->slot_bytes();
   pinned_payload_bytes_ -= e.meta.size;
   if (auto n = ns_pinned_bytes_.find(id.ns); n != ns_pinned_bytes_.end()) {
@@ -69,19 +62,23 @@ void HostPool::UncountPinLocked(const ChunkId& id, Entry& e) {
   }
 }
 
+void HostPool::UncountPinLocked(const ChunkId& id, Entry& e) {
+  auto [first, last] = pin_expiry_.equal_range(e.pinned_until);
+  for (auto it = first; it != last; ++it) {
+    if (it->second == id) {
+      pin_expiry_.erase(it);
+      break;
+    }
+  }
+  SubtractPinLocked(id, e);
+}
+
 void HostPool::ExpirePinsLocked(absl::Time now) const {
   while (!pin_expiry_.empty() && pin_expiry_.begin()->first <= now) {
     const ChunkId id = pin_expiry_.begin()->second;
-    // The entry outlives its count: erasing a counted entry uncounts it first.
-    const Entry& e = index_.at(id);
-    e.pin_counted = false;
     pin_expiry_.erase(pin_expiry_.begin());
-    pinned_slot_bytes_ -= e.data->slot_count() * arena_->slot_bytes();
-    pinned_payload_bytes_ -= e.meta.size;
-    if (auto n = ns_pinned_bytes_.find(id.ns); n != ns_pinned_bytes_.end()) {
-      n->second -= e.meta.size;
-      if (n->second == 0) ns_pinned_bytes_.erase(n);
-    }
+    // The entry outlives its count: erasing a counted entry uncounts it first.
+    SubtractPinLocked(id, index_.at(id));
   }
 }
 

@@ -191,6 +191,9 @@ class HostPool final : public StorageTier {
   // keys x chunks steps). A pin that expires by time leaves them at the next look.
   void CountPinLocked(const ChunkId& id, Entry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void UncountPinLocked(const ChunkId& id, Entry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes a counted pin's bytes off the totals (not its expiry entry).
+  void SubtractPinLocked(const ChunkId& id, const Entry& e) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Takes pins that expired by `now` out of the totals.
   void ExpirePinsLocked(absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
