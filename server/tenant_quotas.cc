@@ -122,8 +122,14 @@ absl::Status TenantQuotas::Pin(TieredStore* store, const TenantScope& t, const C
                                absl::Duration ttl) {
   if (t.implicit()) return store->Pin(id, ttl);
   const absl::flat_hash_set<uint64_t> namespaces = BindAndList(t, id.ns);
-  if (t.quota().pinned_bytes == 0) return store->Pin(id, ttl);
-  const HostPool::PinBudget budget{&namespaces, t.quota().pinned_bytes};
+  // Unset, the pinned quota is the RAM quota: a pin can promote a chunk from SSD into
+  // RAM, past the puts' evictions that keep the tenant within its ram_quota, and a
+  // pinned chunk cannot be evicted.
+  const TenantQuota& q = t.quota();
+  if (q.pinned_bytes == 0 && q.ram_bytes == 0) return store->Pin(id, ttl);
+  const HostPool::PinBudget budget{&namespaces, q.pinned_bytes != 0 ? q.pinned_bytes : q.ram_bytes,
+                                   q.pinned_bytes != 0 ? "pinned_quota"
+                                                       : "pinned_quota (unset: the ram_quota)"};
   absl::Status s = store->Pin(id, ttl, &budget);
   if ((absl::IsResourceExhausted(s) || absl::IsInvalidArgument(s)) &&
       absl::StrContains(s.message(), "pinned_quota")) {

@@ -233,13 +233,13 @@ absl::Status HostPool::Pin(const ChunkId& id, absl::Time until, const PinBudget*
     if (budget != nullptr && entry.meta.size > budget->max_bytes) {
       // Not even with nothing else pinned: a retry can never succeed.
       return absl::InvalidArgumentError(absl::StrCat(
-          "pinning this ", entry.meta.size, "-byte chunk cannot fit the tenant's "
-          "pinned_quota (", budget->max_bytes, " bytes) even with nothing else pinned"));
+          "pinning this ", entry.meta.size, "-byte chunk cannot fit the tenant's ",
+          budget->quota, " (", budget->max_bytes, " bytes) even with nothing else pinned"));
     }
     if (budget != nullptr && budget_pinned + it->second.meta.size > budget->max_bytes) {
       return absl::ResourceExhaustedError(absl::StrCat(
-          "pinning this ", it->second.meta.size, "-byte chunk would exceed the tenant's "
-          "pinned_quota (", budget->max_bytes, " bytes, ", budget_pinned,
+          "pinning this ", it->second.meta.size, "-byte chunk would exceed the tenant's ",
+          budget->quota, " (", budget->max_bytes, " bytes, ", budget_pinned,
           " pinned now); unpin something or wait for pins to expire"));
     }
     const uint64_t limit =

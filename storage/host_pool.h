@@ -112,6 +112,7 @@ class HostPool final : public StorageTier {
   struct PinBudget {
     const absl::flat_hash_set<uint64_t>* namespaces = nullptr;
     uint64_t max_bytes = 0;
+    const char* quota = "pinned_quota";  // What the bound is called, in errors.
   };
   // Pins until `until` (absl::InfiniteFuture() for no expiry). A chunk pinned already
   // only has its expiry extended. Returns: Ok, NotFound, ResourceExhausted (would exceed

@@ -841,8 +841,8 @@ absl::Status TieredStore::Pin(const ChunkId& id, absl::Duration ttl,
     // would evict other chunks for nothing), and as final: RESOURCE_EXHAUSTED says retry.
     if (auto layout = FindLayout(id.ns); layout.ok() && layout->ChunkBytes() > budget->max_bytes) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "pinning a ", layout->ChunkBytes(), "-byte chunk cannot fit the tenant's "
-          "pinned_quota (", budget->max_bytes, " bytes) even with nothing else pinned"));
+          "pinning a ", layout->ChunkBytes(), "-byte chunk cannot fit the tenant's ",
+          budget->quota, " (", budget->max_bytes, " bytes) even with nothing else pinned"));
     }
   }
   if (!ram_->Contains(id)) {

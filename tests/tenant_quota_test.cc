@@ -50,7 +50,9 @@ class TenantQuotaTest : public ::testing::Test {
     std::ofstream(tenants) << "tenant small ram_quota=3MiB ssd_quota=2MiB pinned_quota=1MiB "
                               "max_streams=1 max_leases=1 max_subscribers=1 max_layouts=3\n"
                            << "tenant big\n"
-                           << TokenLine("small", "token-small") << TokenLine("big", "token-big");
+                           << "tenant mid ram_quota=2MiB\n"
+                           << TokenLine("small", "token-small") << TokenLine("big", "token-big")
+                           << TokenLine("mid", "token-mid");
     auto d = DaemonProcess::Start(dir_, {"--tenants-file=" + tenants, "--write-mode=" + mode,
                                          "--ram-capacity=64MiB"});
     ASSERT_TRUE(d.ok()) << d.status();
@@ -167,6 +169,25 @@ TEST_F(TenantQuotaTest, ATenantRegistersItsShareOfLayoutsAndNoMore) {
   EXPECT_TRUE(again->already_registered);
   EXPECT_EQ(Register(*big_, 4), LayoutOfMiB(4).NamespaceId()) << "big has a share of its own";
   EXPECT_EQ(Metric(R"(kvtier_tenant_quota_refusals_total{quota="layouts",tenant="small"})"), 1);
+}
+
+// Without a pinned_quota of its own, a tenant's pins are bounded by its ram_quota: a pin
+// brings a chunk from SSD into RAM without any put's eviction, and a pinned chunk stays.
+TEST_F(TenantQuotaTest, WithoutAPinnedQuotaPinsStopAtTheRamQuota) {
+  Start("write-through");
+  auto mid = Connect("token-mid");
+  ASSERT_EQ(Register(*mid, 1), ns_);
+  for (uint64_t n = 1; n <= 4; ++n) ASSERT_TRUE(Put(*mid, ns_, n).ok()) << n;
+  EXPECT_EQ(Where(*mid, 1, 4), "ssrr") << "two in RAM (the quota), all on SSD";
+  auto two = mid->Pin(ns_, {KeyOf(3), KeyOf(4)}, 0);
+  ASSERT_TRUE(two.ok()) << two.status();
+  EXPECT_EQ(two->pinned, 2u);
+  auto third = mid->Pin(ns_, {KeyOf(1)}, 0);  // On SSD only: a pin would promote it.
+  EXPECT_TRUE(absl::IsResourceExhausted(third.status())) << third.status();
+  EXPECT_NE(third.status().message().find("ram_quota"), std::string::npos) << third.status();
+  EXPECT_EQ(Metric(R"(kvtier_tenant_bytes{tenant="mid",tier="pinned"})"), 2.0 * kMiB);
+  ASSERT_TRUE(mid->Unpin(ns_, {KeyOf(4)}).ok());
+  EXPECT_TRUE(mid->Pin(ns_, {KeyOf(1)}, 0).ok());
 }
 
 TEST_F(TenantQuotaTest, PinsStopAtThePinnedQuotaAndPinnedChunksAreNotEvicted) {
