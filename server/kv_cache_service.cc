@@ -367,18 +367,23 @@ grpc::Status KvCacheService::RegisterLayoutImpl(TieredStore* store, const Tenant
   // The client keeps naming the namespace by the layout's hash (its keys start from
   // it); the store holds it under the tenant's id for it.
   const uint64_t public_ns = spec->NamespaceId();
+  bool bound_here = false;
   if (guards_.quotas != nullptr && !tenant.implicit()) {
     // A tenant's share of the layouts, so that no one tenant can use up max_layouts.
     const TenantQuota& q = tenant.quota();
     const uint32_t share =
         q.layouts != 0 ? q.layouts : std::max<uint32_t>(1, limits_.max_layouts / std::max(1u, q.tenants));
-    if (absl::Status s = guards_.quotas->AdmitLayout(tenant, tenant.Internal(public_ns), share);
-        !s.ok()) {
-      return ToGrpcStatus(s);
-    }
+    absl::StatusOr<bool> admitted =
+        guards_.quotas->AdmitLayout(tenant, tenant.Internal(public_ns), share);
+    if (!admitted.ok()) return ToGrpcStatus(admitted.status());
+    bound_here = *admitted;
   }
   auto registered = store->RegisterLayout(*spec, tenant.Internal(public_ns));
-  if (!registered.ok()) return ToGrpcStatus(registered.status());
+  if (!registered.ok()) {
+    // A layout refused (say, chunks too large) does not count against the share.
+    if (bound_here) guards_.quotas->UnbindLayout(tenant, tenant.Internal(public_ns));
+    return ToGrpcStatus(registered.status());
+  }
   if (guards_.quotas != nullptr) guards_.quotas->Bind(tenant, tenant.Internal(public_ns));
   resp->set_namespace_id(public_ns);
   resp->set_max_frame_bytes(static_cast<uint32_t>(limits_.max_frame_bytes));

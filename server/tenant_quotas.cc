@@ -48,21 +48,28 @@ void TenantQuotas::Bind(const TenantScope& t, uint64_t ns) {
   BindAndList(t, ns);
 }
 
-absl::Status TenantQuotas::AdmitLayout(const TenantScope& t, uint64_t ns, uint32_t max) {
-  if (t.implicit()) return absl::OkStatus();
+absl::StatusOr<bool> TenantQuotas::AdmitLayout(const TenantScope& t, uint64_t ns,
+                                               uint32_t max) {
+  if (t.implicit()) return false;
   {
     absl::MutexLock lock(&mu_);
     Account& a = accounts_[t.tenant()];
     a.quota = t.quota();
-    if (a.namespaces.contains(ns) || a.namespaces.size() < max) {
+    if (a.namespaces.contains(ns)) return false;
+    if (a.namespaces.size() < max) {
       a.namespaces.insert(ns);
-      return absl::OkStatus();
+      return true;
     }
   }
   Refused(t.tenant(), "layouts");
   return absl::FailedPreconditionError(absl::StrCat(
       "layout: tenant '", t.tenant(), "' has registered ", max,
       " layouts, its share of max_layouts (or its own max_layouts in the tenants file)"));
+}
+
+void TenantQuotas::UnbindLayout(const TenantScope& t, uint64_t ns) {
+  absl::MutexLock lock(&mu_);
+  if (auto it = accounts_.find(t.tenant()); it != accounts_.end()) it->second.namespaces.erase(ns);
 }
 
 void TenantQuotas::Refused(const std::string& tenant, const char* quota) {

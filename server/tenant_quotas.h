@@ -62,10 +62,14 @@ class TenantQuotas final : public prometheus::Collectable {
   void Bind(const TenantScope& t, uint64_t ns);
 
   // Before tenant `t` registers namespace `ns`: binds it if the tenant has named fewer
-  // than `max` namespaces since start-up (or named this one already). Returns: Ok,
-  // FailedPrecondition (at its share: layouts are never unregistered, so retrying cannot
-  // help).
-  absl::Status AdmitLayout(const TenantScope& t, uint64_t ns, uint32_t max);
+  // than `max` namespaces since start-up (or named this one already). Returns whether
+  // this call bound it (for UnbindLayout if the registration then fails), or
+  // FailedPrecondition (at its share: layouts are never unregistered, so retrying
+  // cannot help).
+  absl::StatusOr<bool> AdmitLayout(const TenantScope& t, uint64_t ns, uint32_t max);
+  // Undoes an AdmitLayout that bound `ns` for a registration that failed, so that
+  // refused layouts do not use up the tenant's share.
+  void UnbindLayout(const TenantScope& t, uint64_t ns);
 
   // Before a put of a `bytes`-byte chunk into `ns`: makes room within the tenant's RAM
   // and SSD quotas. Returns: Ok, InvalidArgument (larger than a quota),

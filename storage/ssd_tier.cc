@@ -509,7 +509,6 @@ absl::Status SsdTier::Corrupt(const ChunkId& id, absl::string_view cause,
                              std::optional<PayloadExtent> extent) {
   {
     absl::MutexLock lock(&mu_);
-    ++counters_.checksum_failures;
     if (extent.has_value()) {
       auto it = index_.find(id);
       if (it == index_.end() || !(it->second.extent == *extent)) {
@@ -519,6 +518,7 @@ absl::Status SsdTier::Corrupt(const ChunkId& id, absl::string_view cause,
             "read it again"));
       }
     }
+    ++counters_.checksum_failures;
   }
   LogWarning("SSD tier: chunk ", id.DebugString(),
              " failed its checksum or could not be read, and was deleted",

@@ -159,6 +159,11 @@ TEST_F(TenantQuotaTest, AChunkLargerThanThePinnedQuotaIsInvalidArgument) {
 // registered already is still answered, and other tenants register theirs.
 TEST_F(TenantQuotaTest, ATenantRegistersItsShareOfLayoutsAndNoMore) {
   Start("ram-only");  // small has registered one layout (ns_); its max_layouts is 3.
+  // Layouts the daemon refuses (chunks larger than the 64 MiB pool) use up nothing.
+  for (int i = 0; i < 3; ++i) {
+    auto huge = small_->RegisterLayout(LayoutOfMiB(128));
+    EXPECT_EQ(huge.status().code(), absl::StatusCode::kFailedPrecondition) << huge.status();
+  }
   ASSERT_NE(Register(*small_, 2), 0u);
   ASSERT_NE(Register(*small_, 3), 0u);
   auto fourth = small_->RegisterLayout(LayoutOfMiB(4));
