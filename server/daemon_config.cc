@@ -182,6 +182,10 @@ const std::vector<Option>& Options() {
                  "Put streams that may wait in line (up to put_wait each) for a place within "
                  "max_put_buffer before new ones are refused; 0: none wait",
                  &DaemonConfig::max_put_waiters),
+      UintOption("get_send_turns",
+                 "Get calls sending RAM chunks at once; the others wait their turn, a chunk "
+                 "each; 0: 2 per CPU, at least 4",
+                 &DaemonConfig::get_send_turns),
       SizeOption("grpc_memory",
                  "memory gRPC may hold for received bytes on all connections (its resource "
                  "quota; bounds oversized messages); 0: half the memory beside ram_capacity, "
@@ -897,6 +901,11 @@ uint32_t DaemonConfig::MaxPutStreams() const {
   const uint64_t per_stream = stream_window + max_frame_size;
   return static_cast<uint32_t>(
       std::clamp<uint64_t>(PutBufferBytes() / per_stream, 1, uint64_t{UINT32_MAX}));
+}
+
+uint32_t DaemonConfig::SendTurnsResolved() const {
+  if (get_send_turns != 0) return get_send_turns;
+  return std::max(kMinSendTurns, kSendTurnsPerCpu * cpus);
 }
 
 uint32_t DaemonConfig::ShmCopyThreads() const {

@@ -32,6 +32,9 @@ uint32_t UsableCpus();
 // health checks and Lookups in half the time: more streams than the CPUs can drain only
 // queue ahead of everything else.
 inline constexpr uint32_t kPutStreamsPerCpu = 8;
+// The get_send_turns default: per CPU, and at least.
+inline constexpr uint32_t kSendTurnsPerCpu = 2;
+inline constexpr uint32_t kMinSendTurns = 4;
 
 struct DaemonConfig {
   std::string listen = "127.0.0.1:50051";  // gRPC address, host:port; port 0 picks one.
@@ -80,6 +83,12 @@ struct DaemonConfig {
   // sent no headers, so a client that waits for them (kvtier's) sends it nothing; one
   // that does not may fill its stream_window, counted in the memory bound.
   uint32_t max_put_waiters = 256;
+  // Get calls that send RAM chunk bytes at once; the others wait their turn, first come
+  // first served (SendTurns: a turn per chunk, taken back from a client that reads
+  // nothing for 100 ms while others wait). 0: kSendTurnsPerCpu per CPU in `cpus`,
+  // at least kMinSendTurns.
+  uint32_t get_send_turns = 0;
+  uint32_t SendTurnsResolved() const;  // get_send_turns, resolved.
   // All the memory gRPC may hold for received bytes (gRPC's resource quota): read
   // buffers and messages being assembled, on every connection. gRPC assembles a whole
   // message before it checks its size, so without this bound one oversized message costs

@@ -44,11 +44,13 @@ absl::Status StreamedReadError(uint32_t key, const absl::Status& read, absl::str
 GetReactor::GetReactor(grpc::CallbackServerContext* ctx, const v1::GetRequest* request,
                        TieredStore* store, RpcMetrics* metrics, LeaseTable* leases,
                        RegionTable* regions, ParallelCopy* copier, uint64_t max_frame_bytes,
-                       uint32_t max_keys, StreamLimiter::Ticket place, StallReaper* stalls)
+                       uint32_t max_keys, StreamLimiter::Ticket place, StallReaper* stalls,
+                       SendTurns* turns)
     : ctx_(ctx),
       store_(store),
       scope_(metrics, RpcMethod::kGet),
       copier_(copier),
+      turns_(turns),
       place_(std::move(place)),
       stall_(stalls, [ctx] { ctx->TryCancel(); }) {
   if (absl::Status s = Start(request, leases, regions, max_frame_bytes, max_keys); !s.ok()) {
@@ -171,7 +173,7 @@ void GetReactor::Pump() {
   std::vector<std::pair<uint64_t, uint64_t>> reads;  // (offset, length)
   {
     absl::MutexLock lock(&mu_);
-    if (finished_ || writing_) return;
+    if (finished_ || writing_ || turn_wait_) return;
     while (region_ && error_.ok() && item_ < items_.size() && view_ && view_->streamed() &&
            !pending_.empty() && pending_.front().ready) {
       // Region target: copy each read frame into place; send once the item is whole.
@@ -245,11 +247,18 @@ void GetReactor::Pump() {
         action = Action::kFinish;
       }
     } else if (action == Action::kNone && view_ && !view_->streamed()) {
-      const uint64_t n = std::min(frame_bytes_, end_ - off_);
-      std::vector<absl::string_view> pieces;
-      view_->ForEachPiece(off_, n, [&](absl::string_view piece) { pieces.push_back(piece); });
-      BuildFrame(n, view_->KeepAlive(), pieces);
-      action = Action::kWrite;
+      if (turns_ != nullptr && !turns_->Take(this)) {
+        // Every turn is taken: this call is in line, and TurnGranted pumps again.
+        turn_wait_ = true;
+        ++store_callbacks_;
+      } else {
+        const uint64_t n = std::min(frame_bytes_, end_ - off_);
+        turn_ends_ = turns_ != nullptr && off_ + n == end_;
+        std::vector<absl::string_view> pieces;
+        view_->ForEachPiece(off_, n, [&](absl::string_view piece) { pieces.push_back(piece); });
+        BuildFrame(n, view_->KeepAlive(), pieces);
+        action = Action::kWrite;
+      }
     }
     if (view_ && view_->streamed() && action != Action::kFinish) {
       id = ids_[items_[item_].key];
@@ -282,6 +291,7 @@ void GetReactor::Pump() {
       store_->ReadForStreamAsync(id, [this](absl::StatusOr<ChunkView> v) { OnChunk(std::move(v)); });
       break;
     case Action::kFinish:
+      if (turns_ != nullptr) turns_->Give(this);  // A no-op unless a turn is held.
       place_ = StreamLimiter::Ticket();  // Free before the client sees the status.
       Finish(scope_.Done(ToGrpcStatus(finish_status)));
       break;
@@ -399,24 +409,72 @@ void GetReactor::OnWriteDone(bool ok) {
   // evictable) before this call waits for anything else.
   frame_.Clear();
   stall_.WaitingOnClient(false);
+  bool item_sent;
   {
     absl::MutexLock lock(&mu_);
     writing_ = false;
+    item_sent = std::exchange(turn_ends_, false);
     if (!ok) {
       if (error_.ok()) error_ = absl::CancelledError("client went away");
     } else if (ctx_->IsCancelled() && error_.ok()) {
       error_ = absl::CancelledError("get cancelled by the client");
     }
   }
+  if (turns_ != nullptr) {
+    // A RAM item's last frame is out: the turn goes to the line (this call takes one
+    // again for its next item, behind whoever waits).
+    if (item_sent) {
+      turns_->Give(this);
+    } else {
+      turns_->WriteDone(this);
+    }
+  }
   Pump();
+}
+
+void GetReactor::TurnGranted() {
+  bool give_back;
+  {
+    absl::MutexLock lock(&mu_);
+    turn_wait_ = false;
+    give_back = finished_ || done_;
+  }
+  if (give_back) {
+    turns_->Give(this);
+  } else {
+    Pump();
+  }
+  StoreCallbackDone();
+}
+
+void GetReactor::OnCancel() {
+  bool left = false;
+  {
+    absl::MutexLock lock(&mu_);
+    // Waiting for a turn, the call has no write to fail: it ends here.
+    if (turn_wait_ && turns_->Leave(this)) {
+      turn_wait_ = false;
+      --store_callbacks_;
+      left = true;
+      if (error_.ok()) error_ = absl::CancelledError("get cancelled by the client");
+    }
+  }
+  if (left) Pump();
 }
 
 void GetReactor::OnDone() {
   stall_.Reset();  // Before the context goes; store callbacks may still be running.
+  // Turns are given back as the call finishes; this one only in case. Here, before
+  // done_, so that no other thread can have deleted the reactor meanwhile.
+  if (turns_ != nullptr) turns_->Give(this);
   bool last;
   {
     absl::MutexLock lock(&mu_);
     done_ = true;
+    if (turn_wait_ && turns_->Leave(this)) {
+      turn_wait_ = false;
+      --store_callbacks_;
+    }
     view_.reset();
     held_.clear();
     pending_.clear();

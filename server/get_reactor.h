@@ -30,10 +30,18 @@
 // under mu_ on the thread that drives the reactor; no other event of this call waits on
 // them (reads are issued only for the item being copied, after the copy of a frame).
 //
-// Thread-safety: events arrive on gRPC's callback threads (write done) and the store's
-// read threads (reads done); each takes mu_, updates the state and, with mu_ released,
-// starts at most one write or read. gRPC threads never wait for the SSD. The reactor is
-// deleted when gRPC is done with it (OnDone) and no store callback is outstanding.
+// Turns (SendTurns, option get_send_turns): each frame of a RAM item (not a streamed
+// chunk, a region copy or a header-only frame) is written holding a turn. The reactor
+// takes one at the item's first frame, or waits in line for one (no thread waits), keeps
+// it while the item's frames go out (unless it is taken back from a client that stopped
+// reading; then it waits again before its next frame), and gives it back when the
+// item's last frame is written.
+//
+// Thread-safety: events arrive on gRPC's callback threads (write done, cancel), the
+// store's read threads (reads done) and whichever thread gave this call a turn; each
+// takes mu_, updates the state and, with mu_ released, starts at most one write or read.
+// gRPC threads never wait for the SSD. The reactor is deleted when gRPC is done with it
+// (OnDone) and no store callback (nor awaited turn) is outstanding.
 #ifndef KVTIER_SERVER_GET_REACTOR_H_
 #define KVTIER_SERVER_GET_REACTOR_H_
 
@@ -49,6 +57,7 @@
 #include "server/lease_table.h"
 #include "server/get_plan.h"
 #include "server/region_table.h"
+#include "server/send_turns.h"
 #include "server/rpc_metrics.h"
 #include "server/stall_reaper.h"
 #include "server/stream_limiter.h"
@@ -57,7 +66,8 @@
 
 namespace kvtier {
 
-class GetReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
+class GetReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
+                         private SendTurns::Waiter {
  public:
   // Frames of a streamed chunk read ahead of the one being sent.
   static constexpr int kReadahead = 4;
@@ -72,14 +82,16 @@ class GetReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   // `stalls` (may be null; must outlive the call) cancels the call when its client stops
   // reading: a frame's write held back by flow control for longer than its idle time.
   // Both are the reactor's before it starts any work that can finish the call on
-  // another thread.
+  // another thread. `turns` (may be null: no turns; must outlive the call) paces the
+  // sending of RAM chunks.
   GetReactor(grpc::CallbackServerContext* ctx, const v1::GetRequest* request,
              TieredStore* store, RpcMetrics* metrics, LeaseTable* leases,
              RegionTable* regions, ParallelCopy* copier, uint64_t max_frame_bytes,
              uint32_t max_keys, StreamLimiter::Ticket place = {},
-             StallReaper* stalls = nullptr);
+             StallReaper* stalls = nullptr, SendTurns* turns = nullptr);
 
   void OnWriteDone(bool ok) override;
+  void OnCancel() override;
   void OnDone() override;
 
  private:
@@ -124,6 +136,8 @@ class GetReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   // Ends a store callback (after its last use of the reactor); the last one after
   // OnDone deletes the reactor.
   void StoreCallbackDone();
+  // SendTurns::Waiter: this call's turn came; it counts as a store callback while awaited.
+  void TurnGranted() override;
 
   grpc::CallbackServerContext* const ctx_;
   TieredStore* const store_;
@@ -144,13 +158,18 @@ class GetReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   std::shared_ptr<const MappedRegion> region_;
   std::vector<char*> dest_;
   ParallelCopy* const copier_;  // May be null: region copies run on this thread.
+  SendTurns* const turns_;      // May be null: RAM chunks are sent without turns.
 
   absl::Mutex mu_;
   bool writing_ ABSL_GUARDED_BY(mu_) = false;   // A write (frame_) is in flight.
   bool reading_ ABSL_GUARDED_BY(mu_) = false;   // The current key's chunk is being found.
   bool finished_ ABSL_GUARDED_BY(mu_) = false;  // Finish() was called.
   bool done_ ABSL_GUARDED_BY(mu_) = false;      // OnDone() was called.
-  int store_callbacks_ ABSL_GUARDED_BY(mu_) = 0;  // Reads whose callback has not run.
+  // Reads whose callback has not run, and a turn awaited (turn_wait_).
+  int store_callbacks_ ABSL_GUARDED_BY(mu_) = 0;
+  bool turn_wait_ ABSL_GUARDED_BY(mu_) = false;  // In turns_'s line.
+  // The frame in flight is the last of a RAM item: its write done gives the turn back.
+  bool turn_ends_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status error_ ABSL_GUARDED_BY(mu_);     // Ends the call once no write is in flight.
   size_t item_ ABSL_GUARDED_BY(mu_) = 0;         // Item being sent.
   std::optional<ChunkView> view_ ABSL_GUARDED_BY(mu_);  // Its chunk, once found.

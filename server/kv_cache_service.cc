@@ -186,7 +186,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* KvCacheService::Get(
   return new GetReactor(ctx, parsed ? &req : nullptr, store_.load(std::memory_order_acquire),
                         metrics_, leases_, data_plane_.regions, data_plane_.copier,
                         limits_.max_frame_bytes, limits_.max_keys_per_request,
-                        *std::move(place), guards_.stalls);
+                        *std::move(place), guards_.stalls, guards_.send_turns);
 }
 
 grpc::Status KvCacheService::DataPlane(grpc::ServerContext* ctx, const v1::DataPlaneRequest* req,

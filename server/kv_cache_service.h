@@ -26,6 +26,7 @@
 #include "server/prefill_runner.h"
 #include "server/region_table.h"
 #include "server/rpc_metrics.h"
+#include "server/send_turns.h"
 #include "server/stall_reaper.h"
 #include "server/stream_limiter.h"
 #include "server/tenant_quotas.h"
@@ -61,6 +62,7 @@ struct ServiceGuards {
   StreamLimiter* streams = nullptr;
   StreamLimiter* put_streams = nullptr;  // Put streams within max_put_buffer.
   StallReaper* stalls = nullptr;  // Cancels Put, Get and Prefill calls whose client went quiet.
+  SendTurns* send_turns = nullptr;  // Gets sending RAM chunks at once (get_send_turns).
   TenantQuotas* quotas = nullptr;  // Per-tenant RAM, SSD and pinned byte quotas.
   // Events subscribers, at most kMaxEventSubscribers (each tenant its quota's share);
   // null: the service counts them itself, without metrics.

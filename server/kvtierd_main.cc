@@ -279,11 +279,15 @@ int Run(const DaemonConfig& config, const sigset_t& signals) {
   }
   stall_options.registry = registry.get();
   StallReaper stalls(stall_options);
+  SendTurnsOptions turn_options;
+  turn_options.turns = config.SendTurnsResolved();
+  turn_options.registry = registry.get();
+  SendTurns send_turns(turn_options);
   TenantQuotas quotas(registry.get());
   KvCacheService service(limits, KVTIER_VERSION, &rpc_metrics, &prefill, &leases, data_plane,
                          &events,
                          ServiceGuards{auth->get(), unix_listener.get(), &streams, &put_streams, &stalls,
-                                       &quotas, &subscribers});
+                                       &send_turns, &quotas, &subscribers});
   std::atomic<bool> serving{false};
 
   // gRPC first, so that health checks get NOT_SERVING (and KvCache calls UNAVAILABLE)

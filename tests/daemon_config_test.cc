@@ -94,6 +94,24 @@ TEST(DaemonConfigTest, PutBufferDefaultAllowsEightStreamsPerCpu) {
   EXPECT_EQ(DaemonConfig{}.cpus, UsableCpus());
 }
 
+TEST(DaemonConfigTest, GetSendTurnsDefaultIsTwoPerCpuAtLeastFour) {
+  DaemonConfig c;
+  EXPECT_EQ(c.get_send_turns, 0u);
+  c.cpus = 2;
+  EXPECT_EQ(c.SendTurnsResolved(), 4u);
+  c.cpus = 1;
+  EXPECT_EQ(c.SendTurnsResolved(), 4u);
+  c.cpus = 0;  // Unknown.
+  EXPECT_EQ(c.SendTurnsResolved(), 4u);
+  c.cpus = 16;
+  EXPECT_EQ(c.SendTurnsResolved(), 32u);
+  ASSERT_TRUE(ApplyToml("get_send_turns = 3\n", "t.toml", c).ok());
+  EXPECT_EQ(c.SendTurnsResolved(), 3u) << "set: CPUs do not matter";
+  auto parsed = ParseDaemonArgs({"--get-send-turns=64"});
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->config.SendTurnsResolved(), 64u);
+}
+
 TEST(DaemonConfigTest, PutPlaceIdleParsesAndMustNotBeNegative) {
   DaemonConfig c;
   EXPECT_EQ(c.put_place_idle, absl::Milliseconds(500));
