@@ -84,8 +84,8 @@ struct DaemonConfig {
   // that does not may fill its stream_window, counted in the memory bound.
   uint32_t max_put_waiters = 256;
   // Get calls that send RAM chunk bytes at once; the others wait their turn, first come
-  // first served (SendTurns: a turn per chunk, taken back from a client that reads
-  // nothing for 100 ms while others wait). 0: kSendTurnsPerCpu per CPU in `cpus`,
+  // first served (SendTurns: a turn per chunk; a Get whose frame write waits 20 ms while
+  // others wait sends the rest of its chunk without one). 0: kSendTurnsPerCpu per CPU in `cpus`,
   // at least kMinSendTurns.
   uint32_t get_send_turns = 0;
   uint32_t SendTurnsResolved() const;  // get_send_turns, resolved.

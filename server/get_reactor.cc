@@ -174,6 +174,7 @@ void GetReactor::Pump() {
   {
     absl::MutexLock lock(&mu_);
     if (finished_ || writing_ || turn_wait_) return;
+    if (cancelled_ && error_.ok()) error_ = absl::CancelledError("get cancelled by the client");
     while (region_ && error_.ok() && item_ < items_.size() && view_ && view_->streamed() &&
            !pending_.empty() && pending_.front().ready) {
       // Region target: copy each read frame into place; send once the item is whole.
@@ -451,12 +452,12 @@ void GetReactor::OnCancel() {
   bool left = false;
   {
     absl::MutexLock lock(&mu_);
+    cancelled_ = true;  // Whatever this call does next, it ends instead.
     // Waiting for a turn, the call has no write to fail: it ends here.
     if (turn_wait_ && turns_->Leave(this)) {
       turn_wait_ = false;
       --store_callbacks_;
       left = true;
-      if (error_.ok()) error_ = absl::CancelledError("get cancelled by the client");
     }
   }
   if (left) Pump();

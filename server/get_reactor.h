@@ -33,9 +33,9 @@
 // Turns (SendTurns, option get_send_turns): each frame of a RAM item (not a streamed
 // chunk, a region copy or a header-only frame) is written holding a turn. The reactor
 // takes one at the item's first frame, or waits in line for one (no thread waits), keeps
-// it while the item's frames go out (unless it is taken back from a client that stopped
-// reading; then it waits again before its next frame), and gives it back when the
-// item's last frame is written.
+// it while the item's frames go out (a slow or stalled client gives it up and sends the
+// rest of the item without one), and gives it back when the item's last frame is
+// written.
 //
 // Thread-safety: events arrive on gRPC's callback threads (write done, cancel), the
 // store's read threads (reads done) and whichever thread gave this call a turn; each
@@ -165,6 +165,9 @@ class GetReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
   bool reading_ ABSL_GUARDED_BY(mu_) = false;   // The current key's chunk is being found.
   bool finished_ ABSL_GUARDED_BY(mu_) = false;  // Finish() was called.
   bool done_ ABSL_GUARDED_BY(mu_) = false;      // OnDone() was called.
+  // OnCancel() was called: the call ends at its next step (it may come while a chunk is
+  // being found, before this call joins turns_'s line).
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   // Reads whose callback has not run, and a turn awaited (turn_wait_).
   int store_callbacks_ ABSL_GUARDED_BY(mu_) = 0;
   bool turn_wait_ ABSL_GUARDED_BY(mu_) = false;  // In turns_'s line.

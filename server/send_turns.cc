@@ -25,8 +25,9 @@ SendTurns::SendTurns(SendTurnsOptions options) : options_(std::move(options)) {
                           .Add({});
     yielded_metric_ = &prometheus::BuildCounter()
                            .Name("kvtier_get_send_turns_yielded_total")
-                           .Help("Turns taken back from Gets whose client read nothing for "
-                                 "the yield time while others waited")
+                           .Help("Turns given up by Gets whose frame write waited longer "
+                                 "than the yield time while others waited (each sent the "
+                                 "rest of its chunk without one)")
                            .Register(*options_.registry)
                            .Add({});
   }
@@ -47,6 +48,7 @@ bool SendTurns::Take(Waiter* w) {
   if (options_.turns == 0) return true;
   const absl::Time now = options_.clock();
   absl::MutexLock lock(&mu_);
+  if (unmetered_.contains(w)) return true;
   auto it = holders_.find(w);
   if (it == holders_.end() && holders_.size() < options_.turns && line_.empty()) {
     it = holders_.emplace(w, Holder{}).first;
@@ -87,7 +89,7 @@ void SendTurns::Give(Waiter* w) {
   std::vector<Waiter*> granted;
   {
     absl::MutexLock lock(&mu_);
-    if (holders_.erase(w) == 0) return;
+    if (unmetered_.erase(w) != 0 || holders_.erase(w) == 0) return;
     granted = GrantLocked();
   }
   for (Waiter* next : granted) next->TurnGranted();
@@ -117,7 +119,10 @@ int SendTurns::Sweep() {
     const size_t take = std::min(quiet.size(), line_.size());
     std::partial_sort(quiet.begin(), quiet.begin() + take, quiet.end(),
                       [](const auto& a, const auto& b) { return a.first < b.first; });
-    for (size_t i = 0; i < take; ++i) holders_.erase(quiet[i].second);
+    for (size_t i = 0; i < take; ++i) {
+      holders_.erase(quiet[i].second);
+      unmetered_.insert(quiet[i].second);
+    }
     yielded_ += take;
     if (yielded_metric_ != nullptr && take > 0) yielded_metric_->Increment(static_cast<double>(take));
     granted = GrantLocked();

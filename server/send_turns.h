@@ -13,10 +13,13 @@
 // A turn lasts one chunk (one item of a Get: a whole chunk, or one layer of one in
 // layer-major order), from its first frame's write to its last frame's write done; then
 // the call gives it back and, if others wait, goes behind them. A holder whose write has
-// waited on its client for longer than yield_after while others wait loses its turn (its
-// write goes on; it waits in line for its next frame): a client that stops reading
-// delays the others by yield_after, not by client_idle_timeout. Header-only frames,
-// chunks streamed from SSD (paced by the reads) and region copies take no turn.
+// waited for longer than yield_after while others wait gives its turn up and sends the
+// rest of its chunk without one: its client, or the link to it, sets its pace, not the
+// daemon's CPUs (a 4 MiB frame takes a few milliseconds on loopback or a 25 Gb/s link),
+// so it gains nothing from a turn and the line would only slow it down. A client that
+// stops reading thus delays the others by yield_after, not client_idle_timeout, and a
+// slow one is not made slower. Header-only frames, chunks streamed from SSD (paced by
+// the reads) and region copies take no turn.
 //
 // Thread-safety: thread-safe. A waiter is told on whichever thread gave a turn back (or
 // the sweeping thread), never under this object's lock; callers may hold their own lock
@@ -31,6 +34,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -45,9 +49,9 @@ namespace kvtier {
 
 struct SendTurnsOptions {
   uint32_t turns = 4;  // Calls sending at once; 0: no bound (Take always succeeds).
-  // A holder whose write waits on its client this long while others wait loses its turn;
-  // zero: never.
-  absl::Duration yield_after = absl::Milliseconds(100);
+  // A holder whose write waits this long while others wait gives its turn up for the
+  // rest of its chunk; zero: never.
+  absl::Duration yield_after = absl::Milliseconds(20);
   std::function<absl::Time()> clock = [] { return absl::Now(); };
   bool run_thread = true;  // False: turns are taken back only by Sweep (tests).
   // Gets kvtier_get_send_turns_waiting, kvtier_get_send_turns_waited_total and
@@ -70,17 +74,19 @@ class SendTurns {
   SendTurns& operator=(const SendTurns&) = delete;
 
   // `w` is about to write a frame. True: it holds a turn (it had one, or one was free),
-  // and its write counts as started now. False: it joined the line; TurnGranted follows.
+  // and its write counts as started now, or it gave its turn up for the rest of its
+  // chunk. False: it joined the line; TurnGranted follows.
   bool Take(Waiter* w);
   // The write `w` started is done (a no-op if `w` holds no turn).
   void WriteDone(Waiter* w);
-  // `w` gives its turn back (a no-op if it holds none); the line's first waiter gets it
-  // and is told on this thread.
+  // `w` is done with its chunk: it gives its turn back (a no-op if it holds none), and
+  // the line's first waiter gets it and is told on this thread.
   void Give(Waiter* w);
   // Takes `w` out of the line. True: it was waiting, and nothing will be called on it.
   bool Leave(Waiter* w);
-  // Takes turns back from holders whose write has waited longer than yield_after, the
-  // longest first and no more than wait, and hands them to the line. Returns how many.
+  // Takes turns from holders whose write has waited longer than yield_after, the longest
+  // first and no more than wait (each sends the rest of its chunk without one), and hands
+  // them to the line. Returns how many.
   int Sweep();
 
   uint32_t waiting() const;
@@ -100,6 +106,8 @@ class SendTurns {
   const SendTurnsOptions options_;
   mutable absl::Mutex mu_;
   absl::flat_hash_map<Waiter*, Holder> holders_ ABSL_GUARDED_BY(mu_);
+  // Those that gave their turn up, until their chunk is sent (Give).
+  absl::flat_hash_set<Waiter*> unmetered_ ABSL_GUARDED_BY(mu_);
   std::deque<Waiter*> line_ ABSL_GUARDED_BY(mu_);
   uint64_t yielded_ ABSL_GUARDED_BY(mu_) = 0;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;

@@ -1,5 +1,5 @@
 // Get calls taking turns (SendTurns) in a real in-process server: many Gets through one
-// turn all arrive whole; a client that stops reading loses its turn to a waiting Get
+// turn all arrive whole; a client that stops reading gives its turn to a waiting Get
 // (once the fake clock passes yield_after), and still gets its chunks when it reads
 // again; a Get cancelled while it waits for a turn leaves the line and ends CANCELLED.
 #include <grpcpp/grpcpp.h>
@@ -9,6 +9,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "client/kvtier_client.h"
 #include "gtest/gtest.h"
 #include "kvtier/v1/kvtier.grpc.pb.h"
@@ -152,6 +153,8 @@ class GetTurnsTest : public ::testing::Test {
 
 TEST_F(GetTurnsTest, ManyGetsThroughOneTurnAllArriveWhole) {
   ASSERT_NO_FATAL_FAILURE(Start(/*turns=*/1));
+  // The one turn is held by a Get that reads nothing, so every other Get lines up.
+  ASSERT_NO_FATAL_FAILURE(StartStalledHolder());
   constexpr int kClients = 8;
   std::vector<std::thread> threads;
   std::vector<absl::Status> results(kClients);
@@ -173,19 +176,49 @@ TEST_F(GetTurnsTest, ManyGetsThroughOneTurnAllArriveWhole) {
         const auto& chunk = (*got)[k];
         if (!chunk.found || !chunk.crc_verified ||
             chunk.data != PatternBytes((c + k) % kChunks, kChunk)) {
-          results[c] = absl::DataLossError(absl::StrCat("client ", c, " key ", k, " found ", chunk.found, " crc ", chunk.crc_verified, " size ", chunk.data.size()));
+          results[c] = absl::DataLossError(absl::StrCat("client ", c, " key ", k));
           return;
         }
       }
     });
   }
+  const bool lined_up = testing::Eventually([&] { return turns_->waiting() == kClients; });
+  EXPECT_TRUE(lined_up) << turns_->waiting() << " waiting";
+  EXPECT_EQ(turns_->holding(), 1u);
+  // The holder gives its turn up; the eight then pass through the one turn in order.
+  const bool handed_on = testing::Eventually([&] {
+    clock_.Advance(absl::Seconds(1));
+    return turns_->Sweep() == 1;
+  });
+  if (!handed_on) stalled_ctx_.TryCancel();  // So that the clients end either way.
   for (auto& t : threads) t.join();
+  ASSERT_TRUE(handed_on);
   for (int c = 0; c < kClients; ++c) EXPECT_TRUE(results[c].ok()) << results[c];
-  EXPECT_EQ(turns_->holding(), 0u);
   EXPECT_EQ(turns_->waiting(), 0u);
+  FinishStalledHolder();
+  EXPECT_EQ(turns_->holding(), 0u);
 }
 
-TEST_F(GetTurnsTest, AClientThatStopsReadingLosesItsTurnToOneWaiting) {
+// Absent keys (header-only frames, no turn) between present ones, in both orders: every
+// turn taken is given back.
+TEST_F(GetTurnsTest, AbsentKeysAndLayerMajorOrderGiveEveryTurnBack) {
+  ASSERT_NO_FATAL_FAILURE(Start(/*turns=*/1));
+  const std::vector<ChunkKey> keys = {KeyOf(1), KeyOf(1000), KeyOf(2), KeyOf(1001), KeyOf(3)};
+  for (v1::GetOrder order : {v1::GET_ORDER_CHUNK_MAJOR, v1::GET_ORDER_LAYER_MAJOR}) {
+    auto got = client_->Get(ns_, keys, std::nullopt, nullptr, order);
+    ASSERT_TRUE(got.ok()) << got.status();
+    ASSERT_EQ(got->size(), keys.size());
+    EXPECT_TRUE((*got)[0].found && (*got)[0].data == PatternBytes(1, kChunk));
+    EXPECT_FALSE((*got)[1].found);
+    EXPECT_TRUE((*got)[2].found && (*got)[2].data == PatternBytes(2, kChunk));
+    EXPECT_FALSE((*got)[3].found);
+    EXPECT_TRUE((*got)[4].found && (*got)[4].data == PatternBytes(3, kChunk));
+    EXPECT_EQ(turns_->holding(), 0u) << "order " << order;
+    EXPECT_EQ(turns_->waiting(), 0u);
+  }
+}
+
+TEST_F(GetTurnsTest, AClientThatStopsReadingGivesItsTurnToOneWaiting) {
   ASSERT_NO_FATAL_FAILURE(Start(/*turns=*/1));
   ASSERT_NO_FATAL_FAILURE(StartStalledHolder());
   absl::StatusOr<std::vector<GotChunk>> got;
@@ -197,7 +230,8 @@ TEST_F(GetTurnsTest, AClientThatStopsReadingLosesItsTurnToOneWaiting) {
   });
   ASSERT_TRUE(testing::Eventually([&] { return turns_->waiting() == 1; }));
   // The holder's write is held back by its client: past yield_after, its turn goes to
-  // the waiter (a sweep may find it between two writes; it cannot stay there).
+  // the waiter (a sweep may find it between two writes; it cannot stay there), and it
+  // sends the rest of its chunk without one once its client reads again.
   const bool handed_on = testing::Eventually([&] {
     clock_.Advance(absl::Seconds(1));
     return turns_->Sweep() == 1;

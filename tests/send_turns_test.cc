@@ -1,7 +1,7 @@
 // SendTurns with a fake clock: turns up to the bound, then a line served in arrival
-// order; a waiter that leaves is never told; a holder whose write waits on its client
-// past yield_after loses its turn, but only while others wait, no more of them than
-// wait, the longest first, and never between writes.
+// order; a waiter that leaves is never told; a holder whose write waits past
+// yield_after gives its turn up for the rest of its chunk, but only while others wait,
+// no more of them than wait, the longest first, and never between writes.
 #include "server/send_turns.h"
 
 #include <gtest/gtest.h>
@@ -81,7 +81,7 @@ TEST_F(SendTurnsTest, AWaiterThatLeavesIsNeverTold) {
   EXPECT_EQ(turns->holding(), 0u);
 }
 
-TEST_F(SendTurnsTest, AQuietHolderLosesItsTurnOnlyWhileOthersWait) {
+TEST_F(SendTurnsTest, AQuietHolderGivesItsTurnUpOnlyWhileOthersWait) {
   auto turns = Make(1);
   EXPECT_TRUE(turns->Take(&a_));  // Its write starts now and does not finish.
   clock_.Advance(absl::Seconds(5));
@@ -91,15 +91,21 @@ TEST_F(SendTurnsTest, AQuietHolderLosesItsTurnOnlyWhileOthersWait) {
   ASSERT_EQ(granted_.size(), 1u);
   EXPECT_EQ(granted_[0], &b_);
   EXPECT_EQ(turns->yielded(), 1u);
-  // a's write finishes later: it holds nothing, so it waits for its next frame.
+  // a sends the rest of its chunk without a turn: the line would only slow it down.
   turns->WriteDone(&a_);
-  turns->Give(&a_);
-  EXPECT_EQ(granted_.size(), 1u) << "a gave back nothing: b keeps its turn";
-  EXPECT_FALSE(turns->Take(&a_));
+  EXPECT_TRUE(turns->Take(&a_));
+  EXPECT_EQ(turns->holding(), 1u) << "b's turn only";
+  EXPECT_FALSE(turns->Take(&c_));
+  turns->Give(&a_);  // a's chunk is sent; it held no turn, so none is handed on.
+  EXPECT_EQ(granted_.size(), 1u);
+  EXPECT_FALSE(turns->Take(&a_)) << "its next chunk waits its turn";
   EXPECT_TRUE(turns->Take(&b_));
   turns->Give(&b_);
   ASSERT_EQ(granted_.size(), 2u);
-  EXPECT_EQ(granted_[1], &a_);
+  EXPECT_EQ(granted_[1], &c_);
+  turns->Give(&c_);
+  ASSERT_EQ(granted_.size(), 3u);
+  EXPECT_EQ(granted_[2], &a_);
 }
 
 TEST_F(SendTurnsTest, AWriteInsideTheYieldTimeOrFinishedKeepsItsTurn) {
@@ -114,12 +120,17 @@ TEST_F(SendTurnsTest, AWriteInsideTheYieldTimeOrFinishedKeepsItsTurn) {
   EXPECT_EQ(turns->Sweep(), 1);
   ASSERT_EQ(granted_.size(), 1u);
   EXPECT_EQ(granted_[0], &c_);
-  EXPECT_FALSE(turns->Take(&a_)) << "a lost its turn, not b";
-  EXPECT_TRUE(turns->Take(&b_));
   EXPECT_EQ(turns->yielded(), 1u);
+  // a gave its turn up, not b: a's chunk ending hands nothing on, b's does.
+  EXPECT_FALSE(turns->Take(&d_));
+  turns->Give(&a_);
+  EXPECT_EQ(granted_.size(), 1u);
+  turns->Give(&b_);
+  ASSERT_EQ(granted_.size(), 2u);
+  EXPECT_EQ(granted_[1], &d_);
 }
 
-TEST_F(SendTurnsTest, NoMoreTurnsTakenBackThanWaitTheLongestQuietFirst) {
+TEST_F(SendTurnsTest, NoMoreTurnsTakenThanWaitTheLongestQuietFirst) {
   auto turns = Make(3);
   EXPECT_TRUE(turns->Take(&b_));
   clock_.Advance(absl::Milliseconds(10));
@@ -130,11 +141,13 @@ TEST_F(SendTurnsTest, NoMoreTurnsTakenBackThanWaitTheLongestQuietFirst) {
   clock_.Advance(absl::Seconds(1));
   EXPECT_EQ(turns->Sweep(), 1);
   EXPECT_EQ(turns->yielded(), 1u);
+  EXPECT_EQ(turns->holding(), 3u) << "a, c and d";
+  // b started its write first: it is the one that gave its turn up.
+  turns->Give(&b_);
   EXPECT_EQ(turns->holding(), 3u);
-  // b started its write first: it is the one that lost its turn.
-  EXPECT_FALSE(turns->Take(&b_));
-  EXPECT_TRUE(turns->Take(&a_));
-  EXPECT_TRUE(turns->Take(&c_));
+  turns->Give(&a_);
+  EXPECT_EQ(turns->holding(), 2u);
+  EXPECT_EQ(turns->Sweep(), 0) << "nobody waits";
 }
 
 TEST_F(SendTurnsTest, ZeroTurnsIsNoBound) {
