@@ -421,7 +421,7 @@ grpc::Status KvCacheService::LookupImpl(TieredStore* store, const TenantScope& t
     }
     resp->set_lease_id(leases_->Grant(ns, std::move(held),
                                       absl::Seconds(req->lease_seconds()), tenant.tenant(),
-                                      tenant.quota().leases));
+                                      tenant.quota().leases, tenant.quota().tenants));
   }
   if (metrics_) {
     metrics_->CountLookup(ids->size(), std::count_if(resp->tiers().begin(), resp->tiers().end(),

@@ -22,8 +22,11 @@ std::vector<ChunkView> LeaseTable::EraseLocked(
   std::vector<ChunkView> held = std::move(it->second.held);
   stats_.held_bytes -= it->second.bytes;
   if (const std::string& tenant = it->second.tenant; !tenant.empty()) {
-    auto count = by_tenant_.find(tenant);
-    if (count != by_tenant_.end() && --count->second == 0) by_tenant_.erase(count);
+    auto hold = by_tenant_.find(tenant);
+    if (hold != by_tenant_.end()) {
+      hold->second.bytes -= it->second.bytes;
+      if (--hold->second.leases == 0) by_tenant_.erase(hold);
+    }
   }
   leases_.erase(it);
   return held;
@@ -50,20 +53,23 @@ uint64_t LeaseTable::ExpireLocked(std::vector<ChunkView>& dropped) {
 }
 
 uint64_t LeaseTable::Grant(uint64_t ns, std::vector<ChunkView> held, absl::Duration ttl,
-                           const std::string& tenant, uint32_t tenant_max) {
+                           const std::string& tenant, uint32_t tenant_max,
+                           uint32_t tenants) {
   std::vector<ChunkView> dropped;  // Released after the lock.
+  uint64_t bytes = 0;
+  for (const ChunkView& v : held) bytes += v.meta().size;
   absl::MutexLock lock(&mu_);
   ExpireLocked(dropped);
-  if (!tenant.empty() && tenant_max != 0) {
-    auto count = by_tenant_.find(tenant);
-    if (count != by_tenant_.end() && count->second >= tenant_max) {
+  if (!tenant.empty()) {
+    auto it = by_tenant_.find(tenant);
+    const TenantHold hold = it == by_tenant_.end() ? TenantHold{} : it->second;
+    const uint64_t share = options_.max_held_bytes / std::max<uint32_t>(tenants, 1);
+    if ((tenant_max != 0 && hold.leases >= tenant_max) || hold.bytes + bytes > share) {
       ++stats_.refused;
       ++stats_.tenant_refused;
       return 0;
     }
   }
-  uint64_t bytes = 0;
-  for (const ChunkView& v : held) bytes += v.meta().size;
   if (leases_.size() >= options_.max_leases ||
       stats_.held_bytes + bytes > options_.max_held_bytes) {
     ++stats_.refused;
@@ -74,7 +80,11 @@ uint64_t LeaseTable::Grant(uint64_t ns, std::vector<ChunkView> held, absl::Durat
   Lease lease;
   lease.ns = ns;
   lease.tenant = tenant;
-  if (!tenant.empty()) ++by_tenant_[tenant];
+  if (!tenant.empty()) {
+    TenantHold& hold = by_tenant_[tenant];
+    ++hold.leases;
+    hold.bytes += bytes;
+  }
   lease.expires = options_.now() + std::min(ttl, options_.max_ttl);
   lease.bytes = bytes;
   lease.held = std::move(held);
@@ -128,7 +138,13 @@ uint64_t LeaseTable::Clear() {
 uint32_t LeaseTable::live(const std::string& tenant) const {
   absl::MutexLock lock(&mu_);
   auto it = by_tenant_.find(tenant);
-  return it == by_tenant_.end() ? 0 : it->second;
+  return it == by_tenant_.end() ? 0 : it->second.leases;
+}
+
+uint64_t LeaseTable::held_bytes(const std::string& tenant) const {
+  absl::MutexLock lock(&mu_);
+  auto it = by_tenant_.find(tenant);
+  return it == by_tenant_.end() ? 0 : it->second.bytes;
 }
 
 LeaseTableStats LeaseTable::GetStats() const {

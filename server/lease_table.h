@@ -5,8 +5,10 @@
 // makes that answer hold until the load.
 //
 // Bounded: at most max_leases live leases and max_held_bytes of chunks held by them
-// all (so leases cannot starve puts the way unbounded pins could), and a tenant with a
-// max_leases of its own at most that many. A Lookup past either
+// all (so leases cannot starve puts the way unbounded pins could), a tenant with a
+// max_leases of its own at most that many, and a named tenant at most its equal share
+// of max_held_bytes among the tenants file's tenants (so that one tenant's leases
+// cannot take every byte and leave the others none). A Lookup past either
 // bound gets no lease (lease_id 0) rather than an error: its answer is still right, it
 // is just not held. Expired leases are dropped by Expire(), which the service calls on
 // every Lookup, Put and Get, and by Grant itself.
@@ -47,7 +49,8 @@ struct LeaseTableStats {
   uint64_t held_bytes = 0;
   uint64_t granted = 0;   // Totals since start.
   uint64_t refused = 0;   // Past max_leases, max_held_bytes or the tenant's max_leases.
-  uint64_t tenant_refused = 0;  // Of those, past the tenant's own max_leases.
+  // Of those, past the tenant's own max_leases or its share of max_held_bytes.
+  uint64_t tenant_refused = 0;
   uint64_t expired = 0;
   uint64_t taken = 0;     // Ended by the Get that named them.
   uint64_t released = 0;  // Ended by ReleaseLease.
@@ -59,12 +62,15 @@ class LeaseTable {
 
   // Holds `held` (chunks of namespace `ns`) for `ttl` (cut to max_ttl), for `tenant`
   // ("" for the implicit tenant), which may hold at most `tenant_max` live leases (0: no
-  // bound of its own). Returns the lease id, or 0 when the lease would exceed a bound
-  // (counted as refused).
+  // bound of its own) and, named, at most max_held_bytes / `tenants` bytes of chunks
+  // (`tenants`: how many share max_held_bytes; at least 1). Returns the lease id, or 0
+  // when the lease would exceed a bound (counted as refused).
   uint64_t Grant(uint64_t ns, std::vector<ChunkView> held, absl::Duration ttl,
-                 const std::string& tenant = "", uint32_t tenant_max = 0);
-  // Live leases of a named tenant.
+                 const std::string& tenant = "", uint32_t tenant_max = 0,
+                 uint32_t tenants = 1);
+  // Live leases of a named tenant, and the chunk bytes they hold.
   uint32_t live(const std::string& tenant) const;
+  uint64_t held_bytes(const std::string& tenant) const;
   // Ends the lease and hands its chunks to the caller (a Get, which holds them until it
   // ends). Returns: Ok, NotFound (unknown, expired, ended, or of another namespace).
   absl::StatusOr<std::vector<ChunkView>> Take(uint64_t ns, uint64_t id);
@@ -97,8 +103,12 @@ class LeaseTable {
   const LeaseTableOptions options_;
   mutable absl::Mutex mu_;
   absl::flat_hash_map<uint64_t, Lease> leases_ ABSL_GUARDED_BY(mu_);
+  struct TenantHold {
+    uint32_t leases = 0;
+    uint64_t bytes = 0;
+  };
   // Named tenants' live leases; a tenant leaves the map when it has none.
-  absl::flat_hash_map<std::string, uint32_t> by_tenant_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, TenantHold> by_tenant_ ABSL_GUARDED_BY(mu_);
   absl::Time next_expiry_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   absl::BitGen rng_ ABSL_GUARDED_BY(mu_);
   LeaseTableStats stats_ ABSL_GUARDED_BY(mu_);

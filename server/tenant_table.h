@@ -18,7 +18,8 @@
 // count; 0, the default, is unlimited); TenantQuotas enforces them. max_streams bounds
 // the tenant's streaming calls open at once (Put, Get, Prefill, Events; StreamLimiter)
 // and max_leases its live Lookup leases (LeaseTable), each within the daemon-wide
-// bound, so that one tenant cannot take them all; 0, the default, is no bound of its
+// bound, so that one tenant cannot take them all (a tenant's leases also hold at most an
+// equal share of max_lease_bytes); 0, the default, is no bound of its
 // own. max_subscribers bounds its Events subscriptions (1 to kEventSubscribers); unset,
 // each tenant gets an equal share of the daemon's kEventSubscribers.
 //

@@ -210,6 +210,30 @@ TEST_F(LeaseTableTest, ATenantsOwnBoundRefusesOnlyThatTenant) {
   EXPECT_EQ(table.GetStats().refused, 1u);
 }
 
+// A named tenant's leases hold at most its share of max_held_bytes (max_held_bytes /
+// tenants); the implicit tenant is held only by the daemon-wide bound.
+TEST_F(LeaseTableTest, ATenantHoldsAtMostItsShareOfTheBytes) {
+  LeaseTable table = MakeTable(/*max_leases=*/16, /*max_bytes=*/2 * kChunk);
+  for (uint64_t i = 1; i <= 3; ++i) ASSERT_TRUE(Put(i).ok()) << i;
+  const uint64_t a = table.Grant(ns_, Hold({1}), absl::Seconds(30), "team-a", 0, 2);
+  EXPECT_NE(a, 0u);
+  EXPECT_EQ(table.held_bytes("team-a"), kChunk);
+  EXPECT_EQ(table.Grant(ns_, Hold({2}), absl::Seconds(30), "team-a", 0, 2), 0u)
+      << "a second chunk is past team-a's share (1 of 2)";
+  EXPECT_EQ(table.GetStats().tenant_refused, 1u);
+  EXPECT_NE(table.Grant(ns_, Hold({2}), absl::Seconds(30), "team-b", 0, 2), 0u);
+  EXPECT_EQ(table.held_bytes("team-b"), kChunk);
+  ASSERT_TRUE(table.Release(ns_, a));
+  EXPECT_EQ(table.held_bytes("team-a"), 0u);
+  const uint64_t a2 = table.Grant(ns_, Hold({3}), absl::Seconds(30), "team-a", 0, 2);
+  EXPECT_NE(a2, 0u) << "a released lease gives its bytes back";
+  ASSERT_TRUE(table.Take(ns_, a2).ok());
+  EXPECT_EQ(table.held_bytes("team-a"), 0u);
+  // One tenant sharing the bound with nobody may hold all of it.
+  EXPECT_NE(table.Grant(ns_, Hold({1}), absl::Seconds(30), "solo", 0, 1), 0u);
+  EXPECT_EQ(table.GetStats().refused, 1u);
+}
+
 TEST(LeaseTableOptionsTest, ValidateNamesTheBadOption) {
   LeaseTableOptions o;
   o.max_ttl = absl::ZeroDuration();

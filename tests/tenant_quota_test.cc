@@ -42,8 +42,9 @@ std::string TokenLine(const std::string& tenant, const std::string& token) {
 class TenantQuotaTest : public ::testing::Test {
  protected:
   // Tenant "small" has a 3 MiB RAM, 2 MiB SSD and 1 MiB pinned quota, one stream, one
-  // lease and one Events subscription at a time, and three layouts; "big" none (and half
-  // the daemon's Events subscribers and layouts, the default shares).
+  // lease and one Events subscription at a time, and three layouts; "big" none (and a
+  // third of the daemon's Events subscribers, layouts and lease bytes, the default
+  // shares: 2 MiB of max_lease_bytes each).
   void Start(const std::string& mode) {
     dir_ = MakeTempDir("kvtierd-quota");
     const std::string tenants = dir_ + ".tenants";
@@ -54,7 +55,7 @@ class TenantQuotaTest : public ::testing::Test {
                            << TokenLine("small", "token-small") << TokenLine("big", "token-big")
                            << TokenLine("mid", "token-mid");
     auto d = DaemonProcess::Start(dir_, {"--tenants-file=" + tenants, "--write-mode=" + mode,
-                                         "--ram-capacity=64MiB"});
+                                         "--ram-capacity=64MiB", "--max-lease-bytes=6MiB"});
     ASSERT_TRUE(d.ok()) << d.status();
     daemon_.emplace(*std::move(d));
     small_ = Connect("token-small");
@@ -289,6 +290,31 @@ TEST_F(TenantQuotaTest, StreamsAndLeasesStopAtTheTenantsOwnBound) {
   auto third = small_->Lookup(ns_, {KeyOf(1)}, 60);
   ASSERT_TRUE(third.ok());
   EXPECT_NE(third->lease_id, 0u);
+}
+
+// A tenant's leases hold at most its share of max_lease_bytes: past it a Lookup still
+// answers, without a lease, and the other tenants' shares are untouched.
+TEST_F(TenantQuotaTest, ATenantsLeasesHoldAtMostItsShareOfTheLeaseBytes) {
+  Start("ram-only");
+  for (uint64_t n = 1; n <= 3; ++n) ASSERT_TRUE(Put(*big_, ns_, n).ok()) << n;
+  auto all = big_->Lookup(ns_, {KeyOf(1), KeyOf(2), KeyOf(3)}, /*lease_seconds=*/60);
+  ASSERT_TRUE(all.ok()) << all.status();
+  EXPECT_EQ(all->prefix_hits, 3u);
+  EXPECT_EQ(all->lease_id, 0u) << "3 MiB is past big's share (2 MiB of 6)";
+  auto two = big_->Lookup(ns_, {KeyOf(1), KeyOf(2)}, 60);
+  ASSERT_TRUE(two.ok()) << two.status();
+  EXPECT_NE(two->lease_id, 0u);
+  auto third = big_->Lookup(ns_, {KeyOf(3)}, 60);
+  ASSERT_TRUE(third.ok()) << third.status();
+  EXPECT_EQ(third->lease_id, 0u) << "big's share is held";
+  ASSERT_TRUE(Put(*small_, ns_, 1).ok());
+  auto small = small_->Lookup(ns_, {KeyOf(1)}, 60);
+  ASSERT_TRUE(small.ok()) << small.status();
+  EXPECT_NE(small->lease_id, 0u) << "small's share is its own";
+  ASSERT_TRUE(big_->ReleaseLease(ns_, two->lease_id).ok());
+  auto again = big_->Lookup(ns_, {KeyOf(3)}, 60);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_NE(again->lease_id, 0u) << "a released lease gives the bytes back";
 }
 
 // An Events subscription of `token`'s tenant on a raw stub, admitted once its headers
