@@ -188,9 +188,8 @@ TEST_F(RedisClusterTest, ReachesTheNewMasterAfterAFailover) {
     auto role = cluster_->Call(i, {"ROLE"});
     ASSERT_TRUE(role.ok());
     if (ReplyString(*(*role)->element[0]) == "master") {
-      auto w = cluster_->Call(i, {"WAIT", "1", "5000"});
-      ASSERT_TRUE(w.ok());
-      ASSERT_EQ((*w)->integer, 1);
+      const absl::Status replicated = cluster_->WaitReplicated(i);
+      ASSERT_TRUE(replicated.ok()) << replicated;
     }
   }
   auto victim = cluster_->MasterOf(RedisHashSlot(keys[0]));

@@ -93,9 +93,8 @@ class SharedTierTest : public ::testing::Test {
       auto role = cluster_->Call(i, {"ROLE"});
       ASSERT_TRUE(role.ok());
       if (ReplyString(*(*role)->element[0]) != "master") continue;
-      auto w = cluster_->Call(i, {"WAIT", "1", "5000"});
-      ASSERT_TRUE(w.ok());
-      ASSERT_EQ((*w)->integer, 1);
+      const absl::Status replicated = cluster_->WaitReplicated(i);
+      ASSERT_TRUE(replicated.ok()) << replicated;
     }
   }
 

@@ -256,6 +256,16 @@ absl::StatusOr<RedisReplyPtr> RedisClusterProcess::Call(int i,
   return (*conn)->Call(views);
 }
 
+absl::Status RedisClusterProcess::WaitReplicated(int node) {
+  for (int attempt = 0; attempt < 60; ++attempt) {
+    auto w = Call(node, {"WAIT", "1", "1000"});
+    if (!w.ok()) return w.status();
+    if ((*w)->type == REDIS_REPLY_INTEGER && (*w)->integer >= 1) return absl::OkStatus();
+  }
+  return absl::DeadlineExceededError(
+      absl::StrCat("node ", node, ": no replica acknowledged its writes in 60 s"));
+}
+
 int RedisClusterProcess::NodeOnPort(int port) const {
   for (int i = 0; i < size(); ++i) {
     if (nodes_[i].port == port) return i;

@@ -76,6 +76,10 @@ class RedisClusterProcess {
   absl::StatusOr<RedisReplyPtr> Call(int node, const std::vector<std::string>& argv);
   // FLUSHALL on every live master.
   absl::Status FlushAll();
+  // Waits (up to 60 s) until a replica of master `node` has acknowledged its writes so
+  // far (WAIT 1, a second at a time: one long WAIT raced the connection's 5 s read
+  // timeout on a busy machine). Errors: DeadlineExceeded, Unavailable.
+  absl::Status WaitReplicated(int node);
 
  private:
   struct Node {
