@@ -493,7 +493,14 @@ TEST(AdmissionTest, StreamsPastMaxStreamsAreRefusedAndUnaryCallsStillAnswer) {
     subs.back()->WaitForInitialMetadata();
   }
   const std::string data = PatternBytes(1, 1 << 20);
-  auto refused = (*client)->Put(ns->namespace_id, {ChunkToPut{KeyOf(1), data, 256}});
+  // A client that does not retry sees the refusal itself. (One that retries would keep
+  // trying until its deadline and then report whichever came last: the refusal, or
+  // DEADLINE_EXCEEDED from an attempt cut off by it.)
+  ClientOptions no_retry;
+  no_retry.retry_refused_puts = false;
+  auto once = KvTierClient::Connect(d->target(), no_retry);
+  ASSERT_TRUE(once.ok());
+  auto refused = (*once)->Put(ns->namespace_id, {ChunkToPut{KeyOf(1), data, 256}});
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
   EXPECT_NE(refused.status().message().find("max_streams"), std::string::npos);
   // The refusal is at once and carries the hint.
