@@ -207,10 +207,11 @@ bool HostPool::Contains(const ChunkId& id) const {
   return index_.contains(id);
 }
 
-void HostPool::ContainsMany(absl::Span<const ChunkId> ids, std::vector<bool>* present) const {
-  present->assign(ids.size(), false);
+std::vector<bool> HostPool::ContainsMany(absl::Span<const ChunkId> ids) const {
+  std::vector<bool> present(ids.size(), false);
   absl::MutexLock lock(&mu_);
-  for (size_t i = 0; i < ids.size(); ++i) (*present)[i] = index_.contains(ids[i]);
+  for (size_t i = 0; i < ids.size(); ++i) present[i] = index_.contains(ids[i]);
+  return present;
 }
 
 absl::Status HostPool::Pin(const ChunkId& id, absl::Time until, const PinBudget* budget) {

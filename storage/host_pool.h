@@ -102,8 +102,17 @@ class HostPool final : public StorageTier {
   absl::StatusOr<bool> Delete(const ChunkId& id) override { return Remove(id); }
   absl::StatusOr<uint64_t> DeleteNamespace(uint64_t ns) override { return RemoveNamespace(ns); }
   TierStats Stats() const override;
-  // Contains for many chunks under one lock: (*present)[i] for ids[i].
-  void ContainsMany(absl::Span<const ChunkId> ids, std::vector<bool>* present) const;
+  // Contains for many chunks under one lock.
+  std::vector<bool> ContainsMany(absl::Span<const ChunkId> ids) const override;
+  // A tenant's RAM quota through the StorageTier interface: BytesOf(ns).bytes, and
+  // ShrinkTo.
+  uint64_t NamespacePayloadBytes(const absl::flat_hash_set<uint64_t>& ns) const override {
+    return BytesOf(ns).bytes;
+  }
+  absl::StatusOr<uint64_t> ShrinkNamespaces(const absl::flat_hash_set<uint64_t>& ns,
+                                            uint64_t keep) override {
+    return ShrinkTo(ns, keep);
+  }
   // The chunk, without touching recency or counters: a caller that holds the returned
   // data keeps the chunk from being evicted (a lease), but reads nothing.
   std::optional<Hit> Peek(const ChunkId& id) const;

@@ -442,23 +442,26 @@ std::vector<absl::Status> RemoteTier::ReadPayloads(absl::Span<const ChunkId> ids
   return out;
 }
 
-std::vector<bool> RemoteTier::ContainsMany(absl::Span<const ChunkId> ids) {
+std::vector<bool> RemoteTier::ContainsMany(absl::Span<const ChunkId> ids) const {
+  // A round trip; what it touches (the cluster's connections, health) is synchronised
+  // inside, as for every other read of this tier.
+  RemoteTier* self = const_cast<RemoteTier*>(this);
   std::vector<bool> out(ids.size(), false);
-  if (ids.empty() || !health_.Allow()) return out;
+  if (ids.empty() || !self->health_.Allow()) return out;
   const std::vector<std::string> keys = RecordKeys(options_.key_prefix, ids);
   const std::vector<RedisCommand> commands = OnePerKey("EXISTS", keys);
-  auto replies = cluster_->Execute(commands);
+  auto replies = self->cluster_->Execute(commands);
   bool reached = false, unreachable = false;
   for (size_t i = 0; i < replies.size(); ++i) {
     if (!replies[i].ok()) {
-      Observe(replies[i].status());
+      self->Observe(replies[i].status());
       unreachable = true;
       continue;
     }
     reached = true;
     out[i] = (*replies[i])->type == REDIS_REPLY_INTEGER && (*replies[i])->integer == 1;
   }
-  if (reached && !unreachable) health_.Succeeded();
+  if (reached && !unreachable) self->health_.Succeeded();
   return out;
 }
 
@@ -551,11 +554,7 @@ RemoteTierStats RemoteTier::GetStats() const {
   return s;
 }
 
-bool RemoteTier::Contains(const ChunkId& id) const {
-  // A round trip; what it touches (the cluster's connections, health) is synchronised
-  // inside, as for every other read of this tier.
-  return const_cast<RemoteTier*>(this)->ContainsMany({&id, 1})[0];
-}
+bool RemoteTier::Contains(const ChunkId& id) const { return ContainsMany({&id, 1})[0]; }
 
 absl::StatusOr<uint64_t> RemoteTier::FingerprintOf(uint64_t ns) const {
   if (!options_.layout_fingerprint) {
@@ -586,6 +585,67 @@ void RemoteTier::Read(const ChunkId& id, SinkFor sink_for, ReadDone done) {
   }
   if (absl::Status s = ReadPayload(id, *record, *sink); !s.ok()) return done(s);
   done(record->meta);
+}
+
+void RemoteTier::ReadMany(absl::Span<const ChunkId> ids, SinkForEach sink_for,
+                          ReadEachDone done) {
+  // The chunks of each namespace together (a Get's all share one), in the order given.
+  std::vector<uint64_t> namespaces;
+  for (const ChunkId& id : ids) {
+    if (std::find(namespaces.begin(), namespaces.end(), id.ns) == namespaces.end()) {
+      namespaces.push_back(id.ns);
+    }
+  }
+  for (uint64_t ns : namespaces) {
+    std::vector<size_t> at;  // Indexes into `ids` of this namespace's chunks.
+    std::vector<ChunkId> of_ns;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (ids[i].ns == ns) at.push_back(i), of_ns.push_back(ids[i]);
+    }
+    absl::StatusOr<uint64_t> fingerprint = FingerprintOf(ns);
+    if (!fingerprint.ok()) {
+      for (size_t i : at) done(i, fingerprint.status());
+      continue;
+    }
+    std::vector<absl::StatusOr<RemoteRecord>> records = ReadRecords(of_ns, *fingerprint);
+    // In groups of about one pipeline's bytes: the first chunks need not wait for the
+    // last.
+    size_t next = 0;
+    while (next < of_ns.size()) {
+      std::vector<size_t> group;  // Indexes into of_ns.
+      std::vector<ChunkId> group_ids;
+      std::vector<const RemoteRecord*> group_records;
+      std::vector<ChunkSink*> sinks;
+      uint64_t bytes = 0;
+      for (; next < of_ns.size(); ++next) {
+        if (!records[next].ok()) {
+          done(at[next], records[next].status());
+          continue;
+        }
+        const uint64_t size = records[next]->meta.size;
+        if (!group.empty() && bytes + size > options_.batch_bytes) break;
+        ChunkSink* sink = sink_for(at[next], records[next]->meta);
+        if (sink == nullptr) {
+          done(at[next], NoSinkError());
+          continue;
+        }
+        bytes += size;
+        group.push_back(next);
+        group_ids.push_back(of_ns[next]);
+        group_records.push_back(&*records[next]);
+        sinks.push_back(sink);
+      }
+      if (group.empty()) continue;
+      const std::vector<absl::Status> landed = ReadPayloads(group_ids, group_records, sinks);
+      for (size_t k = 0; k < group.size(); ++k) {
+        if (landed[k].ok()) {
+          done(at[group[k]], records[group[k]]->meta);
+        } else {
+          done(at[group[k]], landed[k]);
+        }
+      }
+    }
+  }
 }
 
 TierStats RemoteTier::Stats() const {

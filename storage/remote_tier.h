@@ -126,7 +126,16 @@ class RemoteTier final : public StorageTier {
   // Whether each of `ids` has a commit record (one pipelined round trip). All false
   // while degraded. A record whose segments were since evicted still answers true;
   // the read then misses.
-  std::vector<bool> ContainsMany(absl::Span<const ChunkId> ids);
+  std::vector<bool> ContainsMany(absl::Span<const ChunkId> ids) const override;
+  // Read for many chunks: the records of each namespace's chunks in one pipelined round
+  // trip (ReadRecords), then their payloads in groups of about batch_bytes
+  // (ReadPayloads), in the order given; each chunk's `done` runs when its group has
+  // landed. A chunk that misses (absent, foreign, corrupt, unreachable) gets NotFound
+  // or DataLoss, as Read would.
+  void ReadMany(absl::Span<const ChunkId> ids, SinkForEach sink_for,
+                ReadEachDone done) override;
+  // False while degraded: reads miss at once until a probe succeeds.
+  bool reachable() const override { return !health_.degraded(); }
   // Deletes the record and its segments. Returns whether a record existed. Errors:
   // Unavailable.
   absl::StatusOr<bool> Delete(const ChunkId& id) override;
@@ -153,7 +162,6 @@ class RemoteTier final : public StorageTier {
   void WaitIdle();
   RemoteTierStats GetStats() const;
   bool degraded() const { return health_.degraded(); }
-  uint64_t batch_bytes() const { return options_.batch_bytes; }
 
  private:
   struct Job {

@@ -632,13 +632,14 @@ bool SsdTier::Contains(const ChunkId& id) const {
   return it != index_.end() && !ExpiredLocked(it->second);
 }
 
-void SsdTier::ContainsMany(absl::Span<const ChunkId> ids, std::vector<bool>* present) const {
-  present->assign(ids.size(), false);
+std::vector<bool> SsdTier::ContainsMany(absl::Span<const ChunkId> ids) const {
+  std::vector<bool> present(ids.size(), false);
   absl::MutexLock lock(&mu_);
   for (size_t i = 0; i < ids.size(); ++i) {
     auto it = index_.find(ids[i]);
-    (*present)[i] = it != index_.end() && !ExpiredLocked(it->second);
+    present[i] = it != index_.end() && !ExpiredLocked(it->second);
   }
+  return present;
 }
 
 std::vector<ChunkId> SsdTier::Restore(std::vector<std::pair<ChunkId, IndexEntry>> entries) {
@@ -692,7 +693,7 @@ absl::StatusOr<bool> SsdTier::Delete(const ChunkId& id) {
   return true;
 }
 
-uint64_t SsdTier::BytesOf(const absl::flat_hash_set<uint64_t>& ns) const {
+uint64_t SsdTier::NamespacePayloadBytes(const absl::flat_hash_set<uint64_t>& ns) const {
   absl::MutexLock lock(&mu_);
   uint64_t bytes = 0;
   for (uint64_t n : ns) {
@@ -701,8 +702,8 @@ uint64_t SsdTier::BytesOf(const absl::flat_hash_set<uint64_t>& ns) const {
   return bytes;
 }
 
-absl::StatusOr<uint64_t> SsdTier::ShrinkTo(const absl::flat_hash_set<uint64_t>& ns,
-                                           uint64_t keep) {
+absl::StatusOr<uint64_t> SsdTier::ShrinkNamespaces(const absl::flat_hash_set<uint64_t>& ns,
+                                                   uint64_t keep) {
   std::vector<std::pair<ChunkId, IndexEntry>> gone;
   uint64_t held = 0;
   {

@@ -154,13 +154,14 @@ class SsdTier final : public StorageTier {
   // against its CRC32C first. Returns: Ok, InvalidArgument (range past the chunk),
   // NotFound (deleted meanwhile), DataLoss (a piece is bad: the chunk is now deleted),
   // Unavailable.
+  bool reads_ranges() const override { return true; }
   absl::Status ReadRange(const ChunkId& id, const ChunkMeta& meta, uint64_t offset,
-                         uint64_t len, char* out);
+                         uint64_t len, char* out) override;
   // Counts a hit for a chunk that will be read with ReadRange (ReadPayload counts its own).
-  void CountRangedRead();
+  void CountRangedRead() override;
   // Deletes a chunk whose payload a caller found corrupt, counts it, and says so.
   // Returns DataLoss, for the caller to pass on.
-  absl::Status DropCorrupt(const ChunkId& id);
+  absl::Status DropCorrupt(const ChunkId& id) override;
 
   // StorageTier. Write is Put (`done` runs on the caller's thread); Read is ReadMeta
   // then ReadPayload; evictions in Stats include expirations.
@@ -176,17 +177,18 @@ class SsdTier final : public StorageTier {
   absl::StatusOr<uint64_t> DeleteNamespace(uint64_t ns) override;
   TierStats Stats() const override;
 
-  // Contains for many chunks under one lock: (*present)[i] for ids[i].
-  void ContainsMany(absl::Span<const ChunkId> ids, std::vector<bool>* present) const;
+  // Contains for many chunks under one lock.
+  std::vector<bool> ContainsMany(absl::Span<const ChunkId> ids) const override;
   // Payload bytes the namespaces `ns` hold on this tier. O(namespaces).
-  uint64_t BytesOf(const absl::flat_hash_set<uint64_t>& ns) const;
+  uint64_t NamespacePayloadBytes(const absl::flat_hash_set<uint64_t>& ns) const override;
   // Evicts chunks of the namespaces `ns` in the policy's order until they hold at most
   // `keep` payload bytes (a tenant's SSD quota); returns the bytes they hold afterwards.
   // Rows go before their bytes are freed, as for any eviction. Errors: Unavailable (the
   // rows could not be deleted; nothing is evicted).
-  absl::StatusOr<uint64_t> ShrinkTo(const absl::flat_hash_set<uint64_t>& ns, uint64_t keep);
+  absl::StatusOr<uint64_t> ShrinkNamespaces(const absl::flat_hash_set<uint64_t>& ns,
+                                            uint64_t keep) override;
   // Deletes chunks past their TTL; returns how many.
-  uint64_t ExpireOld();
+  uint64_t ExpireOld() override;
 
   absl::Status SaveLayout(uint64_t ns, absl::string_view encoding);
   absl::StatusOr<std::vector<std::pair<uint64_t, std::string>>> LoadLayouts() const;
@@ -194,7 +196,7 @@ class SsdTier final : public StorageTier {
   SsdTierStats GetStats() const;
   // Syncs the payload files and flushes memtables, so a clean shutdown leaves no WAL to
   // replay.
-  absl::Status Flush();
+  absl::Status Flush() override;
 
  private:
   struct IndexEntry {

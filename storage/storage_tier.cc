@@ -77,4 +77,37 @@ absl::StatusOr<ChunkMeta> ReadAndWait(StorageTier& tier, const ChunkId& id,
   return meta;
 }
 
+std::vector<bool> StorageTier::ContainsMany(absl::Span<const ChunkId> ids) const {
+  std::vector<bool> out;
+  out.reserve(ids.size());
+  for (const ChunkId& id : ids) out.push_back(Contains(id));
+  return out;
+}
+
+void StorageTier::ReadMany(absl::Span<const ChunkId> ids, SinkForEach sink_for,
+                           ReadEachDone done) {
+  for (size_t i = 0; i < ids.size(); ++i) {
+    done(i, ReadAndWait(*this, ids[i],
+                        [&](const ChunkMeta& meta) { return sink_for(i, meta); }));
+  }
+}
+
+absl::Status StorageTier::ReadRange(const ChunkId&, const ChunkMeta&, uint64_t, uint64_t,
+                                    char*) {
+  return absl::UnimplementedError(
+      absl::StrCat("the ", TierName(tier()), " tier does not read ranges of a chunk"));
+}
+
+absl::Status StorageTier::DropCorrupt(const ChunkId& id) {
+  Delete(id).IgnoreError();  // Unreachable: the copy fails its checksum again next time.
+  return absl::DataLossError(
+      absl::StrCat("the ", TierName(tier()), " tier's copy failed its checksum"));
+}
+
+absl::StatusOr<uint64_t> StorageTier::ShrinkNamespaces(const absl::flat_hash_set<uint64_t>&,
+                                                       uint64_t) {
+  return absl::UnimplementedError(
+      absl::StrCat("the ", TierName(tier()), " tier keeps no per-namespace quota"));
+}
+
 }  // namespace kvtier

@@ -4,11 +4,13 @@
 // interface.
 //
 // The interface is the tier-neutral part: whether a tier holds a chunk, a whole-chunk
-// write and read, delete, and stats. TieredStore keeps one list of its tiers, fastest
-// first, and does through it what does not depend on which tier it is (Locate,
-// Delete, Clear, the per-tier Stats, moving a chunk from one tier to the next). The
-// paths that must not copy (a Get served from pool slots, a frame-at-a-time SSD read,
-// a copy into a worker's GPU) stay tier-specific methods on the classes themselves.
+// write and read, delete, and stats; then, each with a default for a tier that lacks
+// it, batched Contains and Read, ranged reads for streaming, dropping a corrupt copy,
+// TTL upkeep, flushing, and per-namespace bytes for quotas. TieredStore keeps one list
+// of its tiers, fastest first, and roles in it (the local tier under RAM, the shared
+// tier), and does everything through this interface but what only one tier can do:
+// a Get served from pool slots and pinning (RAM), a copy into a worker's GPU (staging),
+// the layouts saved beside the SSD tier's index, and each tier's own detailed stats.
 //
 // Reads and writes complete through a callback, so a tier whose I/O is asynchronous
 // (a device copy, a write queued for a remote cluster) and one that is not (RAM, SSD:
@@ -24,9 +26,11 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "storage/chunk_id.h"
 
 namespace kvtier {
@@ -139,6 +143,61 @@ class StorageTier {
   virtual absl::StatusOr<uint64_t> DeleteNamespace(uint64_t ns) = 0;
 
   virtual TierStats Stats() const = 0;
+
+  // What follows has a default that fits a tier without the capability; a tier
+  // overrides what it does better or at all.
+
+  // Contains for many chunks: one answer per id, in order. The default asks Contains
+  // for each; a tier overrides it where a batch is cheaper (one lock, one pipelined
+  // round trip).
+  virtual std::vector<bool> ContainsMany(absl::Span<const ChunkId> ids) const;
+
+  // Read for many chunks, for a caller with a thread to spend (a fetch job): where
+  // ids[i]'s bytes go is `sink_for(i, meta)` (null: nowhere, that chunk ends with
+  // ResourceExhausted), and `done(i, result)` runs once for each id, as Read's `done`
+  // would, as soon as that chunk has landed: the first can be used before the last is
+  // read. A chunk that fails does not stop the others. Returns once every `done` has
+  // run. The default reads one chunk at a time; the remote tier fetches them in
+  // pipelined batches.
+  using SinkForEach = std::function<ChunkSink*(size_t index, const ChunkMeta& meta)>;
+  using ReadEachDone = std::function<void(size_t index, absl::StatusOr<ChunkMeta> result)>;
+  virtual void ReadMany(absl::Span<const ChunkId> ids, SinkForEach sink_for,
+                        ReadEachDone done);
+
+  // Whether the tier can answer now. One that cannot (the remote tier while its
+  // cluster is down) misses every read at once, and callers skip work meant for it.
+  virtual bool reachable() const { return true; }
+
+  // Streaming a chunk a frame at a time, with no copy of it in RAM (a Get of a chunk
+  // the pool has no room for). A tier that can (SSD) says so; ReadRange reads bytes
+  // [offset, offset + len) of a chunk whose meta its Read gave into `out`, verifying
+  // every byte it returns first. Returns: Ok, InvalidArgument (past the chunk),
+  // NotFound (deleted meanwhile), DataLoss (the copy is bad and now dropped),
+  // Unavailable; Unimplemented by default.
+  virtual bool reads_ranges() const { return false; }
+  virtual absl::Status ReadRange(const ChunkId& id, const ChunkMeta& meta, uint64_t offset,
+                                 uint64_t len, char* out);
+  // Counts a hit for a chunk about to be read with ReadRange (Read counts its own).
+  virtual void CountRangedRead() {}
+  // A caller found this tier's copy of a chunk corrupt (a frame's checksum): the tier
+  // drops the copy and counts it. Returns DataLoss, for the caller to pass on. The
+  // default deletes the copy.
+  virtual absl::Status DropCorrupt(const ChunkId& id);
+
+  // Upkeep the store runs on its schedule: drops chunks past their TTL; returns how
+  // many went. The default has no TTL.
+  virtual uint64_t ExpireOld() { return 0; }
+  // Makes everything written durable, so that a reopen replays nothing (a clean
+  // shutdown). The default has nothing to do.
+  virtual absl::Status Flush() { return absl::OkStatus(); }
+
+  // For tenants' quotas on this tier: the payload bytes namespaces `ns` hold here, and
+  // evicting their chunks in the policy's order until they hold at most `keep` (returns
+  // what they hold afterwards). The defaults hold nothing and shrink nothing (a tier
+  // no quota names: Unimplemented).
+  virtual uint64_t NamespacePayloadBytes(const absl::flat_hash_set<uint64_t>& ns) const { return 0; }
+  virtual absl::StatusOr<uint64_t> ShrinkNamespaces(const absl::flat_hash_set<uint64_t>& ns,
+                                                    uint64_t keep);
 };
 
 // What a tier's Write answers when `bytes` do not add up to meta.size (InvalidArgument

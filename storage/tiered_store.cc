@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <initializer_list>
+#include <optional>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
@@ -139,6 +140,7 @@ absl::StatusOr<std::unique_ptr<TieredStore>> TieredStore::Open(TieredStoreOption
     if (tier != nullptr) store->tiers_.push_back(tier);
   }
   store->backing_ = store->ssd_.get();
+  store->shared_ = store->remote_.get();
   if (store->backing_ != nullptr) {
     TieredStore* s = store.get();
     store->promoter_ = std::make_unique<Promoter>(
@@ -150,7 +152,9 @@ absl::StatusOr<std::unique_ptr<TieredStore>> TieredStore::Open(TieredStoreOption
   // A chunk must fit each tier it goes to: a layout whose chunk the SSD tier could never
   // hold would have write-back retry its chunks forever.
   uint64_t max_chunk = std::min(store->options_.max_chunk_bytes, store->ram_->capacity_bytes());
-  if (store->ssd_ != nullptr) max_chunk = std::min(max_chunk, store->options_.ssd.capacity_bytes);
+  if (store->backing_ != nullptr) {
+    max_chunk = std::min(max_chunk, store->backing_->capacity_bytes());
+  }
   store->layouts_ = std::make_unique<LayoutRegistry>(store->ssd_.get(), max_chunk,
                                                      store->options_.max_layouts);
   if (absl::Status s = store->layouts_->Load(); !s.ok()) return s;
@@ -168,7 +172,9 @@ absl::StatusOr<std::unique_ptr<TieredStore>> TieredStore::Open(TieredStoreOption
     TieredStore* s = store.get();
     store->flusher_ = std::make_unique<WriteBackFlusher>(
         store->options_.flush_threads, [s] { return s->FlushOne(/*demotion=*/false); },
-        [s] { s->ssd_->ExpireOld(); });
+        [s] {
+          for (StorageTier* tier : s->tiers_) tier->ExpireOld();
+        });
   }
   if (store->has_ssd()) {
     TieredStore* s = store.get();
@@ -302,7 +308,7 @@ absl::StatusOr<bool> TieredStore::Commit(std::unique_ptr<ChunkWriter> writer, ui
         writer->id_.key.ToHex(), writer->crc_, crc32c));
   }
   ChunkMeta meta{writer->size(), crc32c, writer->token_count_, 0, writer->lineage_};
-  std::shared_ptr<PoolChunk> data = remote_ != nullptr ? writer->data_ : nullptr;
+  std::shared_ptr<PoolChunk> data = shared_ != nullptr ? writer->data_ : nullptr;
   // False when a concurrent put of the same chunk committed first (this one's bytes
   // are dropped): exactly one of them reports it stored.
   bool stored = false;
@@ -352,7 +358,7 @@ absl::StatusOr<bool> TieredStore::Commit(std::unique_ptr<ChunkWriter> writer, ui
 void TieredStore::ToRemote(const ChunkId& id, const ChunkMeta& meta,
                            std::shared_ptr<PoolChunk> data) {
   // Best effort, counted by the remote tier; a namespace cleared meanwhile is refused.
-  remote_->Write(id, meta, ChunkBytes::Of(std::move(data)), [](absl::Status) {});
+  shared_->Write(id, meta, ChunkBytes::Of(std::move(data)), [](absl::Status) {});
 }
 
 bool TieredStore::FlushOne(bool demotion) {
@@ -415,7 +421,7 @@ bool TieredStore::StagedAndBacked(const ChunkId& id) const {
   if (gpu_ == nullptr || !gpu_->Contains(id)) return false;
   // Staging is a cache of the pool: a staged copy of a chunk that RAM and SSD no longer
   // hold (evicted in ram-only mode, deleted in a race with StageAsync) is dropped.
-  if (ram_->Contains(id) || (has_ssd() && ssd_->Contains(id))) return true;
+  if (ram_->Contains(id) || (has_ssd() && backing_->Contains(id))) return true;
   gpu_->Remove(id);
   return false;
 }
@@ -460,7 +466,7 @@ absl::StatusOr<ChunkView> TieredStore::Read(const ChunkId& id, bool stream) {
     return view;
   }
   if (!has_ssd()) {
-    if (remote_ != nullptr) return ReadRemote(id);
+    if (shared_ != nullptr) return ReadRemote(id);
     return absl::NotFoundError("chunk not cached");
   }
   // Without room in RAM: streamed, nothing read yet (the caller reads a frame at a time
@@ -485,13 +491,13 @@ absl::StatusOr<ChunkView> TieredStore::Read(const ChunkId& id, bool stream) {
     return &*buffer_sink;
   });
   if (!below.meta.has_value()) {
-    if (absl::IsNotFound(below.status) && remote_ != nullptr) return ReadRemote(id);
+    if (absl::IsNotFound(below.status) && shared_ != nullptr) return ReadRemote(id);
     return below.status;
   }
   view.meta_ = *below.meta;
-  view.tier_ = Tier::kSsd;
+  view.tier_ = backing_->tier();
   if (streamed) {
-    ssd_->CountRangedRead();
+    backing_->CountRangedRead();
     view.streamed_ = true;
     return view;
   }
@@ -506,8 +512,7 @@ absl::StatusOr<ChunkView> TieredStore::Read(const ChunkId& id, bool stream) {
 }
 
 absl::StatusOr<ChunkView> TieredStore::ReadRemote(const ChunkId& id) {
-  auto layout = layouts_->Find(id.ns);
-  if (!layout.ok()) return absl::NotFoundError("chunk not cached");
+  if (!layouts_->Find(id.ns).ok()) return absl::NotFoundError("chunk not cached");
   // One fetch per chunk: if another reader (or a Get's batched fetch) has it in hand,
   // wait for it; it is in RAM afterwards unless that fetch missed.
   remote_fetches_.WaitAndClaim(id);
@@ -520,43 +525,46 @@ absl::StatusOr<ChunkView> TieredStore::ReadRemote(const ChunkId& id) {
     view.pool_ = std::move(hit->data);
     return view;
   }
-  auto record = remote_->ReadRecord(id, layout->NamespaceId());
-  // Unreachable, degraded, foreign or corrupt: all a miss to the caller, who computes
-  // the chunk instead (the remote tier counted and logged why).
-  if (!record.ok()) return absl::NotFoundError("chunk not cached");
-  ChunkView view;
-  view.meta_ = record->meta;
-  view.tier_ = Tier::kRemote;
-  auto room = ram_->Allocate(record->meta.size);
-  if (room.ok()) {
-    PoolSink sink(room->get());
-    if (!remote_->ReadPayload(id, *record, sink).ok()) {
-      return absl::NotFoundError("chunk not cached");
+  // Into RAM when there is room (a promotion), else a buffer counted in
+  // max_buffered_reads, as for a read from the local tier.
+  std::shared_ptr<PoolChunk> room;
+  std::optional<PoolSink> room_sink;
+  std::shared_ptr<std::string> buffer;
+  std::optional<StringSink> buffer_sink;
+  auto meta = ReadAndWait(*shared_, id, [&](const ChunkMeta& m) -> ChunkSink* {
+    if (auto r = ram_->Allocate(m.size); r.ok()) {
+      room = *std::move(r);
+      return &room_sink.emplace(room.get());
     }
-    if (ram_->Insert(id, *room, record->meta, /*dirty=*/false)) {
+    buffered_reads_->Enter();
+    buffer = std::shared_ptr<std::string>(new std::string(m.size, '\0'),
+                                          [gate = buffered_reads_](std::string* b) {
+                                            delete b;
+                                            gate->Leave();
+                                          });
+    return &buffer_sink.emplace(buffer.get());
+  });
+  // Unreachable, degraded, foreign or corrupt: all a miss to the caller, who computes
+  // the chunk instead (the shared tier counted and logged why).
+  if (!meta.ok()) return absl::NotFoundError("chunk not cached");
+  ChunkView view;
+  view.meta_ = *meta;
+  view.tier_ = shared_->tier();
+  if (room != nullptr) {
+    if (ram_->Insert(id, room, *meta, /*dirty=*/false)) {
       remote_promotions_.fetch_add(1, std::memory_order_relaxed);
-      ram_bytes_in_.fetch_add(record->meta.size, std::memory_order_relaxed);
+      ram_bytes_in_.fetch_add(meta->size, std::memory_order_relaxed);
       Emit(ChunkEventKind::kPromoted, id, Tier::kRam);
     }
-    view.pool_ = *std::move(room);
-    return view;
+    view.pool_ = std::move(room);
+  } else {
+    view.buf_ = std::move(buffer);
   }
-  buffered_reads_->Enter();
-  auto buffer = std::shared_ptr<std::string>(new std::string(record->meta.size, '\0'),
-                                             [gate = buffered_reads_](std::string* b) {
-                                               delete b;
-                                               gate->Leave();
-                                             });
-  StringSink sink(buffer.get());
-  if (!remote_->ReadPayload(id, *record, sink).ok()) {
-    return absl::NotFoundError("chunk not cached");
-  }
-  view.buf_ = std::move(buffer);
   return view;
 }
 
 std::vector<bool> TieredStore::FetchRemoteAsync(absl::Span<const ChunkId> ids) {
-  if (remote_ == nullptr || remote_->degraded() || stopping_.load()) return {};
+  if (shared_ == nullptr || !shared_->reachable() || stopping_.load()) return {};
   std::vector<ChunkId> missing;
   std::vector<bool> ahead(ids.size(), false);
   for (size_t i = 0; i < ids.size(); ++i) {
@@ -594,56 +602,28 @@ void TieredStore::FetchRemote(const std::vector<ChunkId>& ids) {
                 claimed.end());
   remote_fetches_.Release(landed);
   if (claimed.empty()) return;
-  auto layout = layouts_->Find(claimed[0].ns);
-  if (!layout.ok()) {
-    remote_fetches_.Release(claimed);
-    return;
-  }
-  std::vector<absl::StatusOr<RemoteRecord>> records =
-      remote_->ReadRecords(claimed, layout->NamespaceId());
-  // In groups of about one pipeline's bytes, in the Get's order, each group's claims
-  // released as it lands: the Get's first chunks need not wait for its last.
-  size_t next = 0;
-  while (next < claimed.size()) {
-    std::vector<ChunkId> group_ids;
-    std::vector<const RemoteRecord*> group_records;
-    std::vector<std::shared_ptr<PoolChunk>> rooms;
-    std::vector<std::unique_ptr<PoolSink>> sinks;
-    std::vector<ChunkId> done;  // Claims to release after this group.
-    uint64_t bytes = 0;
-    for (; next < claimed.size(); ++next) {
-      if (!records[next].ok()) {
-        done.push_back(claimed[next]);
-        continue;
-      }
-      const uint64_t size = records[next]->meta.size;
-      if (!group_ids.empty() && bytes + size > remote_->batch_bytes()) break;
-      done.push_back(claimed[next]);
-      // Room without evicting anything unsaved; none: the Get reads this one itself.
-      auto room = ram_->Allocate(size);
-      if (!room.ok()) continue;
-      bytes += size;
-      group_ids.push_back(claimed[next]);
-      group_records.push_back(&*records[next]);
-      sinks.push_back(std::make_unique<PoolSink>(room->get()));
-      rooms.push_back(*std::move(room));
-    }
-    if (!group_ids.empty()) {
-      std::vector<ChunkSink*> sink_ptrs;
-      for (auto& sink : sinks) sink_ptrs.push_back(sink.get());
-      const std::vector<absl::Status> landed =
-          remote_->ReadPayloads(group_ids, group_records, sink_ptrs);
-      for (size_t k = 0; k < group_ids.size(); ++k) {
-        if (!landed[k].ok()) continue;
-        if (ram_->Insert(group_ids[k], rooms[k], group_records[k]->meta, /*dirty=*/false)) {
+  // Into RAM where there is room without evicting anything unsaved; a chunk with none
+  // is left for the Get to read itself. Each claim goes as its chunk lands, so the
+  // Get's first chunks need not wait for its last.
+  std::vector<std::shared_ptr<PoolChunk>> rooms(claimed.size());
+  std::vector<std::optional<PoolSink>> sinks(claimed.size());
+  shared_->ReadMany(
+      claimed,
+      [&](size_t i, const ChunkMeta& meta) -> ChunkSink* {
+        auto room = ram_->Allocate(meta.size);
+        if (!room.ok()) return nullptr;
+        rooms[i] = *std::move(room);
+        return &sinks[i].emplace(rooms[i].get());
+      },
+      [&](size_t i, absl::StatusOr<ChunkMeta> meta) {
+        if (meta.ok() && ram_->Insert(claimed[i], rooms[i], *meta, /*dirty=*/false)) {
           remote_promotions_.fetch_add(1, std::memory_order_relaxed);
-          ram_bytes_in_.fetch_add(group_records[k]->meta.size, std::memory_order_relaxed);
-          Emit(ChunkEventKind::kPromoted, group_ids[k], Tier::kRam);
+          ram_bytes_in_.fetch_add(meta->size, std::memory_order_relaxed);
+          Emit(ChunkEventKind::kPromoted, claimed[i], Tier::kRam);
         }
-      }
-    }
-    remote_fetches_.Release(done);
-  }
+        rooms[i].reset();
+        remote_fetches_.Release({&claimed[i], 1});
+      });
 }
 
 std::vector<Tier> TieredStore::LocateMany(absl::Span<const ChunkId> ids) {
@@ -654,12 +634,12 @@ std::vector<Tier> TieredStore::LocateMany(absl::Span<const ChunkId> ids) {
     tiers.push_back(Locate(id));
     if (tiers.back() == Tier::kNone) missing.push_back(id);
   }
-  if (remote_ == nullptr || missing.empty()) return tiers;
-  const std::vector<bool> remote = remote_->ContainsMany(missing);
+  if (shared_ == nullptr || missing.empty()) return tiers;
+  const std::vector<bool> shared = shared_->ContainsMany(missing);
   size_t k = 0;
   for (Tier& t : tiers) {
     if (t != Tier::kNone) continue;
-    if (remote[k++]) t = Tier::kRemote;
+    if (shared[k++]) t = shared_->tier();
   }
   return tiers;
 }
@@ -700,8 +680,8 @@ absl::StatusOr<TieredStore::HintResult> TieredStore::Hint(
     bytes += size->second;
   }
   const absl::Span<const ChunkId> window = absl::MakeConstSpan(snapshot->by_rank).first(reach);
-  std::vector<bool> in_ram, on_ssd(reach, false);
-  ram_->ContainsMany(window, &in_ram);
+  const std::vector<bool> in_ram = ram_->ContainsMany(window);
+  std::vector<bool> on_ssd(reach, false);
   if (has_ssd()) {
     // Only what RAM lacks can need a fetch (hinted chunks mostly stay in RAM).
     std::vector<ChunkId> lacking;
@@ -709,8 +689,7 @@ absl::StatusOr<TieredStore::HintResult> TieredStore::Hint(
     for (size_t i = 0; i < reach; ++i) {
       if (!in_ram[i]) lacking.push_back(window[i]), where.push_back(i);
     }
-    std::vector<bool> found;
-    ssd_->ContainsMany(lacking, &found);
+    const std::vector<bool> found = backing_->ContainsMany(lacking);
     for (size_t j = 0; j < lacking.size(); ++j) on_ssd[where[j]] = found[j];
   }
   std::vector<ChunkId> fetch;
@@ -757,7 +736,7 @@ void TieredStore::Prefetch(const ChunkId& id) {
 
 void TieredStore::ReadAsync(const ChunkId& id,
                             std::function<void(absl::StatusOr<ChunkView>)> done) {
-  if (ram_->Contains(id) || (remote_ == nullptr && (!has_ssd() || !ssd_->Contains(id)))) {
+  if (ram_->Contains(id) || (shared_ == nullptr && (!has_ssd() || !backing_->Contains(id)))) {
     done(Read(id));  // RAM hit or a miss: no I/O, answer inline.
     return;
   }
@@ -766,7 +745,7 @@ void TieredStore::ReadAsync(const ChunkId& id,
 
 void TieredStore::ReadForStreamAsync(const ChunkId& id,
                                      std::function<void(absl::StatusOr<ChunkView>)> done) {
-  if (ram_->Contains(id) || (remote_ == nullptr && (!has_ssd() || !ssd_->Contains(id)))) {
+  if (ram_->Contains(id) || (shared_ == nullptr && (!has_ssd() || !backing_->Contains(id)))) {
     done(Read(id, true));
     return;
   }
@@ -800,8 +779,8 @@ void TieredStore::GiveRangeBuffer(char* buf, uint64_t len) {
 void TieredStore::ReadRangeAsync(const ChunkId& id, const ChunkMeta& meta, uint64_t offset,
                                  uint64_t len,
                                  std::function<void(absl::StatusOr<RangeBuffer>)> done) {
-  if (!has_ssd()) {
-    done(absl::NotFoundError("no SSD tier"));
+  if (backing_ == nullptr || !backing_->reads_ranges()) {
+    done(absl::NotFoundError("no tier under RAM reads ranges of a chunk"));
     return;
   }
   stream_gate_.Acquire(len, [this, id, meta, offset, len, done = std::move(done)]() mutable {
@@ -811,7 +790,7 @@ void TieredStore::ReadRangeAsync(const ChunkId& id, const ChunkMeta& meta, uint6
         GiveRangeBuffer(const_cast<char*>(b), len);
         stream_gate_.Release(len);
       });
-      absl::Status s = ssd_->ReadRange(id, meta, offset, len, const_cast<char*>(buf.get()));
+      absl::Status s = backing_->ReadRange(id, meta, offset, len, const_cast<char*>(buf.get()));
       if (!s.ok()) {
         buf.reset();
         done(std::move(s));
@@ -825,9 +804,16 @@ void TieredStore::ReadRangeAsync(const ChunkId& id, const ChunkMeta& meta, uint6
 
 absl::Status TieredStore::DropCorrupt(const ChunkId& id) {
   if (!has_ssd()) return absl::DataLossError("chunk failed its checksum");
-  // Only the SSD copy goes; a RAM copy, if any, still serves.
-  Emit(ChunkEventKind::kEvicted, id, Tier::kSsd);
-  return ssd_->DropCorrupt(id);
+  // Only the streamed tier's copy goes; a RAM copy, if any, still serves.
+  Emit(ChunkEventKind::kEvicted, id, backing_->tier());
+  return backing_->DropCorrupt(id);
+}
+
+StorageTier* TieredStore::TierOf(Tier tier) const {
+  for (StorageTier* t : tiers_) {
+    if (t->tier() == tier) return t;
+  }
+  return nullptr;
 }
 
 void TieredStore::Emit(ChunkEventKind kind, const ChunkId& id, Tier tier) {
@@ -846,7 +832,7 @@ absl::Status TieredStore::Pin(const ChunkId& id, absl::Duration ttl,
     }
   }
   if (!ram_->Contains(id)) {
-    if (!has_ssd() || !ssd_->Contains(id)) return absl::NotFoundError("chunk not cached");
+    if (!has_ssd() || !backing_->Contains(id)) return absl::NotFoundError("chunk not cached");
     auto view = Read(id);  // Promotes.
     if (!view.ok()) return view.status();
     if (!ram_->Contains(id)) {
@@ -865,18 +851,16 @@ TieredStore::NamespaceUsage TieredStore::Usage(const absl::flat_hash_set<uint64_
   const HostPool::NamespaceBytes ram = ram_->BytesOf(ns);
   u.ram_bytes = ram.bytes;
   u.pinned_bytes = ram.pinned;
-  if (has_ssd()) u.ssd_bytes = ssd_->BytesOf(ns);
+  if (StorageTier* ssd = TierOf(Tier::kSsd)) u.ssd_bytes = ssd->NamespacePayloadBytes(ns);
   return u;
 }
 
 absl::StatusOr<uint64_t> TieredStore::ShrinkNamespaces(const absl::flat_hash_set<uint64_t>& ns,
                                                        Tier tier, uint64_t keep) {
-  if (tier == Tier::kSsd) {
-    if (!has_ssd()) return 0;
-    return ssd_->ShrinkTo(ns, keep);
-  }
-  const uint64_t held = ram_->ShrinkTo(ns, keep);
-  NotifyRoom();  // Slots freed for puts waiting for room.
+  StorageTier* shrunk = TierOf(tier);
+  if (shrunk == nullptr) return 0;  // Nothing held there.
+  absl::StatusOr<uint64_t> held = shrunk->ShrinkNamespaces(ns, keep);
+  if (shrunk == ram_.get()) NotifyRoom();  // Slots freed for puts waiting for room.
   return held;
 }
 
@@ -1038,8 +1022,8 @@ absl::StatusOr<bool> TieredStore::Delete(const ChunkId& id) {
 
 absl::StatusOr<uint64_t> TieredStore::Clear(uint64_t ns) {
   uint64_t in_remote = 0;
-  if (remote_ != nullptr) {
-    auto removed = remote_->Clear(ns);
+  if (shared_ != nullptr) {
+    auto removed = shared_->DeleteNamespace(ns);
     if (removed.ok()) {
       in_remote = *removed;
     } else {
@@ -1131,7 +1115,7 @@ absl::Status TieredStore::Close() {
     LogInfo("tiered store: flushed ", flushed, " write-back chunks at close; ", left,
             " could not be written");
   }
-  absl::Status s = ssd_->Flush();
+  absl::Status s = backing_->Flush();
   if (left > 0 && s.ok()) {
     s = absl::UnavailableError(absl::StrCat(left, " dirty chunks could not be written to SSD"));
   }

@@ -419,7 +419,7 @@ class TieredStore {
   // first keeps the backlog within max_dirty_bytes (with `may_block`, by writing the
   // oldest dirty chunks itself). Returns ResourceExhausted while there is no room.
   absl::StatusOr<std::shared_ptr<PoolChunk>> TryRoom(uint64_t size, bool may_block);
-  bool has_ssd() const { return ssd_ != nullptr; }
+  bool has_ssd() const { return backing_ != nullptr; }
   // Staged on the GPU and still held by RAM or SSD (a staged copy of neither is dropped).
   bool StagedAndBacked(const ChunkId& id) const;
   // A RAM chunk whose bytes failed their CRC32C (`chunk`, its pool memory): removed from
@@ -441,6 +441,8 @@ class TieredStore {
   // A prefetch thread's job: promote `id` if it is still only on SSD, then stage it.
   void Prefetch(const ChunkId& id);
   void Emit(ChunkEventKind kind, const ChunkId& id, Tier tier);
+  // The tier of that kind among tiers_, or null.
+  StorageTier* TierOf(Tier tier) const;
   // Frame buffers of streamed reads: recycled, so steady streaming does not map, fault
   // in and unmap a fresh buffer per frame. Only segment-sized ones are kept.
   char* TakeRangeBuffer(uint64_t len);
@@ -458,9 +460,12 @@ class TieredStore {
   // The tiers above, fastest first (GPU, RAM, SSD, remote; those that exist), for what
   // the store does to every tier alike. Set in Open, fixed after.
   std::vector<StorageTier*> tiers_;
-  // The local tier under RAM that write-back and write-through write to (SSD); null in
-  // ram-only mode.
+  // The local tier under RAM that write-back and write-through write to, and that
+  // streams what RAM has no room for (SSD); null in ram-only mode.
   StorageTier* backing_ = nullptr;
+  // The tier shared with other daemons, read when no local tier holds a chunk (remote);
+  // null without one.
+  StorageTier* shared_ = nullptr;
   // Reads from backing_ into RAM; null in ram-only mode. After ram_ and ssd_, which it
   // reads and fills.
   std::unique_ptr<Promoter> promoter_;

@@ -4,13 +4,16 @@
 // store must pass all of it.
 #include "storage/storage_tier.h"
 
+#include <algorithm>
 #include <cstring>
 #include <functional>
 #include <ostream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
@@ -130,6 +133,7 @@ struct RemoteTierUnderTest : TierUnderTest {
     o.cluster.tls = cluster->ClientTls();
     o.cluster.min_refresh_interval = absl::ZeroDuration();
     o.segment_bytes = 64 << 10;
+    o.batch_bytes = 128 << 10;  // ReadMany of 200 KiB chunks: a pipeline each.
     o.layout_fingerprint = [](uint64_t ns) -> absl::StatusOr<uint64_t> {
       if (ns != kNs && ns != kOtherNs) return absl::NotFoundError("no such namespace");
       return ns * 1000003;
@@ -146,6 +150,8 @@ struct Param {
   const char* name;
   std::function<std::unique_ptr<TierUnderTest>()> make;
   bool needs_redis = false;
+  bool reads_ranges = false;  // Streams a chunk a frame at a time (SSD).
+  bool quotas = false;        // Keeps per-namespace bytes for tenants' quotas (RAM, SSD).
 };
 
 void PrintTo(const Param& p, std::ostream* os) { *os << p.name; }
@@ -307,11 +313,125 @@ TEST_P(StorageTierTest, CapacityBoundsWhatItHolds) {
   EXPECT_TRUE(*newest == Payload(Id(n - 1), kMiB));
 }
 
+TEST_P(StorageTierTest, ContainsManyAnswersForEachChunkInOrder) {
+  ASSERT_TRUE(Write(Id(1), 64 << 10).ok());
+  ASSERT_TRUE(Write(Id(3), 64 << 10).ok());
+  const ChunkId ids[] = {Id(0), Id(1), Id(2), Id(3), Id(1, kOtherNs)};
+  EXPECT_EQ(tier_->ContainsMany(ids), (std::vector<bool>{false, true, false, true, false}));
+  EXPECT_TRUE(tier_->ContainsMany({}).empty());
+}
+
+// ReadMany: each chunk into its own sink, each `done` once, a miss or a refused sink
+// stopping only its own chunk, and each chunk handed over before the last is asked for
+// (the store releases a chunk to its Get as it lands).
+TEST_P(StorageTierTest, ReadManyReadsEachChunkIntoItsOwnSinkAndAnswersEachOnce) {
+  const uint64_t size = 200 << 10;
+  for (uint64_t i : {1, 2, 3, 4}) ASSERT_TRUE(Write(Id(i), size + i * 4096).ok());
+  const std::vector<ChunkId> ids = {Id(1), Id(9), Id(2), Id(3), Id(4)};
+  const size_t kRefused = 3;  // Id(3): sink_for gives it no sink.
+  std::vector<std::string> out(ids.size());
+  std::vector<std::optional<StringSink>> sinks(ids.size());
+  std::vector<int> answers(ids.size(), 0), asked(ids.size(), 0);
+  std::vector<absl::StatusOr<ChunkMeta>> results(ids.size(), absl::UnknownError("no answer"));
+  bool first_before_last_asked = false;
+  tier_->ReadMany(
+      ids,
+      [&](size_t i, const ChunkMeta& meta) -> ChunkSink* {
+        ++asked[i];
+        if (i == ids.size() - 1) first_before_last_asked = answers[0] == 1;
+        if (i == kRefused) return nullptr;
+        out[i].resize(meta.size);
+        return &sinks[i].emplace(&out[i]);
+      },
+      [&](size_t i, absl::StatusOr<ChunkMeta> meta) {
+        ASSERT_LT(i, ids.size());
+        ++answers[i];
+        results[i] = std::move(meta);
+      });
+  EXPECT_EQ(answers, (std::vector<int>{1, 1, 1, 1, 1}));
+  EXPECT_EQ(asked[1], 0) << "a sink asked for a chunk the tier does not hold";
+  EXPECT_TRUE(first_before_last_asked) << "the first chunk waited for the last";
+  EXPECT_EQ(results[1].status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(results[kRefused].status().code(), absl::StatusCode::kResourceExhausted);
+  for (size_t i : {0, 2, 4}) {
+    ASSERT_TRUE(results[i].ok()) << "chunk " << i << ": " << results[i].status();
+    EXPECT_EQ(results[i]->size, out[i].size());
+    EXPECT_EQ(results[i]->crc32c, crc32c::Value(out[i]));
+    EXPECT_TRUE(out[i] == Payload(ids[i], size + ids[i].key.lo * 4096)) << "chunk " << i;
+  }
+  EXPECT_TRUE(tier_->Contains(Id(3)));  // Refused, not dropped.
+}
+
+// Ranged reads: a tier that streams reads any range of a chunk exactly, and refuses
+// one past its end; a tier that does not says Unimplemented.
+TEST_P(StorageTierTest, ReadRangeReadsExactBytesWhereTheTierStreams) {
+  const uint64_t size = kMiB + 4096;
+  ASSERT_TRUE(Write(Id(5), size).ok());
+  const std::string want = Payload(Id(5), size);
+  const ChunkMeta meta{size, crc32c::Value(want), 256, 0};
+  EXPECT_EQ(tier_->reads_ranges(), GetParam().reads_ranges);
+  std::string out(size, '\0');
+  if (!GetParam().reads_ranges) {
+    EXPECT_EQ(tier_->ReadRange(Id(5), meta, 0, size, out.data()).code(),
+              absl::StatusCode::kUnimplemented);
+    return;
+  }
+  tier_->CountRangedRead();
+  for (uint64_t offset = 0; offset < size;) {
+    const uint64_t len = std::min<uint64_t>(300 << 10, size - offset);
+    ASSERT_TRUE(tier_->ReadRange(Id(5), meta, offset, len, out.data() + offset).ok())
+        << "at " << offset;
+    offset += len;
+  }
+  EXPECT_TRUE(out == want);
+  EXPECT_EQ(tier_->ReadRange(Id(5), meta, size - 1, 2, out.data()).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_GE(tier_->Stats().hits, 1u);
+}
+
+TEST_P(StorageTierTest, DropCorruptDropsOnlyThatCopyAndSaysDataLoss) {
+  ASSERT_TRUE(Write(Id(1), 64 << 10).ok());
+  ASSERT_TRUE(Write(Id(2), 64 << 10).ok());
+  EXPECT_EQ(tier_->DropCorrupt(Id(1)).code(), absl::StatusCode::kDataLoss);
+  EXPECT_FALSE(tier_->Contains(Id(1)));
+  EXPECT_EQ(Read(Id(1)).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(tier_->Contains(Id(2)));
+}
+
+// Tenants' quotas: a tier that keeps them counts each namespace's payload bytes and
+// shrinks only the namespaces named; the others hold nothing and shrink nothing.
+TEST_P(StorageTierTest, NamespaceBytesAndShrinkTouchOnlyTheNamespacesNamed) {
+  const uint64_t size = 128 << 10;
+  for (uint64_t i = 0; i < 4; ++i) ASSERT_TRUE(Write(Id(i), size).ok());
+  ASSERT_TRUE(Write(Id(7, kOtherNs), size).ok());
+  const absl::flat_hash_set<uint64_t> tenant = {kNs};
+  if (!GetParam().quotas) {
+    EXPECT_EQ(tier_->NamespacePayloadBytes(tenant), 0u);
+    EXPECT_EQ(tier_->ShrinkNamespaces(tenant, 0).status().code(),
+              absl::StatusCode::kUnimplemented);
+    EXPECT_TRUE(tier_->Contains(Id(0)));
+    return;
+  }
+  EXPECT_EQ(tier_->NamespacePayloadBytes(tenant), 4 * size);
+  EXPECT_EQ(tier_->NamespacePayloadBytes({kOtherNs}), size);
+  auto held = tier_->ShrinkNamespaces(tenant, 2 * size);
+  ASSERT_TRUE(held.ok()) << held.status();
+  EXPECT_EQ(*held, 2 * size);
+  EXPECT_EQ(tier_->NamespacePayloadBytes(tenant), 2 * size);
+  const ChunkId ids[] = {Id(0), Id(1), Id(2), Id(3)};
+  const std::vector<bool> left = tier_->ContainsMany(ids);
+  EXPECT_EQ(std::count(left.begin(), left.end(), true), 2);
+  EXPECT_TRUE(tier_->Contains(Id(7, kOtherNs)));
+  EXPECT_EQ(tier_->NamespacePayloadBytes({kOtherNs}), size);
+}
+
 INSTANTIATE_TEST_SUITE_P(
     EveryTier, StorageTierTest,
     ::testing::Values(
-        Param{"ram", [] { return std::unique_ptr<TierUnderTest>(new RamTier); }},
-        Param{"ssd", [] { return std::unique_ptr<TierUnderTest>(new SsdTierUnderTest); }},
+        Param{"ram", [] { return std::unique_ptr<TierUnderTest>(new RamTier); },
+              /*needs_redis=*/false, /*reads_ranges=*/false, /*quotas=*/true},
+        Param{"ssd", [] { return std::unique_ptr<TierUnderTest>(new SsdTierUnderTest); },
+              /*needs_redis=*/false, /*reads_ranges=*/true, /*quotas=*/true},
         Param{"gpu", [] { return std::unique_ptr<TierUnderTest>(new GpuTierUnderTest); }},
         Param{"remote", [] { return std::unique_ptr<TierUnderTest>(new RemoteTierUnderTest); },
               /*needs_redis=*/true}),
