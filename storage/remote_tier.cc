@@ -170,7 +170,7 @@ void RemoteTier::WriterLoop() {
   }
 }
 
-void RemoteTier::Observe(const absl::Status& s) {
+void RemoteTier::Observe(const absl::Status& s) const {
   if (absl::IsUnavailable(s)) health_.Failed(s);
 }
 
@@ -445,23 +445,22 @@ std::vector<absl::Status> RemoteTier::ReadPayloads(absl::Span<const ChunkId> ids
 std::vector<bool> RemoteTier::ContainsMany(absl::Span<const ChunkId> ids) const {
   // A round trip; what it touches (the cluster's connections, health) is synchronised
   // inside, as for every other read of this tier.
-  RemoteTier* self = const_cast<RemoteTier*>(this);
   std::vector<bool> out(ids.size(), false);
-  if (ids.empty() || !self->health_.Allow()) return out;
+  if (ids.empty() || !health_.Allow()) return out;
   const std::vector<std::string> keys = RecordKeys(options_.key_prefix, ids);
   const std::vector<RedisCommand> commands = OnePerKey("EXISTS", keys);
-  auto replies = self->cluster_->Execute(commands);
+  auto replies = cluster_->Execute(commands);
   bool reached = false, unreachable = false;
   for (size_t i = 0; i < replies.size(); ++i) {
     if (!replies[i].ok()) {
-      self->Observe(replies[i].status());
+      Observe(replies[i].status());
       unreachable = true;
       continue;
     }
     reached = true;
     out[i] = (*replies[i])->type == REDIS_REPLY_INTEGER && (*replies[i])->integer == 1;
   }
-  if (reached && !unreachable) self->health_.Succeeded();
+  if (reached && !unreachable) health_.Succeeded();
   return out;
 }
 

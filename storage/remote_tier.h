@@ -180,11 +180,11 @@ class RemoteTier final : public StorageTier {
   // Deletes segments [0, n) of `generation` (a write that did not commit).
   void DeleteSegments(const ChunkId& id, uint64_t generation, uint32_t n);
   // Counts `s` against health when it says the cluster was unreachable.
-  void Observe(const absl::Status& s);
+  void Observe(const absl::Status& s) const;
 
   const RemoteTierOptions options_;
   std::unique_ptr<RedisCluster> cluster_;
-  RemoteHealth health_;
+  mutable RemoteHealth health_;  // Reads through const StorageTier calls count too.
 
   mutable absl::Mutex mu_;
   std::deque<Job> queue_ ABSL_GUARDED_BY(mu_);

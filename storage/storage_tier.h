@@ -180,8 +180,8 @@ class StorageTier {
   // Counts a hit for a chunk about to be read with ReadRange (Read counts its own).
   virtual void CountRangedRead() {}
   // A caller found this tier's copy of a chunk corrupt (a frame's checksum): the tier
-  // drops the copy and counts it. Returns DataLoss, for the caller to pass on. The
-  // default deletes the copy.
+  // drops the copy (and counts it, where it counts checksum failures: SSD). Returns
+  // DataLoss, for the caller to pass on. The default deletes the copy.
   virtual absl::Status DropCorrupt(const ChunkId& id);
 
   // Upkeep the store runs on its schedule: drops chunks past their TTL; returns how
@@ -195,7 +195,9 @@ class StorageTier {
   // evicting their chunks in the policy's order until they hold at most `keep` (returns
   // what they hold afterwards). The defaults hold nothing and shrink nothing (a tier
   // no quota names: Unimplemented).
-  virtual uint64_t NamespacePayloadBytes(const absl::flat_hash_set<uint64_t>& ns) const { return 0; }
+  virtual uint64_t NamespacePayloadBytes(const absl::flat_hash_set<uint64_t>& ns) const {
+    return 0;
+  }
   virtual absl::StatusOr<uint64_t> ShrinkNamespaces(const absl::flat_hash_set<uint64_t>& ns,
                                                     uint64_t keep);
 };

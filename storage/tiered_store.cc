@@ -477,7 +477,7 @@ absl::StatusOr<ChunkView> TieredStore::Read(const ChunkId& id, bool stream) {
   std::optional<StringSink> buffer_sink;
   bool streamed = false;
   Promoter::Result below = promoter_->Read(id, [&](const ChunkMeta& meta) -> ChunkSink* {
-    if (stream) {
+    if (stream && backing_->reads_ranges()) {
       streamed = true;
       return nullptr;
     }

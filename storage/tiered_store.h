@@ -383,8 +383,9 @@ class TieredStore {
   // Evicts chunks of the namespaces `ns` from `tier` (kRam or kSsd), in that tier's
   // policy order, until they hold at most `keep` payload bytes there; returns what they
   // hold afterwards. RAM evicts only chunks that are clean, unpinned and unread; an SSD
-  // eviction takes the chunk off the daemon unless RAM still holds it. Errors:
-  // Unavailable (SSD rows could not be deleted).
+  // eviction takes the chunk off the daemon unless RAM still holds it; 0 where the
+  // daemon has no such tier. Errors: Unavailable (SSD rows could not be deleted),
+  // Unimplemented (a tier that keeps no quota).
   absl::StatusOr<uint64_t> ShrinkNamespaces(const absl::flat_hash_set<uint64_t>& ns, Tier tier,
                                             uint64_t keep);
   bool has_ssd_tier() const { return ssd_ != nullptr; }

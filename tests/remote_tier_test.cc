@@ -241,6 +241,10 @@ TEST_F(RemoteTierTest, AGetsMissingChunksAreFetchedTogetherAhead) {
   EXPECT_FALSE(RecordExists(Id(12)));
   EXPECT_EQ(b_->Locate(Id(99)), Tier::kNone);
   EXPECT_EQ(b_->GetStats().remote.hits, 4u);  // The reads above went to RAM, not Redis.
+  // The fetch gave back its claims on the chunks it missed: a reader asks again, and is
+  // answered (a claim kept would leave it waiting forever).
+  EXPECT_EQ(b_->Read(Id(12)).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(b_->Read(Id(99)).status().code(), absl::StatusCode::kNotFound);
 }
 
 TEST_F(RemoteTierTest, AChunkTwoStoresPutTravelsOnce) {

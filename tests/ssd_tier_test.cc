@@ -649,6 +649,20 @@ TEST_F(SsdTierTest, PayloadFileDeletedBehindTheDaemonsBack) {
   ExpectStored(Id(3), kMiB);
 }
 
+// A copy a caller found corrupt (a streamed frame's checksum) is deleted, counted as a
+// checksum failure, and stays gone across a reopen; the other chunks are untouched.
+TEST_F(SsdTierTest, DropCorruptDeletesCountsAndForgetsTheCopy) {
+  PutOk(Id(1), kMiB);
+  PutOk(Id(2), kMiB);
+  EXPECT_EQ(tier_->DropCorrupt(Id(1)).code(), absl::StatusCode::kDataLoss);
+  EXPECT_FALSE(tier_->Contains(Id(1)));
+  EXPECT_EQ(tier_->GetStats().checksum_failures, 1u);
+  ExpectStored(Id(2), kMiB);
+  Open();
+  EXPECT_FALSE(tier_->Contains(Id(1)));
+  ExpectStored(Id(2), kMiB);
+}
+
 TEST_F(SsdTierTest, BytesOfAPutCutOffBeforeItsRowAreReclaimed) {
   options_.file_bytes = 2 * kMiB;
   options_.io_bytes = kMiB;

@@ -15,6 +15,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
 #include "storage/crc32c.h"
@@ -36,6 +37,7 @@ using testing::RedisClusterProcess;
 constexpr uint64_t kMiB = 1 << 20;
 constexpr uint64_t kCapacity = 8 * kMiB;  // Of each tier that has one.
 constexpr uint64_t kNs = 0x51, kOtherNs = 0x52;
+constexpr uint64_t kUnknownNs = 0x53;  // No layout anywhere (the remote tier refuses it).
 
 std::string Payload(const ChunkId& id, uint64_t size) {
   std::string s(size, '\0');
@@ -133,7 +135,7 @@ struct RemoteTierUnderTest : TierUnderTest {
     o.cluster.tls = cluster->ClientTls();
     o.cluster.min_refresh_interval = absl::ZeroDuration();
     o.segment_bytes = 64 << 10;
-    o.batch_bytes = 128 << 10;  // ReadMany of 200 KiB chunks: a pipeline each.
+    o.batch_bytes = 450 << 10;  // ReadMany of ~210 KiB chunks: two per pipeline.
     o.layout_fingerprint = [](uint64_t ns) -> absl::StatusOr<uint64_t> {
       if (ns != kNs && ns != kOtherNs) return absl::NotFoundError("no such namespace");
       return ns * 1000003;
@@ -152,6 +154,7 @@ struct Param {
   bool needs_redis = false;
   bool reads_ranges = false;  // Streams a chunk a frame at a time (SSD).
   bool quotas = false;        // Keeps per-namespace bytes for tenants' quotas (RAM, SSD).
+  bool batches_reads = false;  // ReadMany fetches several chunks per round trip (remote).
 };
 
 void PrintTo(const Param& p, std::ostream* os) { *os << p.name; }
@@ -321,24 +324,25 @@ TEST_P(StorageTierTest, ContainsManyAnswersForEachChunkInOrder) {
   EXPECT_TRUE(tier_->ContainsMany({}).empty());
 }
 
-// ReadMany: each chunk into its own sink, each `done` once, a miss or a refused sink
-// stopping only its own chunk, and each chunk handed over before the last is asked for
-// (the store releases a chunk to its Get as it lands).
+// ReadMany: each chunk into its own sink, each `done` once, a miss, an unknown
+// namespace or a refused sink stopping only its own chunk, and each chunk handed over
+// before the last is asked for (the store releases a chunk to its Get as it lands). A
+// tier that batches asks for the sinks of a batch before any of its chunks lands.
 TEST_P(StorageTierTest, ReadManyReadsEachChunkIntoItsOwnSinkAndAnswersEachOnce) {
   const uint64_t size = 200 << 10;
   for (uint64_t i : {1, 2, 3, 4}) ASSERT_TRUE(Write(Id(i), size + i * 4096).ok());
-  const std::vector<ChunkId> ids = {Id(1), Id(9), Id(2), Id(3), Id(4)};
-  const size_t kRefused = 3;  // Id(3): sink_for gives it no sink.
+  const std::vector<ChunkId> ids = {Id(1), Id(9), Id(2), Id(3), Id(5, kUnknownNs), Id(4)};
+  const size_t kAbsent = 1, kRefused = 3, kUnknown = 4;  // Id(3): given no sink.
   std::vector<std::string> out(ids.size());
   std::vector<std::optional<StringSink>> sinks(ids.size());
   std::vector<int> answers(ids.size(), 0), asked(ids.size(), 0);
   std::vector<absl::StatusOr<ChunkMeta>> results(ids.size(), absl::UnknownError("no answer"));
-  bool first_before_last_asked = false;
+  std::vector<std::string> order;  // "ask i" and "done i", as they came.
   tier_->ReadMany(
       ids,
       [&](size_t i, const ChunkMeta& meta) -> ChunkSink* {
         ++asked[i];
-        if (i == ids.size() - 1) first_before_last_asked = answers[0] == 1;
+        order.push_back(absl::StrCat("ask ", i));
         if (i == kRefused) return nullptr;
         out[i].resize(meta.size);
         return &sinks[i].emplace(&out[i]);
@@ -346,14 +350,24 @@ TEST_P(StorageTierTest, ReadManyReadsEachChunkIntoItsOwnSinkAndAnswersEachOnce) 
       [&](size_t i, absl::StatusOr<ChunkMeta> meta) {
         ASSERT_LT(i, ids.size());
         ++answers[i];
+        order.push_back(absl::StrCat("done ", i));
         results[i] = std::move(meta);
       });
-  EXPECT_EQ(answers, (std::vector<int>{1, 1, 1, 1, 1}));
-  EXPECT_EQ(asked[1], 0) << "a sink asked for a chunk the tier does not hold";
-  EXPECT_TRUE(first_before_last_asked) << "the first chunk waited for the last";
-  EXPECT_EQ(results[1].status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(answers, (std::vector<int>{1, 1, 1, 1, 1, 1}));
+  EXPECT_EQ(asked[kAbsent], 0) << "a sink asked for a chunk the tier does not hold";
+  EXPECT_EQ(asked[kUnknown], 0) << "a sink asked for a chunk of an unknown namespace";
+  auto at = [&](const std::string& event) {
+    return std::find(order.begin(), order.end(), event) - order.begin();
+  };
+  EXPECT_LT(at("done 0"), at("ask 5")) << "the first chunk waited for the last";
+  if (GetParam().batches_reads) {
+    // Chunks 0 and 2 share a pipeline: both sinks are given before either lands.
+    EXPECT_LT(at("ask 2"), at("done 0")) << "chunks 0 and 2 were fetched one at a time";
+  }
+  EXPECT_EQ(results[kAbsent].status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(results[kUnknown].status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(results[kRefused].status().code(), absl::StatusCode::kResourceExhausted);
-  for (size_t i : {0, 2, 4}) {
+  for (size_t i : {0, 2, 5}) {
     ASSERT_TRUE(results[i].ok()) << "chunk " << i << ": " << results[i].status();
     EXPECT_EQ(results[i]->size, out[i].size());
     EXPECT_EQ(results[i]->crc32c, crc32c::Value(out[i]));
@@ -434,7 +448,8 @@ INSTANTIATE_TEST_SUITE_P(
               /*needs_redis=*/false, /*reads_ranges=*/true, /*quotas=*/true},
         Param{"gpu", [] { return std::unique_ptr<TierUnderTest>(new GpuTierUnderTest); }},
         Param{"remote", [] { return std::unique_ptr<TierUnderTest>(new RemoteTierUnderTest); },
-              /*needs_redis=*/true}),
+              /*needs_redis=*/true, /*reads_ranges=*/false, /*quotas=*/false,
+              /*batches_reads=*/true}),
     [](const ::testing::TestParamInfo<Param>& info) { return std::string(info.param.name); });
 
 }  // namespace
