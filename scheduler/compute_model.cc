@@ -43,4 +43,20 @@ ComputeCost ComputeModel::Estimate() const {
   return c;
 }
 
+ChosenCost ChooseComputeCost(const ComputeModel& model, const ComputeCost* estimate,
+                             const ComputeCost& fallback, uint32_t chunks) {
+  ChosenCost out;
+  out.cost = estimate != nullptr ? *estimate : fallback;
+  out.known = estimate != nullptr;
+  if (model.samples() < kTrustedFitSamples) return out;
+  const ComputeCost fit = model.Estimate();
+  if (estimate != nullptr && fit.Range(0, chunks) < 0.5 * estimate->Range(0, chunks)) {
+    return out;  // A burst, not the worker's pace.
+  }
+  out.cost = fit;
+  out.known = true;
+  out.from_fit = true;
+  return out;
+}
+
 }  // namespace kvtier

@@ -36,6 +36,25 @@ class ComputeModel {
   uint32_t min_i_ = UINT32_MAX, max_i_ = 0;
 };
 
+// What a Prefill session plans with, given its fit so far and the worker's own estimate
+// (if the Open carried one).
+struct ChosenCost {
+  ComputeCost cost;
+  bool known = false;     // From the worker's estimate or a trusted fit; else a prior.
+  bool from_fit = false;  // The fit was trusted (and may be folded into the prior).
+};
+// The fit is trusted from kTrustedFitSamples samples on. Progress that arrives in a
+// burst (a worker's host thread descheduled while its GPU ran ahead, or an Open that
+// reached the daemon late) has near-zero gaps and makes chunks look free, and a cost
+// too low stops the stream early: the worker then computes what the daemon would have
+// sent. So a fit that puts the request's `chunks` at under half of the worker's
+// estimate is taken for a burst, and the estimate stands. Without an estimate the fit
+// is trusted as it is (the prior is other workers' pace, which may be slower). Until
+// the fit has enough samples: the estimate, or else `fallback` with known = false.
+inline constexpr uint32_t kTrustedFitSamples = 4;
+ChosenCost ChooseComputeCost(const ComputeModel& model, const ComputeCost* estimate,
+                             const ComputeCost& fallback, uint32_t chunks);
+
 }  // namespace kvtier
 
 #endif  // KVTIER_SCHEDULER_COMPUTE_MODEL_H_

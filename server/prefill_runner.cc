@@ -307,17 +307,11 @@ Session::Progress Session::Snapshot() {
   p.busy_seconds = SecondsSince(last_progress_);
   p.client_closed = reader_done_;
   p.error = reader_error_;
-  // The fit is trusted only from four samples on: Progress that arrives in a burst (a
-  // worker stall, a late Open) makes the first gaps near zero and would make chunks
-  // look free. When the worker sent an estimate, a fit that claims the work is less
-  // than half of it is taken for such a burst, and the estimate stands.
-  const bool fit_ready = model_->samples() >= 4;
-  p.cost = fit_ready ? model_->Estimate() : open_cost_;
-  if (open_cost_given_ && fit_ready &&
-      p.cost.Range(0, h_) < 0.5 * open_cost_.Range(0, h_)) {
-    p.cost = open_cost_;
-  }
-  p.cost_known = open_cost_given_ || fit_ready;
+  // The fit once it is trusted; a burst of Progress does not make chunks look free.
+  const ChosenCost chosen =
+      ChooseComputeCost(*model_, open_cost_given_ ? &open_cost_ : nullptr, open_cost_, h_);
+  p.cost = chosen.cost;
+  p.cost_known = chosen.known;
   return p;
 }
 
@@ -470,7 +464,11 @@ grpc::Status Session::Finish(uint32_t first_streamed, v1::PrefillDone::Reason re
   }
   {
     absl::MutexLock lock(&mu_);
-    if (model_->samples() >= 2) runner_->estimators().RecordComputeFit(model_->Estimate());
+    // Only a fit this session trusted: a burst's must not make the next sessions'
+    // chunks look free too.
+    const ChosenCost chosen =
+        ChooseComputeCost(*model_, open_cost_given_ ? &open_cost_ : nullptr, open_cost_, h_);
+    if (chosen.from_fit) runner_->estimators().RecordComputeFit(chosen.cost);
   }
   if (!sent) return ToGrpcStatus(absl::CancelledError("client went away before Done"));
   return status;

@@ -56,6 +56,50 @@ TEST(ComputeModelTest, OnePositionKeepsPriorSlopeAndNoiseNeverGoesNegative) {
   EXPECT_NEAR(falling.Estimate().a, 0.2, 1e-12);
 }
 
+// The cost a Prefill session plans with. A 64-chunk request whose worker says 0.1 s a
+// chunk; Progress that came in a burst (one report at the worker's pace, then three at
+// once: its host thread was descheduled while the GPU ran ahead) fits to a quarter of
+// that and is not believed; a fit at the worker's real pace, even if faster than its
+// estimate, is.
+TEST(ChooseComputeCostTest, ABurstOfProgressDoesNotMakeChunksLookFree) {
+  const ComputeCost estimate{0.1, 0};
+  const ComputeCost prior{0.025, 0.0027};
+  ComputeModel burst(estimate);
+  burst.AddSample(0, 0.1);
+  for (uint32_t i = 1; i < 3; ++i) burst.AddSample(i, 0.0001);
+  ChosenCost c = ChooseComputeCost(burst, &estimate, prior, 64);
+  EXPECT_TRUE(c.known);
+  EXPECT_FALSE(c.from_fit);  // Three samples: not yet trusted.
+  EXPECT_DOUBLE_EQ(c.cost.a, 0.1);
+  burst.AddSample(3, 0.0001);
+  ASSERT_LT(burst.Estimate().Range(0, 64), 0.5 * estimate.Range(0, 64));
+  c = ChooseComputeCost(burst, &estimate, prior, 64);
+  EXPECT_FALSE(c.from_fit);  // A quarter of the worker's own estimate: a burst.
+  EXPECT_DOUBLE_EQ(c.cost.a, 0.1);
+  EXPECT_DOUBLE_EQ(c.cost.b, 0);
+
+  ComputeModel faster(estimate);  // The worker is in fact 0.07 s a chunk.
+  for (uint32_t i = 0; i < 4; ++i) faster.AddSample(i, 0.07);
+  c = ChooseComputeCost(faster, &estimate, prior, 64);
+  EXPECT_TRUE(c.from_fit);
+  EXPECT_NEAR(c.cost.Range(0, 64), 64 * 0.07, 1e-9);
+}
+
+TEST(ChooseComputeCostTest, WithoutAnEstimateTheFitIsTrustedOnceItHasEnoughSamples) {
+  const ComputeCost none{0, 0};
+  ComputeModel m(ComputeCost{0.025, 0.0027});
+  for (uint32_t i = 0; i + 1 < kTrustedFitSamples; ++i) m.AddSample(i, 0.001);
+  ChosenCost c = ChooseComputeCost(m, nullptr, none, 64);
+  EXPECT_FALSE(c.known);  // Nothing to plan with yet.
+  EXPECT_FALSE(c.from_fit);
+  EXPECT_EQ(c.cost.a, 0);
+  m.AddSample(kTrustedFitSamples - 1, 0.001);
+  c = ChooseComputeCost(m, nullptr, none, 64);
+  EXPECT_TRUE(c.known);
+  EXPECT_TRUE(c.from_fit);  // A fast worker's own pace, not another's prior.
+  EXPECT_NEAR(c.cost.Chunk(10), 0.001, 1e-9);
+}
+
 TEST(CakePlannerTest, MeetsWhereBothSidesFinishTogether) {
   // 10 chunks, each 0.1 s to stream; computing chunk i takes 0.05 + 0.01 i.
   std::vector<double> stream(10, 0.1);
