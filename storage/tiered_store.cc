@@ -481,12 +481,7 @@ absl::StatusOr<ChunkView> TieredStore::Read(const ChunkId& id, bool stream) {
       streamed = true;
       return nullptr;
     }
-    buffered_reads_->Enter();
-    buffer = std::shared_ptr<std::string>(new std::string(meta.size, '\0'),
-                                          [gate = buffered_reads_](std::string* b) {
-                                            delete b;
-                                            gate->Leave();
-                                          });
+    buffer = NewBufferedRead(meta.size);
     buffer_sink.emplace(buffer.get());
     return &*buffer_sink;
   });
@@ -536,12 +531,7 @@ absl::StatusOr<ChunkView> TieredStore::ReadRemote(const ChunkId& id) {
       room = *std::move(r);
       return &room_sink.emplace(room.get());
     }
-    buffered_reads_->Enter();
-    buffer = std::shared_ptr<std::string>(new std::string(m.size, '\0'),
-                                          [gate = buffered_reads_](std::string* b) {
-                                            delete b;
-                                            gate->Leave();
-                                          });
+    buffer = NewBufferedRead(m.size);
     return &buffer_sink.emplace(buffer.get());
   });
   // Unreachable, degraded, foreign or corrupt: all a miss to the caller, who computes
@@ -807,6 +797,17 @@ absl::Status TieredStore::DropCorrupt(const ChunkId& id) {
   // Only the streamed tier's copy goes; a RAM copy, if any, still serves.
   Emit(ChunkEventKind::kEvicted, id, backing_->tier());
   return backing_->DropCorrupt(id);
+}
+
+std::shared_ptr<std::string> TieredStore::NewBufferedRead(uint64_t size) {
+  // Leaves the gate when its last holder drops it; the gate is shared with the buffer,
+  // which a view may keep past the store.
+  buffered_reads_->Enter();
+  return std::shared_ptr<std::string>(new std::string(size, '\0'),
+                                      [gate = buffered_reads_](std::string* b) {
+                                        delete b;
+                                        gate->Leave();
+                                      });
 }
 
 StorageTier* TieredStore::TierOf(Tier tier) const {

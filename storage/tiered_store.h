@@ -442,6 +442,9 @@ class TieredStore {
   // A prefetch thread's job: promote `id` if it is still only on SSD, then stage it.
   void Prefetch(const ChunkId& id);
   void Emit(ChunkEventKind kind, const ChunkId& id, Tier tier);
+  // A heap buffer of `size` bytes for a read RAM has no room for, counted in
+  // max_buffered_reads (waits for a place) until its last holder drops it.
+  std::shared_ptr<std::string> NewBufferedRead(uint64_t size);
   // The tier of that kind among tiers_, or null.
   StorageTier* TierOf(Tier tier) const;
   // Frame buffers of streamed reads: recycled, so steady streaming does not map, fault
