@@ -17,18 +17,10 @@ out=${2:?usage: gpu_bundle.sh BUILD_DIR OUT_DIR}
 bins=(server/kvtierd tests/cuda_device_backend_test tests/daemon_gpu_test bench/gpu_bench
       bench/gpu_worker_bench)
 rm -rf "$out"
-mkdir -p "$out/bin" "$out/lib"
 for b in "${bins[@]}"; do
   test -x "$build/$b" || { echo "gpu_bundle: $build/$b is not built (CUDA toolkit?)" >&2; exit 1; }
-  strip --strip-unneeded -o "$out/bin/$(basename "$b")" "$build/$b"
 done
-# Every library the binaries load, glibc's own and the driver's left out.
-for b in "${bins[@]}"; do ldd "$build/$b"; done |
-  awk '$2 == "=>" && $3 ~ /^\// {print $3}' | sort -u |
-  grep -Ev '/(libc|libm|libdl|librt|libpthread|ld-linux-x86-64|libcuda)\.so' |
-  while read -r lib; do
-    strip --strip-unneeded -o "$out/lib/$(basename "$lib")" "$(readlink -f "$lib")"
-  done
+bash "$(dirname "$0")/bundle.sh" "$out" "${bins[@]/#/$build/}"
 cat > "$out/run.sh" <<'EOF'
 #!/usr/bin/env bash
 # The GPU checks from a bundle: the `gpu` tests, then the benchmarks. Into OUT: run.log

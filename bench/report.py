@@ -269,6 +269,46 @@ def security(res, w):
     write_notes(d, w)
 
 
+def manycore(res, w):
+    """The two CPU-bound misses on a larger host (bench/manycore_bundle.sh), from
+    bench/results/manycore/: the same cells pinned to 2 of its CPUs and on all of them."""
+    d = os.path.join(res, "manycore")
+    cells = [r for r in jsonl(os.path.join(d, "manycore.jsonl")) if r.get("kind") == "cell"]
+    if not cells:
+        return
+    w("## TLS and 2 MiB puts on 2 and on 16 CPUs of one host (issues 10 and 13)\n")
+    w("Issue 13's TLS ratio and issue 10's 2 MiB put against Redis SET miss on the 2-core VM "
+      "above, where client, daemon and cipher share two cores. These runs ask whether the "
+      "core count is the cause: the same cells on one larger host, first pinned to CPUs 0-1 "
+      "(`taskset`), then on all of its CPUs; kvtierd plaintext and TLS with "
+      "`bench/security.sh`'s arguments, Redis with `bench/run.sh`'s. Medians over the "
+      "rounds, GB/s. Commands:\n")
+    w("```\n" + rd(os.path.join(d, "command.txt")).strip() + "\n```\n")
+    w("Host: " + rd(os.path.join(d, "run.log")).splitlines()[0].replace("cpu: ", "") + ".\n")
+    med = {}
+    for r in cells:
+        tier, _, cpus = r["tier"].rpartition("-")
+        med.setdefault((cpus, tier, r["op"], int(r["chunk_mib"]), int(r["clients"])),
+                       []).append(r["gbps"])
+    runs = {k: len(v) for k, v in med.items()}
+    med = {k: statistics.median(v) for k, v in med.items()}
+    w("| CPUs | op | chunk | clients | plaintext | TLS | TLS / plaintext | Redis | "
+      "plaintext / Redis |")
+    w("|---|---|---|---|---|---|---|---|---|")
+    for cpus in sorted({k[0] for k in med}, key=lambda c: int(c.rstrip("cpu"))):
+        for op, c, n in sorted({k[2:] for k in med if k[0] == cpus}):
+            p, t, r = (med.get((cpus, tier, op, c, n)) for tier in ("plaintext", "tls", "redis"))
+            if not p:
+                continue
+            num = lambda x: f"{x:.3f}" if x else "-"
+            ratio = lambda a, b: f"{a / b:.2f}" if a and b else "-"
+            w(f"| {cpus.rstrip('cpu')} | {op} | {c} MiB | {n} | {num(p)} | {num(t)} | "
+              f"{ratio(t, p)} | {num(r)} | {ratio(p, r)} |")
+    w(f"\n{max(v for k, v in runs.items() if k[1] != 'redis')} rounds of kvtierd, "
+      f"{max(v for k, v in runs.items() if k[1] == 'redis')} of Redis, per CPU set.\n")
+    write_notes(d, w)
+
+
 def ssd_fio(res, w):
     """The SSD tier against fio, round by round (bench/ssd_fio.sh), from bench/results/ssd_fio/."""
     d = os.path.join(res, "ssd_fio")
@@ -865,6 +905,7 @@ def main():
     cache(res, w)
     ssd_fio(res, w)
     security(res, w)
+    manycore(res, w)
     overload(res, w)
     remote(res, w)
     gpu(res, w)
