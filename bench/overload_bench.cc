@@ -124,6 +124,9 @@ int main(int argc, char** argv) {
   const int oversized = static_cast<int>(Flag("oversized", 0));
   const uint64_t oversized_mib = Flag("oversized-mib", 256);
   const uint32_t chunk_mib = static_cast<uint32_t>(Flag("chunk-mib", 2));
+  // --header-wait=0: puts send their frames without waiting for the daemon's headers, so
+  // a Put waiting in line fills its stream window (an A/B of the client's choice).
+  const bool header_wait = Flag("header-wait", 1) != 0;
   const uint64_t total_bytes = Flag("times-pool", 10) * (ram_mib << 20);
   const std::string dir = StrFlag("data-dir", kvtier::testing::MakeTempDir("kvtierd-overload"));
   std::vector<std::string> args = {absl::StrCat("--ram-capacity=", ram_mib, "MiB"),
@@ -220,7 +223,7 @@ int main(int argc, char** argv) {
           auto w = stub->Put(&ctx, &resp);
           // Headers first: a refused stream then costs no payload bytes (as the C++
           // client does it).
-          w->WaitForInitialMetadata();
+          if (header_wait) w->WaitForInitialMetadata();
           for (uint64_t off = 0; off < chunk_bytes; off += frame_bytes) {
             if (!w->Write(frame(k, off))) break;
           }
