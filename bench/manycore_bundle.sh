@@ -7,6 +7,7 @@
 #
 #   bash bench/manycore_bundle.sh build DIR   # here: DIR/bin, DIR/lib, DIR/certs, DIR/run.sh
 #   bash DIR/run.sh OUT [ROUNDS]              # there: into OUT/manycore.jsonl and OUT/run.log
+#   bash DIR/pin.sh OUT [ROUNDS]              # there: where the threads run, into OUT/pin.jsonl
 #
 # The host needs none of this build's packages (bench/bundle.sh copies the libraries).
 set -euo pipefail
@@ -59,5 +60,37 @@ common=(--section=grid --tier=ram --ram-mib=2048 --hot-mib=512 --budget-mib=1024
 } 2>&1 | tee "$out/run.log"
 rm -rf "$work"
 EOS
-chmod +x "$out/run.sh"
+cat > "$out/pin.sh" <<'EOS'
+#!/usr/bin/env bash
+# Plaintext RAM-tier cells (2 and 32 MiB, 1 and 4 clients) with the client and the
+# daemon on chosen CPUs: both free on all CPUs, both on CPUs 0-1, the client on 0-1 and
+# the daemon on 2-3, each on four CPUs of its own. kv_bench starts kvtierd through
+# KVTIERD_BINARY, here a wrapper that pins it. Cells go to OUT/pin.jsonl, "tier" naming
+# the placement.
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+out=${1:?usage: pin.sh OUT [ROUNDS]}
+rounds=${2:-2}
+mkdir -p "$out"
+export LD_LIBRARY_PATH="$here/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+work=$(mktemp -d)
+all="0-$(($(nproc) - 1))"
+common=(--section=grid --tier=ram --ram-mib=2048 --hot-mib=512 --budget-mib=1024
+        --min-ops-per-client=3 --chunks=2,32 --clients=1,4 --json="$out/pin.jsonl")
+# placement: client CPUs, daemon CPUs.
+placements=("free $all $all" "shared2 0-1 0-1" "apart2 0-1 2-3" "apart4 0-3 4-7")
+for r in $(seq "$rounds"); do
+  for p in "${placements[@]}"; do
+    read -r name client daemon <<<"$p"
+    printf '#!/bin/sh\nexec taskset -c %s %s "$@"\n' "$daemon" "$here/bin/kvtierd" > "$work/kvtierd"
+    chmod +x "$work/kvtierd"
+    KVTIERD_BINARY="$work/kvtierd" timeout 120 taskset -c "$client" "$here/bin/kv_bench" \
+      "${common[@]}" --data-dir="$work/d" --label="$name" 2>>"$out/stderr.log" | grep '^| [a-z]'
+    rm -rf "$work/d"
+  done
+done 2>&1 | tee "$out/pin.log"
+cat /proc/sys/net/ipv4/tcp_available_ulp > "$out/ulp.txt" 2>&1
+rm -rf "$work"
+EOS
+chmod +x "$out/run.sh" "$out/pin.sh"
 du -sh "$out"

@@ -306,6 +306,24 @@ def manycore(res, w):
               f"{ratio(t, p)} | {num(r)} | {ratio(p, r)} |")
     w(f"\n{max(v for k, v in runs.items() if k[1] != 'redis')} rounds of kvtierd, "
       f"{max(v for k, v in runs.items() if k[1] == 'redis')} of Redis, per CPU set.\n")
+    pin = [r for r in jsonl(os.path.join(d, "pin.jsonl")) if r.get("kind") == "cell"]
+    if pin:
+        w("Where the threads run (`bash DIR/pin.sh OUT 2`, another lease of the same kind of "
+          "host): plaintext only, the client and the daemon free on all CPUs, both on CPUs "
+          "0-1, the client on 0-1 and the daemon on 2-3, each on four CPUs of its own. "
+          "Medians of the rounds, GB/s:\n")
+        places = list(dict.fromkeys(r["tier"] for r in pin))
+        pmed = {}
+        for r in pin:
+            pmed.setdefault((r["tier"], r["op"], int(r["chunk_mib"]), int(r["clients"])),
+                            []).append(r["gbps"])
+        w("| op | chunk | clients | " + " | ".join(places) + " |")
+        w("|---|---|---|" + "---|" * len(places))
+        for op, c, n in sorted({k[1:] for k in pmed}):
+            w(f"| {op} | {c} MiB | {n} | " + " | ".join(
+                f"{statistics.median(pmed[(p,) + (op, c, n)]):.3f}" if (p, op, c, n) in pmed
+                else "-" for p in places) + " |")
+        w("")
     write_notes(d, w)
 
 
