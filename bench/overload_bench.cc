@@ -15,8 +15,8 @@
 //
 //   overload_bench [--ram-mib=2048] [--streams=256] [--stalled=32] [--chunk-mib=2]
 //                  [--times-pool=10] [--idle-timeout-s=3] [--oversized=0]
-//                  [--oversized-mib=256] [--data-dir=DIR] [--daemon-args=a,b]
-//                  [--label=NAME] [--json=FILE]
+//                  [--oversized-mib=256] [--header-wait=1] [--data-dir=DIR]
+//                  [--daemon-args=a,b] [--label=NAME] [--json=FILE]
 //
 // Exits 1 if a put got any other status, or if a probe failed.
 #include <grpcpp/grpcpp.h>
@@ -113,8 +113,8 @@ int main(int argc, char** argv) {
     std::printf(
         "usage: overload_bench [--ram-mib=2048] [--streams=256] [--stalled=32] "
         "[--chunk-mib=2] [--times-pool=10] [--idle-timeout-s=3] [--oversized=0] "
-        "[--oversized-mib=256] [--data-dir=DIR] [--daemon-args=a,b] [--label=NAME] "
-        "[--json=FILE]\n");
+        "[--oversized-mib=256] [--header-wait=1] [--data-dir=DIR] [--daemon-args=a,b] "
+        "[--label=NAME] [--json=FILE]\n");
     return 0;
   }
   kvtier::bench::InitFlags(argc, argv);
