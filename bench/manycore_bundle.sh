@@ -17,6 +17,16 @@ rm -rf "$out"
 bash "$(dirname "$0")/bundle.sh" "$out" "$build/server/kvtierd" "$build/bench/kv_bench" \
   "$build/bench/redis_bench" "$(command -v redis-server)"
 bash "$(dirname "$0")/../tests/tls/make_test_certs.sh" "$out/certs" >/dev/null
+cat > "$out/common.sh" <<'EOS'
+# Sourced by run.sh and pin.sh: the bundle's libraries, a scratch folder, all CPUs, and
+# the RAM-tier cells both run (bench/security.sh's arguments).
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+export LD_LIBRARY_PATH="$here/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+work=$(mktemp -d)
+all="0-$(($(nproc) - 1))"
+common=(--section=grid --tier=ram --ram-mib=2048 --hot-mib=512 --budget-mib=1024
+        --min-ops-per-client=3 --chunks=2,32 --clients=1,4)
+EOS
 cat > "$out/run.sh" <<'EOS'
 #!/usr/bin/env bash
 # Rounds of: kvtierd plaintext and TLS (2 and 32 MiB chunks, 1 and 4 clients, the
@@ -24,17 +34,12 @@ cat > "$out/run.sh" <<'EOS'
 # bench/run.sh), first on CPUs 0-1 (taskset), then on all CPUs. Every cell is a line of
 # OUT/manycore.jsonl whose "tier" names the variant and the CPU set.
 set -uo pipefail
-here=$(cd "$(dirname "$0")" && pwd)
 out=${1:?usage: run.sh OUT [ROUNDS]}
 rounds=${2:-3}
 mkdir -p "$out"
-export LD_LIBRARY_PATH="$here/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+. "$(dirname "$0")/common.sh"
 export KVTIERD_BINARY="$here/bin/kvtierd"
-work=$(mktemp -d)
 json="$out/manycore.jsonl"
-all="0-$(($(nproc) - 1))"
-common=(--section=grid --tier=ram --ram-mib=2048 --hot-mib=512 --budget-mib=1024
-        --min-ops-per-client=3 --chunks=2,32 --clients=1,4)
 {
   echo "cpu: $(sed -n 's/^model name\s*: //p' /proc/cpuinfo | head -1), $(nproc) CPUs"
   for cpus in 0-1 "$all"; do
@@ -68,15 +73,11 @@ cat > "$out/pin.sh" <<'EOS'
 # KVTIERD_BINARY, here a wrapper that pins it. Cells go to OUT/pin.jsonl, "tier" naming
 # the placement.
 set -uo pipefail
-here=$(cd "$(dirname "$0")" && pwd)
 out=${1:?usage: pin.sh OUT [ROUNDS]}
 rounds=${2:-2}
 mkdir -p "$out"
-export LD_LIBRARY_PATH="$here/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-work=$(mktemp -d)
-all="0-$(($(nproc) - 1))"
-common=(--section=grid --tier=ram --ram-mib=2048 --hot-mib=512 --budget-mib=1024
-        --min-ops-per-client=3 --chunks=2,32 --clients=1,4 --json="$out/pin.jsonl")
+. "$(dirname "$0")/common.sh"
+common+=(--json="$out/pin.jsonl")
 # placement: client CPUs, daemon CPUs.
 placements=("free $all $all" "shared2 0-1 0-1" "apart2 0-1 2-3" "apart4 0-3 4-7")
 for r in $(seq "$rounds"); do
