@@ -113,6 +113,11 @@ std::unique_ptr<KvTierClient> MakeClient(const std::string& target, int i) {
   }
   o.malloc_arena_max = uint32_t(Flag("malloc-arena-max", 2));
   if (SharedPlane()) o.data_plane = kvtier::ClientOptions::DataPlane::kSharedMemory;
+  // --put-header-wait=always: every Put waits for the daemon's headers (the client's
+  // default, adaptive, skips the wait while the daemon says its Put places are free).
+  if (StrFlag("put-header-wait", "adaptive") == "always") {
+    o.put_header_wait = kvtier::ClientOptions::PutHeaderWait::kAlways;
+  }
   auto c = KvTierClient::Connect(target, o);
   if (!c.ok()) {
     std::fprintf(stderr, "connect: %s\n", c.status().ToString().c_str());
@@ -859,7 +864,7 @@ constexpr char kUsage[] =
     "                [--skip-puts=1] [--skip-gets=1]\n"
     "                [--tls-dir=DIR] [--tenants-file=FILE] [--token=T] [--label=NAME]\n"
     "                [--plane=grpc|shm] [--frame-kib=N] [--window-kib=N] [--malloc-pad-mib=N]\n"
-    "                [--malloc-arena-max=N]\n"
+    "                [--malloc-arena-max=N] [--put-header-wait=adaptive|always]\n"
     "                [--daemon-args=a,b] [--data-dir=DIR] [--json=FILE]\n"
     "Starts its own kvtierd and measures put/get throughput and latency; see the\n"
     "comment at the top of bench/kv_bench.cc and bench/run.sh for the sections.\n";

@@ -15,7 +15,7 @@
 //
 //   overload_bench [--ram-mib=2048] [--streams=256] [--stalled=32] [--chunk-mib=2]
 //                  [--times-pool=10] [--idle-timeout-s=3] [--oversized=0]
-//                  [--oversized-mib=256] [--header-wait=1] [--data-dir=DIR]
+//                  [--oversized-mib=256] [--header-wait=2] [--data-dir=DIR]
 //                  [--daemon-args=a,b] [--label=NAME] [--json=FILE]
 //
 // Exits 1 if a put got any other status, or if a probe failed.
@@ -113,7 +113,7 @@ int main(int argc, char** argv) {
     std::printf(
         "usage: overload_bench [--ram-mib=2048] [--streams=256] [--stalled=32] "
         "[--chunk-mib=2] [--times-pool=10] [--idle-timeout-s=3] [--oversized=0] "
-        "[--oversized-mib=256] [--header-wait=1] [--data-dir=DIR] [--daemon-args=a,b] "
+        "[--oversized-mib=256] [--header-wait=2] [--data-dir=DIR] [--daemon-args=a,b] "
         "[--label=NAME] [--json=FILE]\n");
     return 0;
   }
@@ -124,9 +124,11 @@ int main(int argc, char** argv) {
   const int oversized = static_cast<int>(Flag("oversized", 0));
   const uint64_t oversized_mib = Flag("oversized-mib", 256);
   const uint32_t chunk_mib = static_cast<uint32_t>(Flag("chunk-mib", 2));
-  // --header-wait=0: puts send their frames without waiting for the daemon's headers, so
-  // a Put waiting in line fills its stream window (an A/B of the client's choice).
-  const bool header_wait = Flag("header-wait", 1) != 0;
+  // When a put stream sends its frames: --header-wait=1 after the daemon's headers,
+  // 0 at once (a Put waiting in line fills its stream window), 2 as the C++ client does
+  // by default: at once only after this thread's last Put was told kvtier-put-places:
+  // free (an A/B of the client's choice).
+  const int header_wait = static_cast<int>(Flag("header-wait", 2));
   const uint64_t total_bytes = Flag("times-pool", 10) * (ram_mib << 20);
   const std::string dir = StrFlag("data-dir", kvtier::testing::MakeTempDir("kvtierd-overload"));
   std::vector<std::string> args = {absl::StrCat("--ram-capacity=", ram_mib, "MiB"),
@@ -216,19 +218,25 @@ int main(int argc, char** argv) {
       setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), 19);
       auto* stub = stubs[t % kChannels].get();
       std::mt19937 rng(static_cast<uint32_t>(t));
+      bool places_free = false;  // This thread's last Put was told "free".
       for (uint64_t k; (k = next_chunk.fetch_add(1)) < chunks_total;) {
         for (int attempt = 0; attempt < 1000; ++attempt) {
           grpc::ClientContext ctx;
           kvtier::v1::PutResponse resp;
           auto w = stub->Put(&ctx, &resp);
-          // Headers first: a refused stream then costs no payload bytes (as the C++
-          // client does it).
-          if (header_wait) w->WaitForInitialMetadata();
+          // Headers first, unless the daemon said places were free: a refused stream
+          // then costs no payload bytes (as the C++ client does it).
+          if (header_wait == 1 || (header_wait == 2 && !places_free)) {
+            w->WaitForInitialMetadata();
+          }
           for (uint64_t off = 0; off < chunk_bytes; off += frame_bytes) {
             if (!w->Write(frame(k, off))) break;
           }
           w->WritesDone();
           grpc::Status s = w->Finish();
+          auto places = ctx.GetServerTrailingMetadata().find("kvtier-put-places");
+          places_free = places != ctx.GetServerTrailingMetadata().end() &&
+                        places->second == "free";
           puts.Add(s.error_code(), s.error_message());
           if (s.ok()) stored_bytes += chunk_bytes * resp.chunks_stored();
           if (s.error_code() != grpc::StatusCode::RESOURCE_EXHAUSTED) break;

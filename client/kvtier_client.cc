@@ -73,13 +73,15 @@ absl::StatusOr<Resp> CallUnary(
 }
 
 // How long to wait before opening again a Put the daemon refused at admission; nullopt
-// when it was not such a refusal (bytes were sent, another code, no kvtier-retry-after-ms
-// hint), retries are off, or the wait would pass `deadline`. The hint, doubled for each
-// refusal in a row up to 1 s, with jitter so that refused clients do not return together.
+// when it was not such a refusal (another code, no kvtier-retry-after-ms hint), retries
+// are off, or the wait would pass `deadline`. The daemon adds the hint only to a refusal
+// that comes before it reads any frame, so the Put is safe to send again whether or not
+// its frames had left this client. The hint, doubled for each refusal in a row up to
+// 1 s, with jitter so that refused clients do not return together.
 std::optional<absl::Duration> RefusalBackoff(bool enabled, const grpc::ClientContext& ctx,
-                                             const grpc::Status& status, uint64_t sent,
-                                             int attempt, absl::Time deadline) {
-  if (!enabled || sent != 0 || status.error_code() != grpc::StatusCode::RESOURCE_EXHAUSTED) {
+                                             const grpc::Status& status, int attempt,
+                                             absl::Time deadline) {
+  if (!enabled || status.error_code() != grpc::StatusCode::RESOURCE_EXHAUSTED) {
     return std::nullopt;
   }
   const auto& trailers = ctx.GetServerTrailingMetadata();
@@ -388,6 +390,13 @@ absl::StatusOr<std::unique_ptr<KvTierClient>> KvTierClient::Connect(
       new KvTierClient(target, std::move(options), std::move(channel)));
 }
 
+void KvTierClient::NotePutPlaces(const grpc::ClientContext& ctx) {
+  const auto& trailers = ctx.GetServerTrailingMetadata();
+  auto it = trailers.find("kvtier-put-places");
+  const bool free = it != trailers.end() && it->second == "free";
+  put_places_free_.store(free, std::memory_order_relaxed);
+}
+
 void KvTierClient::PrepareContext(grpc::ClientContext* ctx) const {
   // absl::ToChronoTime maps InfiniteFuture to time_point::max(), which gRPC reads as
   // "no deadline".
@@ -599,7 +608,11 @@ absl::StatusOr<PutResult> KvTierClient::Put(uint64_t namespace_id,
                                                                       &ctx, &response_bytes));
     // The daemon sends headers as soon as it accepts the stream; one refused at admission
     // gets its status instead, and Finish below reports it before any payload is sent.
-    writer->WaitForInitialMetadata();
+    // Skipped while the daemon says its Put places are free (put_header_wait).
+    if (options_.put_header_wait == ClientOptions::PutHeaderWait::kAlways ||
+        !put_places_free_.load(std::memory_order_relaxed)) {
+      writer->WaitForInitialMetadata();
+    }
 
     v1::PutFrame frame;  // Every field but data.
     frame.set_namespace_id(namespace_id);
@@ -684,10 +697,12 @@ absl::StatusOr<PutResult> KvTierClient::Put(uint64_t namespace_id,
     // A failed WritesDone means the stream is already broken; Finish reports the cause.
     if (!broken) broken = !writer->WritesDone();
     grpc::Status status = writer->Finish();
+    NotePutPlaces(ctx);
     if (!status.ok()) {
-      // Refused at admission (nothing sent, a retry hint): back off as the hint says,
+      // Refused at admission (nothing read, a retry hint): back off as the hint says,
       // doubling with jitter as refusals repeat, and open the stream again.
-      if (std::optional<absl::Duration> wait = RefusalBackoff(options_.retry_refused_puts, ctx, status, sent, attempt, deadline)) {
+      if (std::optional<absl::Duration> wait =
+              RefusalBackoff(options_.retry_refused_puts, ctx, status, attempt, deadline)) {
         absl::SleepFor(*wait);
         continue;
       }

@@ -60,10 +60,19 @@ struct ClientOptions {
   // so this also bounds the largest transfer; raise it for multi-GiB batches.
   absl::Duration rpc_deadline = absl::Seconds(60);
   // A Put the daemon refuses at admission (RESOURCE_EXHAUSTED with a
-  // kvtier-retry-after-ms hint, before any byte is sent: its Put streams are all taken)
+  // kvtier-retry-after-ms hint, before it read any frame: its Put streams are all taken)
   // is opened again after the hinted wait, doubled with jitter as refusals repeat,
   // until rpc_deadline; then the refusal is returned. False: returned at once.
   bool retry_refused_puts = true;
+  // When a Put sends its first frame. kAdaptive: at once while the daemon's last Put
+  // answer to this client said its Put places were free (trailer kvtier-put-places),
+  // else after the daemon's headers, so that a Put waiting in the daemon's line or
+  // refused there costs no payload bytes. The wait is one round trip per Put (14-26% of
+  // a 2 MiB put on loopback); under overload it keeps refused and waiting Puts from
+  // filling their stream windows in the daemon (bench/RESULTS.md, optimisation log).
+  // kAlways: every Put waits for the headers.
+  enum class PutHeaderWait { kAdaptive, kAlways };
+  PutHeaderWait put_header_wait = PutHeaderWait::kAdaptive;
   // gRPC's limit on one message, sent or received (bytes). 64 MiB, well above a frame.
   int max_message_bytes = 64 << 20;
   // If > 0, Connect() waits this long for the channel to be ready and fails with
@@ -461,6 +470,9 @@ class KvTierClient {
  private:
   KvTierClient(std::string target, ClientOptions options,
                std::shared_ptr<grpc::Channel> channel);
+  // Takes a finished Put's kvtier-put-places trailer: the next Put skips the header
+  // wait only after "free" (ClientOptions::put_header_wait).
+  void NotePutPlaces(const grpc::ClientContext& ctx);
   // GetStreamRaw over shared memory: the bytes land in `staging` (key i at
   // i * key_bytes) and `on_frame` gets views of them. Error kUnimplemented: not
   // applicable (stream instead).
@@ -481,6 +493,9 @@ class KvTierClient {
   const std::string target_;
   const ClientOptions options_;
   std::atomic<uint32_t> daemon_max_frame_{0};  // RegisterLayoutResponse.max_frame_bytes.
+  // The last Put's kvtier-put-places trailer said "free": the next Put need not wait for
+  // the headers (ClientOptions::put_header_wait).
+  std::atomic<bool> put_places_free_{false};
   // The stub also holds a reference to the channel; keeping one here makes the
   // channel's lifetime visibly the client's.
   const std::shared_ptr<grpc::Channel> channel_;

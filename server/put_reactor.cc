@@ -57,6 +57,7 @@ PutReactor::PutReactor(grpc::CallbackServerContext* ctx, grpc::ByteBuffer* respo
 
 void PutReactor::Begin(StreamLimiter* put_streams) {
   if (finished_early_) return;
+  put_streams_ = put_streams;
   if (put_streams == nullptr) {
     StartReading();
     return;
@@ -111,6 +112,12 @@ void PutReactor::RefusePlace(const absl::Status& refusal) {
   ctx_->AddTrailingMetadata("kvtier-retry-after-ms", "100");
   ReleasePlaces();
   Finish(scope_.Done(ToGrpcStatus(refusal)));
+}
+
+void PutReactor::TellPlaces() {
+  // After this call's own place went back: a client alone on the daemon hears "free".
+  const bool free = put_streams_ == nullptr || put_streams_->Plentiful();
+  ctx_->AddTrailingMetadata("kvtier-put-places", free ? "free" : "scarce");
 }
 
 void PutReactor::WatchForStalls(StallReaper* reaper) {
@@ -416,6 +423,7 @@ void PutReactor::EndOfStream() {
   grpc::Slice slice(bytes);
   *response_ = grpc::ByteBuffer(&slice, 1);
   ReleasePlaces();
+  TellPlaces();
   Finish(scope_.Done(grpc::Status::OK));
 }
 
@@ -424,6 +432,7 @@ void PutReactor::Fail(const absl::Status& status) {
   region_.reset();
   device_region_.reset();
   ReleasePlaces();
+  TellPlaces();
   Finish(scope_.Done(ToGrpcStatus(absl::Status(
       status.code(),
       absl::StrCat(status.message(), " [", resp_.chunks_stored(),

@@ -96,6 +96,10 @@ class PutReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>,
   void WaitRefused(absl::Status refusal) override;
   // Sends the headers and reads the first frame.
   void StartReading();
+  // Adds the kvtier-put-places trailer to a call that read its frames: "free" when the
+  // Put places are plentiful (StreamLimiter::Plentiful), so the client may send its next
+  // Put without waiting for the headers; "scarce" otherwise.
+  void TellPlaces();
   // Answers a put that never got a place: RESOURCE_EXHAUSTED with the retry hint.
   void RefusePlace(const absl::Status& refusal);
 
@@ -169,6 +173,7 @@ class PutReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>,
   // before the client can see its status: a client's next call finds them free.
   StreamLimiter::Ticket place_;
   StreamLimiter::Ticket put_place_;
+  StreamLimiter* put_streams_ = nullptr;  // Begin's; null: no bound.
   bool finished_early_ = false;  // The constructor finished the call (no store yet).
   StallReaper::Watched stall_;
   TenantQuotas* quotas_ = nullptr;

@@ -1,5 +1,7 @@
 #include "server/stream_limiter.h"
 
+#include <algorithm>
+
 #include <utility>
 #include <vector>
 
@@ -202,6 +204,14 @@ void StreamLimiter::ExpireLoop() {
 uint32_t StreamLimiter::waiting() const {
   absl::MutexLock lock(&mu_);
   return static_cast<uint32_t>(line_.size());
+}
+
+bool StreamLimiter::Plentiful() const {
+  if (max_ == 0) return true;
+  if (has_line() && waiting() != 0) return false;
+  const uint32_t open = open_.load(std::memory_order_relaxed);
+  const uint32_t free = open >= max_ ? 0 : max_ - open;
+  return free >= std::max<uint32_t>(2, (max_ + 3) / 4);
 }
 
 uint32_t StreamLimiter::open(const std::string& tenant) const {

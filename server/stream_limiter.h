@@ -132,6 +132,11 @@ class StreamLimiter {
   uint32_t open() const { return open_.load(std::memory_order_relaxed); }
   uint32_t open(const std::string& tenant) const;
   uint32_t max_streams() const { return max_; }
+  // Whether places are plentiful now: no bound, or nobody waiting in the line and at
+  // least a quarter of the places (and at least 2) free. The daemon tells Put clients
+  // so on each Put's trailers (kvtier-put-places), and they skip waiting for a Put's
+  // headers while it holds.
+  bool Plentiful() const;
 
  private:
   // Counts a daemon-wide place as taken if one is free (no refusal counted).

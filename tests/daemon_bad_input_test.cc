@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <atomic>
 #include <thread>
 
 #include "absl/strings/match.h"
@@ -748,6 +749,107 @@ TEST_F(BadInputTest, PutStreamsPastMaxPutBufferWaitInLineForAPlace) {
   EXPECT_EQ(l->tiers[0], v1::TIER_UNSPECIFIED);
   EXPECT_EQ(l->tiers[1], v1::TIER_UNSPECIFIED);
   EXPECT_NE(l->tiers[2], v1::TIER_UNSPECIFIED);
+}
+
+// Each Put the daemon reads to its end says on its trailers whether its Put places are
+// plentiful (kvtier-put-places: free / scarce). The C++ client sends its next Put's
+// frames without waiting for the headers only after "free": such a Put, meeting a full
+// daemon, has its frames in gRPC's window while it waits in line; one after "scarce"
+// (or from a client that always waits) sends nothing until it gets a place. Both are
+// stored once places come back.
+TEST_F(BadInputTest, PutsSkipTheHeaderWaitOnlyAfterTheDaemonSaidPlacesAreFree) {
+  // 2 places (2 MiB window + 256 KiB frame each), a line of 2 that does not expire.
+  Start({"--max-put-buffer=5MiB", "--max-put-waiters=2", "--put-wait=120s",
+         "--put-place-idle=0"});
+  const std::string data = PatternBytes(7, kChunk);
+  const uint32_t crc = crc32c::Value(data);
+  // A whole chunk on a raw stream; returns the trailer.
+  auto raw_put = [&](uint64_t key) {
+    grpc::ClientContext ctx;
+    v1::PutResponse resp;
+    auto w = client_->stub()->Put(&ctx, &resp);
+    for (uint64_t off = 0; off < kChunk; off += kFrameLimit) {
+      const bool last = off + kFrameLimit == kChunk;
+      EXPECT_TRUE(w->Write(Frame(KeyOf(key), off, data.substr(off, kFrameLimit),
+                                 last ? std::optional<uint32_t>(crc) : std::nullopt)));
+    }
+    w->WritesDone();
+    EXPECT_TRUE(w->Finish().ok());
+    auto it = ctx.GetServerTrailingMetadata().find("kvtier-put-places");
+    return it == ctx.GetServerTrailingMetadata().end()
+               ? std::string("(none)")
+               : std::string(it->second.data(), it->second.size());
+  };
+  EXPECT_EQ(raw_put(1), "free") << "both places free";
+  std::vector<std::unique_ptr<OpenPut>> holders;
+  auto release_all = [&] {
+    for (auto& h : holders) {
+      h->ctx.TryCancel();
+      h->w->Finish().IgnoreError();
+    }
+    holders.clear();
+  };
+  holders.push_back(HoldPutPlace(10, data));
+  EXPECT_EQ(raw_put(2), "scarce") << "one of two places free";
+  release_all();
+  ASSERT_TRUE(Eventually([&] { return Metric("kvtier_put_streams_open") == 0; }));
+
+  ClientOptions adaptive;  // The default.
+  adaptive.max_frame_bytes = kFrameLimit;
+  ClientOptions always = adaptive;
+  always.put_header_wait = ClientOptions::PutHeaderWait::kAlways;
+  auto skipper = KvTierClient::Connect(daemon_->target(), adaptive);
+  auto waiter = KvTierClient::Connect(daemon_->target(), always);
+  ASSERT_TRUE(skipper.ok() && waiter.ok());
+  // Each says "free" to a client alone on the daemon.
+  for (auto* c : {skipper->get(), waiter->get()}) {
+    ChunkToPut chunk{KeyOf(c == skipper->get() ? 3 : 4), data, 256};
+    ASSERT_TRUE(c->Put(ns_, {&chunk, 1}).ok());
+  }
+  for (int i = 0; i < 2; ++i) holders.push_back(HoldPutPlace(10 + i, data));
+  ASSERT_EQ(Metric("kvtier_put_streams_open"), 2);
+  std::atomic<uint64_t> skipper_sent{0}, waiter_sent{0};
+  absl::StatusOr<PutResult> skipped, waited;
+  ChunkToPut c5{KeyOf(5), data, 256}, c6{KeyOf(6), data, 256};
+  std::thread t5([&] {
+    skipped = (*skipper)->Put(ns_, {&c5, 1}, [&](uint64_t sent, uint64_t) { skipper_sent = sent; });
+  });
+  // In line, and every byte of it already sent: it did not wait for headers.
+  ASSERT_TRUE(Eventually([&] {
+    return Metric("kvtier_put_streams_waiting") == 1 && skipper_sent.load() == kChunk;
+  })) << skipper_sent.load();
+  std::thread t6([&] {
+    waited = (*waiter)->Put(ns_, {&c6, 1}, [&](uint64_t sent, uint64_t) { waiter_sent = sent; });
+  });
+  ASSERT_TRUE(Eventually([&] { return Metric("kvtier_put_streams_waiting") == 2; }));
+  EXPECT_EQ(waiter_sent.load(), 0u) << "a client that always waits sends nothing in line";
+  release_all();
+  t5.join();
+  t6.join();
+  ASSERT_TRUE(skipped.ok()) << skipped.status();
+  ASSERT_TRUE(waited.ok()) << waited.status();
+  EXPECT_EQ(skipped->stored, 1u);
+  EXPECT_EQ(waited->stored, 1u);
+  ASSERT_TRUE(Eventually([&] { return Metric("kvtier_put_streams_open") == 0; }));
+
+  // After "scarce" the adaptive client waits again.
+  holders.push_back(HoldPutPlace(10, data));
+  ChunkToPut c7{KeyOf(7), data, 256}, c8{KeyOf(8), data, 256};
+  ASSERT_TRUE((*skipper)->Put(ns_, {&c7, 1}).ok());  // Told "scarce": one place held.
+  holders.push_back(HoldPutPlace(11, data));
+  std::atomic<uint64_t> sent8{0};
+  absl::StatusOr<PutResult> put8;
+  std::thread t8([&] {
+    put8 = (*skipper)->Put(ns_, {&c8, 1}, [&](uint64_t sent, uint64_t) { sent8 = sent; });
+  });
+  ASSERT_TRUE(Eventually([&] { return Metric("kvtier_put_streams_waiting") == 1; }));
+  EXPECT_EQ(sent8.load(), 0u) << "after scarce, the client waits for its headers";
+  release_all();
+  t8.join();
+  ASSERT_TRUE(put8.ok()) << put8.status();
+  auto l = client_->Lookup(ns_, std::vector<ChunkKey>{KeyOf(5), KeyOf(6), KeyOf(7), KeyOf(8)});
+  ASSERT_TRUE(l.ok()) << l.status();
+  for (int i = 0; i < 4; ++i) EXPECT_NE(l->tiers[i], v1::TIER_UNSPECIFIED) << i;
 }
 
 // A Put that holds a place and sends nothing for put_place_idle while another waits in

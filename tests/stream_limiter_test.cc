@@ -151,6 +151,42 @@ TEST(StreamLimiterLineTest, APlaceGivenBackGoesToTheFirstWaiterInLine) {
   EXPECT_EQ(w1.told + w2.told + w3.told, 2) << "each waiter told once, w3 never";
 }
 
+// Plentiful (what each Put's kvtier-put-places trailer says): always without a bound;
+// with one, while nobody waits and a quarter of the places (at least 2) are free.
+TEST(StreamLimiterLineTest, PlacesArePlentifulWhileAQuarterAreFreeAndNobodyWaits) {
+  EXPECT_TRUE(StreamLimiter(0, nullptr).Plentiful());
+  EXPECT_FALSE(StreamLimiter(1, nullptr).Plentiful()) << "one place is never two free";
+  Lined l(8, 2);
+  StreamLimiter& limiter = *l.limiter;
+  EXPECT_TRUE(limiter.Plentiful());
+  std::vector<StreamLimiter::Ticket> held;
+  for (int i = 0; i < 6; ++i) held.push_back(*limiter.TryAcquire());
+  EXPECT_TRUE(limiter.Plentiful()) << "2 of 8 free";
+  held.push_back(*limiter.TryAcquire());
+  EXPECT_FALSE(limiter.Plentiful()) << "1 of 8 free";
+  held.pop_back();
+  EXPECT_TRUE(limiter.Plentiful());
+  // A waiter in line makes them scarce, however many are free when it is granted.
+  held.push_back(*limiter.TryAcquire());
+  held.push_back(*limiter.TryAcquire());
+  TestWaiter w;
+  auto in = limiter.TryAcquireOrWait(&w);
+  ASSERT_TRUE(in.ok());
+  ASSERT_FALSE(in->has_value());
+  held.resize(5);  // 3 given back: the first goes to the waiter.
+  EXPECT_TRUE(w.granted());
+  EXPECT_EQ(limiter.open(), 6u);
+  EXPECT_TRUE(limiter.Plentiful()) << "the line is empty again, 2 of 8 free";
+  held.push_back(*limiter.TryAcquire());
+  TestWaiter w2;
+  held.push_back(*limiter.TryAcquire());
+  auto in2 = limiter.TryAcquireOrWait(&w2);
+  ASSERT_TRUE(in2.ok());
+  ASSERT_FALSE(in2->has_value());
+  EXPECT_FALSE(limiter.Plentiful()) << "someone waits";
+  EXPECT_TRUE(limiter.Leave(&w2));
+}
+
 TEST(StreamLimiterLineTest, AWaiterIsRefusedAfterMaxWaitAndOnlyThen) {
   Lined l(1, 4);
   StreamLimiter& limiter = *l.limiter;
