@@ -202,6 +202,35 @@ def cache(res, w):
     write_notes(d, w)
 
 
+def security_ceiling(rows, med, w):
+    """tls_ceiling_bench's rows (bench/security.sh runs it after the grid): loopback TCP
+    against OpenSSL TLS 1.3 between two processes, no gRPC."""
+    ceil = [r for r in rows if r.get("kind") == "tls_ceiling"]
+    if not ceil:
+        return
+    by = {}
+    for r in ceil:
+        by.setdefault(r["variant"], []).append(r)
+    m = lambda v, f: statistics.median(r[f] for r in by[v])
+    tcp = m("tcp", "gbps") if "tcp" in by else None
+    grid = med.get(("plaintext", "get", 32, 1))
+    w(f"The ceiling of any TLS path on this machine, in the same script: `tls_ceiling_bench` "
+      f"moves {ceil[0]['bytes'] / 2**30:.0f} GiB in {ceil[0]['message_bytes'] / 2**20:.0f} MiB "
+      f"messages from one process to another over loopback, plain TCP or TLS 1.3 "
+      f"(OpenSSL), with no gRPC and no daemon; medians of {len(by.get('tcp', []))} "
+      f"interleaved rounds. The last column compares each with the grid's plaintext get "
+      f"(32 MiB, 1 client) above:\n")
+    w("| transport | GB/s | / TCP | sender / receiver CPU s per GB | / plaintext get above |")
+    w("|---|---|---|---|---|")
+    for v in ("tcp", "tls-aes256", "tls-aes128"):
+        if v not in by:
+            continue
+        g = m(v, "gbps")
+        w(f"| {v} | {g:.3f} | {g / tcp:.2f} | {m(v, 'send_cpu_s_per_gb'):.2f} / "
+          f"{m(v, 'recv_cpu_s_per_gb'):.2f} | " + (f"{g / grid:.2f}" if grid else "-") + " |")
+    w("")
+
+
 def security(res, w):
     """TLS and tenants on the RAM tier (bench/security.sh), from bench/results/security/."""
     d = os.path.join(res, "security")
@@ -237,6 +266,7 @@ def security(res, w):
         w(f"| {k[0]} | {k[1]} MiB | {k[2]} | {num(p)} | {num(t)} | {ratio(t)}{flag} | {num(tt)} | "
           f"{ratio(tt)} |")
     w(f"\n{runs} runs per variant.\n")
+    security_ceiling(rows, med, w)
     cpu = [r for r in cells if r.get("daemon_cpu_s")]
     if cpu:
         # CPU seconds per GB moved (user + system, over the cell), medians over the runs:

@@ -38,4 +38,11 @@ for r in $(seq "$ROUNDS"); do
   run tls_token --label=tls+token --tls-dir="$WORK/certs" --tenants-file="$WORK/tenants" \
     --token="$TOKEN"
 done
+# The ceiling of any TLS path here, in the same run: loopback TCP against OpenSSL TLS 1.3
+# between two processes, no gRPC.
+echo "$B/tls_ceiling_bench --tls-dir=$WORK/certs --rounds=$ROUNDS --json=$OUT/security.jsonl" |
+  sed "s|$B/|build/bench/|; s|$WORK|<tmp>|g" >> "$OUT/commands.txt"
+"$B/tls_ceiling_bench" --tls-dir="$WORK/certs" --rounds="$ROUNDS" --json="$OUT/security.jsonl" \
+  > "$OUT/ceiling.log" 2>&1
+cat "$OUT/ceiling.log" >&2
 echo "security: $(grep -c '"kind": *"cell"' "$OUT/security.jsonl") cells in $OUT/security.jsonl" >&2
