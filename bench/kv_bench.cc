@@ -108,6 +108,9 @@ std::unique_ptr<KvTierClient> MakeClient(const std::string& target, int i) {
   o.bearer_token = StrFlag("token", "");
   if (const int kib = Flag("frame-kib", 0); kib > 0) o.max_frame_bytes = uint32_t(kib) << 10;
   if (const int kib = Flag("window-kib", -1); kib >= 0) o.receive_window_bytes = kib << 10;
+  // --h2-frame-kib: the largest HTTP/2 DATA frame the daemon may send (0: gRPC's 16 KiB);
+  // the daemon's own is --daemon-args=--http2-max-frame=N.
+  if (const int kib = Flag("h2-frame-kib", -1); kib >= 0) o.http2_max_frame_bytes = kib << 10;
   if (const int mib = Flag("malloc-pad-mib", -1); mib >= 0) {
     o.malloc_top_pad_bytes = uint64_t(mib) << 20;
   }
@@ -864,7 +867,7 @@ constexpr char kUsage[] =
     "                [--skip-puts=1] [--skip-gets=1]\n"
     "                [--tls-dir=DIR] [--tenants-file=FILE] [--token=T] [--label=NAME]\n"
     "                [--plane=grpc|shm] [--frame-kib=N] [--window-kib=N] [--malloc-pad-mib=N]\n"
-    "                [--malloc-arena-max=N] [--put-header-wait=adaptive|always]\n"
+    "                [--malloc-arena-max=N] [--put-header-wait=adaptive|always] [--h2-frame-kib=N]\n"
     "                [--daemon-args=a,b] [--data-dir=DIR] [--json=FILE]\n"
     "Starts its own kvtierd and measures put/get throughput and latency; see the\n"
     "comment at the top of bench/kv_bench.cc and bench/run.sh for the sections.\n";

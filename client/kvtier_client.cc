@@ -189,6 +189,12 @@ absl::Status ClientOptions::Validate() const {
         "receive_window_bytes must be 0 or in [65536, 1073741824), got ",
         receive_window_bytes));
   }
+  if (http2_max_frame_bytes != 0 &&
+      (http2_max_frame_bytes < (16 << 10) || http2_max_frame_bytes >= (16 << 20))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "http2_max_frame_bytes must be 0 or in [16384, 16777216), got ",
+        http2_max_frame_bytes));
+  }
   if (malloc_top_pad_bytes > (1u << 30)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "malloc_top_pad_bytes must be at most 1073741824, got ", malloc_top_pad_bytes));
@@ -348,6 +354,9 @@ absl::StatusOr<std::unique_ptr<KvTierClient>> KvTierClient::Connect(
   if (options.receive_window_bytes > 0) {
     args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
     args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, options.receive_window_bytes);
+  }
+  if (options.http2_max_frame_bytes > 0) {
+    args.SetInt(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, options.http2_max_frame_bytes);
   }
   std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
   if (!options.tls_ca_file.empty()) {

@@ -173,6 +173,9 @@ const std::vector<Option>& Options() {
       SizeOption("stream_window",
                  "HTTP/2 receive window per stream: put bytes buffered ahead of the pool",
                  &DaemonConfig::stream_window),
+      SizeOption("http2_max_frame",
+                 "largest HTTP/2 DATA frame clients may send (gRPC's default: 16KiB)",
+                 &DaemonConfig::http2_max_frame),
       SizeOption("max_put_buffer",
                  "bytes gRPC may buffer for open Put streams outside the pool (each counts "
                  "stream_window + max_frame_size); 0: ram_capacity / 8, at most 8 streams "
@@ -477,6 +480,11 @@ absl::Status DaemonConfig::Validate() const {
   if (stream_window < (64ull << 10) || stream_window >= (1ull << 30)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "option stream_window: must be at least 64KiB and under 1GiB, got ", stream_window));
+  }
+  if (http2_max_frame < (16ull << 10) || http2_max_frame >= (16ull << 20)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "option http2_max_frame: must be at least 16KiB and under 16MiB (HTTP/2's bounds), "
+        "got ", http2_max_frame));
   }
   if (max_put_buffer != 0 && max_put_buffer < stream_window + max_frame_size) {
     return absl::InvalidArgumentError(absl::StrCat(

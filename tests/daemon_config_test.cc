@@ -353,6 +353,8 @@ TEST(DaemonConfigTest, ErrorsNameTheOption) {
       {[](DaemonConfig& c) { c.stream_window = 1000; }, "stream_window"},
       {[](DaemonConfig& c) { c.ssd_stream_buffer = 1 << 20; }, "ssd_stream_buffer"},
       {[](DaemonConfig& c) { c.stream_window = 1ull << 30; }, "stream_window"},
+      {[](DaemonConfig& c) { c.http2_max_frame = 16383; }, "http2_max_frame"},
+      {[](DaemonConfig& c) { c.http2_max_frame = 16ull << 20; }, "http2_max_frame"},
       {[](DaemonConfig& c) { c.max_keys_per_request = 0; }, "max_keys_per_request"},
       {[](DaemonConfig& c) { c.max_lease_seconds = 0; }, "max_lease_seconds"},
       {[](DaemonConfig& c) { c.max_lease_bytes = c.ram_capacity + 1; }, "max_lease_bytes"},

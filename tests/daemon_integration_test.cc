@@ -128,6 +128,51 @@ TEST(ClientOptionsTest, ReceiveWindowIsValidated) {
   }
 }
 
+TEST(ClientOptionsTest, Http2MaxFrameIsValidated) {
+  ClientOptions o;
+  EXPECT_EQ(o.http2_max_frame_bytes, 1 << 20);
+  for (int good : {0, 16 << 10, (16 << 20) - 1}) {
+    o.http2_max_frame_bytes = good;
+    EXPECT_TRUE(o.Validate().ok()) << good;
+  }
+  for (int bad : {1, (16 << 10) - 1, 16 << 20, -1}) {
+    o.http2_max_frame_bytes = bad;
+    const absl::Status s = o.Validate();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(s.message().find("http2_max_frame_bytes"), std::string::npos) << s;
+    EXPECT_FALSE(KvTierClient::Connect("127.0.0.1:1", o).ok());
+  }
+}
+
+// HTTP/2 frames of every size either end allows, from HTTP/2's smallest to its largest,
+// against the smallest receive window: multi-frame chunks move intact both ways.
+TEST_F(DaemonTest, Http2FrameSizesMoveChunksIntact) {
+  const std::string a = PatternBytes(22, 8 << 20);
+  uint64_t next_key = 1000;  // Fresh keys for each daemon (the second recovers the first's).
+  for (const char* daemon_frame : {"16KiB", "16777215"}) {
+    SCOPED_TRACE(daemon_frame);
+    StartDaemon({"--ram-capacity=256MiB", absl::StrCat("--http2-max-frame=", daemon_frame)});
+    const uint64_t ns = Register(8);
+    for (int frame : {0, 16 << 10, 1 << 20, (16 << 20) - 1}) {
+      ClientOptions o;
+      o.http2_max_frame_bytes = frame;
+      o.receive_window_bytes = 64 << 10;
+      auto client = KvTierClient::Connect(daemon_->target(), o);
+      ASSERT_TRUE(client.ok()) << client.status();
+      const ChunkKey key = KeyOf(next_key++);
+      ChunkToPut c{key, a, 256};
+      auto put = (*client)->Put(ns, {&c, 1});
+      ASSERT_TRUE(put.ok()) << put.status() << " frame " << frame;
+      EXPECT_EQ(put->stored, 1u) << "frame " << frame;
+      auto got = (*client)->Get(ns, std::vector<ChunkKey>{key});
+      ASSERT_TRUE(got.ok()) << got.status();
+      ASSERT_TRUE((*got)[0].found);
+      EXPECT_TRUE((*got)[0].data == a) << "frame " << frame;
+    }
+    StopDaemon();
+  }
+}
+
 // Every receive window a client may choose moves a multi-frame chunk intact, both ways,
 // with several streams of one connection in flight at once.
 TEST_F(DaemonTest, ClientReceiveWindowsMoveChunksIntact) {
