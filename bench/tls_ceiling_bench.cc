@@ -78,6 +78,26 @@ SSL_CTX* MakeContext(bool server, const Variant& v, const std::string& dir) {
   return ctx;
 }
 
+// Moves `total` bytes over socket `s` (through `ssl` unless null) in messages of
+// `message` bytes, each from or into `buf`: written when `sending`, else read.
+void Transfer(SSL* ssl, int s, bool sending, char* buf, uint64_t total, uint64_t message) {
+  for (uint64_t done = 0; done < total;) {
+    const uint64_t n = std::min(message, total - done);
+    for (uint64_t off = 0; off < n;) {
+      const int want = static_cast<int>(std::min<uint64_t>(n - off, 1 << 30));
+      int moved;
+      if (ssl != nullptr) {
+        moved = sending ? SSL_write(ssl, buf + off, want) : SSL_read(ssl, buf + off, want);
+      } else {
+        moved = static_cast<int>(sending ? write(s, buf + off, want) : read(s, buf + off, want));
+      }
+      if (moved <= 0) Die(sending ? "write" : "read");
+      off += static_cast<uint64_t>(moved);
+    }
+    done += n;
+  }
+}
+
 // The sender: accepts one connection on `listener`, sends `total` bytes in messages of
 // `message` bytes, and exits. Runs in the child process.
 [[noreturn]] void Send(int listener, const Variant& v, const std::string& dir, uint64_t total,
@@ -91,17 +111,7 @@ SSL_CTX* MakeContext(bool server, const Variant& v, const std::string& dir) {
     SSL_set_fd(ssl, s);
     if (SSL_accept(ssl) != 1) Die("SSL_accept");
   }
-  for (uint64_t sent = 0; sent < total;) {
-    const uint64_t n = std::min(message, total - sent);
-    for (uint64_t off = 0; off < n;) {
-      const int want = static_cast<int>(std::min<uint64_t>(n - off, 1 << 30));
-      const int w = ssl != nullptr ? SSL_write(ssl, buf.data() + off, want)
-                                   : static_cast<int>(write(s, buf.data() + off, want));
-      if (w <= 0) Die("write");
-      off += static_cast<uint64_t>(w);
-    }
-    sent += n;
-  }
+  Transfer(ssl, s, /*sending=*/true, buf.data(), total, message);
   if (ssl != nullptr) SSL_shutdown(ssl);
   close(s);
   std::_Exit(0);
@@ -143,17 +153,7 @@ Run Measure(const Variant& v, const std::string& dir, uint64_t total, uint64_t m
   rusage before{};
   getrusage(RUSAGE_SELF, &before);
   const auto t0 = std::chrono::steady_clock::now();
-  for (uint64_t got = 0; got < total;) {
-    const uint64_t n = std::min(message, total - got);
-    for (uint64_t off = 0; off < n;) {
-      const int want = static_cast<int>(std::min<uint64_t>(n - off, 1 << 30));
-      const int r = ssl != nullptr ? SSL_read(ssl, dst.data() + off, want)
-                                   : static_cast<int>(read(s, dst.data() + off, want));
-      if (r <= 0) Die("read");
-      off += static_cast<uint64_t>(r);
-    }
-    got += n;
-  }
+  Transfer(ssl, s, /*sending=*/false, dst.data(), total, message);
   const double secs =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   rusage after{};
