@@ -127,7 +127,10 @@ int main(int argc, char** argv) {
   // When a put stream sends its frames: --header-wait=1 after the daemon's headers,
   // 0 at once (a Put waiting in line fills its stream window), 2 as the C++ client does
   // by default: at once only after this thread's last Put was told kvtier-put-places:
-  // free (an A/B of the client's choice).
+  // free (an A/B of the client's choice). Each thread keeps its own answer, as a worker
+  // with its own KvTierClient would; threads sharing one client share one answer, so
+  // one "free" lets all their next Puts skip the wait (bounded all the same by the line,
+  // max_put_waiters x stream_window, in kvtier_memory_bound_bytes).
   const int header_wait = static_cast<int>(Flag("header-wait", 2));
   const uint64_t total_bytes = Flag("times-pool", 10) * (ram_mib << 20);
   const std::string dir = StrFlag("data-dir", kvtier::testing::MakeTempDir("kvtierd-overload"));

@@ -212,7 +212,9 @@ def security_ceiling(rows, med, w):
     for r in ceil:
         by.setdefault(r["variant"], []).append(r)
     m = lambda v, f: statistics.median(r[f] for r in by[v])
-    tcp = m("tcp", "gbps") if "tcp" in by else None
+    if "tcp" not in by:
+        return
+    tcp = m("tcp", "gbps")
     grid = med.get(("plaintext", "get", 32, 1))
     w(f"The ceiling of any TLS path on this machine, in the same script: `tls_ceiling_bench` "
       f"moves {ceil[0]['bytes'] / 2**30:.0f} GiB in {ceil[0]['message_bytes'] / 2**20:.0f} MiB "

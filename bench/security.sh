@@ -43,6 +43,6 @@ done
 echo "$B/tls_ceiling_bench --tls-dir=$WORK/certs --rounds=$ROUNDS --json=$OUT/security.jsonl" |
   sed "s|$B/|build/bench/|; s|$WORK|<tmp>|g" >> "$OUT/commands.txt"
 "$B/tls_ceiling_bench" --tls-dir="$WORK/certs" --rounds="$ROUNDS" --json="$OUT/security.jsonl" \
-  > "$OUT/ceiling.log" 2>&1
+  > "$OUT/ceiling.log" 2>&1 || { cat "$OUT/ceiling.log" >&2; exit 1; }
 cat "$OUT/ceiling.log" >&2
 echo "security: $(grep -c '"kind": *"cell"' "$OUT/security.jsonl") cells in $OUT/security.jsonl" >&2

@@ -233,7 +233,9 @@ struct PinResult {
 
 // Called as a transfer progresses: payload bytes sent (Put) or received (Get) so far,
 // and the total expected. For Get the total is an estimate until the stream ends: it
-// assumes every chunk not yet seen has the size of the first one received.
+// assumes every chunk not yet seen has the size of the first one received. A Put the
+// daemon refused at admission and this client opened again (retry_refused_puts) starts
+// over from 0: bytes sent on the refused attempt are counted again.
 using ProgressCallback = std::function<void(uint64_t bytes_done, uint64_t bytes_total)>;
 
 // Receives each frame of a Get stream, after the client checked it (key order,

@@ -208,6 +208,8 @@ uint32_t StreamLimiter::waiting() const {
 
 bool StreamLimiter::Plentiful() const {
   if (max_ == 0) return true;
+  // Defensive: a place given back goes to the line's first waiter, so a line means no
+  // place is free, which the count below says too.
   if (has_line() && waiting() != 0) return false;
   const uint32_t open = open_.load(std::memory_order_relaxed);
   const uint32_t free = open >= max_ ? 0 : max_ - open;

@@ -166,7 +166,8 @@ TEST(StreamLimiterLineTest, PlacesArePlentifulWhileAQuarterAreFreeAndNobodyWaits
   EXPECT_FALSE(limiter.Plentiful()) << "1 of 8 free";
   held.pop_back();
   EXPECT_TRUE(limiter.Plentiful());
-  // A waiter in line makes them scarce, however many are free when it is granted.
+  // A waiter in line (every place taken) makes them scarce; once it is granted and the
+  // line is empty, the count decides again.
   held.push_back(*limiter.TryAcquire());
   held.push_back(*limiter.TryAcquire());
   TestWaiter w;
@@ -183,7 +184,7 @@ TEST(StreamLimiterLineTest, PlacesArePlentifulWhileAQuarterAreFreeAndNobodyWaits
   auto in2 = limiter.TryAcquireOrWait(&w2);
   ASSERT_TRUE(in2.ok());
   ASSERT_FALSE(in2->has_value());
-  EXPECT_FALSE(limiter.Plentiful()) << "someone waits";
+  EXPECT_FALSE(limiter.Plentiful()) << "every place taken, one waiting";
   EXPECT_TRUE(limiter.Leave(&w2));
 }
 
