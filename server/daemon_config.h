@@ -40,7 +40,8 @@ struct DaemonConfig {
   std::string listen = "127.0.0.1:50051";  // gRPC address, host:port; port 0 picks one.
   // Transport security. TLS with tls_cert_file and tls_key_file (PEM); mutual TLS when
   // tls_client_ca_file is set too (clients must present a certificate it signed). The
-  // files are re-read every tls_reload_interval, so certificates rotate without a restart.
+  // files are re-read every tls_reload_interval, so certificates rotate without a restart;
+  // files that are not valid are logged and the previous ones kept (TlsReloader).
   std::string tls_cert_file;
   std::string tls_key_file;
   std::string tls_client_ca_file;

@@ -232,7 +232,9 @@ int Run(const DaemonConfig& config, const sigset_t& signals) {
     LogError(auth.status().message());
     return 1;
   }
-  auto credentials = MakeServerCredentials(config);
+  // Keeps gRPC's checked copy of the TLS files current; outlives the server.
+  std::unique_ptr<TlsReloader> tls_reloader;
+  auto credentials = MakeServerCredentials(config, registry.get(), &tls_reloader);
   if (!credentials.ok()) {
     LogError(credentials.status().message());
     return 1;
