@@ -68,6 +68,11 @@ KvCacheService::KvCacheService(ServiceLimits limits, std::string version, RpcMet
       version_(std::move(version)) {}
 
 absl::StatusOr<TenantScope> KvCacheService::Admit(grpc::ServerContextBase* ctx) {
+  std::optional<UnixListener::Connection> unix_peer;
+  if (guards_.unix_peers != nullptr) {
+    unix_peer = guards_.unix_peers->Find(ctx->peer());
+    if (unix_peer.has_value() && !unix_peer->refusal.ok()) return unix_peer->refusal;
+  }
   if (guards_.auth == nullptr || !guards_.auth->enabled()) return TenantScope::Implicit();
   CallerCredentials creds;
   const auto& metadata = ctx->client_metadata();
@@ -82,9 +87,7 @@ absl::StatusOr<TenantScope> KvCacheService::Admit(grpc::ServerContextBase* ctx) 
       }
     }
   }
-  if (guards_.unix_peers != nullptr) {
-    if (auto uid = guards_.unix_peers->PeerUid(ctx->peer())) creds.unix_uid = *uid;
-  }
+  if (unix_peer.has_value()) creds.unix_uid = unix_peer->uid;
   Authenticator::Result r = guards_.auth->Authenticate(creds);
   if (r.scope.has_value()) return *std::move(r.scope);
   if (r.denied.retry_after > absl::ZeroDuration()) {

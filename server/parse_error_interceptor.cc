@@ -31,7 +31,12 @@ class ParseErrorInterceptor final : public grpc::experimental::Interceptor {
     if (methods->QueryInterceptionHookPoint(
             grpc::experimental::InterceptionHookPoints::PRE_SEND_STATUS)) {
       const grpc::Status status = methods->GetSendStatus();
-      if (status.error_code() == grpc::StatusCode::INTERNAL && status.error_message().empty()) {
+      // INTERNAL from a synchronous method's generated handler; UNIMPLEMENTED from a
+      // callback method's (Events), which gRPC answers with a stock reactor when the
+      // request does not parse. The daemon itself never answers either without a message.
+      const grpc::StatusCode code = status.error_code();
+      if ((code == grpc::StatusCode::INTERNAL || code == grpc::StatusCode::UNIMPLEMENTED) &&
+          status.error_message().empty()) {
         methods->ModifySendStatus(grpc::Status(
             grpc::StatusCode::INVALID_ARGUMENT,
             absl::StrCat(method_, ": the request is not a ", request_type_,

@@ -1,9 +1,10 @@
 // ParseErrorInterceptor: turns gRPC's answer to request bytes that do not parse into
 // our contract's. For a method with a typed request, gRPC's generated handler parses the
 // bytes itself and, when they are not the message, answers INTERNAL with an empty
-// message, which says "server bug" to a client. The daemon's handlers never answer
-// INTERNAL without a message, so that pair at PRE_SEND_STATUS is exactly a request that
-// did not parse; the interceptor rewrites it to INVALID_ARGUMENT naming the method and
+// message, which says "server bug" to a client (for a callback method such as Events,
+// UNIMPLEMENTED with an empty message, which says "no such method"). The daemon's
+// handlers never answer either code without a message, so that pair at PRE_SEND_STATUS
+// is exactly a request that did not parse; the interceptor rewrites it to INVALID_ARGUMENT naming the method and
 // the message type expected. Methods the daemon parses itself (Put, Get: raw buffers)
 // get no interceptor.
 //

@@ -99,20 +99,21 @@ void UnixListener::AcceptLoop(grpc::Server* server) {
       close(conn);
       return;
     }
+    Connection connection{cred.uid, absl::OkStatus()};
     if (!admitted.ok()) {
       ++refused_;
       LogWarning("listen_unix: refused uid ", cred.uid, " (pid ", cred.pid, "): ",
-                 admitted.message());
-      close(conn);
-      continue;
+                 admitted.message(), "; its calls are answered PERMISSION_DENIED");
+      connection.refusal = absl::PermissionDeniedError(
+          absl::StrCat("listen_unix: uid ", cred.uid, " may not call: ", admitted.message()));
     }
-    peers_[conn] = cred.uid;
+    peers_[conn] = std::move(connection);
     // Under the lock, so that PeerUid never sees the fd with a previous owner's uid.
     grpc::AddInsecureChannelFromFd(server, conn);
   }
 }
 
-std::optional<uid_t> UnixListener::PeerUid(absl::string_view peer) const {
+std::optional<UnixListener::Connection> UnixListener::Find(absl::string_view peer) const {
   int fd;
   if (!absl::ConsumePrefix(&peer, "fd:") || !absl::SimpleAtoi(peer, &fd)) return std::nullopt;
   absl::MutexLock lock(&mu_);

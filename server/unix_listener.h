@@ -9,7 +9,10 @@
 // new connection's uid before gRPC sees it, so a name never resolves to a stale uid.
 //
 // `admit` decides at accept time (for example: without a tenants file only the daemon's
-// user, root and shm_allowed_group); a refused connection is closed and logged.
+// user, root and shm_allowed_group). A refused connection is logged and still handed to
+// gRPC, so that each of its calls gets a final answer, PERMISSION_DENIED with admit's
+// reason (Refusal()), instead of a closed connection, which a client reads as
+// UNAVAILABLE and retries forever.
 //
 // Thread-safety: thread-safe. Stop() (or the destructor) must run before the server
 // shuts down.
@@ -58,8 +61,13 @@ class UnixListener {
   // live on until the server shuts down.
   void Stop();
 
-  // The uid of the connection gRPC calls `peer` ("fd:N"), if it is one of ours.
-  std::optional<uid_t> PeerUid(absl::string_view peer) const;
+  // The connection gRPC calls `peer` ("fd:N"), if it is one of ours: its uid, and
+  // `refusal` (PERMISSION_DENIED, naming the uid and admit's reason) if admit refused it.
+  struct Connection {
+    uid_t uid = 0;
+    absl::Status refusal;
+  };
+  std::optional<Connection> Find(absl::string_view peer) const;
 
   uint64_t refused() const;
 
@@ -73,7 +81,7 @@ class UnixListener {
   const AdmitFn admit_;
   std::thread thread_;
   mutable absl::Mutex mu_;
-  absl::flat_hash_map<int, uid_t> peers_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<int, Connection> peers_ ABSL_GUARDED_BY(mu_);
   uint64_t refused_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
 };

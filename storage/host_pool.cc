@@ -245,7 +245,15 @@ absl::Status HostPool::Pin(const ChunkId& id, absl::Time until, const PinBudget*
     }
     const uint64_t limit =
         static_cast<uint64_t>(options_.max_pinned_fraction * capacity_bytes());
-    if (pinned + it->second.data->slot_count() * arena_->slot_bytes() > limit) {
+    const uint64_t chunk_slot_bytes = it->second.data->slot_count() * arena_->slot_bytes();
+    if (chunk_slot_bytes > limit) {
+      // Not even with nothing else pinned: a retry can never succeed.
+      return absl::InvalidArgumentError(absl::StrCat(
+          "pinning this chunk (", chunk_slot_bytes, " bytes of pool slots) cannot fit "
+          "max_pinned_fraction (", options_.max_pinned_fraction, " of the host pool, ", limit,
+          " bytes) even with nothing else pinned"));
+    }
+    if (pinned + chunk_slot_bytes > limit) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "pinning would exceed max_pinned_fraction (", options_.max_pinned_fraction,
           " of the host pool); unpin something first"));

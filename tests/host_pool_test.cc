@@ -597,6 +597,20 @@ TEST_F(HostPoolTest, MaxPinnedFraction) {
   EXPECT_TRUE(room.ok()) << room.status();
 }
 
+// A chunk larger than max_pinned_fraction of the pool can never be pinned, however many
+// pins expire: INVALID_ARGUMENT, not the RESOURCE_EXHAUSTED that says "retry later".
+TEST_F(HostPoolTest, AChunkThatCanNeverFitThePinShareIsInvalidArgument) {
+  auto pool = MakePool(0.25);  // 4 of 16 slots.
+  ASSERT_NE(pool, nullptr);
+  Put(Id(1), kChunk + 1, /*dirty=*/false, pool.get());  // 5 slots.
+  Put(Id(2), kChunk, /*dirty=*/false, pool.get());      // 4 slots: exactly the share.
+  const absl::Status never = pool->Pin(Id(1), absl::InfiniteFuture());
+  EXPECT_EQ(never.code(), absl::StatusCode::kInvalidArgument) << never;
+  EXPECT_NE(never.message().find("even with nothing else pinned"), std::string::npos) << never;
+  ASSERT_TRUE(pool->Pin(Id(2), absl::InfiniteFuture()).ok());
+  EXPECT_EQ(pool->GetStats().pinned_bytes, kChunk);
+}
+
 TEST_F(HostPoolTest, InsertIsIdempotent) {
   Put(Id(1));
   auto dup = pool_->Allocate(kChunk);

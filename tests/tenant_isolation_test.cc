@@ -2,17 +2,21 @@
 // credentials, wrong credentials), the admin role, the Unix socket's uid identity, and
 // a tenant's request rate.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <grpcpp/grpcpp.h>
 
+#include <cstdlib>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <map>
 #include <string>
 #include <vector>
 
 #include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
 #include "client/kvtier_client.h"
 #include "client/layout_convert.h"
 #include "kvtier/v1/kvtier.grpc.pb.h"
@@ -436,6 +440,36 @@ TEST_F(TenantIsolationTest, OverItsRateATenantGetsResourceExhaustedWithARetryHin
     EXPECT_LE(ms, 1000);
   }
   EXPECT_EQ(refused, 1);
+}
+
+// Without a tenants file, the Unix socket admits the daemon's user, root and
+// shm_allowed_group. Anyone else gets a final answer on every call, PERMISSION_DENIED
+// naming the uid, not a dropped connection (UNAVAILABLE, which a client retries
+// forever). The refused caller runs as `nobody`: the test needs root to switch users.
+TEST(UnixSocketAdmissionTest, ARefusedPeerGetsPermissionDeniedNotAClosedConnection) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to run a client as another user";
+  const std::string dir = MakeTempDir("kvtierd-unix-refused");
+  const std::string socket_dir = MakeTempDir("kvtierd-unix-sock");
+  ASSERT_EQ(chmod(socket_dir.c_str(), 0755), 0);  // `nobody` must reach the socket.
+  const std::string socket = socket_dir + "/kvtierd.sock";
+  auto d = DaemonProcess::Start(dir, {"--listen-unix=" + socket});
+  ASSERT_TRUE(d.ok()) << d.status();
+  // The daemon's own user (root here) is admitted.
+  auto own = KvTierClient::Connect("unix:" + socket);
+  ASSERT_TRUE(own.ok());
+  ASSERT_TRUE((*own)->RegisterLayout(LayoutOfMiB(1)).ok());
+  const std::string out = dir + ".cli.out";
+  const std::string cmd = absl::StrCat(
+      "setpriv --reuid=65534 --regid=65534 --clear-groups ", KVTIER_CLI_PATH,
+      " --target unix:", socket, " --timeout 10 stats > ", out, " 2>&1");
+  const int rc = std::system(cmd.c_str());
+  std::ifstream in(out);
+  const std::string said((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(rc, 0) << said;
+  EXPECT_NE(said.find("PERMISSION_DENIED"), std::string::npos) << said;
+  EXPECT_NE(said.find("uid 65534"), std::string::npos) << said;
+  EXPECT_EQ(said.find("UNAVAILABLE"), std::string::npos) << said;
+  EXPECT_NE(d->ReadLog().find("listen_unix: refused uid 65534"), std::string::npos);
 }
 
 }  // namespace
