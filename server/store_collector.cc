@@ -171,11 +171,14 @@ std::vector<MetricFamily> StoreCollector::Collect() const {
                      {{{}, static_cast<double>(s.demotion_failures)}}));
   f.push_back(Family(
       "kvtier_checksum_failures_total",
-      "CRC32C mismatches: stored chunks found corrupt (source=ssd, deleted) and put "
-      "payloads that did not match their checksum (source=put, refused)",
+      "Stored chunks found corrupt by their CRC32C (deleted, never served), by tier",
       C,
       {{{{"source", "ssd"}}, static_cast<double>(s.ssd.checksum_failures)},
-       {{{"source", "put"}}, static_cast<double>(s.checksum_failures - s.ssd.checksum_failures)}}));
+       {{{"source", "ram"}}, static_cast<double>(s.ram_checksum_failures)}}));
+  f.push_back(Family("kvtier_put_checksum_mismatches_total",
+                     "Put payloads that did not match the CRC32C their client sent (refused "
+                     "with INVALID_ARGUMENT, nothing stored)",
+                     C, {{{}, static_cast<double>(s.put_checksum_mismatches)}}));
   f.push_back(Family("kvtier_writeback_queue_depth", "Chunks in RAM waiting to be written to SSD",
                      G, {{{}, static_cast<double>(s.writeback_queue_depth)}}));
   f.push_back(Family("kvtier_writeback_dirty_bytes",

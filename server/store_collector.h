@@ -7,7 +7,8 @@
 //   kvtier_tier_bytes_in_total{tier}, kvtier_tier_bytes_out_total{tier}
 //   kvtier_tier_evictions_total{tier}, kvtier_ssd_expirations_total
 //   kvtier_promotions_total, kvtier_demotions_total, kvtier_demotion_failures_total
-//   kvtier_checksum_failures_total{source="ssd"|"put"}, kvtier_ssd_write_errors_total
+//   kvtier_checksum_failures_total{source="ssd"|"ram"}, kvtier_put_checksum_mismatches_total,
+//   kvtier_ssd_write_errors_total
 //   kvtier_writeback_queue_depth, kvtier_writeback_dirty_bytes,
 //   kvtier_writeback_max_dirty_bytes, kvtier_writeback_backlog_waits_total, kvtier_namespaces
 //   kvtier_up, kvtier_build_info{version,write_mode}

@@ -72,6 +72,9 @@ int PayloadFileOps::SyncDir(const std::string& dir) {
   errno = err;
   return r;
 }
+int PayloadFileOps::StatVfs(const std::string& path, struct statvfs* out) {
+  return ::statvfs(path.c_str(), out);
+}
 
 struct PayloadLog::File {
   uint32_t number = 0;
@@ -276,6 +279,7 @@ void PayloadLog::DeleteIfDeadLocked(uint32_t number) {
 absl::StatusOr<std::pair<std::shared_ptr<PayloadLog::File>, PayloadExtent>> PayloadLog::Reserve(
     uint64_t footprint) {
   absl::MutexLock lock(&mu_);
+  if (absl::Status s = CheckFreeSpaceLocked(footprint); !s.ok()) return s;
   if (active_ && active_->end > 0 && active_->end + footprint > options_.file_bytes) {
     active_->sealed = true;
     const uint32_t old = active_->number;
@@ -300,13 +304,32 @@ absl::StatusOr<std::pair<std::shared_ptr<PayloadLog::File>, PayloadExtent>> Payl
   active_->end += footprint;
   active_->live += footprint;
   ++active_->writing;
+  writing_bytes_ += footprint;
   disk_bytes_ += footprint;
   live_bytes_ += footprint;
   return std::make_pair(active_, ext);
 }
 
-void PayloadLog::EndWrite(const std::shared_ptr<File>& file) {
+absl::Status PayloadLog::CheckFreeSpaceLocked(uint64_t footprint) {
+  if (options_.min_free_bytes == 0) return absl::OkStatus();
+  struct statvfs fs {};
+  if (ops_->StatVfs(options_.dir, &fs) != 0) {
+    return IoError("checking free space on", options_.dir, errno);
+  }
+  const uint64_t free_bytes = static_cast<uint64_t>(fs.f_bavail) * fs.f_frsize;
+  // Writes in flight will take their reservations' space too.
+  const uint64_t available = free_bytes > writing_bytes_ ? free_bytes - writing_bytes_ : 0;
+  if (available >= options_.min_free_bytes + footprint) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "SSD tier: disk full: the file system holding ", options_.dir, " has ",
+      free_bytes >> 20, " MiB free, and ", options_.min_free_bytes >> 20,
+      " MiB of it stay free for the SSD tier's index; free space under data_dir or lower "
+      "ssd_capacity"));
+}
+
+void PayloadLog::EndWrite(const std::shared_ptr<File>& file, uint64_t footprint) {
   absl::MutexLock lock(&mu_);
+  writing_bytes_ -= std::min(writing_bytes_, footprint);
   --file->writing;
   DeleteIfDeadLocked(file->number);
 }
@@ -426,7 +449,7 @@ absl::StatusOr<PayloadExtent> PayloadLog::Append(absl::Span<const absl::string_v
     absl::MutexLock lock(&mu_);
     bytes_written_ += AlignUp(size);
   }
-  EndWrite(file);
+  EndWrite(file, AlignUp(size));
   if (!s.ok()) {
     Release(ext);
     return s;
@@ -523,7 +546,7 @@ absl::StatusOr<PayloadExtent> PayloadLog::Move(const PayloadExtent& from,
     absl::MutexLock lock(&mu_);
     bytes_written_ += from.footprint();
   }
-  EndWrite(dst);
+  EndWrite(dst, from.footprint());
   if (!s.ok()) {
     Release(ext);
     return s;

@@ -25,6 +25,7 @@
 #ifndef KVTIER_STORAGE_PAYLOAD_LOG_H_
 #define KVTIER_STORAGE_PAYLOAD_LOG_H_
 
+#include <sys/statvfs.h>
 #include <sys/types.h>
 
 #include <cstdint>
@@ -68,6 +69,8 @@ class PayloadFileOps {
   virtual int DataSync(int fd);
   // fsync of a directory (a new file's entry).
   virtual int SyncDir(const std::string& dir);
+  // statvfs of the file system holding `path`.
+  virtual int StatVfs(const std::string& path, struct statvfs* out);
 };
 
 struct PayloadLogOptions {
@@ -88,6 +91,12 @@ struct PayloadLogOptions {
   // fdatasync a file before Append or Move returns, and fsync the directory after
   // creating a file.
   bool sync = false;
+  // Free space the log leaves on the file system holding `dir`: an Append or Move that
+  // would leave less is refused (ResourceExhausted, "disk full") before it writes. The
+  // SSD tier's index (RocksDB) shares the file system and must always find room to
+  // write, flush and reopen: a RocksDB that hit ENOSPC can neither shut down cleanly nor
+  // open again until someone frees space. 0: no floor.
+  uint64_t min_free_bytes = 0;
   // Null: the real system calls.
   std::shared_ptr<PayloadFileOps> file_ops;
 
@@ -164,9 +173,13 @@ class PayloadLog {
   explicit PayloadLog(PayloadLogOptions options, bool direct_io);
 
   // Reserves footprint bytes in the active file (opening a new one when it is full).
+  // Returns: Ok, ResourceExhausted (under min_free_bytes, or ENOSPC), Unavailable.
   absl::StatusOr<std::pair<std::shared_ptr<File>, PayloadExtent>> Reserve(uint64_t footprint);
-  // After the writes into a reservation finished, ok or not.
-  void EndWrite(const std::shared_ptr<File>& file);
+  // After the writes into a reservation of `footprint` bytes finished, ok or not.
+  void EndWrite(const std::shared_ptr<File>& file, uint64_t footprint);
+  // ResourceExhausted if writing `footprint` more bytes would leave the file system
+  // under min_free_bytes free.
+  absl::Status CheckFreeSpaceLocked(uint64_t footprint) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<std::shared_ptr<File>> OpenFile(uint32_t number, bool create);
   std::shared_ptr<File> FindFile(uint32_t number) const;
   // Writes `n` (aligned) bytes of `buf` at `offset`. Returns: Ok, ResourceExhausted,
@@ -188,6 +201,9 @@ class PayloadLog {
   uint64_t disk_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t live_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t bytes_written_ ABSL_GUARDED_BY(mu_) = 0;
+  // Footprint of the reservations whose writes have not finished: space the file system
+  // does not show as taken yet.
+  uint64_t writing_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   // Last: its threads use the state above and must stop first.
   std::unique_ptr<IoPool> writers_;
 };

@@ -65,6 +65,11 @@ uint64_t SsdTierOptions::FileBytes() const {
   return std::clamp<uint64_t>(capacity_bytes / 32, io_bytes, std::max<uint64_t>(io_bytes, 256ull << 20));
 }
 
+uint64_t SsdTierOptions::MinFreeBytes() const {
+  if (min_free_bytes != 0) return min_free_bytes;
+  return 2 * write_buffer_bytes + (64ull << 20);
+}
+
 absl::StatusOr<std::unique_ptr<SsdTier>> SsdTier::Open(SsdTierOptions options) {
   if (absl::Status s = options.Validate(); !s.ok()) return s;
 
@@ -81,6 +86,9 @@ absl::StatusOr<std::unique_ptr<SsdTier>> SsdTier::Open(SsdTierOptions options) {
   db_options.keep_log_file_num = 3;
   db_options.info_log_level = rocksdb::InfoLogLevel::WARN_LEVEL;
   db_options.use_fsync = false;
+  // No preallocation: the WAL and tables hold only index rows, and a WAL preallocated
+  // to the memtable's size (tens of MiB) would count against the disk for nothing.
+  db_options.allow_fallocate = false;
 
   rocksdb::ColumnFamilyOptions small;
   small.compression = rocksdb::kNoCompression;
@@ -132,6 +140,7 @@ absl::StatusOr<std::unique_ptr<SsdTier>> SsdTier::Open(SsdTierOptions options) {
   log_options.read_depth = 2 * options.read_threads;
   log_options.direct_io = options.direct_io;
   log_options.sync = options.sync_writes;
+  log_options.min_free_bytes = options.MinFreeBytes();
   log_options.file_ops = options.file_ops;
   auto log = PayloadLog::Open(std::move(log_options));
   if (!log.ok()) return log.status();

@@ -87,6 +87,9 @@ struct SsdTierOptions {
   bool direct_io = true;
   // RocksDB memtable budget (bytes). Only index rows pass through it now.
   uint64_t write_buffer_bytes = 8ull << 20;
+  // Free space payload writes leave on the file system holding `path`, for RocksDB
+  // (PayloadLogOptions::min_free_bytes). Zero: MinFreeBytes()'s default.
+  uint64_t min_free_bytes = 0;
   // RocksDB's filesystem; null means the real one. Tests inject index faults here.
   std::shared_ptr<rocksdb::FileSystem> file_system;
   // Payload file system calls; null means the real ones. Tests inject faults here.
@@ -100,6 +103,9 @@ struct SsdTierOptions {
   absl::Status Validate() const;
   // file_bytes, or its default for this capacity.
   uint64_t FileBytes() const;
+  // min_free_bytes, or its default: room for RocksDB to flush its memtables twice over
+  // and for its WAL, MANIFEST and a compaction, 2 x write_buffer_bytes + 64 MiB.
+  uint64_t MinFreeBytes() const;
 };
 
 struct SsdTierStats {

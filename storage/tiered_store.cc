@@ -14,6 +14,14 @@
 #include "storage/eviction_policies.h"
 
 namespace kvtier {
+namespace {
+
+// The tail of a rate-limited log line: how many like it were not logged.
+std::string HeldBack(uint64_t held) {
+  return held == 0 ? "" : absl::StrCat(" (and ", held, " more like it since the last line)");
+}
+
+}  // namespace
 
 const char* WriteModeName(WriteMode mode) {
   switch (mode) {
@@ -391,16 +399,22 @@ bool TieredStore::FlushOne(bool demotion) {
     if (!demotion) NotifyRoom();
     return true;
   }
+  // A full disk fails every write-back and demotion, as fast as puts ask for room: one
+  // line a second says so (the counters count them all).
   if (demotion) {
     // The room is needed now and the SSD will not take the chunk: a cache may lose it.
     demotion_failures_.fetch_add(1, std::memory_order_relaxed);
-    LogWarning("tiered store: demotion of ", d->id.DebugString(),
-               " failed, dropping it from RAM: ", s.message());
+    if (std::optional<uint64_t> held = write_failure_log_.Allow(options_.now())) {
+      LogWarning("tiered store: demotion of ", d->id.DebugString(),
+                 " failed, dropping it from RAM: ", s.message(), HeldBack(*held));
+    }
     ram_->DropFlushing(d->id);
     return true;
   }
-  LogWarning("tiered store: write-back of ", d->id.DebugString(), " failed, will retry: ",
-             s.message());
+  if (std::optional<uint64_t> held = write_failure_log_.Allow(options_.now())) {
+    LogWarning("tiered store: write-back of ", d->id.DebugString(), " failed, will retry: ",
+               s.message(), HeldBack(*held));
+  }
   ram_->FinishFlush(d->id, /*written=*/false);
   return false;
 }
@@ -1077,9 +1091,9 @@ TieredStoreStats TieredStore::GetStats() const {
   s.writeback_max_dirty_bytes =
       options_.write_mode == WriteMode::kWriteBack ? options_.max_dirty_bytes : 0;
   s.writeback_backlog_waits = backlog_waits_.load(std::memory_order_relaxed);
-  s.checksum_failures = put_checksum_failures_.load(std::memory_order_relaxed) +
-                        ram_checksum_failures_.load(std::memory_order_relaxed) +
-                        s.ssd.checksum_failures;
+  s.ram_checksum_failures = ram_checksum_failures_.load(std::memory_order_relaxed);
+  s.checksum_failures = s.ram_checksum_failures + s.ssd.checksum_failures;
+  s.put_checksum_mismatches = put_checksum_failures_.load(std::memory_order_relaxed);
   s.ram_bytes_in = ram_bytes_in_.load(std::memory_order_relaxed);
   s.ram_bytes_out = ram_bytes_out_.load(std::memory_order_relaxed);
   s.ssd_bytes_in = ssd_bytes_in_.load(std::memory_order_relaxed);

@@ -51,6 +51,7 @@
 #include "storage/io_pool.h"
 #include "storage/layout_registry.h"
 #include "storage/layout_spec.h"
+#include "storage/log_limiter.h"
 #include "storage/parallel_copy.h"
 #include "storage/put_admission.h"
 #include "storage/fetch_claims.h"
@@ -140,7 +141,12 @@ struct TieredStoreStats {
   uint64_t writeback_dirty_bytes = 0;      // Payload bytes of those chunks.
   uint64_t writeback_max_dirty_bytes = 0;  // The bound on them (0: the pool).
   uint64_t writeback_backlog_waits = 0;    // Put admissions that found the backlog full.
-  uint64_t checksum_failures = 0;  // Put payloads that failed theirs, plus SSD's.
+  // Stored chunks found corrupt (and deleted): RAM copies plus the SSD tier's.
+  uint64_t checksum_failures = 0;
+  uint64_t ram_checksum_failures = 0;
+  // Put payloads that did not match the CRC32C their client sent (refused, nothing
+  // stored): a client's problem, not the store's.
+  uint64_t put_checksum_mismatches = 0;
   // Puts waiting for room in RAM now; puts that ever waited; those that timed out.
   uint64_t puts_waiting = 0;
   uint64_t puts_queued = 0;
@@ -492,6 +498,7 @@ class TieredStore {
   std::atomic<uint64_t> backlog_waits_{0};  // TryRoom calls that found the backlog full.
   std::atomic<uint64_t> put_checksum_failures_{0};
   std::atomic<uint64_t> ram_checksum_failures_{0};  // Pool copies found corrupt.
+  LogLimiter write_failure_log_{absl::Seconds(1)};  // Failed write-backs and demotions.
   std::atomic<bool> stopping_{false};               // The destructor has begun.
   std::atomic<uint64_t> ram_bytes_in_{0};
   std::atomic<uint64_t> ram_bytes_out_{0};

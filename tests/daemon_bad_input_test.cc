@@ -437,7 +437,7 @@ TEST_F(BadInputTest, NotAPutFrameIsInvalidArgument) {
 
 // Every method with a typed request answers bytes that are not that message with
 // INVALID_ARGUMENT naming it (gRPC alone would answer INTERNAL with no message), and the
-// Prefill session the same for a first message that does not parse.
+// Prefill session and an Events subscription the same for a request that does not parse.
 TEST_F(BadInputTest, UnparseableRequestsAreInvalidArgumentNamingTheMessage) {
   auto channel = grpc::CreateChannel(daemon_->target(), grpc::InsecureChannelCredentials());
   const std::string junk("\xff\xff\xff", 3);  // A varint cut short: no message parses.
@@ -472,6 +472,21 @@ TEST_F(BadInputTest, UnparseableRequestsAreInvalidArgumentNamingTheMessage) {
   grpc::Status s = stream->Finish();
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
   EXPECT_NE(s.error_message().find("PrefillClientMessage"), std::string::npos) << s.error_message();
+  // Events runs on the callback API, whose stock answer to a request that does not parse
+  // is UNIMPLEMENTED ("no such method").
+  const grpc::internal::RpcMethod events("/kvtier.v1.KvCache/Events",
+                                         grpc::internal::RpcMethod::SERVER_STREAMING);
+  grpc::ClientContext events_ctx;
+  grpc::Slice events_slice(junk);
+  std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>> reader(
+      grpc::internal::ClientReaderFactory<grpc::ByteBuffer>::Create(
+          channel.get(), events, &events_ctx, grpc::ByteBuffer(&events_slice, 1)));
+  grpc::ByteBuffer batch;
+  EXPECT_FALSE(reader->Read(&batch));
+  s = reader->Finish();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_NE(s.error_message().find("kvtier.v1.EventsRequest"), std::string::npos)
+      << s.error_message();
 }
 
 // Past max_streams a new streaming call is answered RESOURCE_EXHAUSTED at once with a
@@ -1003,6 +1018,15 @@ TEST_F(BadInputTest, ChecksumMismatchStoresNothing) {
   EXPECT_EQ(s2.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_NE(s2.error_message().find("crc32c"), std::string::npos) << s2.error_message();
   ExpectNothingLeft(KeyOf(1));
+
+  // Counted as the client's mismatch, not as a stored chunk gone bad (what Stats'
+  // checksum_failures and the KvtierChecksumFailures alert are about).
+  EXPECT_EQ(Metric("kvtier_put_checksum_mismatches_total"), 1);
+  EXPECT_EQ(Metric("kvtier_checksum_failures_total{source=\"ssd\"}"), 0);
+  EXPECT_EQ(Metric("kvtier_checksum_failures_total{source=\"ram\"}"), 0);
+  auto stats = client_->Stats();
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->checksum_failures(), 0u);
 }
 
 TEST_F(BadInputTest, StreamCancelledMidChunk) {

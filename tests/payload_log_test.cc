@@ -272,6 +272,41 @@ TEST_P(PayloadLogTest, FullDiskIsResourceExhaustedAndLeavesNothingLive) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// The log leaves min_free_bytes free on the file system, for the index beside it: an
+// append that would dip under it is refused before anything is written (no file
+// created, nothing live), and goes through once there is room again.
+TEST_P(PayloadLogTest, AppendsLeaveMinFreeBytesForTheIndex) {
+  constexpr uint64_t kMiB = 1024 * kKiB;
+  options_.min_free_bytes = 1 * kMiB;
+  options_.file_bytes = 512 * kKiB;
+  Open();
+  Stored a = Append(100 * kKiB, 1);
+  const PayloadLogStats before = log_->GetStats();
+  std::string data = Bytes(200 * kKiB, 2);
+  const absl::string_view part(data);
+  std::vector<uint32_t> crcs;
+  // 200 KiB would leave 1 MiB + 100 KiB - 200 KiB: under the floor.
+  ops_->SetFreeBytes(kMiB + 100 * kKiB);
+  auto refused = log_->Append({&part, 1}, data.size(), &crcs);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
+  EXPECT_NE(refused.status().message().find("disk full"), std::string::npos) << refused.status();
+  EXPECT_NE(refused.status().message().find("stay free for the SSD tier's index"),
+            std::string::npos) << refused.status();
+  const PayloadLogStats after = log_->GetStats();
+  EXPECT_EQ(after.live_bytes, before.live_bytes);
+  EXPECT_EQ(after.bytes_written, before.bytes_written);
+  EXPECT_EQ(after.files, before.files);
+  EXPECT_EQ(ops_->bytes_written(), a.extent.footprint()) << "nothing written for it";
+  // A Move (garbage collection) is held to the same floor.
+  ops_->SetFreeBytes(kMiB + a.extent.footprint() - kPayloadAlign);
+  EXPECT_EQ(log_->Move(a.extent, a.crcs).status().code(), absl::StatusCode::kResourceExhausted);
+  // Exactly enough room: it goes through.
+  ops_->SetFreeBytes(kMiB + 200 * kKiB);
+  auto ok = log_->Append({&part, 1}, data.size(), &crcs);
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  ops_->SetFreeBytes(std::nullopt);
+}
+
 // A file under the next name, put there behind the log's back (or left by a creation
 // that failed halfway), is skipped, not retried forever: every append after it would
 // otherwise fail with a status that says "retry".

@@ -422,7 +422,8 @@ TEST_P(TieredStoreModeTest, CrcMismatchIsInvalidArgumentAndStoresNothing) {
   EXPECT_EQ(store_->Locate(Id(1)), Tier::kNone);
   EXPECT_EQ(store_->Read(Id(1)).status().code(), absl::StatusCode::kNotFound);
   TieredStoreStats stats = store_->GetStats();
-  EXPECT_EQ(stats.checksum_failures, 1u);
+  EXPECT_EQ(stats.put_checksum_mismatches, 1u);
+  EXPECT_EQ(stats.checksum_failures, 0u) << "no stored chunk was found corrupt";
   EXPECT_EQ(stats.ram.used_bytes, 0u) << "the rejected chunk's RAM is free again";
   EXPECT_EQ(stats.ram.chunks, 0u);
   EXPECT_EQ(stats.ssd.chunks, 0u);
@@ -645,6 +646,40 @@ TEST_F(TieredStoreWriteBackTest, DemotionFailureDropsAndCounts) {
   ops_->SetNoSpace(false);
   WaitFlushed(kRamChunks + 1 - lost);
   EXPECT_TRUE(store_->Close().ok());
+}
+
+// A full disk fails every write-back and demotion; the operator's log gets one line a
+// second about it (on the store's clock), saying how many it held back, not a line per
+// chunk.
+TEST_F(TieredStoreWriteBackTest, AFullDiskLogsALineASecondNotOnePerChunk) {
+  TieredStoreOptions o = Options(WriteMode::kWriteBack);
+  o.now = [this] { return clock_.Now(); };
+  OpenWith(o);
+  ns_ = Register();
+  SetMinLogLevel(LogLevel::kWarning);
+  fs_->SetNoSpace(true);
+  ops_->SetNoSpace(true);
+  const auto failure_lines = [](const std::string& log) {
+    int n = 0;
+    for (size_t at = log.find("failed"); at != std::string::npos; at = log.find("failed", at + 1)) {
+      ++n;
+    }
+    return n;
+  };
+  ::testing::internal::CaptureStderr();
+  for (uint64_t i = 0; i < kRamChunks + 3; ++i) PutOk(Id(i));
+  std::string log = ::testing::internal::GetCapturedStderr();
+  ASSERT_GE(store_->GetStats().demotion_failures, 3u);
+  EXPECT_EQ(failure_lines(log), 1) << log;
+  clock_.Advance(absl::Seconds(1));
+  ::testing::internal::CaptureStderr();
+  PutOk(Id(kRamChunks + 3));
+  log = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(failure_lines(log), 1) << log;
+  EXPECT_NE(log.find("more like it since the last line"), std::string::npos) << log;
+  SetMinLogLevel(LogLevel::kError);
+  fs_->SetNoSpace(false);
+  ops_->SetNoSpace(false);
 }
 
 TEST_F(TieredStoreWriteBackTest, PromotesOnSsdHit) {

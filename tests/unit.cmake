@@ -12,6 +12,7 @@ kvtier_test(lru_policy_test LIBS kvtier_storage)
 kvtier_test(prefix_cost_policy_test LIBS kvtier_storage)
 kvtier_test(hint_window_test LIBS kvtier_storage)
 kvtier_test(event_log_test LIBS kvtier_storage)
+kvtier_test(log_limiter_test LIBS kvtier_storage)
 kvtier_test(prefetcher_test LIBS kvtier_storage)
 kvtier_test(tiered_store_hint_test LIBS kvtier_storage)
 kvtier_test(host_pool_test LIBS kvtier_storage)
@@ -38,3 +39,8 @@ kvtier_test(allocator_tuning_test LIBS kvtier_client)
 if(KVTIER_HAVE_CUDA)
   kvtier_test(cuda_device_backend_test LABELS gpu LIBS kvtier_cuda)
 endif()
+
+# Server internals.
+kvtier_test(tls_reloader_test LIBS kvtier_server)
+target_compile_definitions(tls_reloader_test PRIVATE
+  KVTIER_CERT_SCRIPT="${CMAKE_SOURCE_DIR}/tests/tls/make_test_certs.sh")

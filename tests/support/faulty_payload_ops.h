@@ -1,7 +1,8 @@
 // FaultyPayloadOps: the payload files' system calls, with faults a test switches on: a
 // full disk (writes fail with ENOSPC), corrupted reads (one byte of every read flipped,
 // the bytes on disk left intact), reads that fail with an errno (EIO: a bad sector), and
-// failing syncs, of files or of the directory. A fake, not a mock: with no fault
+// failing syncs, of files or of the directory, and a file system with little free space
+// (StatVfs reports what the test says). A fake, not a mock: with no fault
 // on it does the real I/O.
 #ifndef KVTIER_TESTS_SUPPORT_FAULTY_PAYLOAD_OPS_H_
 #define KVTIER_TESTS_SUPPORT_FAULTY_PAYLOAD_OPS_H_
@@ -10,6 +11,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -37,6 +39,11 @@ class FaultyPayloadOps : public PayloadFileOps {
   // Reads fail with this errno; 0 turns it off.
   void SetReadError(int err) { read_error_.store(err); }
   void SetFailSyncDir(bool on) { fail_sync_dir_.store(on); }
+  // StatVfs reports this many bytes free (nullopt, the default: the real figure).
+  void SetFreeBytes(std::optional<uint64_t> bytes) {
+    absl::MutexLock lock(&hook_mu_);
+    free_bytes_ = bytes;
+  }
   uint64_t dir_syncs() const { return dir_syncs_.load(); }
   uint64_t no_space_errors() const { return no_space_errors_.load(); }
   uint64_t corrupted_reads() const { return corrupted_reads_.load(); }
@@ -112,11 +119,21 @@ class FaultyPayloadOps : public PayloadFileOps {
     if (r == 0) dir_syncs_.fetch_add(1);
     return r;
   }
+  int StatVfs(const std::string& path, struct statvfs* out) override {
+    const int r = PayloadFileOps::StatVfs(path, out);
+    absl::MutexLock lock(&hook_mu_);
+    if (r == 0 && free_bytes_.has_value()) {
+      out->f_frsize = 4096;
+      out->f_bavail = *free_bytes_ / 4096;
+    }
+    return r;
+  }
 
  private:
   absl::Mutex hook_mu_;
   bool corrupt_next_ ABSL_GUARDED_BY(hook_mu_) = false;
   std::function<void()> next_read_hook_ ABSL_GUARDED_BY(hook_mu_);
+  std::optional<uint64_t> free_bytes_ ABSL_GUARDED_BY(hook_mu_);
   absl::Mutex hold_mu_;
   bool hold_ ABSL_GUARDED_BY(hold_mu_) = false;
   uint64_t held_ ABSL_GUARDED_BY(hold_mu_) = 0;
