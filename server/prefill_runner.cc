@@ -4,6 +4,7 @@
 #include "storage/crc32c.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <deque>
 #include <optional>
@@ -149,8 +150,12 @@ absl::Status Session::Open() {
   }
   if (open.has_compute_estimate()) {
     const auto& e = open.compute_estimate();
-    if (!(e.a_seconds() >= 0) || !(e.b_seconds() >= 0)) {
-      return absl::InvalidArgumentError("open.compute_estimate: a and b must be >= 0");
+    // NaN fails both comparisons; an infinite estimate would make every plan a tie
+    // between 'compute it' and 'never finishes'.
+    if (!(e.a_seconds() >= 0) || !(e.b_seconds() >= 0) || !std::isfinite(e.a_seconds()) ||
+        !std::isfinite(e.b_seconds())) {
+      return absl::InvalidArgumentError(
+          "open.compute_estimate: a and b must be finite and >= 0");
     }
     open_cost_ = {e.a_seconds(), e.b_seconds()};
     open_cost_given_ = true;

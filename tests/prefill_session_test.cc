@@ -10,8 +10,11 @@
 #include <atomic>
 #include <chrono>
 #include <functional>
+#include <limits>
 #include <map>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "absl/synchronization/notification.h"
 #include "client/kvtier_client.h"
@@ -267,6 +270,17 @@ TEST_F(PrefillTest, BadOpens) {
     ExpectContract(seen);
     EXPECT_EQ(seen.plan.cached_prefix(), 0u);
     EXPECT_EQ(seen.done->reason(), v1::PrefillDone::NOTHING_CACHED);
+  }
+  // Compute estimates that are no estimate: negative, NaN, infinite.
+  const double inf = std::numeric_limits<double>::infinity();
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  for (const auto& [a, b] : std::vector<std::pair<double, double>>{
+           {-1, 0}, {0, -1}, {nan, 0}, {0, nan}, {inf, 0}, {0, inf}, {inf, inf}}) {
+    grpc::ClientContext ctx;
+    auto s = Open(&ctx, 0, std::make_pair(a, b));
+    Seen seen = Drain(s.get());
+    EXPECT_EQ(seen.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << a << ", " << b;
+    EXPECT_NE(seen.status.error_message().find("compute_estimate"), std::string::npos);
   }
 }
 
