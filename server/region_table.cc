@@ -74,6 +74,16 @@ absl::Status RegionTable::Remove(uint64_t owner, uint64_t id) {
   if (it == regions_.end() || it->second.owner != owner) {
     return absl::NotFoundError(absl::StrCat("region ", id, ": not registered on this connection"));
   }
+  // Transfers copy the pointer only in Find, under mu_: a count of one here means none
+  // holds it, and none can start before it is gone from the table.
+  const long holders = it->second.region ? it->second.region.use_count()
+                                         : it->second.device.use_count();
+  if (holders > 1) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "region ", id, ": in use by ", holders - 1,
+        " call(s) in flight (a Get into it, a Put frame from it or a Prefill session "
+        "writing into it); end or wait for them, then remove it"));
+  }
   bytes_ -= it->second.size();
   regions_.erase(it);
   return absl::OkStatus();

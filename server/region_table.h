@@ -1,8 +1,11 @@
 // RegionTable: the shared-memory regions clients registered, by id. Each region belongs
 // to one region-socket connection (its owner) and is usable only with the random token
-// that connection was told, so a client cannot name another client's memory. Removing
-// a region (or its owner's connection closing) forgets it at once; a transfer already
-// holding its MappedRegion finishes into the still-mapped memory.
+// that connection was told, so a client cannot name another client's memory. A transfer
+// holds the region's shared_ptr for as long as it uses it (a call, a frame, a Prefill
+// session). Removing a region is refused while one does, so that a remove answered OK
+// means the daemon will not touch the memory again; its owner's connection closing
+// forgets it at once, and a transfer still holding it finishes into the still-mapped
+// memory (which the gone client no longer uses).
 //
 // Bounded: at most max_regions regions of at most max_region_bytes each, whatever the
 // number of clients; the table itself holds a few dozen bytes per region.
@@ -51,7 +54,8 @@ class RegionTable {
   absl::StatusOr<Added> AddDevice(uint64_t owner, DeviceBackend* backend,
                                   absl::string_view ipc_handle, uint64_t expected_bytes,
                                   const std::vector<std::string>& event_handles = {});
-  // Returns: Ok, NotFound (no such region of this owner).
+  // Returns: Ok, NotFound (no such region of this owner), FailedPrecondition (a
+  // transfer in flight holds it; nothing changed).
   absl::Status Remove(uint64_t owner, uint64_t id);
   // Forgets every region of `owner`; returns how many.
   int RemoveOwner(uint64_t owner);

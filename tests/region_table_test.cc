@@ -67,6 +67,31 @@ TEST(RegionTableTest, ATransferKeepsItsRegionMappedAfterTheOwnerGoes) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// A remove answered OK means no transfer will touch the memory again: while one holds
+// the region, the remove is refused and changes nothing.
+TEST(RegionTableTest, ARemoveIsRefusedWhileATransferHoldsTheRegion) {
+  RegionTable table(RegionTableOptions{});
+  const int fd = SealedMemfd(4096);
+  auto added = table.Add(7, fd, 4096);
+  ASSERT_TRUE(added.ok());
+  close(fd);
+  auto transfer = table.Find(added->id, added->token);
+  ASSERT_TRUE(transfer.ok());
+  auto second = table.Find(added->id, added->token);
+  ASSERT_TRUE(second.ok());
+  const absl::Status busy = table.Remove(7, added->id);
+  EXPECT_EQ(busy.code(), absl::StatusCode::kFailedPrecondition) << busy;
+  EXPECT_NE(busy.message().find("in use by 2 call(s)"), std::string::npos) << busy;
+  EXPECT_EQ(table.regions(), 1u);
+  EXPECT_TRUE(table.Find(added->id, added->token).ok()) << "still registered";
+  second->reset();
+  transfer->reset();
+  EXPECT_TRUE(table.Remove(7, added->id).ok());
+  EXPECT_EQ(table.regions(), 0u);
+  EXPECT_EQ(table.Find(added->id, added->token).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
 TEST(AdmitPeerTest, OwnUserRootAndTheAllowedGroup) {
   EXPECT_TRUE(AdmitPeer({1, 1000, 1000, {}}, 1000, std::nullopt).ok());
   EXPECT_TRUE(AdmitPeer({1, 0, 0, {}}, 1000, std::nullopt).ok());

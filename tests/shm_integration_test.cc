@@ -403,6 +403,58 @@ TEST_F(ShmTest, PrefillCopiesStreamedChunksIntoTheRegion) {
   EXPECT_EQ(done.reason(), v1::PrefillDone::ALL_STREAMED);
 }
 
+// A remove answered OK means the daemon will not write into the region again: while a
+// Prefill session still writes into it, the remove is refused (FAILED_PRECONDITION)
+// and the region stays registered; once the session is over, it goes.
+TEST_F(ShmTest, ARegionAPrefillSessionWritesIntoCannotBeRemovedUntilItEnds) {
+  StartDaemon();
+  for (uint64_t i = 0; i < 3; ++i) PutChunk(i);
+  std::shared_ptr<RegionChannel> channel = Channel();
+  ASSERT_NE(channel, nullptr);
+  auto buf = SharedBuffer::Create(channel, 12 * kMiB);
+  ASSERT_TRUE(buf.ok()) << buf.status();
+  grpc::ClientContext ctx;
+  client_->PrepareContext(&ctx);
+  auto stream = client_->stub()->Prefill(&ctx);
+  v1::PrefillClientMessage open;
+  open.mutable_open()->set_namespace_id(ns_);
+  for (uint64_t i = 0; i < 3; ++i) open.mutable_open()->add_keys(KeyOf(i).ToByteString());
+  open.mutable_open()->mutable_compute_estimate()->set_a_seconds(100);  // Stream all.
+  open.mutable_open()->set_max_bytes_per_second(8 * kMiB);  // Half a second a chunk.
+  open.mutable_open()->mutable_target()->set_region_id((*buf)->region_id());
+  open.mutable_open()->mutable_target()->set_token((*buf)->token());
+  open.mutable_open()->mutable_target()->add_offsets(0);
+  ASSERT_TRUE(stream->Write(open));
+  v1::PrefillServerMessage msg;
+  int chunks = 0;
+  bool tried = false;
+  while (stream->Read(&msg)) {
+    if (msg.has_chunk() && ++chunks == 1) {
+      // The session is under way and has chunks left to write into the region.
+      const absl::Status busy = channel->Remove((*buf)->region_id());
+      EXPECT_EQ(busy.code(), absl::StatusCode::kFailedPrecondition) << busy;
+      EXPECT_NE(busy.message().find("in use"), std::string::npos) << busy;
+      tried = true;
+    }
+    if (msg.has_done()) stream->WritesDone();
+  }
+  ASSERT_TRUE(stream->Finish().ok());
+  ASSERT_TRUE(tried);
+  EXPECT_EQ(chunks, 3) << "the session went on into the region";
+  for (int j = 0; j < 3; ++j) {
+    EXPECT_EQ(std::string((*buf)->data() + j * 4 * kMiB, 4 * kMiB), PatternBytes(j, 4 * kMiB));
+  }
+  // The session lets go of the region as it ends, asynchronously to the stream's status:
+  // the remove goes through within a bounded wait.
+  absl::Status removed = absl::UnknownError("not tried");
+  for (const absl::Time deadline = absl::Now() + absl::Seconds(20);
+       !removed.ok() && absl::Now() < deadline;) {
+    removed = channel->Remove((*buf)->region_id());
+    if (!removed.ok()) absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_TRUE(removed.ok()) << removed;
+}
+
 TEST_F(ShmTest, PrefillSessionIntoSharedMemoryHasTheDaemonCopyTheChunks) {
   // PrefillSession with `into` in AllocateShared memory: the daemon writes the streamed
   // chunks there (no data on the stream); `into` in the caller's own memory: the same
