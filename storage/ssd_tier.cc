@@ -1,6 +1,7 @@
 #include "storage/ssd_tier.h"
 
 #include <algorithm>
+#include <filesystem>
 #include <cstring>
 
 #include "absl/strings/match.h"
@@ -12,6 +13,7 @@
 #include "rocksdb/write_batch.h"
 #include "storage/crc32c.h"
 #include "storage/log.h"
+#include "storage/rocksdb_logger.h"
 #include "storage/ssd_row.h"
 
 namespace kvtier {
@@ -83,7 +85,10 @@ absl::StatusOr<std::unique_ptr<SsdTier>> SsdTier::Open(SsdTierOptions options) {
   db_options.create_missing_column_families = true;
   db_options.db_write_buffer_size = options.write_buffer_bytes;
   db_options.max_background_jobs = 2;
-  db_options.keep_log_file_num = 3;
+  // RocksDB's warnings and errors go to the daemon's log, not to a LOG file on the disk
+  // the index shares (see RocksDbLogger: a LOG writer that hit a full disk aborts the
+  // process on its next line).
+  db_options.info_log = std::make_shared<RocksDbLogger>(rocksdb::InfoLogLevel::WARN_LEVEL);
   db_options.info_log_level = rocksdb::InfoLogLevel::WARN_LEVEL;
   db_options.use_fsync = false;
   // No preallocation: the WAL and tables hold only index rows, and a WAL preallocated
@@ -99,6 +104,12 @@ absl::StatusOr<std::unique_ptr<SsdTier>> SsdTier::Open(SsdTierOptions options) {
       {"meta", small},
       {"layouts", small},
   };
+  // RocksDB logs an error when it looks for a database in a directory that is not there
+  // yet, which every first start would show.
+  {
+    std::error_code ec;
+    std::filesystem::create_directories(options.path, ec);  // Open reports a failure.
+  }
   // A database from before the payload files has two more families; they must be opened
   // to be dropped.
   std::vector<std::string> existing;

@@ -3,10 +3,14 @@
 // still served intact, and the daemon keeps serving. The payload files stop short of
 // the room RocksDB needs (SsdTierOptions::MinFreeBytes), so the daemon still shuts down
 // cleanly and starts again on that disk, after SIGTERM or kill -9, with every
-// acknowledged chunk. Needs root for the mount; skips (saying why) where mounting is
-// not allowed.
+// acknowledged chunk. When something else takes the rest of the disk, RocksDB itself
+// runs out: the daemon still stops without crashing (a failed memtable flush is exit 1;
+// the rows are in the WAL) and starts again once the space is back. Needs root for the
+// mount; skips (saying why) where mounting is not allowed.
+#include <fcntl.h>
 #include <sys/mount.h>
 #include <sys/statvfs.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
@@ -68,19 +72,43 @@ TEST(FullDiskTest, PutsFailCleanlyAndStoredChunksSurvive) {
 
   // Still serving; everything acknowledged is intact, and the failed chunk is not
   // visible. The same after a clean stop and after kill -9, each followed by a restart
-  // on the same full disk.
+  // on the same full disk, and after a stop on a disk someone else filled to the last
+  // byte (space given back before the restart).
   const std::vector<std::string> args = {"--write-mode=write-through", "--ram-capacity=64MiB",
                                          "--ssd-capacity=1GiB", "--ssd-write-buffer=8MiB"};
-  for (int round = 0; round < 3; ++round) {
-    SCOPED_TRACE(round == 0 ? "serving" : round == 1 ? "after SIGTERM" : "after kill -9");
+  const char* const rounds[] = {"serving", "after SIGTERM", "after kill -9",
+                                "after SIGTERM on a disk filled by someone else"};
+  const std::string ballast = mnt + "/ballast";
+  for (int round = 0; round < 4; ++round) {
+    SCOPED_TRACE(rounds[round]);
     if (round > 0) {
       client->reset();
       if (round == 1) {
         auto code = daemon->Terminate();
         ASSERT_TRUE(code.ok()) << code.status();
         EXPECT_EQ(*code, 0) << daemon->ReadLog();
-      } else {
+      } else if (round == 2) {
         daemon->Kill();
+      } else {
+        // A new layout puts a row in the memtable; the disk is then taken to its last
+        // byte, so flushing it at shutdown fails inside RocksDB.
+        auto other = KvTierClient::Connect(daemon->target());
+        ASSERT_TRUE(other.ok());
+        ASSERT_TRUE((*other)->RegisterLayout(testing::LayoutOfMiB(4, "another-model")).ok());
+        other->reset();
+        const int fd = open(ballast.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+        ASSERT_GE(fd, 0);
+        const std::string block(1 << 20, '\0');
+        for (size_t n : {block.size(), size_t{4096}}) {
+          while (write(fd, block.data(), n) == static_cast<ssize_t>(n)) {
+          }
+        }
+        close(fd);
+        auto code = daemon->Terminate();
+        ASSERT_TRUE(code.ok()) << code.status();
+        EXPECT_TRUE(*code == 0 || *code == 1) << "exit " << *code << "\n" << daemon->ReadLog();
+        EXPECT_EQ(daemon->ReadLog().find("Assertion"), std::string::npos) << daemon->ReadLog();
+        ASSERT_EQ(unlink(ballast.c_str()), 0);
       }
       const std::string previous_log = daemon->ReadLog();
       daemon = testing::DaemonProcess::Start(data_dir, args);

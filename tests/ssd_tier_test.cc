@@ -851,6 +851,25 @@ TEST_F(SsdTierFaultTest, FullDiskIsResourceExhaustedAndRecovers) {
   ExpectStored(Id(4), 2 * kMiB);
 }
 
+// RocksDB writes no LOG file on the disk it shares with the payload (a LOG writer that
+// hit a full disk aborted kvtierd on its next line); its errors reach the daemon's log.
+TEST_F(SsdTierFaultTest, RocksDbLogsToTheDaemonsLogNotToAFile) {
+  PutOk(Id(1), kMiB);
+  ASSERT_TRUE(tier_->Flush().ok());
+  for (const auto& e : std::filesystem::directory_iterator(options_.path)) {
+    EXPECT_FALSE(absl::StartsWith(e.path().filename().string(), "LOG")) << e.path();
+  }
+  SetMinLogLevel(LogLevel::kWarning);
+  ::testing::internal::CaptureStderr();
+  fs_->SetNoSpace(true);
+  EXPECT_EQ(Put(Id(2), Payload(Id(2), kMiB)).code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_FALSE(tier_->Flush().ok());
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  SetMinLogLevel(LogLevel::kError);
+  EXPECT_NE(log.find("rocksdb: "), std::string::npos) << log;
+  fs_->SetNoSpace(false);
+}
+
 TEST_F(SsdTierFaultTest, FailedPutEvictsNothing) {
   options_.capacity_bytes = 3 * kMiB;
   Open();
