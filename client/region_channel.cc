@@ -4,6 +4,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstddef>
 #include <cstring>
@@ -114,12 +115,19 @@ absl::StatusOr<RegionChannel::Registration> RegionChannel::Register(
   return Registration{answer->region_id(), answer->token(), answer->bytes()};
 }
 
-absl::Status RegionChannel::Remove(uint64_t region_id) {
+absl::Status RegionChannel::Remove(uint64_t region_id, absl::Duration wait_for_calls) {
   v1::RegionSocketRequest req;
   req.mutable_remove()->set_region_id(region_id);
-  auto answer = Call(req, -1);
-  if (!answer.ok()) return answer.status();
-  return absl::Status(static_cast<absl::StatusCode>(answer->code()), answer->message());
+  const absl::Time give_up = absl::Now() + wait_for_calls;
+  absl::Duration backoff = absl::Milliseconds(1);
+  while (true) {
+    auto answer = Call(req, -1);
+    if (!answer.ok()) return answer.status();
+    absl::Status s(static_cast<absl::StatusCode>(answer->code()), answer->message());
+    if (!absl::IsFailedPrecondition(s) || absl::Now() + backoff > give_up) return s;
+    absl::SleepFor(backoff);
+    backoff = std::min(2 * backoff, absl::Milliseconds(50));
+  }
 }
 
 }  // namespace kvtier

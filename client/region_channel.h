@@ -15,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "kvtier/v1/kvtier.pb.h"
 
 namespace kvtier {
@@ -49,7 +50,13 @@ class RegionChannel {
   // RegionTarget.record_events (at most 512).
   absl::StatusOr<Registration> AddDevice(absl::string_view ipc_handle, uint64_t bytes,
                                          absl::Span<const std::string> event_handles = {});
-  absl::Status Remove(uint64_t region_id);
+  // Unregisters a region. The daemon refuses (FailedPrecondition) while a call uses
+  // the region, and lets go of it a moment after each call ends (after the caller saw
+  // its status), so a refusal is retried, backing off, for up to `wait_for_calls`; past
+  // it the refusal is returned (a call still running, such as a Prefill session writing
+  // into the region). Returns: Ok (the daemon will not touch the memory again),
+  // NotFound, FailedPrecondition, or the socket's error.
+  absl::Status Remove(uint64_t region_id, absl::Duration wait_for_calls = absl::Seconds(5));
 
   // Sends `request` with `fd` attached (-1: none) and reads the answer. For tests that
   // send what Add never would.

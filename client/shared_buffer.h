@@ -5,8 +5,10 @@
 // crosses a socket.
 //
 // Thread-safety: the bytes are the caller's to synchronise (don't read a range while a
-// Get writes it). Destroying the buffer unregisters it; the daemon never holds it past
-// the transfer in flight.
+// Get writes it). Destroying the buffer unregisters it (RegionChannel::Remove: it
+// waits up to 5 s for calls still using it to end); a call still using it after that
+// keeps it registered until the channel closes, and the memory lives on in the daemon's
+// mapping until the call ends.
 #ifndef KVTIER_CLIENT_SHARED_BUFFER_H_
 #define KVTIER_CLIENT_SHARED_BUFFER_H_
 

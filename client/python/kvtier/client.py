@@ -160,7 +160,9 @@ class Client:
         return DeviceRegion(region_id, token, n)
 
     def release_device_memory(self, region: DeviceRegion) -> None:
-        """Forgets a registration (copies in flight into it still finish)."""
+        """Forgets a registration. The daemon refuses while a call still uses the region;
+        this waits up to 5 s for such calls to end, then raises FailedPreconditionError.
+        Once it returns, the daemon will not touch that memory again."""
         self._native.release_device_memory(region.region_id)
 
     def put_from_device(self, namespace_id: int, keys: Sequence[bytes], region: DeviceRegion,
