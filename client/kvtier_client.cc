@@ -44,6 +44,25 @@ constexpr char kPutDataTag = (4 << 3) | 2;
 // it, so that the daemon copies piece k while this client checksums piece k + 1.
 constexpr uint64_t kRegionPieceBytes = 8 << 20;
 
+// The deadline the RPCs of one public call share (Put, Get, GetInto...), set for the
+// call's thread: the call is bounded by one rpc_deadline however many RPCs it makes
+// (the data-plane probe on first use, a retried Put). Unset: each RPC gets its own.
+thread_local std::optional<absl::Time> call_deadline;
+
+// Sets call_deadline for a public call, unless an enclosing call set it already.
+class CallDeadline {
+ public:
+  explicit CallDeadline(absl::Duration rpc_deadline) : outer_(call_deadline) {
+    if (!outer_.has_value()) call_deadline = absl::Now() + rpc_deadline;
+  }
+  ~CallDeadline() { call_deadline = outer_; }
+  CallDeadline(const CallDeadline&) = delete;
+  CallDeadline& operator=(const CallDeadline&) = delete;
+
+ private:
+  const std::optional<absl::Time> outer_;
+};
+
 void AppendVarint(std::string& out, uint64_t v) {
   while (v >= 0x80) {
     out.push_back(static_cast<char>((v & 0x7f) | 0x80));
@@ -242,7 +261,7 @@ absl::StatusOr<SharedMemoryPlane*> KvTierClient::Plane() {
   } else if (info->region_socket().empty()) {
     why = absl::FailedPreconditionError("the daemon serves no shared memory (shm_socket = off)");
   } else {
-    auto plane = SharedMemoryPlane::Open(*info, options_.staging_bytes);
+    auto plane = SharedMemoryPlane::Open(*info, options_.staging_bytes, options_.rpc_deadline);
     if (plane.ok()) {
       plane_ = *std::move(plane);
       plane_detail_ = absl::StrCat("shared memory (region socket ", info->region_socket(), ")");
@@ -409,7 +428,8 @@ void KvTierClient::NotePutPlaces(const grpc::ClientContext& ctx) {
 void KvTierClient::PrepareContext(grpc::ClientContext* ctx) const {
   // absl::ToChronoTime maps InfiniteFuture to time_point::max(), which gRPC reads as
   // "no deadline".
-  ctx->set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_deadline));
+  const absl::Time deadline = call_deadline.value_or(absl::Now() + options_.rpc_deadline);
+  ctx->set_deadline(absl::ToChronoTime(deadline));
   if (!options_.bearer_token.empty()) {
     ctx->AddMetadata("authorization", absl::StrCat("Bearer ", options_.bearer_token));
   }
@@ -517,6 +537,7 @@ absl::Status KvTierClient::WatchEvents(
 absl::StatusOr<PutResult> KvTierClient::Put(uint64_t namespace_id,
                                             absl::Span<const ChunkToPut> chunks,
                                             const ProgressCallback& progress) {
+  const CallDeadline call(options_.rpc_deadline);
   std::optional<uint64_t> chunk_bytes;
   {
     absl::MutexLock lock(&mu_);
@@ -598,7 +619,7 @@ absl::StatusOr<PutResult> KvTierClient::Put(uint64_t namespace_id,
 
   // One deadline for every attempt: a Put the daemon refuses at admission is retried
   // (ClientOptions::retry_refused_puts) until then.
-  const absl::Time deadline = absl::Now() + options_.rpc_deadline;
+  const absl::Time deadline = *call_deadline;
   for (int attempt = 0;; ++attempt) {
     grpc::ClientContext ctx;
     PrepareContext(&ctx);
@@ -738,6 +759,7 @@ absl::StatusOr<std::vector<GotChunk>> KvTierClient::Get(uint64_t namespace_id,
                                                         std::optional<LayerRange> layers,
                                                         const ProgressCallback& progress,
                                                         v1::GetOrder order, uint64_t lease_id) {
+  const CallDeadline call(options_.rpc_deadline);
   const bool layer_major = order == v1::GET_ORDER_LAYER_MAJOR;
   std::vector<GotChunk> out(keys.size());
   std::vector<uint8_t> seen(keys.size(), 0);
@@ -826,6 +848,7 @@ absl::Status KvTierClient::GetStream(uint64_t namespace_id, absl::Span<const Chu
                                      const GetFrameCallback& on_frame,
                                      v1::GetOrder order, uint64_t lease_id) {
   if (!on_frame) return absl::InvalidArgumentError("GetStream: on_frame is empty");
+  const CallDeadline call(options_.rpc_deadline);
   v1::GetFrame frame;  // Reused: data keeps its capacity from frame to frame.
   return GetStreamRaw(namespace_id, keys, layers,
                       [&](uint32_t index, const GetFrameHeader& header,
@@ -1029,6 +1052,7 @@ absl::StatusOr<GetIntoResult> KvTierClient::GetInto(uint64_t namespace_id,
                                                     std::optional<LayerRange> layers,
                                                     v1::GetOrder order, uint64_t lease_id,
                                                     const GetIntoItemCallback& on_item) {
+  const CallDeadline call(options_.rpc_deadline);
   const auto sizes = ItemSizes(namespace_id, layers);
   if (!sizes.ok()) {
     return absl::Status(sizes.status().code(),
@@ -1112,6 +1136,7 @@ absl::StatusOr<GetIntoResult> KvTierClient::GetIntoDevice(
     const RegionChannel::Registration& region, uint64_t offset,
     std::optional<LayerRange> layers, v1::GetOrder order, uint64_t lease_id,
     const GetIntoItemCallback& on_item, bool record_events) {
+  const CallDeadline call(options_.rpc_deadline);
   const auto sizes = ItemSizes(namespace_id, layers);
   if (!sizes.ok()) {
     return absl::Status(sizes.status().code(),
@@ -1145,6 +1170,7 @@ absl::StatusOr<GetIntoResult> KvTierClient::GetIntoDevice(
 absl::StatusOr<PutResult> KvTierClient::PutFromDevice(uint64_t namespace_id,
                                                       absl::Span<const DeviceChunkToPut> chunks,
                                                       const RegionChannel::Registration& region) {
+  const CallDeadline call(options_.rpc_deadline);
   const auto sizes = ItemSizes(namespace_id, std::nullopt);
   if (!sizes.ok()) {
     return absl::Status(sizes.status().code(),

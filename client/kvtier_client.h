@@ -470,7 +470,8 @@ class KvTierClient {
   // Raw access for tests that need to send what this class never would (malformed
   // frames, bad key lengths). Use PrepareContext() to get the same deadline.
   v1::KvCache::Stub* stub() const { return stub_.get(); }
-  // Sets `ctx`'s deadline to now + options().rpc_deadline.
+  // Sets `ctx`'s deadline to now + options().rpc_deadline, or, inside a Put or Get on
+  // this thread, to that call's deadline (one rpc_deadline bounds all its RPCs).
   void PrepareContext(grpc::ClientContext* ctx) const;
   const ClientOptions& options() const { return options_; }
   const std::string& target() const { return target_; }

@@ -13,8 +13,8 @@
 
 namespace kvtier {
 
-absl::StatusOr<std::shared_ptr<RegionChannel>> RegionChannel::Connect(const std::string& name,
-                                                                      uint64_t instance_id) {
+absl::StatusOr<std::shared_ptr<RegionChannel>> RegionChannel::Connect(
+    const std::string& name, uint64_t instance_id, absl::Duration timeout) {
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   if (name.size() < 2 || name.size() >= sizeof(addr.sun_path) ||
@@ -35,7 +35,16 @@ absl::StatusOr<std::shared_ptr<RegionChannel>> RegionChannel::Connect(const std:
                                                std::strerror(err),
                                                " (the daemon is on another host, or has none)"));
   }
-  std::shared_ptr<RegionChannel> channel(new RegionChannel(fd));
+  // Sends and receives give up after `timeout` (EAGAIN): a stopped daemon must not hang
+  // the client.
+  const timeval tv = absl::ToTimeval(std::max(timeout, absl::Milliseconds(1)));
+  if (setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) != 0 ||
+      setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)) != 0) {
+    const int err = errno;
+    close(fd);
+    return absl::InternalError(absl::StrCat("region socket: SO_RCVTIMEO: ", std::strerror(err)));
+  }
+  std::shared_ptr<RegionChannel> channel(new RegionChannel(fd, timeout));
   v1::RegionSocketRequest hello;
   hello.mutable_hello();
   auto answer = channel->Call(hello, -1);
@@ -71,7 +80,23 @@ absl::StatusOr<v1::RegionSocketResponse> RegionChannel::Call(
     std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
   }
   absl::MutexLock lock(&mu_);
-  if (sendmsg(fd_, &msg, MSG_NOSIGNAL) != static_cast<ssize_t>(out.size())) {
+  if (broken_) {
+    return absl::UnavailableError(
+        "region socket: closed after the daemon left a request unanswered");
+  }
+  const auto timed_out = [this](const char* what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    broken_ = true;
+    shutdown(fd_, SHUT_RDWR);  // The daemon forgets this connection's regions.
+    return absl::DeadlineExceededError(absl::StrCat(
+        "region socket: the daemon did not ", what, " within ", absl::FormatDuration(timeout_),
+        " (stopped or overloaded?); shared memory is off for this client"));
+  };
+  ssize_t sent;
+  do {
+    sent = sendmsg(fd_, &msg, MSG_NOSIGNAL);
+  } while (sent < 0 && errno == EINTR);
+  if (sent < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return timed_out("take a request");
+  if (sent != static_cast<ssize_t>(out.size())) {
     return absl::UnavailableError(absl::StrCat("region socket: send: ", std::strerror(errno)));
   }
   char buf[4096];
@@ -79,6 +104,7 @@ absl::StatusOr<v1::RegionSocketResponse> RegionChannel::Call(
   do {
     n = recv(fd_, buf, sizeof(buf), 0);
   } while (n < 0 && errno == EINTR);
+  if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return timed_out("answer");
   if (n <= 0) {
     return absl::UnavailableError(n == 0 ? "region socket: the daemon closed it"
                                          : absl::StrCat("region socket: ", std::strerror(errno)));

@@ -3,6 +3,11 @@
 // registrations live as long as this connection: when the process exits, the kernel
 // closes the socket and the daemon forgets them.
 //
+// A request the daemon does not answer within the channel's timeout (a daemon that is
+// stopped or wedged) fails with DeadlineExceeded, and the channel is then broken: every
+// later request fails at once (Unavailable), since a late answer could no longer be told
+// apart from the next one's. Closing it makes the daemon forget its regions.
+//
 // Thread-safety: thread-safe; requests are answered in order, one at a time.
 #ifndef KVTIER_CLIENT_REGION_CHANNEL_H_
 #define KVTIER_CLIENT_REGION_CHANNEL_H_
@@ -30,10 +35,12 @@ class RegionChannel {
 
   // Connects to the socket `name` ("@abstract" or a path) and checks that the daemon
   // behind it has `instance_id` (that it is the daemon the gRPC channel reaches).
+  // Each request waits at most `timeout` for its answer (and for room to send it).
   // Returns: Ok, Unavailable (no such socket: another host, or the daemon has none),
-  // FailedPrecondition (a different daemon answers), PermissionDenied (not admitted).
-  static absl::StatusOr<std::shared_ptr<RegionChannel>> Connect(const std::string& name,
-                                                                uint64_t instance_id);
+  // FailedPrecondition (a different daemon answers), PermissionDenied (not admitted),
+  // DeadlineExceeded (no answer to the hello).
+  static absl::StatusOr<std::shared_ptr<RegionChannel>> Connect(
+      const std::string& name, uint64_t instance_id, absl::Duration timeout = absl::Seconds(30));
   ~RegionChannel();
   RegionChannel(const RegionChannel&) = delete;
   RegionChannel& operator=(const RegionChannel&) = delete;
@@ -63,10 +70,12 @@ class RegionChannel {
   absl::StatusOr<v1::RegionSocketResponse> Call(const v1::RegionSocketRequest& request, int fd);
 
  private:
-  explicit RegionChannel(int fd) : fd_(fd) {}
+  RegionChannel(int fd, absl::Duration timeout) : fd_(fd), timeout_(timeout) {}
   absl::StatusOr<Registration> Register(const v1::RegionSocketRequest& req, int fd);
   const int fd_;
+  const absl::Duration timeout_;
   absl::Mutex mu_;  // One request in flight.
+  bool broken_ ABSL_GUARDED_BY(mu_) = false;  // A request went unanswered.
 };
 
 }  // namespace kvtier

@@ -5,8 +5,8 @@
 namespace kvtier {
 
 absl::StatusOr<std::unique_ptr<SharedMemoryPlane>> SharedMemoryPlane::Open(
-    const v1::DataPlaneResponse& info, uint64_t staging_bytes) {
-  auto channel = RegionChannel::Connect(info.region_socket(), info.instance_id());
+    const v1::DataPlaneResponse& info, uint64_t staging_bytes, absl::Duration timeout) {
+  auto channel = RegionChannel::Connect(info.region_socket(), info.instance_id(), timeout);
   if (!channel.ok()) return channel.status();
   return std::unique_ptr<SharedMemoryPlane>(
       new SharedMemoryPlane(*std::move(channel), info.region_socket(), staging_bytes));

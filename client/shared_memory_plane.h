@@ -27,10 +27,11 @@ namespace kvtier {
 
 class SharedMemoryPlane {
  public:
-  // Connects to the region socket `info` names. Returns: Ok, and Connect's errors
-  // (Unavailable: not this host; FailedPrecondition: another daemon; PermissionDenied).
+  // Connects to the region socket `info` names; each request on it waits at most
+  // `timeout` (RegionChannel). Returns: Ok, and Connect's errors (Unavailable: not this
+  // host; FailedPrecondition: another daemon; PermissionDenied; DeadlineExceeded).
   static absl::StatusOr<std::unique_ptr<SharedMemoryPlane>> Open(
-      const v1::DataPlaneResponse& info, uint64_t staging_bytes);
+      const v1::DataPlaneResponse& info, uint64_t staging_bytes, absl::Duration timeout);
 
   // A registered buffer of at least `bytes`, remembered (weakly) so that Put and Get
   // recognise spans inside it.

@@ -467,6 +467,36 @@ TEST_F(ShmTest, ARegionIsRemovableOnceTheGetIntoItReturned) {
   }
 }
 
+// A daemon that stops answering (SIGSTOP here; wedged, in production) must not hang a
+// client on the region socket: the request gives up at rpc_deadline, DeadlineExceeded,
+// and the client's puts go on by the stream once the daemon is back.
+TEST_F(ShmTest, AStoppedDaemonTimesOutTheRegionSocketInsteadOfHanging) {
+  StartDaemon();
+  ClientOptions options;
+  options.rpc_deadline = absl::Seconds(2);
+  std::unique_ptr<KvTierClient> client = Connect(options);
+  ASSERT_NE(client, nullptr);
+  ASSERT_EQ(client->data_path(), DataPath::kSharedMemory);
+  ASSERT_EQ(kill(daemon_->pid(), SIGSTOP), 0);
+  struct Resume {
+    pid_t pid;
+    ~Resume() { kill(pid, SIGCONT); }
+  } resume{daemon_->pid()};
+  auto buf = client->AllocateShared(4 * kMiB);  // A registration: one region request.
+  EXPECT_EQ(buf.status().code(), absl::StatusCode::kDeadlineExceeded) << buf.status();
+  EXPECT_NE(buf.status().message().find("region socket"), std::string::npos) << buf.status();
+  ASSERT_EQ(kill(daemon_->pid(), SIGCONT), 0);
+  // The region socket is closed for this client now; its puts take the stream.
+  const std::string data = PatternBytes(7, 4 * kMiB);
+  ChunkToPut c{KeyOf(7), data, 256};
+  auto put = client->Put(ns_, {&c, 1});
+  ASSERT_TRUE(put.ok()) << put.status();
+  auto got = client_->Get(ns_, std::vector<ChunkKey>{KeyOf(7)});
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_TRUE((*got)[0].found);
+  EXPECT_TRUE((*got)[0].data == data);
+}
+
 TEST_F(ShmTest, PrefillSessionIntoSharedMemoryHasTheDaemonCopyTheChunks) {
   // PrefillSession with `into` in AllocateShared memory: the daemon writes the streamed
   // chunks there (no data on the stream); `into` in the caller's own memory: the same
