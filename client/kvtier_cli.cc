@@ -3,12 +3,14 @@
 // Exit status: 0 success, 1 failure (the daemon's error or a local I/O problem, named on
 // stderr as "kvtier: COMMAND: CODE: message"), 2 usage error.
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -542,7 +544,10 @@ Result RunPut(const Args& args, KvTierClient& client) {
 }
 
 // An output file of `get`: written to PATH.partial, renamed to PATH once the whole chunk
-// arrived and checked out, removed otherwise. Never leaves a half-written PATH.
+// arrived and checked out, removed otherwise. Never leaves a half-written PATH. A PATH
+// that is a symlink is followed (the file it names is replaced, the link stays); one
+// that is not a regular file (/dev/stdout, /dev/null, a FIFO) is written in place, since
+// renaming over it would replace the device or pipe with a file.
 class PartialFile {
  public:
   explicit PartialFile(std::string path) : path_(std::move(path)), tmp_(path_ + ".partial") {}
@@ -551,6 +556,21 @@ class PartialFile {
   ~PartialFile() { Abandon(); }
 
   absl::Status Open() {
+    struct stat st {};
+    if (::stat(path_.c_str(), &st) == 0) {  // Follows symlinks.
+      if (!S_ISREG(st.st_mode)) {
+        in_place_ = true;
+        tmp_ = path_;
+        fd_ = ::open(path_.c_str(), O_WRONLY | O_CLOEXEC);
+        if (fd_ < 0) return absl::ErrnoToStatus(errno, absl::StrCat("cannot open ", path_));
+        return absl::OkStatus();
+      }
+      if (char* real = ::realpath(path_.c_str(), nullptr); real != nullptr) {
+        path_ = real;
+        std::free(real);
+        tmp_ = path_ + ".partial";
+      }
+    }
     fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd_ < 0) return absl::ErrnoToStatus(errno, absl::StrCat("cannot create ", tmp_));
     return absl::OkStatus();
@@ -570,6 +590,10 @@ class PartialFile {
     if (::close(fd) != 0) {
       return absl::ErrnoToStatus(errno, absl::StrCat("cannot write ", tmp_));
     }
+    if (in_place_) {
+      committed_ = true;
+      return absl::OkStatus();
+    }
     if (::rename(tmp_.c_str(), path_.c_str()) != 0) {
       return absl::ErrnoToStatus(errno, absl::StrCat("cannot rename ", tmp_, " to ", path_));
     }
@@ -583,12 +607,14 @@ class PartialFile {
       ::close(fd_);
       fd_ = -1;
     }
-    if (!committed_) ::unlink(tmp_.c_str());  // ENOENT when never opened: fine.
+    // ENOENT when never opened: fine. Never a path written in place.
+    if (!committed_ && !in_place_) ::unlink(tmp_.c_str());
   }
 
-  const std::string path_;
-  const std::string tmp_;
+  std::string path_;
+  std::string tmp_;
   int fd_ = -1;
+  bool in_place_ = false;  // Not a regular file: written directly, never renamed or removed.
   bool committed_ = false;
 };
 

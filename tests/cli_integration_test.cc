@@ -1,5 +1,11 @@
 // The `kvtier` CLI against a real kvtierd: register, put and get files, lookup, stats,
 // keys, and its error paths.
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -104,6 +110,36 @@ TEST_F(CliTest, RegisterPutLookupGetStats) {
   auto missing = Cli({"get", "--namespace", ns, key + "=" + dir_ + "/gone.bin"});
   EXPECT_EQ(missing.exit_code, 1) << missing.output;
   EXPECT_FALSE(std::filesystem::exists(dir_ + "/gone.bin"));
+}
+
+// `get` into a symlink replaces the file it names and keeps the link; into something
+// that is not a regular file (a device here, /dev/stdout in use) it writes through it
+// instead of renaming a file over it.
+TEST_F(CliTest, GetFollowsSymlinksAndWritesThroughDevices) {
+  const std::string ns = Register();
+  const std::string key = testing::KeyOf(5).ToHex();
+  const std::string payload = testing::PatternBytes(5, 2 << 20);
+  auto put = Cli({"put", "--namespace", ns, key + "=" + WriteFile("chunk.bin", payload)});
+  ASSERT_EQ(put.exit_code, 0) << put.output;
+
+  const std::string target = WriteFile("target.bin", "old");
+  const std::string link = dir_ + "/link.bin";
+  ASSERT_EQ(symlink(target.c_str(), link.c_str()), 0);
+  auto via_link = Cli({"get", "--namespace", ns, key + "=" + link});
+  ASSERT_EQ(via_link.exit_code, 0) << via_link.output;
+  EXPECT_TRUE(std::filesystem::is_symlink(link));
+  EXPECT_TRUE(ReadFile(target) == payload);
+  EXPECT_FALSE(std::filesystem::exists(link + ".partial"));
+
+  if (geteuid() != 0) GTEST_SKIP() << "making a device node needs root";
+  const std::string null = dir_ + "/null";
+  ASSERT_EQ(mknod(null.c_str(), S_IFCHR | 0666, makedev(1, 3)), 0) << std::strerror(errno);
+  auto into_device = Cli({"get", "--namespace", ns, key + "=" + null});
+  ASSERT_EQ(into_device.exit_code, 0) << into_device.output;
+  struct stat st {};
+  ASSERT_EQ(stat(null.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISCHR(st.st_mode)) << "the device node was replaced";
+  EXPECT_FALSE(std::filesystem::exists(null + ".partial"));
 }
 
 TEST_F(CliTest, ErrorsAreClearAndExitNonZero) {
