@@ -60,6 +60,11 @@ absl::Status Authenticator::Load(bool initial) {
     return absl::InvalidArgumentError(
         absl::StrCat("option tenants_file: cannot read ", path, ": ", std::strerror(errno)));
   }
+  if (!S_ISREG(st.st_mode)) {
+    // A directory reads as empty: no tenant, and every request refused.
+    return absl::InvalidArgumentError(
+        absl::StrCat("option tenants_file: ", path, " is not a regular file"));
+  }
   const int64_t mtime_ns = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
   if (!initial && mtime_ns == file_mtime_ns_ && st.st_size == file_size_) {
     return absl::OkStatus();

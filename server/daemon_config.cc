@@ -2,8 +2,10 @@
 
 #include <algorithm>
 
+#include <fcntl.h>
 #include <grp.h>
 #include <sched.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -373,18 +375,82 @@ absl::Status ValidateRemoteTls(const DaemonConfig& c) {
   return absl::InvalidArgumentError(absl::StrCat("option remote_tls: ", context.status().message()));
 }
 
+// A config file: a regular file (not a directory, which reads as empty, nor a FIFO or
+// /dev/zero, which never end) of at most 1 MiB (the whole option table is a few KiB).
 absl::StatusOr<std::string> ReadFile(const std::string& path) {
-  FILE* f = std::fopen(path.c_str(), "rb");
-  if (f == nullptr) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("option config: cannot read '", path, "': ", std::strerror(errno)));
+  constexpr int64_t kMaxBytes = 1 << 20;
+  const auto bad = [&path](absl::string_view what) {
+    return absl::InvalidArgumentError(absl::StrCat("option config: '", path, "': ", what));
+  };
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) return bad(absl::StrCat("cannot read: ", std::strerror(errno)));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return bad("is not a regular file");
+  }
+  if (st.st_size > kMaxBytes) {
+    ::close(fd);
+    return bad("is larger than 1 MiB; not a kvtierd config");
   }
   std::string out;
   char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
-  std::fclose(f);
+  ssize_t n;
+  while ((n = ::read(fd, buf, sizeof buf)) != 0) {
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int err = errno;
+      ::close(fd);
+      return bad(absl::StrCat("cannot read: ", std::strerror(err)));
+    }
+    out.append(buf, static_cast<size_t>(n));
+    if (static_cast<int64_t>(out.size()) > kMaxBytes) break;  // Grew while read.
+  }
+  ::close(fd);
+  if (static_cast<int64_t>(out.size()) > kMaxBytes) return bad("is larger than 1 MiB");
   return out;
+}
+
+// toml++ parses a dotted key or table header recursively, a stack frame per level: tens
+// of thousands of levels overflow the stack. kvtierd's options are flat, so anything
+// nested past a few levels is refused before parsing, naming the line.
+absl::Status CheckKeyDepth(absl::string_view text, absl::string_view source_name) {
+  constexpr int kMaxDots = 16;
+  int line_no = 0;
+  bool in_multiline = false;  // Inside a """ or ''' string spanning lines.
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    ++line_no;
+    const int quotes = [&] {
+      int n = 0;
+      for (size_t at = 0; (at = line.find("\"\"\"", at)) != absl::string_view::npos; at += 3) ++n;
+      for (size_t at = 0; (at = line.find("'''", at)) != absl::string_view::npos; at += 3) ++n;
+      return n;
+    }();
+    const bool was_in = in_multiline;
+    if (quotes % 2 == 1) in_multiline = !in_multiline;
+    if (was_in) continue;
+    // The key part: up to '=' for a key/value line, the whole line for a header.
+    absl::string_view key = line.substr(0, line.find('='));
+    int dots = 0;
+    char quote = 0;
+    for (char c : key) {
+      if (quote != 0) {
+        if (c == quote) quote = 0;
+      } else if (c == '"' || c == '\'') {
+        quote = c;
+      } else if (c == '#') {
+        break;
+      } else if (c == '.') {
+        ++dots;
+      }
+    }
+    if (dots > kMaxDots) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "config %s: line %d: a key nested %d levels deep; kvtierd's options are flat",
+          source_name, line_no, dots + 1));
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -426,6 +492,23 @@ std::string FormatBytes(uint64_t bytes) {
   return absl::StrCat(v, kUnits[u]);
 }
 
+namespace {
+
+// The port of a host:port address: digits, at most 65535 (gRPC and the HTTP server
+// would otherwise take it modulo 65536 and bind another port). Empty: fine.
+absl::Status CheckPort(const char* option, const std::string& address) {
+  const std::string port = address.substr(address.rfind(':') + 1);
+  uint32_t n = 0;
+  if (port.empty() || !std::all_of(port.begin(), port.end(), absl::ascii_isdigit) ||
+      port.size() > 5 || !absl::SimpleAtoi(port, &n) || n > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "option ", option, ": the port of '", address, "' must be a number from 0 to 65535"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 bool DaemonConfig::ListenIsLoopback() const {
   std::string host = listen.substr(0, listen.rfind(':'));
   if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
@@ -439,6 +522,7 @@ absl::Status DaemonConfig::Validate() const {
     return absl::InvalidArgumentError(
         absl::StrCat("option listen: expected host:port, got '", listen, "'"));
   }
+  if (absl::Status s = CheckPort("listen", listen); !s.ok()) return s;
   if (tls_cert_file.empty() != tls_key_file.empty()) {
     return absl::InvalidArgumentError(
         "option tls_cert_file: TLS needs both tls_cert_file and tls_key_file");
@@ -472,6 +556,9 @@ absl::Status DaemonConfig::Validate() const {
   if (!metrics_listen.empty() && metrics_listen.find(':') == std::string::npos) {
     return absl::InvalidArgumentError(absl::StrCat(
         "option metrics_listen: expected host:port or empty, got '", metrics_listen, "'"));
+  }
+  if (!metrics_listen.empty()) {
+    if (absl::Status s = CheckPort("metrics_listen", metrics_listen); !s.ok()) return s;
   }
   if (max_frame_size < 4096 || max_frame_size > (64ull << 20)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -682,6 +769,7 @@ std::string DaemonConfig::Describe() const {
 
 absl::Status ApplyToml(absl::string_view toml_text, absl::string_view source_name,
                        DaemonConfig& config) {
+  if (absl::Status s = CheckKeyDepth(toml_text, source_name); !s.ok()) return s;
   toml::table table;
   try {
     table = toml::parse(std::string_view(toml_text.data(), toml_text.size()),
@@ -699,6 +787,11 @@ absl::Status ApplyToml(absl::string_view toml_text, absl::string_view source_nam
     std::string value;
     if (auto s = node.value<std::string>()) {
       value = *s;
+      if (value.find('\0') != std::string::npos) {
+        // A C string would end there: the path or address used would not be this one.
+        return absl::InvalidArgumentError(absl::StrCat(
+            "config ", source_name, ": option ", option->name, " contains a NUL character"));
+      }
     } else if (auto b = node.value_exact<bool>()) {
       value = *b ? "true" : "false";
     } else if (auto i = node.value_exact<int64_t>()) {
@@ -768,6 +861,7 @@ absl::StatusOr<ParsedArgs> ParseDaemonArgs(const std::vector<std::string>& args)
         if (i + 1 >= args.size()) return absl::InvalidArgumentError("flag --config needs a file");
         value = args[++i];
       }
+      if (value.empty()) return absl::InvalidArgumentError("flag --config needs a file");
       config_path = value;
       continue;
     }

@@ -1,5 +1,6 @@
 #include "server/daemon_config.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -361,6 +362,11 @@ TEST(DaemonConfigTest, ErrorsNameTheOption) {
       {[](DaemonConfig& c) { c.max_pinned_fraction = 1.5; }, "max_pinned_fraction"},
       {[](DaemonConfig& c) { c.log_level = "loud"; }, "log_level"},
       {[](DaemonConfig& c) { c.ssd_write_buffer = 1024; }, "ssd_write_buffer"},
+      // Ports past 65535 would wrap (99999 binds 34463), negative ones fail at bind.
+      {[](DaemonConfig& c) { c.listen = "127.0.0.1:99999"; }, "listen"},
+      {[](DaemonConfig& c) { c.listen = "127.0.0.1:-1"; }, "listen"},
+      {[](DaemonConfig& c) { c.listen = "127.0.0.1:"; }, "listen"},
+      {[](DaemonConfig& c) { c.metrics_listen = "127.0.0.1:70000"; }, "metrics_listen"},
   };
   for (const Case& k : cases) {
     DaemonConfig bad;
@@ -376,6 +382,59 @@ TEST(DaemonConfigTest, ErrorsNameTheOption) {
 
 namespace kvtier {
 namespace {
+
+// What --config accepts: a regular file of at most 1 MiB, flat keys, no NUL in strings.
+// Each of these once started on defaults, hung, crashed (a stack overflow in the TOML
+// parser) or used a truncated value.
+TEST(DaemonConfigTest, ConfigFilesThatAreNotConfigsAreRefused) {
+  const std::string dir = ::testing::TempDir() + "/kvtier-config-cases";
+  std::filesystem::create_directories(dir);
+  const std::string fifo = dir + "/fifo";
+  std::filesystem::remove(fifo);
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  const std::string big = dir + "/big.toml";
+  std::ofstream(big) << "# " << std::string(2 << 20, 'x') << "\n";
+  const std::string deep = dir + "/deep.toml";
+  {
+    std::string key = "a";
+    for (int i = 0; i < 50000; ++i) key += ".a";
+    std::ofstream(deep) << key << " = 1\n";
+  }
+  const std::string deep_table = dir + "/deep-table.toml";
+  {
+    std::string key = "[a";
+    for (int i = 0; i < 50000; ++i) key += ".a";
+    std::ofstream(deep_table) << key << "]\n";
+  }
+  const struct {
+    std::vector<std::string> args;
+    std::string message;
+  } cases[] = {
+      {{"--config", dir}, "is not a regular file"},
+      {{"--config", fifo}, "is not a regular file"},
+      {{"--config", "/dev/zero"}, "is not a regular file"},
+      {{"--config="}, "--config needs a file"},
+      {{"--config", big}, "larger than 1 MiB"},
+      {{"--config", deep}, "line 1: a key nested 50001 levels deep"},
+      {{"--config", deep_table}, "line 1: a key nested 50001 levels deep"},
+  };
+  for (const auto& c : cases) {
+    auto parsed = ParseDaemonArgs(c.args);
+    ASSERT_FALSE(parsed.ok()) << c.args.back();
+    EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(parsed.status().message().find(c.message), std::string::npos)
+        << c.args.back() << ": " << parsed.status().message();
+  }
+  // A NUL inside a string value: the path used would stop there.
+  DaemonConfig config;
+  const std::string nul("listen_unix = \"/tmp/a\\u0000.sock\"\n");
+  absl::Status s = ApplyToml(nul, "nul.toml", config);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("listen_unix contains a NUL"), std::string::npos) << s.message();
+  // Dots inside quoted values or comments are not nesting.
+  EXPECT_TRUE(ApplyToml("data_dir = \"/a.b.c.d.e.f.g.h.i.j.k.l.m.n.o.p.q.r.s\"  # x.y.z\n",
+                        "dots.toml", config).ok());
+}
 
 TEST(DaemonConfigTest, PlaintextBeyondLoopbackNeedsConsent) {
   for (const char* local : {"127.0.0.1:1", "127.1.2.3:0", "localhost:50051", "[::1]:1"}) {

@@ -167,6 +167,12 @@ TEST_F(AuthenticatorTest, AMissingOrBadFileStopsStartUp) {
   auto bad = Authenticator::Create(options, nullptr);
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("line 2"), std::string::npos) << bad.status();
+  // A directory reads as an empty table: every request would be refused, silently.
+  options.tenants_file = ::testing::TempDir();
+  auto dir = Authenticator::Create(options, nullptr);
+  ASSERT_FALSE(dir.ok());
+  EXPECT_NE(dir.status().message().find("is not a regular file"), std::string::npos)
+      << dir.status();
 }
 
 TEST_F(AuthenticatorTest, MapsEachKindOfCredential) {
