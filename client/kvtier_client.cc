@@ -17,6 +17,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
@@ -380,22 +381,32 @@ absl::StatusOr<std::unique_ptr<KvTierClient>> KvTierClient::Connect(
   std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
   if (!options.tls_ca_file.empty()) {
     grpc::SslCredentialsOptions ssl;
-    auto read = [](const std::string& path, const char* field) -> absl::StatusOr<std::string> {
+    // gRPC takes the files' text and, when it is not PEM, fails every call with
+    // "empty address list" naming no file; a PEM block of the right kind is checked here.
+    auto read = [](const std::string& path, const char* field,
+                   absl::string_view pem_kind) -> absl::StatusOr<std::string> {
       std::ifstream in(path, std::ios::binary);
       std::stringstream text;
       text << in.rdbuf();
       if (!in.good() && !in.eof()) {
         return absl::InvalidArgumentError(absl::StrCat(field, ": cannot read ", path));
       }
-      return text.str();
+      std::string pem = text.str();
+      const size_t begin = pem.find("-----BEGIN ");
+      if (begin == std::string::npos ||
+          pem.find(absl::StrCat(pem_kind, "-----"), begin) == std::string::npos) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            field, ": ", path, " holds no PEM ", absl::AsciiStrToLower(pem_kind)));
+      }
+      return pem;
     };
-    auto ca = read(options.tls_ca_file, "tls_ca_file");
+    auto ca = read(options.tls_ca_file, "tls_ca_file", "CERTIFICATE");
     if (!ca.ok()) return ca.status();
     ssl.pem_root_certs = *std::move(ca);
     if (!options.tls_cert_file.empty()) {
-      auto cert = read(options.tls_cert_file, "tls_cert_file");
+      auto cert = read(options.tls_cert_file, "tls_cert_file", "CERTIFICATE");
       if (!cert.ok()) return cert.status();
-      auto key = read(options.tls_key_file, "tls_key_file");
+      auto key = read(options.tls_key_file, "tls_key_file", "PRIVATE KEY");
       if (!key.ok()) return key.status();
       ssl.pem_cert_chain = *std::move(cert);
       ssl.pem_private_key = *std::move(key);

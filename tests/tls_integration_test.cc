@@ -201,6 +201,42 @@ TEST_F(TlsTest, ABadCertificateFileAtAReloadIsLoggedAndTheOldOneKeepsServing) {
   EXPECT_FALSE(Logged("Update handshaker factory failed")) << daemon_->ReadLog();
 }
 
+// A client given a file that is not PEM is refused at Connect, naming the field and the
+// file (gRPC alone fails every call with "empty address list").
+TEST(TlsClientTest, NonPemFilesAreRefusedAtConnectNamingTheField) {
+  const std::string dir = MakeTempDir("kvtier-client-tls");
+  const std::string junk = dir + "/junk.pem";
+  std::ofstream(junk) << "not a certificate\n";
+  const std::string certs = MakeTempDir("kvtier-client-certs");
+  const std::string cmd = std::string("bash ") + KVTIER_CERT_SCRIPT + " " + certs;
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  struct Case {
+    std::string ca, cert, key, named;  // `named`: what the error must say.
+  } cases[] = {
+      {junk, "", "", "tls_ca_file: " + junk + " holds no PEM certificate"},
+      {certs + "/ca.pem", junk, certs + "/client-a.key",
+       "tls_cert_file: " + junk + " holds no PEM certificate"},
+      {certs + "/ca.pem", certs + "/client-a.pem", junk,
+       "tls_key_file: " + junk + " holds no PEM private key"},
+      // A certificate where the key belongs is not a key.
+      {certs + "/ca.pem", certs + "/client-a.pem", certs + "/client-a.pem",
+       "tls_key_file: " + certs + "/client-a.pem holds no PEM private key"},
+  };
+  for (const Case& c : cases) {
+    ClientOptions o;
+    o.tls_ca_file = c.ca;
+    o.tls_cert_file = c.cert;
+    o.tls_key_file = c.key;
+    auto client = KvTierClient::Connect("127.0.0.1:1", o);
+    ASSERT_FALSE(client.ok()) << c.named;
+    EXPECT_EQ(client.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(client.status().message().find(c.named), std::string::npos) << client.status();
+  }
+  ClientOptions good;
+  good.tls_ca_file = certs + "/ca.pem";
+  EXPECT_TRUE(KvTierClient::Connect("127.0.0.1:1", good).ok());
+}
+
 TEST_F(TlsTest, BadCertificateFilesStopStartUpNamingTheOption) {
   const std::string dir = MakeTempDir("kvtierd-badtls");
   const std::string junk = dir + ".junk.pem";
