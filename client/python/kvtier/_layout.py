@@ -114,6 +114,10 @@ class Layout:
     def __post_init__(self):
         object.__setattr__(self, "dtype", _dtype(self.dtype))
         object.__setattr__(self, "key_position", _key_position(self.key_position))
+        if not isinstance(self.model_id, str) or not isinstance(self.model_revision, str):
+            raise InvalidArgumentError(
+                f"layout.model_id and model_revision: must be str, got "
+                f"{type(self.model_id).__name__} and {type(self.model_revision).__name__}")
         model = self.model_id.encode("utf-8")
         if not model:
             raise InvalidArgumentError("layout.model_id: must not be empty")
@@ -123,9 +127,11 @@ class Layout:
         for name in ("num_layers", "num_kv_heads", "head_dim", "tokens_per_chunk",
                      "tp_world_size"):
             v = getattr(self, name)
-            if not isinstance(v, int) or not 1 <= v <= _U32:
+            # bool is an int to Python; True layers is a mistake, not 1.
+            if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= _U32:
                 raise InvalidArgumentError(f"layout.{name}: must be an integer >= 1, got {v!r}")
-        if not isinstance(self.tp_rank, int) or not 0 <= self.tp_rank < self.tp_world_size:
+        if (not isinstance(self.tp_rank, int) or isinstance(self.tp_rank, bool) or
+                not 0 <= self.tp_rank < self.tp_world_size):
             raise InvalidArgumentError(
                 f"layout.tp_rank: must be in [0, tp_world_size={self.tp_world_size}), "
                 f"got {self.tp_rank!r}")

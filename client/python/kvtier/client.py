@@ -16,6 +16,50 @@ LayerRange = Tuple[int, int]
 _ORDERS = {"chunk": 0, "layer": 1}
 
 
+class _Native:
+    """The native client, with the errors pybind11 raises for arguments it cannot convert
+    (a negative or too large int, None, a wrong type) raised as InvalidArgumentError, as
+    errors.py promises for every error of a call. The native calls' own errors are
+    KvTierErrors already and pass through."""
+
+    def __init__(self, native):
+        object.__setattr__(self, "_n", native)
+
+    def __getattr__(self, name):
+        attr = getattr(self._n, name)
+        if not callable(attr):
+            return attr
+
+        def call(*args, **kwargs):
+            try:
+                return attr(*args, **kwargs)
+            except KvTierError:
+                raise
+            except (TypeError, OverflowError) as e:
+                raise InvalidArgumentError(f"{name}: {e}") from e
+            except RuntimeError as e:
+                if "Unable to cast" not in str(e):
+                    raise
+                raise InvalidArgumentError(f"{name}: {e}") from e
+        return call
+
+
+def _seconds(name: str, value) -> float:
+    """A duration argument: a finite number >= 0 (not NaN, not a bool)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+            not 0 <= value < float("inf"):
+        raise InvalidArgumentError(
+            f"{name}: must be a finite number of seconds >= 0, got {value!r}")
+    return value
+
+
+def _whole(name: str, value, upper: int = (1 << 32) - 1) -> int:
+    """A count argument: an int in [0, upper] (not a bool, not a float)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= upper:
+        raise InvalidArgumentError(f"{name}: must be an integer in [0, {upper}], got {value!r}")
+    return value
+
+
 @dataclass(frozen=True)
 class RegisterResult:
     namespace_id: int
@@ -121,10 +165,16 @@ class Client:
                  tls_cert_file: str = "", tls_key_file: str = "", tls_server_name: str = "",
                  token: str = "", malloc_top_pad_bytes: int = 16 << 20,
                  malloc_arena_max: int = 0):
-        self._native = _native.Client(target, max_frame_bytes, rpc_deadline, connect_timeout,
-                                      receive_window_bytes, tls_ca_file, tls_cert_file,
-                                      tls_key_file, tls_server_name, token,
-                                      malloc_top_pad_bytes, malloc_arena_max)
+        _seconds("rpc_deadline", rpc_deadline)
+        _seconds("connect_timeout", connect_timeout)
+        try:
+            native = _native.Client(target, max_frame_bytes, rpc_deadline, connect_timeout,
+                                    receive_window_bytes, tls_ca_file, tls_cert_file,
+                                    tls_key_file, tls_server_name, token,
+                                    malloc_top_pad_bytes, malloc_arena_max)
+        except (TypeError, OverflowError) as e:
+            raise InvalidArgumentError(f"Client: {e}") from e
+        self._native = _Native(native)
         self._layouts: Dict[int, Layout] = {}
         self._lock = threading.Lock()
         self._handles: List["LoadHandle"] = []
@@ -263,9 +313,8 @@ class Client:
         daemon to hold the hits that are in RAM until the get that passes ``lease=``
         ends, release_lease, or expiry; ``result.lease`` is 0 when it granted none (no
         hits, or it holds as many leases as it allows): the answer then is not held."""
-        if lease_seconds < 0:
-            raise InvalidArgumentError(f"lease_seconds: {lease_seconds} is negative")
-        tiers, hits, lease = self._native.lookup(namespace_id, _keys(keys), int(lease_seconds))
+        _whole("lease_seconds", lease_seconds)
+        tiers, hits, lease = self._native.lookup(namespace_id, _keys(keys), lease_seconds)
         return LookupResult([Tier(t) for t in tiers], hits, lease)
 
     def release_lease(self, namespace_id: int, lease: int) -> bool:

@@ -85,7 +85,7 @@ class PrefillSession:
         if compute_estimate is not None:
             compute_estimate = (float(compute_estimate[0]), float(compute_estimate[1]))
         self._native = _native.PrefillSession(
-            client._native, namespace_id, keys, view, callback, compute_estimate,
+            client._native._n, namespace_id, keys, view, callback, compute_estimate,
             int(max_bytes_per_second), int(max_frame_bytes), float(rpc_deadline),
             bool(use_forecast), native_device, in_place)
         self.plan = kvtier_pb2.PrefillPlan()

@@ -556,3 +556,34 @@ def test_a_daemon_left_running_dies_with_the_script(tmp_path):
     # Reaped by the finalizer before the child exited: no such process, not even a zombie.
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
+
+
+def test_misuse_raises_invalid_argument_not_python_errors(client, ns, layout):
+    """errors.py promises a KvTierError for every error of a call: arguments the native
+    layer cannot convert (negative or huge ints, None, wrong types) and durations that are
+    no durations are InvalidArgumentError, never TypeError, RuntimeError or
+    AttributeError."""
+    keys = keys_of(ns, 1, layout, seed=41)
+    data = payloads(layout, 1, seed=41)
+    cases = [
+        lambda: client.put(ns, keys, data, token_counts=[-1]),
+        lambda: client.put(ns, keys, data, token_counts=[2 ** 32]),
+        lambda: client.pin(ns, keys, ttl_seconds=-1),
+        lambda: client.clear(-1),
+        lambda: client.release_lease(ns, -5),
+        lambda: client.lookup(-1, keys),
+        lambda: client.lookup(ns, keys, lease_seconds=None),
+        lambda: client.lookup(ns, keys, lease_seconds=1.5),
+        lambda: client.lookup(ns, keys, lease_seconds=2 ** 40),
+        lambda: kvtier.Layout(model_id=None, dtype="bfloat16", num_layers=2, num_kv_heads=8,
+                              head_dim=128, tokens_per_chunk=16),
+        lambda: kvtier.Layout(model_id="m", dtype="bfloat16", num_layers=True,
+                              num_kv_heads=8, head_dim=128, tokens_per_chunk=16),
+        lambda: kvtier.Client(client.target, rpc_deadline=-1),
+        lambda: kvtier.Client(client.target, rpc_deadline=float("nan")),
+    ]
+    for i, case in enumerate(cases):
+        with pytest.raises(kvtier.InvalidArgumentError):
+            case()
+    # The arguments that are right still work.
+    assert client.put(ns, keys, data).stored == 1
