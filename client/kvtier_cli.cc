@@ -66,6 +66,7 @@ Commands:
   get --namespace NS [--layers B:E] KEYHEX=OUTFILE...
       Fetch chunks (or only layers [B, E) of each) into files. A missing chunk is
       reported and makes the exit status 1; the other files are still written.
+      OUTFILE /dev/stdout writes the chunk there (the report then goes to stderr).
   lookup --namespace NS KEYHEX...
       Show the tier holding each key, and the prefix hit length.
   pin --namespace NS [--ttl SECONDS] KEYHEX...
@@ -546,8 +547,9 @@ Result RunPut(const Args& args, KvTierClient& client) {
 // An output file of `get`: written to PATH.partial, renamed to PATH once the whole chunk
 // arrived and checked out, removed otherwise. Never leaves a half-written PATH. A PATH
 // that is a symlink is followed (the file it names is replaced, the link stays); one
-// that is not a regular file (/dev/stdout, /dev/null, a FIFO) is written in place, since
-// renaming over it would replace the device or pipe with a file.
+// that is not a regular file (/dev/null, a FIFO), or is under /dev or /proc (/dev/stdout
+// redirected to a file), is written in place, since renaming over it would replace the
+// device or pipe with a file, or the redirected file with one chunk.
 class PartialFile {
  public:
   explicit PartialFile(std::string path) : path_(std::move(path)), tmp_(path_ + ".partial") {}
@@ -556,9 +558,31 @@ class PartialFile {
   ~PartialFile() { Abandon(); }
 
   absl::Status Open() {
+    // This process's own descriptors: written through a duplicate, so a redirection's
+    // offset and O_APPEND hold (opening /proc/self/fd/1 anew would start at offset 0).
+    int own_fd = -1;
+    absl::string_view p = path_;
+    if (p == "/dev/stdout") {
+      own_fd = STDOUT_FILENO;
+    } else if (p == "/dev/stderr") {
+      own_fd = STDERR_FILENO;
+    } else if ((absl::ConsumePrefix(&p, "/dev/fd/") || absl::ConsumePrefix(&p, "/proc/self/fd/")) &&
+               !absl::SimpleAtoi(p, &own_fd)) {
+      own_fd = -1;
+    }
+    if (own_fd >= 0) {
+      in_place_ = true;
+      tmp_ = path_;
+      fd_ = ::fcntl(own_fd, F_DUPFD_CLOEXEC, 0);
+      if (fd_ < 0) return absl::ErrnoToStatus(errno, absl::StrCat("cannot write ", path_));
+      return absl::OkStatus();
+    }
     struct stat st {};
     if (::stat(path_.c_str(), &st) == 0) {  // Follows symlinks.
-      if (!S_ISREG(st.st_mode)) {
+      // /dev/stdout redirected to a file is a regular file behind /proc/self/fd: written
+      // in place too, so that `>>` appends and several keys all arrive.
+      if (!S_ISREG(st.st_mode) || absl::StartsWith(path_, "/dev/") ||
+          absl::StartsWith(path_, "/proc/")) {
         in_place_ = true;
         tmp_ = path_;
         fd_ = ::open(path_.c_str(), O_WRONLY | O_CLOEXEC);
@@ -684,10 +708,16 @@ Result RunGet(const Args& args, KvTierClient& client) {
   for (const auto& [name, n] : tiers) {
     absl::StrAppend(&from, from.empty() ? "" : ", ", name, " ", n);
   }
-  std::cout << absl::StrFormat("get: %u of %u chunks%s, %s\n", got, items.size(),
-                               from.empty() ? "" : absl::StrCat(" (", from, ")"),
-                               ProgressMeter::Summary(done, meter.Elapsed()));
-  std::cout << "data path: " << client.data_path_detail() << "\n";
+  // Chunks written to standard output keep it to themselves: the report goes to stderr.
+  const bool chunks_on_stdout = std::any_of(items.begin(), items.end(), [](const auto& item) {
+    return item.path == "/dev/stdout" || item.path == "/dev/fd/1" ||
+           item.path == "/proc/self/fd/1";
+  });
+  std::ostream& report = chunks_on_stdout ? std::cerr : std::cout;
+  report << absl::StrFormat("get: %u of %u chunks%s, %s\n", got, items.size(),
+                            from.empty() ? "" : absl::StrCat(" (", from, ")"),
+                            ProgressMeter::Summary(done, meter.Elapsed()));
+  report << "data path: " << client.data_path_detail() << "\n";
   return exit_code;
 }
 

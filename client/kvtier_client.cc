@@ -47,21 +47,36 @@ constexpr uint64_t kRegionPieceBytes = 8 << 20;
 
 // The deadline the RPCs of one public call share (Put, Get, GetInto...), set for the
 // call's thread: the call is bounded by one rpc_deadline however many RPCs it makes
-// (the data-plane probe on first use, a retried Put). Unset: each RPC gets its own.
-thread_local std::optional<absl::Time> call_deadline;
+// (the data-plane probe on first use, a retried Put). Unset: each RPC gets its own. It
+// is the calling client's only: a callback of the call that uses another client (or
+// this one) from the same thread does not inherit it unless it is the same client.
+struct ThreadCallDeadline {
+  const void* client = nullptr;
+  absl::Time deadline;
+};
+thread_local std::optional<ThreadCallDeadline> call_deadline;
 
-// Sets call_deadline for a public call, unless an enclosing call set it already.
+// The current call's deadline for `client`, if one is set on this thread.
+std::optional<absl::Time> CallDeadlineFor(const void* client) {
+  if (call_deadline.has_value() && call_deadline->client == client) return call_deadline->deadline;
+  return std::nullopt;
+}
+
+// Sets call_deadline for a public call of `client`, unless an enclosing call of the same
+// client set it already.
 class CallDeadline {
  public:
-  explicit CallDeadline(absl::Duration rpc_deadline) : outer_(call_deadline) {
-    if (!outer_.has_value()) call_deadline = absl::Now() + rpc_deadline;
+  CallDeadline(const void* client, absl::Duration rpc_deadline) : outer_(call_deadline) {
+    if (!CallDeadlineFor(client).has_value()) {
+      call_deadline = ThreadCallDeadline{client, absl::Now() + rpc_deadline};
+    }
   }
   ~CallDeadline() { call_deadline = outer_; }
   CallDeadline(const CallDeadline&) = delete;
   CallDeadline& operator=(const CallDeadline&) = delete;
 
  private:
-  const std::optional<absl::Time> outer_;
+  const std::optional<ThreadCallDeadline> outer_;
 };
 
 void AppendVarint(std::string& out, uint64_t v) {
@@ -238,6 +253,18 @@ KvTierClient::~KvTierClient() = default;
 absl::StatusOr<SharedMemoryPlane*> KvTierClient::Plane() {
   absl::MutexLock lock(&mu_);
   if (plane_resolved_) {
+    if (plane_ != nullptr && plane_->channel().broken()) {
+      // The daemon left a region request unanswered and has forgotten this client's
+      // regions: the stream from now on. The plane object stays (calls in flight may
+      // hold it); its buffers are no longer named to the daemon (SharedBufferOf).
+      if (plane_status_.ok()) {
+        plane_status_ = absl::UnavailableError(
+            "the region socket timed out; shared memory is off for this client");
+        plane_detail_ = absl::StrCat("stream (gRPC): ", plane_status_.message());
+      }
+      if (options_.data_plane == ClientOptions::DataPlane::kSharedMemory) return plane_status_;
+      return nullptr;
+    }
     if (plane_ == nullptr && options_.data_plane == ClientOptions::DataPlane::kSharedMemory) {
       return plane_status_;
     }
@@ -310,7 +337,10 @@ std::shared_ptr<SharedBuffer> KvTierClient::SharedBufferOf(const void* p, uint64
     absl::MutexLock lock(&mu_);
     plane = plane_.get();  // Buffers exist only once the plane does; it is never reset.
   }
-  return plane != nullptr ? plane->Find(p, n) : nullptr;
+  // After a region-socket timeout the daemon forgot the buffers: their bytes go by the
+  // stream like any other memory.
+  if (plane == nullptr || plane->channel().broken()) return nullptr;
+  return plane->Find(p, n);
 }
 
 absl::StatusOr<std::pair<uint64_t, uint64_t>> KvTierClient::ItemSizes(
@@ -439,7 +469,7 @@ void KvTierClient::NotePutPlaces(const grpc::ClientContext& ctx) {
 void KvTierClient::PrepareContext(grpc::ClientContext* ctx) const {
   // absl::ToChronoTime maps InfiniteFuture to time_point::max(), which gRPC reads as
   // "no deadline".
-  const absl::Time deadline = call_deadline.value_or(absl::Now() + options_.rpc_deadline);
+  const absl::Time deadline = CallDeadlineFor(this).value_or(absl::Now() + options_.rpc_deadline);
   ctx->set_deadline(absl::ToChronoTime(deadline));
   if (!options_.bearer_token.empty()) {
     ctx->AddMetadata("authorization", absl::StrCat("Bearer ", options_.bearer_token));
@@ -548,7 +578,7 @@ absl::Status KvTierClient::WatchEvents(
 absl::StatusOr<PutResult> KvTierClient::Put(uint64_t namespace_id,
                                             absl::Span<const ChunkToPut> chunks,
                                             const ProgressCallback& progress) {
-  const CallDeadline call(options_.rpc_deadline);
+  const CallDeadline call(this, options_.rpc_deadline);
   std::optional<uint64_t> chunk_bytes;
   {
     absl::MutexLock lock(&mu_);
@@ -630,7 +660,7 @@ absl::StatusOr<PutResult> KvTierClient::Put(uint64_t namespace_id,
 
   // One deadline for every attempt: a Put the daemon refuses at admission is retried
   // (ClientOptions::retry_refused_puts) until then.
-  const absl::Time deadline = *call_deadline;
+  const absl::Time deadline = *CallDeadlineFor(this);
   for (int attempt = 0;; ++attempt) {
     grpc::ClientContext ctx;
     PrepareContext(&ctx);
@@ -770,7 +800,7 @@ absl::StatusOr<std::vector<GotChunk>> KvTierClient::Get(uint64_t namespace_id,
                                                         std::optional<LayerRange> layers,
                                                         const ProgressCallback& progress,
                                                         v1::GetOrder order, uint64_t lease_id) {
-  const CallDeadline call(options_.rpc_deadline);
+  const CallDeadline call(this, options_.rpc_deadline);
   const bool layer_major = order == v1::GET_ORDER_LAYER_MAJOR;
   std::vector<GotChunk> out(keys.size());
   std::vector<uint8_t> seen(keys.size(), 0);
@@ -859,7 +889,7 @@ absl::Status KvTierClient::GetStream(uint64_t namespace_id, absl::Span<const Chu
                                      const GetFrameCallback& on_frame,
                                      v1::GetOrder order, uint64_t lease_id) {
   if (!on_frame) return absl::InvalidArgumentError("GetStream: on_frame is empty");
-  const CallDeadline call(options_.rpc_deadline);
+  const CallDeadline call(this, options_.rpc_deadline);
   v1::GetFrame frame;  // Reused: data keeps its capacity from frame to frame.
   return GetStreamRaw(namespace_id, keys, layers,
                       [&](uint32_t index, const GetFrameHeader& header,
@@ -1063,7 +1093,7 @@ absl::StatusOr<GetIntoResult> KvTierClient::GetInto(uint64_t namespace_id,
                                                     std::optional<LayerRange> layers,
                                                     v1::GetOrder order, uint64_t lease_id,
                                                     const GetIntoItemCallback& on_item) {
-  const CallDeadline call(options_.rpc_deadline);
+  const CallDeadline call(this, options_.rpc_deadline);
   const auto sizes = ItemSizes(namespace_id, layers);
   if (!sizes.ok()) {
     return absl::Status(sizes.status().code(),
@@ -1147,7 +1177,7 @@ absl::StatusOr<GetIntoResult> KvTierClient::GetIntoDevice(
     const RegionChannel::Registration& region, uint64_t offset,
     std::optional<LayerRange> layers, v1::GetOrder order, uint64_t lease_id,
     const GetIntoItemCallback& on_item, bool record_events) {
-  const CallDeadline call(options_.rpc_deadline);
+  const CallDeadline call(this, options_.rpc_deadline);
   const auto sizes = ItemSizes(namespace_id, layers);
   if (!sizes.ok()) {
     return absl::Status(sizes.status().code(),
@@ -1181,7 +1211,7 @@ absl::StatusOr<GetIntoResult> KvTierClient::GetIntoDevice(
 absl::StatusOr<PutResult> KvTierClient::PutFromDevice(uint64_t namespace_id,
                                                       absl::Span<const DeviceChunkToPut> chunks,
                                                       const RegionChannel::Registration& region) {
-  const CallDeadline call(options_.rpc_deadline);
+  const CallDeadline call(this, options_.rpc_deadline);
   const auto sizes = ItemSizes(namespace_id, std::nullopt);
   if (!sizes.ok()) {
     return absl::Status(sizes.status().code(),

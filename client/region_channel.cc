@@ -116,6 +116,11 @@ absl::StatusOr<v1::RegionSocketResponse> RegionChannel::Call(
   return response;
 }
 
+bool RegionChannel::broken() const {
+  absl::MutexLock lock(&mu_);
+  return broken_;
+}
+
 absl::StatusOr<RegionChannel::Registration> RegionChannel::Add(int fd, uint64_t bytes) {
   v1::RegionSocketRequest req;
   req.mutable_add()->set_bytes(bytes);

@@ -64,6 +64,9 @@ class RegionChannel {
   // into the region). Returns: Ok (the daemon will not touch the memory again),
   // NotFound, FailedPrecondition, or the socket's error.
   absl::Status Remove(uint64_t region_id, absl::Duration wait_for_calls = absl::Seconds(5));
+  // Whether a request went unanswered (the channel is closed; the daemon forgot its
+  // regions).
+  bool broken() const;
 
   // Sends `request` with `fd` attached (-1: none) and reads the answer. For tests that
   // send what Add never would.
@@ -74,7 +77,7 @@ class RegionChannel {
   absl::StatusOr<Registration> Register(const v1::RegionSocketRequest& req, int fd);
   const int fd_;
   const absl::Duration timeout_;
-  absl::Mutex mu_;  // One request in flight.
+  mutable absl::Mutex mu_;  // One request in flight.
   bool broken_ ABSL_GUARDED_BY(mu_) = false;  // A request went unanswered.
 };
 

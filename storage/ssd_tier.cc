@@ -1,5 +1,7 @@
 #include "storage/ssd_tier.h"
 
+#include <sys/statvfs.h>
+
 #include <algorithm>
 #include <filesystem>
 #include <cstring>
@@ -159,6 +161,24 @@ absl::StatusOr<std::unique_ptr<SsdTier>> SsdTier::Open(SsdTierOptions options) {
   std::unique_ptr<SsdTier> tier(new SsdTier(std::move(options), std::move(env), std::move(db),
                                             std::move(handles), *std::move(log)));
   if (absl::Status r = tier->RebuildIndex(old_format_rows); !r.ok()) return r;
+  // A capacity the disk cannot hold is an operator's mistake worth a line: puts to the
+  // SSD would start failing "disk full" before the tier ever evicts.
+  if (struct statvfs fs {}; statvfs(tier->options_.path.c_str(), &fs) == 0) {
+    const uint64_t room = static_cast<uint64_t>(fs.f_bavail) * fs.f_frsize +
+                          tier->log_->GetStats().disk_bytes;
+    const uint64_t needed = tier->options_.capacity_bytes + tier->options_.MinFreeBytes();
+    if (room < needed) {
+      LogWarning("SSD tier: ssd_capacity is ", tier->options_.capacity_bytes >> 20,
+                 " MiB, but the file system holding ", tier->options_.path, " has room for ",
+                 room >> 20, " MiB of payload files and ", tier->options_.MinFreeBytes() >> 20,
+                 " MiB must stay free for the index: puts to SSD will fail 'disk full' "
+                 "before the tier fills; lower ssd_capacity to at most ",
+                 room > tier->options_.MinFreeBytes()
+                     ? (room - tier->options_.MinFreeBytes()) >> 20
+                     : 0,
+                 " MiB");
+    }
+  }
   return tier;
 }
 

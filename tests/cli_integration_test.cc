@@ -5,11 +5,13 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "gtest/gtest.h"
@@ -130,6 +132,17 @@ TEST_F(CliTest, GetFollowsSymlinksAndWritesThroughDevices) {
   EXPECT_TRUE(std::filesystem::is_symlink(link));
   EXPECT_TRUE(ReadFile(target) == payload);
   EXPECT_FALSE(std::filesystem::exists(link + ".partial"));
+
+  // /dev/stdout redirected to a file (appending): both chunks arrive, after what was
+  // there, instead of the file being replaced by the last one.
+  const std::string log = WriteFile("appended.bin", "head");
+  const std::string two = testing::KeyOf(6).ToHex();
+  ASSERT_EQ(Cli({"put", "--namespace", ns, two + "=" + WriteFile("c6.bin", payload)}).exit_code, 0);
+  const std::string cmd = absl::StrCat(KVTIER_CLI_PATH, " --target ", daemon_->target(),
+                                       " get --namespace ", ns, " ", key, "=/dev/stdout ",
+                                       two, "=/dev/stdout >> ", log);
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  EXPECT_TRUE(ReadFile(log) == "head" + payload + payload);
 
   if (geteuid() != 0) GTEST_SKIP() << "making a device node needs root";
   const std::string null = dir_ + "/null";

@@ -42,6 +42,10 @@ TEST(FullDiskTest, PutsFailCleanlyAndStoredChunksSurvive) {
       data_dir, {"--write-mode=write-through", "--ram-capacity=64MiB",
                  "--ssd-capacity=1GiB", "--ssd-write-buffer=8MiB"});
   ASSERT_TRUE(daemon.ok()) << daemon.status();
+  // 1 GiB of capacity on a 160 MiB disk: said at start-up, with what would fit.
+  EXPECT_NE(daemon->ReadLog().find("puts to SSD will fail 'disk full' before the tier fills"),
+            std::string::npos)
+      << daemon->ReadLog();
   auto client = KvTierClient::Connect(daemon->target());
   ASSERT_TRUE(client.ok());
   auto reg = (*client)->RegisterLayout(testing::LayoutOfMiB(4));

@@ -477,6 +477,8 @@ TEST_F(ShmTest, AStoppedDaemonTimesOutTheRegionSocketInsteadOfHanging) {
   std::unique_ptr<KvTierClient> client = Connect(options);
   ASSERT_NE(client, nullptr);
   ASSERT_EQ(client->data_path(), DataPath::kSharedMemory);
+  auto mine = client->AllocateShared(4 * kMiB);  // Registered before the daemon stops.
+  ASSERT_TRUE(mine.ok()) << mine.status();
   ASSERT_EQ(kill(daemon_->pid(), SIGSTOP), 0);
   struct Resume {
     pid_t pid;
@@ -486,15 +488,28 @@ TEST_F(ShmTest, AStoppedDaemonTimesOutTheRegionSocketInsteadOfHanging) {
   EXPECT_EQ(buf.status().code(), absl::StatusCode::kDeadlineExceeded) << buf.status();
   EXPECT_NE(buf.status().message().find("region socket"), std::string::npos) << buf.status();
   ASSERT_EQ(kill(daemon_->pid(), SIGCONT), 0);
-  // The region socket is closed for this client now; its puts take the stream.
+  // The region socket is closed for this client now, and the daemon forgot its regions:
+  // its transfers take the stream, from its own memory and from the buffer it had
+  // registered alike (naming that region would fail: the daemon no longer has it).
+  EXPECT_EQ(client->data_path(), DataPath::kStream);
+  EXPECT_NE(client->data_path_detail().find("timed out"), std::string::npos)
+      << client->data_path_detail();
   const std::string data = PatternBytes(7, 4 * kMiB);
-  ChunkToPut c{KeyOf(7), data, 256};
-  auto put = client->Put(ns_, {&c, 1});
+  std::memcpy((*mine)->data(), data.data(), data.size());
+  const std::string other = PatternBytes(8, 4 * kMiB);
+  const ChunkToPut chunks[] = {{KeyOf(7), absl::string_view((*mine)->data(), 4 * kMiB), 256},
+                               {KeyOf(8), other, 256}};
+  auto put = client->Put(ns_, chunks);
   ASSERT_TRUE(put.ok()) << put.status();
-  auto got = client_->Get(ns_, std::vector<ChunkKey>{KeyOf(7)});
+  auto got_into = client->GetInto(ns_, std::vector<ChunkKey>{KeyOf(8)},
+                                  absl::Span<char>((*mine)->data(), 4 * kMiB));
+  ASSERT_TRUE(got_into.ok()) << got_into.status();
+  EXPECT_EQ(std::string((*mine)->data(), 4 * kMiB), other);
+  auto got = client_->Get(ns_, std::vector<ChunkKey>{KeyOf(7), KeyOf(8)});
   ASSERT_TRUE(got.ok()) << got.status();
-  ASSERT_TRUE((*got)[0].found);
+  ASSERT_TRUE((*got)[0].found && (*got)[1].found);
   EXPECT_TRUE((*got)[0].data == data);
+  EXPECT_TRUE((*got)[1].data == other);
 }
 
 TEST_F(ShmTest, PrefillSessionIntoSharedMemoryHasTheDaemonCopyTheChunks) {

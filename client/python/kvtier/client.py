@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 import threading
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
@@ -33,31 +34,43 @@ class _Native:
         def call(*args, **kwargs):
             try:
                 return attr(*args, **kwargs)
-            except KvTierError:
-                raise
-            except (TypeError, OverflowError) as e:
-                raise InvalidArgumentError(f"{name}: {e}") from e
-            except RuntimeError as e:
-                if "Unable to cast" not in str(e):
+            except (TypeError, RuntimeError) as e:
+                # Only pybind11's own refusals of the arguments; an error a callback of
+                # the caller's raised inside the call (on_layer, progress) stays as it is.
+                text = str(e)
+                if "incompatible function arguments" not in text and \
+                        "Unable to cast" not in text:
                     raise
-                raise InvalidArgumentError(f"{name}: {e}") from e
+                raise InvalidArgumentError(f"{name}: {text}") from e
         return call
 
 
 def _seconds(name: str, value) -> float:
-    """A duration argument: a finite number >= 0 (not NaN, not a bool)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
-            not 0 <= value < float("inf"):
-        raise InvalidArgumentError(
-            f"{name}: must be a finite number of seconds >= 0, got {value!r}")
-    return value
+    """A duration argument: a number of seconds >= 0 (inf allowed; not NaN, not a bool)."""
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        seconds = float("nan")
+    if isinstance(value, bool) or not seconds >= 0:
+        raise InvalidArgumentError(f"{name}: must be a number of seconds >= 0, got {value!r}")
+    return seconds
 
 
 def _whole(name: str, value, upper: int = (1 << 32) - 1) -> int:
-    """A count argument: an int in [0, upper] (not a bool, not a float)."""
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= upper:
+    """A count argument: an int in [0, upper] (numpy ints and whole floats too; not a
+    bool, not 1.5)."""
+    n = None
+    if not isinstance(value, bool):
+        if isinstance(value, float) and value.is_integer():
+            n = int(value)
+        else:
+            try:
+                n = operator.index(value)
+            except TypeError:
+                n = None
+    if n is None or not 0 <= n <= upper:
         raise InvalidArgumentError(f"{name}: must be an integer in [0, {upper}], got {value!r}")
-    return value
+    return n
 
 
 @dataclass(frozen=True)
@@ -313,7 +326,7 @@ class Client:
         daemon to hold the hits that are in RAM until the get that passes ``lease=``
         ends, release_lease, or expiry; ``result.lease`` is 0 when it granted none (no
         hits, or it holds as many leases as it allows): the answer then is not held."""
-        _whole("lease_seconds", lease_seconds)
+        lease_seconds = _whole("lease_seconds", lease_seconds)
         tiers, hits, lease = self._native.lookup(namespace_id, _keys(keys), lease_seconds)
         return LookupResult([Tier(t) for t in tiers], hits, lease)
 

@@ -574,6 +574,7 @@ def test_misuse_raises_invalid_argument_not_python_errors(client, ns, layout):
         lambda: client.lookup(-1, keys),
         lambda: client.lookup(ns, keys, lease_seconds=None),
         lambda: client.lookup(ns, keys, lease_seconds=1.5),
+        lambda: client.lookup(ns, keys, lease_seconds=True),
         lambda: client.lookup(ns, keys, lease_seconds=2 ** 40),
         lambda: kvtier.Layout(model_id=None, dtype="bfloat16", num_layers=2, num_kv_heads=8,
                               head_dim=128, tokens_per_chunk=16),
@@ -585,5 +586,14 @@ def test_misuse_raises_invalid_argument_not_python_errors(client, ns, layout):
     for i, case in enumerate(cases):
         with pytest.raises(kvtier.InvalidArgumentError):
             case()
-    # The arguments that are right still work.
+    # The arguments that are right still work, whole floats and inf deadlines included.
     assert client.put(ns, keys, data).stored == 1
+    assert client.lookup(ns, keys, lease_seconds=30.0).prefix_hits == 1
+    kvtier.Client(client.target, rpc_deadline=float("inf")).close()
+    # An error a callback raises inside a call is the callback's, not a bad argument.
+    out = [bytearray(layout.chunk_bytes)]
+
+    def on_layer(layer):
+        raise TypeError("the caller's own bug")
+    with pytest.raises(TypeError, match="the caller's own bug"):
+        client.get_into(ns, keys, out, order="layer", on_layer=on_layer)
