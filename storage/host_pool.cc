@@ -214,6 +214,19 @@ std::vector<bool> HostPool::ContainsMany(absl::Span<const ChunkId> ids) const {
   return present;
 }
 
+uint64_t HostPool::PinLimitBytes() const {
+  return static_cast<uint64_t>(options_.max_pinned_fraction * capacity_bytes());
+}
+
+absl::Status HostPool::CheckPinCanFit(uint64_t chunk_bytes) const {
+  const uint64_t slot_bytes = arena_->SlotsFor(chunk_bytes) * arena_->slot_bytes();
+  if (slot_bytes <= PinLimitBytes()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "pinning this chunk (", slot_bytes, " bytes of pool slots) cannot fit "
+      "max_pinned_fraction (", options_.max_pinned_fraction, " of the host pool, ",
+      PinLimitBytes(), " bytes) even with nothing else pinned"));
+}
+
 absl::Status HostPool::Pin(const ChunkId& id, absl::Time until, const PinBudget* budget) {
   absl::MutexLock lock(&mu_);
   auto it = index_.find(id);
@@ -243,17 +256,9 @@ absl::Status HostPool::Pin(const ChunkId& id, absl::Time until, const PinBudget*
           budget->quota, " (", budget->max_bytes, " bytes, ", budget_pinned,
           " pinned now); unpin something or wait for pins to expire"));
     }
-    const uint64_t limit =
-        static_cast<uint64_t>(options_.max_pinned_fraction * capacity_bytes());
+    if (absl::Status s = CheckPinCanFit(entry.meta.size); !s.ok()) return s;
     const uint64_t chunk_slot_bytes = it->second.data->slot_count() * arena_->slot_bytes();
-    if (chunk_slot_bytes > limit) {
-      // Not even with nothing else pinned: a retry can never succeed.
-      return absl::InvalidArgumentError(absl::StrCat(
-          "pinning this chunk (", chunk_slot_bytes, " bytes of pool slots) cannot fit "
-          "max_pinned_fraction (", options_.max_pinned_fraction, " of the host pool, ", limit,
-          " bytes) even with nothing else pinned"));
-    }
-    if (pinned + chunk_slot_bytes > limit) {
+    if (pinned + chunk_slot_bytes > PinLimitBytes()) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "pinning would exceed max_pinned_fraction (", options_.max_pinned_fraction,
           " of the host pool); unpin something first"));

@@ -128,6 +128,10 @@ class HostPool final : public StorageTier {
   // max_pinned_fraction, or `budget`: payload bytes of the budget's namespaces pinned
   // now, this chunk included, checked under the same lock as the pin).
   absl::Status Pin(const ChunkId& id, absl::Time until, const PinBudget* budget = nullptr);
+  // InvalidArgument if a chunk of `chunk_bytes` could not be pinned even with nothing
+  // else pinned (its slots exceed max_pinned_fraction of the pool); a retry can never
+  // succeed. Lets a caller refuse before it promotes the chunk into the pool.
+  absl::Status CheckPinCanFit(uint64_t chunk_bytes) const;
   // Returns true if the chunk was pinned.
   bool Unpin(const ChunkId& id);
   // Returns true if the chunk was indexed.
@@ -206,6 +210,8 @@ class HostPool final : public StorageTier {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Takes pins that expired by `now` out of the totals.
   void ExpirePinsLocked(absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Slot bytes max_pinned_fraction allows pinned at once.
+  uint64_t PinLimitBytes() const;
 
   const HostPoolOptions options_;
   // Declared before the index: entries hold PoolChunks that release into the arena.

@@ -837,14 +837,15 @@ void TieredStore::Emit(ChunkEventKind kind, const ChunkId& id, Tier tier) {
 
 absl::Status TieredStore::Pin(const ChunkId& id, absl::Duration ttl,
                               const HostPool::PinBudget* budget) {
-  if (budget != nullptr) {
-    // A chunk the budget cannot hold even alone is refused before it is promoted (which
-    // would evict other chunks for nothing), and as final: RESOURCE_EXHAUSTED says retry.
-    if (auto layout = FindLayout(id.ns); layout.ok() && layout->ChunkBytes() > budget->max_bytes) {
+  // A chunk that cannot be pinned even alone is refused before it is promoted (which
+  // would evict other chunks for nothing), and as final: RESOURCE_EXHAUSTED says retry.
+  if (auto layout = FindLayout(id.ns); layout.ok()) {
+    if (budget != nullptr && layout->ChunkBytes() > budget->max_bytes) {
       return absl::InvalidArgumentError(absl::StrCat(
           "pinning a ", layout->ChunkBytes(), "-byte chunk cannot fit the tenant's ",
           budget->quota, " (", budget->max_bytes, " bytes) even with nothing else pinned"));
     }
+    if (absl::Status s = ram_->CheckPinCanFit(layout->ChunkBytes()); !s.ok()) return s;
   }
   if (!ram_->Contains(id)) {
     if (!has_ssd() || !backing_->Contains(id)) return absl::NotFoundError("chunk not cached");

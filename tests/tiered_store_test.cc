@@ -981,6 +981,28 @@ TEST_F(TieredStoreWriteBackTest, PinPromotesFromSsdAndHolds) {
   EXPECT_EQ(store_->Locate(Id(0)), Tier::kSsd);
 }
 
+// A chunk that could not be pinned even alone (its slots exceed max_pinned_fraction of
+// the pool) is refused as final, and before it is promoted: promoting it would evict
+// another chunk from RAM for nothing.
+TEST_F(TieredStoreWriteBackTest, APinThatCanNeverFitIsRefusedBeforeItPromotes) {
+  auto o = Options(WriteMode::kWriteBack);
+  o.ram.max_pinned_fraction = 0.5 / kRamChunks;  // Half a chunk's slots.
+  OpenWith(o);
+  ns_ = Register();
+  for (uint64_t i = 0; i < kRamChunks + 1; ++i) PutOk(Id(i));
+  WaitFlushed(kRamChunks + 1);
+  ASSERT_EQ(store_->Locate(Id(0)), Tier::kSsd);
+  const absl::Status pin = store_->Pin(Id(0), absl::ZeroDuration());
+  EXPECT_EQ(pin.code(), absl::StatusCode::kInvalidArgument) << pin;
+  EXPECT_NE(pin.message().find("even with nothing else pinned"), std::string::npos) << pin;
+  EXPECT_EQ(store_->Locate(Id(0)), Tier::kSsd) << "promoted for a pin that was refused";
+  EXPECT_EQ(store_->GetStats().promotions, 0u);
+  EXPECT_EQ(store_->GetStats().ram.evictions, 1u) << "only the put of chunk 8 evicted";
+  // The same holds for a chunk in RAM already: the pool refuses it as final too.
+  const absl::Status in_ram = store_->Pin(Id(kRamChunks), absl::ZeroDuration());
+  EXPECT_EQ(in_ram.code(), absl::StatusCode::kInvalidArgument) << in_ram;
+}
+
 TEST_F(TieredStoreWriteBackTest, PinTtlRunsOnTheInjectedClock) {
   PutOk(Id(0));
   ASSERT_TRUE(store_->Pin(Id(0), absl::Seconds(10)).ok());
