@@ -429,16 +429,16 @@ absl::Status CheckKeyDepth(absl::string_view text, absl::string_view source_name
     const bool was_in = in_multiline;
     if (quotes % 2 == 1) in_multiline = !in_multiline;
     if (was_in) continue;
-    // The key part: up to '=' for a key/value line, the whole line for a header.
-    absl::string_view key = line.substr(0, line.find('='));
+    // The key part: up to the first '=' outside quotes for a key/value line (a quoted
+    // key may hold '='), the whole line for a header.
     int dots = 0;
     char quote = 0;
-    for (char c : key) {
+    for (char c : line) {
       if (quote != 0) {
         if (c == quote) quote = 0;
       } else if (c == '"' || c == '\'') {
         quote = c;
-      } else if (c == '#') {
+      } else if (c == '#' || c == '=') {
         break;
       } else if (c == '.') {
         ++dots;

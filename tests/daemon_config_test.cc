@@ -406,6 +406,12 @@ TEST(DaemonConfigTest, ConfigFilesThatAreNotConfigsAreRefused) {
     for (int i = 0; i < 50000; ++i) key += ".a";
     std::ofstream(deep_table) << key << "]\n";
   }
+  const std::string deep_quoted = dir + "/deep-quoted.toml";  // '=' inside the quoted key.
+  {
+    std::string key = "\"x=y\"";
+    for (int i = 0; i < 50000; ++i) key += ".a";
+    std::ofstream(deep_quoted) << key << " = 1\n";
+  }
   const struct {
     std::vector<std::string> args;
     std::string message;
@@ -417,6 +423,7 @@ TEST(DaemonConfigTest, ConfigFilesThatAreNotConfigsAreRefused) {
       {{"--config", big}, "larger than 1 MiB"},
       {{"--config", deep}, "line 1: a key nested 50001 levels deep"},
       {{"--config", deep_table}, "line 1: a key nested 50001 levels deep"},
+      {{"--config", deep_quoted}, "line 1: a key nested 50001 levels deep"},
   };
   for (const auto& c : cases) {
     auto parsed = ParseDaemonArgs(c.args);
@@ -434,6 +441,10 @@ TEST(DaemonConfigTest, ConfigFilesThatAreNotConfigsAreRefused) {
   // Dots inside quoted values or comments are not nesting.
   EXPECT_TRUE(ApplyToml("data_dir = \"/a.b.c.d.e.f.g.h.i.j.k.l.m.n.o.p.q.r.s\"  # x.y.z\n",
                         "dots.toml", config).ok());
+  // Nor are dots after a quoted key that holds '='.
+  const absl::Status quoted_key =
+      ApplyToml("\"a=b\" = \"/a.b.c.d.e.f.g.h.i.j.k.l.m.n.o.p.q.r.s\"\n", "q.toml", config);
+  EXPECT_EQ(quoted_key.message().find("levels deep"), std::string::npos) << quoted_key;
 }
 
 TEST(DaemonConfigTest, PlaintextBeyondLoopbackNeedsConsent) {
