@@ -163,6 +163,24 @@ absl::StatusOr<std::vector<fs::path>> Entries(const fs::path& dir) {
   return out;
 }
 
+// Removes what this class stages in `stage` (generations and links), never other files.
+absl::Status RemoveStaged(const fs::path& stage) {
+  absl::StatusOr<std::vector<fs::path>> entries = Entries(stage);
+  if (!entries.ok()) return entries.status();
+  for (const fs::path& e : *entries) {
+    const std::string name = e.filename().string();
+    if (name == kCurrent || name == kCurrentTmp || GenerationOf(name) != 0) {
+      std::error_code ec;
+      fs::remove_all(e, ec);
+      if (ec) {
+        return absl::UnavailableError(
+            absl::StrCat("tls: cannot remove ", e.string(), ": ", ec.message()));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status TlsReloaderOptions::Validate() const {
@@ -205,19 +223,8 @@ absl::StatusOr<std::unique_ptr<TlsReloader>> TlsReloader::Create(TlsReloaderOpti
   }
   std::unique_ptr<TlsReloader> reloader(
       new TlsReloader(std::move(options), lock_fd, absl::ToUnixSeconds(absl::Now())));
-  // Leftovers of an earlier run: its generations and links, never other files.
-  absl::StatusOr<std::vector<fs::path>> entries = Entries(stage);
-  if (!entries.ok()) return entries.status();
-  for (const fs::path& e : *entries) {
-    const std::string name = e.filename().string();
-    if (name == kCurrent || name == kCurrentTmp || GenerationOf(name) != 0) {
-      fs::remove_all(e, ec);
-      if (ec) {
-        return absl::UnavailableError(
-            absl::StrCat("tls: cannot remove ", e.string(), ": ", ec.message()));
-      }
-    }
-  }
+  // Leftovers of an earlier run that did not exit cleanly.
+  if (absl::Status s = RemoveStaged(stage); !s.ok()) return s;
   {
     absl::MutexLock lock(&reloader->mu_);
     if (absl::Status s = reloader->Stage(*files); !s.ok()) return s;
@@ -244,6 +251,10 @@ TlsReloader::TlsReloader(TlsReloaderOptions options, int lock_fd, int64_t base_s
 TlsReloader::~TlsReloader() {
   stop_.Notify();
   if (thread_.joinable()) thread_.join();
+  // The copy of the private key does not outlive the daemon (a backup of data_dir would
+  // carry it). Removed under the lock, so a daemon starting on this data_dir meanwhile
+  // has not staged its own yet.
+  if (absl::Status s = RemoveStaged(options_.stage_dir); !s.ok()) LogWarning(s.message());
   close(lock_fd_);
 }
 

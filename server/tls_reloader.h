@@ -25,8 +25,10 @@
 //
 // Thread-safety: thread-safe. ReloadNow runs on the caller's thread and on the
 // reloader's own thread (every `interval`), serialised by a mutex. The staged paths are
-// fixed for the reloader's life. The staged files are left in place on destruction:
-// gRPC's provider may still read them, and the next start-up cleans them.
+// fixed for the reloader's life. The destructor removes the staged files (the copy of
+// the private key must not outlive the daemon), so the reloader must outlive the
+// server and the credentials that read them; a start-up after a crash removes what
+// that run left.
 #ifndef KVTIER_SERVER_TLS_RELOADER_H_
 #define KVTIER_SERVER_TLS_RELOADER_H_
 

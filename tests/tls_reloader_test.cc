@@ -260,7 +260,7 @@ TEST_F(TlsReloaderTest, AValidRotationIsStagedAsANewGenerationWithLaterMtimes) {
   EXPECT_EQ(generations, 2);
 }
 
-TEST_F(TlsReloaderTest, StartUpCleansAnEarlierRunsCopyAndASecondReloaderIsRefused) {
+TEST_F(TlsReloaderTest, ExitAndStartUpCleanTheCopyAndASecondReloaderIsRefused) {
   Create();
   ASSERT_TRUE(fs::exists(dir_ + "/stage/g1"));
   // Another reloader on the same stage directory (a second daemon on the same
@@ -274,16 +274,26 @@ TEST_F(TlsReloaderTest, StartUpCleansAnEarlierRunsCopyAndASecondReloaderIsRefuse
   EXPECT_EQ(second.status().code(), absl::StatusCode::kFailedPrecondition) << second.status();
   EXPECT_EQ(ReadFile(reloader_->staged_cert_file()), ReadFile(cert_));
 
-  // After this one is gone, a new one starts from generation 1 again, and leaves files
-  // it does not own alone.
+  // Once this one is gone, no copy of the key is left; files it does not own are.
   WriteFile(cert_, ReadFile(Cert("server2.pem")));
   WriteFile(key_, ReadFile(Cert("server2.key")));
   ASSERT_TRUE(reloader_->ReloadNow().ok());
+  ASSERT_TRUE(fs::exists(dir_ + "/stage/g2/key.pem"));
   WriteFile(dir_ + "/stage/operator-notes", "keep");
   reloader_.reset();
+  for (const char* gone : {"g1", "g2", "current", "current.tmp"}) {
+    EXPECT_FALSE(fs::exists(fs::symlink_status(dir_ + "/stage/" + gone))) << gone;
+  }
+  EXPECT_EQ(ReadFile(dir_ + "/stage/operator-notes"), "keep");
+
+  // What a crashed run left is removed at start-up, which stages generation 1 again.
+  fs::create_directory(dir_ + "/stage/g7");
+  WriteFile(dir_ + "/stage/g7/key.pem", ReadFile(key_));
+  fs::create_directory_symlink("g7", dir_ + "/stage/current");
   Create();
   EXPECT_EQ(reloader_->generation(), 1u);
-  EXPECT_FALSE(fs::exists(dir_ + "/stage/g2"));
+  EXPECT_FALSE(fs::exists(dir_ + "/stage/g7"));
+  EXPECT_EQ(ReadFile(reloader_->staged_key_file()), ReadFile(key_));
   EXPECT_EQ(ReadFile(dir_ + "/stage/operator-notes"), "keep");
 }
 
