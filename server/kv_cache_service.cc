@@ -441,6 +441,13 @@ grpc::Status KvCacheService::PinImpl(TieredStore* store, const TenantScope& tena
   }
   auto ids = ParseKeys(ns, req->keys(), limits_.max_keys_per_request);
   if (!ids.ok()) return ToGrpcStatus(ids.status());
+  // Keys that could never be pinned together are refused before any is pinned.
+  if (absl::Status fits = guards_.quotas != nullptr
+                              ? guards_.quotas->CheckPins(store, tenant, *ids)
+                              : store->CheckPinsCanFit(*ids);
+      !fits.ok()) {
+    return ToGrpcStatus(fits);
+  }
   for (size_t i = 0; i < ids->size(); ++i) {
     const absl::Duration ttl = absl::Seconds(req->ttl_seconds());
     absl::Status s = guards_.quotas != nullptr ? guards_.quotas->Pin(store, tenant, (*ids)[i], ttl)

@@ -129,20 +129,36 @@ absl::Status TenantQuotas::Pin(TieredStore* store, const TenantScope& t, const C
                                absl::Duration ttl) {
   if (t.implicit()) return store->Pin(id, ttl);
   const absl::flat_hash_set<uint64_t> namespaces = BindAndList(t, id.ns);
-  // Unset, the pinned quota is the RAM quota: a pin can promote a chunk from SSD into
-  // RAM, past the puts' evictions that keep the tenant within its ram_quota, and a
-  // pinned chunk cannot be evicted.
-  const TenantQuota& q = t.quota();
-  if (q.pinned_bytes == 0 && q.ram_bytes == 0) return store->Pin(id, ttl);
-  const HostPool::PinBudget budget{&namespaces, q.pinned_bytes != 0 ? q.pinned_bytes : q.ram_bytes,
-                                   q.pinned_bytes != 0 ? "pinned_quota"
-                                                       : "pinned_quota (unset: the ram_quota)"};
-  absl::Status s = store->Pin(id, ttl, &budget);
+  const std::optional<HostPool::PinBudget> budget = PinBudgetOf(t, namespaces);
+  if (!budget.has_value()) return store->Pin(id, ttl);
+  absl::Status s = store->Pin(id, ttl, &*budget);
   if ((absl::IsResourceExhausted(s) || absl::IsInvalidArgument(s)) &&
       absl::StrContains(s.message(), "pinned_quota")) {
     Refused(t.tenant(), "pinned");
   }
   return s;
+}
+
+absl::Status TenantQuotas::CheckPins(TieredStore* store, const TenantScope& t,
+                                     absl::Span<const ChunkId> ids) {
+  if (t.implicit() || ids.empty()) return store->CheckPinsCanFit(ids);
+  const absl::flat_hash_set<uint64_t> namespaces = BindAndList(t, ids.front().ns);
+  const std::optional<HostPool::PinBudget> budget = PinBudgetOf(t, namespaces);
+  absl::Status s = store->CheckPinsCanFit(ids, budget.has_value() ? &*budget : nullptr);
+  if (!s.ok() && absl::StrContains(s.message(), "pinned_quota")) Refused(t.tenant(), "pinned");
+  return s;
+}
+
+std::optional<HostPool::PinBudget> TenantQuotas::PinBudgetOf(
+    const TenantScope& t, const absl::flat_hash_set<uint64_t>& namespaces) {
+  // Unset, the pinned quota is the RAM quota: a pin can promote a chunk from SSD into
+  // RAM, past the puts' evictions that keep the tenant within its ram_quota, and a
+  // pinned chunk cannot be evicted.
+  const TenantQuota& q = t.quota();
+  if (q.pinned_bytes == 0 && q.ram_bytes == 0) return std::nullopt;
+  return HostPool::PinBudget{&namespaces, q.pinned_bytes != 0 ? q.pinned_bytes : q.ram_bytes,
+                             q.pinned_bytes != 0 ? "pinned_quota"
+                                                 : "pinned_quota (unset: the ram_quota)"};
 }
 
 std::vector<MetricFamily> TenantQuotas::Collect() const {

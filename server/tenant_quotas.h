@@ -25,6 +25,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -34,6 +35,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "server/tenant_scope.h"
 #include "storage/chunk_id.h"
 #include "storage/tiered_store.h"
@@ -80,6 +82,9 @@ class TenantQuotas final : public prometheus::Collectable {
   // TieredStore::Pin within the tenant's pinned quota.
   absl::Status Pin(TieredStore* store, const TenantScope& t, const ChunkId& id,
                    absl::Duration ttl);
+  // TieredStore::CheckPinsCanFit within the tenant's pinned quota.
+  absl::Status CheckPins(TieredStore* store, const TenantScope& t,
+                         absl::Span<const ChunkId> ids);
 
   std::vector<prometheus::MetricFamily> Collect() const override;
 
@@ -90,6 +95,10 @@ class TenantQuotas final : public prometheus::Collectable {
   };
   // Binds and returns a copy of the tenant's namespaces.
   absl::flat_hash_set<uint64_t> BindAndList(const TenantScope& t, uint64_t ns);
+  // The pin budget of a tenant with a pinned or RAM quota, over `namespaces`; nullopt
+  // when neither is set.
+  static std::optional<HostPool::PinBudget> PinBudgetOf(
+      const TenantScope& t, const absl::flat_hash_set<uint64_t>& namespaces);
   absl::Status Fit(TieredStore* store, const TenantScope& t,
                    const absl::flat_hash_set<uint64_t>& ns, Tier tier, uint64_t quota,
                    uint64_t bytes);

@@ -218,13 +218,15 @@ uint64_t HostPool::PinLimitBytes() const {
   return static_cast<uint64_t>(options_.max_pinned_fraction * capacity_bytes());
 }
 
-absl::Status HostPool::CheckPinCanFit(uint64_t chunk_bytes) const {
-  const uint64_t slot_bytes = arena_->SlotsFor(chunk_bytes) * arena_->slot_bytes();
+absl::Status HostPool::CheckPinCanFit(absl::Span<const uint64_t> chunk_bytes) const {
+  uint64_t slot_bytes = 0;
+  for (uint64_t bytes : chunk_bytes) slot_bytes += arena_->SlotsFor(bytes) * arena_->slot_bytes();
   if (slot_bytes <= PinLimitBytes()) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(
-      "pinning this chunk (", slot_bytes, " bytes of pool slots) cannot fit "
-      "max_pinned_fraction (", options_.max_pinned_fraction, " of the host pool, ",
-      PinLimitBytes(), " bytes) even with nothing else pinned"));
+      "pinning ", chunk_bytes.size() == 1 ? "this chunk" : absl::StrCat(chunk_bytes.size(), " chunks together"),
+      " (", slot_bytes, " bytes of pool slots) cannot fit max_pinned_fraction (",
+      options_.max_pinned_fraction, " of the host pool, ", PinLimitBytes(),
+      " bytes) even with nothing else pinned"));
 }
 
 absl::Status HostPool::Pin(const ChunkId& id, absl::Time until, const PinBudget* budget) {
@@ -256,7 +258,7 @@ absl::Status HostPool::Pin(const ChunkId& id, absl::Time until, const PinBudget*
           budget->quota, " (", budget->max_bytes, " bytes, ", budget_pinned,
           " pinned now); unpin something or wait for pins to expire"));
     }
-    if (absl::Status s = CheckPinCanFit(entry.meta.size); !s.ok()) return s;
+    if (absl::Status s = CheckPinCanFit({entry.meta.size}); !s.ok()) return s;
     const uint64_t chunk_slot_bytes = it->second.data->slot_count() * arena_->slot_bytes();
     if (pinned + chunk_slot_bytes > PinLimitBytes()) {
       return absl::ResourceExhaustedError(absl::StrCat(

@@ -23,6 +23,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "storage/chunk_id.h"
 #include "storage/eviction_policy.h"
 #include "storage/pool_chunk.h"
@@ -128,10 +129,10 @@ class HostPool final : public StorageTier {
   // max_pinned_fraction, or `budget`: payload bytes of the budget's namespaces pinned
   // now, this chunk included, checked under the same lock as the pin).
   absl::Status Pin(const ChunkId& id, absl::Time until, const PinBudget* budget = nullptr);
-  // InvalidArgument if a chunk of `chunk_bytes` could not be pinned even with nothing
-  // else pinned (its slots exceed max_pinned_fraction of the pool); a retry can never
-  // succeed. Lets a caller refuse before it promotes the chunk into the pool.
-  absl::Status CheckPinCanFit(uint64_t chunk_bytes) const;
+  // InvalidArgument if chunks of these sizes could not be pinned together even with
+  // nothing else pinned (their slots exceed max_pinned_fraction of the pool); a retry
+  // can never succeed. Lets a caller refuse before it promotes or pins anything.
+  absl::Status CheckPinCanFit(absl::Span<const uint64_t> chunk_bytes) const;
   // Returns true if the chunk was pinned.
   bool Unpin(const ChunkId& id);
   // Returns true if the chunk was indexed.

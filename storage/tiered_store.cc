@@ -845,7 +845,7 @@ absl::Status TieredStore::Pin(const ChunkId& id, absl::Duration ttl,
           "pinning a ", layout->ChunkBytes(), "-byte chunk cannot fit the tenant's ",
           budget->quota, " (", budget->max_bytes, " bytes) even with nothing else pinned"));
     }
-    if (absl::Status s = ram_->CheckPinCanFit(layout->ChunkBytes()); !s.ok()) return s;
+    if (absl::Status s = ram_->CheckPinCanFit({layout->ChunkBytes()}); !s.ok()) return s;
   }
   if (!ram_->Contains(id)) {
     if (!has_ssd() || !backing_->Contains(id)) return absl::NotFoundError("chunk not cached");
@@ -860,6 +860,38 @@ absl::Status TieredStore::Pin(const ChunkId& id, absl::Duration ttl,
   const absl::Time until =
       ttl > absl::ZeroDuration() ? options_.ram.now() + ttl : absl::InfiniteFuture();
   return ram_->Pin(id, until, budget);
+}
+
+absl::Status TieredStore::CheckPinsCanFit(absl::Span<const ChunkId> ids,
+                                          const HostPool::PinBudget* budget) {
+  absl::flat_hash_set<ChunkId> distinct(ids.begin(), ids.end());
+  std::vector<ChunkId> unique(distinct.begin(), distinct.end());
+  const std::vector<Tier> tiers = LocateMany(unique);
+  absl::flat_hash_map<uint64_t, uint64_t> chunk_bytes;  // By namespace.
+  std::vector<uint64_t> sizes;
+  uint64_t total = 0;
+  for (size_t i = 0; i < unique.size(); ++i) {
+    if (tiers[i] == Tier::kNone) continue;  // Answered as not found, pins nothing.
+    auto it = chunk_bytes.find(unique[i].ns);
+    if (it == chunk_bytes.end()) {
+      auto layout = FindLayout(unique[i].ns);
+      if (!layout.ok()) continue;
+      it = chunk_bytes.emplace(unique[i].ns, layout->ChunkBytes()).first;
+    }
+    sizes.push_back(it->second);
+    total += it->second;
+  }
+  if (sizes.size() < 2) return absl::OkStatus();  // One chunk: Pin checks it.
+  if (budget != nullptr && total > budget->max_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "pinning ", sizes.size(), " chunks together (", total, " bytes) cannot fit the "
+        "tenant's ", budget->quota, " (", budget->max_bytes,
+        " bytes) even with nothing else pinned; pin fewer keys"));
+  }
+  if (absl::Status s = ram_->CheckPinCanFit(sizes); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(s.message(), "; pin fewer keys"));
+  }
+  return absl::OkStatus();
 }
 
 TieredStore::NamespaceUsage TieredStore::Usage(const absl::flat_hash_set<uint64_t>& ns) const {

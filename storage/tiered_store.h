@@ -373,6 +373,13 @@ class TieredStore {
   // ResourceExhausted.
   absl::Status Pin(const ChunkId& id, absl::Duration ttl,
                    const HostPool::PinBudget* budget = nullptr);
+  // Before pinning `ids` one by one: InvalidArgument if the distinct ones that are
+  // stored could never be pinned together, even with nothing else pinned: their pool
+  // slots exceed max_pinned_fraction, or their payload bytes `budget` (may be null). A
+  // request refused here pins nothing, where pinning would stop part-way with a
+  // ResourceExhausted that no retry can clear.
+  absl::Status CheckPinsCanFit(absl::Span<const ChunkId> ids,
+                               const HostPool::PinBudget* budget = nullptr);
   bool Unpin(const ChunkId& id);
   // Returns whether the chunk was present anywhere. Errors: Unavailable.
   absl::StatusOr<bool> Delete(const ChunkId& id);

@@ -62,13 +62,14 @@ class DaemonTest : public ::testing::Test {
     return r.status();
   }
 
-  uint64_t RamUsedBytes() {
+  uint64_t RamUsedBytes() { return RamStats().used_bytes(); }
+  v1::TierStats RamStats() {
     auto s = client_->Stats();
     EXPECT_TRUE(s.ok()) << s.status();
     for (const auto& t : s->tiers()) {
-      if (t.tier() == v1::TIER_RAM) return t.used_bytes();
+      if (t.tier() == v1::TIER_RAM) return t;
     }
-    return 0;
+    return {};
   }
 
   std::string data_dir_;
@@ -454,6 +455,28 @@ TEST_F(StreamedGetTest, CorruptStreamedChunkInLayerMajorOrderEndsDataLoss) {
   ASSERT_TRUE(l.ok());
   EXPECT_EQ(l->tiers[0], v1::TIER_UNSPECIFIED);  // Deleted: never served again.
   EXPECT_EQ(l->tiers[1], v1::TIER_RAM);          // The good chunk stays.
+}
+
+// Keys whose chunks together exceed max_pinned_fraction of the pool can never all be
+// pinned: INVALID_ARGUMENT before any is pinned. Pinning the first ones and then
+// answering RESOURCE_EXHAUSTED ("retry") left the pin share full and the client retrying.
+TEST_F(DaemonTest, KeysThatCanNeverBePinnedTogetherAreRefusedAndNoneIsPinned) {
+  StartDaemon({"--ram-capacity=8MiB", "--write-mode=ram-only", "--max-pinned-fraction=0.5"});
+  const uint64_t ns = Register(1);
+  std::vector<ChunkKey> keys;
+  for (uint64_t i = 1; i <= 5; ++i) {
+    ASSERT_TRUE(PutOne(ns, i, 1 << 20).ok());
+    keys.push_back(KeyOf(i));
+  }
+  auto p = client_->Pin(ns, keys, 0);  // 5 MiB of slots against 4 MiB.
+  EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument) << p.status();
+  EXPECT_NE(p.status().message().find("5 chunks together"), std::string::npos) << p.status();
+  EXPECT_EQ(RamStats().pinned_bytes(), 0u);
+  keys.pop_back();
+  p = client_->Pin(ns, keys, 0);  // 4 MiB: fits.
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->pinned, 4u);
+  EXPECT_EQ(RamStats().pinned_bytes(), 4u << 20);
 }
 
 // A Lookup lease holds the looked-up hits in RAM through puts that need their room,

@@ -155,6 +155,28 @@ TEST_F(TenantQuotaTest, AChunkLargerThanThePinnedQuotaIsInvalidArgument) {
   EXPECT_TRUE(small_->Pin(ns_, {KeyOf(1)}, 0).ok());
 }
 
+// Keys that could never be pinned together (2 MiB of 1 MiB chunks against a 1 MiB
+// pinned quota) are refused as final before any is pinned: pinning part of them and
+// then answering RESOURCE_EXHAUSTED had the client retry forever, holding the quota.
+TEST_F(TenantQuotaTest, KeysThatCanNeverBePinnedTogetherAreRefusedAndNoneIsPinned) {
+  Start("ram-only");
+  ASSERT_TRUE(Put(*small_, ns_, 1).ok());
+  ASSERT_TRUE(Put(*small_, ns_, 2).ok());
+  auto pinned = small_->Pin(ns_, {KeyOf(1), KeyOf(2), KeyOf(1), KeyOf(77)}, 0);
+  EXPECT_TRUE(absl::IsInvalidArgument(pinned.status())) << pinned.status();
+  EXPECT_NE(pinned.status().message().find("2 chunks together"), std::string::npos)
+      << pinned.status();
+  EXPECT_NE(pinned.status().message().find("pinned_quota"), std::string::npos)
+      << pinned.status();
+  EXPECT_EQ(Metric(R"(kvtier_tenant_bytes{tenant="small",tier="pinned"})"), 0);
+  EXPECT_EQ(Metric(R"(kvtier_tenant_quota_refusals_total{quota="pinned",tenant="small"})"), 1);
+  // A key twice and an absent key cost nothing: one chunk still pins.
+  auto one = small_->Pin(ns_, {KeyOf(1), KeyOf(1), KeyOf(77)}, 0);
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_EQ(one->pinned, 2u);
+  EXPECT_EQ(one->not_found, 1u);
+}
+
 // Layouts are kept until the data directory is cleared, so a tenant may register its
 // share and no more: past it FAILED_PRECONDITION (retrying cannot help), while one it
 // registered already is still answered, and other tenants register theirs.
