@@ -91,7 +91,7 @@ int Run(const Flags& f) {
       int ok = 0;
       for (int c = 0; c < chunks; ++c) {
         const ChunkId id{round + 1, ChunkKey{size, static_cast<uint64_t>(c)}};
-        auto rec = (*tier)->ReadRecord(id, 7);
+        auto rec = (*tier)->ReadRecord(id, RemoteLayout{7, size});
         if (!rec.ok()) continue;
         StringSink sink(&out);
         ok += (*tier)->ReadPayload(id, *rec, sink).ok() ? 1 : 0;
@@ -110,7 +110,7 @@ int Run(const Flags& f) {
       // them (the daemon's pool is prefaulted and reused).
       for (int c = 0; c < chunks; ++c) outs[c].assign(payloads[(c + 1) % chunks]);
       start = Clock::now();
-      auto recs = (*tier)->ReadRecords(ids, 7);
+      auto recs = (*tier)->ReadRecords(ids, RemoteLayout{7, size});
       std::vector<const RemoteRecord*> rec_ptrs;
       std::vector<std::unique_ptr<StringSink>> sinks;
       std::vector<ChunkSink*> sink_ptrs;

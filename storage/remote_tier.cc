@@ -284,12 +284,12 @@ void RemoteTier::DeleteSegments(const ChunkId& id, uint64_t generation, uint32_t
 }
 
 absl::StatusOr<RemoteRecord> RemoteTier::ReadRecord(const ChunkId& id,
-                                                    uint64_t layout_fingerprint) {
-  return std::move(ReadRecords({&id, 1}, layout_fingerprint)[0]);
+                                                    const RemoteLayout& layout) {
+  return std::move(ReadRecords({&id, 1}, layout)[0]);
 }
 
 std::vector<absl::StatusOr<RemoteRecord>> RemoteTier::ReadRecords(
-    absl::Span<const ChunkId> ids, uint64_t layout_fingerprint) {
+    absl::Span<const ChunkId> ids, const RemoteLayout& layout) {
   std::vector<absl::StatusOr<RemoteRecord>> out;
   out.reserve(ids.size());
   if (!health_.Allow()) {
@@ -322,6 +322,13 @@ std::vector<absl::StatusOr<RemoteRecord>> RemoteTier::ReadRecords(
             ? DecodeRemoteRecord(ReplyString(r))
             : absl::DataLossError(absl::StrCat("remote commit record: not a string: ",
                                                ReplyString(r)));
+    if (record.ok() && record->layout_fingerprint == layout.fingerprint &&
+        layout.chunk_bytes != 0 && record->meta.size != layout.chunk_bytes) {
+      // Its CRC holds, so a writer made it so: its size must not reach an allocation.
+      record = absl::DataLossError(absl::StrCat(
+          "remote commit record: a ", record->meta.size, "-byte chunk of a layout whose "
+          "chunks are ", layout.chunk_bytes, " bytes"));
+    }
     if (!record.ok()) {
       checksum_failures_.fetch_add(1, std::memory_order_relaxed);
       LogWarning("remote tier: chunk ", ids[i].DebugString(), ": ", record.status().message(),
@@ -330,7 +337,7 @@ std::vector<absl::StatusOr<RemoteRecord>> RemoteTier::ReadRecords(
       out.push_back(absl::NotFoundError(record.status().message()));
       continue;
     }
-    if (record->layout_fingerprint != layout_fingerprint) {
+    if (record->layout_fingerprint != layout.fingerprint) {
       foreign_.fetch_add(1, std::memory_order_relaxed);
       out.push_back(absl::NotFoundError("remote chunk was stored under another layout"));
       continue;
@@ -555,28 +562,28 @@ RemoteTierStats RemoteTier::GetStats() const {
 
 bool RemoteTier::Contains(const ChunkId& id) const { return ContainsMany({&id, 1})[0]; }
 
-absl::StatusOr<uint64_t> RemoteTier::FingerprintOf(uint64_t ns) const {
-  if (!options_.layout_fingerprint) {
-    return absl::FailedPreconditionError("remote tier: no layout fingerprints given");
+absl::StatusOr<RemoteLayout> RemoteTier::LayoutOf(uint64_t ns) const {
+  if (!options_.layout_of) {
+    return absl::FailedPreconditionError("remote tier: no layouts given");
   }
-  return options_.layout_fingerprint(ns);
+  return options_.layout_of(ns);
 }
 
 void RemoteTier::Write(const ChunkId& id, const ChunkMeta& meta, ChunkBytes bytes,
                        WriteDone done) {
-  absl::StatusOr<uint64_t> fingerprint = FingerprintOf(id.ns);
-  if (!fingerprint.ok()) return done(fingerprint.status());
+  absl::StatusOr<RemoteLayout> layout = LayoutOf(id.ns);
+  if (!layout.ok()) return done(layout.status());
   if (absl::Status s = CheckChunkBytes(Tier::kRemote, id, meta, bytes); !s.ok()) {
     return done(s);
   }
-  WriteAsync(id, meta, *fingerprint, std::move(bytes.pieces), std::move(bytes.keep_alive),
+  WriteAsync(id, meta, layout->fingerprint, std::move(bytes.pieces), std::move(bytes.keep_alive),
              std::move(done));
 }
 
 void RemoteTier::Read(const ChunkId& id, SinkFor sink_for, ReadDone done) {
-  absl::StatusOr<uint64_t> fingerprint = FingerprintOf(id.ns);
-  if (!fingerprint.ok()) return done(fingerprint.status());
-  absl::StatusOr<RemoteRecord> record = ReadRecord(id, *fingerprint);
+  absl::StatusOr<RemoteLayout> layout = LayoutOf(id.ns);
+  if (!layout.ok()) return done(layout.status());
+  absl::StatusOr<RemoteRecord> record = ReadRecord(id, *layout);
   if (!record.ok()) return done(record.status());
   ChunkSink* sink = sink_for(record->meta);
   if (sink == nullptr) {
@@ -601,12 +608,12 @@ void RemoteTier::ReadMany(absl::Span<const ChunkId> ids, SinkForEach sink_for,
     for (size_t i = 0; i < ids.size(); ++i) {
       if (ids[i].ns == ns) at.push_back(i), of_ns.push_back(ids[i]);
     }
-    absl::StatusOr<uint64_t> fingerprint = FingerprintOf(ns);
-    if (!fingerprint.ok()) {
-      for (size_t i : at) done(i, fingerprint.status());
+    absl::StatusOr<RemoteLayout> layout = LayoutOf(ns);
+    if (!layout.ok()) {
+      for (size_t i : at) done(i, layout.status());
       continue;
     }
-    std::vector<absl::StatusOr<RemoteRecord>> records = ReadRecords(of_ns, *fingerprint);
+    std::vector<absl::StatusOr<RemoteRecord>> records = ReadRecords(of_ns, *layout);
     // In groups of about one pipeline's bytes: the first chunks need not wait for the
     // last.
     size_t next = 0;

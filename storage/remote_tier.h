@@ -47,6 +47,15 @@
 
 namespace kvtier {
 
+// What a reader knows of a namespace's layout, to judge a commit record by.
+struct RemoteLayout {
+  uint64_t fingerprint = 0;  // Records carry it; another layout's are foreign.
+  // Bytes of every chunk of the layout; a record of this layout that says otherwise is
+  // corrupt (forged or damaged yet CRC-valid) and is deleted before its size is used.
+  // 0: sizes not checked (tests of the tier alone, whose chunks vary).
+  uint64_t chunk_bytes = 0;
+};
+
 struct RemoteTierOptions {
   RedisClusterOptions cluster;  // No seeds: no remote tier.
   std::string key_prefix = "kvt";
@@ -58,10 +67,9 @@ struct RemoteTierOptions {
   int write_threads = 2;
   absl::Duration min_backoff = absl::Milliseconds(100);
   absl::Duration max_backoff = absl::Seconds(10);
-  // For the StorageTier interface (Write, Read), which names no layout: the layout
-  // fingerprint of namespace `ns`, which records carry. Unset: those calls are
-  // refused with FailedPrecondition.
-  std::function<absl::StatusOr<uint64_t>(uint64_t ns)> layout_fingerprint;
+  // For the StorageTier interface (Write, Read), which names no layout: the layout of
+  // namespace `ns`. Unset: those calls are refused with FailedPrecondition.
+  std::function<absl::StatusOr<RemoteLayout>(uint64_t ns)> layout_of;
 
   bool enabled() const { return !cluster.seeds.empty(); }
   absl::Status Validate() const;
@@ -107,7 +115,7 @@ class RemoteTier final : public StorageTier {
 
   // The chunk's commit record, if it has one for this layout. Returns: Ok, NotFound
   // (absent, foreign, corrupt, or the tier is degraded), Unavailable (unreachable now).
-  absl::StatusOr<RemoteRecord> ReadRecord(const ChunkId& id, uint64_t layout_fingerprint);
+  absl::StatusOr<RemoteRecord> ReadRecord(const ChunkId& id, const RemoteLayout& layout);
   // Reads the payload of `record` into `sink`, verifying every segment and then the
   // chunk. Returns: Ok, NotFound (segments missing: torn), DataLoss (corrupt; the record
   // is deleted), Unavailable.
@@ -115,7 +123,7 @@ class RemoteTier final : public StorageTier {
   // ReadRecord for many chunks of one layout, in one pipelined round trip; one result
   // per id, in order.
   std::vector<absl::StatusOr<RemoteRecord>> ReadRecords(absl::Span<const ChunkId> ids,
-                                                        uint64_t layout_fingerprint);
+                                                        const RemoteLayout& layout);
   // ReadPayload for many chunks: their segments fetched in pipelines of up to
   // batch_bytes (small chunks share one, a large one takes several), each chunk into
   // its own sink; one status per chunk, in order. A chunk that fails does not stop the
@@ -143,7 +151,7 @@ class RemoteTier final : public StorageTier {
   // Returns how many records went. Errors: Unavailable.
   absl::StatusOr<uint64_t> Clear(uint64_t ns);
 
-  // StorageTier, for the chunks of namespaces options.layout_fingerprint knows.
+  // StorageTier, for the chunks of namespaces options.layout_of knows.
   // Contains asks the cluster (a round trip); Write is WriteAsync (`done` when it
   // has landed); Read is ReadRecord then ReadPayload (`done` on the caller's thread);
   // DeleteNamespace is Clear. There is no capacity here: the cluster's maxmemory
@@ -175,8 +183,8 @@ class RemoteTier final : public StorageTier {
   RemoteTier(RemoteTierOptions options, std::unique_ptr<RedisCluster> cluster);
   void WriterLoop();
   absl::Status Write(const Job& job);
-  // options_.layout_fingerprint(ns), or FailedPrecondition without one.
-  absl::StatusOr<uint64_t> FingerprintOf(uint64_t ns) const;
+  // options_.layout_of(ns), or FailedPrecondition without one.
+  absl::StatusOr<RemoteLayout> LayoutOf(uint64_t ns) const;
   // Deletes segments [0, n) of `generation` (a write that did not commit).
   void DeleteSegments(const ChunkId& id, uint64_t generation, uint32_t n);
   // Counts `s` against health when it says the cluster was unreachable.

@@ -121,10 +121,10 @@ absl::StatusOr<std::unique_ptr<TieredStore>> TieredStore::Open(TieredStoreOption
     RemoteTierOptions remote_options = store->options_.remote;
     // Records carry the layout's fingerprint (its hash), so that a daemon whose layout
     // differs never reads another's bytes as its own.
-    remote_options.layout_fingerprint = [s = store.get()](uint64_t ns) -> absl::StatusOr<uint64_t> {
+    remote_options.layout_of = [s = store.get()](uint64_t ns) -> absl::StatusOr<RemoteLayout> {
       absl::StatusOr<LayoutSpec> layout = s->FindLayout(ns);
       if (!layout.ok()) return layout.status();
-      return layout->NamespaceId();
+      return RemoteLayout{layout->NamespaceId(), layout->ChunkBytes()};
     };
     auto remote = RemoteTier::Open(std::move(remote_options));
     if (!remote.ok()) return remote.status();

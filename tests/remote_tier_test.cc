@@ -307,6 +307,32 @@ TEST_F(RemoteTierTest, ADamagedRecordIsAMissAndIsDeleted) {
   EXPECT_FALSE(RecordExists(id));
 }
 
+// A record whose CRC holds but whose size is not the layout's chunk size (a buggy or
+// hostile writer re-encoded it) is corrupt: a miss, counted and deleted, and its size
+// never reaches an allocation. A 1 TiB size once aborted the reader (std::bad_alloc),
+// and a small one was served as a short chunk.
+TEST_F(RemoteTierTest, AForgedRecordSizeIsAMissAndIsDeleted) {
+  OpenBoth();
+  for (const uint64_t forged : {uint64_t{1} << 40, uint64_t{1000}}) {
+    const ChunkId id = Id(forged == 1000 ? 21 : 20);
+    ASSERT_TRUE(Put(a_.get(), id).ok());
+    a_->WaitForRemoteWrites();
+    RemoteRecord rec = Record(id);
+    rec.meta.size = forged;
+    rec.segment_bytes = 1u << 31;  // A segment count that agrees with the size.
+    rec.segment_crc32c.resize(RemoteSegmentCount(forged, rec.segment_bytes));
+    const std::string rkey = RemoteRecordKey("kvt", id);
+    OnOwner(rkey, {"SET", rkey, EncodeRemoteRecord(rec)});
+    ASSERT_TRUE(DecodeRemoteRecord(EncodeRemoteRecord(rec)).ok()) << "the CRC must hold";
+    const uint64_t failures = b_->GetStats().remote.checksum_failures;
+    EXPECT_EQ(b_->Read(id).status().code(), absl::StatusCode::kNotFound) << forged;
+    EXPECT_EQ(b_->GetStats().remote.checksum_failures, failures + 1) << forged;
+    EXPECT_EQ(b_->Locate(id), Tier::kNone) << forged;
+    EXPECT_FALSE(RecordExists(id)) << forged;
+  }
+  EXPECT_EQ(b_->GetStats().remote.hits, 0u);
+}
+
 TEST_F(RemoteTierTest, AnotherLayoutUnderTheSameNamespaceIsAMiss) {
   a_ = Open(Options(dir_a_.path(), WriteMode::kWriteBack));
   // Same namespace id and chunk size, another model: its chunks must not be used.

@@ -136,9 +136,9 @@ struct RemoteTierUnderTest : TierUnderTest {
     o.cluster.min_refresh_interval = absl::ZeroDuration();
     o.segment_bytes = 64 << 10;
     o.batch_bytes = 450 << 10;  // ReadMany of ~210 KiB chunks: two per pipeline.
-    o.layout_fingerprint = [](uint64_t ns) -> absl::StatusOr<uint64_t> {
+    o.layout_of = [](uint64_t ns) -> absl::StatusOr<RemoteLayout> {
       if (ns != kNs && ns != kOtherNs) return absl::NotFoundError("no such namespace");
-      return ns * 1000003;
+      return RemoteLayout{ns * 1000003, /*chunk_bytes=*/0};  // Sizes vary here.
     };
     auto t = RemoteTier::Open(o);
     EXPECT_TRUE(t.ok()) << t.status();
