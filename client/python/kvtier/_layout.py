@@ -46,6 +46,7 @@ class Tier(enum.IntEnum):
     GPU = 1
     RAM = 2
     SSD = 3
+    REMOTE = 4  # The shared tier (Redis Cluster), when the daemon has one.
 
 
 _DTYPE_NAMES = {

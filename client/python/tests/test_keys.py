@@ -1,6 +1,8 @@
 """The Python key scheme against the normative vectors (the file the C++ tests load)."""
 
 import json
+import os
+import re
 
 import numpy as np
 import pytest
@@ -98,3 +100,27 @@ def test_bad_layouts_name_the_field():
         with pytest.raises(kvtier.InvalidArgumentError, match=field):
             kvtier.Layout(**dict(base, **{field: value}))
     assert kvtier.Layout(**dict(base, dtype="torch.bfloat16")).dtype == kvtier.DType.BFLOAT16
+
+
+def _proto_enum(name):
+    """{value: NAME} of enum `name` in kvtier.proto, the contract the daemon answers in."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    text = open(os.path.join(here, "..", "..", "..", "proto", "kvtier", "v1",
+                             "kvtier.proto")).read()
+    body = re.search(r"enum %s \{(.*?)\}" % name, text, re.S).group(1)
+    return {int(v): k for k, v in re.findall(r"^\s*(\w+)\s*=\s*(\d+);", body, re.M)}
+
+
+@pytest.mark.parametrize("enum_name,py", [("Tier", kvtier.Tier), ("DType", kvtier.DType),
+                                          ("KeyPosition", kvtier.KeyPosition)])
+def test_every_proto_enum_value_has_a_python_member(enum_name, py):
+    # A value the daemon may answer that Python cannot name raised ValueError from
+    # lookup() and get_into() (TIER_REMOTE, from a daemon with a shared tier), after the
+    # bytes had arrived.
+    values = _proto_enum(enum_name)
+    assert len(values) >= 3
+    for value, name in values.items():
+        if value == 0:
+            continue  # *_UNSPECIFIED: ABSENT for Tier, refused for the others.
+        assert py(value).value == value, name
+    assert kvtier.Tier(4) == kvtier.Tier.REMOTE
