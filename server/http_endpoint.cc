@@ -3,6 +3,7 @@
 #include <CivetServer.h>
 #include <prometheus/text_serializer.h>
 
+#include <cstring>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
@@ -11,43 +12,54 @@ namespace kvtier {
 namespace {
 
 void Respond(mg_connection* conn, int code, const char* reason, const char* content_type,
-             const std::string& body) {
+             const std::string& body, bool head = false) {
   mg_printf(conn,
             "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n"
-            "Connection: close\r\n\r\n",
-            code, reason, content_type, body.size());
-  mg_write(conn, body.data(), body.size());
+            "Connection: close\r\n%s\r\n",
+            code, reason, content_type, body.size(),
+            code == 405 ? "Allow: GET, HEAD\r\n" : "");
+  if (!head) mg_write(conn, body.data(), body.size());
+}
+
+// civetweb matches a handler's path as a prefix; ours answer their exact path only.
+bool IsExactly(mg_connection* conn, const char* path) {
+  const mg_request_info* info = mg_get_request_info(conn);
+  return info != nullptr && info->local_uri != nullptr && std::strcmp(info->local_uri, path) == 0;
 }
 
 }  // namespace
 
-class HttpEndpoint::MetricsHandler : public CivetHandler {
+// One path, GET and HEAD; any other method is 405, any longer path 404.
+class HttpEndpoint::PathHandler : public CivetHandler {
  public:
-  explicit MetricsHandler(const HttpEndpoint* endpoint) : endpoint_(endpoint) {}
-  bool handleGet(CivetServer*, mg_connection* conn) override {
-    Respond(conn, 200, "OK", "text/plain; version=0.0.4; charset=utf-8",
-            endpoint_->RenderMetrics());
+  PathHandler(const char* path, std::function<void(mg_connection*, bool head)> respond)
+      : path_(path), respond_(std::move(respond)) {}
+  bool handleGet(CivetServer*, mg_connection* conn) override { return Serve(conn, false); }
+  bool handleHead(CivetServer*, mg_connection* conn) override { return Serve(conn, true); }
+  bool handlePost(CivetServer*, mg_connection* conn) override { return Refuse(conn); }
+  bool handlePut(CivetServer*, mg_connection* conn) override { return Refuse(conn); }
+  bool handleDelete(CivetServer*, mg_connection* conn) override { return Refuse(conn); }
+  bool handlePatch(CivetServer*, mg_connection* conn) override { return Refuse(conn); }
+  bool handleOptions(CivetServer*, mg_connection* conn) override { return Refuse(conn); }
+
+ private:
+  bool Serve(mg_connection* conn, bool head) {
+    if (!IsExactly(conn, path_)) return NotFound(conn, head);
+    respond_(conn, head);
+    return true;
+  }
+  bool Refuse(mg_connection* conn) {
+    if (!IsExactly(conn, path_)) return NotFound(conn, false);
+    Respond(conn, 405, "Method Not Allowed", "text/plain", "GET or HEAD only\n");
+    return true;
+  }
+  static bool NotFound(mg_connection* conn, bool head) {
+    Respond(conn, 404, "Not Found", "text/plain", "not found\n", head);
     return true;
   }
 
- private:
-  const HttpEndpoint* const endpoint_;
-};
-
-class HttpEndpoint::HealthHandler : public CivetHandler {
- public:
-  explicit HealthHandler(const HttpEndpoint* endpoint) : endpoint_(endpoint) {}
-  bool handleGet(CivetServer*, mg_connection* conn) override {
-    if (endpoint_->serving_()) {
-      Respond(conn, 200, "OK", "text/plain", "ok\n");
-    } else {
-      Respond(conn, 503, "Service Unavailable", "text/plain", "not serving\n");
-    }
-    return true;
-  }
-
- private:
-  const HttpEndpoint* const endpoint_;
+  const char* const path_;
+  const std::function<void(mg_connection*, bool head)> respond_;
 };
 
 HttpEndpoint::HttpEndpoint(std::function<bool()> serving) : serving_(std::move(serving)) {}
@@ -64,9 +76,27 @@ HttpEndpoint::~HttpEndpoint() {
 absl::StatusOr<std::unique_ptr<HttpEndpoint>> HttpEndpoint::Start(
     const std::string& listen, std::function<bool()> serving) {
   std::unique_ptr<HttpEndpoint> endpoint(new HttpEndpoint(std::move(serving)));
-  endpoint->metrics_handler_ = std::make_unique<MetricsHandler>(endpoint.get());
-  endpoint->health_handler_ = std::make_unique<HealthHandler>(endpoint.get());
-  const std::vector<std::string> options = {"listening_ports", listen, "num_threads", "2"};
+  HttpEndpoint* e = endpoint.get();
+  endpoint->metrics_handler_ =
+      std::make_unique<PathHandler>("/metrics", [e](mg_connection* conn, bool head) {
+        Respond(conn, 200, "OK", "text/plain; version=0.0.4; charset=utf-8", e->RenderMetrics(),
+                head);
+      });
+  endpoint->health_handler_ =
+      std::make_unique<PathHandler>("/healthz", [e](mg_connection* conn, bool head) {
+        if (e->serving_()) {
+          Respond(conn, 200, "OK", "text/plain", "ok\n", head);
+        } else {
+          Respond(conn, 503, "Service Unavailable", "text/plain", "not serving\n", head);
+        }
+      });
+  // civetweb gives each connection a thread until its request is read: a client that
+  // connects and goes quiet holds one for request_timeout_ms (30 s by default). With
+  // two threads, two such clients took /healthz and /metrics down. Threads to spare
+  // and a request timeout a scrape never needs bound what idle clients can hold.
+  const std::vector<std::string> options = {
+      "listening_ports", listen, "num_threads", std::to_string(kThreads),
+      "request_timeout_ms", std::to_string(absl::ToInt64Milliseconds(kRequestTimeout))};
   try {
     endpoint->server_ = std::make_unique<CivetServer>(options);
   } catch (const CivetException& e) {

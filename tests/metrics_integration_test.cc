@@ -1,7 +1,10 @@
 // Metrics end to end: a real kvtierd's /metrics and /healthz, `promtool check metrics`
 // on a scrape of a busy daemon, and a real Prometheus server scraping it and answering
 // queries with the values the traffic implies.
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -197,6 +200,57 @@ TEST(RamPrefaultTest, PoolIsFaultedInAndReported) {
   auto m = HttpGet(off->metrics_port(), "/metrics");
   ASSERT_TRUE(m.ok()) << m.status();
   EXPECT_EQ(SeriesValue(m->body, "kvtier_ram_prefaulted_bytes"), 0);
+}
+
+// The endpoint answers its two paths exactly, to GET and HEAD (a load balancer's
+// health check may use HEAD), and refuses other methods with 405.
+TEST_F(MetricsTest, HttpMethodsAndPaths) {
+  const int port = daemon_->metrics_port();
+  for (const char* path : {"/healthz", "/metrics"}) {
+    auto head = testing::HttpRequest(port, "HEAD", path);
+    ASSERT_TRUE(head.ok()) << head.status();
+    EXPECT_EQ(head->status, 200) << path;
+    EXPECT_EQ(head->body, "") << path;
+    EXPECT_NE(head->headers.find("Content-Length: "), std::string::npos) << head->headers;
+    for (const char* method : {"POST", "PUT", "DELETE"}) {
+      auto refused = testing::HttpRequest(port, method, path);
+      ASSERT_TRUE(refused.ok()) << refused.status();
+      EXPECT_EQ(refused->status, 405) << method << " " << path;
+      EXPECT_NE(refused->headers.find("Allow: GET, HEAD"), std::string::npos) << refused->headers;
+    }
+  }
+  for (const char* path : {"/healthzzz", "/metrics.bak", "/metrics/sub", "/"}) {
+    auto got = testing::HttpGet(port, path);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(got->status, 404) << path;
+  }
+}
+
+// Clients that connect to the HTTP port and send half a request hold one of its
+// threads each until the request timeout. Two of them took /healthz and /metrics down
+// for 30 s at a time (two threads, civetweb's default timeout). Four now leave threads
+// to answer at once; the 15 s bound only tells a hang from an answer.
+TEST_F(MetricsTest, IdleHttpClientsDoNotStarveHealthz) {
+  const int port = daemon_->metrics_port();
+  std::vector<int> idle;
+  for (int i = 0; i < 4; ++i) {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    ASSERT_GE(fd, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+    const std::string partial = "GET /metrics HTTP/1.1\r\n";
+    ASSERT_EQ(write(fd, partial.data(), partial.size()), static_cast<ssize_t>(partial.size()));
+    idle.push_back(fd);
+  }
+  for (const char* path : {"/healthz", "/metrics"}) {
+    auto got = testing::HttpRequest(port, "GET", path, absl::Seconds(15));
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(got->status, 200) << path;
+  }
+  for (int fd : idle) close(fd);
 }
 
 TEST_F(MetricsTest, PromtoolFindsNoProblemsInABusyScrape) {

@@ -240,8 +240,17 @@ bool Eventually(const std::function<bool()>& cond) {
 }
 
 absl::StatusOr<HttpResponse> HttpGet(int port, const std::string& path) {
+  return HttpRequest(port, "GET", path);
+}
+
+absl::StatusOr<HttpResponse> HttpRequest(int port, const std::string& method,
+                                         const std::string& path, absl::Duration timeout) {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   if (fd < 0) return absl::UnavailableError("socket");
+  if (timeout != absl::InfiniteDuration()) {
+    const timeval tv = absl::ToTimeval(timeout);
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  }
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_port = htons(static_cast<uint16_t>(port));
@@ -250,8 +259,9 @@ absl::StatusOr<HttpResponse> HttpGet(int port, const std::string& path) {
     close(fd);
     return absl::UnavailableError(absl::StrCat("connect to port ", port, ": ", std::strerror(errno)));
   }
-  const std::string req =
-      absl::StrCat("GET ", path, " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
+  const std::string req = absl::StrCat(method, " ", path,
+                                       " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
+                                       "Content-Length: 0\r\n\r\n");
   if (write(fd, req.data(), req.size()) != static_cast<ssize_t>(req.size())) {
     close(fd);
     return absl::UnavailableError("short write");
@@ -260,7 +270,12 @@ absl::StatusOr<HttpResponse> HttpGet(int port, const std::string& path) {
   char buf[8192];
   ssize_t n;
   while ((n = read(fd, buf, sizeof buf)) > 0) raw.append(buf, n);
+  const int read_errno = errno;
   close(fd);
+  if (n < 0) {
+    return absl::UnavailableError(absl::StrCat(method, " ", path, ": ", std::strerror(read_errno),
+                                               " after ", raw.size(), " bytes"));
+  }
   HttpResponse r;
   const size_t sp = raw.find(' ');
   const size_t body = raw.find("\r\n\r\n");
@@ -268,6 +283,7 @@ absl::StatusOr<HttpResponse> HttpGet(int port, const std::string& path) {
       !absl::SimpleAtoi(absl::string_view(raw).substr(sp + 1, 3), &r.status)) {
     return absl::UnavailableError("malformed HTTP response: " + raw.substr(0, 200));
   }
+  r.headers = raw.substr(0, body);
   r.body = raw.substr(body + 4);
   return r;
 }

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 
 namespace kvtier::testing {
 
@@ -58,9 +59,14 @@ class DaemonProcess {
 // A plain HTTP/1.1 GET to 127.0.0.1:`port`. Errors: Unavailable.
 struct HttpResponse {
   int status = 0;
+  std::string headers;  // The status line and headers, as sent.
   std::string body;
 };
 absl::StatusOr<HttpResponse> HttpGet(int port, const std::string& path);
+// `method` `path` on 127.0.0.1:`port`; a reply slower than `timeout` is Unavailable.
+absl::StatusOr<HttpResponse> HttpRequest(int port, const std::string& method,
+                                         const std::string& path,
+                                         absl::Duration timeout = absl::InfiniteDuration());
 
 // The value of `series` (a metric name with its labels, as exposed) in a /metrics
 // text, or -1 if it is not there.
