@@ -399,6 +399,10 @@ absl::StatusOr<std::unique_ptr<KvTierClient>> KvTierClient::Connect(
                                     arena_max);
   }
   grpc::ChannelArguments args;
+  // A connection of its own, never one another client (or, after fork, the parent
+  // process's client) holds in gRPC's global subchannel pool: a forked child's new
+  // client sharing the parent's socket broke the parent's connection for good.
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   args.SetMaxSendMessageSize(options.max_message_bytes);
   args.SetMaxReceiveMessageSize(options.max_message_bytes);
   if (options.receive_window_bytes > 0) {

@@ -6,7 +6,9 @@
 // client registered), so any number of threads may call any methods concurrently (each
 // call is its own RPC; gRPC multiplexes them over the channel). Every method is synchronous: it returns when its RPC has finished. Callbacks
 // (Put progress, Get frames) run on the calling thread, inside the call, in stream
-// order, and never after the method returned.
+// order, and never after the method returned. Each client's channel has a connection of
+// its own (a local subchannel pool). gRPC does not survive fork(): a child process must
+// not use a client, or make one, once its parent has used gRPC.
 //
 // Lifetimes: data passed in (ChunkToPut::data, key spans) is only read during the call;
 // no copy outlives it.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import operator
+import os
 import threading
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
@@ -10,21 +11,57 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 from . import _native
 from ._buffers import byte_view
 from ._layout import Layout, Tier
-from .errors import CancelledError, InvalidArgumentError, KvTierError
+from .errors import CancelledError, FailedPreconditionError, InvalidArgumentError, KvTierError
 from .v1 import kvtier_pb2
 
 LayerRange = Tuple[int, int]
 _ORDERS = {"chunk": 0, "layer": 1}
 
 
+# gRPC does not survive fork: the child has none of the threads it relies on (timers,
+# connection set-up), so a call there hangs past any deadline, and an inherited
+# connection's socket is the parent's too. The process whose clients use gRPC; a client
+# made or used in a process forked from it is refused instead.
+_grpc_pid: Optional[int] = None
+
+
+def _check_process(what: str) -> None:
+    global _grpc_pid
+    pid = os.getpid()
+    if _grpc_pid is None:
+        _grpc_pid = pid
+    elif _grpc_pid != pid:
+        raise FailedPreconditionError(
+            f"{what}: this process ({pid}) was forked from process {_grpc_pid}, which had "
+            "already used kvtier, and gRPC does not survive fork. Start workers with the "
+            "'spawn' or 'forkserver' method, or make the first kvtier client after forking")
+
+
+def native_error(name: str, e: Exception) -> Exception:
+    """pybind11's refusal of a call's arguments (a negative or too large int, None, a wrong
+    type) as InvalidArgumentError, as errors.py promises; `e` itself otherwise (an error
+    a callback of the caller's raised inside the call, on_layer or progress)."""
+    text = str(e)
+    if isinstance(e, (TypeError, RuntimeError, OverflowError)) and (
+            "incompatible function arguments" in text or "Unable to cast" in text
+            or "incompatible constructor arguments" in text
+            or isinstance(e, OverflowError)):
+        return InvalidArgumentError(f"{name}: {text}")
+    return e
+
+
 class _Native:
-    """The native client, with the errors pybind11 raises for arguments it cannot convert
-    (a negative or too large int, None, a wrong type) raised as InvalidArgumentError, as
-    errors.py promises for every error of a call. The native calls' own errors are
-    KvTierErrors already and pass through."""
+    """The native client, its argument errors raised as InvalidArgumentError
+    (native_error) and refused in a forked child (_check_process). The native calls' own
+    errors are KvTierErrors already and pass through."""
 
     def __init__(self, native):
         object.__setattr__(self, "_n", native)
+
+    def raw(self, what: str):
+        """The native client, for a native object that takes it (a prefill session)."""
+        _check_process(what)
+        return self._n
 
     def __getattr__(self, name):
         attr = getattr(self._n, name)
@@ -32,16 +69,14 @@ class _Native:
             return attr
 
         def call(*args, **kwargs):
+            _check_process(name)
             try:
                 return attr(*args, **kwargs)
-            except (TypeError, RuntimeError) as e:
-                # Only pybind11's own refusals of the arguments; an error a callback of
-                # the caller's raised inside the call (on_layer, progress) stays as it is.
-                text = str(e)
-                if "incompatible function arguments" not in text and \
-                        "Unable to cast" not in text:
+            except (TypeError, RuntimeError, OverflowError) as e:
+                mapped = native_error(name, e)
+                if mapped is e:
                     raise
-                raise InvalidArgumentError(f"{name}: {text}") from e
+                raise mapped from e
         return call
 
 
@@ -123,7 +158,7 @@ class DeviceRegion:
 
 
 def _check_chain_start(chain_start: Optional[int], keys: int) -> None:
-    if chain_start is not None and not 0 <= int(chain_start) <= 2**32 - 2 - keys:
+    if chain_start is not None and not 0 <= _whole("chain_start", chain_start) <= 2**32 - 2 - keys:
         raise InvalidArgumentError(
             f"chain_start: {chain_start} is not a chunk index (0 to 2**32 - 2, "
             f"with room for {keys} keys)")
@@ -147,10 +182,14 @@ def _layers(layers: Optional[LayerRange]) -> Optional[LayerRange]:
     return (begin, end)
 
 
-def _keys(keys: Sequence[bytes]) -> List[bytes]:
+def _keys(keys: Sequence[bytes], name: str = "keys") -> List[bytes]:
     if isinstance(keys, (bytes, bytearray)):
-        raise InvalidArgumentError("keys: expected a sequence of 16-byte keys, got one bytes")
-    return [bytes(k) if isinstance(k, (bytearray, memoryview)) else k for k in keys]
+        raise InvalidArgumentError(f"{name}: expected a sequence of 16-byte keys, got one bytes")
+    try:
+        return [bytes(k) if isinstance(k, (bytearray, memoryview)) else k for k in keys]
+    except TypeError as e:
+        raise InvalidArgumentError(
+            f"{name}: expected a sequence of 16-byte keys, got {type(keys).__name__}") from e
 
 
 class Client:
@@ -180,6 +219,7 @@ class Client:
                  malloc_arena_max: int = 0):
         _seconds("rpc_deadline", rpc_deadline)
         _seconds("connect_timeout", connect_timeout)
+        _check_process("Client")
         try:
             native = _native.Client(target, max_frame_bytes, rpc_deadline, connect_timeout,
                                     receive_window_bytes, tls_ca_file, tls_cert_file,
@@ -243,7 +283,8 @@ class Client:
         have, FailedPreconditionError when the daemon has no GPU or does not know the
         region. ``bytes`` in the result counts the chunks' bytes the daemon copied."""
         keys = _keys(keys)
-        counts = None if token_counts is None else [int(c) for c in token_counts]
+        counts = None if token_counts is None else [
+            _whole(f"token_counts[{i}]", c) for i, c in enumerate(token_counts)]
         _check_chain_start(chain_start, len(keys))
         stored, present, nbytes = self._native.put_from_device(
             namespace_id, keys, region.region_id, region.token, region.nbytes,
@@ -353,7 +394,15 @@ class Client:
         Replaces this ``client_id``'s previous hint (an empty list withdraws it). The
         daemon prefetches the window from SSD into RAM and evicts it last; the answer
         says how much it took (``truncated`` when it cut the hint)."""
-        reqs = [(int(ns), _keys(keys)) for ns, keys in requests]
+        reqs = []
+        for i, r in enumerate(requests):
+            try:
+                ns, keys = r
+            except (TypeError, ValueError) as e:
+                raise InvalidArgumentError(
+                    f"requests[{i}]: expected a (namespace_id, keys) pair, got {r!r}") from e
+            reqs.append((_whole(f"requests[{i}] namespace_id", ns, 2**64 - 1),
+                         _keys(keys, f"requests[{i}] keys")))
         resp = kvtier_pb2.HintResponse()
         resp.ParseFromString(self._native.hint(str(client_id), reqs))
         return resp
@@ -380,6 +429,9 @@ class Client:
         keys = _keys(keys)
         layout = self.layout(namespace_id)
         dtype = layout.dtype if layout else None
+        if not hasattr(buffers, "__len__"):
+            raise InvalidArgumentError(
+                f"buffers: expected a sequence of buffers, got {type(buffers).__name__}")
         if len(buffers) != len(keys):
             raise InvalidArgumentError(
                 f"buffers: {len(buffers)} buffers for {len(keys)} keys; pass one per key")
@@ -391,7 +443,8 @@ class Client:
                     raise InvalidArgumentError(
                         f"buffers[{i}]: {v.nbytes} bytes; a chunk of this layout is "
                         f"{layout.chunk_bytes}")
-        counts = None if token_counts is None else [int(c) for c in token_counts]
+        counts = None if token_counts is None else [
+            _whole(f"token_counts[{i}]", c) for i, c in enumerate(token_counts)]
         _check_chain_start(chain_start, len(keys))
         stored, present, nbytes = self._native.put(
             namespace_id, keys, views, counts,

@@ -27,6 +27,7 @@ from typing import List
 from . import _native
 from ._buffers import byte_view
 from ._layout import Tier
+from .client import _seconds, _whole, native_error
 from .errors import InvalidArgumentError
 from .v1 import kvtier_pb2
 
@@ -83,11 +84,24 @@ class PrefillSession:
             def callback(index, data, tier):
                 on_chunk(index, data, Tier(tier))
         if compute_estimate is not None:
-            compute_estimate = (float(compute_estimate[0]), float(compute_estimate[1]))
-        self._native = _native.PrefillSession(
-            client._native._n, namespace_id, keys, view, callback, compute_estimate,
-            int(max_bytes_per_second), int(max_frame_bytes), float(rpc_deadline),
-            bool(use_forecast), native_device, in_place)
+            try:
+                compute_estimate = (float(compute_estimate[0]), float(compute_estimate[1]))
+            except (TypeError, ValueError, IndexError) as e:
+                raise InvalidArgumentError(
+                    f"compute_estimate: (seconds per chunk, seconds fixed), got "
+                    f"{compute_estimate!r}") from e
+        args = (client._native.raw("prefill"), namespace_id, keys, view, callback,
+                compute_estimate, _whole("max_bytes_per_second", max_bytes_per_second, 2**64 - 1),
+                _whole("max_frame_bytes", max_frame_bytes),
+                _seconds("rpc_deadline", rpc_deadline), bool(use_forecast), native_device,
+                in_place)
+        try:
+            self._native = _native.PrefillSession(*args)
+        except (TypeError, RuntimeError, OverflowError) as e:
+            mapped = native_error("prefill", e)
+            if mapped is e:
+                raise
+            raise mapped from e
         self.plan = kvtier_pb2.PrefillPlan()
         self.plan.ParseFromString(self._native.plan())
         self._finished = False
@@ -103,11 +117,11 @@ class PrefillSession:
 
     def should_compute(self, i: int) -> bool:
         """Whether the worker should compute chunk i now (see PrefillSession.h)."""
-        return self._native.should_compute(i)
+        return self._native.should_compute(_whole("i", i))
 
     def report_computed(self, i: int) -> None:
         """Chunks [0, i] are computed."""
-        self._native.report_computed(i)
+        self._native.report_computed(_whole("i", i))
 
     def finish(self) -> PrefillResult:
         """Waits for Done; returns what was streamed and what is left to compute."""

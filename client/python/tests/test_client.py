@@ -582,10 +582,27 @@ def test_misuse_raises_invalid_argument_not_python_errors(client, ns, layout):
                               num_kv_heads=8, head_dim=128, tokens_per_chunk=16),
         lambda: kvtier.Client(client.target, rpc_deadline=-1),
         lambda: kvtier.Client(client.target, rpc_deadline=float("nan")),
+        lambda: client.put(ns, keys, data, token_counts=["a"]),
+        lambda: client.put(ns, keys, data, chain_start="a"),
+        lambda: client.put(ns, keys, (d for d in data)),
+        lambda: client.put(ns, None, data),
+        lambda: client.get_into(ns, None, [bytearray(layout.chunk_bytes)]),
+        lambda: client.hint("x", [(ns,)]),
+        lambda: client.hint("x", [("a", keys)]),
+        lambda: client.prefill(-1, keys),
+        lambda: client.prefill(ns, keys, compute_estimate=("a", 1)),
+        lambda: client.prefill(ns, keys, max_bytes_per_second=-1),
+        lambda: client.prefill(ns, keys, max_frame_bytes=2 ** 40),
     ]
     for i, case in enumerate(cases):
         with pytest.raises(kvtier.InvalidArgumentError):
             case()
+    with client.prefill(ns, keys) as session:
+        for bad in (-1, "a", 1.5):
+            with pytest.raises(kvtier.InvalidArgumentError):
+                session.should_compute(bad)
+            with pytest.raises(kvtier.InvalidArgumentError):
+                session.report_computed(bad)
     # The arguments that are right still work, whole floats and inf deadlines included.
     assert client.put(ns, keys, data).stored == 1
     assert client.lookup(ns, keys, lease_seconds=30.0).prefix_hits == 1
@@ -597,3 +614,42 @@ def test_misuse_raises_invalid_argument_not_python_errors(client, ns, layout):
         raise TypeError("the caller's own bug")
     with pytest.raises(TypeError, match="the caller's own bug"):
         client.get_into(ns, keys, out, order="layer", on_layer=on_layer)
+
+
+def _in_forked_child(fn):
+    """Runs fn() in a child made with fork and returns what it returned or raised, as text."""
+    import multiprocessing
+    ctx = multiprocessing.get_context("fork")
+    q = ctx.Queue()
+
+    def child():
+        try:
+            q.put("returned " + repr(fn()))
+        except BaseException as e:  # noqa: B902 - reported to the parent
+            q.put(f"{type(e).__name__}: {e}")
+    p = ctx.Process(target=child)
+    p.start()
+    try:
+        return q.get(timeout=60)
+    finally:
+        p.join(60)
+
+
+def test_a_forked_child_is_refused_and_the_parent_keeps_its_connection(client, ns, layout):
+    """gRPC does not survive fork. A child forked after this process used kvtier once hung
+    past every deadline with a new client, and sent its calls down the parent's
+    connection (gRPC's global subchannel pool), which broke the parent's for good. The
+    child now gets FailedPreconditionError saying so, and the parent goes on."""
+    keys = keys_of(ns, 2, layout, seed=43)
+    data = payloads(layout, 2, seed=43)
+    assert client.put(ns, keys, data).stored == 2
+    inherited = _in_forked_child(lambda: client.lookup(ns, keys).prefix_hits)
+    assert inherited.startswith("FailedPreconditionError") and "fork" in inherited, inherited
+    fresh = _in_forked_child(lambda: kvtier.Client(client.target).lookup(ns, keys).prefix_hits)
+    assert fresh.startswith("FailedPreconditionError") and "fork" in fresh, fresh
+    for _ in range(3):
+        out = [bytearray(layout.chunk_bytes) for _ in keys]
+        assert client.get_into(ns, keys, out).prefix_found == 2
+        assert [bytes(o) for o in out] == [bytes(d) for d in data]
+    with kvtier.Client(client.target) as again:
+        assert again.lookup(ns, keys).prefix_hits == 2
