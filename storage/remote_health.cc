@@ -17,6 +17,7 @@ bool RemoteHealth::Allow() {
   const absl::Time now = now_();
   if (now < next_probe_) return false;
   next_probe_ = now + backoff_;
+  probing_ = true;
   return true;
 }
 
@@ -29,6 +30,7 @@ void RemoteHealth::Succeeded() {
   absl::MutexLock l(&mu_);
   if (!degraded_) return;
   degraded_ = false;
+  probing_ = false;
   backoff_ = min_backoff_;
   LogInfo("remote tier: reachable again; reads and writes resume");
 }
@@ -41,9 +43,12 @@ void RemoteHealth::Failed(const absl::Status& why) {
     backoff_ = min_backoff_;
     LogWarning("remote tier: degraded (serving from local tiers only; retrying with backoff): ",
                why.message());
-  } else {
+  } else if (probing_) {
     backoff_ = std::min(backoff_ * 2, max_backoff_);
+  } else {
+    return;  // Another reply of a failure already counted.
   }
+  probing_ = false;
   next_probe_ = now_() + backoff_;
 }
 

@@ -29,6 +29,9 @@ class RemoteHealth {
   // Allow() would say true now; takes nothing (for callers that only queue work).
   bool ProbeDue() const;
   void Succeeded();
+  // The first failure degrades; while degraded, only the failure of a probe (an
+  // operation Allow() let through as one) doubles the backoff, however many replies of
+  // that operation, or of operations begun before, failed with it.
   void Failed(const absl::Status& why);
 
   bool degraded() const;
@@ -44,6 +47,7 @@ class RemoteHealth {
   bool degraded_ ABSL_GUARDED_BY(mu_) = false;
   absl::Duration backoff_ ABSL_GUARDED_BY(mu_);
   absl::Time next_probe_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  bool probing_ ABSL_GUARDED_BY(mu_) = false;  // A probe is out and has not failed yet.
   uint64_t degradations_ ABSL_GUARDED_BY(mu_) = 0;
 };
 

@@ -381,6 +381,17 @@ std::vector<absl::Status> RemoteTier::ReadPayloads(absl::Span<const ChunkId> ids
   std::vector<uint32_t> landed(ids.size(), 0);
   bool reached = false, unreachable = false;
   for (size_t first = 0; first < parts.size();) {
+    if (unreachable) {
+      // A node did not answer (after remote_timeout): every chunk has segments on every
+      // master, so the rest would wait as long again, batch after batch.
+      for (size_t c = 0; c < ids.size(); ++c) {
+        if (out[c].ok() && landed[c] != records[c]->segments()) {
+          read_failures_.fetch_add(1, std::memory_order_relaxed);
+          out[c] = absl::UnavailableError("remote tier unreachable: read abandoned");
+        }
+      }
+      break;
+    }
     uint64_t batch = 0;
     size_t end = first;
     std::vector<std::string> keys;
@@ -472,6 +483,9 @@ std::vector<bool> RemoteTier::ContainsMany(absl::Span<const ChunkId> ids) const 
 }
 
 absl::StatusOr<bool> RemoteTier::Delete(const ChunkId& id) {
+  if (!health_.Allow()) {
+    return absl::UnavailableError("remote tier degraded: the remote copy is left to expire");
+  }
   const std::string key = RemoteRecordKey(options_.key_prefix, id);
   auto reply = cluster_->ExecuteOne({{"GET", key}, key});
   if (!reply.ok()) {
@@ -618,6 +632,16 @@ void RemoteTier::ReadMany(absl::Span<const ChunkId> ids, SinkForEach sink_for,
     // last.
     size_t next = 0;
     while (next < of_ns.size()) {
+      if (health_.degraded()) {
+        // A group failed meanwhile: the rest miss now instead of each waiting out
+        // remote_timeout on the node that did not answer.
+        for (; next < of_ns.size(); ++next) {
+          if (records[next].ok()) misses_.fetch_add(1, std::memory_order_relaxed);
+          done(at[next], records[next].ok() ? absl::NotFoundError("remote tier degraded")
+                                            : records[next].status());
+        }
+        break;
+      }
       std::vector<size_t> group;  // Indexes into of_ns.
       std::vector<ChunkId> group_ids;
       std::vector<const RemoteRecord*> group_records;

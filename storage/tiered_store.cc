@@ -1057,8 +1057,11 @@ absl::StatusOr<bool> TieredStore::Delete(const ChunkId& id) {
       if (tier->role() != StorageTier::Role::kShared) return removed.status();
       // Or another daemon's read would bring it back. A cluster that cannot be reached
       // leaves the remote copy (it expires with its TTL); that is logged, not an error.
-      LogWarning("tiered store: delete ", id.DebugString(), " from the ",
-                 TierName(tier->tier()), " tier: ", removed.status().message());
+      if (auto held = remote_delete_log_.Allow(absl::Now())) {
+        LogWarning("tiered store: delete ", id.DebugString(), " from the ",
+                   TierName(tier->tier()), " tier: ", removed.status().message(),
+                   *held > 0 ? absl::StrCat(" (and ", *held, " more since the last line)") : "");
+      }
       continue;
     }
     if (*removed && tier == ram_.get()) NotifyRoom();

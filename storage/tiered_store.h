@@ -506,6 +506,7 @@ class TieredStore {
   std::atomic<uint64_t> put_checksum_failures_{0};
   std::atomic<uint64_t> ram_checksum_failures_{0};  // Pool copies found corrupt.
   LogLimiter write_failure_log_{absl::Seconds(1)};  // Failed write-backs and demotions.
+  LogLimiter remote_delete_log_{absl::Seconds(1)};  // Deletes that left a remote copy.
   std::atomic<bool> stopping_{false};               // The destructor has begun.
   std::atomic<uint64_t> ram_bytes_in_{0};
   std::atomic<uint64_t> ram_bytes_out_{0};

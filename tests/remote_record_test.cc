@@ -126,8 +126,15 @@ TEST(RemoteHealthTest, DegradesBacksOffAndRecovers) {
   EXPECT_FALSE(h.Allow());  // ...and only one.
   h.Failed(absl::UnavailableError("still down"));
   EXPECT_EQ(h.backoff(), absl::Milliseconds(200));
+  // More failed replies of that probe (a batch has many) double nothing more.
   h.Failed(absl::UnavailableError("still down"));
   h.Failed(absl::UnavailableError("still down"));
+  EXPECT_EQ(h.backoff(), absl::Milliseconds(200));
+  for (int probe = 0; probe < 3; ++probe) {
+    now += h.backoff();
+    ASSERT_TRUE(h.Allow());
+    h.Failed(absl::UnavailableError("still down"));
+  }
   EXPECT_EQ(h.backoff(), absl::Milliseconds(400));  // Capped.
   EXPECT_EQ(h.degradations(), 1u);
   now += absl::Milliseconds(400);
@@ -139,6 +146,20 @@ TEST(RemoteHealthTest, DegradesBacksOffAndRecovers) {
   h.Failed(absl::UnavailableError("again"));
   EXPECT_EQ(h.degradations(), 2u);
   EXPECT_EQ(h.backoff(), absl::Milliseconds(100));  // Starts over.
+}
+
+// A blip that fails many replies of operations begun while healthy degrades once and
+// leaves the backoff at its minimum: the tier is probed again 100 ms on, not 10 s.
+TEST(RemoteHealthTest, ManyFailedRepliesOfOneBlipBackOffOnce) {
+  absl::Time now = absl::UnixEpoch();
+  RemoteHealth h(absl::Milliseconds(100), absl::Seconds(10), [&] { return now; });
+  for (int reply = 0; reply < 64; ++reply) h.Failed(absl::UnavailableError("timeout"));
+  EXPECT_TRUE(h.degraded());
+  EXPECT_EQ(h.backoff(), absl::Milliseconds(100));
+  now += absl::Milliseconds(100);
+  EXPECT_TRUE(h.Allow());
+  h.Succeeded();
+  EXPECT_FALSE(h.degraded());
 }
 
 }  // namespace

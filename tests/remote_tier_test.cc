@@ -455,6 +455,49 @@ TEST_F(RemoteTierFaultTest, ANodeDownKeepsTheTierDegradedThoughOthersAnswer) {
   EXPECT_EQ(b_->GetStats().remote.degradations, 1u);
 }
 
+// A node that fails mid-fetch: the groups after the one that met it miss at once
+// instead of each waiting out remote_timeout on it (every chunk has segments on every
+// master), and a Delete while degraded leaves the remote copy to expire instead of
+// waiting on the cluster key by key.
+TEST_F(RemoteTierFaultTest, AFetchStopsAtTheGroupANodeFailedAndDeletesDoNotWait) {
+  RedisClusterSpec spec;
+  spec.replicas_per_master = 0;
+  StartCluster(spec);
+  a_ = Open(Options(dir_a_.path(), WriteMode::kWriteBack));
+  TieredStoreOptions ob = Options(dir_b_.path(), WriteMode::kRamOnly);
+  ob.remote.batch_bytes = 2 * kMiB;  // Groups of two chunks: three below.
+  b_ = Open(ob);
+  ASSERT_NE(a_, nullptr);
+  ASSERT_NE(b_, nullptr);
+  // Six chunks whose records live on nodes 1 and 2, so that reading them succeeds.
+  std::vector<ChunkId> ids;
+  for (uint64_t n = 1; n < 500 && ids.size() < 6; ++n) {
+    auto m = cluster_->MasterOf(RedisHashSlot(RemoteRecordKey("kvt", Id(n))));
+    ASSERT_TRUE(m.ok());
+    if (*m != 0) ids.push_back(Id(n));
+  }
+  ASSERT_EQ(ids.size(), 6u);
+  for (const ChunkId& id : ids) ASSERT_TRUE(Put(a_.get(), id).ok());
+  a_->WaitForRemoteWrites();
+  cluster_->Kill(0);
+
+  b_->FetchRemoteAsync(ids);
+  b_->WaitForRemoteFetches();
+  const RemoteTierStats s = b_->GetStats().remote;
+  EXPECT_TRUE(s.degraded);
+  EXPECT_EQ(s.read_failures, 2u) << "groups after the one that failed were fetched too";
+  EXPECT_EQ(s.misses, 4u);
+  EXPECT_EQ(s.hits, 0u);
+  for (const ChunkId& id : ids) EXPECT_EQ(b_->Locate(id), Tier::kNone);
+
+  // Degraded (the injected clock stands still: no probe is due), B's delete does not
+  // reach the cluster, whose live node still holds the record.
+  auto deleted = b_->Delete(ids[0]);
+  ASSERT_TRUE(deleted.ok()) << deleted.status();
+  EXPECT_FALSE(*deleted);
+  EXPECT_TRUE(RecordExists(ids[0]));
+}
+
 TEST_F(RemoteTierFaultTest, ADeadClusterLeavesTheLocalTiersServing) {
   RedisClusterSpec spec;
   spec.replicas_per_master = 0;
