@@ -172,7 +172,12 @@ std::shared_ptr<const HintWindow::Snapshot> HintWindow::snapshot() {
 
 size_t HintWindow::clients() const {
   absl::MutexLock lock(&mu_);
-  return clients_.size();
+  // Live ones only: a lapsed hint may not have been dropped yet (that waits for the
+  // next Hint or snapshot).
+  const absl::Time now = options_.now();
+  return std::count_if(clients_.begin(), clients_.end(), [&](const auto& c) {
+    return now - c.second.updated < options_.ttl;
+  });
 }
 
 }  // namespace kvtier

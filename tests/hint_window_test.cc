@@ -116,8 +116,10 @@ TEST(HintWindow, ClientsAreBoundedAndAHintNotRenewedExpires) {
   EXPECT_EQ(w.clients(), 2u);
   EXPECT_FALSE(w.snapshot()->position.contains(Id(1)));
   EXPECT_TRUE(w.snapshot()->position.contains(Id(4)));
-  // Nobody hints again: the windows still lapse, as eviction reads them.
+  // Nobody hints again: the count of live clients (kvtier_hint_clients) drops as the
+  // hints lapse, before anything drops them, and the windows lapse as eviction reads them.
   clock.Advance(absl::Seconds(61));
+  EXPECT_EQ(w.clients(), 0u);
   EXPECT_TRUE(w.snapshot()->by_rank.empty());
   EXPECT_EQ(w.clients(), 0u);
 }
