@@ -62,6 +62,7 @@ class _Request:
     keys: List[bytes]
     matched_chunks: int = 0          # Chunks the engine will load.
     lease: int = 0                   # Lookup lease on the match; 0: none.
+    lookup_error: Optional[BaseException] = None  # The Lookup failed: nothing matched.
     load_buf: Optional[torch.Tensor] = None
     handle: Optional[kvtier.LoadHandle] = None
     load_result: Optional[kvtier.GetResult] = None
@@ -114,9 +115,14 @@ class KvTierConnector:
         keys = keys[:usable]
         req = _Request(req_id, tokens, keys)
         if keys and lookup:
-            lk = self.client.lookup(self.ns, keys, lease_seconds=self.lease_seconds)
-            req.lease = lk.lease
-            req.matched_chunks = lk.prefix_hits
+            try:
+                lk = self.client.lookup(self.ns, keys, lease_seconds=self.lease_seconds)
+                req.lease = lk.lease
+                req.matched_chunks = lk.prefix_hits
+            except kvtier.KvTierError as e:
+                # The cache is a shortcut, never a dependency: an unreachable or failing
+                # daemon means a cold prefill, computed in full.
+                req.lookup_error = e
         req.timings["lookup"] = time.perf_counter() - t0
         with self._lock:
             self._reqs[req_id] = req
@@ -148,8 +154,13 @@ class KvTierConnector:
         req.timings["load_start"] = time.perf_counter()
         keys = req.keys[:req.matched_chunks]
         lease, req.lease = req.lease, 0  # The Get ends it.
-        req.handle = self.client.start_get_into(self.ns, keys, req.load_buf, order=order,
-                                                lease=lease)
+        try:
+            req.handle = self.client.start_get_into(self.ns, keys, req.load_buf, order=order,
+                                                    lease=lease)
+        except kvtier.KvTierError as e:  # Reported as a failed load: nothing loaded.
+            self._load_failed(req, e)
+            with self._lock:
+                self._finished_recving.add(req_id)
 
     def wait_for_layer_load(self, req_id: str, layer: int) -> Optional[KV]:
         """Blocks until ``layer`` of the prefix landed; returns its (K, V) [heads, h*C, d],

@@ -33,6 +33,8 @@ chunks that follow at their new positions (K is rotated at use), and computes th
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import itertools
 import time
 from dataclasses import dataclass, field
@@ -44,7 +46,7 @@ import kvtier
 
 from .connector import KvTierConnector
 from .kv_layout import ChunkLayout
-from .model import LlamaModel
+from .model import LlamaModel, ModelConfig
 
 KV = Tuple[torch.Tensor, torch.Tensor]
 MODES = ("none", "chunk", "layer", "cake")
@@ -113,10 +115,19 @@ class ServeResult:
     computed_from: int             # First token computed in the final one-pass step.
     stored_chunks: int = 0         # Chunks the Put newly stored.
     fallback: str = ""             # Why the worker recomputed what it meant to load.
+    put_error: str = ""            # Why the new chunks were not stored (the result stands).
     timings: Dict[str, float] = field(default_factory=dict)
     chunk_times: List[Tuple[int, float]] = field(default_factory=list)  # Cake compute.
     prefill: Optional[kvtier.PrefillResult] = None
     plan: Optional[object] = None  # PrefillPlan (Cake).
+
+
+def config_revision(cfg: ModelConfig) -> str:
+    """The layout's model_revision: a digest of every field of the model's config (its
+    weights come from the seed and the shapes; rope_theta, rms_eps and the rest change
+    what KV a prompt gives). Two configs that differ in any field never share chunks."""
+    text = repr([(f.name, str(getattr(cfg, f.name))) for f in dataclasses.fields(cfg)])
+    return "cfg-" + hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
 class Worker:
@@ -127,7 +138,7 @@ class Worker:
         self.client = client
         self.C = tokens_per_chunk
         self.layout = kvtier.Layout(
-            model_id=model_id, model_revision=f"seed{cfg.seed}-h{cfg.hidden}-v{cfg.vocab_size}",
+            model_id=model_id, model_revision=config_revision(cfg),
             dtype=cfg.dtype_name, num_layers=cfg.num_layers, num_kv_heads=cfg.num_kv_heads,
             head_dim=cfg.head_dim, tokens_per_chunk=tokens_per_chunk,
             key_position=cfg.key_position)
@@ -159,7 +170,8 @@ class Worker:
         h = matched // C
         cache = KvCache(self.model, n)
         result = ServeResult(mode, None, None, 0, 0)
-        fallback = ""
+        lookup_error = conn._req(req).lookup_error
+        fallback = f"lookup failed: {lookup_error}" if lookup_error is not None else ""
         save = (lambda l, k, v: conn.save_kv_layer(req, l, k, v, h * C)) if put else None
         if h:
             conn.update_state_after_alloc(req)
@@ -196,7 +208,9 @@ class Worker:
             # from the verified prefix (a failed load verified nothing).
             loaded = conn.finish_load(req) if h else 0
             if h and not fallback:
-                fallback = f"partial load: {loaded} of {h} chunks"
+                load_error = conn._req(req).load_error
+                fallback = (f"load failed: {load_error}" if load_error is not None
+                            else f"partial load: {loaded} of {h} chunks")
             if loaded:
                 cache.write_chunks(self.chunks, conn._req(req).load_buf, 0, loaded)
             p = loaded * C
@@ -212,8 +226,11 @@ class Worker:
         result.timings["compute"] = time.perf_counter() - t_compute
         if put:
             t_put = time.perf_counter()
-            pr = conn.wait_for_save(req)
-            result.stored_chunks = pr.stored if pr is not None else 0
+            try:
+                pr = conn.wait_for_save(req)
+                result.stored_chunks = pr.stored if pr is not None else 0
+            except kvtier.KvTierError as e:  # The logits stand; the chunks are not cached.
+                result.put_error = str(e)
             result.timings["put_wait"] = time.perf_counter() - t_put
         result.timings.update({f"conn_{k}": v for k, v in conn.timings(req).items()
                                if k != "load_start"})
@@ -289,9 +306,12 @@ class Worker:
         if put and n // C > h:
             t_put = time.perf_counter()
             buf = self.chunks.pack([(k[:, p:], v[:, p:]) for k, v in cache.past(n // C * C)])
-            pr = self.client.put(self.ns, keys_all[h:n // C], list(buf), chain_start=h,
-                                 prev_key=keys_all[h - 1] if h > 0 else None)
-            result.stored_chunks = pr.stored
+            try:
+                pr = self.client.put(self.ns, keys_all[h:n // C], list(buf), chain_start=h,
+                                     prev_key=keys_all[h - 1] if h > 0 else None)
+                result.stored_chunks = pr.stored
+            except kvtier.KvTierError as e:
+                result.put_error = str(e)
             result.timings["put"] = time.perf_counter() - t_put
         result.logits, result.kv, result.chunk_times = logits, cache.past(n), times
         result.timings["total"] = time.perf_counter() - t_start
@@ -323,11 +343,14 @@ class Worker:
         usable = keys[drop:max(drop, (n - 1) // C)]
         m = 0
         buf = None
+        fallback = ""
         if usable:
-            tiers = self.client.lookup(self.ns, usable).tiers
+            try:
+                tiers = self.client.lookup(self.ns, usable).tiers
+            except kvtier.KvTierError as e:
+                tiers, fallback = [], f"lookup failed: {e}"
             while m < len(tiers) and tiers[m] != kvtier.Tier.ABSENT:
                 m += 1
-        fallback = ""
         if m:
             buf = self.chunks.alloc(m)
             try:
@@ -351,9 +374,12 @@ class Worker:
             if end > first:
                 packed = self.chunks.pack([(k[:, p:(end - drop) * C], v[:, p:(end - drop) * C])
                                            for k, v in cache.past(len(sub))])
-                result.stored_chunks = self.client.put(
-                    self.ns, keys[first:end], list(packed), chain_start=first,
-                    prev_key=keys[first - 1] if first > 0 else None).stored
+                try:
+                    result.stored_chunks = self.client.put(
+                        self.ns, keys[first:end], list(packed), chain_start=first,
+                        prev_key=keys[first - 1] if first > 0 else None).stored
+                except kvtier.KvTierError as e:
+                    result.put_error = str(e)
         result.timings["total"] = time.perf_counter() - t_start
         result.timings["dropped_chunks"] = drop
         return result

@@ -221,3 +221,48 @@ def test_bad_input(client):
     with pytest.raises(ValueError, match="non-empty"):
         w.serve(torch.zeros(0, dtype=torch.long))
     assert lay.chunk_bytes == w.chunks.chunk_bytes == ChunkLayout.from_kvtier(lay).chunk_bytes
+
+
+@pytest.mark.parametrize("field,value", [("rope_theta", 500000.0), ("rms_eps", 1e-6),
+                                         ("intermediate", 96), ("num_heads", 2)])
+def test_models_that_differ_in_any_config_field_do_not_share_chunks(client, field, value):
+    # The layout's model_revision once named only seed, hidden and vocab: a model with
+    # another rope_theta (same model_id) reused the first model's KV and its logits
+    # moved by up to 8.8 from its own.
+    a = make_worker(client, "shared-id")
+    b = make_worker(client, "shared-id", **{field: value})
+    assert a.ns != b.ns
+    seed = 900 + 10 * ["rope_theta", "rms_eps", "intermediate", "num_heads"].index(field)
+    prompt = random_tokens(100, seed)
+    assert a.serve(prompt, "none").stored_chunks == 6
+    longer = torch.cat([prompt, random_tokens(20, seed + 1)])
+    r = b.serve(longer, "layer")
+    assert r.reused_chunks == 0
+    ref_logits, _ = compute_local(b.model, longer, 0, C)
+    assert torch.equal(r.logits, ref_logits)
+
+
+def test_a_daemon_outage_degrades_to_computing(tmp_path):
+    """The cache is a shortcut, not a dependency: with the daemon gone, every mode serves
+    the request by computing it, says why (fallback, put_error), and raises nothing."""
+    kvtier_mod = pytest.importorskip("kvtier")
+    from kvtier.testing import Daemon
+    d = Daemon(str(tmp_path), args=["--ram-capacity=64MiB", "--write-mode=ram-only"])
+    try:
+        client = kvtier_mod.Client(d.target, connect_timeout=30, rpc_deadline=10)
+        w = make_worker(client, "outage")
+        prompt = random_tokens(100, 95)
+        assert w.serve(prompt, "none").stored_chunks == 6
+    finally:
+        d.close()
+    longer = torch.cat([prompt, random_tokens(30, 96)])
+    for mode in ("none", "chunk", "layer", "cake"):
+        r = w.serve(longer, mode)
+        assert r.reused_chunks == 0, mode
+        assert r.stored_chunks == 0 and r.put_error, mode
+        if mode != "none":
+            assert r.fallback, mode
+        chunkwise = mode == "cake"
+        ref_logits, _ = compute_local(w.model, longer, 0, C, chunkwise_prefix=chunkwise)
+        assert torch.equal(r.logits, ref_logits), mode
+    client.close()
