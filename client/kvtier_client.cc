@@ -252,6 +252,16 @@ KvTierClient::~KvTierClient() = default;
 
 absl::StatusOr<SharedMemoryPlane*> KvTierClient::Plane() {
   absl::MutexLock lock(&mu_);
+  if (plane_resolved_ && plane_ != nullptr && !plane_->channel().broken() &&
+      plane_->channel().PeerGone()) {
+    // The daemon exited, or restarted on the same address: its successor knows none of
+    // this plane's regions. Decide afresh (a new region socket, or the stream while it
+    // is not up yet). The old plane stays alive: calls in flight and SharedBuffers hold
+    // it, and the latter's bytes now go by the stream.
+    retired_planes_.push_back(std::move(plane_));
+    plane_resolved_ = false;
+    plane_status_ = absl::OkStatus();
+  }
   if (plane_resolved_) {
     if (plane_ != nullptr && plane_->channel().broken()) {
       // The daemon left a region request unanswered and has forgotten this client's
@@ -335,7 +345,7 @@ std::shared_ptr<SharedBuffer> KvTierClient::SharedBufferOf(const void* p, uint64
   SharedMemoryPlane* plane;
   {
     absl::MutexLock lock(&mu_);
-    plane = plane_.get();  // Buffers exist only once the plane does; it is never reset.
+    plane = plane_.get();  // Retired planes stay alive (retired_planes_).
   }
   // After a region-socket timeout the daemon forgot the buffers: their bytes go by the
   // stream like any other memory.

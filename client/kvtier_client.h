@@ -522,10 +522,12 @@ class KvTierClient {
   // The same-host data plane, resolved at the first transfer (under mu_, one DataPlane
   // RPC and a socket connect): null when transfers stream; with data_plane =
   // kSharedMemory, why not. An unreachable daemon is not a decision: the next call
-  // tries again. Never changes once resolved.
+  // tries again. Resolved again when the daemon behind the plane has gone (restarted).
   absl::StatusOr<SharedMemoryPlane*> Plane();
   bool plane_resolved_ ABSL_GUARDED_BY(mu_) = false;
   std::unique_ptr<SharedMemoryPlane> plane_ ABSL_GUARDED_BY(mu_);
+  // Planes of daemons that went away: kept, as calls and SharedBuffers may hold them.
+  std::vector<std::unique_ptr<SharedMemoryPlane>> retired_planes_ ABSL_GUARDED_BY(mu_);
   absl::Status plane_status_ ABSL_GUARDED_BY(mu_);
   std::string plane_detail_ ABSL_GUARDED_BY(mu_);
 };

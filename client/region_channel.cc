@@ -121,6 +121,16 @@ bool RegionChannel::broken() const {
   return broken_;
 }
 
+bool RegionChannel::PeerGone() const {
+  char byte;
+  ssize_t n;
+  do {
+    n = recv(fd_, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+  } while (n < 0 && errno == EINTR);
+  // 0: end of stream. An error other than "nothing to read": reset or shut down.
+  return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK);
+}
+
 absl::StatusOr<RegionChannel::Registration> RegionChannel::Add(int fd, uint64_t bytes) {
   v1::RegionSocketRequest req;
   req.mutable_add()->set_bytes(bytes);

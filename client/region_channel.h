@@ -67,6 +67,10 @@ class RegionChannel {
   // Whether a request went unanswered (the channel is closed; the daemon forgot its
   // regions).
   bool broken() const;
+  // Whether the daemon's end is closed (it exited or restarted): a non-blocking peek, so
+  // a client can tell a daemon that went away before it names regions the new one never
+  // saw. False while an answer is in flight.
+  bool PeerGone() const;
 
   // Sends `request` with `fd` attached (-1: none) and reads the answer. For tests that
   // send what Add never would.

@@ -512,6 +512,61 @@ TEST_F(ShmTest, AStoppedDaemonTimesOutTheRegionSocketInsteadOfHanging) {
   EXPECT_TRUE((*got)[1].data == other);
 }
 
+// A daemon restarted on the same address knows none of the old one's regions. The
+// client once kept the dead region socket: AllocateShared failed "Broken pipe" for good,
+// and a GetInto through a staging buffer registered with the old daemon failed
+// FAILED_PRECONDITION ("not registered"). It now notices the old socket closed and
+// opens the new daemon's; buffers of the old plane go by the stream.
+TEST_F(ShmTest, ARestartedDaemonGetsANewPlaneAndOldBuffersStream) {
+  StartDaemon();
+  ASSERT_EQ(client_->data_path(), DataPath::kSharedMemory);
+  const std::string before = client_->data_path_detail();
+  auto old_buf = client_->AllocateShared(4 * kMiB);
+  ASSERT_TRUE(old_buf.ok()) << old_buf.status();
+  const std::string warm = PatternBytes(1, 4 * kMiB);
+  std::string into(4 * kMiB, '\0');
+  {
+    const ChunkToPut c{KeyOf(1), warm, 256};
+    ASSERT_TRUE(client_->Put(ns_, {&c, 1}).ok());
+    auto got = client_->GetInto(ns_, std::vector<ChunkKey>{KeyOf(1)}, absl::MakeSpan(into));
+    ASSERT_TRUE(got.ok()) << got.status();
+    ASSERT_EQ(got->path, DataPath::kSharedMemory);  // A staging buffer: now registered.
+  }
+  const int port = daemon_->port();
+  ASSERT_TRUE(daemon_->Terminate().ok());
+  auto again = DaemonProcess::Start(MakeTempDir("kvtierd-shm-restart"),
+                                    {"--shm-socket=auto", absl::StrCat("--listen=127.0.0.1:", port)});
+  ASSERT_TRUE(again.ok()) << again.status();
+  daemon_.emplace(*std::move(again));
+  {
+    // gRPC reconnects on its own schedule: a call that waits for it.
+    grpc::ClientContext ctx;
+    client_->PrepareContext(&ctx);
+    ctx.set_wait_for_ready(true);
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+    v1::StatsResponse stats;
+    ASSERT_TRUE(client_->stub()->Stats(&ctx, v1::StatsRequest(), &stats).ok());
+  }
+  ASSERT_EQ(Register(*client_), ns_);
+
+  const std::string data = PatternBytes(2, 4 * kMiB);
+  const ChunkToPut c{KeyOf(2), data, 256};
+  auto put = client_->Put(ns_, {&c, 1});
+  ASSERT_TRUE(put.ok()) << put.status();
+  auto got = client_->GetInto(ns_, std::vector<ChunkKey>{KeyOf(2)}, absl::MakeSpan(into));
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->path, DataPath::kSharedMemory);
+  EXPECT_EQ(into, data);
+  EXPECT_NE(client_->data_path_detail(), before);  // The new daemon's socket.
+  auto new_buf = client_->AllocateShared(4 * kMiB);
+  ASSERT_TRUE(new_buf.ok()) << new_buf.status();
+  // The old buffer still works, by the stream.
+  auto old_got = client_->GetInto(ns_, std::vector<ChunkKey>{KeyOf(2)},
+                                  absl::Span<char>((*old_buf)->data(), 4 * kMiB));
+  ASSERT_TRUE(old_got.ok()) << old_got.status();
+  EXPECT_EQ(std::string((*old_buf)->data(), 4 * kMiB), data);
+}
+
 TEST_F(ShmTest, PrefillSessionIntoSharedMemoryHasTheDaemonCopyTheChunks) {
   // PrefillSession with `into` in AllocateShared memory: the daemon writes the streamed
   // chunks there (no data on the stream); `into` in the caller's own memory: the same
