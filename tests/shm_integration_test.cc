@@ -58,6 +58,26 @@ struct Memfd {
   char* data = nullptr;
 };
 
+// Whether every thread of `pid` is stopped (state T in /proc), polled for up to 20 s.
+bool AllThreadsStopped(pid_t pid) {
+  const std::string tasks = absl::StrCat("/proc/", pid, "/task");
+  for (int i = 0; i < 2000; ++i) {
+    bool all = true;
+    for (const auto& t : std::filesystem::directory_iterator(tasks)) {
+      std::ifstream in(t.path() / "stat");
+      std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      const size_t paren = stat.rfind(')');  // The state follows the command's ')'.
+      if (paren == std::string::npos || paren + 2 >= stat.size() || stat[paren + 2] != 'T') {
+        all = false;
+        break;
+      }
+    }
+    if (all) return true;
+    absl::SleepFor(absl::Milliseconds(10));  // Polls a condition; nothing to wait on.
+  }
+  return false;
+}
+
 class ShmTest : public ::testing::Test {
  protected:
   void StartDaemon(std::vector<std::string> args = {}) {
@@ -480,6 +500,9 @@ TEST_F(ShmTest, AStoppedDaemonTimesOutTheRegionSocketInsteadOfHanging) {
   auto mine = client->AllocateShared(4 * kMiB);  // Registered before the daemon stops.
   ASSERT_TRUE(mine.ok()) << mine.status();
   ASSERT_EQ(kill(daemon_->pid(), SIGSTOP), 0);
+  // kill() returns before every thread has stopped: a region thread already running
+  // could still answer the next request. Wait until all of them are in state T.
+  ASSERT_TRUE(AllThreadsStopped(daemon_->pid()));
   struct Resume {
     pid_t pid;
     ~Resume() { kill(pid, SIGCONT); }
