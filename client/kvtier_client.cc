@@ -22,6 +22,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "client/allocator_tuning.h"
+#include "client/call_cancellation.h"
 #include "client/get_frame_checker.h"
 #include "client/frame_parser.h"
 #include "client/layout_convert.h"
@@ -101,6 +102,7 @@ absl::StatusOr<Resp> CallUnary(
     const Req& request) {
   grpc::ClientContext ctx;
   client.PrepareContext(&ctx);
+  CallCancellation::Watch watch(&ctx);
   Resp response;
   grpc::Status status = (client.stub()->*method)(&ctx, request, &response);
   if (!status.ok()) return FromGrpcStatus(status);
@@ -252,12 +254,14 @@ KvTierClient::~KvTierClient() = default;
 
 absl::StatusOr<SharedMemoryPlane*> KvTierClient::Plane() {
   absl::MutexLock lock(&mu_);
-  if (plane_resolved_ && plane_ != nullptr && !plane_->channel().broken() &&
-      plane_->channel().PeerGone()) {
+  if (plane_resolved_ && plane_ != nullptr &&
+      (plane_->channel().broken() ? plane_->channel().abandoned()
+                                  : plane_->channel().PeerGone())) {
     // The daemon exited, or restarted on the same address: its successor knows none of
-    // this plane's regions. Decide afresh (a new region socket, or the stream while it
-    // is not up yet). The old plane stays alive: calls in flight and SharedBuffers hold
-    // it, and the latter's bytes now go by the stream.
+    // this plane's regions. Or a call was cancelled mid-request and closed the socket.
+    // Decide afresh (a new region socket, or the stream while the daemon is not up).
+    // The old plane stays alive: calls in flight and SharedBuffers hold it, and the
+    // latter's bytes now go by the stream.
     retired_planes_.push_back(std::move(plane_));
     plane_resolved_ = false;
     plane_status_ = absl::OkStatus();
@@ -678,6 +682,7 @@ absl::StatusOr<PutResult> KvTierClient::Put(uint64_t namespace_id,
   for (int attempt = 0;; ++attempt) {
     grpc::ClientContext ctx;
     PrepareContext(&ctx);
+    CallCancellation::Watch watch(&ctx);
     ctx.set_deadline(absl::ToChronoTime(deadline));
     // What the generated stub_->Put does, except that each frame is sent as a ByteBuffer
     // of its serialized header fields, then data's tag and length, then a slice that
@@ -966,6 +971,9 @@ absl::Status KvTierClient::GetStreamRaw(uint64_t namespace_id,
                                         const GetFrameRawCallback& on_frame,
                                         v1::GetOrder order, uint64_t lease_id) {
   if (!on_frame) return absl::InvalidArgumentError("GetStreamRaw: on_frame is empty");
+  // One deadline for the whole call, the DataPlane RPC that may decide the plane first
+  // included (callers that set one already keep theirs).
+  const CallDeadline call(this, options_.rpc_deadline);
   if (layers.has_value() && layers->end <= layers->begin) {
     return absl::InvalidArgumentError(absl::StrCat(
         "Get: layer_range [", layers->begin, ", ", layers->end, ") is empty"));
@@ -1002,6 +1010,7 @@ absl::Status KvTierClient::GetStreamRaw(uint64_t namespace_id,
 
   grpc::ClientContext ctx;
   PrepareContext(&ctx);
+  CallCancellation::Watch watch(&ctx);
   // What the generated stub_->Get does, except that each response stays the ByteBuffer
   // gRPC received (SerializationTraits<ByteBuffer> hands it over without a copy) instead
   // of being parsed into a GetFrame, which would copy `data` out of gRPC's slices. The
@@ -1054,6 +1063,7 @@ absl::Status KvTierClient::GetViaRegion(uint64_t namespace_id, absl::Span<const 
 
   grpc::ClientContext ctx;
   PrepareContext(&ctx);
+  CallCancellation::Watch watch(&ctx);
   std::unique_ptr<grpc::ClientReader<v1::GetFrame>> reader = stub_->Get(&ctx, request);
   const uint32_t first = layers.has_value() ? layers->begin : 0;
   const uint32_t end = layers.has_value() ? layers->end
@@ -1242,6 +1252,7 @@ absl::StatusOr<PutResult> KvTierClient::PutFromDevice(uint64_t namespace_id,
   if (chunks.empty()) return PutResult{};
   grpc::ClientContext ctx;
   PrepareContext(&ctx);
+  CallCancellation::Watch watch(&ctx);
   v1::PutResponse response;
   std::unique_ptr<grpc::ClientWriter<v1::PutFrame>> writer = stub_->Put(&ctx, &response);
   // Headers first: a stream refused at admission gets its status before any frame.

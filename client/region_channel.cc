@@ -5,11 +5,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstddef>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "client/call_cancellation.h"
 
 namespace kvtier {
 
@@ -79,6 +81,10 @@ absl::StatusOr<v1::RegionSocketResponse> RegionChannel::Call(
     c->cmsg_len = CMSG_LEN(sizeof(int));
     std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
   }
+  // Cancelled before it was sent: nothing to abandon, the channel stays usable.
+  if (CallCancellation::CurrentCancelled()) {
+    return absl::CancelledError("region socket: the call was cancelled");
+  }
   absl::MutexLock lock(&mu_);
   if (broken_) {
     return absl::UnavailableError(
@@ -91,10 +97,26 @@ absl::StatusOr<v1::RegionSocketResponse> RegionChannel::Call(
         "region socket: the daemon did not ", what, " within ", absl::FormatDuration(timeout_),
         " (stopped or overloaded?); shared memory is off for this client"));
   };
+  // A caller that cancels the call (CallCancellation) while the daemon does not answer:
+  // the request is abandoned as a timeout would abandon it, at once. shutdown() ends the
+  // wait in sendmsg or recv; the socket stays open until the channel goes.
+  std::atomic<bool> cancelled{false};
+  CallCancellation::Hook on_cancel([this, &cancelled] {
+    cancelled.store(true);
+    shutdown(fd_, SHUT_RDWR);
+  });
+  const auto abandoned = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    broken_ = true;
+    abandoned_ = true;
+    return absl::CancelledError(
+        "region socket: the request was cancelled before the daemon answered; shared memory "
+        "is off for this client");
+  };
   ssize_t sent;
   do {
     sent = sendmsg(fd_, &msg, MSG_NOSIGNAL);
   } while (sent < 0 && errno == EINTR);
+  if (cancelled.load()) return abandoned();
   if (sent < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return timed_out("take a request");
   if (sent != static_cast<ssize_t>(out.size())) {
     return absl::UnavailableError(absl::StrCat("region socket: send: ", std::strerror(errno)));
@@ -104,6 +126,7 @@ absl::StatusOr<v1::RegionSocketResponse> RegionChannel::Call(
   do {
     n = recv(fd_, buf, sizeof(buf), 0);
   } while (n < 0 && errno == EINTR);
+  if (cancelled.load()) return abandoned();
   if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return timed_out("answer");
   if (n <= 0) {
     return absl::UnavailableError(n == 0 ? "region socket: the daemon closed it"
@@ -119,6 +142,11 @@ absl::StatusOr<v1::RegionSocketResponse> RegionChannel::Call(
 bool RegionChannel::broken() const {
   absl::MutexLock lock(&mu_);
   return broken_;
+}
+
+bool RegionChannel::abandoned() const {
+  absl::MutexLock lock(&mu_);
+  return abandoned_;
 }
 
 bool RegionChannel::PeerGone() const {

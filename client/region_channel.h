@@ -67,6 +67,9 @@ class RegionChannel {
   // Whether a request went unanswered (the channel is closed; the daemon forgot its
   // regions).
   bool broken() const;
+  // Whether it broke because a caller cancelled a request the daemon had not answered
+  // (CallCancellation), not because the daemon missed the timeout.
+  bool abandoned() const;
   // Whether the daemon's end is closed (it exited or restarted): a non-blocking peek, so
   // a client can tell a daemon that went away before it names regions the new one never
   // saw. False while an answer is in flight.
@@ -83,6 +86,7 @@ class RegionChannel {
   const absl::Duration timeout_;
   mutable absl::Mutex mu_;  // One request in flight.
   bool broken_ ABSL_GUARDED_BY(mu_) = false;  // A request went unanswered.
+  bool abandoned_ ABSL_GUARDED_BY(mu_) = false;  // ...because its caller cancelled it.
 };
 
 }  // namespace kvtier

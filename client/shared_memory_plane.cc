@@ -67,8 +67,14 @@ std::shared_ptr<SharedBuffer> SharedMemoryPlane::AcquireStaging(uint64_t bytes) 
 
 void SharedMemoryPlane::ReleaseStaging(std::shared_ptr<SharedBuffer> buffer) {
   if (!buffer) return;
-  absl::MutexLock lock(&mu_);
-  free_staging_.push_back(std::move(buffer));
+  std::vector<std::shared_ptr<SharedBuffer>> discarded;
+  {
+    absl::MutexLock lock(&mu_);
+    free_staging_.push_back(std::move(buffer));
+    discarded.swap(discarded_);
+  }
+  // The daemon answered the call that used `buffer`: it answers these removals too.
+  // Each unregisters as it goes, outside the lock.
 }
 
 }  // namespace kvtier
@@ -79,6 +85,9 @@ void SharedMemoryPlane::DiscardStaging(std::shared_ptr<SharedBuffer> buffer) {
   if (!buffer) return;
   absl::MutexLock lock(&mu_);
   staging_total_ -= buffer->size();
+  // Unregistered later, when a call releases a staging buffer: the clean-up of a failed
+  // or cancelled call must not wait on a daemon that has stopped answering.
+  discarded_.push_back(std::move(buffer));
 }
 
 }  // namespace kvtier

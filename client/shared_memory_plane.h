@@ -44,7 +44,8 @@ class SharedMemoryPlane {
   std::shared_ptr<SharedBuffer> AcquireStaging(uint64_t bytes);
   void ReleaseStaging(std::shared_ptr<SharedBuffer> buffer);
   // Gives back a staging buffer that a failed or cancelled transfer used: the daemon may
-  // still be finishing a copy into it, so it is unregistered and never reused.
+  // still be finishing a copy into it, so it is never reused, and unregistered at the
+  // next ReleaseStaging (without waiting on the daemon now).
   void DiscardStaging(std::shared_ptr<SharedBuffer> buffer);
 
   const std::string& socket() const { return socket_; }
@@ -61,6 +62,7 @@ class SharedMemoryPlane {
   absl::Mutex mu_;
   std::vector<std::weak_ptr<SharedBuffer>> allocated_ ABSL_GUARDED_BY(mu_);
   std::vector<std::shared_ptr<SharedBuffer>> free_staging_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::shared_ptr<SharedBuffer>> discarded_ ABSL_GUARDED_BY(mu_);
   uint64_t staging_total_ ABSL_GUARDED_BY(mu_) = 0;  // Free and lent staging bytes.
 };
 

@@ -15,9 +15,12 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "client/call_cancellation.h"
 #include "client/kvtier_client.h"
 #include "client/prefill_session.h"
 #include "client/region_channel.h"
@@ -588,6 +591,82 @@ TEST_F(ShmTest, ARestartedDaemonGetsANewPlaneAndOldBuffersStream) {
                                   absl::Span<char>((*old_buf)->data(), 4 * kMiB));
   ASSERT_TRUE(old_got.ok()) << old_got.status();
   EXPECT_EQ(std::string((*old_buf)->data(), 4 * kMiB), data);
+}
+
+// A caller cancels calls waiting on a daemon that does not answer (stopped here): a
+// Get through a staging buffer, one that must first register a new one (a region
+// request), and a streamed Get all end Cancelled at once, not at the 10-minute deadline.
+// The client then goes on by shared memory once the daemon answers again.
+TEST_F(ShmTest, CallsWaitingOnAStoppedDaemonAreCancelledAtOnce) {
+  StartDaemon();
+  const std::string data = PatternBytes(3, 4 * kMiB);
+  const ChunkToPut c{KeyOf(3), data, 256};
+  ASSERT_TRUE(client_->Put(ns_, {&c, 1}).ok());
+  ClientOptions stream_options;
+  stream_options.data_plane = ClientOptions::DataPlane::kStream;
+  stream_options.rpc_deadline = absl::Minutes(10);
+  std::unique_ptr<KvTierClient> streamed = Connect(stream_options);
+  ASSERT_NE(streamed, nullptr);
+  ClientOptions shm_options;
+  shm_options.rpc_deadline = absl::Minutes(10);
+  std::unique_ptr<KvTierClient> shm = Connect(shm_options);
+  ASSERT_NE(shm, nullptr);
+  std::string into(4 * kMiB, '\0');
+  ASSERT_TRUE(shm->GetInto(ns_, std::vector<ChunkKey>{KeyOf(3)}, absl::MakeSpan(into)).ok());
+  ASSERT_EQ(shm->data_path(), DataPath::kSharedMemory);
+
+  ASSERT_EQ(kill(daemon_->pid(), SIGSTOP), 0);
+  ASSERT_TRUE(AllThreadsStopped(daemon_->pid()));
+  struct Resume {
+    pid_t pid;
+    ~Resume() { kill(pid, SIGCONT); }
+  } resume{daemon_->pid()};
+  // The first uses the staging buffer registered above; the second needs one more (8 MiB
+  // for two keys), so it waits in a region request; the third waits in gRPC.
+  std::string into2(8 * kMiB, '\0');
+  struct Waiting {
+    CallCancellation cancel;
+    absl::Status status;
+    absl::Notification started, done;
+    std::thread thread;
+  } calls[3];
+  auto run = [](Waiting& w, auto fn) {
+    w.thread = std::thread([&w, fn] {
+      CallCancellation::Scope scope(&w.cancel);
+      w.started.Notify();
+      w.status = fn();
+      w.done.Notify();
+    });
+  };
+  run(calls[0], [&] {
+    return shm->GetInto(ns_, std::vector<ChunkKey>{KeyOf(3)}, absl::MakeSpan(into)).status();
+  });
+  run(calls[1], [&] {
+    return shm->GetInto(ns_, std::vector<ChunkKey>{KeyOf(3), KeyOf(4)}, absl::MakeSpan(into2))
+        .status();
+  });
+  run(calls[2], [&] {
+    return streamed->Get(ns_, std::vector<ChunkKey>{KeyOf(3)}).status();
+  });
+  for (Waiting& w : calls) {
+    w.started.WaitForNotification();
+    EXPECT_FALSE(w.done.HasBeenNotified());
+    w.cancel.Cancel();
+    w.thread.join();
+    EXPECT_EQ(w.status.code(), absl::StatusCode::kCancelled) << w.status;
+  }
+  // A call cancelled before it starts sends nothing.
+  CallCancellation already;
+  already.Cancel();
+  {
+    CallCancellation::Scope scope(&already);
+    EXPECT_EQ(streamed->Stats().status().code(), absl::StatusCode::kCancelled);
+  }
+  ASSERT_EQ(kill(daemon_->pid(), SIGCONT), 0);
+  auto again = shm->GetInto(ns_, std::vector<ChunkKey>{KeyOf(3)}, absl::MakeSpan(into));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(into, data);
+  EXPECT_EQ(again->path, DataPath::kSharedMemory) << shm->data_path_detail();
 }
 
 TEST_F(ShmTest, PrefillSessionIntoSharedMemoryHasTheDaemonCopyTheChunks) {

@@ -327,6 +327,7 @@ void SetChain(std::vector<Chunk>& chunks, const std::vector<ChunkKey>& k,
 py::tuple PyClient::Put(uint64_t namespace_id, const py::list& keys, const py::list& buffers,
                         const py::object& token_counts, const py::object& chain_start,
                         const py::object& prev_key, PyCanceller* canceller) {
+  CallCancellation::Scope cancel_scope(ScopeOf(canceller));
   std::vector<ChunkKey> k = KeysFromList(keys);
   if (buffers.size() != k.size()) {
     throw StatusError(absl::InvalidArgumentError(absl::StrCat(
@@ -357,6 +358,7 @@ py::tuple PyClient::Put(uint64_t namespace_id, const py::list& keys, const py::l
 py::tuple PyClient::GetInto(uint64_t namespace_id, const py::list& keys, const py::list& outs,
                             const py::object& layers, int order, const py::object& on_layer,
                             uint64_t lease_id, PyCanceller* canceller) {
+  CallCancellation::Scope cancel_scope(ScopeOf(canceller));
   std::vector<ChunkKey> k = KeysFromList(keys);
   if (outs.size() != k.size()) {
     throw StatusError(absl::InvalidArgumentError(absl::StrCat(
@@ -558,6 +560,7 @@ py::tuple PyClient::GetIntoDevice(uint64_t namespace_id, const py::list& keys,
                                   const py::object& layers, int order,
                                   const py::object& on_layer, uint64_t lease_id,
                                   PyCanceller* canceller, bool record_events) {
+  CallCancellation::Scope cancel_scope(ScopeOf(canceller));
   std::vector<ChunkKey> k = KeysFromList(keys);
   const v1::GetOrder get_order = OrderFromInt(order);
   if (!on_layer.is_none() && get_order != v1::GET_ORDER_LAYER_MAJOR) {
@@ -583,6 +586,7 @@ py::tuple PyClient::GetIntoDevice(uint64_t namespace_id, const py::list& keys,
 
 py::list PyClient::Get(uint64_t namespace_id, const py::list& keys, const py::object& layers,
                        int order, uint64_t lease_id, PyCanceller* canceller) {
+  CallCancellation::Scope cancel_scope(ScopeOf(canceller));
   std::vector<ChunkKey> k = KeysFromList(keys);
   const v1::GetOrder get_order = OrderFromInt(order);
   std::optional<LayerRange> range = LayersFromObject(layers);

@@ -653,3 +653,63 @@ def test_a_forked_child_is_refused_and_the_parent_keeps_its_connection(client, n
         assert [bytes(o) for o in out] == [bytes(d) for d in data]
     with kvtier.Client(client.target) as again:
         assert again.lookup(ns, keys).prefix_hits == 2
+
+
+def _all_threads_stopped(pid):
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/stat") as f:
+            stat = f.read()
+        if stat[stat.rindex(")") + 2] != "T":
+            return False
+    return True
+
+
+def test_cancel_and_close_end_loads_waiting_on_a_stopped_daemon(tmp_path, layout):
+    """LoadHandle.cancel(), Client.close() and cancelling an aio task end a load that
+    waits on a daemon that does not answer (stopped here) at once, with CancelledError;
+    they once waited for the deadline (or forever without one)."""
+    import signal
+    import time
+    from kvtier.testing import Daemon
+    import kvtier.aio
+    d = Daemon(str(tmp_path), args=["--ram-capacity=64MiB", "--write-mode=ram-only"])
+    try:
+        c = kvtier.Client(d.target, connect_timeout=30, rpc_deadline=0)  # No deadline.
+        ns = c.register_layout(layout).namespace_id
+        keys = keys_of(ns, 2, layout, seed=47)
+        c.put(ns, keys, payloads(layout, 2, seed=47))
+        out = [bytearray(layout.chunk_bytes) for _ in keys]
+        assert c.get_into(ns, keys, out).prefix_found == 2
+        os.kill(d.proc.pid, signal.SIGSTOP)
+        for _ in range(2000):
+            if _all_threads_stopped(d.proc.pid):
+                break
+            time.sleep(0.01)  # Polls a condition.
+        try:
+            h = c.start_get_into(ns, keys, out)
+            h.cancel()
+            with pytest.raises(kvtier.CancelledError):
+                h.wait(120)
+            h = c.start_get_into(ns, keys, [bytearray(layout.chunk_bytes) for _ in keys])
+            c.close()
+            with pytest.raises(kvtier.CancelledError):
+                h.wait(120)
+
+            async def cancelled_task():
+                import asyncio
+                async with kvtier.aio.Client(d.target, rpc_deadline=0) as ac:
+                    task = asyncio.ensure_future(
+                        ac.get_into(ns, keys, [bytearray(layout.chunk_bytes) for _ in keys]))
+                    await asyncio.sleep(0)
+                    task.cancel()
+                    with pytest.raises(asyncio.CancelledError):
+                        await asyncio.wait_for(task, 120)
+            import asyncio
+            asyncio.run(cancelled_task())
+        finally:
+            os.kill(d.proc.pid, signal.SIGCONT)
+        again = [bytearray(layout.chunk_bytes) for _ in keys]
+        assert c.get_into(ns, keys, again).prefix_found == 2
+        assert [bytes(a) for a in again] == [bytes(p) for p in payloads(layout, 2, seed=47)]
+    finally:
+        d.close()
