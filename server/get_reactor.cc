@@ -73,6 +73,7 @@ absl::Status GetReactor::Start(const v1::GetRequest* request, LeaseTable* leases
   first_layer_ = plan->first_layer;
   end_layer_ = plan->end_layer;
   frame_bytes_ = plan->frame_bytes;
+  key_bytes_ = plan->KeyBytes();
   if (req.has_target()) {
     auto target = ResolveRegionTarget(regions, req.target(), ids_.size(), plan->KeyBytes());
     if (!target.ok()) return target.status();
@@ -289,7 +290,8 @@ void GetReactor::Pump() {
       StartWrite(&frame_);
       break;
     case Action::kFind:
-      store_->ReadForStreamAsync(id, [this](absl::StatusOr<ChunkView> v) { OnChunk(std::move(v)); });
+      store_->ReadForStreamAsync(
+          id, [this](absl::StatusOr<ChunkView> v) { OnChunk(std::move(v)); }, key_bytes_);
       break;
     case Action::kFinish:
       if (turns_ != nullptr) turns_->Give(this);  // A no-op unless a turn is held.

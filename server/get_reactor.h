@@ -153,6 +153,7 @@ class GetReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
   bool layer_major_ = false;
   uint32_t num_layers_ = 1;
   uint32_t first_layer_ = 0, end_layer_ = 1;
+  uint64_t key_bytes_ = 0;  // What each key sends (its layer range).
   uint64_t frame_bytes_ = 0;
   // Region target: the region (held for the call) and where each key's bytes go.
   std::shared_ptr<const MappedRegion> region_;

@@ -470,10 +470,13 @@ std::optional<ChunkView> TieredStore::HoldInRam(const ChunkId& id) const {
 
 absl::StatusOr<ChunkView> TieredStore::Read(const ChunkId& id) { return Read(id, false); }
 
-absl::StatusOr<ChunkView> TieredStore::Read(const ChunkId& id, bool stream) {
+absl::StatusOr<ChunkView> TieredStore::Read(const ChunkId& id, bool stream,
+                                            uint64_t sent_bytes) {
   ChunkView view;
   if (auto hit = ram_->Find(id)) {
-    ram_bytes_out_.fetch_add(hit->meta.size, std::memory_order_relaxed);
+    // What leaves the tier: a layer range of the chunk when that is all the caller sends
+    // (a streamed SSD read counts its ranges the same way, in ReadRangeAsync).
+    ram_bytes_out_.fetch_add(std::min(hit->meta.size, sent_bytes), std::memory_order_relaxed);
     view.meta_ = hit->meta;
     view.tier_ = Tier::kRam;
     view.pool_ = std::move(hit->data);
@@ -748,12 +751,15 @@ void TieredStore::ReadAsync(const ChunkId& id,
 }
 
 void TieredStore::ReadForStreamAsync(const ChunkId& id,
-                                     std::function<void(absl::StatusOr<ChunkView>)> done) {
+                                     std::function<void(absl::StatusOr<ChunkView>)> done,
+                                     uint64_t sent_bytes) {
   if (ram_->Contains(id) || (shared_ == nullptr && (!has_ssd() || !backing_->Contains(id)))) {
-    done(Read(id, true));
+    done(Read(id, true, sent_bytes));
     return;
   }
-  read_pool_->Submit([this, id, done = std::move(done)] { done(Read(id, true)); });
+  read_pool_->Submit([this, id, done = std::move(done), sent_bytes] {
+    done(Read(id, true, sent_bytes));
+  });
 }
 
 char* TieredStore::TakeRangeBuffer(uint64_t len) {

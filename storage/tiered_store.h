@@ -292,9 +292,10 @@ class TieredStore {
   void ReadAsync(const ChunkId& id, std::function<void(absl::StatusOr<ChunkView>)> done);
   // The same for a caller that sends the chunk as it reads it: an SSD chunk with no room
   // in RAM comes back as a streamed() view (meta only, no bytes, nothing buffered yet),
-  // to be read a frame at a time with ReadRangeAsync.
-  void ReadForStreamAsync(const ChunkId& id,
-                          std::function<void(absl::StatusOr<ChunkView>)> done);
+  // to be read a frame at a time with ReadRangeAsync. `sent_bytes`: how much of the
+  // chunk the caller sends (a layer range), what a RAM hit counts as read out.
+  void ReadForStreamAsync(const ChunkId& id, std::function<void(absl::StatusOr<ChunkView>)> done,
+                          uint64_t sent_bytes = UINT64_MAX);
   // Reads bytes [offset, offset + len) of a streamed chunk into a buffer of len bytes,
   // on the read threads, once stream_buffer_bytes has room for it (never blocks the
   // caller; `done` may run on this thread). The buffer's bytes count against
@@ -441,7 +442,8 @@ class TieredStore {
   void DropCorruptInRam(const ChunkId& id, const std::shared_ptr<const void>& chunk);
   // Room in RAM may have appeared: puts waiting for it retry now.
   void NotifyRoom();
-  absl::StatusOr<ChunkView> Read(const ChunkId& id, bool stream);
+  absl::StatusOr<ChunkView> Read(const ChunkId& id, bool stream,
+                                 uint64_t sent_bytes = UINT64_MAX);
   // A local miss read through the remote tier: into RAM when there is room (kept
   // there, clean), else into a whole-chunk buffer (max_buffered_reads). NotFound for
   // anything short of a verified chunk.

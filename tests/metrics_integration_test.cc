@@ -202,6 +202,31 @@ TEST(RamPrefaultTest, PoolIsFaultedInAndReported) {
   EXPECT_EQ(SeriesValue(m->body, "kvtier_ram_prefaulted_bytes"), 0);
 }
 
+// A Get of a layer range counts what it sends as read out of RAM, not whole chunks (a
+// streamed SSD read counted its ranges already; RAM counted 4x here).
+TEST_F(MetricsTest, ALayerRangeGetCountsTheBytesItSends) {
+  auto reg = client_->RegisterLayout(testing::LayoutOfMiB(4));  // 4 layers of 1 MiB.
+  ASSERT_TRUE(reg.ok()) << reg.status();
+  for (uint64_t i = 0; i < 2; ++i) {
+    const std::string data = PatternBytes(i, 4 << 20);
+    ChunkToPut c{KeyOf(i), data, 256};
+    ASSERT_TRUE(client_->Put(reg->namespace_id, {&c, 1}).ok());
+  }
+  auto out = [&] {
+    auto r = HttpGet(daemon_->metrics_port(), "/metrics");
+    EXPECT_TRUE(r.ok());
+    return r.ok() ? SeriesValue(r->body, "kvtier_tier_bytes_out_total{tier=\"ram\"}") : -1;
+  };
+  const double before = out();
+  auto got = client_->Get(reg->namespace_id, std::vector<ChunkKey>{KeyOf(0), KeyOf(1)},
+                          LayerRange{1, 2});
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ((*got)[0].data.size(), 1u << 20);
+  EXPECT_EQ(out() - before, 2 << 20);
+  ASSERT_TRUE(client_->Get(reg->namespace_id, std::vector<ChunkKey>{KeyOf(0)}).ok());
+  EXPECT_EQ(out() - before, 6 << 20);  // A whole chunk counts whole.
+}
+
 // The endpoint answers its two paths exactly, to GET and HEAD (a load balancer's
 // health check may use HEAD), and refuses other methods with 405.
 TEST_F(MetricsTest, HttpMethodsAndPaths) {
