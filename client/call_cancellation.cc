@@ -23,6 +23,11 @@ bool CallCancellation::cancelled() const {
   return cancelled_;
 }
 
+bool CallCancellation::watching() const {
+  absl::MutexLock lock(&mu_);
+  return !hooks_.empty();
+}
+
 bool CallCancellation::CurrentCancelled() {
   return current_cancellation != nullptr && current_cancellation->cancelled();
 }

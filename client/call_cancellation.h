@@ -37,6 +37,9 @@ class CallCancellation {
 
   void Cancel();
   bool cancelled() const;
+  // Whether a call under a Scope of this one is waiting on something Cancel() would end
+  // (an RPC, a region request): for tests that cancel a call mid-wait.
+  bool watching() const;
   // Whether this thread's open Scope, if any, has been cancelled.
   static bool CurrentCancelled();
 

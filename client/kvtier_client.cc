@@ -254,14 +254,13 @@ KvTierClient::~KvTierClient() = default;
 
 absl::StatusOr<SharedMemoryPlane*> KvTierClient::Plane() {
   absl::MutexLock lock(&mu_);
-  if (plane_resolved_ && plane_ != nullptr &&
-      (plane_->channel().broken() ? plane_->channel().abandoned()
-                                  : plane_->channel().PeerGone())) {
+  if (plane_resolved_ && plane_ != nullptr && !plane_->channel().broken() &&
+      plane_->channel().PeerGone()) {
     // The daemon exited, or restarted on the same address: its successor knows none of
-    // this plane's regions. Or a call was cancelled mid-request and closed the socket.
-    // Decide afresh (a new region socket, or the stream while the daemon is not up).
-    // The old plane stays alive: calls in flight and SharedBuffers hold it, and the
-    // latter's bytes now go by the stream.
+    // this plane's regions. Decide afresh (a new region socket, or the stream while it
+    // is not up yet). The old plane stays alive: calls in flight and SharedBuffers hold
+    // it, and the latter's bytes now go by the stream.
+    plane_->DropStaging();  // Their memory, not kept for a daemon that is gone.
     retired_planes_.push_back(std::move(plane_));
     plane_resolved_ = false;
     plane_status_ = absl::OkStatus();
@@ -291,10 +290,13 @@ absl::StatusOr<SharedMemoryPlane*> KvTierClient::Plane() {
   }
   absl::Status why;
   auto info = CallUnary(*this, &v1::KvCache::Stub::DataPlane, v1::DataPlaneRequest());
+  // Not up yet, or this call was cancelled (CallCancellation): decide at the next call.
+  const auto undecided = [](const absl::Status& s) {
+    return absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s) || absl::IsCancelled(s);
+  };
   if (!info.ok()) {
-    // Not up yet: decide at the next call. Anything else (an older daemon answers
-    // UNIMPLEMENTED): the stream.
-    if (absl::IsUnavailable(info.status()) || absl::IsDeadlineExceeded(info.status())) {
+    // Anything else (an older daemon answers UNIMPLEMENTED): the stream.
+    if (undecided(info.status())) {
       return options_.data_plane == ClientOptions::DataPlane::kSharedMemory
                  ? absl::StatusOr<SharedMemoryPlane*>(info.status())
                  : absl::StatusOr<SharedMemoryPlane*>(nullptr);
@@ -307,6 +309,10 @@ absl::StatusOr<SharedMemoryPlane*> KvTierClient::Plane() {
     if (plane.ok()) {
       plane_ = *std::move(plane);
       plane_detail_ = absl::StrCat("shared memory (region socket ", info->region_socket(), ")");
+    } else if (absl::IsCancelled(plane.status())) {
+      return options_.data_plane == ClientOptions::DataPlane::kSharedMemory
+                 ? absl::StatusOr<SharedMemoryPlane*>(plane.status())
+                 : absl::StatusOr<SharedMemoryPlane*>(nullptr);
     } else {
       why = plane.status();
     }

@@ -1,5 +1,7 @@
 #include "client/region_channel.h"
 
+#include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -9,6 +11,7 @@
 #include <cerrno>
 #include <cstddef>
 #include <cstring>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "client/call_cancellation.h"
@@ -46,7 +49,13 @@ absl::StatusOr<std::shared_ptr<RegionChannel>> RegionChannel::Connect(
     close(fd);
     return absl::InternalError(absl::StrCat("region socket: SO_RCVTIMEO: ", std::strerror(err)));
   }
-  std::shared_ptr<RegionChannel> channel(new RegionChannel(fd, timeout));
+  const int wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (wake_fd < 0) {
+    const int err = errno;
+    close(fd);
+    return absl::InternalError(absl::StrCat("region socket: eventfd: ", std::strerror(err)));
+  }
+  std::shared_ptr<RegionChannel> channel(new RegionChannel(fd, wake_fd, timeout));
   v1::RegionSocketRequest hello;
   hello.mutable_hello();
   auto answer = channel->Call(hello, -1);
@@ -62,7 +71,10 @@ absl::StatusOr<std::shared_ptr<RegionChannel>> RegionChannel::Connect(
   return channel;
 }
 
-RegionChannel::~RegionChannel() { close(fd_); }
+RegionChannel::~RegionChannel() {
+  close(fd_);
+  if (wake_fd_ >= 0) close(wake_fd_);
+}
 
 absl::StatusOr<v1::RegionSocketResponse> RegionChannel::Call(
     const v1::RegionSocketRequest& request, int fd) {
@@ -81,73 +93,112 @@ absl::StatusOr<v1::RegionSocketResponse> RegionChannel::Call(
     c->cmsg_len = CMSG_LEN(sizeof(int));
     std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
   }
-  // Cancelled before it was sent: nothing to abandon, the channel stays usable.
+  // Cancelled before it was sent: nothing to owe, the channel stays as it was.
   if (CallCancellation::CurrentCancelled()) {
     return absl::CancelledError("region socket: the call was cancelled");
   }
   absl::MutexLock lock(&mu_);
-  if (broken_) {
+  if (broken_.load()) {
     return absl::UnavailableError(
         "region socket: closed after the daemon left a request unanswered");
   }
   const auto timed_out = [this](const char* what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    broken_ = true;
+    broken_.store(true);
     shutdown(fd_, SHUT_RDWR);  // The daemon forgets this connection's regions.
     return absl::DeadlineExceededError(absl::StrCat(
         "region socket: the daemon did not ", what, " within ", absl::FormatDuration(timeout_),
         " (stopped or overloaded?); shared memory is off for this client"));
   };
-  // A caller that cancels the call (CallCancellation) while the daemon does not answer:
-  // the request is abandoned as a timeout would abandon it, at once. shutdown() ends the
-  // wait in sendmsg or recv; the socket stays open until the channel goes.
+  // A caller that cancels (CallCancellation) stops waiting at once; the answer it was
+  // owed is read and dropped by the next request, so answers stay in step with requests
+  // and the connection (with every region registered on it) lives on.
   std::atomic<bool> cancelled{false};
   CallCancellation::Hook on_cancel([this, &cancelled] {
     cancelled.store(true);
-    shutdown(fd_, SHUT_RDWR);
+    const uint64_t one = 1;
+    (void)!write(wake_fd_, &one, sizeof(one));
   });
-  const auto abandoned = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    broken_ = true;
-    abandoned_ = true;
+  const auto cancelled_error = [] {
     return absl::CancelledError(
-        "region socket: the request was cancelled before the daemon answered; shared memory "
-        "is off for this client");
+        "region socket: the call was cancelled before the daemon answered");
   };
+  char buf[4096];
+  const auto receive = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::StatusOr<ssize_t> {
+    ssize_t n;
+    do {
+      n = recv(fd_, buf, sizeof(buf), 0);
+    } while (n < 0 && errno == EINTR);
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return timed_out("answer");
+    if (n <= 0) {
+      return absl::UnavailableError(n == 0 ? "region socket: the daemon closed it"
+                                           : absl::StrCat("region socket: ", std::strerror(errno)));
+    }
+    return n;
+  };
+  while (owed_ > 0) {
+    switch (WaitReadable(cancelled)) {
+      case WaitResult::kCancelled:
+        return cancelled_error();
+      case WaitResult::kTimedOut:
+        return timed_out("answer an earlier, cancelled request");
+      case WaitResult::kReady:
+        if (absl::StatusOr<ssize_t> n = receive(); !n.ok()) return n.status();
+        --owed_;
+    }
+  }
   ssize_t sent;
   do {
     sent = sendmsg(fd_, &msg, MSG_NOSIGNAL);
   } while (sent < 0 && errno == EINTR);
-  if (cancelled.load()) return abandoned();
   if (sent < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return timed_out("take a request");
   if (sent != static_cast<ssize_t>(out.size())) {
     return absl::UnavailableError(absl::StrCat("region socket: send: ", std::strerror(errno)));
   }
-  char buf[4096];
-  ssize_t n;
-  do {
-    n = recv(fd_, buf, sizeof(buf), 0);
-  } while (n < 0 && errno == EINTR);
-  if (cancelled.load()) return abandoned();
-  if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return timed_out("answer");
-  if (n <= 0) {
-    return absl::UnavailableError(n == 0 ? "region socket: the daemon closed it"
-                                         : absl::StrCat("region socket: ", std::strerror(errno)));
+  switch (WaitReadable(cancelled)) {
+    case WaitResult::kCancelled:
+      ++owed_;
+      return cancelled_error();
+    case WaitResult::kTimedOut:
+      return timed_out("answer");
+    case WaitResult::kReady:
+      break;
   }
+  absl::StatusOr<ssize_t> n = receive();
+  if (!n.ok()) return n.status();
   v1::RegionSocketResponse response;
-  if (!response.ParseFromArray(buf, static_cast<int>(n))) {
+  if (!response.ParseFromArray(buf, static_cast<int>(*n))) {
     return absl::InternalError("region socket: the answer is not a RegionSocketResponse");
   }
   return response;
 }
 
-bool RegionChannel::broken() const {
-  absl::MutexLock lock(&mu_);
-  return broken_;
+RegionChannel::WaitResult RegionChannel::WaitReadable(const std::atomic<bool>& cancelled) {
+  const absl::Time deadline = timeout_ == absl::InfiniteDuration()
+                                  ? absl::InfiniteFuture()
+                                  : absl::Now() + std::max(timeout_, absl::Milliseconds(1));
+  for (;;) {
+    if (cancelled.load()) return WaitResult::kCancelled;
+    pollfd fds[2] = {{fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+    int wait_ms = -1;
+    if (deadline != absl::InfiniteFuture()) {
+      const absl::Duration left = deadline - absl::Now();
+      if (left <= absl::ZeroDuration()) return WaitResult::kTimedOut;
+      wait_ms = static_cast<int>(std::min<int64_t>(absl::ToInt64Milliseconds(left) + 1,
+                                                   std::numeric_limits<int>::max()));
+    }
+    const int r = poll(fds, 2, wait_ms);
+    if (r < 0 && errno != EINTR) return WaitResult::kReady;  // recv reports the error.
+    if (r <= 0) continue;
+    if (fds[1].revents != 0) {
+      uint64_t count;
+      (void)!read(wake_fd_, &count, sizeof(count));  // An earlier call's wake-up, or ours.
+    }
+    if (cancelled.load()) return WaitResult::kCancelled;
+    if (fds[0].revents != 0) return WaitResult::kReady;
+  }
 }
 
-bool RegionChannel::abandoned() const {
-  absl::MutexLock lock(&mu_);
-  return abandoned_;
-}
+bool RegionChannel::broken() const { return broken_.load(); }
 
 bool RegionChannel::PeerGone() const {
   char byte;

@@ -6,12 +6,16 @@
 // A request the daemon does not answer within the channel's timeout (a daemon that is
 // stopped or wedged) fails with DeadlineExceeded, and the channel is then broken: every
 // later request fails at once (Unavailable), since a late answer could no longer be told
-// apart from the next one's. Closing it makes the daemon forget its regions.
+// apart from the next one's. Closing it makes the daemon forget its regions. A caller
+// that cancels its call (CallCancellation) stops waiting at once instead; the next
+// request first reads the answer it was owed (a registration that answer made stays
+// until the channel closes).
 //
 // Thread-safety: thread-safe; requests are answered in order, one at a time.
 #ifndef KVTIER_CLIENT_REGION_CHANNEL_H_
 #define KVTIER_CLIENT_REGION_CHANNEL_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -67,9 +71,6 @@ class RegionChannel {
   // Whether a request went unanswered (the channel is closed; the daemon forgot its
   // regions).
   bool broken() const;
-  // Whether it broke because a caller cancelled a request the daemon had not answered
-  // (CallCancellation), not because the daemon missed the timeout.
-  bool abandoned() const;
   // Whether the daemon's end is closed (it exited or restarted): a non-blocking peek, so
   // a client can tell a daemon that went away before it names regions the new one never
   // saw. False while an answer is in flight.
@@ -80,13 +81,23 @@ class RegionChannel {
   absl::StatusOr<v1::RegionSocketResponse> Call(const v1::RegionSocketRequest& request, int fd);
 
  private:
-  RegionChannel(int fd, absl::Duration timeout) : fd_(fd), timeout_(timeout) {}
+  RegionChannel(int fd, int wake_fd, absl::Duration timeout)
+      : fd_(fd), wake_fd_(wake_fd), timeout_(timeout) {}
+  enum class WaitResult { kReady, kCancelled, kTimedOut };
+  // Waits for an answer on fd_ for at most timeout_, or until `cancelled` is set (its
+  // Hook writes wake_fd_ to end the wait).
+  WaitResult WaitReadable(const std::atomic<bool>& cancelled) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<Registration> Register(const v1::RegionSocketRequest& req, int fd);
   const int fd_;
+  const int wake_fd_;  // An eventfd: a cancelled caller's wait ends on it.
   const absl::Duration timeout_;
   mutable absl::Mutex mu_;  // One request in flight.
-  bool broken_ ABSL_GUARDED_BY(mu_) = false;  // A request went unanswered.
-  bool abandoned_ ABSL_GUARDED_BY(mu_) = false;  // ...because its caller cancelled it.
+  // A request went unanswered within the timeout. Atomic: read without mu_, which a
+  // request holds while it waits.
+  std::atomic<bool> broken_{false};
+  // Answers owed to requests whose callers cancelled while waiting; the next request
+  // reads and drops them first.
+  int owed_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace kvtier

@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "client/call_cancellation.h"
 
 namespace kvtier {
 
@@ -45,6 +46,9 @@ absl::StatusOr<std::shared_ptr<SharedBuffer>> SharedBuffer::Create(
 }
 
 SharedBuffer::~SharedBuffer() {
+  // Clean-up is not the cancelled call's to skip: whatever Scope the destroying thread
+  // has open, the region is unregistered.
+  CallCancellation::Scope not_cancellable(nullptr);
   channel_->Remove(reg_.region_id).IgnoreError();  // Gone with the connection anyway.
   munmap(data_, size_);
   close(fd_);

@@ -72,6 +72,7 @@ void SharedMemoryPlane::ReleaseStaging(std::shared_ptr<SharedBuffer> buffer) {
     absl::MutexLock lock(&mu_);
     free_staging_.push_back(std::move(buffer));
     discarded.swap(discarded_);
+    for (const auto& b : discarded) staging_total_ -= b->size();
   }
   // The daemon answered the call that used `buffer`: it answers these removals too.
   // Each unregisters as it goes, outside the lock.
@@ -81,12 +82,25 @@ void SharedMemoryPlane::ReleaseStaging(std::shared_ptr<SharedBuffer> buffer) {
 
 namespace kvtier {
 
+void SharedMemoryPlane::DropStaging() {
+  std::vector<std::shared_ptr<SharedBuffer>> free, discarded;
+  {
+    absl::MutexLock lock(&mu_);
+    free.swap(free_staging_);
+    discarded.swap(discarded_);
+    for (const auto& b : free) staging_total_ -= b->size();
+    for (const auto& b : discarded) staging_total_ -= b->size();
+  }
+  // Destroyed here: each unmaps (its Remove fails at once on a closed socket).
+}
+
 void SharedMemoryPlane::DiscardStaging(std::shared_ptr<SharedBuffer> buffer) {
   if (!buffer) return;
   absl::MutexLock lock(&mu_);
-  staging_total_ -= buffer->size();
   // Unregistered later, when a call releases a staging buffer: the clean-up of a failed
-  // or cancelled call must not wait on a daemon that has stopped answering.
+  // or cancelled call must not wait on a daemon that has stopped answering. Its bytes
+  // stay counted in the staging budget until then, so a run of failures streams rather
+  // than mapping more.
   discarded_.push_back(std::move(buffer));
 }
 

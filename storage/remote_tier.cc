@@ -483,7 +483,9 @@ std::vector<bool> RemoteTier::ContainsMany(absl::Span<const ChunkId> ids) const 
 }
 
 absl::StatusOr<bool> RemoteTier::Delete(const ChunkId& id) {
-  if (!health_.Allow()) {
+  // Degraded: not even as a probe (a delete that got through would not clear the state,
+  // so deletes would use up the probes that reads and writes recover with).
+  if (health_.degraded()) {
     return absl::UnavailableError("remote tier degraded: the remote copy is left to expire");
   }
   const std::string key = RemoteRecordKey(options_.key_prefix, id);

@@ -872,12 +872,13 @@ absl::Status TieredStore::CheckPinsCanFit(absl::Span<const ChunkId> ids,
                                           const HostPool::PinBudget* budget) {
   absl::flat_hash_set<ChunkId> distinct(ids.begin(), ids.end());
   std::vector<ChunkId> unique(distinct.begin(), distinct.end());
-  const std::vector<Tier> tiers = LocateMany(unique);
   absl::flat_hash_map<uint64_t, uint64_t> chunk_bytes;  // By namespace.
   std::vector<uint64_t> sizes;
   uint64_t total = 0;
   for (size_t i = 0; i < unique.size(); ++i) {
-    if (tiers[i] == Tier::kNone) continue;  // Answered as not found, pins nothing.
+    // Local tiers only, as Pin: a chunk only the shared tier holds is answered as not
+    // found and pins nothing (and asking the cluster here would cost a round trip).
+    if (Locate(unique[i]) == Tier::kNone) continue;
     auto it = chunk_bytes.find(unique[i].ns);
     if (it == chunk_bytes.end()) {
       auto layout = FindLayout(unique[i].ns);

@@ -596,7 +596,9 @@ TEST_F(ShmTest, ARestartedDaemonGetsANewPlaneAndOldBuffersStream) {
 // A caller cancels calls waiting on a daemon that does not answer (stopped here): a
 // Get through a staging buffer, one that must first register a new one (a region
 // request), and a streamed Get all end Cancelled at once, not at the 10-minute deadline.
-// The client then goes on by shared memory once the daemon answers again.
+// The client then goes on by shared memory once the daemon answers again: the region
+// socket survives (the cancelled request's answer is read and dropped), and with it
+// the buffer this client registered before.
 TEST_F(ShmTest, CallsWaitingOnAStoppedDaemonAreCancelledAtOnce) {
   StartDaemon();
   const std::string data = PatternBytes(3, 4 * kMiB);
@@ -614,6 +616,8 @@ TEST_F(ShmTest, CallsWaitingOnAStoppedDaemonAreCancelledAtOnce) {
   std::string into(4 * kMiB, '\0');
   ASSERT_TRUE(shm->GetInto(ns_, std::vector<ChunkKey>{KeyOf(3)}, absl::MakeSpan(into)).ok());
   ASSERT_EQ(shm->data_path(), DataPath::kSharedMemory);
+  auto mine = shm->AllocateShared(4 * kMiB);
+  ASSERT_TRUE(mine.ok()) << mine.status();
 
   ASSERT_EQ(kill(daemon_->pid(), SIGSTOP), 0);
   ASSERT_TRUE(AllThreadsStopped(daemon_->pid()));
@@ -650,6 +654,9 @@ TEST_F(ShmTest, CallsWaitingOnAStoppedDaemonAreCancelledAtOnce) {
   });
   for (Waiting& w : calls) {
     w.started.WaitForNotification();
+    // Cancelled while it waits (not before it starts): polls a condition, bounded.
+    for (int i = 0; i < 20000 && !w.cancel.watching(); ++i) absl::SleepFor(absl::Milliseconds(1));
+    EXPECT_TRUE(w.cancel.watching());
     EXPECT_FALSE(w.done.HasBeenNotified());
     w.cancel.Cancel();
     w.thread.join();
@@ -667,6 +674,11 @@ TEST_F(ShmTest, CallsWaitingOnAStoppedDaemonAreCancelledAtOnce) {
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ(into, data);
   EXPECT_EQ(again->path, DataPath::kSharedMemory) << shm->data_path_detail();
+  auto into_mine = shm->GetInto(ns_, std::vector<ChunkKey>{KeyOf(3)},
+                                absl::Span<char>((*mine)->data(), 4 * kMiB));
+  ASSERT_TRUE(into_mine.ok()) << into_mine.status();
+  EXPECT_EQ(into_mine->path, DataPath::kSharedMemory);
+  EXPECT_EQ(std::string((*mine)->data(), 4 * kMiB), data);
 }
 
 TEST_F(ShmTest, PrefillSessionIntoSharedMemoryHasTheDaemonCopyTheChunks) {
