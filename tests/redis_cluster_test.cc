@@ -245,6 +245,40 @@ TEST_F(RedisClusterTest, AHungNodeTimesOutInsteadOfBlocking) {
   }));
 }
 
+// The nodes that just failed a batch are not asked for the topology right after it:
+// with every master hung, a batch waited out the timeout once per master for its
+// replies, then once per master again in the refresh, on the caller's thread (12 s at a
+// 2 s timeout with three masters).
+TEST_F(RedisClusterTest, ARefreshAfterFailuresDoesNotAskTheNodesThatFailed) {
+  auto client = Client(absl::Milliseconds(200));
+  std::vector<std::string> keys;  // One on each master.
+  std::set<int> masters;
+  for (int i = 0; keys.size() < 3 && i < 10000; ++i) {
+    std::string k = absl::StrCat("refresh-", i);
+    auto m = cluster_->MasterOf(RedisHashSlot(k));
+    ASSERT_TRUE(m.ok());
+    if (masters.insert(*m).second) keys.push_back(std::move(k));
+  }
+  ASSERT_EQ(keys.size(), 3u);
+  std::vector<RedisCommand> gets;
+  for (const std::string& k : keys) {
+    ASSERT_TRUE(client->ExecuteOne({{"SET", k, "x"}, k}).ok());
+    gets.push_back({{"GET", k}, k});
+  }
+  const uint64_t refresh_failures = client->stats().refresh_failures;
+  for (int m : masters) cluster_->Pause(m);
+  auto replies = client->Execute(gets);
+  for (int m : masters) cluster_->Resume(m);
+  for (const auto& r : replies) EXPECT_EQ(r.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(client->stats().refresh_node_failures, 0u) << "a node that had just failed was asked";
+  EXPECT_EQ(client->stats().refresh_failures, refresh_failures + 1);  // It was attempted.
+  // Once they answer again, the map comes back and the keys read.
+  ASSERT_TRUE(testing::Eventually([&] {
+    auto again = client->ExecuteOne(gets[0]);
+    return again.ok() && ReplyString(**again) == "x";
+  }));
+}
+
 class RedisClusterAuthTest : public RedisClusterTest {
  protected:
   RedisClusterSpec Spec() override {

@@ -136,17 +136,19 @@ void RedisCluster::SetSlot(int slot, const RedisEndpoint& endpoint) {
   slots_[slot] = PoolForLocked(endpoint);
 }
 
-void RedisCluster::MaybeRefresh() {
+void RedisCluster::MaybeRefresh(absl::Span<RedisNodePool* const> failed) {
   {
     absl::MutexLock l(&mu_);
     if (options_.now() - last_refresh_ < options_.min_refresh_interval) return;
   }
   if (refreshing_.exchange(true)) return;  // Another caller is at it.
-  (void)Refresh();
+  (void)RefreshExcept(failed);
   refreshing_.store(false);
 }
 
-absl::Status RedisCluster::Refresh() {
+absl::Status RedisCluster::Refresh() { return RefreshExcept({}); }
+
+absl::Status RedisCluster::RefreshExcept(absl::Span<RedisNodePool* const> failed) {
   std::vector<RedisNodePool*> candidates;
   {
     absl::MutexLock l(&mu_);
@@ -165,11 +167,16 @@ absl::Status RedisCluster::Refresh() {
   }
   absl::Status last = absl::UnavailableError("redis cluster: no nodes");
   for (RedisNodePool* pool : candidates) {
+    if (std::find(failed.begin(), failed.end(), pool) != failed.end()) {
+      last = absl::UnavailableError("redis cluster: every node asked has just failed");
+      continue;
+    }
     last = RefreshFrom(pool);
     if (last.ok()) {
       refreshes_.fetch_add(1, std::memory_order_relaxed);
       return last;
     }
+    refresh_node_failures_.fetch_add(1, std::memory_order_relaxed);
   }
   refresh_failures_.fetch_add(1, std::memory_order_relaxed);
   return last;
@@ -284,10 +291,12 @@ std::vector<absl::StatusOr<RedisReplyPtr>> RedisCluster::Execute(
     std::vector<Pending> next;
     bool refresh = false;
     bool wait = false;
+    std::vector<RedisNodePool*> failed;  // Nodes that did not answer: not asked again.
     auto fail_group = [&](Group& g, size_t from, const absl::Status& s) {
       for (size_t k = from; k < g.items.size(); ++k) results[g.items[k].index] = s;
       io_failures_.fetch_add(g.items.size() - from, std::memory_order_relaxed);
       refresh = true;
+      failed.push_back(g.pool);
     };
     // Send every group before reading any reply: the nodes work in parallel.
     for (Group& g : groups) {
@@ -351,7 +360,7 @@ std::vector<absl::StatusOr<RedisReplyPtr>> RedisCluster::Execute(
       if (g.conn->broken()) g.pool->DropIdle();  // The node failed: reconnect afresh.
       g.pool->Release(std::move(g.conn));
     }
-    if (refresh) MaybeRefresh();
+    if (refresh) MaybeRefresh(failed);
     if (wait && !next.empty() && attempt < options_.max_redirects) {
       absl::SleepFor(backoff);  // The cluster said "not now": a failover or a migration.
       backoff = std::min(backoff * 2, absl::Milliseconds(200));
@@ -395,6 +404,7 @@ RedisClusterStats RedisCluster::stats() const {
   s.retried = retried_.load(std::memory_order_relaxed);
   s.refreshes = refreshes_.load(std::memory_order_relaxed);
   s.refresh_failures = refresh_failures_.load(std::memory_order_relaxed);
+  s.refresh_node_failures = refresh_node_failures_.load(std::memory_order_relaxed);
   s.io_failures = io_failures_.load(std::memory_order_relaxed);
   absl::ReaderMutexLock l(&mu_);
   std::vector<RedisNodePool*> masters;

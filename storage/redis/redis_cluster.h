@@ -66,6 +66,7 @@ struct RedisClusterStats {
   uint64_t retried = 0;             // TRYAGAIN, CLUSTERDOWN, LOADING, MASTERDOWN.
   uint64_t refreshes = 0;           // Topologies read.
   uint64_t refresh_failures = 0;    // Refreshes that reached no node.
+  uint64_t refresh_node_failures = 0;  // Nodes a refresh asked that did not answer.
   uint64_t io_failures = 0;         // Commands failed by a broken or unreachable node.
   uint64_t masters = 0;             // Nodes serving slots in the current map.
   uint64_t slots_covered = 0;       // Slots with a known master.
@@ -110,8 +111,11 @@ class RedisCluster {
   RedisNodePool* PoolForLocked(const RedisEndpoint& endpoint) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   RedisNodePool* PoolForSlot(int slot) ABSL_LOCKS_EXCLUDED(mu_);
   void SetSlot(int slot, const RedisEndpoint& endpoint) ABSL_LOCKS_EXCLUDED(mu_);
-  // Refresh, unless one ran within min_refresh_interval.
-  void MaybeRefresh();
+  // Refresh, unless one ran within min_refresh_interval. `failed`: nodes that just
+  // failed to answer, which the refresh does not ask (each would cost a full timeout
+  // again, on the caller's thread).
+  void MaybeRefresh(absl::Span<RedisNodePool* const> failed = {});
+  absl::Status RefreshExcept(absl::Span<RedisNodePool* const> failed);
   absl::Status RefreshFrom(RedisNodePool* pool);
 
   const RedisClusterOptions options_;
@@ -129,6 +133,7 @@ class RedisCluster {
   std::atomic<uint64_t> retried_{0};
   std::atomic<uint64_t> refreshes_{0};
   std::atomic<uint64_t> refresh_failures_{0};
+  std::atomic<uint64_t> refresh_node_failures_{0};
   std::atomic<uint64_t> io_failures_{0};
 };
 
