@@ -312,18 +312,27 @@ std::vector<absl::StatusOr<RedisReplyPtr>> RedisCluster::Execute(
       }
       if (absl::Status s = g.conn->Flush(); !s.ok()) fail_group(g, 0, s);
     }
+    // Every node had the timeout from here to start answering: a node read after one
+    // that timed out is not given the whole timeout again (with every master hung, a
+    // batch once waited the timeout once per node, in turn).
+    const absl::Time answer_by = absl::Now() + options_.io_timeout;
     for (Group& g : groups) {
       if (g.conn == nullptr || g.conn->broken()) continue;
       for (size_t k = 0; k < g.items.size(); ++k) {
         const Pending& p = g.items[k];
+        // Its first reply's first bytes: by answer_by, or in the moment they take to be
+        // read when they are there already (kept at 50 ms for a scheduler's hiccup).
+        std::optional<absl::Duration> first_wait;
+        if (k == 0) first_wait = std::max(answer_by - absl::Now(), absl::Milliseconds(50));
         if (p.ask != nullptr) {
-          auto asking = g.conn->Read();
+          auto asking = g.conn->Read(first_wait);
           if (!asking.ok()) {
             fail_group(g, k, asking.status());
             break;
           }
+          first_wait.reset();
         }
-        auto reply = g.conn->Read();
+        auto reply = g.conn->Read(first_wait);
         if (!reply.ok()) {
           fail_group(g, k, reply.status());
           break;

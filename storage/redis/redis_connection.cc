@@ -148,9 +148,10 @@ absl::Status RedisConnection::Flush() {
   return absl::OkStatus();
 }
 
-absl::StatusOr<RedisReplyPtr> RedisConnection::Read() {
+absl::StatusOr<RedisReplyPtr> RedisConnection::Read(std::optional<absl::Duration> first_wait) {
   if (absl::Status s = Flush(); !s.ok()) return s;
   size_t feed = kFirstFeed;
+  absl::Duration wait = std::min(first_wait.value_or(io_timeout_), io_timeout_);
   for (;;) {
     void* reply = nullptr;
     if (redisReaderGetReply(reader_, &reply) != REDIS_OK) {
@@ -158,8 +159,9 @@ absl::StatusOr<RedisReplyPtr> RedisConnection::Read() {
     }
     if (reply != nullptr) return RedisReplyPtr(static_cast<redisReply*>(reply));
     if (in_begin_ == in_end_) {
-      absl::StatusOr<size_t> n = socket_->ReadSome(in_.get(), kReadChunk, io_timeout_);
+      absl::StatusOr<size_t> n = socket_->ReadSome(in_.get(), kReadChunk, wait);
       if (!n.ok()) return Broken("read", n.status().message());
+      wait = io_timeout_;  // Once bytes flow, each wait is for progress.
       in_begin_ = 0;
       in_end_ = *n;
     }

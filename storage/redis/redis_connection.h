@@ -11,6 +11,7 @@
 #define KVTIER_STORAGE_REDIS_REDIS_CONNECTION_H_
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -87,8 +88,11 @@ class RedisConnection {
   // Sends everything queued. Returns: Ok, Unavailable (broken).
   absl::Status Flush();
   // The next reply, in the order the commands were appended (sending what is queued
-  // first). An error reply is a reply, not a failed status. Returns: Ok, Unavailable.
-  absl::StatusOr<RedisReplyPtr> Read();
+  // first). An error reply is a reply, not a failed status. `first_wait` (at most
+  // io_timeout) bounds the wait for its first bytes when none are buffered: a caller
+  // that sent to several nodes at once need not give each the whole timeout in turn.
+  // Returns: Ok, Unavailable.
+  absl::StatusOr<RedisReplyPtr> Read(std::optional<absl::Duration> first_wait = std::nullopt);
   // Append + Read, for one command.
   absl::StatusOr<RedisReplyPtr> Call(absl::Span<const absl::string_view> argv);
 
