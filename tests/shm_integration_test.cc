@@ -81,6 +81,24 @@ bool AllThreadsStopped(pid_t pid) {
   return false;
 }
 
+// SIGSTOPs a process until destroyed (then SIGCONT). kill() returns before every thread
+// has stopped, and a region thread already running could still answer the next request:
+// stopped() says all of them reached state T.
+class ScopedStop {
+ public:
+  explicit ScopedStop(pid_t pid) : pid_(pid) {
+    stopped_ = kill(pid_, SIGSTOP) == 0 && AllThreadsStopped(pid_);
+  }
+  ~ScopedStop() { kill(pid_, SIGCONT); }
+  ScopedStop(const ScopedStop&) = delete;
+  ScopedStop& operator=(const ScopedStop&) = delete;
+  bool stopped() const { return stopped_; }
+
+ private:
+  const pid_t pid_;
+  bool stopped_ = false;
+};
+
 class ShmTest : public ::testing::Test {
  protected:
   void StartDaemon(std::vector<std::string> args = {}) {
@@ -502,14 +520,8 @@ TEST_F(ShmTest, AStoppedDaemonTimesOutTheRegionSocketInsteadOfHanging) {
   ASSERT_EQ(client->data_path(), DataPath::kSharedMemory);
   auto mine = client->AllocateShared(4 * kMiB);  // Registered before the daemon stops.
   ASSERT_TRUE(mine.ok()) << mine.status();
-  ASSERT_EQ(kill(daemon_->pid(), SIGSTOP), 0);
-  // kill() returns before every thread has stopped: a region thread already running
-  // could still answer the next request. Wait until all of them are in state T.
-  ASSERT_TRUE(AllThreadsStopped(daemon_->pid()));
-  struct Resume {
-    pid_t pid;
-    ~Resume() { kill(pid, SIGCONT); }
-  } resume{daemon_->pid()};
+  ScopedStop stop(daemon_->pid());
+  ASSERT_TRUE(stop.stopped());
   auto buf = client->AllocateShared(4 * kMiB);  // A registration: one region request.
   EXPECT_EQ(buf.status().code(), absl::StatusCode::kDeadlineExceeded) << buf.status();
   EXPECT_NE(buf.status().message().find("region socket"), std::string::npos) << buf.status();
@@ -619,12 +631,8 @@ TEST_F(ShmTest, CallsWaitingOnAStoppedDaemonAreCancelledAtOnce) {
   auto mine = shm->AllocateShared(4 * kMiB);
   ASSERT_TRUE(mine.ok()) << mine.status();
 
-  ASSERT_EQ(kill(daemon_->pid(), SIGSTOP), 0);
-  ASSERT_TRUE(AllThreadsStopped(daemon_->pid()));
-  struct Resume {
-    pid_t pid;
-    ~Resume() { kill(pid, SIGCONT); }
-  } resume{daemon_->pid()};
+  ScopedStop stop(daemon_->pid());
+  ASSERT_TRUE(stop.stopped());
   // The first uses the staging buffer registered above; the second needs one more (8 MiB
   // for two keys), so it waits in a region request; the third waits in gRPC.
   std::string into2(8 * kMiB, '\0');
