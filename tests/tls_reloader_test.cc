@@ -76,14 +76,19 @@ class TlsReloaderTest : public ::testing::Test {
     fs::copy_file(Cert("ca.pem"), ca_);
   }
 
-  void Create(bool mutual = false) {
+  // Options over the operator files, staged in <dir>/stage, reloaded only by ReloadNow.
+  TlsReloaderOptions Options(bool mutual = false) const {
     TlsReloaderOptions o;
     o.cert_file = cert_;
     o.key_file = key_;
     if (mutual) o.client_ca_file = ca_;
     o.stage_dir = dir_ + "/stage";
     o.interval = absl::InfiniteDuration();
-    auto r = TlsReloader::Create(std::move(o));
+    return o;
+  }
+
+  void Create(bool mutual = false) {
+    auto r = TlsReloader::Create(Options(mutual));
     ASSERT_TRUE(r.ok()) << r.status();
     reloader_ = *std::move(r);
   }
@@ -206,12 +211,7 @@ TEST_F(TlsReloaderTest, AProblemIsWarnedOnceUntilItChangesOrIsFixed) {
 
 TEST_F(TlsReloaderTest, BadFilesStopCreateNamingTheOption) {
   WriteFile(cert_, "");
-  TlsReloaderOptions o;
-  o.cert_file = cert_;
-  o.key_file = key_;
-  o.stage_dir = dir_ + "/stage";
-  o.interval = absl::InfiniteDuration();
-  auto r = TlsReloader::Create(o);
+  auto r = TlsReloader::Create(Options());
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("option tls_cert_file"), std::string::npos) << r.status();
   EXPECT_FALSE(fs::exists(dir_ + "/stage")) << "nothing is written before the files pass";
@@ -265,12 +265,7 @@ TEST_F(TlsReloaderTest, ExitAndStartUpCleanTheCopyAndASecondReloaderIsRefused) {
   ASSERT_TRUE(fs::exists(dir_ + "/stage/g1"));
   // Another reloader on the same stage directory (a second daemon on the same
   // data_dir) must not clean the copy this one serves from.
-  TlsReloaderOptions o;
-  o.cert_file = cert_;
-  o.key_file = key_;
-  o.stage_dir = dir_ + "/stage";
-  o.interval = absl::InfiniteDuration();
-  auto second = TlsReloader::Create(o);
+  auto second = TlsReloader::Create(Options());
   EXPECT_EQ(second.status().code(), absl::StatusCode::kFailedPrecondition) << second.status();
   EXPECT_EQ(ReadFile(reloader_->staged_cert_file()), ReadFile(cert_));
 
@@ -298,10 +293,7 @@ TEST_F(TlsReloaderTest, ExitAndStartUpCleanTheCopyAndASecondReloaderIsRefused) {
 }
 
 TEST_F(TlsReloaderTest, TheThreadReloadsOnItsIntervalAndStopsPromptly) {
-  TlsReloaderOptions o;
-  o.cert_file = cert_;
-  o.key_file = key_;
-  o.stage_dir = dir_ + "/stage";
+  TlsReloaderOptions o = Options();
   o.interval = absl::Milliseconds(10);
   auto r = TlsReloader::Create(o);
   ASSERT_TRUE(r.ok()) << r.status();
