@@ -370,6 +370,9 @@ int Run(const DaemonConfig& config, const sigset_t& signals) {
 
   Notify("STATUS=recovering the SSD tier");
   store_options->events = &events;
+  store_options->admit_promotion = [&quotas](TieredStore& s, uint64_t ns, uint64_t bytes) {
+    return quotas.AdmitPromotion(&s, ns, bytes);
+  };
   auto store = TieredStore::Open(*std::move(store_options));
   if (!store.ok()) {
     LogError("cannot open the store: ", store.status().message());

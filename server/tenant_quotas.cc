@@ -31,7 +31,7 @@ TenantQuotas::TenantQuotas(prometheus::Registry* registry) {
   evicted_ = &prometheus::BuildCounter()
                   .Name("kvtier_tenant_quota_evicted_bytes_total")
                   .Help("Payload bytes of a tenant's chunks evicted from a tier to keep "
-                        "its own puts within its quota, by tier")
+                        "its own puts, and reads into RAM, within its quota, by tier")
                   .Register(*registry);
 }
 
@@ -40,6 +40,7 @@ absl::flat_hash_set<uint64_t> TenantQuotas::BindAndList(const TenantScope& t, ui
   Account& a = accounts_[t.tenant()];
   a.namespaces.insert(ns);
   a.quota = t.quota();
+  owners_[ns] = t.tenant();
   return a.namespaces;
 }
 
@@ -58,6 +59,7 @@ absl::StatusOr<bool> TenantQuotas::AdmitLayout(const TenantScope& t, uint64_t ns
     if (a.namespaces.contains(ns)) return false;
     if (a.namespaces.size() < max) {
       a.namespaces.insert(ns);
+      owners_[ns] = t.tenant();
       return true;
     }
   }
@@ -70,6 +72,7 @@ absl::StatusOr<bool> TenantQuotas::AdmitLayout(const TenantScope& t, uint64_t ns
 void TenantQuotas::UnbindLayout(const TenantScope& t, uint64_t ns) {
   absl::MutexLock lock(&mu_);
   if (auto it = accounts_.find(t.tenant()); it != accounts_.end()) it->second.namespaces.erase(ns);
+  owners_.erase(ns);
 }
 
 void TenantQuotas::Refused(const std::string& tenant, const char* quota) {
@@ -86,15 +89,8 @@ absl::Status TenantQuotas::Fit(TieredStore* store, const TenantScope& t,
         "a ", bytes, "-byte chunk can never fit tenant ", t.tenant(), "'s ", name,
         "_quota (", quota, " bytes)"));
   }
-  const TieredStore::NamespaceUsage before = store->Usage(ns);
-  const uint64_t held = tier == Tier::kRam ? before.ram_bytes : before.ssd_bytes;
-  if (held + bytes <= quota) return absl::OkStatus();
-  auto after = store->ShrinkNamespaces(ns, tier, quota - bytes);
+  auto after = MakeRoom(store, t.tenant(), ns, tier, quota, bytes);
   if (!after.ok()) return after.status();
-  if (evicted_ != nullptr && *after < held) {
-    evicted_->Add({{"tenant", t.tenant()}, {"tier", name}}).Increment(
-        static_cast<double>(held - *after));
-  }
   if (*after + bytes <= quota) return absl::OkStatus();
   Refused(t.tenant(), name);
   return absl::ResourceExhaustedError(absl::StrCat(
@@ -102,6 +98,40 @@ absl::Status TenantQuotas::Fit(TieredStore* store, const TenantScope& t,
       " bytes of its chunks are pinned, being read",
       tier == Tier::kRam ? ", or not yet written to SSD" : " or being written",
       "; back off and retry"));
+}
+
+absl::StatusOr<uint64_t> TenantQuotas::MakeRoom(TieredStore* store, const std::string& tenant,
+                                                const absl::flat_hash_set<uint64_t>& ns,
+                                                Tier tier, uint64_t quota, uint64_t bytes) {
+  const TieredStore::NamespaceUsage before = store->Usage(ns);
+  const uint64_t held = tier == Tier::kRam ? before.ram_bytes : before.ssd_bytes;
+  if (held + bytes <= quota) return held;
+  auto after = store->ShrinkNamespaces(ns, tier, quota - bytes);
+  if (!after.ok()) return after.status();
+  if (evicted_ != nullptr && *after < held) {
+    evicted_->Add({{"tenant", tenant}, {"tier", QuotaTierName(tier)}}).Increment(
+        static_cast<double>(held - *after));
+  }
+  return *after;
+}
+
+bool TenantQuotas::AdmitPromotion(TieredStore* store, uint64_t ns, uint64_t bytes) {
+  std::string tenant;
+  absl::flat_hash_set<uint64_t> namespaces;
+  uint64_t quota = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    auto owner = owners_.find(ns);
+    if (owner == owners_.end()) return true;
+    const Account& a = accounts_.at(owner->second);
+    if (a.quota.ram_bytes == 0) return true;
+    tenant = owner->second;
+    namespaces = a.namespaces;
+    quota = a.quota.ram_bytes;
+  }
+  if (bytes > quota) return false;
+  auto after = MakeRoom(store, tenant, namespaces, Tier::kRam, quota, bytes);
+  return after.ok() && *after + bytes <= quota;
 }
 
 absl::Status TenantQuotas::AdmitPut(TieredStore* store, const TenantScope& t, uint64_t ns,

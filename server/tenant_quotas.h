@@ -12,6 +12,11 @@
 // catches up). A chunk larger than a quota can never fit: INVALID_ARGUMENT. A pin past
 // the pinned quota is RESOURCE_EXHAUSTED, checked under the pool's lock with the pin.
 //
+// The RAM quota also holds for reads that bring a tenant's chunks into RAM from a tier
+// below (Get, Pin, a Hint's prefetch, the shared tier): AdmitPromotion, the store's
+// admit_promotion, makes room among the tenant's own chunks the same way, and where
+// there is none the chunk is served without being kept in RAM.
+//
 // RAM and SSD checks happen when a put is admitted, so puts in flight at the same time
 // can take a tenant past its quota by at most one chunk each (bounded by max_streams);
 // the next put evicts the excess. A namespace the tenant last used before a restart
@@ -79,6 +84,13 @@ class TenantQuotas final : public prometheus::Collectable {
   // Unavailable (SSD rows could not be deleted).
   absl::Status AdmitPut(TieredStore* store, const TenantScope& t, uint64_t ns, uint64_t bytes);
 
+  // TieredStoreOptions::admit_promotion: before a read brings a `bytes`-byte chunk of
+  // internal namespace `ns` into RAM, makes room within its tenant's RAM quota by
+  // evicting the tenant's own chunks; false if there is none (the chunk is larger than
+  // the quota, or what the tenant holds cannot be evicted yet). True for a namespace no
+  // tenant with a RAM quota has named.
+  bool AdmitPromotion(TieredStore* store, uint64_t ns, uint64_t bytes);
+
   // TieredStore::Pin within the tenant's pinned quota.
   absl::Status Pin(TieredStore* store, const TenantScope& t, const ChunkId& id,
                    absl::Duration ttl);
@@ -102,10 +114,17 @@ class TenantQuotas final : public prometheus::Collectable {
   absl::Status Fit(TieredStore* store, const TenantScope& t,
                    const absl::flat_hash_set<uint64_t>& ns, Tier tier, uint64_t quota,
                    uint64_t bytes);
+  // Evicts tenant `tenant`'s chunks (namespaces `ns`) from `tier` until `bytes` more fit
+  // its `quota` (at most `quota`); returns what it holds there afterwards.
+  absl::StatusOr<uint64_t> MakeRoom(TieredStore* store, const std::string& tenant,
+                                    const absl::flat_hash_set<uint64_t>& ns, Tier tier,
+                                    uint64_t quota, uint64_t bytes);
   void Refused(const std::string& tenant, const char* quota);
 
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, Account> accounts_ ABSL_GUARDED_BY(mu_);
+  // Each bound namespace's tenant (a key of accounts_).
+  absl::flat_hash_map<uint64_t, std::string> owners_ ABSL_GUARDED_BY(mu_);
   std::atomic<const TieredStore*> store_{nullptr};
   prometheus::Family<prometheus::Counter>* refusals_ = nullptr;
   prometheus::Family<prometheus::Counter>* evicted_ = nullptr;

@@ -5,8 +5,9 @@
 namespace kvtier {
 
 Promoter::Promoter(HostPool* ram, StorageTier* below,
-                   std::function<void(const ChunkId&, const ChunkMeta&)> on_promoted)
-    : ram_(ram), below_(below), on_promoted_(std::move(on_promoted)) {}
+                   std::function<void(const ChunkId&, const ChunkMeta&)> on_promoted,
+                   std::function<bool(const ChunkId&, uint64_t)> admit)
+    : ram_(ram), below_(below), on_promoted_(std::move(on_promoted)), admit_(std::move(admit)) {}
 
 Promoter::Result Promoter::Read(const ChunkId& id,
                                 absl::FunctionRef<ChunkSink*(const ChunkMeta&)> no_room) {
@@ -15,6 +16,7 @@ Promoter::Result Promoter::Read(const ChunkId& id,
   absl::StatusOr<ChunkMeta> meta =
       ReadAndWait(*below_, id, [&](const ChunkMeta& m) -> ChunkSink* {
         out.meta = m;
+        if (admit_ && !admit_(id, m.size)) return no_room(m);
         // A chunk larger than the pool (from a run with a bigger ram_capacity) is no
         // room too.
         absl::StatusOr<std::shared_ptr<PoolChunk>> room = ram_->Allocate(m.size);

@@ -26,9 +26,12 @@ namespace kvtier {
 class Promoter {
  public:
   // `ram` and `below` must outlive this object. `on_promoted(id, meta)` runs after each
-  // chunk this object put in RAM is indexed (counters, events).
+  // chunk this object put in RAM is indexed (counters, events). `admit(id, bytes)` (may
+  // be empty: always) says, before any room is taken, whether a chunk may come into RAM
+  // at all; refused, the read goes where `no_room` says.
   Promoter(HostPool* ram, StorageTier* below,
-           std::function<void(const ChunkId&, const ChunkMeta&)> on_promoted);
+           std::function<void(const ChunkId&, const ChunkMeta&)> on_promoted,
+           std::function<bool(const ChunkId&, uint64_t)> admit = nullptr);
 
   struct Result {
     absl::Status status;             // The read's: Ok, NotFound, DataLoss, Unavailable,
@@ -46,6 +49,7 @@ class Promoter {
   HostPool* const ram_;
   StorageTier* const below_;
   const std::function<void(const ChunkId&, const ChunkMeta&)> on_promoted_;
+  const std::function<bool(const ChunkId&, uint64_t)> admit_;
   std::atomic<uint64_t> promotions_{0};
 };
 

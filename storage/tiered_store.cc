@@ -155,7 +155,8 @@ absl::StatusOr<std::unique_ptr<TieredStore>> TieredStore::Open(TieredStoreOption
         store->ram_.get(), store->backing_, [s](const ChunkId& id, const ChunkMeta& meta) {
           s->ram_bytes_in_.fetch_add(meta.size, std::memory_order_relaxed);
           s->Emit(ChunkEventKind::kPromoted, id, Tier::kRam);
-        });
+        },
+        [s](const ChunkId& id, uint64_t bytes) { return s->AdmitPromotion(id, bytes); });
   }
   // A chunk must fit each tier it goes to: a layout whose chunk the SSD tier could never
   // hold would have write-back retry its chunks forever.
@@ -544,7 +545,10 @@ absl::StatusOr<ChunkView> TieredStore::ReadRemote(const ChunkId& id) {
   std::shared_ptr<std::string> buffer;
   std::optional<StringSink> buffer_sink;
   auto meta = ReadAndWait(*shared_, id, [&](const ChunkMeta& m) -> ChunkSink* {
-    if (auto r = ram_->Allocate(m.size); r.ok()) {
+    if (auto r = AdmitPromotion(id, m.size)
+                     ? ram_->Allocate(m.size)
+                     : absl::StatusOr<std::shared_ptr<PoolChunk>>(absl::ResourceExhaustedError(""));
+        r.ok()) {
       room = *std::move(r);
       return &room_sink.emplace(room.get());
     }
@@ -617,6 +621,7 @@ void TieredStore::FetchRemote(const std::vector<ChunkId>& ids) {
   shared_->ReadMany(
       claimed,
       [&](size_t i, const ChunkMeta& meta) -> ChunkSink* {
+        if (!AdmitPromotion(claimed[i], meta.size)) return nullptr;
         auto room = ram_->Allocate(meta.size);
         if (!room.ok()) return nullptr;
         rooms[i] = *std::move(room);
@@ -858,7 +863,12 @@ absl::Status TieredStore::Pin(const ChunkId& id, absl::Duration ttl,
     auto view = Read(id);  // Promotes.
     if (!view.ok()) return view.status();
     if (!ram_->Contains(id)) {
-      return absl::ResourceExhaustedError("no room in the host pool to pin this chunk");
+      // A tenant's promotions stay within its ram_quota (admit_promotion).
+      return absl::ResourceExhaustedError(
+          budget != nullptr
+              ? "no room in RAM to pin this chunk, within the tenant's ram_quota or the "
+                "pool: what is there is pinned, being read or not yet on SSD; retry later"
+              : "no room in the host pool to pin this chunk");
     }
   }
   // The pool judges expiry by its own clock (options_.ram.now), so the deadline must
@@ -908,6 +918,10 @@ TieredStore::NamespaceUsage TieredStore::Usage(const absl::flat_hash_set<uint64_
   u.pinned_bytes = ram.pinned;
   if (StorageTier* ssd = TierOf(Tier::kSsd)) u.ssd_bytes = ssd->NamespacePayloadBytes(ns);
   return u;
+}
+
+bool TieredStore::AdmitPromotion(const ChunkId& id, uint64_t bytes) {
+  return !options_.admit_promotion || options_.admit_promotion(*this, id.ns, bytes);
 }
 
 absl::StatusOr<uint64_t> TieredStore::ShrinkNamespaces(const absl::flat_hash_set<uint64_t>& ns,

@@ -62,6 +62,8 @@
 
 namespace kvtier {
 
+class TieredStore;
+
 enum class WriteMode { kWriteBack, kWriteThrough, kRamOnly };
 const char* WriteModeName(WriteMode mode);
 // Parses "write-back", "write-through" or "ram-only". Returns: Ok, InvalidArgument.
@@ -123,6 +125,14 @@ struct TieredStoreOptions {
   // are copied to it in the background; a local miss reads through it and keeps the
   // chunk in RAM when there is room (as a promotion from SSD does).
   RemoteTierOptions remote;
+  // Before a read brings a chunk of namespace `ns` (`bytes` payload bytes) into RAM from
+  // a tier below (a promotion: a Get's, a Pin's, a Hint's prefetch, a read through the
+  // shared tier): whether it may, after making what room it wants (the server keeps a
+  // tenant's RAM quota here by evicting the tenant's own chunks first). False: the read
+  // is served as when RAM has no room, and nothing is promoted. Called on the reading
+  // thread with no lock of the store held; it may call the store (Usage,
+  // ShrinkNamespaces). Unset: every promotion may go ahead.
+  std::function<bool(TieredStore& store, uint64_t ns, uint64_t bytes)> admit_promotion;
 
   absl::Status Validate() const;
 };
@@ -404,9 +414,9 @@ class TieredStore {
                                             uint64_t keep);
   bool has_ssd_tier() const { return ssd_ != nullptr; }
   bool has_remote_tier() const { return remote_ != nullptr; }
-  // Waits until the remote tier has no write queued or running (tests, benchmarks).
   // Waits until no FetchRemoteAsync job is queued or running (tests, benchmarks).
   void WaitForRemoteFetches() { remote_fetches_.WaitForJobs(); }
+  // Waits until the remote tier has no write queued or running (tests, benchmarks).
   void WaitForRemoteWrites() {
     if (remote_) remote_->WaitIdle();
   }
@@ -442,6 +452,8 @@ class TieredStore {
   void DropCorruptInRam(const ChunkId& id, const std::shared_ptr<const void>& chunk);
   // Room in RAM may have appeared: puts waiting for it retry now.
   void NotifyRoom();
+  // options_.admit_promotion for chunk `id` of `bytes` (true when unset).
+  bool AdmitPromotion(const ChunkId& id, uint64_t bytes);
   absl::StatusOr<ChunkView> Read(const ChunkId& id, bool stream,
                                  uint64_t sent_bytes = UINT64_MAX);
   // A local miss read through the remote tier: into RAM when there is room (kept

@@ -218,6 +218,50 @@ TEST_F(TenantQuotaTest, WithoutAPinnedQuotaPinsStopAtTheRamQuota) {
   EXPECT_TRUE(mid->Pin(ns_, {KeyOf(1)}, 0).ok());
 }
 
+TEST_F(TenantQuotaTest, ReadsIntoRamStayWithinTheRamQuotaAndEvictOnlyTheTenantsOwn) {
+  Start("write-through");
+  auto mid = Connect("token-mid");
+  ASSERT_EQ(Register(*mid, 1), ns_);
+  for (uint64_t n = 1; n <= 3; ++n) ASSERT_TRUE(Put(*big_, ns_, n).ok()) << n;
+  for (uint64_t n = 1; n <= 4; ++n) ASSERT_TRUE(Put(*mid, ns_, n).ok()) << n;
+  ASSERT_EQ(Where(*mid, 1, 4), "ssrr") << "two in RAM (the quota), all on SSD";
+  auto get = [&](uint64_t n) {
+    auto g = mid->Get(ns_, {KeyOf(n)});
+    ASSERT_TRUE(g.ok()) << g.status();
+    ASSERT_TRUE((*g)[0].found) << n;
+    EXPECT_EQ((*g)[0].data, PatternBytes(n, kMiB)) << n;
+  };
+  // With what mid holds in RAM pinned, a Get is served from SSD and promotes nothing.
+  ASSERT_TRUE(mid->Pin(ns_, {KeyOf(3), KeyOf(4)}, 0).ok());
+  get(1);
+  EXPECT_EQ(Where(*mid, 1, 4), "ssrr");
+  ASSERT_TRUE(mid->Unpin(ns_, {KeyOf(3), KeyOf(4)}).ok());
+  // Unpinned, each Get brings its chunk into RAM in place of mid's least recently used.
+  get(1);
+  get(2);
+  EXPECT_EQ(Where(*mid, 1, 4), "rrss");
+  EXPECT_EQ(Metric(R"(kvtier_tenant_bytes{tenant="mid",tier="ram"})"), 2.0 * kMiB);
+  EXPECT_EQ(Metric(R"(kvtier_tenant_quota_evicted_bytes_total{tenant="mid",tier="ram"})"),
+            4.0 * kMiB);  // 1 and 2 at the puts, then 3 and 4.
+  // A Hint's prefetch likewise: chunk 3 comes back in place of 1.
+  auto hint = mid->Hint("mid-scheduler", std::vector<HintedRequest>{{ns_, {KeyOf(3)}}});
+  ASSERT_TRUE(hint.ok()) << hint.status();
+  ASSERT_EQ(hint->prefetching(), 1u);
+  bool promoted = false;
+  ASSERT_TRUE(mid->WatchEvents(ns_, 1, [&](const v1::EventBatch& batch) {
+                   for (const v1::ChunkEvent& e : batch.events()) {
+                     promoted |= e.kind() == v1::CHUNK_EVENT_PROMOTED &&
+                                 e.key() == KeyOf(3).ToByteString();
+                   }
+                   return !promoted;
+                 }).ok());
+  EXPECT_EQ(Where(*mid, 1, 4), "srrs");
+  EXPECT_EQ(Metric(R"(kvtier_tenant_bytes{tenant="mid",tier="ram"})"), 2.0 * kMiB);
+  // None of it came out of another tenant's share.
+  EXPECT_EQ(Where(*big_, 1, 3), "rrr");
+  EXPECT_EQ(Metric(R"(kvtier_tenant_bytes{tenant="big",tier="ram"})"), 3.0 * kMiB);
+}
+
 TEST_F(TenantQuotaTest, PinsStopAtThePinnedQuotaAndPinnedChunksAreNotEvicted) {
   Start("ram-only");
   for (uint64_t n = 1; n <= 3; ++n) ASSERT_TRUE(Put(*small_, ns_, n).ok());

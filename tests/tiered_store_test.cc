@@ -718,6 +718,38 @@ TEST_F(TieredStoreWriteBackTest, ReadFromSsdWithoutRoomIsServedUnpromoted) {
   PutOk(Id(99));
 }
 
+TEST_F(TieredStoreWriteBackTest, APromotionTheAdmissionRefusesIsServedUnpromoted) {
+  TieredStoreOptions o = Options(WriteMode::kWriteBack);
+  std::vector<std::pair<uint64_t, uint64_t>> asked;  // (namespace, bytes) per call.
+  bool admit = false;
+  o.admit_promotion = [&](TieredStore& store, uint64_t ns, uint64_t bytes) {
+    EXPECT_EQ(&store, store_.get());
+    asked.emplace_back(ns, bytes);
+    return admit;
+  };
+  OpenWith(o);
+  ns_ = Register();
+  for (uint64_t i = 0; i < kRamChunks + 1; ++i) PutOk(Id(i));
+  WaitFlushed(kRamChunks + 1);
+  ASSERT_EQ(store_->Locate(Id(0)), Tier::kSsd);
+  EXPECT_TRUE(asked.empty()) << "puts do not ask";
+  // Refused: served from SSD, RAM untouched (a Pin, which needs it in RAM, is refused).
+  ExpectReadable(Id(0), Tier::kSsd);
+  EXPECT_EQ(store_->Locate(Id(0)), Tier::kSsd);
+  EXPECT_EQ(store_->GetStats().promotions, 0u);
+  EXPECT_EQ(store_->Pin(Id(0), absl::ZeroDuration()).code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(store_->Locate(Id(0)), Tier::kSsd);
+  ASSERT_EQ(asked.size(), 2u);
+  EXPECT_EQ(asked[0], std::make_pair(ns_, kChunkBytes));
+  // Admitted: promoted as usual.
+  admit = true;
+  ExpectReadable(Id(0), Tier::kSsd);
+  EXPECT_EQ(store_->Locate(Id(0)), Tier::kRam);
+  EXPECT_EQ(store_->GetStats().promotions, 1u);
+  EXPECT_EQ(asked.size(), 3u);
+}
+
 // With no room in RAM, SSD reads are served from heap buffers, at most
 // max_buffered_reads at once: a further reader waits until a buffer is dropped.
 TEST_F(TieredStoreWriteBackTest, BufferedSsdReadsAreBounded) {
