@@ -247,8 +247,8 @@ int Run(const DaemonConfig& config, const sigset_t& signals) {
     const uid_t self = getuid();
     const std::optional<gid_t> gid = *config.AllowedGid();
     auto listener = UnixListener::Bind(
-        config.listen_unix, 0666, [tenants, self, gid](const UnixPeer& peer) -> absl::Status {
-          if (tenants || peer.uid == self || peer.uid == 0 || (gid && peer.gid == *gid)) {
+        config.listen_unix, 0666, [tenants, self, gid](const PeerCredentials& peer) -> absl::Status {
+          if (tenants || peer.uid == self || peer.uid == 0 || (gid && peer.InGroup(*gid))) {
             return absl::OkStatus();
           }
           return absl::PermissionDeniedError(

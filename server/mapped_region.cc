@@ -60,7 +60,17 @@ absl::StatusOr<std::shared_ptr<MappedRegion>> MappedRegion::Map(int fd, uint64_t
   }
   void* base = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (base == MAP_FAILED) {
-    return absl::InternalError(absl::StrCat("region: mmap: ", std::strerror(errno)));
+    const int err = errno;
+    if (err == EACCES || err == EPERM) {  // The sender's descriptor is read-only.
+      return absl::InvalidArgumentError(absl::StrCat(
+          "region: cannot map the memfd for reading and writing (", std::strerror(err),
+          "); send a descriptor opened O_RDWR"));
+    }
+    if (err == ENOMEM) {  // The daemon's address space or map count.
+      return absl::ResourceExhaustedError(
+          absl::StrCat("region: mmap: ", std::strerror(err), "; retry after removing regions"));
+    }
+    return absl::InternalError(absl::StrCat("region: mmap: ", std::strerror(err)));
   }
   return std::shared_ptr<MappedRegion>(new MappedRegion(static_cast<char*>(base), size));
 }

@@ -44,37 +44,12 @@ absl::StatusOr<sockaddr_un> SocketAddress(const std::string& name, socklen_t* le
   return addr;
 }
 
-absl::StatusOr<PeerCredentials> ReadPeer(int fd) {
-  ucred cred{};
-  socklen_t len = sizeof(cred);
-  if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
-    return absl::InternalError(absl::StrCat("SO_PEERCRED: ", std::strerror(errno)));
-  }
-  PeerCredentials peer{cred.pid, cred.uid, cred.gid, {}};
-  std::vector<gid_t> groups(64);
-  for (int attempt = 0; attempt < 4; ++attempt) {
-    len = static_cast<socklen_t>(groups.size() * sizeof(gid_t));
-    if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups.data(), &len) == 0) {
-      groups.resize(len / sizeof(gid_t));
-      peer.groups = std::move(groups);
-      break;
-    }
-    if (errno != ERANGE) break;  // Old kernel: primary group only.
-    groups.resize(len / sizeof(gid_t) + 1);
-  }
-  return peer;
-}
-
 }  // namespace
 
 absl::Status AdmitPeer(const PeerCredentials& peer, uid_t self_uid,
                        std::optional<gid_t> allowed_gid) {
   if (peer.uid == self_uid || peer.uid == 0) return absl::OkStatus();
-  if (allowed_gid &&
-      (peer.gid == *allowed_gid ||
-       std::find(peer.groups.begin(), peer.groups.end(), *allowed_gid) != peer.groups.end())) {
-    return absl::OkStatus();
-  }
+  if (allowed_gid && peer.InGroup(*allowed_gid)) return absl::OkStatus();
   return absl::PermissionDeniedError(absl::StrCat(
       "region socket: uid ", peer.uid, " (pid ", peer.pid, ") may not register memory: "
       "only the daemon's user (uid ", self_uid, "), root",
@@ -187,7 +162,7 @@ void RegionSocket::Accept(std::vector<Connection>& conns) {
     Connection c;
     c.fd = fd;
     c.id = ++next_connection_id_;
-    auto peer = ReadPeer(fd);
+    auto peer = ReadPeerCredentials(fd);
     c.admitted = peer.ok() ? AdmitPeer(*peer, geteuid(), options_.allowed_gid) : peer.status();
     if (!c.admitted.ok()) LogWarning(c.admitted.message());
     conns.push_back(std::move(c));

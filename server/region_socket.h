@@ -29,17 +29,11 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "server/peer_credentials.h"
 #include "server/region_table.h"
 #include "storage/device_backend.h"
 
 namespace kvtier {
-
-struct PeerCredentials {
-  pid_t pid = 0;
-  uid_t uid = 0;
-  gid_t gid = 0;
-  std::vector<gid_t> groups;  // Supplementary groups (SO_PEERGROUPS).
-};
 
 // Ok if `peer` may register memory with a daemon running as `self_uid`: same uid,
 // root, or `allowed_gid` (if set) as its primary or a supplementary group. Else

@@ -88,24 +88,21 @@ void UnixListener::AcceptLoop(grpc::Server* server) {
       if (!stopped_) LogError("listen_unix: accept: ", std::strerror(errno), "; no longer accepting");
       return;
     }
-    ucred cred{};
-    socklen_t len = sizeof(cred);
-    absl::Status admitted =
-        getsockopt(conn, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0
-            ? absl::InternalError(absl::StrCat("SO_PEERCRED: ", std::strerror(errno)))
-            : admit_(UnixPeer{cred.pid, cred.uid, cred.gid});
+    absl::StatusOr<PeerCredentials> cred = ReadPeerCredentials(conn);
+    absl::Status admitted = cred.ok() ? admit_(*cred) : cred.status();
+    if (!cred.ok()) cred = PeerCredentials{};
     absl::MutexLock lock(&mu_);
     if (stopped_) {
       close(conn);
       return;
     }
-    Connection connection{cred.uid, absl::OkStatus()};
+    Connection connection{cred->uid, absl::OkStatus()};
     if (!admitted.ok()) {
       ++refused_;
-      LogWarning("listen_unix: refused uid ", cred.uid, " (pid ", cred.pid, "): ",
+      LogWarning("listen_unix: refused uid ", cred->uid, " (pid ", cred->pid, "): ",
                  admitted.message(), "; its calls are answered PERMISSION_DENIED");
       connection.refusal = absl::PermissionDeniedError(
-          absl::StrCat("listen_unix: uid ", cred.uid, " may not call: ", admitted.message()));
+          absl::StrCat("listen_unix: uid ", cred->uid, " may not call: ", admitted.message()));
     }
     peers_[conn] = std::move(connection);
     // Under the lock, so that PeerUid never sees the fd with a previous owner's uid.

@@ -32,6 +32,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "server/peer_credentials.h"
 
 namespace grpc {
 class Server;
@@ -39,15 +40,9 @@ class Server;
 
 namespace kvtier {
 
-struct UnixPeer {
-  pid_t pid = 0;
-  uid_t uid = 0;
-  gid_t gid = 0;
-};
-
 class UnixListener {
  public:
-  using AdmitFn = std::function<absl::Status(const UnixPeer&)>;
+  using AdmitFn = std::function<absl::Status(const PeerCredentials&)>;
 
   // Binds `path` (an absolute path; a stale socket file there is replaced, anything else
   // is an error) with mode `mode`. Accepting starts with Serve().

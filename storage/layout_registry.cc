@@ -64,8 +64,10 @@ absl::StatusOr<LayoutSpec> LayoutRegistry::Find(uint64_t ns) const {
   absl::MutexLock lock(&mu_);
   auto it = layouts_.find(ns);
   if (it == layouts_.end()) {
-    return absl::NotFoundError(absl::StrFormat(
-        "namespace_id %016x is not registered; call RegisterLayout first", ns));
+    // Not the id itself: a named tenant's is its own hash of the one it sent.
+    return absl::NotFoundError(
+        "the request's namespace_id is not registered (by this tenant); call RegisterLayout "
+        "first");
   }
   return it->second;
 }

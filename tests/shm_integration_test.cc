@@ -845,6 +845,16 @@ TEST_F(ShmTest, RegistrationsThatCanNeverWorkAreRefused) {
               absl::StatusCode::kInvalidArgument);  // Over shm_max_region_bytes.
   }
   {
+    // Sealed, but sent through a read-only descriptor: the daemon cannot map it writable.
+    Memfd sealed(kMiB);
+    const int ro = open(absl::StrCat("/proc/self/fd/", sealed.fd).c_str(), O_RDONLY);
+    ASSERT_GE(ro, 0);
+    auto r = channel->Add(ro, kMiB);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+    EXPECT_NE(r.status().message().find("O_RDWR"), std::string::npos) << r.status();
+    close(ro);
+  }
+  {
     // A regular file is not a memfd (anyone with the path could change it).
     const std::string path = data_dir_ + "/plain";
     const int fd = open(path.c_str(), O_RDWR | O_CREAT, 0600);

@@ -388,7 +388,11 @@ TEST_F(TenantIsolationTest, AnUnregisteredTenantGetsNotFoundAndAdminsSeeStats) {
   req.add_keys(KeyOf(1).ToByteString());
   v1::LookupResponse resp;
   auto ctx = Context(Who::kOwn, "token-ops");  // ops never registered this layout.
-  EXPECT_EQ(stub_->Lookup(ctx.get(), req, &resp).error_code(), grpc::StatusCode::NOT_FOUND);
+  const grpc::Status missing = stub_->Lookup(ctx.get(), req, &resp);
+  EXPECT_EQ(missing.error_code(), grpc::StatusCode::NOT_FOUND);
+  // The message names no id: the store's is ops' own hash of the one it sent.
+  EXPECT_NE(missing.error_message().find("namespace_id is not registered"), std::string::npos)
+      << missing.error_message();
   v1::StatsResponse stats;
   auto admin = Context(Who::kOwn, "token-ops");
   ASSERT_TRUE(stub_->Stats(admin.get(), v1::StatsRequest(), &stats).ok());
@@ -452,7 +456,7 @@ TEST(UnixSocketAdmissionTest, ARefusedPeerGetsPermissionDeniedNotAClosedConnecti
   const std::string socket_dir = MakeTempDir("kvtierd-unix-sock");
   ASSERT_EQ(chmod(socket_dir.c_str(), 0755), 0);  // `nobody` must reach the socket.
   const std::string socket = socket_dir + "/kvtierd.sock";
-  auto d = DaemonProcess::Start(dir, {"--listen-unix=" + socket});
+  auto d = DaemonProcess::Start(dir, {"--listen-unix=" + socket, "--shm-allowed-group=4242"});
   ASSERT_TRUE(d.ok()) << d.status();
   // The daemon's own user (root here) is admitted.
   auto own = KvTierClient::Connect("unix:" + socket);
@@ -470,6 +474,18 @@ TEST(UnixSocketAdmissionTest, ARefusedPeerGetsPermissionDeniedNotAClosedConnecti
   EXPECT_NE(said.find("uid 65534"), std::string::npos) << said;
   EXPECT_EQ(said.find("UNAVAILABLE"), std::string::npos) << said;
   EXPECT_NE(d->ReadLog().find("listen_unix: refused uid 65534"), std::string::npos);
+  // shm_allowed_group admits its members, those who have it as a supplementary group
+  // (usermod -aG) as well as those whose primary group it is.
+  for (const char* groups : {"--regid=4242 --clear-groups", "--regid=65534 --groups=4242"}) {
+    const std::string member = absl::StrCat(
+        "setpriv --reuid=65534 ", groups, " ", KVTIER_CLI_PATH, " --target unix:", socket,
+        " --timeout 10 stats > ", out, " 2>&1");
+    const int member_rc = std::system(member.c_str());
+    std::ifstream member_in(out);
+    const std::string member_said((std::istreambuf_iterator<char>(member_in)),
+                                  std::istreambuf_iterator<char>());
+    EXPECT_EQ(member_rc, 0) << groups << ": " << member_said;
+  }
 }
 
 }  // namespace
