@@ -6,6 +6,10 @@
 
 namespace kvtier {
 
+uint64_t FrameBytesFor(uint32_t requested, uint64_t max_frame_bytes) {
+  return std::min<uint64_t>(max_frame_bytes, requested > 0 ? requested : kStockFrameBytes);
+}
+
 absl::StatusOr<GetPlan> MakeGetPlan(const v1::GetRequest& req, const LayoutSpec& layout,
                                     uint64_t max_frame_bytes, uint32_t max_keys) {
   GetPlan plan;
@@ -34,10 +38,7 @@ absl::StatusOr<GetPlan> MakeGetPlan(const v1::GetRequest& req, const LayoutSpec&
           ") is not a non-empty range within [0, ", plan.num_layers, ")"));
     }
   }
-  plan.frame_bytes = max_frame_bytes;
-  if (req.max_frame_bytes() > 0) {
-    plan.frame_bytes = std::min<uint64_t>(plan.frame_bytes, req.max_frame_bytes());
-  }
+  plan.frame_bytes = FrameBytesFor(req.max_frame_bytes(), max_frame_bytes);
   switch (req.order()) {
     case v1::GET_ORDER_UNSPECIFIED:
     case v1::GET_ORDER_CHUNK_MAJOR:

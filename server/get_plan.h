@@ -38,6 +38,14 @@ struct GetPlan {
   uint64_t KeyBytes() const { return layer_bytes * (end_layer - first_layer); }
 };
 
+// Data bytes per frame for a Get or Prefill asking for `requested` (0: unset) from a
+// daemon whose frames carry at most `max_frame_bytes`. Unset, it is at most
+// kStockFrameBytes: with the frame's other fields the message stays within gRPC's
+// default 4 MiB receive limit, so a client generated with stock channel options reads
+// every frame (one that raised its limit asks for larger frames).
+inline constexpr uint64_t kStockFrameBytes = (4u << 20) - (4u << 10);
+uint64_t FrameBytesFor(uint32_t requested, uint64_t max_frame_bytes);
+
 // `req` for namespace layout `layout`. Returns: Ok, InvalidArgument (naming the field:
 // too many keys, a malformed key, a bad layer range or order).
 absl::StatusOr<GetPlan> MakeGetPlan(const v1::GetRequest& req, const LayoutSpec& layout,

@@ -15,6 +15,7 @@
 #include "absl/synchronization/notification.h"
 #include "scheduler/cake_planner.h"
 #include "scheduler/compute_model.h"
+#include "server/get_plan.h"
 #include "server/status_util.h"
 
 namespace kvtier {
@@ -181,8 +182,7 @@ absl::Status Session::Open() {
     }
     target_ = *std::move(target);
   }
-  frame_bytes_ = options.max_frame_bytes;
-  if (open.max_frame_bytes() > 0) frame_bytes_ = std::min<uint64_t>(frame_bytes_, open.max_frame_bytes());
+  frame_bytes_ = FrameBytesFor(open.max_frame_bytes(), options.max_frame_bytes);
   if (open.max_bytes_per_second() > 0) {
     session_limit_.emplace(static_cast<double>(open.max_bytes_per_second()));
   }

@@ -6,7 +6,9 @@
 #include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "absl/container/flat_hash_set.h"
@@ -863,6 +865,66 @@ TEST_F(DaemonTest, ClientsSizeTheirFramesToTheDaemonsLimits) {
   ASSERT_TRUE(got.ok()) << got.status();
   ASSERT_EQ(got->size(), 1u);
   EXPECT_EQ((*got)[0].data, PatternBytes(1, 1 << 20));
+}
+
+// A client generated from the proto with stock channel options (gRPC's 4 MiB receive
+// limit) that leaves max_frame_bytes unset reads Get and Prefill streams of 8 MiB chunks:
+// the daemon's default frames (max_frame_size, 4 MiB) would be 4 MiB plus the frame's
+// other fields, which such a client cuts off with RESOURCE_EXHAUSTED on every try.
+TEST_F(DaemonTest, AStockGrpcClientReadsFramesOfLargeChunks) {
+  StartDaemon();
+  constexpr uint64_t kChunk = 8 << 20;
+  const uint64_t ns = Register(8);
+  for (uint64_t i = 1; i <= 2; ++i) ASSERT_TRUE(PutOne(ns, i, kChunk).ok()) << i;
+  auto stub = v1::KvCache::NewStub(
+      grpc::CreateChannel(daemon_->target(), grpc::InsecureChannelCredentials()));
+  {
+    v1::GetRequest req;
+    req.set_namespace_id(ns);
+    for (uint64_t i = 1; i <= 2; ++i) req.add_keys(KeyOf(i).ToByteString());
+    grpc::ClientContext ctx;
+    auto reader = stub->Get(&ctx, req);
+    std::map<uint32_t, std::string> chunks;
+    v1::GetFrame frame;
+    size_t frames = 0;
+    while (reader->Read(&frame)) {
+      ++frames;
+      EXPECT_LT(frame.ByteSizeLong(), size_t{4} << 20);
+      chunks[frame.key_index()] += frame.data();
+    }
+    const grpc::Status s = reader->Finish();
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    EXPECT_EQ(frames, 6u);  // Three per chunk: 4 MiB is just over two frames.
+    EXPECT_TRUE(chunks[0] == PatternBytes(1, kChunk));
+    EXPECT_TRUE(chunks[1] == PatternBytes(2, kChunk));
+  }
+  {
+    grpc::ClientContext ctx;
+    auto stream = stub->Prefill(&ctx);
+    v1::PrefillClientMessage open;
+    open.mutable_open()->set_namespace_id(ns);
+    for (uint64_t i = 1; i <= 2; ++i) open.mutable_open()->add_keys(KeyOf(i).ToByteString());
+    // A slow worker: the daemon streams both chunks.
+    open.mutable_open()->mutable_compute_estimate()->set_a_seconds(100);
+    ASSERT_TRUE(stream->Write(open));
+    std::map<uint32_t, std::string> chunks;
+    std::optional<v1::PrefillDone> done;
+    v1::PrefillServerMessage m;
+    while (stream->Read(&m)) {
+      EXPECT_LT(m.ByteSizeLong(), size_t{4} << 20);
+      if (m.has_chunk()) chunks[m.chunk().index()] += m.chunk().data();
+      if (m.has_done()) {
+        done = m.done();
+        stream->WritesDone();
+      }
+    }
+    const grpc::Status s = stream->Finish();
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    ASSERT_TRUE(done.has_value());
+    EXPECT_EQ(done->first_streamed(), 0u);
+    EXPECT_TRUE(chunks[0] == PatternBytes(1, kChunk));
+    EXPECT_TRUE(chunks[1] == PatternBytes(2, kChunk));
+  }
 }
 
 }  // namespace
