@@ -135,6 +135,10 @@ const std::vector<Option>& Options() {
       UintOption("max_rpc_threads",
                  "gRPC threads for synchronous handlers; more calls: RESOURCE_EXHAUSTED",
                  &DaemonConfig::max_rpc_threads),
+      UintOption("max_prefill_sessions",
+                 "Prefill sessions open at once (each holds a gRPC thread); 0: half of "
+                 "max_rpc_threads; more: RESOURCE_EXHAUSTED",
+                 &DaemonConfig::max_prefill_sessions),
       DurationOption("client_idle_timeout",
                      "cancel a Put, Get or Prefill whose client sends nothing (Put, a "
                      "Prefill's open) or reads nothing (Get, Prefill) for this long; 0: never",
@@ -551,6 +555,11 @@ absl::Status DaemonConfig::Validate() const {
   if (max_rpc_threads < 8) {
     return absl::InvalidArgumentError(
         "option max_rpc_threads: must be at least 8 (gRPC's pollers need some)");
+  }
+  if (max_prefill_sessions > max_rpc_threads / 2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "option max_prefill_sessions: at most half of max_rpc_threads (", max_rpc_threads / 2,
+        "), so that unary calls keep threads; got ", max_prefill_sessions));
   }
   if (data_dir.empty()) return absl::InvalidArgumentError("option data_dir: must not be empty");
   if (!metrics_listen.empty() && metrics_listen.find(':') == std::string::npos) {
@@ -997,6 +1006,10 @@ uint64_t MachineMemoryBytes() {
   const uint64_t cgroup = CgroupMemoryLimit("/sys/fs/cgroup", "/proc/self/cgroup");
   if (cgroup != 0) bytes = bytes == 0 ? cgroup : std::min(bytes, cgroup);
   return bytes;
+}
+
+uint32_t DaemonConfig::PrefillSessionsBound() const {
+  return max_prefill_sessions != 0 ? max_prefill_sessions : max_rpc_threads / 2;
 }
 
 uint32_t DaemonConfig::MaxPutStreams() const {

@@ -130,6 +130,11 @@ struct DaemonConfig {
   uint32_t max_streams = 4096;
   uint32_t max_streams_per_connection = 1024;
   uint32_t max_rpc_threads = 512;
+  // Prefill sessions open at once. Each holds one of max_rpc_threads for its whole life,
+  // so this bound keeps the rest for the unary handlers: past it a session is refused
+  // RESOURCE_EXHAUSTED with a retry hint. 0: half of max_rpc_threads.
+  uint32_t max_prefill_sessions = 0;
+  uint32_t PrefillSessionsBound() const;
   // A Put whose client sends no frame, or a Get or Prefill whose client reads nothing
   // (a write held back by flow control), for this long is cancelled, and what it held
   // (pool slots, chunks, a thread) is given back; 0: never.

@@ -353,6 +353,10 @@ grpc::ServerWriteReactor<v1::EventBatch>* KvCacheService::Events(
 
 grpc::Status KvCacheService::Prefill(grpc::ServerContext* ctx, PrefillStream* stream) {
   return Serve(ctx, RpcMethod::kPrefill, [&](TieredStore* store, const TenantScope& t) {
+    // A tenant's sessions count in its max_streams below.
+    absl::StatusOr<StreamLimiter::Ticket> session =
+        TakePlace(ctx, guards_.prefill_sessions, t, /*tenant_max=*/0);
+    if (!session.ok()) return ToGrpcStatus(session.status());
     absl::StatusOr<StreamLimiter::Ticket> place = TakeStreamPlace(ctx, t);
     if (!place.ok()) return ToGrpcStatus(place.status());
     return prefill_->Run(store, ctx, stream, data_plane_.regions, t, guards_.stalls);

@@ -67,6 +67,9 @@ struct ServiceGuards {
   // Events subscribers, at most kMaxEventSubscribers (each tenant its quota's share);
   // null: the service counts them itself, without metrics.
   StreamLimiter* subscribers = nullptr;
+  // Prefill sessions, each holding a gRPC thread (max_prefill_sessions); null: no bound
+  // but max_streams.
+  StreamLimiter* prefill_sessions = nullptr;
 };
 
 // Put and Get run on gRPC's callback API with raw buffers (PutReactor: one copy from

@@ -270,6 +270,9 @@ int Run(const DaemonConfig& config, const sigset_t& signals) {
                             std::move(put_line));
   StreamLimiter subscribers(KvCacheService::kMaxEventSubscribers, registry.get(),
                             "event_subscribers", KvCacheService::EventSubscriberNaming());
+  StreamLimiter prefill_sessions(config.PrefillSessionsBound(), registry.get(),
+                                 "prefill_sessions",
+                                 {"max_prefill_sessions", "", "Prefill sessions"});
   StallReaperOptions stall_options;
   stall_options.idle = config.client_idle_timeout;
   if (config.max_put_waiters != 0 && config.put_place_idle > absl::ZeroDuration()) {
@@ -290,7 +293,8 @@ int Run(const DaemonConfig& config, const sigset_t& signals) {
   KvCacheService service(limits, KVTIER_VERSION, &rpc_metrics, &prefill, &leases, data_plane,
                          &events,
                          ServiceGuards{auth->get(), unix_listener.get(), &streams, &put_streams, &stalls,
-                                       &send_turns, &quotas, &subscribers});
+                                       &send_turns, &quotas, &subscribers,
+                                       &prefill_sessions});
   std::atomic<bool> serving{false};
 
   // gRPC first, so that health checks get NOT_SERVING (and KvCache calls UNAVAILABLE)

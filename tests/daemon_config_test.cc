@@ -113,6 +113,21 @@ TEST(DaemonConfigTest, GetSendTurnsDefaultIsTwoPerCpuAtLeastFour) {
   EXPECT_EQ(parsed->config.SendTurnsResolved(), 64u);
 }
 
+TEST(DaemonConfigTest, PrefillSessionsLeaveHalfTheRpcThreads) {
+  DaemonConfig c;
+  EXPECT_EQ(c.PrefillSessionsBound(), 256u);
+  c.max_rpc_threads = 9;
+  EXPECT_EQ(c.PrefillSessionsBound(), 4u);
+  auto parsed = ParseDaemonArgs({"--max-rpc-threads=64", "--max-prefill-sessions=32"});
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->config.PrefillSessionsBound(), 32u);
+  EXPECT_TRUE(parsed->config.Validate().ok());
+  auto over = ParseDaemonArgs({"--max-rpc-threads=64", "--max-prefill-sessions=33"});
+  ASSERT_TRUE(over.ok()) << over.status();
+  const absl::Status s = over->config.Validate();
+  EXPECT_NE(s.message().find("option max_prefill_sessions"), std::string::npos) << s;
+}
+
 TEST(DaemonConfigTest, PutPlaceIdleParsesAndMustNotBeNegative) {
   DaemonConfig c;
   EXPECT_EQ(c.put_place_idle, absl::Milliseconds(500));

@@ -307,6 +307,55 @@ TEST_F(PrefillTest, ClientDisconnectMidChunkLeaksNothing) {
   ExpectContract(Drain(s.get()));
 }
 
+// Each session holds one of gRPC's handler threads (max_rpc_threads) while it runs.
+// Sessions past max_prefill_sessions (half of those threads) are refused with a retry
+// hint, so unary calls keep the other half: with every thread held by sessions, gRPC
+// itself refused every Lookup and Stats ("Server Threadpool Exhausted").
+TEST_F(PrefillTest, SessionsPastTheirBoundAreRefusedAndUnaryCallsKeepAnswering) {
+  Start({"--max-rpc-threads=8"});  // 4 sessions at most.
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+  std::vector<std::unique_ptr<Stream>> open;
+  for (int i = 0; i < 4; ++i) {
+    contexts.push_back(std::make_unique<grpc::ClientContext>());
+    open.push_back(Open(contexts.back().get(), /*bytes_per_second=*/1));  // Never ends.
+    v1::PrefillServerMessage m;
+    ASSERT_TRUE(open.back()->Read(&m)) << i;
+    ASSERT_TRUE(m.has_plan()) << i;  // Running: its thread is taken.
+  }
+  {
+    grpc::ClientContext ctx;
+    auto s = Open(&ctx, 0);
+    const Seen refused = Drain(s.get());
+    EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+    EXPECT_NE(refused.status.error_message().find("max_prefill_sessions"), std::string::npos)
+        << refused.status.error_message();
+    EXPECT_EQ(ctx.GetServerTrailingMetadata().count("kvtier-retry-after-ms"), 1u);
+  }
+  for (int i = 0; i < 3; ++i) {
+    auto lookup = client_->Lookup(ns_, {KeyOf(0), KeyOf(1)});
+    ASSERT_TRUE(lookup.ok()) << lookup.status();
+    EXPECT_EQ(lookup->tiers[0], v1::TIER_RAM);
+    ASSERT_TRUE(client_->Stats().ok());
+  }
+  // A session that ends gives its place back (once its handler has noticed).
+  contexts[0]->TryCancel();
+  open[0]->Finish().IgnoreError();
+  auto sessions_open = [&] {
+    auto m = testing::HttpGet(daemon_->metrics_port(), "/metrics");
+    return m.ok() ? testing::SeriesValue(m->body, "kvtier_prefill_sessions_open") : -1;
+  };
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (sessions_open() != 3 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(10));
+  ASSERT_EQ(sessions_open(), 3);
+  grpc::ClientContext ctx;
+  auto s = Open(&ctx, 0);
+  ExpectContract(Drain(s.get()));
+  for (size_t i = 1; i < open.size(); ++i) {
+    contexts[i]->TryCancel();
+    open[i]->Finish().IgnoreError();
+  }
+}
+
 TEST_F(PrefillTest, ChunkEvictedMidSessionEndsWithWhatWasStreamed) {
   Start();
   grpc::ClientContext ctx;
