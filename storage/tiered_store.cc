@@ -176,11 +176,14 @@ absl::StatusOr<std::unique_ptr<TieredStore>> TieredStore::Open(TieredStoreOption
                             s->commit_pool_->Submit(std::move(task));
                           }},
       [s = store.get()](uint64_t size, bool may_block) { return s->TryRoom(size, may_block); });
-  // Last: its threads notify the admission queue.
-  if (store->options_.write_mode == WriteMode::kWriteBack) {
+  // Last: its threads notify the admission queue. In write-through mode one thread,
+  // with nothing to flush, still runs the tiers' TTL upkeep after each (1 s) pass.
+  if (store->has_ssd()) {
     TieredStore* s = store.get();
+    const bool write_back = store->options_.write_mode == WriteMode::kWriteBack;
     store->flusher_ = std::make_unique<WriteBackFlusher>(
-        store->options_.flush_threads, [s] { return s->FlushOne(/*demotion=*/false); },
+        write_back ? store->options_.flush_threads : 1,
+        [s, write_back] { return write_back && s->FlushOne(/*demotion=*/false); },
         [s] {
           for (StorageTier* tier : s->tiers_) tier->ExpireOld();
         });

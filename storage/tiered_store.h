@@ -529,7 +529,8 @@ class TieredStore {
 
   absl::Mutex close_mu_;
   bool closed_ ABSL_GUARDED_BY(close_mu_) = false;
-  std::unique_ptr<WriteBackFlusher> flusher_;  // Write-back mode only; set in Open.
+  // With an SSD tier; set in Open. Write-through: TTL upkeep only.
+  std::unique_ptr<WriteBackFlusher> flusher_;
   // Last: destroyed first, its fetches use the tiers. Null in ram-only mode.
   std::unique_ptr<Prefetcher> prefetcher_;
 };

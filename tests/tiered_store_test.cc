@@ -540,6 +540,38 @@ TEST_P(TieredStoreModeTest, RamNeverExceedsCapacity) {
   }
 }
 
+// ssd_ttl holds in both modes that have an SSD tier: expired chunks are swept off it
+// (and its stats) by the store's upkeep, not only when a read finds them. Write-through
+// once had no upkeep thread: its expired chunks kept their space until read or evicted.
+class TieredStoreTtlTest : public TieredStoreTestBase,
+                          public ::testing::WithParamInterface<WriteMode> {};
+
+TEST_P(TieredStoreTtlTest, ExpiredSsdChunksAreSweptOffTheTier) {
+  TieredStoreOptions o = Options(GetParam());
+  o.ssd.ttl = absl::Seconds(60);
+  o.ssd.now = [this] { return clock_.Now(); };
+  OpenWith(o);
+  ns_ = Register();
+  for (uint64_t i = 0; i < 3; ++i) PutOk(Id(i));
+  ASSERT_TRUE(WaitFor([&] { return store_->GetStats().ssd.chunks == 3; }));
+  clock_.Advance(absl::Seconds(61));
+  const bool swept = WaitFor([&] {
+    const SsdTierStats s = store_->GetStats().ssd;
+    return s.chunks == 0 && s.used_bytes == 0 && s.expirations == 3;
+  });
+  const SsdTierStats s = store_->GetStats().ssd;
+  EXPECT_TRUE(swept) << s.chunks << " chunks, " << s.used_bytes << " bytes, " << s.expirations
+                     << " expired";
+}
+
+INSTANTIATE_TEST_SUITE_P(SsdModes, TieredStoreTtlTest,
+                         ::testing::Values(WriteMode::kWriteBack, WriteMode::kWriteThrough),
+                         [](const auto& info) {
+                           std::string name = WriteModeName(info.param);
+                           name.erase(std::remove(name.begin(), name.end(), '-'), name.end());
+                           return name;
+                         });
+
 // ---------------------------------------------------------------------------------
 // Write-back.
 
