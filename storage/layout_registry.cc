@@ -20,10 +20,24 @@ absl::Status LayoutRegistry::Load() {
                  absl::StrFormat("%016x", ns));
       continue;
     }
+    if (layout->ChunkBytes() > max_chunk_bytes_) {
+      LogWarning("tiered store: namespace ", absl::StrFormat("%016x", ns), "'s chunk is ",
+                 layout->ChunkBytes(), " bytes, more than this daemon now accepts (",
+                 max_chunk_bytes_, "); its puts are refused");
+    }
     layouts_[ns] = *std::move(layout);
   }
   LogInfo("tiered store: ", layouts_.size(), " layouts recovered");
   return absl::OkStatus();
+}
+
+absl::Status LayoutRegistry::CheckPuttable(const LayoutSpec& layout) const {
+  if (layout.ChunkBytes() <= max_chunk_bytes_) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "this namespace's chunk is ", layout.ChunkBytes(), " bytes, more than this daemon now "
+      "accepts (", max_chunk_bytes_, " = the least of max_chunk_size, ram_capacity and "
+      "ssd_capacity; the layout was registered with larger ones): its chunks cannot be "
+      "stored"));
 }
 
 absl::StatusOr<LayoutRegistry::Registered> LayoutRegistry::Register(const LayoutSpec& layout,

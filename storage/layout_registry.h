@@ -28,8 +28,13 @@ class LayoutRegistry {
       : ssd_(ssd), max_chunk_bytes_(max_chunk_bytes), max_layouts_(max_layouts) {}
 
   // Reads the persisted layouts (no-op without an SSD tier); unreadable rows are skipped
-  // with a warning. Returns: Ok, Unavailable.
+  // with a warning. A layout whose chunk is now over max_chunk_bytes (a smaller
+  // capacity than when it was registered) is kept, with a warning: its chunks can still
+  // be read, but not put (CheckPuttable). Returns: Ok, Unavailable.
   absl::Status Load();
+  // Ok if chunks of `layout` may be put now, else InvalidArgument (larger than
+  // max_chunk_bytes: a layout registered with larger capacities; no retry can help).
+  absl::Status CheckPuttable(const LayoutSpec& layout) const;
 
   struct Registered {
     uint64_t namespace_id = 0;

@@ -247,6 +247,10 @@ uint64_t TieredStore::BeginPutAsync(const ChunkId& id, uint32_t token_count,
     done(layout.status());
     return 0;
   }
+  if (absl::Status s = layouts_->CheckPuttable(*layout); !s.ok()) {
+    done(s);
+    return 0;
+  }
   if (Locate(id) != Tier::kNone) {
     done(std::unique_ptr<ChunkWriter>());
     return 0;

@@ -279,6 +279,35 @@ TEST_F(TieredStoreLayoutTest, AChunkLargerThanTheSsdTierIsRefusedAtRegistration)
   EXPECT_TRUE(store_->RegisterLayout(four).ok());
 }
 
+// A layout registered when the SSD tier was larger is loaded at start-up, but its
+// chunks can no longer be put: refused as final. In write-back they were acknowledged
+// into RAM, retried forever by the flusher and never evictable, until the backlog
+// refused every put of every namespace and shutdown lost them.
+TEST_F(TieredStoreLayoutTest, AStoredLayoutLargerThanTheSsdTierNowRefusesItsPuts) {
+  LayoutSpec four = SmallLayout("four-mib");
+  four.tokens_per_chunk *= 4;  // 4 MiB chunks.
+  for (WriteMode mode : {WriteMode::kWriteBack, WriteMode::kWriteThrough}) {
+    TieredStoreOptions o = Options(mode);
+    o.ssd.path = dir_.path() + "/db-" + WriteModeName(mode);
+    OpenWith(o);
+    auto registered = store_->RegisterLayout(four);
+    ASSERT_TRUE(registered.ok()) << registered.status();
+    ns_ = registered->namespace_id;
+    ASSERT_TRUE(store_->Close().ok());
+    o.ssd.capacity_bytes = 2 * kMiB;
+    OpenWith(o);
+    ASSERT_TRUE(store_->FindLayout(ns_).ok()) << "kept, for its chunks' sake";
+    auto refused = store_->BeginPut(Id(1), 256);
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument)
+        << WriteModeName(mode) << ": " << refused.status();
+    EXPECT_NE(refused.status().message().find("ssd_capacity"), std::string::npos);
+    EXPECT_EQ(store_->GetStats().ram.chunks, 0u);
+    ns_ = Register();  // 1 MiB chunks fit, and are not held up behind the others.
+    PutOk(Id(2));
+    EXPECT_TRUE(store_->Close().ok());
+  }
+}
+
 TEST_F(TieredStoreLayoutTest, RegisterIsIdempotent) {
   const LayoutSpec layout = SmallLayout();
   auto first = store_->RegisterLayout(layout);
