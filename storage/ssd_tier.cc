@@ -35,6 +35,13 @@ absl::Status Unavailable(absl::string_view what, const rocksdb::Status& s) {
   return absl::UnavailableError(absl::StrCat("SSD tier: ", what, ": ", s.ToString()));
 }
 
+// At start-up: DataLoss where RocksDB found its own files corrupt (Open then repairs the
+// index), else Unavailable.
+absl::Status IndexError(absl::string_view what, const rocksdb::Status& s) {
+  if (!s.IsCorruption()) return Unavailable(what, s);
+  return absl::DataLossError(absl::StrCat("SSD tier: ", what, ": ", s.ToString()));
+}
+
 rocksdb::Slice AsSlice(absl::string_view s) { return rocksdb::Slice(s.data(), s.size()); }
 
 // Column families of the version-1 layout (payload segments in BlobDB): dropped at open.
@@ -74,14 +81,19 @@ uint64_t SsdTierOptions::MinFreeBytes() const {
   return 2 * write_buffer_bytes + (64ull << 20);
 }
 
-absl::StatusOr<std::unique_ptr<SsdTier>> SsdTier::Open(SsdTierOptions options) {
-  if (absl::Status s = options.Validate(); !s.ok()) return s;
+// The index database's options and column families, for opening and for repairing it.
+struct SsdTier::IndexDb {
+  std::unique_ptr<rocksdb::Env> env;  // Over options.file_system; null: the default.
+  rocksdb::DBOptions options;
+  std::vector<rocksdb::ColumnFamilyDescriptor> families;  // Those of an older layout too.
+};
 
-  std::unique_ptr<rocksdb::Env> env;
-  rocksdb::DBOptions db_options;
+SsdTier::IndexDb SsdTier::IndexDbFor(const SsdTierOptions& options) {
+  IndexDb db;
+  rocksdb::DBOptions& db_options = db.options;
   if (options.file_system) {
-    env = rocksdb::NewCompositeEnv(options.file_system);
-    db_options.env = env.get();
+    db.env = rocksdb::NewCompositeEnv(options.file_system);
+    db_options.env = db.env.get();
   }
   db_options.create_if_missing = true;
   db_options.create_missing_column_families = true;
@@ -101,7 +113,7 @@ absl::StatusOr<std::unique_ptr<SsdTier>> SsdTier::Open(SsdTierOptions options) {
   small.compression = rocksdb::kNoCompression;
   small.write_buffer_size = std::min<uint64_t>(options.write_buffer_bytes / 2, 64ull << 20);
 
-  std::vector<rocksdb::ColumnFamilyDescriptor> families = {
+  db.families = {
       {rocksdb::kDefaultColumnFamilyName, small},
       {"meta", small},
       {"layouts", small},
@@ -118,16 +130,47 @@ absl::StatusOr<std::unique_ptr<SsdTier>> SsdTier::Open(SsdTierOptions options) {
   if (rocksdb::DB::ListColumnFamilies(db_options, options.path, &existing).ok()) {
     for (const char* old : kOldFamilies) {
       if (std::find(existing.begin(), existing.end(), old) != existing.end()) {
-        families.push_back({old, small});
+        db.families.push_back({old, small});
       }
     }
   }
+  return db;
+}
+
+absl::StatusOr<std::unique_ptr<SsdTier>> SsdTier::Open(SsdTierOptions options) {
+  if (absl::Status s = options.Validate(); !s.ok()) return s;
+  absl::StatusOr<std::unique_ptr<SsdTier>> tier = OpenOnce(options);
+  if (!absl::IsDataLoss(tier.status())) return tier;
+  // A cache must not refuse to start over its own index: repair it and start with what
+  // can be read. RocksDB's RepairDB keeps every table it can read whole and moves the
+  // others to <path>/lost; chunks whose rows went with them are payload no row names,
+  // reclaimed like any other.
+  LogError(tier.status().message(), "; repairing the index (RocksDB RepairDB): chunks whose "
+           "rows cannot be read are dropped, damaged files go to ", options.path, "/lost");
+  {
+    IndexDb db = IndexDbFor(options);
+    rocksdb::Status r = rocksdb::RepairDB(options.path, db.options, db.families);
+    if (!r.ok()) return Unavailable("repairing the corrupt index", r);
+  }
+  tier = OpenOnce(options);
+  if (absl::IsDataLoss(tier.status())) {
+    return absl::UnavailableError(absl::StrCat(
+        tier.status().message(), " (still, after a repair): move ", options.path,
+        " aside to start with an empty SSD tier"));
+  }
+  return tier;
+}
+
+absl::StatusOr<std::unique_ptr<SsdTier>> SsdTier::OpenOnce(SsdTierOptions options) {
+  IndexDb index = IndexDbFor(options);
+  std::unique_ptr<rocksdb::Env> env = std::move(index.env);
+  const rocksdb::DBOptions& db_options = index.options;
+  const std::vector<rocksdb::ColumnFamilyDescriptor>& families = index.families;
   std::vector<rocksdb::ColumnFamilyHandle*> handles;
   rocksdb::DB* raw = nullptr;
   rocksdb::Status s = rocksdb::DB::Open(db_options, options.path, families, &handles, &raw);
   if (!s.ok()) {
-    return absl::UnavailableError(
-        absl::StrCat("data_dir: cannot open RocksDB at ", options.path, ": ", s.ToString()));
+    return IndexError(absl::StrCat("data_dir: cannot open RocksDB at ", options.path), s);
   }
   std::unique_ptr<rocksdb::DB> db(raw);
   uint64_t old_format_rows = 0;
@@ -226,7 +269,7 @@ absl::Status SsdTier::RebuildIndex(uint64_t old_format_rows) {
     }
     found.push_back(std::move(f));
   }
-  if (!it->status().ok()) return Unavailable("scanning the index at start-up", it->status());
+  if (!it->status().ok()) return IndexError("scanning the index at start-up", it->status());
   it.reset();
 
   // Newest first: capacity keeps the most recently written.

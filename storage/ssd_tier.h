@@ -129,8 +129,10 @@ struct SsdTierStats {
 
 class SsdTier final : public StorageTier {
  public:
-  // Opens (or creates) the database and rebuilds the index. Returns: Ok,
-  // InvalidArgument (bad options), Unavailable (RocksDB could not open).
+  // Opens (or creates) the database and rebuilds the index. An index RocksDB finds
+  // corrupt is repaired first (RepairDB, logged): the chunks whose rows it cannot read
+  // are dropped, and the tier starts with the rest. Returns: Ok, InvalidArgument (bad
+  // options), Unavailable (RocksDB could not open, or repair, the index).
   static absl::StatusOr<std::unique_ptr<SsdTier>> Open(SsdTierOptions options);
   ~SsdTier();
 
@@ -212,6 +214,11 @@ class SsdTier final : public StorageTier {
     std::shared_ptr<const std::vector<uint32_t>> piece_crcs;
   };
 
+  struct IndexDb;
+  static IndexDb IndexDbFor(const SsdTierOptions& options);
+  // Open without the repair. Returns, besides Open's: DataLoss (RocksDB found the index
+  // corrupt).
+  static absl::StatusOr<std::unique_ptr<SsdTier>> OpenOnce(SsdTierOptions options);
   SsdTier(SsdTierOptions options, std::unique_ptr<rocksdb::Env> env,
           std::unique_ptr<rocksdb::DB> db,
           std::vector<rocksdb::ColumnFamilyHandle*> handles, std::unique_ptr<PayloadLog> log);
