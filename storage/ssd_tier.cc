@@ -341,6 +341,12 @@ void SsdTier::InsertLocked(const ChunkId& id, IndexEntry e) {
   ns_bytes_[id.ns] += e.meta.size;
   by_file_[e.extent.file].insert(id);
   const ChunkLineage lineage = e.meta.lineage;
+  if (!dropped_corrupt_.empty()) {  // Put afresh: a reader that misses it now says so.
+    dropped_corrupt_.erase(
+        std::remove_if(dropped_corrupt_.begin(), dropped_corrupt_.end(),
+                       [&](const auto& d) { return d.first == id; }),
+        dropped_corrupt_.end());
+  }
   index_[id] = std::move(e);
   policy_->OnInsert(id, lineage);
 }
@@ -588,30 +594,51 @@ absl::StatusOr<SsdTier::Chunk> SsdTier::Get(const ChunkId& id) {
   return chunk;
 }
 
+namespace {
+
+absl::Status CorruptChunkError(const ChunkId& id) {
+  return absl::DataLossError(absl::StrCat(
+      "chunk ", id.key.ToHex(), " failed its CRC32C check on the SSD tier (or the device "
+      "could not read it) and was deleted; recompute it"));
+}
+
+}  // namespace
+
+bool SsdTier::DroppedCorruptLocked(const ChunkId& id,
+                                   const std::optional<PayloadExtent>& extent) const {
+  return std::any_of(dropped_corrupt_.begin(), dropped_corrupt_.end(), [&](const auto& d) {
+    return d.first == id && (!extent.has_value() || d.second == *extent);
+  });
+}
+
 absl::Status SsdTier::Corrupt(const ChunkId& id, absl::string_view cause,
                              std::optional<PayloadExtent> extent) {
+  std::optional<IndexEntry> e;
   {
     absl::MutexLock lock(&mu_);
-    if (extent.has_value()) {
-      auto it = index_.find(id);
-      if (it == index_.end() || !(it->second.extent == *extent)) {
-        // Deleted, or put afresh elsewhere, since the read: the bad bytes are no one's.
-        return absl::AbortedError(absl::StrCat(
-            "chunk ", id.key.ToHex(), " was deleted or stored afresh while it was read; "
-            "read it again"));
-      }
+    auto it = index_.find(id);
+    if (extent.has_value() && (it == index_.end() || !(it->second.extent == *extent))) {
+      // Another reader of this copy dropped it just now: the same verdict.
+      if (DroppedCorruptLocked(id, extent)) return CorruptChunkError(id);
+      // Deleted, or put afresh elsewhere, since the read: the bad bytes are no one's.
+      return absl::AbortedError(absl::StrCat(
+          "chunk ", id.key.ToHex(), " was deleted or stored afresh while it was read; "
+          "read it again"));
     }
+    // Taken out of the index under the same lock as the check: one reader counts it.
+    if (it == index_.end()) return CorruptChunkError(id);
+    dropped_corrupt_.emplace_back(id, it->second.extent);
+    if (dropped_corrupt_.size() > kDroppedCorrupt) dropped_corrupt_.pop_front();
+    e = ForgetLocked(id);
     ++counters_.checksum_failures;
   }
   LogWarning("SSD tier: chunk ", id.DebugString(),
              " failed its checksum or could not be read, and was deleted",
              cause.empty() ? "" : absl::StrCat(" (", cause, ")"));
-  if (absl::Status d = DeleteChunk(id); !d.ok()) {
+  if (absl::Status d = DeleteRow(id, std::move(e)); !d.ok()) {
     LogError("SSD tier: could not delete corrupt chunk ", id.DebugString(), ": ", d.message());
   }
-  return absl::DataLossError(absl::StrCat(
-      "chunk ", id.key.ToHex(), " failed its CRC32C check on the SSD tier (or the device "
-      "could not read it) and was deleted; recompute it"));
+  return CorruptChunkError(id);
 }
 
 absl::StatusOr<ChunkMeta> SsdTier::ReadMeta(const ChunkId& id) {
@@ -642,7 +669,11 @@ absl::Status SsdTier::ReadChunkRange(const ChunkId& id, uint64_t offset, uint64_
     {
       absl::MutexLock lock(&mu_);
       auto it = index_.find(id);
-      if (it == index_.end()) return absl::NotFoundError("chunk not on SSD (deleted meanwhile)");
+      if (it == index_.end()) {
+        // Another frame's read of this chunk found it corrupt: say so, as it did.
+        if (DroppedCorruptLocked(id, std::nullopt)) return CorruptChunkError(id);
+        return absl::NotFoundError("chunk not on SSD (deleted meanwhile)");
+      }
       e = it->second;
     }
     absl::Status s = log_->Read(e.extent, *e.piece_crcs, offset, len, out);
@@ -749,6 +780,10 @@ absl::Status SsdTier::DeleteChunk(const ChunkId& id) {
     absl::MutexLock lock(&mu_);
     e = ForgetLocked(id);
   }
+  return DeleteRow(id, std::move(e));
+}
+
+absl::Status SsdTier::DeleteRow(const ChunkId& id, std::optional<IndexEntry> e) {
   rocksdb::Status s = db_->Delete(rocksdb::WriteOptions(), meta_cf_, SsdRowKey(id));
   if (!s.ok()) {
     // The row is still there, and a restart would bring the chunk back: it stays in the

@@ -32,6 +32,7 @@
 #define KVTIER_STORAGE_SSD_TIER_H_
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -235,6 +236,8 @@ class SsdTier final : public StorageTier {
   // Deletes from the index, then the row, then frees its bytes; a failed row deletion
   // leaves the chunk stored. Errors: ResourceExhausted (disk full), Unavailable.
   absl::Status DeleteChunk(const ChunkId& id);
+  // DeleteChunk's part after the index: `e` is what ForgetLocked took (nullopt: none).
+  absl::Status DeleteRow(const ChunkId& id, std::optional<IndexEntry> e);
   // Reads [offset, offset + len) of a chunk's payload, following it if GC moves it.
   absl::Status ReadChunkRange(const ChunkId& id, uint64_t offset, uint64_t len,
                               absl::FunctionRef<void(uint64_t, absl::string_view)> out);
@@ -243,9 +246,11 @@ class SsdTier final : public StorageTier {
   void MakeRoom(uint64_t incoming) ABSL_LOCKS_EXCLUDED(mu_);
   void Relocate(uint32_t file) ABSL_EXCLUSIVE_LOCKS_REQUIRED(gc_mu_);
   absl::Status MapWriteError(const rocksdb::Status& s, absl::string_view what);
-  // Deletes a chunk that failed verification, counts it, and says so (DataLoss). With
+  // Deletes a chunk that failed verification, counts it, and says so (DataLoss); of
+  // several readers that find the same bad copy at once, one counts and deletes it. With
   // `extent`, only if the chunk is still stored there: else Aborted (deleted or put
-  // afresh meanwhile; the bad bytes are no one's).
+  // afresh meanwhile; the bad bytes are no one's), or DataLoss if another reader has
+  // just dropped that copy as corrupt.
   absl::Status Corrupt(const ChunkId& id, absl::string_view cause,
                        std::optional<PayloadExtent> extent = std::nullopt);
 
@@ -265,6 +270,15 @@ class SsdTier final : public StorageTier {
   absl::flat_hash_map<ChunkId, IndexEntry> index_ ABSL_GUARDED_BY(mu_);
   // The chunks of each payload file, for GC.
   absl::flat_hash_map<uint32_t, absl::flat_hash_set<ChunkId>> by_file_ ABSL_GUARDED_BY(mu_);
+  // The copies most recently dropped as corrupt (at most kDroppedCorrupt, oldest first),
+  // so that a reader of the same copy that finds it gone says DataLoss, not "deleted
+  // meanwhile" (a streamed Get reads several frames of a chunk at once). A chunk put
+  // afresh leaves the list.
+  static constexpr size_t kDroppedCorrupt = 64;
+  std::deque<std::pair<ChunkId, PayloadExtent>> dropped_corrupt_ ABSL_GUARDED_BY(mu_);
+  // Whether `id`'s copy at `extent` (any, without) is in dropped_corrupt_.
+  bool DroppedCorruptLocked(const ChunkId& id, const std::optional<PayloadExtent>& extent) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Chunks being put: a second put of one waits for the first.
   absl::flat_hash_set<ChunkId> putting_ ABSL_GUARDED_BY(mu_);
   const std::unique_ptr<EvictionPolicy> policy_ ABSL_GUARDED_BY(mu_);

@@ -973,6 +973,18 @@ TEST_F(SsdTierFaultTest, CorruptRangeReadIsDataLossAndDeletesTheChunk) {
   EXPECT_GT(ops_->corrupted_reads(), 0u) << "the fault never fired";
   EXPECT_EQ(tier_->GetStats().checksum_failures, 1u);
   EXPECT_FALSE(tier_->Contains(Id(1)));
+  // A streamed Get reads several frames of a chunk at once: the frames that look for it
+  // after one found it corrupt get the same answer, DataLoss, not "deleted meanwhile"
+  // (which a Get ends ABORTED, a retry), and it is counted once.
+  st = tier_->ReadRange(Id(1), meta, 0, out.size(), out.data());
+  EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss) << st;
+  EXPECT_EQ(tier_->GetStats().checksum_failures, 1u);
+  // Put afresh, it reads whole; deleted then, a reader is told it was deleted.
+  PutOk(Id(1), 6 * kMiB, 2);
+  ASSERT_TRUE(tier_->ReadRange(Id(1), meta, 0, out.size(), out.data()).ok());
+  ASSERT_TRUE(tier_->Delete(Id(1)).ok());
+  st = tier_->ReadRange(Id(1), meta, 0, out.size(), out.data());
+  EXPECT_EQ(st.code(), absl::StatusCode::kNotFound) << st;
 }
 
 TEST_F(SsdTierFaultTest, NeverReturnsCorruptBytes) {
