@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/functional/function_ref.h"
 #include "absl/synchronization/notification.h"
 #include "scheduler/cake_planner.h"
 #include "scheduler/compute_model.h"
@@ -56,6 +57,14 @@ class Session {
   void ReaderLoop();
   void PrefetchLoop();
   Progress Snapshot();
+  // A chunk to stream: in RAM (promoted from SSD when there is room), or a streamed()
+  // view of an SSD chunk, read a frame at a time by ReadRange.
+  absl::StatusOr<ChunkView> ReadForStream(const ChunkId& id);
+  // Calls `fn` on chunk j's bytes [offset, offset + len): from the view's memory, or
+  // read from SSD for a streamed view. Returns: Ok, NotFound (deleted meanwhile),
+  // DataLoss (corrupt: deleted), Unavailable.
+  absl::Status ReadRange(uint32_t j, const ChunkView& view, uint64_t offset, uint64_t len,
+                         absl::FunctionRef<void(absl::string_view)> fn);
   // Waits for the prefetched view of chunk j.
   absl::StatusOr<ChunkView> TakeChunk(uint32_t j);
   // Sends chunk j; returns false when it was abandoned because the worker computed it
@@ -291,14 +300,14 @@ void Session::PrefetchLoop() {
     if (store_->Locate(ids_[j]) == Tier::kSsd) {
       runner_->ssd_gate().Enter();
       const auto start = Clock::now();
-      view = store_->Read(ids_[j]);
+      view = ReadForStream(ids_[j]);
       const double took = SecondsSince(start);
       runner_->ssd_gate().Leave();
-      if (view.ok() && view->tier() == Tier::kSsd) {
+      if (view.ok() && view->tier() == Tier::kSsd && !view->streamed()) {
         runner_->estimators().ssd_read().Record(view->meta().size, took);
       }
     } else {
-      view = store_->Read(ids_[j]);
+      view = ReadForStream(ids_[j]);
     }
     absl::MutexLock lock(&mu_);
     ready_.emplace_back(j, std::move(view));
@@ -318,6 +327,45 @@ Session::Progress Session::Snapshot() {
   p.cost = chosen.cost;
   p.cost_known = chosen.known;
   return p;
+}
+
+absl::StatusOr<ChunkView> Session::ReadForStream(const ChunkId& id) {
+  // With no room in RAM an SSD chunk comes back streamed, holding nothing: SendChunk
+  // reads it a frame at a time (ReadRange). Whole-chunk buffers would be held for as
+  // long as the worker takes to read them, and a few slow sessions would hold every one
+  // of the store's max_buffered_reads, stalling every other session's SSD chunks.
+  absl::Notification read;
+  absl::StatusOr<ChunkView> view;
+  store_->ReadForStreamAsync(id, [&](absl::StatusOr<ChunkView> v) {
+    view = std::move(v);
+    read.Notify();
+  });
+  read.WaitForNotification();
+  return view;
+}
+
+absl::Status Session::ReadRange(uint32_t j, const ChunkView& view, uint64_t offset,
+                                uint64_t len, absl::FunctionRef<void(absl::string_view)> fn) {
+  if (!view.streamed()) {
+    view.ForEachPiece(offset, len, fn);
+    return absl::OkStatus();
+  }
+  absl::Notification read;
+  absl::StatusOr<TieredStore::RangeBuffer> bytes;
+  runner_->ssd_gate().Enter();
+  const auto start = Clock::now();
+  store_->ReadRangeAsync(ids_[j], view.meta(), offset, len,
+                         [&](absl::StatusOr<TieredStore::RangeBuffer> b) {
+                           bytes = std::move(b);
+                           read.Notify();
+                         });
+  read.WaitForNotification();
+  const double took = SecondsSince(start);
+  runner_->ssd_gate().Leave();
+  if (!bytes.ok()) return bytes.status();  // NotFound (deleted), DataLoss (corrupt), ...
+  runner_->estimators().ssd_read().Record(len, took);
+  fn(absl::string_view(bytes->get(), len));
+  return absl::OkStatus();
 }
 
 absl::StatusOr<ChunkView> Session::TakeChunk(uint32_t j) {
@@ -376,10 +424,13 @@ absl::Status Session::SendChunk(uint32_t j, const ChunkView& view, bool* aborted
     std::string* data = frame->mutable_data();
     data->resize(n);
     char* out = data->data();
-    view.ForEachPiece(off, n, [&out](absl::string_view piece) {
-      std::memcpy(out, piece.data(), piece.size());
-      out += piece.size();
-    });
+    if (absl::Status r = ReadRange(j, view, off, n, [&out](absl::string_view piece) {
+          std::memcpy(out, piece.data(), piece.size());
+          out += piece.size();
+        });
+        !r.ok()) {
+      return r;
+    }
     off += n;
     frame->set_last(off == size);
     const auto start = Clock::now();
@@ -420,13 +471,20 @@ absl::Status Session::SendChunk(uint32_t j, const ChunkView& view, bool* aborted
       *aborted = true;
       return absl::OkStatus();
     }
-    uint32_t crc = 0;  // Of the pool's bytes, as they are copied.
+    uint32_t crc = 0;  // Of the pool's (or the SSD's) bytes, as they are copied.
     char* out = target_->dest[j];
-    view.ForEachPiece(0, size, [&](absl::string_view piece) {
-      crc = crc32c::CopyAndExtend(crc, out, piece.data(), piece.size(),
-                                  crc32c::CrcOver::kSource);
-      out += piece.size();
-    });
+    for (uint64_t off = 0; off < size;) {
+      const uint64_t n = view.streamed() ? std::min(frame_bytes_, size - off) : size;
+      if (absl::Status r = ReadRange(j, view, off, n, [&](absl::string_view piece) {
+            crc = crc32c::CopyAndExtend(crc, out, piece.data(), piece.size(),
+                                        crc32c::CrcOver::kSource);
+            out += piece.size();
+          });
+          !r.ok()) {
+        return r;
+      }
+      off += n;
+    }
     if (crc != view.meta().crc32c) return store_->DropCorrupt(ids_[j]);
     if (runner_->metrics()) runner_->metrics()->Streamed(size);
     return AnnounceLanded(j, view.meta(), view.tier(), copy_start);
@@ -561,8 +619,10 @@ grpc::Status Session::Run() {
       break;
     }
     bool aborted = false;
-    if (absl::Status s = SendChunk(j, *view, &aborted); absl::IsDataLoss(s)) {
-      // Region target: the chunk failed its checksum as it was copied (and is deleted).
+    if (absl::Status s = SendChunk(j, *view, &aborted);
+        absl::IsDataLoss(s) || absl::IsNotFound(s)) {
+      // The chunk failed its checksum as it was read or copied (and is deleted), or it
+      // was deleted while it was read a frame at a time.
       result = Finish(j + 1, v1::PrefillDone::CHUNK_UNAVAILABLE,
                       absl::StrCat("chunk ", j, ": ", s.message(), "; compute it"));
       finished = true;

@@ -356,6 +356,60 @@ TEST_F(PrefillTest, SessionsPastTheirBoundAreRefusedAndUnaryCallsKeepAnswering) 
   }
 }
 
+// With RAM full of pinned chunks, sessions stream SSD chunks a frame at a time, holding
+// no whole-chunk buffer while their worker reads slowly. Two sessions paced at 1 byte a
+// second once held every one of the store's four SSD read buffers (the prefetch window
+// of each), and a third session never got a frame; cancelled, they could not stop, their
+// prefetchers waiting for a buffer.
+TEST_F(PrefillTest, SlowSessionsOverSsdChunksDoNotStallOthers) {
+  Start({"--write-mode=write-through", "--max-pinned-fraction=1"});
+  std::vector<ChunkKey> pin;
+  for (uint32_t i = 100; i < 164; ++i) {  // 64 MiB: the whole pool, pinned.
+    const std::string data = PatternBytes(i, kChunk);
+    ChunkToPut c{KeyOf(i), data, 256};
+    ASSERT_TRUE(client_->Put(ns_, {&c, 1}).ok()) << i;
+    pin.push_back(KeyOf(i));
+  }
+  auto pinned = client_->Pin(ns_, pin, 0);
+  ASSERT_TRUE(pinned.ok()) << pinned.status();
+  ASSERT_EQ(pinned->pinned, 64u);
+  auto where = client_->Lookup(ns_, {KeyOf(0), KeyOf(5)});
+  ASSERT_TRUE(where.ok());
+  ASSERT_EQ(where->tiers[0], v1::TIER_SSD);
+  ASSERT_EQ(where->tiers[1], v1::TIER_SSD);
+  auto streams_open = [&] {
+    auto m = testing::HttpGet(daemon_->metrics_port(), "/metrics");
+    return m.ok() ? testing::SeriesValue(m->body, "kvtier_prefill_sessions_open") : -1;
+  };
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+  std::vector<std::unique_ptr<Stream>> slow;
+  for (int i = 0; i < 2; ++i) {
+    contexts.push_back(std::make_unique<grpc::ClientContext>());
+    slow.push_back(Open(contexts.back().get(), /*bytes_per_second=*/1));
+    v1::PrefillServerMessage m;
+    ASSERT_TRUE(slow.back()->Read(&m));
+    ASSERT_TRUE(m.has_plan());
+  }
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+    auto s = Open(&ctx, 0);
+    const Seen seen = Drain(s.get());
+    ExpectContract(seen);
+    ASSERT_TRUE(seen.done.has_value());
+    EXPECT_EQ(seen.done->first_streamed(), 0u) << "every cached chunk, from SSD";
+    EXPECT_EQ(seen.done->reason(), v1::PrefillDone::ALL_STREAMED);
+  }
+  // Cancelled, the slow sessions end and give their places back.
+  for (size_t i = 0; i < slow.size(); ++i) {
+    contexts[i]->TryCancel();
+    slow[i]->Finish().IgnoreError();
+  }
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (streams_open() != 0 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(10));
+  EXPECT_EQ(streams_open(), 0);
+}
+
 TEST_F(PrefillTest, ChunkEvictedMidSessionEndsWithWhatWasStreamed) {
   Start();
   grpc::ClientContext ctx;
