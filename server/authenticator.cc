@@ -83,6 +83,7 @@ absl::Status Authenticator::Load(bool initial) {
         absl::StrCat("option tenants_file: ", path, ": ", table.status().message()));
   }
   table_ = std::make_shared<const TenantTable>(*std::move(table));
+  ++generation_;
   // Buckets of tenants that are gone go too; kept tenants keep their state.
   const TenantTable& loaded = *table_;
   absl::erase_if(buckets_, [&loaded](const auto& entry) { return loaded.FindTenant(entry.first) < 0; });
@@ -100,6 +101,40 @@ void Authenticator::MaybeReload(absl::Time now) {
   }
 }
 
+int Authenticator::FindLocked(const CallerCredentials& creds, absl::Status* why) const {
+  int index = -1;
+  if (creds.authorization.has_value()) {
+    absl::string_view value = *creds.authorization;
+    if (!absl::ConsumePrefix(&value, "Bearer ") && !absl::ConsumePrefix(&value, "bearer ")) {
+      *why = absl::UnauthenticatedError("authorization: expected 'Bearer <token>'");
+      return -1;
+    }
+    index = table_->FindToken(absl::StripAsciiWhitespace(value));
+    if (index < 0) {
+      *why = absl::UnauthenticatedError(
+          "authorization: the bearer token is not one the tenants file lists");
+      return -1;
+    }
+  }
+  for (size_t i = 0; index < 0 && i < creds.cert_identities.size(); ++i) {
+    index = table_->FindCertIdentity(creds.cert_identities[i]);
+  }
+  if (index < 0 && creds.unix_uid.has_value()) index = table_->FindUid(*creds.unix_uid);
+  if (index < 0) {
+    std::string presented = creds.cert_identities.empty()
+                                ? std::string()
+                                : absl::StrCat(" (certificate identity '", creds.cert_identities[0],
+                                               "' is not listed)");
+    if (creds.unix_uid.has_value()) {
+      absl::StrAppend(&presented, " (uid ", *creds.unix_uid, " is not listed)");
+    }
+    *why = absl::UnauthenticatedError(absl::StrCat(
+        "no credentials this daemon accepts: send a bearer token, a client certificate, "
+        "or connect on the Unix socket as a listed user", presented));
+  }
+  return index;
+}
+
 Authenticator::Result Authenticator::Authenticate(const CallerCredentials& creds) {
   Result result;
   if (!enabled()) {
@@ -109,39 +144,9 @@ Authenticator::Result Authenticator::Authenticate(const CallerCredentials& creds
   const absl::Time now = options_.clock();
   absl::MutexLock lock(&mu_);
   MaybeReload(now);
-  int index = -1;
-  if (creds.authorization.has_value()) {
-    absl::string_view value = *creds.authorization;
-    if (!absl::ConsumePrefix(&value, "Bearer ") && !absl::ConsumePrefix(&value, "bearer ")) {
-      Count("", "unauthenticated");
-      result.denied.status = absl::UnauthenticatedError(
-          "authorization: expected 'Bearer <token>'");
-      return result;
-    }
-    index = table_->FindToken(absl::StripAsciiWhitespace(value));
-    if (index < 0) {
-      Count("", "unauthenticated");
-      result.denied.status = absl::UnauthenticatedError(
-          "authorization: the bearer token is not one the tenants file lists");
-      return result;
-    }
-  }
-  for (size_t i = 0; index < 0 && i < creds.cert_identities.size(); ++i) {
-    index = table_->FindCertIdentity(creds.cert_identities[i]);
-  }
-  if (index < 0 && creds.unix_uid.has_value()) index = table_->FindUid(*creds.unix_uid);
+  const int index = FindLocked(creds, &result.denied.status);
   if (index < 0) {
     Count("", "unauthenticated");
-    std::string presented = creds.cert_identities.empty()
-                                ? std::string()
-                                : absl::StrCat(" (certificate identity '", creds.cert_identities[0],
-                                               "' is not listed)");
-    if (creds.unix_uid.has_value()) {
-      absl::StrAppend(&presented, " (uid ", *creds.unix_uid, " is not listed)");
-    }
-    result.denied.status = absl::UnauthenticatedError(absl::StrCat(
-        "no credentials this daemon accepts: send a bearer token, a client certificate, "
-        "or connect on the Unix socket as a listed user", presented));
     return result;
   }
   const TenantSpec& spec = table_->tenants()[index];
@@ -165,6 +170,31 @@ Authenticator::Result Authenticator::Authenticate(const CallerCredentials& creds
   Count(spec.name, "ok");
   result.scope = TenantScope::Named(spec.name, spec.admin, spec.quota);
   return result;
+}
+
+absl::Status Authenticator::StillAdmits(const CallerCredentials& creds, const std::string& tenant,
+                                        uint64_t* generation) {
+  if (!enabled()) return absl::OkStatus();
+  absl::MutexLock lock(&mu_);
+  MaybeReload(options_.clock());
+  if (*generation == generation_) return absl::OkStatus();
+  absl::Status why;
+  const int index = FindLocked(creds, &why);
+  if (index < 0) {
+    return absl::UnauthenticatedError(
+        absl::StrCat("the tenants file changed and no longer admits this call: ", why.message()));
+  }
+  if (table_->tenants()[index].name != tenant) {
+    return absl::UnauthenticatedError(absl::StrCat(
+        "the tenants file changed: these credentials are no longer tenant ", tenant, "'s"));
+  }
+  *generation = generation_;
+  return absl::OkStatus();
+}
+
+uint64_t Authenticator::generation() const {
+  absl::MutexLock lock(&mu_);
+  return generation_;
 }
 
 void Authenticator::CountForbidden(const TenantScope& scope) { Count(scope.tenant(), "forbidden"); }

@@ -76,6 +76,16 @@ class Authenticator {
 
   Result Authenticate(const CallerCredentials& creds);
 
+  // For a call that stays open (an Events subscription): whether `creds`, admitted as
+  // tenant `tenant`, still are under the tenants file in force now (re-read if due).
+  // Neither counted nor rate-limited. `generation` (in/out): the table the call was last
+  // checked against (generation() when it was admitted); credentials are looked up
+  // again only once the table has changed. Returns: Ok, Unauthenticated.
+  absl::Status StillAdmits(const CallerCredentials& creds, const std::string& tenant,
+                           uint64_t* generation);
+  // Bumped each time a tenants table is loaded.
+  uint64_t generation() const;
+
   // Counts a request an authenticated tenant may not make (an admin operation).
   void CountForbidden(const TenantScope& scope);
 
@@ -94,6 +104,9 @@ class Authenticator {
   // Loads the file; on success replaces the table. Returns the parse or read error.
   absl::Status Load(bool initial) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Count(const std::string& tenant, const char* outcome);
+  // The index in table_ of the tenant `creds` name, or -1 with `why` (Unauthenticated).
+  int FindLocked(const CallerCredentials& creds, absl::Status* why) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
 
   const AuthenticatorOptions options_;
   prometheus::Family<prometheus::Counter>* requests_ = nullptr;
@@ -106,6 +119,7 @@ class Authenticator {
   int64_t file_mtime_ns_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t file_size_ ABSL_GUARDED_BY(mu_) = -1;
   uint64_t reload_failures_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace kvtier

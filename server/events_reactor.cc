@@ -2,19 +2,22 @@
 
 #include <utility>
 
+#include "server/status_util.h"
+
 namespace kvtier {
 
 EventsReactor::EventsReactor(EventLog* log, const v1::EventsRequest& request,
                              uint64_t internal_ns, RpcMetrics* metrics,
                              StreamLimiter::Ticket subscription,
-                             StreamLimiter::Ticket place)
+                             StreamLimiter::Ticket place, StillAdmitted still_admitted)
     : log_(log),
       ns_(internal_ns),
       public_ns_(request.namespace_id()),
       scope_(metrics, RpcMethod::kEvents),
       waker_(std::make_shared<Waker>()),
       subscription_(std::move(subscription)),
-      place_(std::move(place)) {
+      place_(std::move(place)),
+      still_admitted_(std::move(still_admitted)) {
   // A cursor from another run of the daemon (its instance id differs) says nothing
   // about this one: start from the oldest event kept, marked resync.
   const bool other_run =
@@ -59,6 +62,12 @@ void EventsReactor::Next() {
       absl::MutexLock lock(&mu_);
       wake_handle_ = handle;
       return;
+    }
+    if (still_admitted_) {
+      if (absl::Status s = still_admitted_(); !s.ok()) {
+        Finish(ToGrpcStatus(s));
+        return;
+      }
     }
     {
       // Decided in one critical section with OnCancel: a write starts only on a call

@@ -14,11 +14,13 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 
 #include <grpcpp/grpcpp.h>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "kvtier/v1/kvtier.pb.h"
 #include "server/rpc_metrics.h"
@@ -38,9 +40,12 @@ class EventsReactor final : public grpc::ServerWriteReactor<v1::EventBatch> {
   // tenant's share); `place`: its place among max_streams. Both are given back as the
   // call finishes, before the client sees its status (the reactor's before it can be
   // woken, and finished, on another thread).
+  // `still_admitted` (may be empty) is asked before each batch whether the caller's
+  // credentials still admit it; an error ends the call with it.
+  using StillAdmitted = std::function<absl::Status()>;
   EventsReactor(EventLog* log, const v1::EventsRequest& request, uint64_t internal_ns,
                 RpcMetrics* metrics, StreamLimiter::Ticket subscription,
-                StreamLimiter::Ticket place = {});
+                StreamLimiter::Ticket place = {}, StillAdmitted still_admitted = nullptr);
 
   void OnWriteDone(bool ok) override;
   void OnCancel() override;
@@ -75,6 +80,7 @@ class EventsReactor final : public grpc::ServerWriteReactor<v1::EventBatch> {
   // before the client can see its status, so that a client's next call finds them free.
   StreamLimiter::Ticket subscription_;
   StreamLimiter::Ticket place_;
+  StillAdmitted still_admitted_;  // Called on the threads that run Next().
 };
 
 }  // namespace kvtier

@@ -67,7 +67,8 @@ KvCacheService::KvCacheService(ServiceLimits limits, std::string version, RpcMet
       limits_(limits),
       version_(std::move(version)) {}
 
-absl::StatusOr<TenantScope> KvCacheService::Admit(grpc::ServerContextBase* ctx) {
+absl::StatusOr<TenantScope> KvCacheService::Admit(grpc::ServerContextBase* ctx,
+                                                  CallerCredentials* presented) {
   std::optional<UnixListener::Connection> unix_peer;
   if (guards_.unix_peers != nullptr) {
     unix_peer = guards_.unix_peers->Find(ctx->peer());
@@ -89,6 +90,7 @@ absl::StatusOr<TenantScope> KvCacheService::Admit(grpc::ServerContextBase* ctx) 
   }
   if (unix_peer.has_value()) creds.unix_uid = unix_peer->uid;
   Authenticator::Result r = guards_.auth->Authenticate(creds);
+  if (presented != nullptr) *presented = creds;
   if (r.scope.has_value()) return *std::move(r.scope);
   if (r.denied.retry_after > absl::ZeroDuration()) {
     ctx->AddTrailingMetadata(
@@ -311,7 +313,10 @@ grpc::Status KvCacheService::HintImpl(TieredStore* store, const TenantScope& ten
 grpc::ServerWriteReactor<v1::EventBatch>* KvCacheService::Events(
     grpc::CallbackServerContext* ctx, const v1::EventsRequest* req) {
   using Refused = RefusedWriter<v1::EventBatch>;
-  absl::StatusOr<TenantScope> tenant = Admit(ctx);
+  // Taken first: a table loaded between it and the admission is checked at once.
+  uint64_t generation = guards_.auth != nullptr ? guards_.auth->generation() : 0;
+  CallerCredentials creds;
+  absl::StatusOr<TenantScope> tenant = Admit(ctx, &creds);
   if (!tenant.ok()) return new Refused(metrics_, RpcMethod::kEvents, ToGrpcStatus(tenant.status()));
   if (!tenant->implicit() && req->namespace_id() == 0) {
     // The log does not know which namespaces are whose; a tenant names its own.
@@ -347,8 +352,16 @@ grpc::ServerWriteReactor<v1::EventBatch>* KvCacheService::Events(
   if (!place.ok()) {
     return new Refused(metrics_, RpcMethod::kEvents, ToGrpcStatus(place.status()));
   }
+  // A subscription outlives its admission: credentials revoked by a new tenants file
+  // end it (UNAUTHENTICATED) at its next batch.
+  EventsReactor::StillAdmitted still_admitted;
+  if (guards_.auth != nullptr && !tenant->implicit()) {
+    still_admitted = [auth = guards_.auth, creds = std::move(creds), name = tenant->tenant(),
+                      generation]() mutable { return auth->StillAdmits(creds, name, &generation); };
+  }
   return new EventsReactor(events_, *req, tenant->Internal(req->namespace_id()), metrics_,
-                           *std::move(subscription), *std::move(place));
+                           *std::move(subscription), *std::move(place),
+                           std::move(still_admitted));
 }
 
 grpc::Status KvCacheService::Prefill(grpc::ServerContext* ctx, PrefillStream* stream) {

@@ -144,9 +144,11 @@ class KvCacheService final
   grpc::Status HintImpl(TieredStore* store, const TenantScope& tenant, const v1::HintRequest* req,
                         v1::HintResponse* resp);
 
-  // The caller's tenant, from its credentials; on refusal the status (and, when over the
-  // tenant's rate, a kvtier-retry-after-ms trailer on `ctx`).
-  absl::StatusOr<TenantScope> Admit(grpc::ServerContextBase* ctx);
+  // The caller's tenant, from its credentials (copied to `presented`, if given, when a
+  // tenants file is in force); on refusal the status (and, when over the tenant's rate,
+  // a kvtier-retry-after-ms trailer on `ctx`).
+  absl::StatusOr<TenantScope> Admit(grpc::ServerContextBase* ctx,
+                                    CallerCredentials* presented = nullptr);
   // A place among max_streams, and among the tenant's own max_streams, for a streaming
   // call (an empty ticket without a limiter), or RESOURCE_EXHAUSTED with a
   // kvtier-retry-after-ms trailer on `ctx`.

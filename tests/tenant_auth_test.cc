@@ -265,5 +265,34 @@ TEST_F(AuthenticatorTest, ReloadsAChangedFileAndKeepsTheLastGoodOne) {
   EXPECT_EQ(a->reload_failures(), 1u);
 }
 
+// An Events subscription outlives its admission; the daemon asks StillAdmits before each
+// batch. A subscription opened with a token that a new tenants file removed once kept
+// delivering events.
+TEST_F(AuthenticatorTest, StillAdmitsFollowsTheTenantsFileAndCostsNoRate) {
+  Write(Table());
+  auto a = Make();
+  ASSERT_NE(a, nullptr);
+  CallerCredentials b;
+  b.unix_uid = 4242;  // team-b: 2/s, burst 3.
+  uint64_t generation_b = a->generation();
+  ASSERT_TRUE(a->Authenticate(b).scope.has_value());
+  for (int i = 0; i < 10; ++i) EXPECT_TRUE(a->StillAdmits(b, "team-b", &generation_b).ok());
+  for (int i = 0; i < 2; ++i) EXPECT_TRUE(a->Authenticate(b).scope.has_value()) << "rate unspent";
+  uint64_t generation_a = a->generation();
+  EXPECT_TRUE(a->StillAdmits(Token("secret-a"), "team-a", &generation_a).ok());
+  // secret-a removed; uid 4242 now team-a's: neither call is its tenant's any more.
+  Write("tenant team-a\ntenant team-b\n" + TokenLine("team-a", "secret-a2") +
+        "uid team-a 4242\n");
+  clock_.Advance(absl::Seconds(1));
+  absl::Status revoked = a->StillAdmits(Token("secret-a"), "team-a", &generation_a);
+  EXPECT_EQ(revoked.code(), absl::StatusCode::kUnauthenticated) << revoked;
+  absl::Status moved = a->StillAdmits(b, "team-b", &generation_b);
+  EXPECT_EQ(moved.code(), absl::StatusCode::kUnauthenticated) << moved;
+  EXPECT_NE(moved.message().find("no longer tenant team-b's"), std::string::npos) << moved;
+  uint64_t generation_a2 = 0;  // Older than any table: checked.
+  EXPECT_TRUE(a->StillAdmits(Token("secret-a2"), "team-a", &generation_a2).ok());
+  EXPECT_EQ(generation_a2, a->generation());
+}
+
 }  // namespace
 }  // namespace kvtier

@@ -4,6 +4,7 @@
 // metrics show use, quota, evictions and refusals per tenant.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <fstream>
 #include <memory>
@@ -360,6 +361,44 @@ TEST_F(TenantQuotaTest, StreamsAndLeasesStopAtTheTenantsOwnBound) {
 
 // A tenant's leases hold at most its share of max_lease_bytes: past it a Lookup still
 // answers, without a lease, and the other tenants' shares are untouched.
+// A subscription outlives its admission: once the tenants file no longer lists its
+// token, its next batch ends it UNAUTHENTICATED instead of delivering the event.
+TEST_F(TenantQuotaTest, AnEventsSubscriptionEndsWhenItsTokenIsRevoked) {
+  Start("ram-only");
+  auto mid = Connect("token-mid");
+  ASSERT_EQ(Register(*mid, 1), ns_);
+  absl::Status watched;
+  std::atomic<int> batches{0};
+  std::atomic<bool> revoked{false};  // Then a batch that still arrives ends the watch.
+  std::thread watcher([&] {
+    watched = mid->WatchEvents(ns_, 0, [&](const v1::EventBatch&) {
+      ++batches;
+      return !revoked.load();
+    });
+  });
+  EXPECT_TRUE(Put(*mid, ns_, 1).ok());  // Seen, or not, as the subscription races it.
+  // Revoke token-mid, give mid a new one.
+  std::ofstream(dir_ + ".tenants", std::ios::trunc)
+      << "tenant small\ntenant big\ntenant mid ram_quota=2MiB\n"
+      << TokenLine("small", "token-small") << TokenLine("big", "token-big")
+      << TokenLine("mid", "token-mid-2") << "# rotated\n";
+  auto rotated = Connect("token-mid-2");
+  // Refused until the daemon re-reads the file (checked once a second).
+  absl::Status put;
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (true) {
+    put = Put(*rotated, ns_, 2);
+    if (!absl::IsUnauthenticated(put) || absl::Now() > deadline) break;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  EXPECT_TRUE(put.ok()) << put;
+  revoked = true;
+  EXPECT_TRUE(Put(*rotated, ns_, 3).ok());  // Ends a watch that was not ended.
+  watcher.join();  // The event of the put of 2 ended the old subscription.
+  EXPECT_TRUE(absl::IsUnauthenticated(watched)) << watched;
+  EXPECT_LE(batches.load(), 1);
+}
+
 TEST_F(TenantQuotaTest, ATenantsLeasesHoldAtMostItsShareOfTheLeaseBytes) {
   Start("ram-only");
   for (uint64_t n = 1; n <= 3; ++n) ASSERT_TRUE(Put(*big_, ns_, n).ok()) << n;
