@@ -82,9 +82,9 @@ class Authenticator {
   // checked against (generation() when it was admitted); credentials are looked up
   // again only once the table has changed. Returns: Ok, Unauthenticated.
   absl::Status StillAdmits(const CallerCredentials& creds, const std::string& tenant,
-                           uint64_t* generation);
+                           uint64_t* generation) ABSL_LOCKS_EXCLUDED(mu_);
   // Bumped each time a tenants table is loaded.
-  uint64_t generation() const;
+  uint64_t generation() const ABSL_LOCKS_EXCLUDED(mu_);
 
   // Counts a request an authenticated tenant may not make (an admin operation).
   void CountForbidden(const TenantScope& scope);

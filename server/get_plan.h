@@ -42,8 +42,9 @@ struct GetPlan {
 // daemon whose frames carry at most `max_frame_bytes`. Unset, it is at most
 // kStockFrameBytes: with the frame's other fields the message stays within gRPC's
 // default 4 MiB receive limit, so a client generated with stock channel options reads
-// every frame (one that raised its limit asks for larger frames).
-inline constexpr uint64_t kStockFrameBytes = (4u << 20) - (4u << 10);
+// every frame (one that raised its limit asks for larger frames). A multiple of the SSD
+// tier's 256 KiB checksum pieces, so that a frame read from SSD reads each piece once.
+inline constexpr uint64_t kStockFrameBytes = (4u << 20) - (256u << 10);
 uint64_t FrameBytesFor(uint32_t requested, uint64_t max_frame_bytes);
 
 // `req` for namespace layout `layout`. Returns: Ok, InvalidArgument (naming the field:

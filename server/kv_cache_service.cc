@@ -179,8 +179,16 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* KvCacheService::Get(
   v1::GetRequest req;
   const bool parsed = request->DumpToSingleSlice(&flat).ok() &&
                       req.ParseFromArray(flat.begin(), static_cast<int>(flat.size()));
-  // From here on the request names the store's namespace (the tenant's own).
-  if (parsed) req.set_namespace_id(tenant->Internal(req.namespace_id()));
+  // From here on the request names the store's namespace (the tenant's own), which its
+  // quotas count from now on (reads into RAM included).
+  if (parsed) {
+    req.set_namespace_id(tenant->Internal(req.namespace_id()));
+    TieredStore* store = store_.load(std::memory_order_acquire);
+    if (guards_.quotas != nullptr && !tenant->implicit() && store != nullptr &&
+        store->FindLayout(req.namespace_id()).ok()) {
+      guards_.quotas->Bind(*tenant, req.namespace_id());
+    }
+  }
   if (parsed && req.has_target() && data_plane_.regions != nullptr &&
       data_plane_.regions->IsDevice(req.target().region_id())) {
     return new DeviceGetReactor(ctx, req, store_.load(std::memory_order_acquire), metrics_,
@@ -287,6 +295,7 @@ grpc::Status KvCacheService::HintImpl(TieredStore* store, const TenantScope& ten
       return ToGrpcStatus(absl::Status(
           l.status().code(), absl::StrCat("requests[", i, "]: ", l.status().message())));
     }
+    if (guards_.quotas != nullptr) guards_.quotas->Bind(tenant, ns);  // Its prefetches.
     auto ids = ParseKeys(ns, r.keys(), limits_.max_keys_per_request);
     if (!ids.ok()) {
       return ToGrpcStatus(absl::InvalidArgumentError(
@@ -372,7 +381,10 @@ grpc::Status KvCacheService::Prefill(grpc::ServerContext* ctx, PrefillStream* st
     if (!session.ok()) return ToGrpcStatus(session.status());
     absl::StatusOr<StreamLimiter::Ticket> place = TakeStreamPlace(ctx, t);
     if (!place.ok()) return ToGrpcStatus(place.status());
-    return prefill_->Run(store, ctx, stream, data_plane_.regions, t, guards_.stalls);
+    const std::function<void(uint64_t)> bind = [this, &t](uint64_t ns) {
+      if (guards_.quotas != nullptr) guards_.quotas->Bind(t, ns);
+    };
+    return prefill_->Run(store, ctx, stream, data_plane_.regions, t, guards_.stalls, bind);
   });
 }
 
@@ -420,6 +432,7 @@ grpc::Status KvCacheService::LookupImpl(TieredStore* store, const TenantScope& t
   if (auto l = RequireNamespace(store, ns); !l.ok()) {
     return ToGrpcStatus(l.status());
   }
+  if (guards_.quotas != nullptr) guards_.quotas->Bind(tenant, ns);
   auto ids = ParseKeys(ns, req->keys(), limits_.max_keys_per_request);
   if (!ids.ok()) return ToGrpcStatus(ids.status());
   bool prefix = true;

@@ -32,13 +32,15 @@ double SecondsSince(Clock::time_point t) {
 class Session {
  public:
   Session(PrefillRunner* runner, TieredStore* store, grpc::ServerContext* ctx,
-          PrefillStream* stream, RegionTable* regions, TenantScope scope, StallReaper* stalls)
+          PrefillStream* stream, RegionTable* regions, TenantScope scope, StallReaper* stalls,
+          const std::function<void(uint64_t)>& on_namespace)
       : runner_(runner),
         store_(store),
         ctx_(ctx),
         stream_(stream),
         regions_(regions),
         scope_(std::move(scope)),
+        on_namespace_(on_namespace),
         stall_(stalls, [ctx] { ctx->TryCancel(); }) {}
 
   grpc::Status Run();
@@ -88,6 +90,7 @@ class Session {
   PrefillStream* const stream_;
   RegionTable* const regions_;
   const TenantScope scope_;
+  const std::function<void(uint64_t)>& on_namespace_;  // The caller's; outlives Run.
   // Watches the Open read and each write (the reader thread's wait for Progress is the
   // worker computing, not a stall). Declared before the threads, so reset after them.
   StallReaper::Watched stall_;
@@ -145,6 +148,7 @@ absl::Status Session::Open() {
   ns_ = scope_.Internal(open.namespace_id());
   auto layout = store_->FindLayout(ns_);
   if (!layout.ok()) return layout.status();
+  if (on_namespace_) on_namespace_(ns_);
   const auto& options = runner_->options();
   if (open.keys_size() > static_cast<int>(options.max_keys)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -333,15 +337,10 @@ absl::StatusOr<ChunkView> Session::ReadForStream(const ChunkId& id) {
   // With no room in RAM an SSD chunk comes back streamed, holding nothing: SendChunk
   // reads it a frame at a time (ReadRange). Whole-chunk buffers would be held for as
   // long as the worker takes to read them, and a few slow sessions would hold every one
-  // of the store's max_buffered_reads, stalling every other session's SSD chunks.
-  absl::Notification read;
-  absl::StatusOr<ChunkView> view;
-  store_->ReadForStreamAsync(id, [&](absl::StatusOr<ChunkView> v) {
-    view = std::move(v);
-    read.Notify();
-  });
-  read.WaitForNotification();
-  return view;
+  // of the store's max_buffered_reads, stalling every other session's SSD chunks. Read
+  // on this session's own thread, never the store's read pool, which the frame reads
+  // (every session's and every Get's) need.
+  return store_->ReadForStream(id);
 }
 
 absl::Status Session::ReadRange(uint32_t j, const ChunkView& view, uint64_t offset,
@@ -350,9 +349,10 @@ absl::Status Session::ReadRange(uint32_t j, const ChunkView& view, uint64_t offs
     view.ForEachPiece(offset, len, fn);
     return absl::OkStatus();
   }
+  // Not within ssd_gate: this waits on the stream budget and the read pool, which Gets
+  // share, and must not hold up the other sessions' reads meanwhile.
   absl::Notification read;
   absl::StatusOr<TieredStore::RangeBuffer> bytes;
-  runner_->ssd_gate().Enter();
   const auto start = Clock::now();
   store_->ReadRangeAsync(ids_[j], view.meta(), offset, len,
                          [&](absl::StatusOr<TieredStore::RangeBuffer> b) {
@@ -360,10 +360,13 @@ absl::Status Session::ReadRange(uint32_t j, const ChunkView& view, uint64_t offs
                            read.Notify();
                          });
   read.WaitForNotification();
-  const double took = SecondsSince(start);
-  runner_->ssd_gate().Leave();
-  if (!bytes.ok()) return bytes.status();  // NotFound (deleted), DataLoss (corrupt), ...
-  runner_->estimators().ssd_read().Record(len, took);
+  if (!bytes.ok()) {
+    // Whatever the cause (deleted, corrupt, an I/O error), chunk j is the worker's to
+    // compute: the caller ends the session CHUNK_UNAVAILABLE, keeping what it streamed.
+    return absl::NotFoundError(
+        absl::StrCat("reading it from SSD: ", bytes.status().message()));
+  }
+  runner_->estimators().ssd_read().Record(len, SecondsSince(start));
   fn(absl::string_view(bytes->get(), len));
   return absl::OkStatus();
 }
@@ -391,6 +394,7 @@ absl::Status Session::SendChunk(uint32_t j, const ChunkView& view, bool* aborted
     absl::MutexLock lock(&mu_);
     return computed_ > j || reader_done_;
   };
+  uint32_t streamed_crc = 0;  // Of a streamed view's bytes, frame by frame.
   for (uint64_t off = 0; off < size;) {
     const uint64_t n = std::min(frame_bytes_, size - off);
     auto stop = [&] { return Cancelled() || overtaken() || runner_->shutting_down(); };
@@ -424,8 +428,15 @@ absl::Status Session::SendChunk(uint32_t j, const ChunkView& view, bool* aborted
     std::string* data = frame->mutable_data();
     data->resize(n);
     char* out = data->data();
-    if (absl::Status r = ReadRange(j, view, off, n, [&out](absl::string_view piece) {
-          std::memcpy(out, piece.data(), piece.size());
+    if (absl::Status r = ReadRange(j, view, off, n, [&](absl::string_view piece) {
+          // Read from SSD a frame at a time: the whole chunk's CRC32C, as Get checks it,
+          // before its last frame goes (the SSD checked each piece).
+          if (view.streamed()) {
+            streamed_crc = crc32c::CopyAndExtend(streamed_crc, out, piece.data(), piece.size(),
+                                                 crc32c::CrcOver::kSource);
+          } else {
+            std::memcpy(out, piece.data(), piece.size());
+          }
           out += piece.size();
         });
         !r.ok()) {
@@ -433,6 +444,9 @@ absl::Status Session::SendChunk(uint32_t j, const ChunkView& view, bool* aborted
     }
     off += n;
     frame->set_last(off == size);
+    if (off == size && view.streamed() && streamed_crc != view.meta().crc32c) {
+      return store_->DropCorrupt(ids_[j]);  // DataLoss: CHUNK_UNAVAILABLE.
+    }
     const auto start = Clock::now();
     if (!Write(msg)) return absl::CancelledError("client went away");
     const double took = SecondsSince(start);
@@ -475,6 +489,14 @@ absl::Status Session::SendChunk(uint32_t j, const ChunkView& view, bool* aborted
     char* out = target_->dest[j];
     for (uint64_t off = 0; off < size;) {
       const uint64_t n = view.streamed() ? std::min(frame_bytes_, size - off) : size;
+      // Read from SSD a frame at a time, the copy takes as long as those reads: it stops
+      // between frames once the client is gone (so nothing is written into its memory
+      // long after it closed) or computes the chunk itself.
+      if (off > 0 && (Cancelled() || overtaken())) {
+        if (Cancelled()) return absl::CancelledError("client went away");
+        *aborted = true;
+        return absl::OkStatus();
+      }
       if (absl::Status r = ReadRange(j, view, off, n, [&](absl::string_view piece) {
             crc = crc32c::CopyAndExtend(crc, out, piece.data(), piece.size(),
                                         crc32c::CrcOver::kSource);
@@ -666,8 +688,9 @@ PrefillRunner::PrefillRunner(PrefillRunnerOptions options, PrefillMetrics* metri
 
 grpc::Status PrefillRunner::Run(TieredStore* store, grpc::ServerContext* ctx,
                                 PrefillStream* stream, RegionTable* regions,
-                                const TenantScope& scope, StallReaper* stalls) {
-  Session session(this, store, ctx, stream, regions, scope, stalls);
+                                const TenantScope& scope, StallReaper* stalls,
+                                const std::function<void(uint64_t)>& on_namespace) {
+  Session session(this, store, ctx, stream, regions, scope, stalls, on_namespace);
   return session.Run();
 }
 

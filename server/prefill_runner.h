@@ -22,6 +22,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 
 #include <grpcpp/grpcpp.h>
 
@@ -59,10 +60,13 @@ class PrefillRunner {
   // `regions` (may be null: no data plane) serves PrefillOpen.target; `scope` maps the
   // session's namespace to the caller's tenant; `stalls` (may be null) cancels the
   // session when its worker stops talking: no Open, or a message it does not read.
+  // `on_namespace` (may be empty) is told the store's namespace once the Open names it
+  // (the tenant's quotas count it from then on).
   grpc::Status Run(TieredStore* store, grpc::ServerContext* ctx, PrefillStream* stream,
                    RegionTable* regions = nullptr,
                    const TenantScope& scope = TenantScope::Implicit(),
-                   StallReaper* stalls = nullptr);
+                   StallReaper* stalls = nullptr,
+                   const std::function<void(uint64_t)>& on_namespace = nullptr);
 
   // From now on sessions stop streaming and end with Done{SHUTTING_DOWN}.
   void BeginShutdown() { shutting_down_.store(true, std::memory_order_relaxed); }

@@ -223,6 +223,10 @@ std::vector<MetricFamily> StoreCollector::Collect() const {
     f.push_back(Family("kvtier_ssd_lost_at_start_total",
                        "Chunks dropped at start-up because their payload file was missing or short",
                        C, {{{}, static_cast<double>(s.ssd.lost_at_start)}}));
+    f.push_back(Family("kvtier_ssd_index_repairs_total",
+                       "Start-ups that found the SSD tier's RocksDB index corrupt and repaired it "
+                       "(its unreadable rows' chunks dropped); this run: 0 or 1",
+                       C, {{{}, static_cast<double>(s.ssd.index_repairs)}}));
   }
   return f;
 }

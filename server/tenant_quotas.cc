@@ -46,7 +46,11 @@ absl::flat_hash_set<uint64_t> TenantQuotas::BindAndList(const TenantScope& t, ui
 
 void TenantQuotas::Bind(const TenantScope& t, uint64_t ns) {
   if (t.implicit() || ns == 0) return;
-  BindAndList(t, ns);
+  absl::MutexLock lock(&mu_);
+  Account& a = accounts_[t.tenant()];
+  a.namespaces.insert(ns);
+  a.quota = t.quota();
+  owners_[ns] = t.tenant();
 }
 
 absl::StatusOr<bool> TenantQuotas::AdmitLayout(const TenantScope& t, uint64_t ns,
@@ -181,13 +185,17 @@ absl::Status TenantQuotas::CheckPins(TieredStore* store, const TenantScope& t,
 
 std::optional<HostPool::PinBudget> TenantQuotas::PinBudgetOf(
     const TenantScope& t, const absl::flat_hash_set<uint64_t>& namespaces) {
-  // Unset, the pinned quota is the RAM quota: a pin can promote a chunk from SSD into
-  // RAM, past the puts' evictions that keep the tenant within its ram_quota, and a
-  // pinned chunk cannot be evicted.
+  // Pins stay within the RAM quota too: a pinned chunk is in RAM and cannot be evicted,
+  // and a chunk is brought into RAM to be pinned only within the RAM quota
+  // (AdmitPromotion). So the budget is the smaller of the two (unset, the pinned quota
+  // is the RAM quota), and a chunk larger than it can never be pinned: INVALID_ARGUMENT.
   const TenantQuota& q = t.quota();
   if (q.pinned_bytes == 0 && q.ram_bytes == 0) return std::nullopt;
-  return HostPool::PinBudget{&namespaces, q.pinned_bytes != 0 ? q.pinned_bytes : q.ram_bytes,
-                             q.pinned_bytes != 0 ? "pinned_quota"
+  if (q.pinned_bytes != 0 && (q.ram_bytes == 0 || q.pinned_bytes <= q.ram_bytes)) {
+    return HostPool::PinBudget{&namespaces, q.pinned_bytes, "pinned_quota"};
+  }
+  return HostPool::PinBudget{&namespaces, q.ram_bytes,
+                             q.pinned_bytes != 0 ? "pinned_quota (held to the smaller ram_quota)"
                                                  : "pinned_quota (unset: the ram_quota)"};
 }
 

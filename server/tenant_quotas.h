@@ -66,7 +66,7 @@ class TenantQuotas final : public prometheus::Collectable {
 
   // Records that tenant `t` uses internal namespace `ns` (idempotent; nothing for the
   // implicit tenant).
-  void Bind(const TenantScope& t, uint64_t ns);
+  void Bind(const TenantScope& t, uint64_t ns) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Before tenant `t` registers namespace `ns`: binds it if the tenant has named fewer
   // than `max` namespaces since start-up (or named this one already). Returns whether
@@ -89,7 +89,7 @@ class TenantQuotas final : public prometheus::Collectable {
   // evicting the tenant's own chunks; false if there is none (the chunk is larger than
   // the quota, or what the tenant holds cannot be evicted yet). True for a namespace no
   // tenant with a RAM quota has named.
-  bool AdmitPromotion(TieredStore* store, uint64_t ns, uint64_t bytes);
+  bool AdmitPromotion(TieredStore* store, uint64_t ns, uint64_t bytes) ABSL_LOCKS_EXCLUDED(mu_);
 
   // TieredStore::Pin within the tenant's pinned quota.
   absl::Status Pin(TieredStore* store, const TenantScope& t, const ChunkId& id,
@@ -118,7 +118,7 @@ class TenantQuotas final : public prometheus::Collectable {
   // its `quota` (at most `quota`); returns what it holds there afterwards.
   absl::StatusOr<uint64_t> MakeRoom(TieredStore* store, const std::string& tenant,
                                     const absl::flat_hash_set<uint64_t>& ns, Tier tier,
-                                    uint64_t quota, uint64_t bytes);
+                                    uint64_t quota, uint64_t bytes) ABSL_LOCKS_EXCLUDED(mu_);
   void Refused(const std::string& tenant, const char* quota);
 
   mutable absl::Mutex mu_;

@@ -33,7 +33,7 @@ absl::Status LayoutRegistry::Load() {
 
 absl::Status LayoutRegistry::CheckPuttable(const LayoutSpec& layout) const {
   if (layout.ChunkBytes() <= max_chunk_bytes_) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(
+  return absl::FailedPreconditionError(absl::StrCat(
       "this namespace's chunk is ", layout.ChunkBytes(), " bytes, more than this daemon now "
       "accepts (", max_chunk_bytes_, " = the least of max_chunk_size, ram_capacity and "
       "ssd_capacity; the layout was registered with larger ones): its chunks cannot be "

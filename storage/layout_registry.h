@@ -32,8 +32,9 @@ class LayoutRegistry {
   // capacity than when it was registered) is kept, with a warning: its chunks can still
   // be read, but not put (CheckPuttable). Returns: Ok, Unavailable.
   absl::Status Load();
-  // Ok if chunks of `layout` may be put now, else InvalidArgument (larger than
-  // max_chunk_bytes: a layout registered with larger capacities; no retry can help).
+  // Ok if chunks of `layout` may be put now, else FailedPrecondition (larger than
+  // max_chunk_bytes: a layout registered with larger capacities; as Register answers
+  // such a layout, and no retry can help).
   absl::Status CheckPuttable(const LayoutSpec& layout) const;
 
   struct Registered {

@@ -158,6 +158,10 @@ absl::StatusOr<std::unique_ptr<SsdTier>> SsdTier::Open(SsdTierOptions options) {
         tier.status().message(), " (still, after a repair): move ", options.path,
         " aside to start with an empty SSD tier"));
   }
+  if (tier.ok()) {
+    absl::MutexLock lock(&(*tier)->mu_);
+    (*tier)->counters_.index_repairs = 1;
+  }
   return tier;
 }
 

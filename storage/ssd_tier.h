@@ -118,6 +118,7 @@ struct SsdTierStats {
   uint64_t gc_files = 0;       // Files reclaimed by moving their live chunks.
   uint64_t gc_bytes = 0;       // Bytes those moves wrote.
   uint64_t lost_at_start = 0;  // Rows dropped at start-up: payload file gone or short.
+  uint64_t index_repairs = 0;  // 1 when this start found the index corrupt and repaired it.
   bool direct_io = false;
   uint64_t chunks = 0;
   uint64_t hits = 0;
@@ -237,7 +238,7 @@ class SsdTier final : public StorageTier {
   // leaves the chunk stored. Errors: ResourceExhausted (disk full), Unavailable.
   absl::Status DeleteChunk(const ChunkId& id);
   // DeleteChunk's part after the index: `e` is what ForgetLocked took (nullopt: none).
-  absl::Status DeleteRow(const ChunkId& id, std::optional<IndexEntry> e);
+  absl::Status DeleteRow(const ChunkId& id, std::optional<IndexEntry> e) ABSL_LOCKS_EXCLUDED(mu_);
   // Reads [offset, offset + len) of a chunk's payload, following it if GC moves it.
   absl::Status ReadChunkRange(const ChunkId& id, uint64_t offset, uint64_t len,
                               absl::FunctionRef<void(uint64_t, absl::string_view)> out);

@@ -247,12 +247,12 @@ uint64_t TieredStore::BeginPutAsync(const ChunkId& id, uint32_t token_count,
     done(layout.status());
     return 0;
   }
-  if (absl::Status s = layouts_->CheckPuttable(*layout); !s.ok()) {
-    done(s);
-    return 0;
-  }
   if (Locate(id) != Tier::kNone) {
     done(std::unique_ptr<ChunkWriter>());
+    return 0;
+  }
+  if (absl::Status s = layouts_->CheckPuttable(*layout); !s.ok()) {
+    done(s);
     return 0;
   }
   return admission_->Admit(
@@ -625,16 +625,25 @@ void TieredStore::FetchRemote(const std::vector<ChunkId>& ids) {
   // Get's first chunks need not wait for its last.
   std::vector<std::shared_ptr<PoolChunk>> rooms(claimed.size());
   std::vector<std::optional<PoolSink>> sinks(claimed.size());
+  // Chunks given room but not yet in RAM (their group is still being read), which the
+  // admission cannot see there: each is asked for with those, so a tenant's quota holds
+  // for a group as a whole. ReadMany calls both callbacks on this thread.
+  uint64_t admitted = 0;
+  std::vector<uint64_t> admitted_bytes(claimed.size(), 0);
   shared_->ReadMany(
       claimed,
       [&](size_t i, const ChunkMeta& meta) -> ChunkSink* {
-        if (!AdmitPromotion(claimed[i], meta.size)) return nullptr;
+        if (!AdmitPromotion(claimed[i], admitted + meta.size)) return nullptr;
         auto room = ram_->Allocate(meta.size);
         if (!room.ok()) return nullptr;
         rooms[i] = *std::move(room);
+        admitted += meta.size;
+        admitted_bytes[i] = meta.size;
         return &sinks[i].emplace(rooms[i].get());
       },
       [&](size_t i, absl::StatusOr<ChunkMeta> meta) {
+        admitted -= admitted_bytes[i];  // In RAM now (counted there), or dropped.
+        admitted_bytes[i] = 0;
         if (meta.ok() && ram_->Insert(claimed[i], rooms[i], *meta, /*dirty=*/false)) {
           remote_promotions_.fetch_add(1, std::memory_order_relaxed);
           ram_bytes_in_.fetch_add(meta->size, std::memory_order_relaxed);

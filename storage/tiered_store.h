@@ -306,6 +306,9 @@ class TieredStore {
   // chunk the caller sends (a layer range), what a RAM hit counts as read out.
   void ReadForStreamAsync(const ChunkId& id, std::function<void(absl::StatusOr<ChunkView>)> done,
                           uint64_t sent_bytes = UINT64_MAX);
+  // ReadForStreamAsync on the calling thread (which it may block on SSD or the shared
+  // tier): for a caller with a thread of its own, which must not wait on the read pool.
+  absl::StatusOr<ChunkView> ReadForStream(const ChunkId& id) { return Read(id, true); }
   // Reads bytes [offset, offset + len) of a streamed chunk into a buffer of len bytes,
   // on the read threads, once stream_buffer_bytes has room for it (never blocks the
   // caller; `done` may run on this thread). The buffer's bytes count against

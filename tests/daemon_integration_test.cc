@@ -894,7 +894,7 @@ TEST_F(DaemonTest, AStockGrpcClientReadsFramesOfLargeChunks) {
     }
     const grpc::Status s = reader->Finish();
     ASSERT_TRUE(s.ok()) << s.error_message();
-    EXPECT_EQ(frames, 6u);  // Three per chunk: 4 MiB is just over two frames.
+    EXPECT_EQ(frames, 6u);  // Three per chunk: 8 MiB is just over two frames.
     EXPECT_TRUE(chunks[0] == PatternBytes(1, kChunk));
     EXPECT_TRUE(chunks[1] == PatternBytes(2, kChunk));
   }

@@ -138,6 +138,7 @@ TEST(SsdMetricsTest, PayloadFilesAreAccountedFor) {
   EXPECT_EQ(SeriesValue(m, "kvtier_ssd_disk_bytes"), 3 << 20);
   EXPECT_EQ(SeriesValue(m, "kvtier_ssd_gc_bytes_total"), 0);
   EXPECT_EQ(SeriesValue(m, "kvtier_ssd_lost_at_start_total"), 0);
+  EXPECT_EQ(SeriesValue(m, "kvtier_ssd_index_repairs_total"), 0);
 }
 
 // Chunks smaller than a pool slot: Stats, the CLI's source, and the metrics tell the

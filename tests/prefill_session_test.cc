@@ -410,6 +410,45 @@ TEST_F(PrefillTest, SlowSessionsOverSsdChunksDoNotStallOthers) {
   EXPECT_EQ(streams_open(), 0);
 }
 
+// A chunk streamed from SSD a frame at a time that fails its checksum mid-chunk ends the
+// session CHUNK_UNAVAILABLE at that chunk: the worker keeps what arrived whole (nothing,
+// here) and computes the rest. No frame of bad bytes is sent.
+TEST_F(PrefillTest, ACorruptSsdChunkStreamedAFrameAtATimeEndsChunkUnavailable) {
+  const std::vector<std::string> args = {"--write-mode=write-through", "--max-pinned-fraction=1"};
+  Start(args);
+  client_.reset();
+  auto code = daemon_->Terminate();
+  ASSERT_TRUE(code.ok()) << code.status();
+  daemon_.reset();
+  const int corrupted = testing::CorruptPayloadFiles(dir_ + "/ssd", [](uint64_t size) {
+    std::vector<uint64_t> at;  // The second half of every MiB: each chunk's later frames.
+    for (uint64_t off = 640 << 10; off + 64 < size; off += 1 << 20) at.push_back(off);
+    return at;
+  });
+  ASSERT_GT(corrupted, 0);
+  Start(args);  // The cached chunks are on SSD only now; fill RAM with pinned ones.
+  std::vector<ChunkKey> pin;
+  for (uint32_t i = 100; i < 164; ++i) {
+    const std::string data = PatternBytes(i, kChunk);
+    ChunkToPut c{KeyOf(i), data, 256};
+    ASSERT_TRUE(client_->Put(ns_, {&c, 1}).ok()) << i;
+    pin.push_back(KeyOf(i));
+  }
+  ASSERT_TRUE(client_->Pin(ns_, pin, 0).ok());
+  grpc::ClientContext ctx;
+  auto s = Open(&ctx, 0);
+  std::vector<uint64_t> offsets;  // Of chunk 5's frames, as they came.
+  const Seen seen = Drain(s.get(), [&](const v1::PrefillChunkFrame& f) {
+    if (f.index() == kCached - 1) offsets.push_back(f.offset());
+  });
+  ExpectContract(seen);
+  ASSERT_TRUE(seen.done.has_value()) << seen.status.error_message();
+  EXPECT_EQ(seen.done->reason(), v1::PrefillDone::CHUNK_UNAVAILABLE) << seen.done->detail();
+  EXPECT_EQ(seen.done->first_streamed(), kCached);
+  EXPECT_TRUE(seen.whole.empty());
+  EXPECT_EQ(offsets, (std::vector<uint64_t>{0, 256 << 10})) << "frames before the bad one";
+}
+
 TEST_F(PrefillTest, ChunkEvictedMidSessionEndsWithWhatWasStreamed) {
   Start();
   grpc::ClientContext ctx;

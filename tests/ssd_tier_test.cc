@@ -654,6 +654,7 @@ TEST_F(SsdTierTest, ACorruptIndexTableIsRepairedAtStartUp) {
     }
   }
   EXPECT_EQ(tier_->GetStats().chunks, static_cast<uint64_t>(kept));
+  EXPECT_EQ(tier_->GetStats().index_repairs, 1u);
   // The dropped chunks' payload is reclaimed like any other no row names.
   EXPECT_LE(tier_->GetStats().disk_bytes, static_cast<uint64_t>(kept) * (64 << 10))
       << kept << " kept";
@@ -661,6 +662,7 @@ TEST_F(SsdTierTest, ACorruptIndexTableIsRepairedAtStartUp) {
   PutOk(Id(100), 64 << 10);
   Open();  // The repaired index opens as any other.
   ExpectStored(Id(100), 64 << 10);
+  EXPECT_EQ(tier_->GetStats().index_repairs, 0u);
 }
 
 TEST_F(SsdTierTest, PayloadFileDeletedBehindTheDaemonsBack) {

@@ -280,7 +280,8 @@ TEST_F(TieredStoreLayoutTest, AChunkLargerThanTheSsdTierIsRefusedAtRegistration)
 }
 
 // A layout registered when the SSD tier was larger is loaded at start-up, but its
-// chunks can no longer be put: refused as final. In write-back they were acknowledged
+// chunks can no longer be put: refused as final (FAILED_PRECONDITION, as its
+// registration would be now). In write-back they were acknowledged
 // into RAM, retried forever by the flusher and never evictable, until the backlog
 // refused every put of every namespace and shutdown lost them.
 TEST_F(TieredStoreLayoutTest, AStoredLayoutLargerThanTheSsdTierNowRefusesItsPuts) {
@@ -298,7 +299,7 @@ TEST_F(TieredStoreLayoutTest, AStoredLayoutLargerThanTheSsdTierNowRefusesItsPuts
     OpenWith(o);
     ASSERT_TRUE(store_->FindLayout(ns_).ok()) << "kept, for its chunks' sake";
     auto refused = store_->BeginPut(Id(1), 256);
-    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument)
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition)
         << WriteModeName(mode) << ": " << refused.status();
     EXPECT_NE(refused.status().message().find("ssd_capacity"), std::string::npos);
     EXPECT_EQ(store_->GetStats().ram.chunks, 0u);
