@@ -19,6 +19,23 @@
 namespace kvtier {
 namespace {
 
+// The payload directory was removed behind the daemon's back (found gone when a file is
+// made or the free space checked): without it every later put would fail until a
+// restart. Makes it again; the files it held are served from their open descriptors
+// until dropped, and their chunks are lost at the next start. Returns whether it exists.
+bool RemakeRemovedDir(const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) {
+    LogError("SSD tier: ", dir, " was removed while kvtierd ran; recreating it failed: ",
+             ec.message());
+    return false;
+  }
+  LogError("SSD tier: ", dir, " was removed while kvtierd ran; recreated it (the chunks in "
+           "the removed files go at the next start)");
+  return true;
+}
+
 uint64_t AlignUp(uint64_t n) { return (n + kPayloadAlign - 1) / kPayloadAlign * kPayloadAlign; }
 
 absl::Status IoError(absl::string_view what, const std::string& path, int err) {
@@ -214,6 +231,10 @@ absl::StatusOr<std::shared_ptr<PayloadLog::File>> PayloadLog::OpenFile(uint32_t 
   const int direct = direct_io_ ? O_DIRECT : 0;
   if (create) {
     file->wfd = ::open(file->path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | direct, 0600);
+    if (file->wfd < 0 && errno == ENOENT && RemakeRemovedDir(options_.dir)) {
+      file->wfd =
+          ::open(file->path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | direct, 0600);
+    }
     if (file->wfd < 0) return IoError("creating", file->path, errno);
   }
   file->rfd = ::open(file->path.c_str(), O_RDONLY | O_CLOEXEC | direct);
@@ -313,7 +334,9 @@ absl::StatusOr<std::pair<std::shared_ptr<PayloadLog::File>, PayloadExtent>> Payl
 absl::Status PayloadLog::CheckFreeSpaceLocked(uint64_t footprint) {
   if (options_.min_free_bytes == 0) return absl::OkStatus();
   struct statvfs fs {};
-  if (ops_->StatVfs(options_.dir, &fs) != 0) {
+  if (ops_->StatVfs(options_.dir, &fs) != 0 &&
+      (errno != ENOENT || !RemakeRemovedDir(options_.dir) ||
+       ops_->StatVfs(options_.dir, &fs) != 0)) {
     return IoError("checking free space on", options_.dir, errno);
   }
   const uint64_t free_bytes = static_cast<uint64_t>(fs.f_bavail) * fs.f_frsize;

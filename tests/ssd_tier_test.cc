@@ -101,7 +101,8 @@ class SsdTierTest : public ::testing::Test {
 
   void PutOk(const ChunkId& id, uint64_t size, size_t parts = 1) {
     const std::string data = Payload(id, size);
-    ASSERT_TRUE(Put(id, data, parts).ok());
+    const absl::Status s = Put(id, data, parts);
+    ASSERT_TRUE(s.ok()) << s;
   }
 
   // Get succeeds with exactly the bytes Payload(id, size) put there.
@@ -691,6 +692,15 @@ TEST_F(SsdTierTest, PayloadFileDeletedBehindTheDaemonsBack) {
   EXPECT_TRUE(PayloadFiles(options_.path).empty()) << "a file holding nothing is deleted";
   PutOk(Id(3), kMiB);
   ExpectStored(Id(3), kMiB);
+  // The whole directory removed: the next file is made in a new one, and puts go on.
+  std::filesystem::remove_all(options_.path + "/payload");
+  PutOk(Id(4), 4 * kMiB);
+  PutOk(Id(5), 4 * kMiB);
+  ExpectStored(Id(5), 4 * kMiB);
+  ExpectStored(Id(3), kMiB);  // From its open descriptor.
+  Open();
+  EXPECT_FALSE(tier_->Contains(Id(3)));
+  ExpectStored(Id(5), 4 * kMiB);
 }
 
 // A copy a caller found corrupt (a streamed frame's checksum) is deleted, counted as a
