@@ -1,5 +1,9 @@
 #include "client/kvtier_client.h"
 
+#include <openssl/err.h>
+#include <openssl/pem.h>
+#include <openssl/x509.h>
+
 #include <fstream>
 #include <sstream>
 
@@ -31,6 +35,38 @@
 
 namespace kvtier {
 namespace {
+
+// gRPC fails every call of a channel whose client key is encrypted or belongs to another
+// certificate with "empty address list", naming neither file: say which, and why.
+absl::Status CheckKeyMatches(const std::string& key_path, const std::string& key_pem,
+                             const std::string& cert_pem) {
+  auto pem_bio = [](const std::string& pem) {
+    return std::unique_ptr<BIO, decltype(&BIO_free)>(
+        BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())), &BIO_free);
+  };
+  auto cert_bio = pem_bio(cert_pem);
+  auto key_bio = pem_bio(key_pem);
+  if (cert_bio == nullptr || key_bio == nullptr) return absl::ResourceExhaustedError("tls: out of memory");
+  std::unique_ptr<X509, decltype(&X509_free)> cert(
+      PEM_read_bio_X509(cert_bio.get(), nullptr, nullptr, nullptr), &X509_free);
+  // No passphrase prompt: an encrypted key is refused, not asked for on a terminal.
+  pem_password_cb* no_passphrase = [](char*, int, int, void*) { return 0; };
+  std::unique_ptr<EVP_PKEY, decltype(&EVP_PKEY_free)> key(
+      PEM_read_bio_PrivateKey(key_bio.get(), nullptr, no_passphrase, nullptr), &EVP_PKEY_free);
+  const bool matches =
+      cert != nullptr && key != nullptr && X509_check_private_key(cert.get(), key.get()) == 1;
+  ERR_clear_error();
+  if (cert == nullptr) return absl::InvalidArgumentError("tls_cert_file: not a PEM certificate");
+  if (key == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tls_key_file: ", key_path, " holds no unencrypted PEM private key"));
+  }
+  if (!matches) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tls_key_file: ", key_path, " does not match the certificate in tls_cert_file"));
+  }
+  return absl::OkStatus();
+}
 
 // Room left in a message for a PutFrame's fields other than `data` (namespace id, key,
 // offset, crc32c, token_count and the tags/lengths: under 64 bytes); generous so that a
@@ -462,6 +498,7 @@ absl::StatusOr<std::unique_ptr<KvTierClient>> KvTierClient::Connect(
       if (!cert.ok()) return cert.status();
       auto key = read(options.tls_key_file, "tls_key_file", "PRIVATE KEY");
       if (!key.ok()) return key.status();
+      if (absl::Status s = CheckKeyMatches(options.tls_key_file, *key, *cert); !s.ok()) return s;
       ssl.pem_cert_chain = *std::move(cert);
       ssl.pem_private_key = *std::move(key);
     }

@@ -621,6 +621,10 @@ absl::Status DaemonConfig::Validate() const {
   if (shutdown_grace < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("option shutdown_grace: must not be negative");
   }
+  if (client_idle_timeout < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        "option client_idle_timeout: must not be negative (0 turns it off)");
+  }
   if (shm_socket != "auto" && shm_socket != "off" &&
       !(shm_socket.size() >= 2 && (shm_socket[0] == '/' || shm_socket[0] == '@'))) {
     return absl::InvalidArgumentError(absl::StrCat(

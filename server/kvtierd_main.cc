@@ -1,6 +1,6 @@
 // kvtierd: the kvtier daemon. Parses options, opens the tiered store (recovering the
 // SSD tier's index), serves kvtier.v1.KvCache, grpc.health.v1.Health and server
-// reflection, and shuts down gracefully on SIGTERM/SIGINT: health goes NOT_SERVING,
+// reflection, and shuts down gracefully on SIGTERM/SIGINT/SIGHUP: health goes NOT_SERVING,
 // in-flight RPCs get shutdown_grace to finish, write-back chunks are flushed to SSD and
 // RocksDB is closed.
 #include <grpc/grpc.h>
@@ -12,13 +12,17 @@
 #include <prometheus/registry.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/file.h>
+#include <fcntl.h>
 #include <sys/random.h>
 #include <systemd/sd-daemon.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -26,6 +30,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/cleanup/cleanup.h"
 #include "absl/synchronization/mutex.h"
@@ -120,6 +125,44 @@ std::unique_ptr<DeviceBackend> OpenGpu(const DaemonConfig& config) {
 #endif
 }
 
+// Holds <data_dir>/kvtierd.lock (flock) for the daemon's life, taken before anything
+// that lives in data_dir or is shared with another daemon (sockets, the gRPC port, the
+// TLS copy, the store): a second kvtierd on the same data_dir stops at once, touching
+// nothing of the first. The lock goes with the process, however it ends.
+absl::StatusOr<int> LockDataDir(const std::string& data_dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(data_dir, ec);
+  if (ec) {
+    return absl::UnavailableError(absl::StrCat("data_dir: cannot create ", data_dir, ": ",
+                                               ec.message()));
+  }
+  const std::string path = data_dir + "/kvtierd.lock";
+  const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    return absl::UnavailableError(
+        absl::StrCat("data_dir: cannot open ", path, ": ", std::strerror(errno)));
+  }
+  if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    char holder[32] = {};
+    const ssize_t n = pread(fd, holder, sizeof(holder) - 1, 0);
+    close(fd);
+    if (err == EWOULDBLOCK) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "data_dir: ", data_dir, " is in use by another kvtierd",
+          n > 0 ? absl::StrCat(" (pid ", absl::StripAsciiWhitespace(holder), ")") : "",
+          "; give each daemon its own data_dir"));
+    }
+    return absl::UnavailableError(absl::StrCat("data_dir: cannot lock ", path, ": ",
+                                               std::strerror(err)));
+  }
+  const std::string pid = absl::StrCat(getpid(), "\n");
+  if (ftruncate(fd, 0) != 0 || pwrite(fd, pid.data(), pid.size(), 0) < 0) {
+    LogWarning("data_dir: cannot write the pid into ", path, ": ", std::strerror(errno));
+  }
+  return fd;
+}
+
 int Run(const DaemonConfig& config, const sigset_t& signals) {
   SetMinLogLevel(ParseLogLevel(config.log_level));
   LogInfo("kvtierd ", KVTIER_VERSION, " starting: ", config.Describe());
@@ -128,6 +171,11 @@ int Run(const DaemonConfig& config, const sigset_t& signals) {
   if (!store_options.ok()) {
     LogError(store_options.status().message());
     return 2;
+  }
+  absl::StatusOr<int> data_dir_lock = LockDataDir(config.data_dir);
+  if (!data_dir_lock.ok()) {
+    LogError(data_dir_lock.status().message());
+    return 1;
   }
   // Before the store, which page-locks its pool through it; destroyed after it.
   std::unique_ptr<DeviceBackend> gpu = OpenGpu(config);
@@ -312,6 +360,9 @@ int Run(const DaemonConfig& config, const sigset_t& signals) {
   // Puts waiting for room (put_wait) each hold a full window, so the bound is
   // concurrent puts x stream_window.
   builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  // gRPC sets SO_REUSEPORT by default: a second daemon on the same port would start and
+  // take part of the first one's connections. The port must be free.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   // Admission: HTTP/2 streams per connection, and gRPC's threads for the synchronous
   // handlers; past the latter gRPC itself answers RESOURCE_EXHAUSTED.
   builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
@@ -415,7 +466,8 @@ int Run(const DaemonConfig& config, const sigset_t& signals) {
 
   int sig = 0;
   sigwait(&signals, &sig);
-  LogInfo("received ", sig == SIGTERM ? "SIGTERM" : "SIGINT", ": shutting down (grace ",
+  LogInfo("received ", sig == SIGTERM ? "SIGTERM" : sig == SIGINT ? "SIGINT" : "SIGHUP",
+          ": shutting down (grace ",
           absl::FormatDuration(config.shutdown_grace), ")");
   Notify("STOPPING=1\nSTATUS=draining RPCs and flushing write-back");
   serving = false;
@@ -492,13 +544,15 @@ int main(int argc, char** argv) {
   // tests (whose binaries keep it) and statically by the clang thread-safety build; the
   // daemon does not pay for it again.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
-  // SIGTERM and SIGINT are taken synchronously by sigwait in Run(). Block them first
+  // SIGTERM, SIGINT and SIGHUP (its terminal closed, for a daemon started in one) are
+  // taken synchronously by sigwait in Run(), each a graceful shutdown. Block them first
   // thing, before any library can start a thread, so that every thread inherits the
-  // mask and no thread dies of the default action.
+  // mask and no thread dies of the default action (which loses write-back chunks).
   sigset_t signals;
   sigemptyset(&signals);
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   std::vector<std::string> args(argv + 1, argv + argc);

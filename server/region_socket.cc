@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kvtier/v1/kvtier.pb.h"
+#include "server/unix_socket_path.h"
 #include "storage/log.h"
 
 namespace kvtier {
@@ -69,16 +70,16 @@ absl::StatusOr<std::unique_ptr<RegionSocket>> RegionSocket::Start(RegionSocketOp
   socklen_t len = 0;
   auto addr = SocketAddress(options.name, &len);
   if (!addr.ok()) return addr.status();
-  const int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  if (fd < 0) return absl::UnavailableError(absl::StrCat("shm_socket: socket: ", std::strerror(errno)));
   const bool path = options.name[0] == '/';
   if (path) {
-    // A socket left by a daemon that was killed: remove it, but nothing else.
-    struct stat st;
-    if (lstat(options.name.c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) {
-      unlink(options.name.c_str());
+    // A socket left by a daemon that was killed is removed; a live one, or anything
+    // else, is not.
+    if (absl::Status s = ClaimSocketPath(options.name, SOCK_SEQPACKET, "shm_socket"); !s.ok()) {
+      return s;
     }
   }
+  const int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) return absl::UnavailableError(absl::StrCat("shm_socket: socket: ", std::strerror(errno)));
   if (bind(fd, reinterpret_cast<const sockaddr*>(&*addr), len) != 0 || listen(fd, 128) != 0) {
     const int err = errno;
     close(fd);

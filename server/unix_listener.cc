@@ -14,6 +14,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "server/unix_socket_path.h"
 #include "storage/log.h"
 
 namespace kvtier {
@@ -32,14 +33,7 @@ absl::StatusOr<std::unique_ptr<UnixListener>> UnixListener::Bind(const std::stri
                                                    sizeof(addr.sun_path) - 1, " bytes)"));
   }
   std::memcpy(addr.sun_path, path.data(), path.size());
-  struct stat st {};
-  if (lstat(path.c_str(), &st) == 0) {
-    if (!S_ISSOCK(st.st_mode)) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "option listen_unix: ", path, " exists and is not a socket; not replacing it"));
-    }
-    unlink(path.c_str());  // Left by a daemon that was killed.
-  }
+  if (absl::Status s = ClaimSocketPath(path, SOCK_STREAM, "listen_unix"); !s.ok()) return s;
   const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) {
     return absl::UnavailableError(absl::StrCat("listen_unix: socket: ", std::strerror(errno)));

@@ -137,6 +137,15 @@ SsdTier::IndexDb SsdTier::IndexDbFor(const SsdTierOptions& options) {
   return db;
 }
 
+uint64_t SsdTierOptions::DiskBytesNeeded() const {
+  return capacity_bytes + capacity_bytes / 16 + FileBytes() + MinFreeBytes();
+}
+
+uint64_t SsdTierOptions::LargestCapacityFor(uint64_t room) const {
+  const uint64_t overhead = FileBytes() + MinFreeBytes();
+  return room > overhead ? (room - overhead) / 17 * 16 : 0;
+}
+
 absl::StatusOr<std::unique_ptr<SsdTier>> SsdTier::Open(SsdTierOptions options) {
   if (absl::Status s = options.Validate(); !s.ok()) return s;
   absl::StatusOr<std::unique_ptr<SsdTier>> tier = OpenOnce(options);
@@ -213,17 +222,15 @@ absl::StatusOr<std::unique_ptr<SsdTier>> SsdTier::OpenOnce(SsdTierOptions option
   if (struct statvfs fs {}; statvfs(tier->options_.path.c_str(), &fs) == 0) {
     const uint64_t room = static_cast<uint64_t>(fs.f_bavail) * fs.f_frsize +
                           tier->log_->GetStats().disk_bytes;
-    const uint64_t needed = tier->options_.capacity_bytes + tier->options_.MinFreeBytes();
-    if (room < needed) {
-      LogWarning("SSD tier: ssd_capacity is ", tier->options_.capacity_bytes >> 20,
-                 " MiB, but the file system holding ", tier->options_.path, " has room for ",
-                 room >> 20, " MiB of payload files and ", tier->options_.MinFreeBytes() >> 20,
+    const SsdTierOptions& o = tier->options_;
+    if (room < o.DiskBytesNeeded()) {
+      LogWarning("SSD tier: ssd_capacity is ", o.capacity_bytes >> 20,
+                 " MiB, but the file system holding ", o.path, " has room for ", room >> 20,
+                 " MiB; the payload files take up to ssd_capacity x 17/16 plus one ",
+                 o.FileBytes() >> 20, " MiB file being filled, and ", o.MinFreeBytes() >> 20,
                  " MiB must stay free for the index: puts to SSD will fail 'disk full' "
                  "before the tier fills; lower ssd_capacity to at most ",
-                 room > tier->options_.MinFreeBytes()
-                     ? (room - tier->options_.MinFreeBytes()) >> 20
-                     : 0,
-                 " MiB");
+                 o.LargestCapacityFor(room) >> 20, " MiB");
     }
   }
   return tier;

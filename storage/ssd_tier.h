@@ -107,6 +107,11 @@ struct SsdTierOptions {
   // min_free_bytes, or its default: room for RocksDB to flush its memtables twice over
   // and for its WAL, MANIFEST and a compaction, 2 x write_buffer_bytes + 64 MiB.
   uint64_t MinFreeBytes() const;
+  // The disk the tier may take at most: capacity x 17/16 of payload files (dead bytes
+  // awaiting GC), one file being filled, and min_free_bytes kept free for the index.
+  uint64_t DiskBytesNeeded() const;
+  // The largest capacity whose DiskBytesNeeded fits `room` bytes (with this file size).
+  uint64_t LargestCapacityFor(uint64_t room) const;
 };
 
 struct SsdTierStats {

@@ -5,6 +5,7 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <algorithm>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -44,6 +45,23 @@ TEST(DaemonConfigTest, ShippedExampleConfigMatchesEmbeddedDefaults) {
   c.listen = "changed";
   ASSERT_TRUE(ApplyToml(text.str(), "kvtierd.toml", c).ok());
   EXPECT_EQ(c.Describe(), DaemonConfig{}.Describe());
+  // "The same list, commented" (README): every option --help names is in it, set or
+  // shown commented out.
+  const std::string usage = DaemonUsage();
+  int options = 0;
+  for (size_t at = usage.find("\n  --"); at != std::string::npos;
+       at = usage.find("\n  --", at + 1)) {
+    const size_t begin = at + 5;
+    const size_t end = usage.find_first_of(" \n", begin);
+    std::string key = usage.substr(begin, end - begin);
+    std::replace(key.begin(), key.end(), '-', '_');
+    if (key == "config" || key == "help,") continue;  // --config, --help, --version.
+    ++options;
+    EXPECT_TRUE(text.str().find("\n" + key + " = ") != std::string::npos ||
+                text.str().find("\n# " + key + " = ") != std::string::npos)
+        << key << " is missing from deploy/kvtierd.toml";
+  }
+  EXPECT_GT(options, 50);
 }
 
 TEST(DaemonConfigTest, WritebackMaxDirtyDefaultsToHalfThePool) {
@@ -382,6 +400,8 @@ TEST(DaemonConfigTest, ErrorsNameTheOption) {
       {[](DaemonConfig& c) { c.listen = "127.0.0.1:-1"; }, "listen"},
       {[](DaemonConfig& c) { c.listen = "127.0.0.1:"; }, "listen"},
       {[](DaemonConfig& c) { c.metrics_listen = "127.0.0.1:70000"; }, "metrics_listen"},
+      {[](DaemonConfig& c) { c.client_idle_timeout = absl::Seconds(-1); },
+       "client_idle_timeout"},
   };
   for (const Case& k : cases) {
     DaemonConfig bad;

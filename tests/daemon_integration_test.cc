@@ -2,6 +2,7 @@
 // C++ client (and the raw stub where a test must send what the client never would).
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
+#include <sys/stat.h>
 
 #include <atomic>
 #include <filesystem>
@@ -723,6 +724,84 @@ TEST_F(DaemonTest, SigtermStopsCleanly) {
   EXPECT_EQ(*code, 0);
   EXPECT_NE(daemon_->ReadLog().find("stopped cleanly"), std::string::npos);
   daemon_.reset();
+}
+
+// SIGHUP (the terminal of a daemon started in one closed) is a graceful shutdown like
+// SIGTERM: write-back chunks are flushed. Its default action once killed the daemon on
+// the spot, losing most of the acknowledged write-back chunks.
+TEST_F(DaemonTest, SighupStopsCleanlyAndKeepsWriteBackChunks) {
+  const std::vector<std::string> args = {"--write-mode=write-back", "--writeback-threads=1"};
+  StartDaemon(args);
+  const uint64_t ns = Register(1);
+  for (uint64_t i = 1; i <= 16; ++i) ASSERT_TRUE(PutOne(ns, i, 1 << 20).ok()) << i;
+  client_.reset();
+  ASSERT_EQ(kill(daemon_->pid(), SIGHUP), 0);
+  auto code = daemon_->Terminate();  // Waits for the exit SIGHUP began.
+  ASSERT_TRUE(code.ok()) << code.status();
+  EXPECT_EQ(*code, 0) << daemon_->ReadLog();
+  EXPECT_NE(daemon_->ReadLog().find("received SIGHUP"), std::string::npos);
+  EXPECT_NE(daemon_->ReadLog().find("stopped cleanly"), std::string::npos);
+  daemon_.reset();
+  StartDaemon(args);
+  std::vector<ChunkKey> keys;
+  for (uint64_t i = 1; i <= 16; ++i) keys.push_back(KeyOf(i));
+  auto found = client_->Lookup(ns, keys);
+  ASSERT_TRUE(found.ok()) << found.status();
+  for (uint64_t i = 0; i < 16; ++i) EXPECT_NE(found->tiers[i], v1::TIER_UNSPECIFIED) << i;
+}
+
+// A second kvtierd on the same data_dir, the same port or the same socket path is
+// refused before it touches what the first one uses. It once unlinked the first one's
+// Unix sockets on its way to failing on the store's lock, and with its own data_dir
+// started on the same port (SO_REUSEPORT) and took part of the first one's calls.
+TEST_F(DaemonTest, ASecondDaemonCannotTakeTheFirstOnesDataDirPortOrSocket) {
+  const std::string socket_dir = MakeTempDir("kvtierd-sockets");
+  const std::string unix_socket = socket_dir + "/kvtierd.sock";
+  const std::string shm_socket = socket_dir + "/kvtierd-shm.sock";
+  StartDaemon({"--listen-unix=" + unix_socket, "--shm-socket=" + shm_socket});
+  const uint64_t ns = Register(1);
+  ASSERT_TRUE(PutOne(ns, 1, 1 << 20).ok());
+  auto second = [&](std::vector<std::string> args) {
+    args.insert(args.begin(), KVTIERD_PATH);
+    return testing::RunCommand(args);
+  };
+  // The same data_dir: refused at once, naming the first daemon.
+  const auto same_dir = second({"--data-dir=" + data_dir_, "--listen=127.0.0.1:0",
+                                "--listen-unix=" + unix_socket, "--shm-socket=" + shm_socket});
+  EXPECT_EQ(same_dir.exit_code, 1) << same_dir.output;
+  EXPECT_NE(same_dir.output.find("is in use by another kvtierd (pid " +
+                                 std::to_string(daemon_->pid()) + ")"),
+            std::string::npos)
+      << same_dir.output;
+  // Its own data_dir, but the first one's socket paths or port: refused, naming them.
+  const std::string other_dir = MakeTempDir("kvtierd-second");
+  const auto same_unix = second({"--data-dir=" + other_dir, "--listen=127.0.0.1:0",
+                                 "--listen-unix=" + unix_socket});
+  EXPECT_EQ(same_unix.exit_code, 1) << same_unix.output;
+  EXPECT_NE(same_unix.output.find("option listen_unix: " + unix_socket + " is in use"),
+            std::string::npos)
+      << same_unix.output;
+  const auto same_shm = second({"--data-dir=" + other_dir, "--listen=127.0.0.1:0",
+                                "--shm-socket=" + shm_socket});
+  EXPECT_EQ(same_shm.exit_code, 1) << same_shm.output;
+  EXPECT_NE(same_shm.output.find("option shm_socket: " + shm_socket + " is in use"),
+            std::string::npos)
+      << same_shm.output;
+  const auto same_port =
+      second({"--data-dir=" + other_dir, "--listen=127.0.0.1:" + std::to_string(daemon_->port())});
+  EXPECT_EQ(same_port.exit_code, 1) << same_port.output;
+  // The first daemon still answers on all three.
+  auto over_unix = KvTierClient::Connect("unix:" + unix_socket);
+  ASSERT_TRUE(over_unix.ok());
+  auto found = (*over_unix)->Lookup(ns, std::vector<ChunkKey>{KeyOf(1)});
+  ASSERT_TRUE(found.ok()) << found.status();
+  EXPECT_EQ(found->tiers[0], v1::TIER_RAM);
+  struct stat st {};
+  EXPECT_EQ(lstat(shm_socket.c_str(), &st), 0) << "the region socket is still there";
+  for (int i = 0; i < 8; ++i) {  // Every call to the port reaches the first daemon.
+    auto again = client_->Lookup(ns, std::vector<ChunkKey>{KeyOf(1)});
+    ASSERT_TRUE(again.ok()) << again.status();
+  }
 }
 
 // Connected clients with no call in flight do not hold up SIGTERM: with an hour of

@@ -98,6 +98,8 @@ unit_verify() {
   # The unit and the packaged config must agree on the data directory.
   grep -qx 'Type=notify' "$UNIT" || fail "unit is not Type=notify"
   grep -qx 'StateDirectory=kvtier' "$UNIT" || fail "unit has no StateDirectory=kvtier"
+  # The config's listen_unix example, /run/kvtier/kvtierd.sock, under ProtectSystem=strict.
+  grep -qx 'RuntimeDirectory=kvtier' "$UNIT" || fail "unit has no RuntimeDirectory=kvtier"
   grep -qx 'User=kvtier' "$UNIT" || fail "unit does not run as kvtier"
   log "OK: systemd-analyze verify"
 }

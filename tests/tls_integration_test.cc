@@ -221,7 +221,16 @@ TEST(TlsClientTest, NonPemFilesAreRefusedAtConnectNamingTheField) {
       // A certificate where the key belongs is not a key.
       {certs + "/ca.pem", certs + "/client-a.pem", certs + "/client-a.pem",
        "tls_key_file: " + certs + "/client-a.pem holds no PEM private key"},
+      // Another certificate's key, and an encrypted key: gRPC alone said only "empty
+      // address list" on every call.
+      {certs + "/ca.pem", certs + "/client-a.pem", certs + "/server.key",
+       "tls_key_file: " + certs + "/server.key does not match the certificate in tls_cert_file"},
+      {certs + "/ca.pem", certs + "/client-a.pem", dir + "/encrypted.key",
+       "tls_key_file: " + dir + "/encrypted.key holds no unencrypted PEM private key"},
   };
+  const std::string encrypt = "openssl pkey -in " + certs + "/client-a.key -aes256 -passout " +
+                              "pass:secret -out " + dir + "/encrypted.key 2>/dev/null";
+  ASSERT_EQ(std::system(encrypt.c_str()), 0) << encrypt;
   for (const Case& c : cases) {
     ClientOptions o;
     o.tls_ca_file = c.ca;
