@@ -6,12 +6,17 @@ namespace kvtier {
 
 Promoter::Promoter(HostPool* ram, StorageTier* below,
                    std::function<void(const ChunkId&, const ChunkMeta&)> on_promoted,
-                   std::function<bool(const ChunkId&, uint64_t)> admit)
-    : ram_(ram), below_(below), on_promoted_(std::move(on_promoted)), admit_(std::move(admit)) {}
+                   std::function<bool(const ChunkId&, uint64_t)> admit, KeyLocks* locks)
+    : ram_(ram),
+      below_(below),
+      on_promoted_(std::move(on_promoted)),
+      admit_(std::move(admit)),
+      locks_(locks) {}
 
 Promoter::Result Promoter::Read(const ChunkId& id,
                                 absl::FunctionRef<ChunkSink*(const ChunkMeta&)> no_room) {
   Result out;
+  const uint64_t generation = locks_ != nullptr ? locks_->Generation(id) : 0;
   std::optional<PoolSink> pool_sink;
   absl::StatusOr<ChunkMeta> meta =
       ReadAndWait(*below_, id, [&](const ChunkMeta& m) -> ChunkSink* {
@@ -30,7 +35,16 @@ Promoter::Result Promoter::Read(const ChunkId& id,
     out.room.reset();  // Its slots go back; nothing was indexed.
     return out;
   }
-  if (out.room != nullptr && ram_->Insert(id, out.room, *meta, /*dirty=*/false)) {
+  if (out.room == nullptr) return out;
+  // Not if it was deleted while it was read; the read is served from the room anyway.
+  bool inserted = false;
+  auto insert = [&] { inserted = ram_->Insert(id, out.room, *meta, /*dirty=*/false); };
+  if (locks_ == nullptr) {
+    insert();
+  } else {
+    locks_->InsertIfUnchanged(id, generation, insert);
+  }
+  if (inserted) {
     promotions_.fetch_add(1, std::memory_order_relaxed);
     if (on_promoted_) on_promoted_(id, *meta);
   }

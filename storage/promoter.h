@@ -19,6 +19,7 @@
 #include "absl/status/status.h"
 #include "storage/chunk_id.h"
 #include "storage/host_pool.h"
+#include "storage/key_locks.h"
 #include "storage/storage_tier.h"
 
 namespace kvtier {
@@ -29,9 +30,12 @@ class Promoter {
   // chunk this object put in RAM is indexed (counters, events). `admit(id, bytes)` (may
   // be empty: always) says, before any room is taken, whether a chunk may come into RAM
   // at all; refused, the read goes where `no_room` says.
+  // `locks` (may be null; must outlive this object): a chunk deleted while it was read
+  // is not put in RAM (KeyLocks).
   Promoter(HostPool* ram, StorageTier* below,
            std::function<void(const ChunkId&, const ChunkMeta&)> on_promoted,
-           std::function<bool(const ChunkId&, uint64_t)> admit = nullptr);
+           std::function<bool(const ChunkId&, uint64_t)> admit = nullptr,
+           KeyLocks* locks = nullptr);
 
   struct Result {
     absl::Status status;             // The read's: Ok, NotFound, DataLoss, Unavailable,
@@ -50,6 +54,7 @@ class Promoter {
   StorageTier* const below_;
   const std::function<void(const ChunkId&, const ChunkMeta&)> on_promoted_;
   const std::function<bool(const ChunkId&, uint64_t)> admit_;
+  KeyLocks* const locks_;
   std::atomic<uint64_t> promotions_{0};
 };
 

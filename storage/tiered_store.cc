@@ -156,7 +156,8 @@ absl::StatusOr<std::unique_ptr<TieredStore>> TieredStore::Open(TieredStoreOption
           s->ram_bytes_in_.fetch_add(meta.size, std::memory_order_relaxed);
           s->Emit(ChunkEventKind::kPromoted, id, Tier::kRam);
         },
-        [s](const ChunkId& id, uint64_t bytes) { return s->AdmitPromotion(id, bytes); });
+        [s](const ChunkId& id, uint64_t bytes) { return s->AdmitPromotion(id, bytes); },
+        &s->key_locks_);
   }
   // A chunk must fit each tier it goes to: a layout whose chunk the SSD tier could never
   // hold would have write-back retry its chunks forever.
@@ -551,6 +552,7 @@ absl::StatusOr<ChunkView> TieredStore::ReadRemote(const ChunkId& id) {
   std::optional<PoolSink> room_sink;
   std::shared_ptr<std::string> buffer;
   std::optional<StringSink> buffer_sink;
+  const uint64_t generation = key_locks_.Generation(id);
   auto meta = ReadAndWait(*shared_, id, [&](const ChunkMeta& m) -> ChunkSink* {
     if (auto r = AdmitPromotion(id, m.size)
                      ? ram_->Allocate(m.size)
@@ -569,7 +571,11 @@ absl::StatusOr<ChunkView> TieredStore::ReadRemote(const ChunkId& id) {
   view.meta_ = *meta;
   view.tier_ = shared_->tier();
   if (room != nullptr) {
-    if (ram_->Insert(id, room, *meta, /*dirty=*/false)) {
+    bool inserted = false;  // Not if it was deleted while it was read.
+    key_locks_.InsertIfUnchanged(id, generation, [&] {
+      inserted = ram_->Insert(id, room, *meta, /*dirty=*/false);
+    });
+    if (inserted) {
       remote_promotions_.fetch_add(1, std::memory_order_relaxed);
       ram_bytes_in_.fetch_add(meta->size, std::memory_order_relaxed);
       Emit(ChunkEventKind::kPromoted, id, Tier::kRam);
@@ -630,6 +636,8 @@ void TieredStore::FetchRemote(const std::vector<ChunkId>& ids) {
   // for a group as a whole. ReadMany calls both callbacks on this thread.
   uint64_t admitted = 0;
   std::vector<uint64_t> admitted_bytes(claimed.size(), 0);
+  std::vector<uint64_t> generations(claimed.size());
+  for (size_t i = 0; i < claimed.size(); ++i) generations[i] = key_locks_.Generation(claimed[i]);
   shared_->ReadMany(
       claimed,
       [&](size_t i, const ChunkMeta& meta) -> ChunkSink* {
@@ -644,7 +652,13 @@ void TieredStore::FetchRemote(const std::vector<ChunkId>& ids) {
       [&](size_t i, absl::StatusOr<ChunkMeta> meta) {
         admitted -= admitted_bytes[i];  // In RAM now (counted there), or dropped.
         admitted_bytes[i] = 0;
-        if (meta.ok() && ram_->Insert(claimed[i], rooms[i], *meta, /*dirty=*/false)) {
+        bool inserted = false;  // Not if it was deleted while it was read.
+        if (meta.ok()) {
+          key_locks_.InsertIfUnchanged(claimed[i], generations[i], [&] {
+            inserted = ram_->Insert(claimed[i], rooms[i], *meta, /*dirty=*/false);
+          });
+        }
+        if (inserted) {
           remote_promotions_.fetch_add(1, std::memory_order_relaxed);
           ram_bytes_in_.fetch_add(meta->size, std::memory_order_relaxed);
           Emit(ChunkEventKind::kPromoted, claimed[i], Tier::kRam);
@@ -1088,10 +1102,26 @@ void TieredStore::ReadToDeviceAsync(const ChunkId& id, std::vector<DeviceRange> 
 absl::StatusOr<bool> TieredStore::Delete(const ChunkId& id) {
   // Fastest first: a copy tier's copy goes before the chunk it copies.
   bool present = false;
+  // The local tiers under the chunk's KeyLocks stripe: a promotion that read it before
+  // does not put it back. The shared tier's, over the network, after.
+  absl::Status local = absl::OkStatus();
+  key_locks_.Removing(id, [&] {
+    for (StorageTier* tier : tiers_) {
+      if (tier->role() == StorageTier::Role::kShared) continue;
+      absl::StatusOr<bool> removed = tier->Delete(id);
+      if (!removed.ok()) {
+        local = removed.status();
+        return;
+      }
+      if (*removed && tier == ram_.get()) NotifyRoom();
+      if (tier->role() != StorageTier::Role::kCopy) present = present || *removed;
+    }
+  });
+  if (!local.ok()) return local;
   for (StorageTier* tier : tiers_) {
+    if (tier->role() != StorageTier::Role::kShared) continue;
     absl::StatusOr<bool> removed = tier->Delete(id);
     if (!removed.ok()) {
-      if (tier->role() != StorageTier::Role::kShared) return removed.status();
       // Or another daemon's read would bring it back. A cluster that cannot be reached
       // leaves the remote copy (it expires with its TTL); that is logged, not an error.
       if (auto held = remote_delete_log_.Allow(absl::Now())) {
@@ -1101,8 +1131,7 @@ absl::StatusOr<bool> TieredStore::Delete(const ChunkId& id) {
       }
       continue;
     }
-    if (*removed && tier == ram_.get()) NotifyRoom();
-    if (tier->role() != StorageTier::Role::kCopy) present = present || *removed;
+    present = present || *removed;
   }
   if (present) Emit(ChunkEventKind::kDeleted, id, Tier::kNone);
   return present;
@@ -1125,15 +1154,23 @@ absl::StatusOr<uint64_t> TieredStore::Clear(uint64_t ns) {
 }
 
 absl::StatusOr<uint64_t> TieredStore::ClearLocal(uint64_t ns) {
-  // A chunk in several tiers counts once: the most any local tier held.
+  // A chunk in several tiers counts once: the most any local tier held. Under every
+  // KeyLocks stripe: no promotion that read one of these chunks puts it back.
   uint64_t removed = 0;
-  for (StorageTier* tier : tiers_) {
-    if (tier->role() == StorageTier::Role::kShared) continue;
-    absl::StatusOr<uint64_t> n = tier->DeleteNamespace(ns);
-    if (!n.ok()) return n.status();
-    if (*n > 0 && tier == ram_.get()) NotifyRoom();
-    if (tier->role() == StorageTier::Role::kLocal) removed = std::max(removed, *n);
-  }
+  absl::Status status = absl::OkStatus();
+  key_locks_.RemovingAll([&] {
+    for (StorageTier* tier : tiers_) {
+      if (tier->role() == StorageTier::Role::kShared) continue;
+      absl::StatusOr<uint64_t> n = tier->DeleteNamespace(ns);
+      if (!n.ok()) {
+        status = n.status();
+        return;
+      }
+      if (*n > 0 && tier == ram_.get()) NotifyRoom();
+      if (tier->role() == StorageTier::Role::kLocal) removed = std::max(removed, *n);
+    }
+  });
+  if (!status.ok()) return status;
   // One event for the whole namespace: a zero key.
   if (removed > 0) Emit(ChunkEventKind::kDeleted, ChunkId{ns, ChunkKey{}}, Tier::kNone);
   return removed;

@@ -48,6 +48,7 @@
 #include "storage/fair_gate.h"
 #include "storage/gpu_tier.h"
 #include "storage/host_pool.h"
+#include "storage/key_locks.h"
 #include "storage/io_pool.h"
 #include "storage/layout_registry.h"
 #include "storage/layout_spec.h"
@@ -502,6 +503,8 @@ class TieredStore {
   StorageTier* shared_ = nullptr;
   // Reads from backing_ into RAM; null in ram-only mode. After ram_ and ssd_, which it
   // reads and fills.
+  // Before promoter_, which holds a pointer to it.
+  KeyLocks key_locks_;
   std::unique_ptr<Promoter> promoter_;
   FetchClaims remote_fetches_;  // Chunks being read from the remote tier now.
   // max_buffered_reads; shared with the buffers, which a view may keep past the store.

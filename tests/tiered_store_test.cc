@@ -812,6 +812,29 @@ TEST_F(TieredStoreWriteBackTest, APromotionTheAdmissionRefusesIsServedUnpromoted
   EXPECT_EQ(asked.size(), 3u);
 }
 
+// A chunk deleted while a read was promoting it from SSD stays deleted: the read is
+// served, but not kept in RAM. It once was, clean and on no SSD: the deleted chunk was
+// back, and the next Put of its key answered "already present" and stored nothing, so
+// that chunk was lost once RAM evicted it.
+TEST_F(TieredStoreWriteBackTest, AChunkDeletedWhileItIsPromotedStaysDeleted) {
+  for (uint64_t i = 0; i < kRamChunks + 1; ++i) PutOk(Id(i));
+  WaitFlushed(kRamChunks + 1);
+  ASSERT_EQ(store_->Locate(Id(0)), Tier::kSsd);
+  bool deleted = false;
+  ops_->BeforeNextRead([&] {
+    auto d = store_->Delete(Id(0));  // Between the read's meta lookup and its bytes.
+    deleted = d.ok() && *d;
+  });
+  ExpectReadable(Id(0), Tier::kSsd);
+  ASSERT_TRUE(deleted);
+  EXPECT_EQ(store_->Locate(Id(0)), Tier::kNone);
+  EXPECT_EQ(store_->GetStats().promotions, 0u);
+  // A put of the key stores it afresh.
+  auto w = store_->BeginPut(Id(0), 256);
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_NE(*w, nullptr) << "answered as already present";
+}
+
 // With no room in RAM, SSD reads are served from heap buffers, at most
 // max_buffered_reads at once: a further reader waits until a buffer is dropped.
 TEST_F(TieredStoreWriteBackTest, BufferedSsdReadsAreBounded) {

@@ -35,6 +35,12 @@ class FaultyPayloadOps : public PayloadFileOps {
     next_read_hook_ = std::move(before);
     corrupt_next_ = true;
   }
+  // `before` runs on the reading thread before the next read's bytes are read, which is
+  // not corrupted: a test's way to race the store against a read in flight.
+  void BeforeNextRead(std::function<void()> before) {
+    absl::MutexLock lock(&hook_mu_);
+    next_read_hook_ = std::move(before);
+  }
   void SetFailSync(bool on) { fail_sync_.store(on); }
   // Reads fail with this errno; 0 turns it off.
   void SetReadError(int err) { read_error_.store(err); }

@@ -1,0 +1,38 @@
+#include "storage/key_locks.h"
+
+namespace kvtier {
+
+KeyLocks::Stripe& KeyLocks::For(const ChunkId& id) const {
+  return stripes_[(id.key.lo ^ (id.key.hi * 0x9e3779b97f4a7c15ull) ^ id.ns) % kStripes];
+}
+
+uint64_t KeyLocks::Generation(const ChunkId& id) const {
+  return For(id).generation.load(std::memory_order_acquire);
+}
+
+bool KeyLocks::InsertIfUnchanged(const ChunkId& id, uint64_t generation,
+                                 absl::FunctionRef<void()> insert) {
+  Stripe& s = For(id);
+  absl::MutexLock lock(&s.mu);
+  if (s.generation.load(std::memory_order_relaxed) != generation) return false;
+  insert();
+  return true;
+}
+
+void KeyLocks::Removing(const ChunkId& id, absl::FunctionRef<void()> remove) {
+  Stripe& s = For(id);
+  absl::MutexLock lock(&s.mu);
+  s.generation.fetch_add(1, std::memory_order_release);
+  remove();
+}
+
+void KeyLocks::RemovingAll(absl::FunctionRef<void()> remove) {
+  for (Stripe& s : stripes_) {
+    s.mu.Lock();
+    s.generation.fetch_add(1, std::memory_order_release);
+  }
+  remove();
+  for (auto it = stripes_.rbegin(); it != stripes_.rend(); ++it) it->mu.Unlock();
+}
+
+}  // namespace kvtier

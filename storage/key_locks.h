@@ -1,0 +1,57 @@
+// KeyLocks: keeps a read that brings a chunk into RAM from a tier below (a promotion)
+// from putting back a chunk deleted while it was being read. A Delete removes the chunk
+// from RAM, then from SSD; a promotion reads it from SSD (or the shared tier), then
+// inserts it into RAM. Interleaved, the insert would bring a deleted chunk back, clean
+// and on no SSD, and a later Put of its key would answer "already present" and store
+// nothing.
+//
+// Each chunk maps to one of a fixed set of stripes: a mutex and a generation. A Delete
+// (or Clear: every stripe) holds its stripe across the removals and bumps the
+// generation; a promotion notes the generation before it reads and inserts, under the
+// stripe, only if it is unchanged. Either the insert comes first (the Delete then
+// removes it) or the Delete does (the insert is skipped: the read is still served). A
+// Delete of another chunk on the same stripe skips a promotion needlessly, which only
+// costs that promotion.
+//
+// Thread-safety: thread-safe.
+#ifndef KVTIER_STORAGE_KEY_LOCKS_H_
+#define KVTIER_STORAGE_KEY_LOCKS_H_
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
+#include "absl/synchronization/mutex.h"
+#include "storage/chunk_id.h"
+
+namespace kvtier {
+
+class KeyLocks {
+ public:
+  // The generation of `id`'s stripe, to pass to InsertIfUnchanged.
+  uint64_t Generation(const ChunkId& id) const;
+  // Runs `insert` under `id`'s stripe if no Delete or Clear touched it since
+  // `generation`; returns whether it ran.
+  bool InsertIfUnchanged(const ChunkId& id, uint64_t generation,
+                         absl::FunctionRef<void()> insert);
+  // Runs `remove` under `id`'s stripe, after bumping its generation.
+  void Removing(const ChunkId& id, absl::FunctionRef<void()> remove);
+  // Runs `remove` under every stripe (in order), after bumping every generation.
+  void RemovingAll(absl::FunctionRef<void()> remove) ABSL_NO_THREAD_SAFETY_ANALYSIS;
+
+ private:
+  static constexpr size_t kStripes = 64;
+  struct Stripe {
+    absl::Mutex mu;
+    std::atomic<uint64_t> generation{0};  // Written under mu.
+  };
+  Stripe& For(const ChunkId& id) const;
+
+  mutable std::array<Stripe, kStripes> stripes_;
+};
+
+}  // namespace kvtier
+
+#endif  // KVTIER_STORAGE_KEY_LOCKS_H_
