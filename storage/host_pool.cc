@@ -347,7 +347,7 @@ bool HostPool::Remove(const ChunkId& id) {
   return true;
 }
 
-uint64_t HostPool::RemoveNamespace(uint64_t ns) {
+uint64_t HostPool::RemoveNamespace(uint64_t ns, std::vector<ChunkId>* removed) {
   std::vector<std::shared_ptr<PoolChunk>> keep;
   absl::MutexLock lock(&mu_);
   std::vector<ChunkId> ids;
@@ -358,7 +358,9 @@ uint64_t HostPool::RemoveNamespace(uint64_t ns) {
     keep.push_back(index_[id].data);
     EraseLocked(id);
   }
-  return ids.size();
+  const uint64_t n = ids.size();
+  if (removed != nullptr) *removed = std::move(ids);
+  return n;
 }
 
 std::optional<HostPool::DirtyChunk> HostPool::TakeDirtyVictim() {

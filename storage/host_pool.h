@@ -137,7 +137,7 @@ class HostPool final : public StorageTier {
   bool Unpin(const ChunkId& id);
   // Returns true if the chunk was indexed.
   bool Remove(const ChunkId& id);
-  uint64_t RemoveNamespace(uint64_t ns);
+  uint64_t RemoveNamespace(uint64_t ns, std::vector<ChunkId>* removed = nullptr);
 
   // Payload bytes the namespaces `ns` hold in the pool, and how many of them are
   // pinned now. O(namespaces), plus the pins that expired since the last look.

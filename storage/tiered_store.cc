@@ -1154,20 +1154,30 @@ absl::StatusOr<uint64_t> TieredStore::Clear(uint64_t ns) {
 }
 
 absl::StatusOr<uint64_t> TieredStore::ClearLocal(uint64_t ns) {
-  // A chunk in several tiers counts once: the most any local tier held. Under every
-  // KeyLocks stripe: no promotion that read one of these chunks puts it back.
+  // A chunk in RAM and on SSD counts once: RAM's, plus SSD's that RAM did not hold.
+  // Under every KeyLocks stripe: no promotion that read one of these chunks puts it
+  // back.
   uint64_t removed = 0;
   absl::Status status = absl::OkStatus();
   key_locks_.RemovingAll([&] {
+    std::vector<ChunkId> in_ram;
     for (StorageTier* tier : tiers_) {
       if (tier->role() == StorageTier::Role::kShared) continue;
+      if (tier == ram_.get()) {
+        removed += ram_->RemoveNamespace(ns, &in_ram);
+        if (!in_ram.empty()) NotifyRoom();
+        continue;
+      }
+      uint64_t also_in_ram = 0;
+      if (tier->role() == StorageTier::Role::kLocal) {
+        for (bool held : tier->ContainsMany(in_ram)) also_in_ram += held;
+      }
       absl::StatusOr<uint64_t> n = tier->DeleteNamespace(ns);
       if (!n.ok()) {
         status = n.status();
         return;
       }
-      if (*n > 0 && tier == ram_.get()) NotifyRoom();
-      if (tier->role() == StorageTier::Role::kLocal) removed = std::max(removed, *n);
+      if (tier->role() == StorageTier::Role::kLocal) removed += *n - std::min(*n, also_in_ram);
     }
   });
   if (!status.ok()) return status;

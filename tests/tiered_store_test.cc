@@ -812,6 +812,31 @@ TEST_F(TieredStoreWriteBackTest, APromotionTheAdmissionRefusesIsServedUnpromoted
   EXPECT_EQ(asked.size(), 3u);
 }
 
+// Clear counts each chunk once, wherever it was. It once answered the most any one tier
+// held: here RAM and SSD hold different halves of the older chunks (RAM kept the ones
+// read, SSD the ones not), and a Clear of 1.5 x kRamChunks chunks said kRamChunks.
+TEST_F(TieredStoreWriteBackTest, ClearCountsEveryChunkOnceWhereverItWas) {
+  TieredStoreOptions o = Options(WriteMode::kWriteThrough);
+  o.ssd.capacity_bytes = kRamChunks * kChunkBytes;
+  o.ssd.path = dir_.path() + "/db-clear";
+  OpenWith(o);
+  ns_ = Register();
+  for (uint64_t i = 0; i < kRamChunks; ++i) PutOk(Id(i));
+  for (uint64_t i = 0; i < kRamChunks / 2; ++i) ExpectReadable(Id(i), Tier::kRam);  // Kept in RAM.
+  for (uint64_t i = kRamChunks; i < kRamChunks + kRamChunks / 2; ++i) PutOk(Id(i));
+  // RAM: the first half (read) and the new ones; SSD: the second half and the new ones.
+  ASSERT_EQ(store_->Locate(Id(0)), Tier::kRam);
+  ASSERT_FALSE(store_->Locate(Id(kRamChunks - 1)) == Tier::kNone);
+  ASSERT_EQ(store_->GetStats().ram.chunks, kRamChunks);
+  ASSERT_EQ(store_->GetStats().ssd.chunks, kRamChunks);
+  auto cleared = store_->Clear(ns_);
+  ASSERT_TRUE(cleared.ok()) << cleared.status();
+  EXPECT_EQ(*cleared, kRamChunks + kRamChunks / 2);
+  for (uint64_t i = 0; i < kRamChunks + kRamChunks / 2; ++i) {
+    EXPECT_EQ(store_->Locate(Id(i)), Tier::kNone) << i;
+  }
+}
+
 // A chunk deleted while a read was promoting it from SSD stays deleted: the read is
 // served, but not kept in RAM. It once was, clean and on no SSD: the deleted chunk was
 // back, and the next Put of its key answered "already present" and stored nothing, so
