@@ -192,6 +192,13 @@ absl::Status Authenticator::StillAdmits(const CallerCredentials& creds, const st
   return absl::OkStatus();
 }
 
+StillAdmitted Authenticator::Watch(CallerCredentials creds, std::string tenant,
+                                   uint64_t generation) {
+  return [this, creds = std::move(creds), tenant = std::move(tenant), generation]() mutable {
+    return StillAdmits(creds, tenant, &generation);
+  };
+}
+
 uint64_t Authenticator::generation() const {
   absl::MutexLock lock(&mu_);
   return generation_;

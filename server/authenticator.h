@@ -51,6 +51,12 @@ struct CallerCredentials {
   std::optional<uint32_t> unix_uid;          // Peer uid of a Unix-domain socket.
 };
 
+// For a call that stays open (a Put, Get or Prefill stream, an Events subscription):
+// asked before each unit of work it starts (a chunk, a batch of events) whether the
+// caller's credentials still admit it. Ok, or the error to end the call with. Empty:
+// nothing to re-check (the implicit tenant).
+using StillAdmitted = std::function<absl::Status()>;
+
 struct AuthenticatorOptions {
   std::string tenants_file;  // Empty: the implicit tenant for everyone.
   absl::Duration reload_check = absl::Seconds(1);
@@ -83,6 +89,10 @@ class Authenticator {
   // again only once the table has changed. Returns: Ok, Unauthenticated.
   absl::Status StillAdmits(const CallerCredentials& creds, const std::string& tenant,
                            uint64_t* generation) ABSL_LOCKS_EXCLUDED(mu_);
+  // StillAdmits as a StillAdmitted for one call, admitted as `tenant` with `creds`;
+  // `generation` is generation() taken before the call was admitted. Must not outlive
+  // this Authenticator.
+  StillAdmitted Watch(CallerCredentials creds, std::string tenant, uint64_t generation);
   // Bumped each time a tenants table is loaded.
   uint64_t generation() const ABSL_LOCKS_EXCLUDED(mu_);
 

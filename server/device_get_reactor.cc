@@ -12,12 +12,13 @@ DeviceGetReactor::DeviceGetReactor(grpc::CallbackServerContext* ctx, const v1::G
                                    TieredStore* store, RpcMetrics* metrics, LeaseTable* leases,
                                    RegionTable* regions, uint64_t max_frame_bytes,
                                    uint32_t max_keys, StreamLimiter::Ticket place,
-                                   StallReaper* stalls)
+                                   StallReaper* stalls, StillAdmitted still_admitted)
     : ctx_(ctx),
       store_(store),
       scope_(metrics, RpcMethod::kGet),
       place_(std::move(place)),
-      stall_(stalls, [ctx] { ctx->TryCancel(); }) {
+      stall_(stalls, [ctx] { ctx->TryCancel(); }),
+      still_admitted_(std::move(still_admitted)) {
   absl::Status s = Start(req, leases, regions, max_frame_bytes, max_keys);
   {
     absl::MutexLock lock(&mu_);
@@ -74,6 +75,12 @@ void DeviceGetReactor::Pump() {
       while (next_issue_ < plan_.items.size() && next_issue_ - next_write_ < kWindow &&
              copies_ < static_cast<int>(kWindow)) {
         const size_t i = next_issue_;
+        if (FirstItemOfKey(i) && still_admitted_) {
+          // Credentials revoked by a tenants file reloaded while the call ran end it
+          // before its next chunk.
+          error_ = still_admitted_();
+          if (!error_.ok()) break;
+        }
         if (!FirstItemOfKey(i)) {
           // A later pass: only for keys the first pass found (layer-major items are
           // pass by pass, so key k's first item is item k).

@@ -42,6 +42,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "kvtier/v1/kvtier.pb.h"
+#include "server/authenticator.h"
 #include "server/get_plan.h"
 #include "server/lease_table.h"
 #include "server/region_table.h"
@@ -63,11 +64,13 @@ class DeviceGetReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>
   // waits longer than its idle time for a client that stopped reading; waiting on the
   // device (copies in flight) is not idle. Both are the reactor's from the start, before
   // any delivery can complete (and finish the call) on the device's thread. Everything
-  // given must outlive the call.
+  // given must outlive the call. `still_admitted` (may be empty) is asked before each
+  // chunk's first copy is issued; an error ends the call with it.
   DeviceGetReactor(grpc::CallbackServerContext* ctx, const v1::GetRequest& req,
                    TieredStore* store, RpcMetrics* metrics, LeaseTable* leases,
                    RegionTable* regions, uint64_t max_frame_bytes, uint32_t max_keys,
-                   StreamLimiter::Ticket place = {}, StallReaper* stalls = nullptr);
+                   StreamLimiter::Ticket place = {}, StallReaper* stalls = nullptr,
+                   StillAdmitted still_admitted = nullptr);
 
   void OnWriteDone(bool ok) override;
   void OnDone() override;
@@ -122,6 +125,7 @@ class DeviceGetReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>
   // status, so that a client's next call finds it free.
   StreamLimiter::Ticket place_;
   StallReaper::Watched stall_;
+  StillAdmitted still_admitted_ ABSL_GUARDED_BY(mu_);  // May be empty.
 };
 
 }  // namespace kvtier

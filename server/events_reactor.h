@@ -23,6 +23,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "kvtier/v1/kvtier.pb.h"
+#include "server/authenticator.h"
 #include "server/rpc_metrics.h"
 #include "server/stream_limiter.h"
 #include "storage/event_log.h"
@@ -42,7 +43,6 @@ class EventsReactor final : public grpc::ServerWriteReactor<v1::EventBatch> {
   // woken, and finished, on another thread).
   // `still_admitted` (may be empty) is asked before each batch whether the caller's
   // credentials still admit it; an error ends the call with it.
-  using StillAdmitted = std::function<absl::Status()>;
   EventsReactor(EventLog* log, const v1::EventsRequest& request, uint64_t internal_ns,
                 RpcMetrics* metrics, StreamLimiter::Ticket subscription,
                 StreamLimiter::Ticket place = {}, StillAdmitted still_admitted = nullptr);

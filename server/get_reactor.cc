@@ -45,12 +45,13 @@ GetReactor::GetReactor(grpc::CallbackServerContext* ctx, const v1::GetRequest* r
                        TieredStore* store, RpcMetrics* metrics, LeaseTable* leases,
                        RegionTable* regions, ParallelCopy* copier, uint64_t max_frame_bytes,
                        uint32_t max_keys, StreamLimiter::Ticket place, StallReaper* stalls,
-                       SendTurns* turns)
+                       SendTurns* turns, StillAdmitted still_admitted)
     : ctx_(ctx),
       store_(store),
       scope_(metrics, RpcMethod::kGet),
       copier_(copier),
       turns_(turns),
+      still_admitted_(std::move(still_admitted)),
       place_(std::move(place)),
       stall_(stalls, [ctx] { ctx->TryCancel(); }) {
   if (absl::Status s = Start(request, leases, regions, max_frame_bytes, max_keys); !s.ok()) {
@@ -230,10 +231,18 @@ void GetReactor::Pump() {
       BeginItem(*held_[items_[item_].key]);
     } else if (!view_) {
       if (reading_) return;
-      reading_ = true;
-      ++store_callbacks_;
-      id = ids_[items_[item_].key];
-      action = Action::kFind;
+      if (still_admitted_) error_ = still_admitted_();
+      if (!error_.ok()) {
+        // Credentials revoked by a tenants file reloaded while the call ran.
+        finished_ = true;
+        finish_status = error_;
+        action = Action::kFinish;
+      } else {
+        reading_ = true;
+        ++store_callbacks_;
+        id = ids_[items_[item_].key];
+        action = Action::kFind;
+      }
     }
     if (action == Action::kNone && region_ && view_ && !view_->streamed()) {
       // Region target, RAM chunk: the whole item in one copy.

@@ -54,6 +54,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "kvtier/v1/kvtier.pb.h"
+#include "server/authenticator.h"
 #include "server/lease_table.h"
 #include "server/get_plan.h"
 #include "server/region_table.h"
@@ -83,12 +84,14 @@ class GetReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
   // reading: a frame's write held back by flow control for longer than its idle time.
   // Both are the reactor's before it starts any work that can finish the call on
   // another thread. `turns` (may be null: no turns; must outlive the call) paces the
-  // sending of RAM chunks.
+  // sending of RAM chunks. `still_admitted` (may be empty) is asked before each chunk
+  // is started; an error ends the call with it.
   GetReactor(grpc::CallbackServerContext* ctx, const v1::GetRequest* request,
              TieredStore* store, RpcMetrics* metrics, LeaseTable* leases,
              RegionTable* regions, ParallelCopy* copier, uint64_t max_frame_bytes,
              uint32_t max_keys, StreamLimiter::Ticket place = {},
-             StallReaper* stalls = nullptr, SendTurns* turns = nullptr);
+             StallReaper* stalls = nullptr, SendTurns* turns = nullptr,
+             StillAdmitted still_admitted = nullptr);
 
   void OnWriteDone(bool ok) override;
   void OnCancel() override;
@@ -162,6 +165,7 @@ class GetReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
   SendTurns* const turns_;      // May be null: RAM chunks are sent without turns.
 
   absl::Mutex mu_;
+  StillAdmitted still_admitted_ ABSL_GUARDED_BY(mu_);  // May be empty.
   bool writing_ ABSL_GUARDED_BY(mu_) = false;   // A write (frame_) is in flight.
   bool reading_ ABSL_GUARDED_BY(mu_) = false;   // The current key's chunk is being found.
   bool finished_ ABSL_GUARDED_BY(mu_) = false;  // Finish() was called.

@@ -68,7 +68,7 @@ KvCacheService::KvCacheService(ServiceLimits limits, std::string version, RpcMet
       version_(std::move(version)) {}
 
 absl::StatusOr<TenantScope> KvCacheService::Admit(grpc::ServerContextBase* ctx,
-                                                  CallerCredentials* presented) {
+                                                  StillAdmitted* watch) {
   std::optional<UnixListener::Connection> unix_peer;
   if (guards_.unix_peers != nullptr) {
     unix_peer = guards_.unix_peers->Find(ctx->peer());
@@ -89,9 +89,15 @@ absl::StatusOr<TenantScope> KvCacheService::Admit(grpc::ServerContextBase* ctx,
     }
   }
   if (unix_peer.has_value()) creds.unix_uid = unix_peer->uid;
+  // Taken first: a table loaded between it and the admission is checked at once.
+  const uint64_t generation = guards_.auth->generation();
   Authenticator::Result r = guards_.auth->Authenticate(creds);
-  if (presented != nullptr) *presented = creds;
-  if (r.scope.has_value()) return *std::move(r.scope);
+  if (r.scope.has_value()) {
+    if (watch != nullptr && !r.scope->implicit()) {
+      *watch = guards_.auth->Watch(std::move(creds), r.scope->tenant(), generation);
+    }
+    return *std::move(r.scope);
+  }
   if (r.denied.retry_after > absl::ZeroDuration()) {
     ctx->AddTrailingMetadata(
         "kvtier-retry-after-ms",
@@ -116,9 +122,10 @@ absl::StatusOr<StreamLimiter::Ticket> KvCacheService::TakeStreamPlace(
 }
 
 template <typename Impl>
-grpc::Status KvCacheService::Serve(grpc::ServerContextBase* ctx, RpcMethod method, Impl impl) {
+grpc::Status KvCacheService::Serve(grpc::ServerContextBase* ctx, RpcMethod method, Impl impl,
+                                   StillAdmitted* watch) {
   RpcMetrics::Scope scope(metrics_, method);
-  absl::StatusOr<TenantScope> tenant = Admit(ctx);
+  absl::StatusOr<TenantScope> tenant = Admit(ctx, watch);
   if (!tenant.ok()) return scope.Done(ToGrpcStatus(tenant.status()));
   TieredStore* store = store_.load(std::memory_order_acquire);
   if (store == nullptr) {
@@ -143,7 +150,8 @@ grpc::Status KvCacheService::Lookup(grpc::ServerContext* ctx, const v1::LookupRe
 }
 grpc::ServerReadReactor<grpc::ByteBuffer>* KvCacheService::Put(
     grpc::CallbackServerContext* ctx, grpc::ByteBuffer* response) {
-  absl::StatusOr<TenantScope> tenant = Admit(ctx);
+  StillAdmitted still_admitted;
+  absl::StatusOr<TenantScope> tenant = Admit(ctx, &still_admitted);
   if (!tenant.ok()) return new RefusedReader(metrics_, RpcMethod::kPut, ToGrpcStatus(tenant.status()));
   absl::StatusOr<StreamLimiter::Ticket> place = TakeStreamPlace(ctx, *tenant);
   if (!place.ok()) return new RefusedReader(metrics_, RpcMethod::kPut, ToGrpcStatus(place.status()));
@@ -155,6 +163,7 @@ grpc::ServerReadReactor<grpc::ByteBuffer>* KvCacheService::Put(
   reactor->Hold(*std::move(place));
   reactor->WatchForStalls(guards_.stalls);
   reactor->EnforceQuotas(guards_.quotas);
+  reactor->WatchAdmission(std::move(still_admitted));
   // Within max_put_buffer: a place now, or in line for one (no thread waits), or
   // RESOURCE_EXHAUSTED with a retry hint.
   reactor->Begin(guards_.put_streams);
@@ -162,7 +171,8 @@ grpc::ServerReadReactor<grpc::ByteBuffer>* KvCacheService::Put(
 }
 grpc::ServerWriteReactor<grpc::ByteBuffer>* KvCacheService::Get(
     grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request) {
-  absl::StatusOr<TenantScope> tenant = Admit(ctx);
+  StillAdmitted still_admitted;
+  absl::StatusOr<TenantScope> tenant = Admit(ctx, &still_admitted);
   if (!tenant.ok()) {
     return new RefusedWriter<grpc::ByteBuffer>(metrics_, RpcMethod::kGet,
                                                ToGrpcStatus(tenant.status()));
@@ -194,12 +204,13 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* KvCacheService::Get(
     return new DeviceGetReactor(ctx, req, store_.load(std::memory_order_acquire), metrics_,
                                 leases_, data_plane_.regions, limits_.max_frame_bytes,
                                 limits_.max_keys_per_request, *std::move(place),
-                                guards_.stalls);
+                                guards_.stalls, std::move(still_admitted));
   }
   return new GetReactor(ctx, parsed ? &req : nullptr, store_.load(std::memory_order_acquire),
                         metrics_, leases_, data_plane_.regions, data_plane_.copier,
                         limits_.max_frame_bytes, limits_.max_keys_per_request,
-                        *std::move(place), guards_.stalls, guards_.send_turns);
+                        *std::move(place), guards_.stalls, guards_.send_turns,
+                        std::move(still_admitted));
 }
 
 grpc::Status KvCacheService::DataPlane(grpc::ServerContext* ctx, const v1::DataPlaneRequest* req,
@@ -322,10 +333,8 @@ grpc::Status KvCacheService::HintImpl(TieredStore* store, const TenantScope& ten
 grpc::ServerWriteReactor<v1::EventBatch>* KvCacheService::Events(
     grpc::CallbackServerContext* ctx, const v1::EventsRequest* req) {
   using Refused = RefusedWriter<v1::EventBatch>;
-  // Taken first: a table loaded between it and the admission is checked at once.
-  uint64_t generation = guards_.auth != nullptr ? guards_.auth->generation() : 0;
-  CallerCredentials creds;
-  absl::StatusOr<TenantScope> tenant = Admit(ctx, &creds);
+  StillAdmitted still_admitted;  // A subscription outlives its admission.
+  absl::StatusOr<TenantScope> tenant = Admit(ctx, &still_admitted);
   if (!tenant.ok()) return new Refused(metrics_, RpcMethod::kEvents, ToGrpcStatus(tenant.status()));
   if (!tenant->implicit() && req->namespace_id() == 0) {
     // The log does not know which namespaces are whose; a tenant names its own.
@@ -361,19 +370,13 @@ grpc::ServerWriteReactor<v1::EventBatch>* KvCacheService::Events(
   if (!place.ok()) {
     return new Refused(metrics_, RpcMethod::kEvents, ToGrpcStatus(place.status()));
   }
-  // A subscription outlives its admission: credentials revoked by a new tenants file
-  // end it (UNAUTHENTICATED) at its next batch.
-  EventsReactor::StillAdmitted still_admitted;
-  if (guards_.auth != nullptr && !tenant->implicit()) {
-    still_admitted = [auth = guards_.auth, creds = std::move(creds), name = tenant->tenant(),
-                      generation]() mutable { return auth->StillAdmits(creds, name, &generation); };
-  }
   return new EventsReactor(events_, *req, tenant->Internal(req->namespace_id()), metrics_,
                            *std::move(subscription), *std::move(place),
                            std::move(still_admitted));
 }
 
 grpc::Status KvCacheService::Prefill(grpc::ServerContext* ctx, PrefillStream* stream) {
+  StillAdmitted still_admitted;  // Set by the admission, before the lambda runs.
   return Serve(ctx, RpcMethod::kPrefill, [&](TieredStore* store, const TenantScope& t) {
     // A tenant's sessions count in its max_streams below.
     absl::StatusOr<StreamLimiter::Ticket> session =
@@ -384,8 +387,9 @@ grpc::Status KvCacheService::Prefill(grpc::ServerContext* ctx, PrefillStream* st
     const std::function<void(uint64_t)> bind = [this, &t](uint64_t ns) {
       if (guards_.quotas != nullptr) guards_.quotas->Bind(t, ns);
     };
-    return prefill_->Run(store, ctx, stream, data_plane_.regions, t, guards_.stalls, bind);
-  });
+    return prefill_->Run(store, ctx, stream, data_plane_.regions, t, guards_.stalls, bind,
+                         std::move(still_admitted));
+  }, &still_admitted);
 }
 
 grpc::Status KvCacheService::RegisterLayoutImpl(TieredStore* store, const TenantScope& tenant,

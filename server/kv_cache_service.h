@@ -144,11 +144,11 @@ class KvCacheService final
   grpc::Status HintImpl(TieredStore* store, const TenantScope& tenant, const v1::HintRequest* req,
                         v1::HintResponse* resp);
 
-  // The caller's tenant, from its credentials (copied to `presented`, if given, when a
-  // tenants file is in force); on refusal the status (and, when over the tenant's rate,
-  // a kvtier-retry-after-ms trailer on `ctx`).
-  absl::StatusOr<TenantScope> Admit(grpc::ServerContextBase* ctx,
-                                    CallerCredentials* presented = nullptr);
+  // The caller's tenant, from its credentials; on refusal the status (and, when over the
+  // tenant's rate, a kvtier-retry-after-ms trailer on `ctx`). A call that stays open
+  // passes `watch`: it gets the re-check of those credentials against a tenants file
+  // reloaded while the call runs (empty for the implicit tenant).
+  absl::StatusOr<TenantScope> Admit(grpc::ServerContextBase* ctx, StillAdmitted* watch = nullptr);
   // A place among max_streams, and among the tenant's own max_streams, for a streaming
   // call (an empty ticket without a limiter), or RESOURCE_EXHAUSTED with a
   // kvtier-retry-after-ms trailer on `ctx`.
@@ -163,8 +163,10 @@ class KvCacheService final
 
   // Runs `impl(store, tenant)` under a metrics scope, once the caller is admitted;
   // UNAVAILABLE before SetStore.
+  // Admits the caller (Admit, passing `watch` on) and runs `impl(store, tenant)`.
   template <typename Impl>
-  grpc::Status Serve(grpc::ServerContextBase* ctx, RpcMethod method, Impl impl);
+  grpc::Status Serve(grpc::ServerContextBase* ctx, RpcMethod method, Impl impl,
+                     StillAdmitted* watch = nullptr);
 
   std::atomic<TieredStore*> store_{nullptr};
   RpcMetrics* const metrics_;

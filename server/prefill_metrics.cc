@@ -12,7 +12,7 @@ PrefillMetrics::PrefillMetrics(prometheus::Registry& registry) {
                        .Name("kvtier_prefill_sessions_total")
                        .Help("Prefill sessions that sent Done, by reason")
                        .Register(registry);
-  for (int r = 0; r < 7; ++r) {
+  for (int r = 0; r < static_cast<int>(sessions_.size()); ++r) {
     sessions_[r] = &sessions.Add(
         {{"reason", v1::PrefillDone::Reason_Name(static_cast<v1::PrefillDone::Reason>(r))}});
   }

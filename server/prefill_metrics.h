@@ -35,7 +35,8 @@ class PrefillMetrics {
   void Streamed(uint64_t bytes) { streamed_bytes_->Increment(static_cast<double>(bytes)); }
 
  private:
-  std::array<prometheus::Counter*, 7> sessions_{};
+  // One per PrefillDone::Reason value.
+  std::array<prometheus::Counter*, v1::PrefillDone::Reason_ARRAYSIZE> sessions_{};
   prometheus::Histogram* predicted_ = nullptr;
   prometheus::Histogram* actual_ = nullptr;
   prometheus::Histogram* meeting_error_ = nullptr;

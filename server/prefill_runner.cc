@@ -33,7 +33,7 @@ class Session {
  public:
   Session(PrefillRunner* runner, TieredStore* store, grpc::ServerContext* ctx,
           PrefillStream* stream, RegionTable* regions, TenantScope scope, StallReaper* stalls,
-          const std::function<void(uint64_t)>& on_namespace)
+          const std::function<void(uint64_t)>& on_namespace, StillAdmitted still_admitted)
       : runner_(runner),
         store_(store),
         ctx_(ctx),
@@ -41,6 +41,7 @@ class Session {
         regions_(regions),
         scope_(std::move(scope)),
         on_namespace_(on_namespace),
+        still_admitted_(std::move(still_admitted)),
         stall_(stalls, [ctx] { ctx->TryCancel(); }) {}
 
   grpc::Status Run();
@@ -91,6 +92,7 @@ class Session {
   RegionTable* const regions_;
   const TenantScope scope_;
   const std::function<void(uint64_t)>& on_namespace_;  // The caller's; outlives Run.
+  StillAdmitted still_admitted_;  // May be empty; called on Run's thread only.
   // Watches the Open read and each write (the reader thread's wait for Progress is the
   // worker computing, not a stall). Declared before the threads, so reset after them.
   StallReaper::Watched stall_;
@@ -628,6 +630,16 @@ grpc::Status Session::Run() {
       finished = true;
       break;
     }
+    if (still_admitted_) {
+      // Credentials revoked by a tenants file reloaded while the session ran: Done says
+      // which chunks to compute, and the call ends with the refusal.
+      if (absl::Status s = still_admitted_(); !s.ok()) {
+        result = Finish(j + 1, v1::PrefillDone::REVOKED, std::string(s.message()),
+                        ToGrpcStatus(s));
+        finished = true;
+        break;
+      }
+    }
     auto view = TakeChunk(j);
     if (!view.ok()) {
       if (absl::IsCancelled(view.status())) {
@@ -689,8 +701,10 @@ PrefillRunner::PrefillRunner(PrefillRunnerOptions options, PrefillMetrics* metri
 grpc::Status PrefillRunner::Run(TieredStore* store, grpc::ServerContext* ctx,
                                 PrefillStream* stream, RegionTable* regions,
                                 const TenantScope& scope, StallReaper* stalls,
-                                const std::function<void(uint64_t)>& on_namespace) {
-  Session session(this, store, ctx, stream, regions, scope, stalls, on_namespace);
+                                const std::function<void(uint64_t)>& on_namespace,
+                                StillAdmitted still_admitted) {
+  Session session(this, store, ctx, stream, regions, scope, stalls, on_namespace,
+                  std::move(still_admitted));
   return session.Run();
 }
 

@@ -30,6 +30,7 @@
 #include "kvtier/v1/kvtier.grpc.pb.h"
 #include "scheduler/prefill_estimators.h"
 #include "scheduler/token_bucket.h"
+#include "server/authenticator.h"
 #include "server/prefill_metrics.h"
 #include "server/region_table.h"
 #include "server/stall_reaper.h"
@@ -61,12 +62,14 @@ class PrefillRunner {
   // session's namespace to the caller's tenant; `stalls` (may be null) cancels the
   // session when its worker stops talking: no Open, or a message it does not read.
   // `on_namespace` (may be empty) is told the store's namespace once the Open names it
-  // (the tenant's quotas count it from then on).
+  // (the tenant's quotas count it from then on). `still_admitted` (may be empty) is
+  // asked before each chunk is streamed; an error ends the session with it.
   grpc::Status Run(TieredStore* store, grpc::ServerContext* ctx, PrefillStream* stream,
                    RegionTable* regions = nullptr,
                    const TenantScope& scope = TenantScope::Implicit(),
                    StallReaper* stalls = nullptr,
-                   const std::function<void(uint64_t)>& on_namespace = nullptr);
+                   const std::function<void(uint64_t)>& on_namespace = nullptr,
+                   StillAdmitted still_admitted = nullptr);
 
   // From now on sessions stop streaming and end with Done{SHUTTING_DOWN}.
   void BeginShutdown() { shutting_down_.store(true, std::memory_order_relaxed); }

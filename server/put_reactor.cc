@@ -164,6 +164,13 @@ void PutReactor::OnFrame() {
                        " has offset ", frame.offset(), ", expected 0")));
       return;
     }
+    if (still_admitted_) {
+      // Credentials revoked by a tenants file reloaded while the stream was open.
+      if (absl::Status s = still_admitted_(); !s.ok()) {
+        Fail(s);
+        return;
+      }
+    }
     auto layout = store_->FindLayout(id.ns);
     if (!layout.ok()) {
       Fail(layout.status());

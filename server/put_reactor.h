@@ -33,6 +33,7 @@
 #include "absl/synchronization/mutex.h"
 #include "client/frame_parser.h"
 #include "kvtier/v1/kvtier.pb.h"
+#include "server/authenticator.h"
 #include "server/mapped_region.h"
 #include "server/region_table.h"
 #include "server/rpc_metrics.h"
@@ -78,6 +79,10 @@ class PutReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>,
   // Admits each new chunk within the tenant's RAM and SSD quotas (may be null: none).
   // Call right after construction, like WatchForStalls.
   void EnforceQuotas(TenantQuotas* quotas) { quotas_ = quotas; }
+  // Asks `still_admitted` (may be empty) before each new chunk whether the caller's
+  // credentials still admit the call; an error ends it with that status. Call right
+  // after construction, like WatchForStalls.
+  void WatchAdmission(StillAdmitted still_admitted) { still_admitted_ = std::move(still_admitted); }
 
  private:
   // Gives the places back (as the call finishes, before the client sees its status).
@@ -177,6 +182,7 @@ class PutReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>,
   bool finished_early_ = false;  // The constructor finished the call (no store yet).
   StallReaper::Watched stall_;
   TenantQuotas* quotas_ = nullptr;
+  StillAdmitted still_admitted_;  // Called on the reading path (OnFrame) only.
 };
 
 }  // namespace kvtier

@@ -5,21 +5,16 @@
 #include <fstream>
 #include <string>
 
-#include "absl/strings/escaping.h"
 #include "server/authenticator.h"
 #include "server/tenant_scope.h"
 #include "server/tenant_table.h"
 #include "tests/support/fake_clock.h"
+#include "tests/support/tenants_file.h"
 
 namespace kvtier {
 namespace {
 
-std::string TokenLine(const std::string& tenant, const std::string& token) {
-  const Sha256Digest d = Sha256(token);
-  return "token " + tenant + " sha256:" +
-         absl::BytesToHexString(absl::string_view(reinterpret_cast<const char*>(d.data()), d.size())) +
-         "\n";
-}
+using testing::TokenLine;
 
 const std::string& Table() {
   static const std::string* text = new std::string(

@@ -15,7 +15,6 @@
 #include <string>
 #include <vector>
 
-#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "client/kvtier_client.h"
 #include "client/layout_convert.h"
@@ -23,6 +22,7 @@
 #include "server/tenant_table.h"
 #include "storage/crc32c.h"
 #include "tests/support/daemon_process.h"
+#include "tests/support/tenants_file.h"
 #include "tests/support/test_data.h"
 
 namespace kvtier {
@@ -33,13 +33,7 @@ using testing::KeyOf;
 using testing::LayoutOfMiB;
 using testing::MakeTempDir;
 using testing::PatternBytes;
-
-std::string TokenLine(const std::string& tenant, const std::string& token) {
-  const Sha256Digest d = Sha256(token);
-  return "token " + tenant + " sha256:" +
-         absl::BytesToHexString(absl::string_view(reinterpret_cast<const char*>(d.data()), d.size())) +
-         "\n";
-}
+using testing::TokenLine;
 
 // Who calls: a token (empty: none).
 enum class Who { kOwn, kOther, kNone, kWrong };

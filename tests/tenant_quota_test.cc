@@ -12,11 +12,11 @@
 #include <thread>
 #include <vector>
 
-#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "client/kvtier_client.h"
 #include "server/tenant_table.h"
 #include "tests/support/daemon_process.h"
+#include "tests/support/tenants_file.h"
 #include "tests/support/test_data.h"
 
 namespace kvtier {
@@ -29,16 +29,9 @@ using testing::LayoutOfMiB;
 using testing::MakeTempDir;
 using testing::PatternBytes;
 using testing::SeriesValue;
+using testing::TokenLine;
 
 constexpr uint64_t kMiB = 1 << 20;
-
-std::string TokenLine(const std::string& tenant, const std::string& token) {
-  const Sha256Digest d = Sha256(token);
-  return "token " + tenant + " sha256:" +
-         absl::BytesToHexString(
-             absl::string_view(reinterpret_cast<const char*>(d.data()), d.size())) +
-         "\n";
-}
 
 class TenantQuotaTest : public ::testing::Test {
  protected:

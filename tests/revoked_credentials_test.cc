@@ -1,0 +1,262 @@
+// Credentials revoked while a call runs, in a real in-process server: a Put, a Get and
+// a Prefill session admitted under one tenants file end UNAUTHENTICATED before their
+// next chunk once the file no longer admits their token, and what they finished before
+// stays whole (the chunks a Put stored stay stored; the chunk a Get or Prefill was
+// sending arrives complete). The Authenticator's clock is a fake one, so the reload is
+// the test's doing; each call is held mid-transfer by flow control or by a send turn.
+#include <grpcpp/grpcpp.h>
+
+#include <fstream>
+#include <map>
+#include <optional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "client/kvtier_client.h"
+#include "gtest/gtest.h"
+#include "kvtier/v1/kvtier.grpc.pb.h"
+#include "server/authenticator.h"
+#include "server/kv_cache_service.h"
+#include "server/lease_table.h"
+#include "server/prefill_runner.h"
+#include "server/send_turns.h"
+#include "storage/crc32c.h"
+#include "storage/log.h"
+#include "storage/tiered_store.h"
+#include "tests/support/daemon_process.h"
+#include "tests/support/fake_clock.h"
+#include "tests/support/tenants_file.h"
+#include "tests/support/test_data.h"
+
+namespace kvtier {
+namespace {
+
+using testing::KeyOf;
+using testing::PatternBytes;
+using testing::TokenLine;
+
+constexpr uint32_t kChunkMiB = 8;
+constexpr uint64_t kChunk = uint64_t{kChunkMiB} << 20;
+constexpr int kChunks = 6;
+
+class RevokedCredentialsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    SetMinLogLevel(LogLevel::kError);
+    tenants_ = dir_.path() + "/tenants";
+    std::ofstream(tenants_) << "tenant team-a\n" << TokenLine("team-a", "token-a");
+    AuthenticatorOptions a;
+    a.tenants_file = tenants_;
+    a.reload_check = absl::Seconds(1);
+    a.clock = clock_.AsFunction();
+    auto auth = Authenticator::Create(a, nullptr);
+    ASSERT_TRUE(auth.ok()) << auth.status();
+    auth_ = *std::move(auth);
+
+    TieredStoreOptions o;
+    o.write_mode = WriteMode::kRamOnly;
+    o.ram.arena.capacity_bytes = 4 * kChunks * kChunk;
+    o.max_chunk_bytes = kChunk;
+    auto store = TieredStore::Open(o);
+    ASSERT_TRUE(store.ok()) << store.status();
+    store_ = *std::move(store);
+    // One send turn: a Get that reads nothing holds it, which shows it mid-chunk.
+    SendTurnsOptions t;
+    t.turns = 1;
+    t.clock = clock_.AsFunction();
+    t.run_thread = false;
+    turns_ = std::make_unique<SendTurns>(t);
+    prefill_ = std::make_unique<PrefillRunner>(PrefillRunnerOptions{}, nullptr);
+    leases_ = std::make_unique<LeaseTable>(LeaseTableOptions{});
+    service_ = std::make_unique<KvCacheService>(
+        ServiceLimits{}, "test", nullptr, prefill_.get(), leases_.get(), DataPlaneInfo{},
+        /*events=*/nullptr, ServiceGuards{.auth = auth_.get(), .send_turns = turns_.get()});
+    service_->SetStore(store_.get());
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.SetMaxReceiveMessageSize(static_cast<int>(ServiceLimits{}.max_message_bytes));
+    builder.SetMaxSendMessageSize(static_cast<int>(ServiceLimits{}.max_message_bytes));
+    builder.RegisterService(service_.get());
+    server_ = builder.BuildAndStart();
+    ASSERT_NE(server_, nullptr);
+    target_ = "127.0.0.1:" + std::to_string(port);
+
+    client_ = Connect("token-a");
+    ASSERT_NE(client_, nullptr);
+    auto reg = client_->RegisterLayout(testing::LayoutOfMiB(kChunkMiB));
+    ASSERT_TRUE(reg.ok()) << reg.status();
+    ns_ = reg->namespace_id;
+    for (int i = 0; i < kChunks; ++i) {
+      const std::string data = PatternBytes(i, kChunk);
+      ChunkToPut chunk{KeyOf(i), data};
+      auto put = client_->Put(ns_, {&chunk, 1});
+      ASSERT_TRUE(put.ok()) << put.status();
+    }
+  }
+
+  void TearDown() override {
+    client_.reset();
+    if (server_) server_->Shutdown();
+    server_.reset();
+    service_.reset();
+    leases_.reset();
+    store_.reset();
+  }
+
+  std::unique_ptr<KvTierClient> Connect(const std::string& token) {
+    ClientOptions o;
+    o.bearer_token = token;
+    auto c = KvTierClient::Connect(target_, o);
+    EXPECT_TRUE(c.ok()) << c.status();
+    return c.ok() ? *std::move(c) : nullptr;
+  }
+
+  // A stub on a channel of its own whose receive window stays small (no BDP probing):
+  // a call it does not read has its daemon's writes held back by flow control.
+  std::unique_ptr<v1::KvCache::Stub> SlowStub() {
+    grpc::ChannelArguments args;
+    args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+    args.SetInt("grpc.max_receive_message_length", 64 << 20);
+    args.SetString("kvtier.test.channel", "slow");  // Not shared with the client's.
+    return v1::KvCache::NewStub(
+        grpc::CreateCustomChannel(target_, grpc::InsecureChannelCredentials(), args));
+  }
+
+  // Token-a is replaced by token-a2, and the daemon re-reads the file (the fake clock
+  // passes reload_check) on its next check.
+  void Revoke() {
+    std::ofstream(tenants_, std::ios::trunc)
+        << "tenant team-a\n" << TokenLine("team-a", "token-a2") << "# token-a revoked\n";
+    clock_.Advance(absl::Seconds(2));
+  }
+
+  testing::TempDir dir_{"kvtier-revoked"};
+  std::string tenants_;
+  testing::FakeClock clock_;
+  std::unique_ptr<Authenticator> auth_;
+  std::unique_ptr<TieredStore> store_;
+  std::unique_ptr<SendTurns> turns_;
+  std::unique_ptr<PrefillRunner> prefill_;
+  std::unique_ptr<LeaseTable> leases_;
+  std::unique_ptr<KvCacheService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::string target_;
+  std::unique_ptr<KvTierClient> client_;
+  uint64_t ns_ = 0;
+};
+
+TEST_F(RevokedCredentialsTest, AGetEndsBeforeItsNextChunk) {
+  auto stub = SlowStub();
+  grpc::ClientContext ctx;
+  ctx.AddMetadata("authorization", "Bearer token-a");
+  v1::GetRequest req;
+  req.set_namespace_id(ns_);
+  for (int i = 0; i < kChunks; ++i) req.add_keys(KeyOf(i).ToByteString());
+  auto reader = stub->Get(&ctx, req);
+  // Holding the turn with a frame of chunk 0 its client has not read.
+  ASSERT_TRUE(testing::Eventually([&] { return turns_->holding() == 1; }));
+  Revoke();
+  std::map<uint32_t, std::string> bytes;
+  v1::GetFrame frame;
+  while (reader->Read(&frame)) bytes[frame.key_index()] += frame.data();
+  const grpc::Status s = reader->Finish();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED) << s.error_message();
+  EXPECT_NE(s.error_message().find("no longer admits"), std::string::npos) << s.error_message();
+  ASSERT_EQ(bytes.size(), 1u) << "only the chunk in flight when the token was revoked";
+  EXPECT_TRUE(bytes[0] == PatternBytes(0, kChunk));
+  // The new token reads everything.
+  auto rotated = Connect("token-a2");
+  auto got = rotated->Get(ns_, {KeyOf(kChunks - 1)});
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_TRUE((*got)[0].found);
+}
+
+TEST_F(RevokedCredentialsTest, APutEndsBeforeItsNextChunkKeepingTheOnesStored) {
+  auto stub = SlowStub();
+  grpc::ClientContext ctx;
+  ctx.AddMetadata("authorization", "Bearer token-a");
+  v1::PutResponse resp;
+  auto writer = stub->Put(&ctx, &resp);
+  // Chunk n's frames, 1 MiB each.
+  auto frames = [&](uint64_t n) {
+    const std::string data = PatternBytes(n, kChunk);
+    std::vector<v1::PutFrame> out;
+    for (uint64_t off = 0; off < kChunk; off += 1 << 20) {
+      v1::PutFrame& f = out.emplace_back();
+      f.set_namespace_id(ns_);
+      f.set_key(KeyOf(n).ToByteString());
+      f.set_offset(off);
+      f.set_data(data.substr(off, 1 << 20));
+    }
+    out.back().set_crc32c(crc32c::Value(data));
+    return out;
+  };
+  for (const v1::PutFrame& f : frames(100)) ASSERT_TRUE(writer->Write(f));
+  // Chunk 100 is stored (admitted under the first file) before the token goes.
+  ASSERT_TRUE(testing::Eventually([&] {
+    auto l = client_->Lookup(ns_, {KeyOf(100)});
+    return l.ok() && l->prefix_hits == 1;
+  }));
+  Revoke();
+  for (const v1::PutFrame& f : frames(101)) {
+    if (!writer->Write(f)) break;  // The daemon ended the call at the chunk's first frame.
+  }
+  writer->WritesDone();
+  const grpc::Status s = writer->Finish();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED) << s.error_message();
+  EXPECT_NE(s.error_message().find("1 chunks stored by this stream"), std::string::npos)
+      << s.error_message();
+  auto rotated = Connect("token-a2");
+  auto l = rotated->Lookup(ns_, {KeyOf(100), KeyOf(101)});
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_EQ(l->tiers[0], v1::TIER_RAM);
+  EXPECT_EQ(l->tiers[1], v1::TIER_UNSPECIFIED) << "stored after its token was revoked";
+}
+
+TEST_F(RevokedCredentialsTest, APrefillSessionEndsBeforeItsNextChunk) {
+  auto stub = SlowStub();
+  grpc::ClientContext ctx;
+  ctx.AddMetadata("authorization", "Bearer token-a");
+  auto stream = stub->Prefill(&ctx);
+  v1::PrefillClientMessage open;
+  open.mutable_open()->set_namespace_id(ns_);
+  for (int i = 0; i < kChunks; ++i) open.mutable_open()->add_keys(KeyOf(i).ToByteString());
+  ASSERT_TRUE(stream->Write(open));
+  // The plan, then the first frame of the first chunk streamed (the last key): the
+  // session is sending it, held back by flow control.
+  v1::PrefillServerMessage msg;
+  ASSERT_TRUE(stream->Read(&msg));
+  ASSERT_TRUE(msg.has_plan());
+  EXPECT_EQ(msg.plan().cached_prefix(), static_cast<uint32_t>(kChunks));
+  ASSERT_TRUE(stream->Read(&msg));
+  ASSERT_TRUE(msg.has_chunk());
+  const uint32_t first = msg.chunk().index();
+  EXPECT_EQ(first, static_cast<uint32_t>(kChunks - 1));
+  std::map<uint32_t, std::string> bytes;
+  bytes[first] += msg.chunk().data();
+  Revoke();
+  std::optional<v1::PrefillDone> done;
+  while (stream->Read(&msg)) {
+    if (msg.has_chunk()) bytes[msg.chunk().index()] += msg.chunk().data();
+    if (msg.has_done()) {
+      done = msg.done();
+      stream->WritesDone();  // As a worker does after Done.
+    }
+  }
+  const grpc::Status s = stream->Finish();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED) << s.error_message();
+  ASSERT_TRUE(done.has_value());
+  EXPECT_EQ(done->reason(), v1::PrefillDone::REVOKED);
+  EXPECT_EQ(done->first_streamed(), first) << "compute every chunk below the one streamed";
+  // The chunk in flight arrives whole; at most the one after it had begun (its first
+  // frame may have been sent before the revocation, into the socket's buffers) and
+  // nothing further.
+  EXPECT_TRUE(bytes[first] == PatternBytes(first, kChunk));
+  EXPECT_LE(bytes.size(), 2u);
+  EXPECT_EQ(bytes.count(first - 2), 0u);
+}
+
+}  // namespace
+}  // namespace kvtier
