@@ -17,12 +17,17 @@ absl::Status Violation(absl::string_view what) {
 
 GetFrameChecker::GetFrameChecker(absl::Span<const ChunkKey> keys, bool layer_major,
                                  std::optional<uint32_t> first_layer,
-                                 std::optional<uint32_t> end_layer, bool verify_crc)
+                                 std::optional<uint32_t> end_layer, bool verify_crc,
+                                 std::optional<Shape> shape)
     : keys_(keys),
       layer_major_(layer_major),
       whole_chunks_(!first_layer.has_value() && verify_crc),
-      first_layer_(first_layer),
-      end_layer_(end_layer) {
+      first_layer_(first_layer.has_value() || !shape.has_value() ? first_layer
+                                                                  : std::optional<uint32_t>(0)),
+      end_layer_(end_layer.has_value() || !shape.has_value()
+                     ? end_layer
+                     : std::optional<uint32_t>(shape->num_layers)),
+      shape_(shape) {
   if (layer_major_) {
     found_.assign(keys.size(), kUnanswered);
     key_crc_.assign(keys.size(), 0);
@@ -77,6 +82,11 @@ absl::Status GetFrameChecker::CheckChunkMajor(const v1::GetFrame& frame,
       ++next_;
       return absl::OkStatus();
     }
+    if (shape_.has_value() && frame.total_bytes() != shape_->item_bytes) {
+      return Violation(absl::StrCat("key_index ", index, " has total_bytes ",
+                                    frame.total_bytes(), "; the layout's chunks (or the "
+                                    "requested layers of them) are ", shape_->item_bytes));
+    }
     in_piece_ = true;
     total_ = frame.total_bytes();
     expected_crc_ = frame.crc32c();
@@ -125,6 +135,10 @@ absl::Status GetFrameChecker::CheckLayerMajor(const v1::GetFrame& frame,
         return Violation(absl::StrCat("first pass at layer ", frame.layer(),
                                       ", the request asked for layers from ", *first_layer_));
       }
+      if (end_layer_.has_value() && frame.layer() >= *end_layer_) {
+        return Violation(absl::StrCat("layer ", frame.layer(), " is outside [",
+                                      first_layer_.value_or(0), ", ", *end_layer_, ")"));
+      }
       layer_ = frame.layer();
       next_ = NextDue(std::nullopt);
     } else if (next_ >= keys_.size()) {
@@ -161,10 +175,12 @@ absl::Status GetFrameChecker::CheckLayerMajor(const v1::GetFrame& frame,
       next_ = NextDue(index);
       return absl::OkStatus();
     }
-    if (piece_bytes_ == 0) piece_bytes_ = frame.total_bytes();
+    if (piece_bytes_ == 0) piece_bytes_ = shape_.has_value() ? shape_->layer_bytes
+                                                             : frame.total_bytes();
     if (frame.total_bytes() != piece_bytes_ || piece_bytes_ == 0) {
       return Violation(absl::StrCat("key_index ", index, " layer ", frame.layer(), " has ",
-                                    frame.total_bytes(), " bytes, other pieces ",
+                                    frame.total_bytes(), " bytes, ",
+                                    shape_.has_value() ? "the layout's layers " : "other pieces ",
                                     piece_bytes_));
     }
     if (first_pass_) {

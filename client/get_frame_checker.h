@@ -15,6 +15,12 @@
 // checked at Finish (the client does not know which pass is the last before the stream
 // ends); with a layer range, Finish also checks that the last pass was range.end - 1.
 //
+// Given the layout's Shape (the client knows it for any registered namespace), the sizes
+// are the layout's, not the server's word: a found key's total_bytes is the chunk's (or
+// its layer range's), a piece's is one layer's, and a whole-chunk layer-major read passes
+// over layers [0, num_layers). A caller writing frames into a buffer sized from the
+// layout can then trust every offset and layer the checker let through.
+//
 // Not thread-safe; one per stream.
 #ifndef KVTIER_CLIENT_GET_FRAME_CHECKER_H_
 #define KVTIER_CLIENT_GET_FRAME_CHECKER_H_
@@ -33,12 +39,20 @@ namespace kvtier {
 
 class GetFrameChecker {
  public:
+  // What the namespace's layout says a Get of it answers.
+  struct Shape {
+    uint64_t item_bytes = 0;   // A found key's bytes: the chunk's, or its layer range's.
+    uint64_t layer_bytes = 0;  // One layer of one chunk.
+    uint32_t num_layers = 0;   // The layout's.
+  };
+
   // `keys` must outlive the checker. `first_layer`/`end_layer`: the requested layer
   // range, or nullopt for whole chunks. `verify_crc` false skips the CRC32C checks (a
-  // Get into registered memory: the daemon checked its copy as it wrote it).
+  // Get into registered memory: the daemon checked its copy as it wrote it). `shape`:
+  // the layout's sizes, when known (nullopt: any consistent sizes pass).
   GetFrameChecker(absl::Span<const ChunkKey> keys, bool layer_major,
                   std::optional<uint32_t> first_layer, std::optional<uint32_t> end_layer,
-                  bool verify_crc = true);
+                  bool verify_crc = true, std::optional<Shape> shape = std::nullopt);
 
   // `frame` is the header (its data() is ignored), `data` the payload's pieces, `n`
   // their total size.
@@ -70,7 +84,9 @@ class GetFrameChecker {
   const absl::Span<const ChunkKey> keys_;
   const bool layer_major_;
   const bool whole_chunks_;  // And verify_crc: the CRC32C is checked.
+  // The layers the passes must cover: the requested range, else with a Shape all of them.
   const std::optional<uint32_t> first_layer_, end_layer_;
+  const std::optional<Shape> shape_;
 
   uint32_t next_ = 0;        // Index of the key being (or next to be) answered.
   bool in_piece_ = false;    // Key next_ is found and some of its frames arrived.

@@ -582,6 +582,18 @@ absl::StatusOr<LookupResult> KvTierClient::Lookup(uint64_t namespace_id,
   }
   LookupResult result;
   result.tiers.reserve(keys.size());
+  uint32_t leading = 0;  // The present keys before the first absent one.
+  for (int t : response->tiers()) {
+    if (t == v1::TIER_UNSPECIFIED) break;
+    ++leading;
+  }
+  // An engine schedules prefix_hits chunks' worth of tokens as cached: a count the
+  // tiers do not bear out is the daemon's error, never the caller's to act on.
+  if (response->prefix_hits() != leading) {
+    return absl::InternalError(absl::StrCat(
+        "Lookup: server protocol violation: prefix_hits ", response->prefix_hits(),
+        " but the tiers show ", leading, " leading present keys of ", keys.size()));
+  }
   for (int t : response->tiers()) result.tiers.push_back(static_cast<v1::Tier>(t));
   result.prefix_hits = response->prefix_hits();
   result.lease_id = response->lease_id();
@@ -1027,12 +1039,26 @@ absl::Status KvTierClient::GetStreamRaw(uint64_t namespace_id,
         absl::StrCat("Get: order ", static_cast<int>(order), " is not a GetOrder"));
   }
   if (keys.empty()) return absl::OkStatus();
+  // The layout's sizes, which every frame is held to (one DataPlane call the first time
+  // for a namespace another process registered). Without them (a namespace the daemon
+  // does not know, which it answers NOT_FOUND, or a layer range past its layers, which
+  // it answers INVALID_ARGUMENT) the stream is checked for consistency alone.
+  const auto sizes = ItemSizes(namespace_id, layers);
+  std::optional<GetFrameChecker::Shape> shape;
+  if (sizes.ok()) {
+    shape = GetFrameChecker::Shape{sizes->first, sizes->second,
+                                   static_cast<uint32_t>(*ChunkBytes(namespace_id) /
+                                                         sizes->second)};
+  } else if (absl::IsUnavailable(sizes.status()) || absl::IsDeadlineExceeded(sizes.status()) ||
+             absl::IsCancelled(sizes.status())) {
+    return sizes.status();  // The Get would fare no better.
+  }
   // Same host: through a staging buffer the daemon writes into, when this client knows
   // the layout (to size it) and the staging budget holds it.
   auto plane = Plane();
   if (!plane.ok()) return plane.status();
   if (*plane != nullptr) {
-    if (auto sizes = ItemSizes(namespace_id, layers); sizes.ok()) {
+    if (sizes.ok()) {
       if (auto staging = (*plane)->AcquireStaging(keys.size() * sizes->first)) {
         absl::Status s = GetViaRegion(namespace_id, keys, layers, order, lease_id,
                                       staging->region_id(), staging->token(),
@@ -1069,7 +1095,8 @@ absl::Status KvTierClient::GetStreamRaw(uint64_t namespace_id,
   GetFrameChecker checker(
       keys, layer_major,
       layers.has_value() ? std::optional<uint32_t>(layers->begin) : std::nullopt,
-      layers.has_value() ? std::optional<uint32_t>(layers->end) : std::nullopt);
+      layers.has_value() ? std::optional<uint32_t>(layers->end) : std::nullopt,
+      /*verify_crc=*/true, shape);
   GetFrameParser parser;
   grpc::ByteBuffer message;
   absl::Status client_error;
@@ -1116,7 +1143,7 @@ absl::Status KvTierClient::GetViaRegion(uint64_t namespace_id, absl::Span<const 
       keys, layer_major,
       layers.has_value() ? std::optional<uint32_t>(layers->begin) : std::nullopt,
       layers.has_value() ? std::optional<uint32_t>(layers->end) : std::nullopt,
-      /*verify_crc=*/false);
+      /*verify_crc=*/false, GetFrameChecker::Shape{key_bytes, layer_bytes, end});
   v1::GetFrame frame;
   absl::Status client_error;
   while (reader->Read(&frame)) {

@@ -134,6 +134,10 @@ absl::StatusOr<std::unique_ptr<PrefillSession>> PrefillSession::Start(
     target.add_offsets(options.into_device->offset);
   }
 
+  // The layout's chunk size (the client's cache, or one DataPlane call): the Plan's is
+  // held to it, since every copy into `into` and every chunk handed over is sized by it.
+  const std::optional<uint64_t> layout_chunk_bytes =
+      keys.empty() ? std::nullopt : client.ChunkBytes(namespace_id);
   std::unique_ptr<PrefillSession> session(
       new PrefillSession(static_cast<uint32_t>(keys.size()), std::move(options)));
   PrefillSession& s = *session;
@@ -171,6 +175,10 @@ absl::StatusOr<std::unique_ptr<PrefillSession>> PrefillSession::Start(
                                           " tiers for cached_prefix ", h));
     } else if (h > 0 && s.plan_.chunk_bytes() == 0) {
       plan_error = Violation("Plan.chunk_bytes is 0");
+    } else if (h > 0 && layout_chunk_bytes.has_value() &&
+               s.plan_.chunk_bytes() != *layout_chunk_bytes) {
+      plan_error = Violation(absl::StrCat("Plan.chunk_bytes ", s.plan_.chunk_bytes(),
+                                          ", the layout's chunks are ", *layout_chunk_bytes));
     } else if (s.plan_.predicted_meeting() > h) {
       plan_error = Violation(absl::StrCat("Plan.predicted_meeting ",
                                           s.plan_.predicted_meeting(),

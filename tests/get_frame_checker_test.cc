@@ -215,5 +215,58 @@ TEST_F(CheckerTest, LayerMajorProtocolViolationsAreInternal) {
   violates(cut);
 }
 
+// Given the layout's sizes, a stream consistent in itself but not with the layout is a
+// violation: a chunk or piece of another size, a pass outside the layout's layers, a
+// whole-chunk stream that stops before the last layer.
+TEST_F(CheckerTest, TheLayoutsShapeHoldsTheServerToItsSizes) {
+  const GetFrameChecker::Shape shape{kLayer * kLayers, kLayer, kLayers};
+  auto run = [&](bool layer_major, const std::vector<F>& frames,
+                 std::optional<std::pair<uint32_t, uint32_t>> range = {}) {
+    std::optional<GetFrameChecker::Shape> s = shape;
+    if (range) s->item_bytes = kLayer * (range->second - range->first);
+    GetFrameChecker c(keys_, layer_major,
+                      range ? std::optional<uint32_t>(range->first) : std::nullopt,
+                      range ? std::optional<uint32_t>(range->second) : std::nullopt,
+                      /*verify_crc=*/true, s);
+    return Run(c, frames);
+  };
+  auto violates = [](const absl::Status& s, absl::string_view what) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << s;
+    EXPECT_NE(s.message().find(what), std::string::npos) << s;
+  };
+  const std::vector<bool> found = {true, false, true, true};
+
+  // Chunk-major: the layout's chunks pass; a shorter one, consistent in itself, does not.
+  std::vector<F> chunks;
+  for (uint32_t k = 0; k < 4; ++k) AppendPiece(chunks, k, Chunk(k), 0, kLayer * kLayers, 50, {});
+  EXPECT_TRUE(run(false, chunks).ok());
+  std::vector<F> short_chunk;
+  const std::string half = Chunk(0).substr(0, kLayer);
+  AppendPiece(short_chunk, 0, half, 0, kLayer, 50, {});
+  violates(run(false, short_chunk), "total_bytes");
+  // With a layer range, its bytes are the item.
+  std::vector<F> range_chunks;
+  for (uint32_t k = 0; k < 4; ++k) AppendPiece(range_chunks, k, Chunk(k), kLayer, 3 * kLayer, 50, {});
+  EXPECT_TRUE(run(false, range_chunks, {{1, 3}}).ok());
+
+  // Layer-major: the layout's layers pass, with a range too.
+  EXPECT_TRUE(run(true, LayerMajor(4, found, 0, kLayers)).ok());
+  EXPECT_TRUE(run(true, LayerMajor(4, found, 1, 3), {{1, 3}}).ok());
+  // Pieces of half a layer, the same size throughout (so consistent without the shape).
+  std::vector<F> halves;
+  for (uint32_t l = 0; l < 2 * kLayers; ++l) {
+    AppendPiece(halves, 0, Chunk(0), l * kLayer / 2, (l + 1) * kLayer / 2, 24, l);
+  }
+  GetFrameChecker lenient({keys_.data(), 1}, true, std::nullopt, std::nullopt);
+  EXPECT_TRUE(Run(lenient, halves).ok()) << "consistent in itself";
+  GetFrameChecker strict({keys_.data(), 1}, true, std::nullopt, std::nullopt, true, shape);
+  violates(Run(strict, halves), "the layout's layers");
+  // A whole-chunk stream whose first pass is not layer 0, or that ends early.
+  std::vector<F> shifted = LayerMajor(4, found, 0, kLayers);
+  for (F& f : shifted) f.header.set_layer(f.header.layer() + 1000);
+  violates(run(true, shifted), "first pass at layer 1000");
+  violates(run(true, LayerMajor(4, found, 0, kLayers - 1)), "end of stream after layer");
+}
+
 }  // namespace
 }  // namespace kvtier

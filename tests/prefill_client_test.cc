@@ -112,9 +112,21 @@ class FakePrefillService final : public v1::KvCache::Service {
   grpc::Status Prefill(grpc::ServerContext* ctx, PrefillStream* stream) override {
     return script_(ctx, stream);
   }
+  // Names the layout's chunk size once set (0: DataPlane says nothing of namespaces, as a
+  // daemon that does not know the namespace).
+  void set_layout_chunk_bytes(uint64_t bytes) { layout_chunk_bytes_ = bytes; }
+  grpc::Status DataPlane(grpc::ServerContext*, const v1::DataPlaneRequest*,
+                         v1::DataPlaneResponse* resp) override {
+    if (layout_chunk_bytes_ != 0) {
+      resp->set_chunk_bytes(layout_chunk_bytes_);
+      resp->set_num_layers(1);
+    }
+    return grpc::Status::OK;
+  }
 
  private:
   Script script_;
+  std::atomic<uint64_t> layout_chunk_bytes_{0};
 };
 
 constexpr uint64_t kFakeChunkBytes = 1000;
@@ -733,6 +745,23 @@ TEST_F(FakePrefillTest, StartRejectsAnInconsistentPlan) {
   auto session = Start(3, nullptr);
   EXPECT_EQ(session.status().code(), absl::StatusCode::kInternal) << session.status();
   EXPECT_NE(session.status().message().find("2 tiers for cached_prefix 3"),
+            absl::string_view::npos)
+      << session.status();
+}
+
+// Every copy into `into` and every chunk handed over is sized by the Plan: one whose
+// chunk_bytes are not the layout's would put chunk 1 where chunk 0 belongs.
+TEST_F(FakePrefillTest, StartRejectsAPlanWhoseChunkBytesAreNotTheLayouts) {
+  service_.set_layout_chunk_bytes(kFakeChunkBytes);
+  service_.set_script([&](grpc::ServerContext*, PrefillStream* stream) {
+    ReadOpen(stream);
+    stream->Write(PlanMessage(3, kFakeChunkBytes / 2));
+    AwaitProgress(stream, 100);
+    return grpc::Status::OK;
+  });
+  auto session = Start(3, nullptr);
+  EXPECT_EQ(session.status().code(), absl::StatusCode::kInternal) << session.status();
+  EXPECT_NE(session.status().message().find("the layout's chunks are 1000"),
             absl::string_view::npos)
       << session.status();
 }

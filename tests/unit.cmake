@@ -34,6 +34,8 @@ kvtier_test(scheduler_test LIBS kvtier_scheduler)
 # Client internals.
 kvtier_test(frame_parser_test LIBS kvtier_frame_parser)
 kvtier_test(get_frame_checker_test LIBS kvtier_client)
+# The client against a fake daemon whose answers break the layout (in-process server).
+kvtier_test(client_protocol_test LIBS kvtier_client)
 kvtier_test(allocator_tuning_test LIBS kvtier_client)
 
 # The CUDA device backend on a real GPU: label `gpu`; each test skips without one.

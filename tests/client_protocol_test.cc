@@ -1,0 +1,206 @@
+// The C++ client against a fake daemon that lies: sizes, layers and counts that do not
+// match the namespace's layout (which the client learns from DataPlane) are a protocol
+// violation (Internal) before a byte lands in the caller's memory, never a crash, a
+// write past `out`, a short chunk reported found, or the caller's fault.
+#include <grpcpp/grpcpp.h>
+
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "client/kvtier_client.h"
+#include "gtest/gtest.h"
+#include "kvtier/v1/kvtier.grpc.pb.h"
+#include "storage/crc32c.h"
+#include "tests/support/test_data.h"
+
+namespace kvtier {
+namespace {
+
+using testing::KeyOf;
+using testing::PatternBytes;
+
+constexpr uint32_t kLayers = 4;
+constexpr uint64_t kLayerBytes = 256;
+constexpr uint64_t kChunkBytes = kLayers * kLayerBytes;
+constexpr uint64_t kNamespace = 0x42;
+
+std::string Chunk(uint32_t key) { return PatternBytes(key + 7, kChunkBytes); }
+
+// Answers DataPlane with the layout (stream only: no region socket), and Get and Lookup
+// with whatever the test scripts.
+class LyingDaemon final : public v1::KvCache::Service {
+ public:
+  using GetScript = std::function<void(const v1::GetRequest&,
+                                       grpc::ServerWriter<v1::GetFrame>*)>;
+  GetScript get;
+  v1::LookupResponse lookup;
+
+  grpc::Status DataPlane(grpc::ServerContext*, const v1::DataPlaneRequest* req,
+                         v1::DataPlaneResponse* resp) override {
+    if (req->namespace_id() == kNamespace) {
+      resp->set_chunk_bytes(kChunkBytes);
+      resp->set_num_layers(kLayers);
+    }
+    return grpc::Status::OK;
+  }
+  grpc::Status Get(grpc::ServerContext*, const v1::GetRequest* req,
+                   grpc::ServerWriter<v1::GetFrame>* writer) override {
+    get(*req, writer);
+    return grpc::Status::OK;
+  }
+  grpc::Status Lookup(grpc::ServerContext*, const v1::LookupRequest*,
+                      v1::LookupResponse* resp) override {
+    *resp = lookup;
+    return grpc::Status::OK;
+  }
+};
+
+// One found frame carrying `data` whole.
+v1::GetFrame Found(uint32_t key, const std::string& data, uint64_t total, uint32_t crc,
+                   uint32_t layer = 0) {
+  v1::GetFrame f;
+  f.set_key_index(key);
+  f.set_found(true);
+  f.set_total_bytes(total);
+  f.set_crc32c(crc);
+  f.set_tier(v1::TIER_RAM);
+  f.set_layer(layer);
+  f.set_data(data);
+  f.set_last(data.size() == total);
+  return f;
+}
+
+class ClientProtocolTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.RegisterService(&daemon_);
+    server_ = builder.BuildAndStart();
+    ASSERT_NE(server_, nullptr);
+    ClientOptions o;
+    o.data_plane = ClientOptions::DataPlane::kStream;
+    auto c = KvTierClient::Connect(absl::StrCat("127.0.0.1:", port), o);
+    ASSERT_TRUE(c.ok()) << c.status();
+    client_ = *std::move(c);
+    for (uint32_t k = 0; k < 2; ++k) keys_.push_back(KeyOf(k));
+  }
+  void TearDown() override {
+    client_.reset();
+    server_->Shutdown();
+  }
+
+  static void ExpectViolation(const absl::Status& s, absl::string_view what) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << s;
+    EXPECT_NE(s.message().find("protocol violation"), std::string::npos) << s;
+    EXPECT_NE(s.message().find(what), std::string::npos) << s;
+  }
+
+  LyingDaemon daemon_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<KvTierClient> client_;
+  std::vector<ChunkKey> keys_;
+};
+
+TEST_F(ClientProtocolTest, GetIntoRefusesAChunkLargerThanTheLayoutsBeforeCopying) {
+  // Key 1 announced as eight chunks long, its bytes and CRC consistent with that: without
+  // the layout's size the copy would run far past `out`.
+  const std::string big = PatternBytes(9, 8 * kChunkBytes);
+  daemon_.get = [&](const v1::GetRequest&, grpc::ServerWriter<v1::GetFrame>* w) {
+    w->Write(Found(0, Chunk(0), kChunkBytes, crc32c::Value(Chunk(0))));
+    w->Write(Found(1, big, big.size(), crc32c::Value(big)));
+  };
+  // Guard bytes after `out` show any write past it.
+  std::string memory(2 * kChunkBytes + 4096, '\x5a');
+  auto r = client_->GetInto(kNamespace, keys_, absl::MakeSpan(memory.data(), 2 * kChunkBytes));
+  ExpectViolation(r.status(), "total_bytes");
+  EXPECT_EQ(memory.substr(2 * kChunkBytes), std::string(4096, '\x5a'));
+}
+
+TEST_F(ClientProtocolTest, GetIntoRefusesHalfChunksThatWouldLeaveZerosReportedFound) {
+  const std::string half = Chunk(0).substr(0, kChunkBytes / 2);
+  daemon_.get = [&](const v1::GetRequest&, grpc::ServerWriter<v1::GetFrame>* w) {
+    w->Write(Found(0, half, half.size(), crc32c::Value(half)));
+  };
+  std::string out(2 * kChunkBytes, '\0');
+  auto r = client_->GetInto(kNamespace, keys_, absl::MakeSpan(out));
+  ExpectViolation(r.status(), "total_bytes");
+}
+
+TEST_F(ClientProtocolTest, LayerMajorPassesOutsideTheLayoutsLayersAreRefused) {
+  // Layer-major passes at layers 1000-1003 of a 4-layer layout: each would land
+  // 1000 layers past its key's place in `out`.
+  daemon_.get = [&](const v1::GetRequest&, grpc::ServerWriter<v1::GetFrame>* w) {
+    const std::string c = Chunk(0);
+    for (uint32_t l = 0; l < kLayers; ++l) {
+      w->Write(Found(0, c.substr(l * kLayerBytes, kLayerBytes), kLayerBytes,
+                     crc32c::Value(c), 1000 + l));
+    }
+  };
+  std::string memory(kChunkBytes + 4096, '\x5a');
+  auto r = client_->GetInto(kNamespace, {keys_.data(), 1},
+                            absl::MakeSpan(memory.data(), kChunkBytes), std::nullopt,
+                            v1::GET_ORDER_LAYER_MAJOR);
+  ExpectViolation(r.status(), "layer 1000");
+  EXPECT_EQ(memory.substr(kChunkBytes), std::string(4096, '\x5a'));
+}
+
+TEST_F(ClientProtocolTest, LayerMajorPiecesOfAnotherSizeThanALayerAreRefused) {
+  // Half-layer pieces, eight passes, the whole chunk's CRC right: a caller waiting for
+  // layer 1 would be told it landed when half of it had.
+  daemon_.get = [&](const v1::GetRequest&, grpc::ServerWriter<v1::GetFrame>* w) {
+    const std::string c = Chunk(0);
+    for (uint32_t l = 0; l < 2 * kLayers; ++l) {
+      w->Write(Found(0, c.substr(l * kLayerBytes / 2, kLayerBytes / 2), kLayerBytes / 2,
+                     crc32c::Value(c), l));
+    }
+  };
+  std::vector<uint32_t> layers_seen;
+  std::string out(kChunkBytes, '\0');
+  auto r = client_->GetInto(kNamespace, {keys_.data(), 1}, absl::MakeSpan(out), std::nullopt,
+                            v1::GET_ORDER_LAYER_MAJOR, 0, [&](uint32_t, uint32_t layer) {
+                              layers_seen.push_back(layer);
+                              return absl::OkStatus();
+                            });
+  ExpectViolation(r.status(), "the layout's layers");
+  EXPECT_TRUE(layers_seen.empty());
+}
+
+TEST_F(ClientProtocolTest, GetRefusesChunksOfTheWrongSize) {
+  const std::string quarter = Chunk(0).substr(0, kChunkBytes / 4);
+  daemon_.get = [&](const v1::GetRequest&, grpc::ServerWriter<v1::GetFrame>* w) {
+    w->Write(Found(0, quarter, quarter.size(), crc32c::Value(quarter)));
+  };
+  auto r = client_->Get(kNamespace, {keys_.data(), 1});
+  ExpectViolation(r.status(), "total_bytes");
+  // A chunk of the right size still passes.
+  daemon_.get = [&](const v1::GetRequest&, grpc::ServerWriter<v1::GetFrame>* w) {
+    w->Write(Found(0, Chunk(0), kChunkBytes, crc32c::Value(Chunk(0))));
+  };
+  auto ok = client_->Get(kNamespace, {keys_.data(), 1});
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_TRUE((*ok)[0].crc_verified);
+  EXPECT_TRUE((*ok)[0].data == Chunk(0));
+}
+
+TEST_F(ClientProtocolTest, LookupRefusesAPrefixHitCountTheTiersDoNotBearOut) {
+  daemon_.lookup.add_tiers(v1::TIER_RAM);
+  daemon_.lookup.add_tiers(v1::TIER_UNSPECIFIED);
+  for (uint32_t lie : {7u, 2u, 0u}) {
+    daemon_.lookup.set_prefix_hits(lie);
+    auto r = client_->Lookup(kNamespace, keys_);
+    ExpectViolation(r.status(), "prefix_hits");
+  }
+  daemon_.lookup.set_prefix_hits(1);
+  auto r = client_->Lookup(kNamespace, keys_);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->prefix_hits, 1u);
+}
+
+}  // namespace
+}  // namespace kvtier
