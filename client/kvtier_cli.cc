@@ -849,17 +849,26 @@ int ReportUsageError(const Args* args, const UsageError& error) {
   return kExitUsage;
 }
 
+// What a command wrote to stdout (a key list, a lookup, a chunk) is its result: one
+// that did not all reach stdout (a full disk, a closed pipe) is a failure.
+int CheckStdout(const char* command, int code) {
+  std::cout.flush();
+  if (std::cout.good()) return code;
+  std::cerr << "kvtier: " << command << ": writing to standard output failed\n";
+  return code == kExitOk ? kExitFailure : code;
+}
+
 int Main(int argc, char** argv) {
   std::variant<Args, UsageError> parsed = ParseArgs(argc, argv);
   if (auto* e = std::get_if<UsageError>(&parsed)) return ReportUsageError(nullptr, *e);
   const Args& args = std::get<Args>(parsed);
   if (args.help) {
     std::cout << kUsage;
-    return kExitOk;
+    return CheckStdout("--help", kExitOk);
   }
   Result result = Run(args);
   if (auto* e = std::get_if<UsageError>(&result)) return ReportUsageError(&args, *e);
-  return std::get<int>(result);
+  return CheckStdout(args.command.c_str(), std::get<int>(result));
 }
 
 }  // namespace

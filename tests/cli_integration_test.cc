@@ -192,5 +192,24 @@ TEST_F(CliTest, KeysMatchTheKeyScheme) {
   EXPECT_NE(r.output.find(keys[1].ToHex()), std::string::npos) << r.output;
 }
 
+// A command's stdout is its result: output that could not all be written (here to a full
+// device) fails the command, where it once exited 0 with a truncated key list.
+TEST_F(CliTest, OutputThatCannotBeWrittenFailsTheCommand) {
+  const std::string ns = Register();
+  const std::string key = testing::KeyOf(1).ToHex();
+  const std::string cli = KVTIER_CLI_PATH;
+  for (const std::string& command :
+       {cli + " --help", cli + " --target " + daemon_->target() + " lookup --namespace " + ns +
+                             " " + key,
+        cli + " --target " + daemon_->target() + " stats"}) {
+    auto full = RunCommand({"/bin/sh", "-c", command + " > /dev/full"});
+    EXPECT_EQ(full.exit_code, 1) << command << "\n" << full.output;
+    EXPECT_NE(full.output.find("writing to standard output failed"), std::string::npos)
+        << full.output;
+    auto fine = RunCommand({"/bin/sh", "-c", command + " > /dev/null"});
+    EXPECT_EQ(fine.exit_code, 0) << command << "\n" << fine.output;
+  }
+}
+
 }  // namespace
 }  // namespace kvtier
