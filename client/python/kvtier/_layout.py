@@ -48,6 +48,17 @@ class Tier(enum.IntEnum):
     SSD = 3
     REMOTE = 4  # The shared tier (Redis Cluster), when the daemon has one.
 
+    @classmethod
+    def _missing_(cls, value):
+        # A tier a newer daemon added (the proto promises values may be added): kept,
+        # as an unnamed member (present, so not ABSENT), instead of failing the call.
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            return None
+        member = int.__new__(cls, value)
+        member._name_ = f"TIER_{value}"
+        member._value_ = value
+        return member
+
 
 _DTYPE_NAMES = {
     "float16": DType.FLOAT16, "fp16": DType.FLOAT16, "half": DType.FLOAT16,

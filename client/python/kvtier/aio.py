@@ -25,6 +25,7 @@ class Client:
         self._sync = _SyncClient(target, **options)
         self._executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=max_workers, thread_name_prefix="kvtier-aio")
+        self._transfers = set()  # Cancellers of the transfers in flight (loop thread only).
 
     @property
     def sync(self) -> _SyncClient:
@@ -32,8 +33,13 @@ class Client:
         return self._sync
 
     async def close(self) -> None:
-        await asyncio.get_running_loop().run_in_executor(None, self._sync.close)
-        self._executor.shutdown(wait=True)
+        """Cancels the transfers in flight and waits for every call to end, off the
+        event loop (a call waiting on a stopped daemon ends at its rpc_deadline)."""
+        for canceller in list(self._transfers):
+            canceller.cancel()
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, self._sync.close)
+        await loop.run_in_executor(None, functools.partial(self._executor.shutdown, wait=True))
 
     async def __aenter__(self) -> "Client":
         return self
@@ -52,6 +58,8 @@ class Client:
         canceller = _native.Canceller()
         fut = loop.run_in_executor(
             self._executor, functools.partial(fn, *args, _canceller=canceller, **kwargs))
+        self._transfers.add(canceller)
+        fut.add_done_callback(lambda _: self._transfers.discard(canceller))
         try:
             return await asyncio.shield(fut)
         except asyncio.CancelledError:

@@ -32,6 +32,14 @@ from .errors import InvalidArgumentError
 from .v1 import kvtier_pb2
 
 
+def _reason_name(value: int) -> str:
+    """PrefillDone.Reason's name; a reason a newer daemon added keeps its number."""
+    try:
+        return kvtier_pb2.PrefillDone.Reason.Name(value)
+    except ValueError:
+        return f"REASON_{value}"
+
+
 @dataclass(frozen=True)
 class PrefillResult:
     first_streamed: int      # s: chunks [s, h) were streamed.
@@ -127,7 +135,7 @@ class PrefillSession:
         """Waits for Done; returns what was streamed and what is left to compute."""
         d = self._native.finish()
         self._finished = True
-        d["reason"] = kvtier_pb2.PrefillDone.Reason.Name(d["reason"])
+        d["reason"] = _reason_name(d["reason"])
         return PrefillResult(**d)
 
     def close(self) -> None:

@@ -704,8 +704,22 @@ def test_cancel_and_close_end_loads_waiting_on_a_stopped_daemon(tmp_path, layout
                     task.cancel()
                     with pytest.raises(asyncio.CancelledError):
                         await asyncio.wait_for(task, 120)
+
+            async def closed_client():
+                # close() cancels the transfers in flight and waits off the loop: it once
+                # blocked the loop in the executor's shutdown until the call's deadline.
+                ac = kvtier.aio.Client(d.target, rpc_deadline=0)
+                task = asyncio.ensure_future(
+                    ac.get_into(ns, keys, [bytearray(layout.chunk_bytes) for _ in keys]))
+                await asyncio.sleep(0)
+                while not ac._transfers:  # On the executor, waiting on the daemon.
+                    await asyncio.sleep(0.01)  # Polls a condition.
+                await asyncio.wait_for(ac.close(), 120)
+                with pytest.raises(kvtier.CancelledError):
+                    await task
             import asyncio
             asyncio.run(cancelled_task())
+            asyncio.run(closed_client())
         finally:
             os.kill(d.proc.pid, signal.SIGCONT)
         again = [bytearray(layout.chunk_bytes) for _ in keys]
@@ -713,3 +727,17 @@ def test_cancel_and_close_end_loads_waiting_on_a_stopped_daemon(tmp_path, layout
         assert [bytes(a) for a in again] == [bytes(p) for p in payloads(layout, 2, seed=47)]
     finally:
         d.close()
+
+
+def test_values_a_newer_daemon_adds_are_kept_not_fatal():
+    """The proto promises tiers and Done reasons may be added: an unknown one is kept
+    (present, with its number), not a ValueError that fails a call whose data landed."""
+    from kvtier.prefill import _reason_name
+    t = kvtier.Tier(9)
+    assert int(t) == 9 and t.name == "TIER_9" and t != kvtier.Tier.ABSENT
+    assert kvtier.Tier(2) is kvtier.Tier.RAM
+    with pytest.raises(ValueError):
+        kvtier.Tier(-1)
+    assert _reason_name(1) == "MET"
+    assert _reason_name(7) == "REVOKED"
+    assert _reason_name(99) == "REASON_99"
