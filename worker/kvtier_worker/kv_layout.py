@@ -93,11 +93,16 @@ class ChunkLayout:
         return torch.zeros((num_chunks,) + self.chunk_shape, dtype=self.dtype)
 
     def check_buffer(self, buf: torch.Tensor, name: str = "buffer") -> int:
-        """Checks ``buf`` is a C-contiguous chunk buffer of this layout; returns its chunk
-        count. Raises TypeError (not a tensor, wrong dtype) or ValueError (shape,
-        strides)."""
+        """Checks ``buf`` is a C-contiguous CPU chunk buffer of this layout; returns its
+        chunk count. Raises TypeError (not a tensor, wrong dtype) or ValueError (device,
+        shape, strides). CPU only: kvtier's host path (get_into, put) reads and writes
+        host memory, and a buffer it would refuse must be refused here, before a load
+        starts."""
         if not isinstance(buf, torch.Tensor):
             raise TypeError(f"{name}: expected a torch.Tensor, got {type(buf).__name__}")
+        if buf.device.type != "cpu":
+            raise ValueError(f"{name}: tensor is on {buf.device}; chunk buffers are host "
+                             "(CPU) memory")
         if buf.dtype != self.dtype:
             raise TypeError(f"{name}: dtype {buf.dtype}, the layout's is {self.dtype}")
         if buf.ndim != 6 or tuple(buf.shape[1:]) != self.chunk_shape:

@@ -29,6 +29,9 @@ session that raises leaves the worker holding only what it computed itself.
 serve_truncated(tokens, window) is CachedAttention's context overflow with a pre-RoPE
 cache: it drops the oldest whole chunks so the rest fits the window, reuses the cached
 chunks that follow at their new positions (K is rotated at use), and computes the rest.
+What it computes never attended to the dropped chunks, so it is stored under a key chain
+of its own (truncated_keys), which only truncated requests that dropped the same chunks
+look up: a full-context request never reuses it.
 """
 
 from __future__ import annotations
@@ -37,8 +40,9 @@ import dataclasses
 import hashlib
 import itertools
 import time
+from collections import deque
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
+from typing import Deque, Dict, List, Optional, Tuple
 
 import torch
 
@@ -50,6 +54,7 @@ from .model import LlamaModel, ModelConfig
 
 KV = Tuple[torch.Tensor, torch.Tensor]
 MODES = ("none", "chunk", "layer", "cake")
+COMPUTE_FIT_SAMPLES = 256  # Recent Cake chunk timings compute_estimate fits.
 
 
 class KvCache:
@@ -146,7 +151,8 @@ class Worker:
         self.ns = self.connector.ns
         self.chunks = self.connector.chunks
         self._ids = itertools.count()
-        self._compute_fit: List[Tuple[int, float]] = []  # (chunk index, seconds), recent.
+        # (chunk index, seconds) of recent Cake chunk computations; older ones fall out.
+        self._compute_fit: Deque[Tuple[int, float]] = deque(maxlen=COMPUTE_FIT_SAMPLES)
 
     # -- Prefix reuse through the connector -------------------------------------------
 
@@ -246,7 +252,7 @@ class Worker:
     def compute_estimate(self) -> Optional[Tuple[float, float]]:
         """(a, b) of chunk i costing a + b*i seconds, least squares over recent Cake chunk
         computations (b >= 0, a >= 0); None before any."""
-        pts = self._compute_fit[-256:]
+        pts = list(self._compute_fit)[-COMPUTE_FIT_SAMPLES:]
         if len(pts) < 2:
             return None
         xs = torch.tensor([p[0] for p in pts], dtype=torch.float64)
@@ -273,7 +279,8 @@ class Worker:
             dest = self.chunks.alloc(len(keys))
             est = compute_estimate or self.compute_estimate()
             try:
-                with self.client.prefill(self.ns, keys, dest=dest, compute_estimate=est,
+                with self.connector.call(self.client.prefill, self.ns, keys, dest=dest,
+                                         compute_estimate=est,
                                          max_bytes_per_second=max_bytes_per_second) as s:
                     result.plan = s.plan
                     h = s.plan.cached_prefix
@@ -307,8 +314,9 @@ class Worker:
             t_put = time.perf_counter()
             buf = self.chunks.pack([(k[:, p:], v[:, p:]) for k, v in cache.past(n // C * C)])
             try:
-                pr = self.client.put(self.ns, keys_all[h:n // C], list(buf), chain_start=h,
-                                     prev_key=keys_all[h - 1] if h > 0 else None)
+                pr = self.connector.call(self.client.put, self.ns, keys_all[h:n // C],
+                                         list(buf), chain_start=h,
+                                         prev_key=keys_all[h - 1] if h > 0 else None)
                 result.stored_chunks = pr.stored
             except kvtier.KvTierError as e:
                 result.put_error = str(e)
@@ -326,35 +334,53 @@ class Worker:
 
     def serve_truncated(self, tokens, window: int, put: bool = True) -> ServeResult:
         """Serves a conversation longer than ``window`` tokens: drops its oldest whole chunks
-        until the rest fits, loads the cached chunks that follow (looked up by the
-        conversation's own chunk keys), rotates their pre-RoPE keys at the new positions
-        0.. and computes the rest at the positions after them. New full chunks are stored
-        under the conversation's keys (pre-RoPE KV carries no position). Needs a pre-RoPE
-        model. ``result.computed_from`` is the first computed token in the truncated
-        request; ``result.kv``/``logits`` cover the truncated request."""
+        until the rest fits, loads the cached chunks that follow, rotates their pre-RoPE
+        keys at the new positions 0.. and computes the rest at the positions after them.
+        Needs a pre-RoPE model. ``result.computed_from`` is the first computed token in
+        the truncated request; ``result.kv``/``logits`` cover the truncated request.
+
+        What it reuses: first the conversation's own chunks (full-context KV, looked up by
+        the conversation's keys; deeper layers saw the dropped tokens: CachedAttention's
+        approximation), then chunks an earlier truncated request that dropped the same
+        chunks computed (truncated_keys). What it computes is stored under
+        truncated_keys, never under the conversation's keys: only layer 0's pre-RoPE K
+        is free of the context, every other layer's KV depends on what it attended to,
+        and a full-context request must not reuse KV that never saw the dropped chunks.
+        With nothing dropped (it fits) the request is an ordinary one, keys included."""
         if not self.model.pre_rope:
             raise ValueError("serve_truncated needs a pre-RoPE model (key_position="
                              "'pre_rope'): post-RoPE keys carry their old positions")
+        if window < self.C:
+            raise ValueError(f"window: {window} tokens, less than one chunk ({self.C})")
         tokens = torch.as_tensor(tokens, dtype=torch.long)
         t_start = time.perf_counter()
         n, C = len(tokens), self.C
+        conn = self.connector
         drop = max(0, -(-(n - window) // C))  # Oldest whole chunks dropped.
         keys = kvtier.chunk_keys(self.ns, tokens.numpy(), C)
-        usable = keys[drop:max(drop, (n - 1) // C)]
+        # own[j]: where chunk drop + j's KV as computed in this truncated context lives.
+        own = truncated_keys(keys[drop - 1], tokens, drop, C) if drop else keys
+        u = max(drop, (n - 1) // C) - drop    # Usable chunks (>= 1 token left to compute).
+        exact, trunc = keys[drop:drop + u], own[:u]
+        used: List[bytes] = []                # Keys of the chunks to load, in order.
         m = 0
         buf = None
         fallback = ""
-        if usable:
+        if u:
             try:
-                tiers = self.client.lookup(self.ns, usable).tiers
+                tiers = conn.call(self.client.lookup, self.ns,
+                                  exact + (trunc if drop else [])).tiers
             except kvtier.KvTierError as e:
                 tiers, fallback = [], f"lookup failed: {e}"
-            while m < len(tiers) and tiers[m] != kvtier.Tier.ABSENT:
-                m += 1
+            m_exact = _leading_hits(tiers[:u])
+            used = exact[:m_exact]
+            if drop and tiers:
+                used += trunc[m_exact:m_exact + _leading_hits(tiers[u + m_exact:])]
+            m = len(used)
         if m:
             buf = self.chunks.alloc(m)
             try:
-                r = self.client.get_into(self.ns, usable[:m], buf)
+                r = conn.call(self.client.get_into, self.ns, used, buf)
                 if r.prefix_found < m:
                     fallback = f"partial load: {r.prefix_found} of {m} chunks"
                 m = r.prefix_found
@@ -375,11 +401,35 @@ class Worker:
                 packed = self.chunks.pack([(k[:, p:(end - drop) * C], v[:, p:(end - drop) * C])
                                            for k, v in cache.past(len(sub))])
                 try:
-                    result.stored_chunks = self.client.put(
-                        self.ns, keys[first:end], list(packed), chain_start=first,
-                        prev_key=keys[first - 1] if first > 0 else None).stored
+                    result.stored_chunks = conn.call(
+                        self.client.put, self.ns, own[m:end - drop], list(packed),
+                        chain_start=first, prev_key=used[m - 1] if m else None).stored
                 except kvtier.KvTierError as e:
                     result.put_error = str(e)
         result.timings["total"] = time.perf_counter() - t_start
         result.timings["dropped_chunks"] = drop
         return result
+
+
+def _leading_hits(tiers) -> int:
+    """Leading tiers that are not ABSENT: the chunks a request can load in order."""
+    return next((i for i, t in enumerate(tiers) if t == kvtier.Tier.ABSENT), len(tiers))
+
+
+def truncated_keys(dropped_key: bytes, tokens, first: int, C: int) -> List[bytes]:
+    """Keys for the KV of chunks [first, len(tokens) // C) of a conversation as computed
+    with its chunks [0, first) dropped (serve_truncated). Chained like kvtier.chunk_keys
+    (each key hashes the previous one and the chunk's little-endian u32 tokens), but from
+    a marker that names the dropped chunks (``dropped_key``, the conversation's key of
+    chunk first - 1, chains all of them and the namespace) and with BLAKE2b-128 instead
+    of XXH3-128: no full-context request's key can equal one of them, and two truncated
+    requests share a key only when they dropped the same tokens and kept the same ones."""
+    data = torch.as_tensor(tokens, dtype=torch.long).numpy().astype("<u4").tobytes()
+    step = 4 * C
+    prev = hashlib.blake2b(b"kvtier-worker/truncated-context/v1" + bytes(dropped_key),
+                           digest_size=16).digest()
+    keys = []
+    for i in range(first, len(data) // step):
+        prev = hashlib.blake2b(prev + data[i * step:(i + 1) * step], digest_size=16).digest()
+        keys.append(prev)
+    return keys

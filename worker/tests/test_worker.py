@@ -141,13 +141,61 @@ def test_context_overflow_reuses_newest_chunks_at_new_positions(client):
     assert torch.equal(w.model.rope.apply(r.kv[0][0][:, :64], pos),
                        w.model.rope.apply(ref_kv[0][0][:, :64], pos))
     assert not torch.equal(r.kv[1][0][:, :64], ref_kv[1][0][:, :64])
-    assert r.stored_chunks == 4                  # Chunks 7..10 under the conversation's keys.
-    # The next turn reuses them too (looked up by the conversation's keys).
+    assert r.stored_chunks == 4                  # Chunks 7..10, under truncated_keys.
+    keys = kvtier.chunk_keys(w.ns, convo.numpy(), C)
+    assert client.lookup(w.ns, keys[7:11]).prefix_hits == 0  # Not the conversation's keys.
+    # The same conversation again (the same chunks dropped) reuses the conversation's
+    # chunks 3..6, then the chunks 7..9 the first request computed: exactly its bytes.
+    again = w.serve_truncated(convo, window)
+    assert again.reused_chunks == 7 and again.computed_from == 112 and again.fallback == ""
+    ref_logits, _ = w.model.prefill(sub[112:], 112, [(k[:, :112], v[:, :112]) for k, v in r.kv])
+    assert torch.equal(again.logits, ref_logits)
+    # A later turn drops chunks 3, 4 as well: what was computed without 0..2 only is not
+    # its context, so it reuses the conversation's chunks 5, 6 and computes the rest.
     r2 = w.serve_truncated(torch.cat([convo, random_tokens(20, 42)]), window)
-    assert r2.reused_chunks >= 4
+    assert r2.timings["dropped_chunks"] == 5 and r2.reused_chunks == 2
     post = make_worker(client, "overflow-post", max_position=window)
     with pytest.raises(ValueError, match="pre-RoPE"):
         post.serve_truncated(convo, window)
+
+
+def test_truncated_kv_is_never_reused_by_a_full_context_request(client):
+    # serve_truncated once stored the KV it computed without the dropped chunks under the
+    # conversation's own keys; a later ordinary request for a prefix of the conversation
+    # reused it, and its logits moved by up to 1.4 from recomputing.
+    window = 128
+    w = make_worker(client, "overflow-exact", key_position="pre_rope", max_position=window)
+    convo = random_tokens(130, 43)
+    w.serve(convo[:20], "none")                   # Chunk 0, full context.
+    tr = w.serve_truncated(convo, window)         # Drops chunk 0; computes chunks 1..7.
+    assert tr.timings["dropped_chunks"] == 1 and tr.reused_chunks == 0
+    assert tr.stored_chunks == 7
+    # The same truncated request again reuses what the first computed, bitwise.
+    again = w.serve_truncated(convo, window)
+    assert again.reused_chunks == 7
+    sub_kv = [(k[:, :112], v[:, :112]) for k, v in tr.kv]
+    assert torch.equal(again.logits, w.model.prefill(convo[16 + 112:], 112, sub_kv)[0])
+    prompt = convo[:120]                          # Fits the window: an ordinary request.
+    r = w.serve(prompt, "layer")
+    assert r.reused_chunks == 1                   # Chunk 0 only.
+    ref_logits, ref_kv = compute_local(w.model, prompt, 1, C)
+    assert torch.equal(r.logits, ref_logits) and kv_equal(r.kv, ref_kv)
+
+
+def test_cake_compute_samples_are_bounded(client):
+    # Worker._compute_fit once grew by one sample per Cake-computed chunk, forever, while
+    # compute_estimate read only the last 256.
+    w = Worker(small_model(num_layers=1), client, 2, model_id="cake-samples")
+    tokens = random_tokens(302, 44)               # 150 usable chunks of 2 tokens.
+    w.serve(tokens, "none")
+    computed = 0
+    for _ in range(2):                            # At 1 byte/s the worker computes them.
+        r = w.serve_cake(tokens, put=False, max_bytes_per_second=1)
+        computed += len(r.chunk_times)
+    assert computed > 256
+    assert len(w._compute_fit) == 256
+    assert list(w._compute_fit)[-len(r.chunk_times):] == r.chunk_times
+    assert w.compute_estimate() is not None
 
 
 def test_connector_sequence_and_partial_load(client):
