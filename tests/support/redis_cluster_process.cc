@@ -245,6 +245,80 @@ absl::Status RedisClusterProcess::Restart(int i) {
   return Launch(i);
 }
 
+absl::StatusOr<int> RedisClusterProcess::AddMaster() {
+  Node node;
+  node.port = FreeClusterPort();
+  if (node.port < 0) return absl::UnavailableError("no free port pair for a redis node");
+  node.dir = MakeTempDir("redis-node");
+  nodes_.push_back(node);
+  const int added = size() - 1;
+  if (absl::Status s = Launch(added); !s.ok()) return s;
+  int existing = -1;
+  for (int i = 0; i < added && existing < 0; ++i) existing = alive(i) ? i : -1;
+  if (existing < 0) return absl::UnavailableError("no live node to join");
+  std::vector<std::string> add = {kCli};
+  const std::vector<std::string> flags = CliFlags();
+  add.insert(add.end(), flags.begin(), flags.end());
+  add.insert(add.end(), {"--cluster", "add-node", absl::StrCat("127.0.0.1:", node.port),
+                         absl::StrCat("127.0.0.1:", nodes_[existing].port)});
+  CommandResult r = RunCommand(add);
+  if (r.exit_code != 0) {
+    return absl::UnavailableError(absl::StrCat("redis-cli --cluster add-node: ", r.output));
+  }
+  auto id = Call(added, {"CLUSTER", "MYID"});
+  if (!id.ok()) return id.status();
+  const std::string added_id(ReplyString(**id));
+  // The join spreads by gossip: SETSLOT NODE on a node that has not heard of it fails.
+  const bool known = WaitFor([&] {
+    for (int i = 0; i < added; ++i) {
+      if (!alive(i)) continue;
+      auto nodes = Call(i, {"CLUSTER", "NODES"});
+      if (!nodes.ok() || !absl::StrContains(ReplyString(**nodes), added_id)) return false;
+    }
+    return true;
+  }, 60);
+  if (!known) return absl::DeadlineExceededError("the added node was not known to all in 60 s");
+  if (absl::Status s = WaitHealthy(); !s.ok()) return s;
+  return added;
+}
+
+absl::Status RedisClusterProcess::MoveEmptySlot(int slot, int to) {
+  auto from = MasterOf(slot);
+  if (!from.ok()) return from.status();
+  auto id_of = [&](int node) -> absl::StatusOr<std::string> {
+    auto r = Call(node, {"CLUSTER", "MYID"});
+    if (!r.ok()) return r.status();
+    return std::string(ReplyString(**r));
+  };
+  auto from_id = id_of(*from);
+  auto to_id = id_of(to);
+  if (!from_id.ok()) return from_id.status();
+  if (!to_id.ok()) return to_id.status();
+  const std::string s = std::to_string(slot);
+  auto run = [&](int node, const std::vector<std::string>& argv) -> absl::Status {
+    auto r = Call(node, argv);
+    if (!r.ok()) return r.status();
+    if (IsErrorReply(**r)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("node ", node, ": ", absl::StrJoin(argv, " "), ": ", ReplyString(**r)));
+    }
+    return absl::OkStatus();
+  };
+  if (absl::Status st = run(to, {"CLUSTER", "SETSLOT", s, "IMPORTING", *from_id}); !st.ok()) return st;
+  if (absl::Status st = run(*from, {"CLUSTER", "SETSLOT", s, "MIGRATING", *to_id}); !st.ok()) return st;
+  // The new owner first: it bumps its config epoch, so gossip cannot undo the move.
+  if (absl::Status st = run(to, {"CLUSTER", "SETSLOT", s, "NODE", *to_id}); !st.ok()) return st;
+  for (int i = 0; i < size(); ++i) {
+    if (i == to || !alive(i)) continue;
+    auto role = Call(i, {"ROLE"});
+    if (!role.ok()) return role.status();
+    if (ReplyString(*(*role)->element[0]) != "master") continue;
+    if (absl::Status st = run(i, {"CLUSTER", "SETSLOT", s, "NODE", *to_id}); !st.ok()) return st;
+  }
+  // Until every node has seen the new owner's claim, some answer CLUSTERDOWN.
+  return WaitHealthy();
+}
+
 absl::StatusOr<RedisReplyPtr> RedisClusterProcess::Call(int i,
                                                         const std::vector<std::string>& argv) {
   RedisAuth auth;

@@ -65,6 +65,16 @@ class RedisClusterProcess {
   void Resume(int node);
   // Starts a killed node again on its port and directory (it rejoins as it was).
   absl::Status Restart(int node);
+  // Starts one more node and joins it to the cluster as a master serving no slots
+  // (`redis-cli --cluster add-node`); returns its index once every node knows it and
+  // the cluster is healthy.
+  // Errors: Unavailable, DeadlineExceeded.
+  absl::StatusOr<int> AddMaster();
+  // Hands `slot`, which must hold no keys, to master `to` the way a resharding does
+  // (IMPORTING/MIGRATING, then SETSLOT NODE on the new owner first, then on every other
+  // master), then waits until the cluster is healthy. Errors: Unavailable,
+  // FailedPrecondition (a node refused), DeadlineExceeded.
+  absl::Status MoveEmptySlot(int slot, int to);
   bool alive(int node) const { return nodes_[node].pid > 0; }
 
   // Waits (up to 60 s) until every live node says cluster_state:ok with all slots
