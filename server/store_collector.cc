@@ -132,7 +132,12 @@ std::vector<MetricFamily> StoreCollector::Collect() const {
                         {{{"result", "present"}}, double(r.writes_present)},
                         {{{"result", "dropped"}}, double(r.writes_dropped)},
                         {{{"result", "full"}}, double(r.writes_full)},
+                        {{{"result", "cancelled"}}, double(r.writes_cancelled)},
                         {{{"result", "failed"}}, double(r.write_failures)}}));
+    f.push_back(Family("kvtier_remote_torn_removed_total",
+                       "Shared-tier records whose segments were gone (evicted, a master "
+                       "flushed), removed by this daemon so the chunk can be shared again",
+                       C, {{{}, double(r.torn_removed)}}));
     f.push_back(Family("kvtier_remote_bytes_total", "Payload bytes moved to and from the shared tier",
                        C, {{{{"direction", "read"}}, double(r.bytes_read)},
                            {{{"direction", "written"}}, double(r.bytes_written)}}));

@@ -26,6 +26,21 @@ bool IsOk(const redisReply& r) {
   return r.type == REDIS_REPLY_STATUS && ReplyString(r) == "OK";
 }
 
+// A GET answered with neither bytes nor nil: an error reply ("-ERR max number of clients
+// reached", an ACL refusal, ...), which says nothing about the key's bytes. The read
+// failed, as on a timeout; nothing is known to be corrupt.
+absl::Status FailedRead(const redisReply& r) {
+  return absl::UnavailableError(
+      absl::StrCat("remote tier: a node answered a read with \"", ReplyString(r), "\""));
+}
+
+// Deletes KEYS[1] only if it still holds ARGV[1]; returns 1 if it did. A record read
+// (or written) earlier may have been replaced since by another writer's, which must
+// stay. Redis runs a script atomically, and routes it by its one key.
+constexpr absl::string_view kDeleteIfUnchanged =
+    "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end "
+    "return 0";
+
 // Bytes [offset, offset + len) of a chunk given as consecutive pieces: a view when they
 // sit in one piece, else a copy in `scratch`.
 absl::string_view Gather(absl::Span<const absl::string_view> pieces, uint64_t offset,
@@ -158,16 +173,46 @@ void RemoteTier::WriterLoop() {
       if (queue_.empty()) return;  // Stopping.
       job = std::move(queue_.front());
       queue_.pop_front();
-      ++running_;
+      running_.emplace(&job, false);
     }
     absl::Status written = Write(job);
     const uint64_t size = job.meta.size;
     job.keep_alive.reset();  // The pool bytes go back before the job counts as done.
     if (job.done) job.done(std::move(written));
     absl::MutexLock l(&mu_);
-    --running_;
+    running_.erase(&job);
     pending_bytes_ -= size;
   }
+}
+
+void RemoteTier::CancelWrites(absl::FunctionRef<bool(const ChunkId&)> match) {
+  std::vector<Job> dropped;
+  {
+    absl::MutexLock l(&mu_);
+    for (auto it = queue_.begin(); it != queue_.end();) {
+      if (!match(it->id)) {
+        ++it;
+        continue;
+      }
+      pending_bytes_ -= it->meta.size;
+      dropped.push_back(std::move(*it));
+      it = queue_.erase(it);
+    }
+    for (auto& [job, cancelled] : running_) {
+      if (match(job->id)) cancelled = true;
+    }
+  }
+  writes_cancelled_.fetch_add(dropped.size(), std::memory_order_relaxed);
+  for (Job& j : dropped) {
+    j.keep_alive.reset();
+    if (j.done) j.done(absl::AbortedError("remote write cancelled: the chunk was deleted"));
+  }
+}
+
+bool RemoteTier::Cancelled(const Job& job) const {
+  absl::MutexLock l(&mu_);
+  auto it = running_.find(&job);
+  return it != running_.end() && it->second;
 }
 
 void RemoteTier::Observe(const absl::Status& s) const {
@@ -175,6 +220,11 @@ void RemoteTier::Observe(const absl::Status& s) const {
 }
 
 absl::Status RemoteTier::Write(const Job& job) {
+  auto cancelled = [&] {
+    writes_cancelled_.fetch_add(1, std::memory_order_relaxed);
+    return absl::AbortedError("remote write cancelled: the chunk was deleted");
+  };
+  if (Cancelled(job)) return cancelled();
   if (!health_.Allow()) {
     writes_dropped_.fetch_add(1, std::memory_order_relaxed);
     return absl::UnavailableError("remote tier degraded: write dropped");
@@ -252,9 +302,14 @@ absl::Status RemoteTier::Write(const Job& job) {
     }
     first = end;
   }
+  if (Cancelled(job)) {
+    DeleteSegments(job.id, record.generation, n);
+    return cancelled();
+  }
   // The commit record, last: only now can a reader see the chunk. NX: a writer that
   // committed first wins, and this write's segments go.
   const std::string encoded = EncodeRemoteRecord(record);
+  if (options_.before_commit) options_.before_commit(job.id);
   auto commit = cluster_->ExecuteOne(
       {{"SET", record_key, encoded, "PX", record_ttl, "NX"}, record_key});
   if (!commit.ok()) return failed(n, commit.status(), false);
@@ -266,6 +321,16 @@ absl::Status RemoteTier::Write(const Job& job) {
   if (!IsOk(**commit)) {
     const absl::string_view error = ReplyString(**commit);
     return failed(n, absl::InternalError(error), absl::StartsWith(error, "OOM"));
+  }
+  // A Delete or Clear that ran while the commit was on its way may have looked for the
+  // record before it landed, and found none. Each marks this write cancelled before it
+  // looks (CancelWrites), so either this check sees the mark and the record goes again
+  // (unless a newer one replaced it), or the mark came after the commit landed and the
+  // Delete's own look finds the record and deletes it.
+  if (Cancelled(job)) {
+    const RecordToRemove mine[] = {{job.id, encoded, record.generation, n}};
+    RemoveRecords(mine);
+    return cancelled();
   }
   writes_.fetch_add(1, std::memory_order_relaxed);
   bytes_written_.fetch_add(job.meta.size, std::memory_order_relaxed);
@@ -281,6 +346,32 @@ void RemoteTier::DeleteSegments(const ChunkId& id, uint64_t generation, uint32_t
   const std::vector<RedisCommand> commands = OnePerKey("DEL", keys);
   // Best effort: what is left expires with its TTL.
   (void)cluster_->Execute(commands);
+}
+
+uint64_t RemoteTier::RemoveRecords(absl::Span<const RecordToRemove> records) {
+  if (records.empty()) return 0;
+  std::vector<std::string> keys;
+  keys.reserve(records.size());
+  for (const RecordToRemove& r : records) keys.push_back(RemoteRecordKey(options_.key_prefix, r.id));
+  std::vector<RedisCommand> commands;
+  commands.reserve(records.size());
+  for (size_t i = 0; i < records.size(); ++i) {
+    commands.push_back({{"EVAL", kDeleteIfUnchanged, "1", keys[i], records[i].expected}, keys[i]});
+  }
+  auto replies = cluster_->Execute(commands);
+  uint64_t removed = 0;
+  for (size_t i = 0; i < records.size(); ++i) {
+    // Best effort: a record left behind expires with its TTL, and the next reader that
+    // meets it tries again.
+    if (!replies[i].ok()) {
+      Observe(replies[i].status());
+      continue;
+    }
+    if ((*replies[i])->type != REDIS_REPLY_INTEGER || (*replies[i])->integer != 1) continue;
+    ++removed;
+    DeleteSegments(records[i].id, records[i].generation, records[i].segments);
+  }
+  return removed;
 }
 
 absl::StatusOr<RemoteRecord> RemoteTier::ReadRecord(const ChunkId& id,
@@ -317,11 +408,15 @@ std::vector<absl::StatusOr<RemoteRecord>> RemoteTier::ReadRecords(
       out.push_back(absl::NotFoundError("not in the remote tier"));
       continue;
     }
-    absl::StatusOr<RemoteRecord> record =
-        r.type == REDIS_REPLY_STRING
-            ? DecodeRemoteRecord(ReplyString(r))
-            : absl::DataLossError(absl::StrCat("remote commit record: not a string: ",
-                                               ReplyString(r)));
+    if (r.type != REDIS_REPLY_STRING) {
+      absl::Status failed = FailedRead(r);
+      Observe(failed);
+      unreachable = true;
+      read_failures_.fetch_add(1, std::memory_order_relaxed);
+      out.push_back(std::move(failed));
+      continue;
+    }
+    absl::StatusOr<RemoteRecord> record = DecodeRemoteRecord(ReplyString(r));
     if (record.ok() && record->layout_fingerprint == layout.fingerprint &&
         layout.chunk_bytes != 0 && record->meta.size != layout.chunk_bytes) {
       // Its CRC holds, so a writer made it so: its size must not reach an allocation.
@@ -333,7 +428,9 @@ std::vector<absl::StatusOr<RemoteRecord>> RemoteTier::ReadRecords(
       checksum_failures_.fetch_add(1, std::memory_order_relaxed);
       LogWarning("remote tier: chunk ", ids[i].DebugString(), ": ", record.status().message(),
                  "; record deleted");
-      (void)cluster_->ExecuteOne({{"DEL", keys[i]}, keys[i]});
+      // Its generation is not to be trusted: its segments are left to their TTL.
+      const RecordToRemove bad[] = {{ids[i], std::string(ReplyString(r)), 0, 0}};
+      RemoveRecords(bad);
       out.push_back(absl::NotFoundError(record.status().message()));
       continue;
     }
@@ -361,11 +458,17 @@ std::vector<absl::Status> RemoteTier::ReadPayloads(absl::Span<const ChunkId> ids
                                                    absl::Span<const RemoteRecord* const> records,
                                                    absl::Span<ChunkSink* const> sinks) {
   std::vector<absl::Status> out(ids.size());
+  // Records to remove once every batch is in: those whose bytes came back and failed
+  // their check, and those found torn. Each is compared with the record as read.
+  std::vector<RecordToRemove> corrupt_records, torn_records;
+  auto to_remove = [&](size_t c) {
+    return RecordToRemove{ids[c], EncodeRemoteRecord(*records[c]), records[c]->generation,
+                          records[c]->segments()};
+  };
   auto corrupt = [&](size_t c, absl::string_view why) {
     checksum_failures_.fetch_add(1, std::memory_order_relaxed);
     LogWarning("remote tier: chunk ", ids[c].DebugString(), ": ", why, "; record deleted");
-    const std::string record_key = RemoteRecordKey(options_.key_prefix, ids[c]);
-    (void)cluster_->ExecuteOne({{"DEL", record_key}, record_key});
+    corrupt_records.push_back(to_remove(c));
     out[c] = absl::DataLossError(absl::StrCat("remote chunk ", ids[c].key.ToHex(), ": ", why));
   };
   // Every (chunk, segment) in order; a batch takes up to batch_bytes of them, from one
@@ -424,13 +527,22 @@ std::vector<absl::Status> RemoteTier::ReadPayloads(absl::Span<const ChunkId> ids
       reached = true;
       if (IsNilReply(**reply)) {
         torn_.fetch_add(1, std::memory_order_relaxed);
+        torn_records.push_back(to_remove(p.chunk));
         out[p.chunk] = absl::NotFoundError(
             absl::StrCat("remote chunk ", ids[p.chunk].key.ToHex(), ": segment ", p.segment,
                          " of ", record.segments(), " is gone (evicted or expired)"));
         continue;
       }
+      if ((*reply)->type != REDIS_REPLY_STRING) {
+        absl::Status failed = FailedRead(**reply);
+        Observe(failed);
+        unreachable = true;
+        read_failures_.fetch_add(1, std::memory_order_relaxed);
+        out[p.chunk] = std::move(failed);
+        continue;
+      }
       const absl::string_view bytes = ReplyString(**reply);
-      if ((*reply)->type != REDIS_REPLY_STRING || bytes.size() != record.SegmentSize(p.segment)) {
+      if (bytes.size() != record.SegmentSize(p.segment)) {
         corrupt(p.chunk, absl::StrCat("segment ", p.segment, " has the wrong size"));
         continue;
       }
@@ -456,6 +568,14 @@ std::vector<absl::Status> RemoteTier::ReadPayloads(absl::Span<const ChunkId> ids
     hits_.fetch_add(1, std::memory_order_relaxed);
     bytes_read_.fetch_add(records[c]->meta.size, std::memory_order_relaxed);
   }
+  RemoveRecords(corrupt_records);
+  // A torn record would be read, and missed, by every daemon until it expired, and
+  // writers would skip its chunk as present meanwhile. Not while a node fails to
+  // answer: the record may live there (each removal would wait on it again), and a
+  // later read retries.
+  if (!unreachable) {
+    torn_removed_.fetch_add(RemoveRecords(torn_records), std::memory_order_relaxed);
+  }
   if (reached && !unreachable) health_.Succeeded();
   return out;
 }
@@ -475,6 +595,11 @@ std::vector<bool> RemoteTier::ContainsMany(absl::Span<const ChunkId> ids) const 
       unreachable = true;
       continue;
     }
+    if (IsErrorReply(**replies[i])) {  // Not known either way: as on a timeout.
+      Observe(FailedRead(**replies[i]));
+      unreachable = true;
+      continue;
+    }
     reached = true;
     out[i] = (*replies[i])->type == REDIS_REPLY_INTEGER && (*replies[i])->integer == 1;
   }
@@ -483,6 +608,9 @@ std::vector<bool> RemoteTier::ContainsMany(absl::Span<const ChunkId> ids) const 
 }
 
 absl::StatusOr<bool> RemoteTier::Delete(const ChunkId& id) {
+  // First, even while degraded: a write queued before this Delete must not bring the
+  // chunk back.
+  CancelWrites([&id](const ChunkId& j) { return j == id; });
   // Degraded: not even as a probe (a delete that got through would not clear the state,
   // so deletes would use up the probes that reads and writes recover with).
   if (health_.degraded()) {
@@ -495,49 +623,83 @@ absl::StatusOr<bool> RemoteTier::Delete(const ChunkId& id) {
     return reply.status();
   }
   if (IsNilReply(**reply)) return false;
+  if (IsErrorReply(**reply)) {
+    absl::Status failed = FailedRead(**reply);
+    Observe(failed);
+    return failed;
+  }
   auto record = DecodeRemoteRecord(ReplyString(**reply));
   auto del = cluster_->ExecuteOne({{"DEL", key}, key});
   if (!del.ok()) {
     Observe(del.status());
     return del.status();
   }
+  if (IsErrorReply(**del)) {
+    absl::Status failed = absl::UnavailableError(
+        absl::StrCat("remote tier: DEL ", key, ": ", ReplyString(**del)));
+    Observe(failed);
+    return failed;
+  }
   if (record.ok()) DeleteSegments(id, record->generation, record->segments());
   return true;
 }
 
 absl::StatusOr<uint64_t> RemoteTier::Clear(uint64_t ns) {
+  // First: a write queued before this Clear must not bring a chunk back.
+  CancelWrites([ns](const ChunkId& j) { return j.ns == ns; });
   const std::string pattern = RemoteNamespacePattern(options_.key_prefix, ns);
   // A record's key has no ':' after the namespace's; a segment's has two.
   const size_t record_colons = 2;
   uint64_t records = 0;
-  absl::Status s = cluster_->ForEachMaster([&](RedisConnection& conn) -> absl::Status {
+  // Every master of a map read now: one that joined or took slots since the cached map
+  // was read holds keys too.
+  auto masters = cluster_->Masters();
+  if (!masters.ok()) {
+    Observe(masters.status());
+    return masters.status();
+  }
+  auto fail = [&](absl::Status s) {
+    Observe(s);
+    return absl::Status(s.code(), absl::StrCat(s.message(), " (", records,
+                                               " records of the namespace deleted before)"));
+  };
+  for (const RedisEndpoint& master : *masters) {
     std::string cursor = "0";
     do {
-      auto reply = conn.Call({"SCAN", cursor, "MATCH", pattern, "COUNT", "1000"});
-      if (!reply.ok()) return reply.status();
+      auto reply = cluster_->CallOn(master, {"SCAN", cursor, "MATCH", pattern, "COUNT", "1000"});
+      if (!reply.ok()) return fail(reply.status());
       const redisReply& r = **reply;
       if (r.type != REDIS_REPLY_ARRAY || r.elements != 2 ||
           r.element[1]->type != REDIS_REPLY_ARRAY) {
-        return absl::UnavailableError(absl::StrCat("redis ", conn.endpoint().ToString(),
-                                                   ": SCAN: ", ReplyString(r)));
+        return fail(absl::UnavailableError(
+            absl::StrCat("redis ", master.ToString(), ": SCAN: ", ReplyString(r))));
       }
       cursor = std::string(ReplyString(*r.element[0]));
       const redisReply& keys = *r.element[1];
+      // Routed by key, not sent to the node SCAN asked: its slot may be migrating (this
+      // node, importing it, answers MOVED to a DEL without ASKING) or have moved since.
+      std::vector<RedisCommand> dels;
+      dels.reserve(keys.elements);
       for (size_t i = 0; i < keys.elements; ++i) {
         const absl::string_view k = ReplyString(*keys.element[i]);
-        if (static_cast<size_t>(std::count(k.begin(), k.end(), ':')) == record_colons) ++records;
-        conn.Append({"DEL", k});
+        dels.push_back({{"DEL", k}, k});
       }
-      for (size_t i = 0; i < keys.elements; ++i) {
-        auto del = conn.Read();
-        if (!del.ok()) return del.status();
+      auto deleted = cluster_->Execute(dels);
+      for (size_t i = 0; i < deleted.size(); ++i) {
+        if (!deleted[i].ok()) return fail(deleted[i].status());
+        const redisReply& d = **deleted[i];
+        if (d.type != REDIS_REPLY_INTEGER) {
+          return fail(absl::UnavailableError(
+              absl::StrCat("redis: DEL ", dels[i].key, ": ", ReplyString(d))));
+        }
+        const absl::string_view k = dels[i].key;
+        // 0: gone meanwhile (expired, or another daemon's Clear): not this one's to count.
+        if (d.integer == 1 &&
+            static_cast<size_t>(std::count(k.begin(), k.end(), ':')) == record_colons) {
+          ++records;
+        }
       }
     } while (cursor != "0");
-    return absl::OkStatus();
-  });
-  if (!s.ok()) {
-    Observe(s);
-    return s;
   }
   return records;
 }
@@ -546,7 +708,7 @@ void RemoteTier::WaitIdle() {
   absl::MutexLock l(&mu_);
   mu_.Await(absl::Condition(
       +[](RemoteTier* t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(t->mu_) {
-        return t->queue_.empty() && t->running_ == 0;
+        return t->queue_.empty() && t->running_.empty();
       },
       this));
 }
@@ -564,9 +726,11 @@ RemoteTierStats RemoteTier::GetStats() const {
   s.writes_dropped = writes_dropped_.load(std::memory_order_relaxed);
   s.write_failures = write_failures_.load(std::memory_order_relaxed);
   s.writes_full = writes_full_.load(std::memory_order_relaxed);
+  s.writes_cancelled = writes_cancelled_.load(std::memory_order_relaxed);
   s.read_failures = read_failures_.load(std::memory_order_relaxed);
   s.checksum_failures = checksum_failures_.load(std::memory_order_relaxed);
   s.torn = torn_.load(std::memory_order_relaxed);
+  s.torn_removed = torn_removed_.load(std::memory_order_relaxed);
   s.foreign = foreign_.load(std::memory_order_relaxed);
   {
     absl::MutexLock l(&mu_);

@@ -9,7 +9,14 @@
 //    layout fingerprint and its segments' generation match; every segment is checked
 //    against its CRC32C and the whole chunk against its CRC32C before the caller sees
 //    success. Anything else is a miss (counted by cause); a corrupt record or segment
-//    also deletes the record, so no other daemon trips on it.
+//    also deletes the record, so no other daemon trips on it, and so does a record whose
+//    segments are gone (torn), so the chunk can be shared again. Both deletes are a
+//    compare-and-delete of the record as read: a newer record another writer committed
+//    meanwhile stays. An error reply from a node (max clients, ACL, ...) says nothing
+//    about the bytes: it is a failed read, like a timeout, and deletes nothing.
+//  - A Delete or Clear is not undone by a write queued before it: the chunk's (the
+//    namespace's) queued writes are dropped, and one already being sent either stops
+//    before its commit or, committed as the Delete ran, removes its own record.
 //  - Never failing because the cluster is full or gone: an OOM reply drops the write
 //    (counted as full); an unreachable cluster marks the tier degraded (RemoteHealth:
 //    log and metric, probes with backoff) and reads miss at once.
@@ -35,6 +42,8 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -70,6 +79,9 @@ struct RemoteTierOptions {
   // For the StorageTier interface (Write, Read), which names no layout: the layout of
   // namespace `ns`. Unset: those calls are refused with FailedPrecondition.
   std::function<absl::StatusOr<RemoteLayout>(uint64_t ns)> layout_of;
+  // Sync point for tests: runs on the writer thread once a write's segments have landed,
+  // just before its commit record is sent. Null (always, outside tests): nothing runs.
+  std::function<void(const ChunkId&)> before_commit;
 
   bool enabled() const { return !cluster.seeds.empty(); }
   absl::Status Validate() const;
@@ -87,9 +99,11 @@ struct RemoteTierStats {
   uint64_t writes_dropped = 0;       // Queue full, degraded, or shutting down.
   uint64_t write_failures = 0;       // Sent but not committed (unreachable, errors).
   uint64_t writes_full = 0;          // The cluster answered OOM.
-  uint64_t read_failures = 0;        // Unreachable mid-read.
+  uint64_t writes_cancelled = 0;     // A Delete or Clear of the chunk overtook it.
+  uint64_t read_failures = 0;        // Unreachable mid-read, or an error reply.
   uint64_t checksum_failures = 0;    // Corrupt records or segments (deleted).
   uint64_t torn = 0;                 // A record whose segments are not all there.
+  uint64_t torn_removed = 0;         // Such records removed by the reader that found them.
   uint64_t foreign = 0;              // A record of another layout.
   uint64_t pending_bytes = 0;        // Queued or being written now.
   RedisClusterStats cluster;
@@ -106,19 +120,22 @@ class RemoteTier final : public StorageTier {
   // Queues a chunk that landed locally. `pieces` (covering meta.size) stay valid while
   // `keep_alive` is held. Never blocks; returns whether it was queued.
   // `done` (may be null) gets how the write ended, on a writer thread (on this one
-  // when the write is not queued): Ok (committed,
-  // or another writer had), ResourceExhausted (the cluster is full), Unavailable (not
-  // queued, unreachable, dropped at shutdown), Internal (an error reply).
+  // when the write is not queued; on the deleting thread when a Delete or Clear drops it
+  // from the queue): Ok (committed, or another writer had), ResourceExhausted (the
+  // cluster is full), Unavailable (not queued, unreachable, dropped at shutdown),
+  // Aborted (a Delete or Clear of the chunk overtook it), Internal (an error reply).
   bool WriteAsync(const ChunkId& id, const ChunkMeta& meta, uint64_t layout_fingerprint,
                   std::vector<absl::string_view> pieces, std::shared_ptr<const void> keep_alive,
                   WriteDone done = nullptr);
 
   // The chunk's commit record, if it has one for this layout. Returns: Ok, NotFound
-  // (absent, foreign, corrupt, or the tier is degraded), Unavailable (unreachable now).
+  // (absent, foreign, corrupt, or the tier is degraded), Unavailable (unreachable now,
+  // or the node answered with an error).
   absl::StatusOr<RemoteRecord> ReadRecord(const ChunkId& id, const RemoteLayout& layout);
   // Reads the payload of `record` into `sink`, verifying every segment and then the
-  // chunk. Returns: Ok, NotFound (segments missing: torn), DataLoss (corrupt; the record
-  // is deleted), Unavailable.
+  // chunk. Returns: Ok, NotFound (segments missing: torn; the record is removed unless
+  // it changed since it was read), DataLoss (corrupt; likewise removed), Unavailable
+  // (unreachable, or a node answered with an error).
   absl::Status ReadPayload(const ChunkId& id, const RemoteRecord& record, ChunkSink& sink);
   // ReadRecord for many chunks of one layout, in one pipelined round trip; one result
   // per id, in order.
@@ -144,11 +161,15 @@ class RemoteTier final : public StorageTier {
                 ReadEachDone done) override;
   // False while degraded: reads miss at once until a probe succeeds.
   bool reachable() const override { return !health_.degraded(); }
-  // Deletes the record and its segments. Returns whether a record existed. Errors:
-  // Unavailable.
+  // Cancels the chunk's write not yet committed (see CancelWrites), then deletes the
+  // record and its segments. Returns whether a record existed. Errors: Unavailable
+  // (also while degraded: the copy is left to expire).
   absl::StatusOr<bool> Delete(const ChunkId& id) override;
-  // Deletes every record and segment of namespace `ns` (SCAN over each master).
-  // Returns how many records went. Errors: Unavailable.
+  // Cancels the namespace's writes not yet committed, then deletes every record and
+  // segment of namespace `ns`: SCAN over every master of a slot map read afresh, each
+  // key deleted through the cluster's routing (MOVED, ASK: a key SCAN found on a node
+  // importing its slot). Returns how many records were deleted. Errors: Unavailable
+  // (a node unreachable or answering with an error; what was deleted stays deleted).
   absl::StatusOr<uint64_t> Clear(uint64_t ns);
 
   // StorageTier, for the chunks of namespaces options.layout_of knows.
@@ -183,6 +204,22 @@ class RemoteTier final : public StorageTier {
   RemoteTier(RemoteTierOptions options, std::unique_ptr<RedisCluster> cluster);
   void WriterLoop();
   absl::Status Write(const Job& job);
+  // Drops the queued writes of the chunks `match` picks (their `done` gets Aborted, here)
+  // and marks those being written cancelled. Called before Delete and Clear look at the
+  // cluster, which is what makes Write's check after its commit enough (see there).
+  void CancelWrites(absl::FunctionRef<bool(const ChunkId&)> match);
+  // Whether `job`, being written, was cancelled.
+  bool Cancelled(const Job& job) const;
+  // A compare-and-delete of commit records: each goes only if it still holds
+  // `expected` (the bytes read or written), and then its generation's segments go too.
+  // Best effort (a failure leaves the record to its TTL). Returns how many went.
+  struct RecordToRemove {
+    ChunkId id;
+    std::string expected;
+    uint64_t generation = 0;  // With segments = 0 when the record could not be decoded.
+    uint32_t segments = 0;
+  };
+  uint64_t RemoveRecords(absl::Span<const RecordToRemove> records);
   // options_.layout_of(ns), or FailedPrecondition without one.
   absl::StatusOr<RemoteLayout> LayoutOf(uint64_t ns) const;
   // Deletes segments [0, n) of `generation` (a write that did not commit).
@@ -197,13 +234,16 @@ class RemoteTier final : public StorageTier {
   mutable absl::Mutex mu_;
   std::deque<Job> queue_ ABSL_GUARDED_BY(mu_);
   uint64_t pending_bytes_ ABSL_GUARDED_BY(mu_) = 0;
-  int running_ ABSL_GUARDED_BY(mu_) = 0;
+  // The writes being sent now (each Job lives on its writer thread), and whether a
+  // Delete or Clear has cancelled it since it was taken from the queue.
+  absl::flat_hash_map<const Job*, bool> running_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::thread> writers_;
 
   std::atomic<uint64_t> hits_{0}, misses_{0}, bytes_read_{0}, bytes_written_{0}, writes_{0},
       writes_present_{0}, writes_dropped_{0}, write_failures_{0}, writes_full_{0},
-      read_failures_{0}, checksum_failures_{0}, torn_{0}, foreign_{0};
+      writes_cancelled_{0}, read_failures_{0}, checksum_failures_{0}, torn_{0},
+      torn_removed_{0}, foreign_{0};
 };
 
 }  // namespace kvtier

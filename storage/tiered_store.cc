@@ -374,7 +374,8 @@ absl::StatusOr<bool> TieredStore::Commit(std::unique_ptr<ChunkWriter> writer, ui
 
 void TieredStore::ToRemote(const ChunkId& id, const ChunkMeta& meta,
                            std::shared_ptr<PoolChunk> data) {
-  // Best effort, counted by the remote tier; a namespace cleared meanwhile is refused.
+  // Best effort, counted by the remote tier. A Delete or Clear after this cancels the
+  // write (RemoteTier::CancelWrites), so a deleted chunk does not come back from there.
   shared_->Write(id, meta, ChunkBytes::Of(std::move(data)), [](absl::Status) {});
 }
 

@@ -12,6 +12,8 @@
 #include <set>
 #include <string>
 
+#include "absl/cleanup/cleanup.h"
+#include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
 #include "storage/crc32c.h"
 #include "storage/log.h"
@@ -149,11 +151,69 @@ class RemoteTierTest : public ::testing::Test {
     const std::string key = RemoteRecordKey("kvt", id);
     return OnOwner(key, {"EXISTS", key})->integer == 1;
   }
+  // Keys on every master (records and segments alike).
+  long long KeysOnMasters() {
+    long long keys = 0;
+    for (int i = 0; i < cluster_->size(); ++i) {
+      if (!cluster_->alive(i)) continue;
+      auto role = cluster_->Call(i, {"ROLE"});
+      EXPECT_TRUE(role.ok());
+      if (!role.ok() || ReplyString(*(*role)->element[0]) != "master") continue;
+      keys += (*cluster_->Call(i, {"DBSIZE"}))->integer;
+    }
+    return keys;
+  }
+
+  // The tier on its own (no TieredStore), for what the store hides: Clear's count, the
+  // status of one read, the cluster's view of the map.
+  static constexpr uint64_t kFingerprint = 0xf1f1;
+  RemoteTierOptions TierOptions() {
+    RemoteTierOptions o;
+    o.cluster.seeds = cluster_->Seeds();
+    o.cluster.tls = cluster_->ClientTls();
+    o.cluster.now = clock_.AsFunction();
+    o.cluster.io_timeout = absl::Milliseconds(500);
+    o.cluster.min_refresh_interval = absl::ZeroDuration();
+    o.segment_bytes = 64 << 10;
+    o.ttl = absl::Hours(1);
+    return o;
+  }
+  std::unique_ptr<RemoteTier> OpenTier(RemoteTierOptions o) {
+    auto t = RemoteTier::Open(std::move(o));
+    EXPECT_TRUE(t.ok()) << t.status();
+    return t.ok() ? *std::move(t) : nullptr;
+  }
+  std::unique_ptr<RemoteTier> OpenTier() { return OpenTier(TierOptions()); }
+  // Writes Payload(id, kMiB) through `tier`; returns how the write ended.
+  static absl::Status WriteChunk(RemoteTier& tier, const ChunkId& id) {
+    auto data = std::make_shared<std::string>(Payload(id, kMiB));
+    ChunkMeta meta;
+    meta.size = data->size();
+    meta.crc32c = crc32c::Value(*data);
+    meta.token_count = 256;
+    absl::Notification done;
+    absl::Status result;
+    tier.WriteAsync(id, meta, kFingerprint, {*data}, data, [&](absl::Status s) {
+      result = std::move(s);
+      done.Notify();
+    });
+    done.WaitForNotification();
+    return result;
+  }
+  // ReadRecord then ReadPayload; the payload, or the first failure.
+  static absl::StatusOr<std::string> ReadChunk(RemoteTier& tier, const ChunkId& id) {
+    auto record = tier.ReadRecord(id, RemoteLayout{kFingerprint, 0});
+    if (!record.ok()) return record.status();
+    std::string out(record->meta.size, '\0');
+    StringSink sink(&out);
+    if (absl::Status s = tier.ReadPayload(id, *record, sink); !s.ok()) return s;
+    return out;
+  }
 
   static RedisClusterProcess* shared_;
   RedisClusterProcess* cluster_ = nullptr;
   FakeClock clock_;
-  TempDir dir_a_{"remote-a"}, dir_b_{"remote-b"};
+  TempDir dir_a_{"remote-a"}, dir_b_{"remote-b"}, dir_c_{"remote-c"};
   std::unique_ptr<TieredStore> a_, b_;
 };
 
@@ -371,6 +431,187 @@ TEST_F(RemoteTierTest, DeleteAndClearReachTheCluster) {
   EXPECT_EQ(keys, 0);
 }
 
+// A node that answers a read with an error reply (here an ACL refusal, "-NOPERM"; in
+// the field also "-ERR max number of clients reached") has not shown the chunk to be
+// corrupt: the read fails as on a timeout (counted as failed; the tier goes degraded)
+// and the record stays for every other daemon. Both reads once deleted a valid record
+// and counted it corrupt: a segment GET's error reply was "the wrong size", a record
+// GET's "not a string".
+TEST_F(RemoteTierTest, AnErrorReplyIsAFailedReadNotCorruption) {
+  auto writer = OpenTier();
+  ASSERT_NE(writer, nullptr);
+  auto owner = [&](const ChunkId& id) {
+    auto m = cluster_->MasterOf(RedisHashSlot(RemoteRecordKey("kvt", id)));
+    EXPECT_TRUE(m.ok());
+    return m.ok() ? *m : -1;
+  };
+  // Node `refusing` will refuse the readers' user every key. One chunk's record lives
+  // there; another's elsewhere (its segments, spread over every master, have some there).
+  const int refusing = owner(Id(1));
+  ChunkId elsewhere = Id(2);
+  for (uint64_t n = 3; owner(elsewhere) == refusing && n < 200; ++n) elsewhere = Id(n);
+  ASSERT_NE(owner(elsewhere), refusing);
+  ASSERT_TRUE(WriteChunk(*writer, Id(1)).ok());
+  ASSERT_TRUE(WriteChunk(*writer, elsewhere).ok());
+
+  auto acl = [&](int node, std::vector<std::string> argv) {
+    auto r = cluster_->Call(node, argv);
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_FALSE(IsErrorReply(**r)) << ReplyString(**r);
+  };
+  absl::Cleanup drop_user = [&] {
+    for (int i = 0; i < cluster_->size(); ++i) (void)cluster_->Call(i, {"ACL", "DELUSER", "reader"});
+  };
+  for (int i = 0; i < cluster_->size(); ++i) {
+    ASSERT_NO_FATAL_FAILURE(acl(i, {"ACL", "SETUSER", "reader", "on", "nopass", "allcommands", "allkeys"}));
+  }
+  ASSERT_NO_FATAL_FAILURE(acl(refusing, {"ACL", "SETUSER", "reader", "resetkeys"}));
+  RemoteTierOptions o = TierOptions();
+  o.cluster.auth = {"reader", "any"};
+
+  // The record GET.
+  auto reader = OpenTier(o);
+  ASSERT_NE(reader, nullptr);
+  EXPECT_EQ(reader->ReadRecord(Id(1), RemoteLayout{kFingerprint, 0}).status().code(),
+            absl::StatusCode::kUnavailable);
+  EXPECT_EQ(reader->GetStats().checksum_failures, 0u);
+  EXPECT_EQ(reader->GetStats().read_failures, 1u);
+  EXPECT_TRUE(reader->degraded());
+  // The segment GETs.
+  auto reader2 = OpenTier(o);
+  ASSERT_NE(reader2, nullptr);
+  EXPECT_EQ(ReadChunk(*reader2, elsewhere).status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(reader2->GetStats().checksum_failures, 0u);
+  EXPECT_EQ(reader2->GetStats().read_failures, 1u);
+  EXPECT_TRUE(reader2->degraded());
+
+  EXPECT_TRUE(RecordExists(Id(1)));
+  EXPECT_TRUE(RecordExists(elsewhere));
+  auto reader3 = OpenTier();  // The default user: every key.
+  ASSERT_NE(reader3, nullptr);
+  for (const ChunkId& id : {Id(1), elsewhere}) {
+    auto got = ReadChunk(*reader3, id);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_TRUE(*got == Payload(id, kMiB));
+  }
+}
+
+// A record whose segments are gone (evicted, a master flushed or restarted empty) is
+// removed by the reader that finds it torn, so the chunk can be shared again: before,
+// every Lookup still said TIER_REMOTE, every read missed, and a writer skipped the chunk
+// as present until the record expired (remote_ttl).
+TEST_F(RemoteTierTest, ATornRecordIsRemovedSoTheChunkCanBeSharedAgain) {
+  OpenBoth();
+  const ChunkId id = Id(8);
+  ASSERT_TRUE(Put(a_.get(), id).ok());
+  a_->WaitForRemoteWrites();
+  const RemoteRecord rec = Record(id);
+  const std::string skey = RemoteSegmentKey("kvt", id, rec.generation, 9);
+  OnOwner(skey, {"DEL", skey});
+  EXPECT_EQ(b_->Read(id).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(b_->GetStats().remote.torn, 1u);
+  EXPECT_EQ(b_->GetStats().remote.torn_removed, 1u);
+  EXPECT_FALSE(RecordExists(id));
+  const ChunkId ids[] = {id};
+  EXPECT_EQ(b_->LocateMany(ids), std::vector<Tier>{Tier::kNone});
+  EXPECT_EQ(KeysOnMasters(), 0) << "the torn generation's other segments stay behind";
+
+  // A daemon that computed the chunk again shares it again.
+  auto c = Open(Options(dir_c_.path(), WriteMode::kRamOnly));
+  ASSERT_NE(c, nullptr);
+  ASSERT_TRUE(Put(c.get(), id).ok());
+  c->WaitForRemoteWrites();
+  EXPECT_EQ(c->GetStats().remote.writes, 1u);
+  EXPECT_EQ(c->GetStats().remote.writes_present, 0u);
+  auto view = b_->Read(id);
+  ASSERT_TRUE(view.ok()) << view.status();
+  EXPECT_EQ(view->tier(), Tier::kRemote);
+  EXPECT_EQ(ReadAll(*view), Payload(id, kMiB));
+}
+
+// The reader removes the record it read, never a newer one: here the chunk was stored
+// again (another generation) between the reader's record GET and its segment GETs.
+TEST_F(RemoteTierTest, ATornReadKeepsANewerRecord) {
+  auto writer = OpenTier();
+  auto reader = OpenTier();
+  ASSERT_NE(writer, nullptr);
+  ASSERT_NE(reader, nullptr);
+  const ChunkId id = Id(9);
+  ASSERT_TRUE(WriteChunk(*writer, id).ok());
+  auto old_record = reader->ReadRecord(id, RemoteLayout{kFingerprint, 0});
+  ASSERT_TRUE(old_record.ok()) << old_record.status();
+  const std::string rkey = RemoteRecordKey("kvt", id);
+  OnOwner(rkey, {"DEL", rkey});  // Expired, say; then written again.
+  ASSERT_TRUE(WriteChunk(*writer, id).ok());
+  ASSERT_NE(Record(id).generation, old_record->generation);
+  const std::string skey = RemoteSegmentKey("kvt", id, old_record->generation, 0);
+  OnOwner(skey, {"DEL", skey});
+
+  std::string out(old_record->meta.size, '\0');
+  StringSink sink(&out);
+  EXPECT_EQ(reader->ReadPayload(id, *old_record, sink).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(reader->GetStats().torn, 1u);
+  EXPECT_EQ(reader->GetStats().torn_removed, 0u);
+  EXPECT_TRUE(RecordExists(id));
+  auto got = ReadChunk(*reader, id);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_TRUE(*got == Payload(id, kMiB));
+}
+
+// A Delete or Clear overtakes the chunks' shared-tier writes: one still queued is
+// dropped, and one whose commit was on its way when the Delete ran removes its own
+// record once committed. Before, both were committed after the Delete returned, and
+// every daemon (the deleting one too) read the deleted chunks back from the cluster.
+class RemoteTierCancelTest : public RemoteTierTest, public ::testing::WithParamInterface<bool> {};
+
+TEST_P(RemoteTierCancelTest, DeleteOrClearCancelsWritesQueuedOrInFlight) {
+  const bool clear = GetParam();
+  TieredStoreOptions o = Options(dir_a_.path(), WriteMode::kRamOnly);
+  o.remote.write_threads = 1;  // The second chunk's write waits behind the first.
+  absl::Notification reached, release;
+  std::atomic<bool> first{true};
+  o.remote.before_commit = [&](const ChunkId&) {
+    if (!first.exchange(false)) return;
+    reached.Notify();
+    release.WaitForNotification();
+  };
+  absl::Cleanup unblock = [&] {
+    if (!release.HasBeenNotified()) release.Notify();
+  };
+  a_ = Open(o);
+  b_ = Open(Options(dir_b_.path(), WriteMode::kRamOnly));
+  ASSERT_NE(a_, nullptr);
+  ASSERT_NE(b_, nullptr);
+  ASSERT_TRUE(Put(a_.get(), Id(1)).ok());
+  reached.WaitForNotification();  // Id(1)'s segments are in; its commit is next.
+  ASSERT_TRUE(Put(a_.get(), Id(2)).ok());  // Queued.
+  if (clear) {
+    auto cleared = a_->Clear(kNs);
+    ASSERT_TRUE(cleared.ok()) << cleared.status();
+    EXPECT_EQ(*cleared, 2u);  // The local copies; the cluster held no record yet.
+  } else {
+    for (uint64_t n : {2, 1}) {
+      auto deleted = a_->Delete(Id(n));
+      ASSERT_TRUE(deleted.ok()) << deleted.status();
+      EXPECT_TRUE(*deleted) << n;
+    }
+  }
+  release.Notify();
+  a_->WaitForRemoteWrites();
+  EXPECT_FALSE(RecordExists(Id(1)));
+  EXPECT_FALSE(RecordExists(Id(2)));
+  EXPECT_EQ(KeysOnMasters(), 0);
+  const ChunkId ids[] = {Id(1), Id(2)};
+  EXPECT_EQ(b_->LocateMany(ids), (std::vector<Tier>{Tier::kNone, Tier::kNone}));
+  EXPECT_EQ(a_->LocateMany(ids), (std::vector<Tier>{Tier::kNone, Tier::kNone}));
+  const RemoteTierStats s = a_->GetStats().remote;
+  EXPECT_EQ(s.writes_cancelled, 2u);
+  EXPECT_EQ(s.writes, 0u);
+}
+
+INSTANTIATE_TEST_SUITE_P(DeleteAndClear, RemoteTierCancelTest, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "Clear" : "Delete"; });
+
 // Clusters of their own: these tests fill one and kill one.
 class RemoteTierFaultTest : public RemoteTierTest {
  protected:
@@ -564,6 +805,72 @@ TEST_F(RemoteTierFaultTest, AChunkTravelsBetweenStoresOverMutualTls) {
   EXPECT_EQ(b_->GetStats().remote.hits, 1u);
   EXPECT_EQ(b_->GetStats().remote.bytes_read, kMiB);
   EXPECT_TRUE(RecordExists(id));  // Through the harness's own TLS connection.
+}
+
+// Clear during a slot migration: a key SCAN finds on the importing master is deleted
+// there (DEL routed by the cluster, following ASK), and only keys really deleted count.
+// Before, the DEL went to the node SCAN used, without ASKING; its MOVED reply was
+// ignored, the record stayed, and Clear reported it deleted.
+TEST_F(RemoteTierFaultTest, AClearDuringASlotMigrationDeletesTheKeysThatMoved) {
+  RedisClusterSpec spec;
+  spec.replicas_per_master = 0;
+  StartCluster(spec);
+  auto tier = OpenTier();
+  ASSERT_NE(tier, nullptr);
+  const ChunkId id = Id(1);
+  const int slot = RedisHashSlot(RemoteRecordKey("kvt", id));
+  auto src = cluster_->MasterOf(slot);
+  ASSERT_TRUE(src.ok());
+  int dst = -1;  // Another master.
+  for (int probe : {0, 8000, 16383}) {
+    auto m = cluster_->MasterOf(probe);
+    if (m.ok() && *m != *src && dst < 0) dst = *m;
+  }
+  ASSERT_GE(dst, 0);
+  auto id_of = [&](int node) { return std::string(ReplyString(**cluster_->Call(node, {"CLUSTER", "MYID"}))); };
+  const std::string s = std::to_string(slot);
+  ASSERT_TRUE(cluster_->Call(dst, {"CLUSTER", "SETSLOT", s, "IMPORTING", id_of(*src)}).ok());
+  ASSERT_TRUE(cluster_->Call(*src, {"CLUSTER", "SETSLOT", s, "MIGRATING", id_of(dst)}).ok());
+  ASSERT_TRUE(WriteChunk(*tier, id).ok());  // The record goes to `dst` (ASK).
+  ASSERT_EQ((*cluster_->Call(dst, {"CLUSTER", "COUNTKEYSINSLOT", s}))->integer, 1);
+
+  auto cleared = tier->Clear(kNs);
+  ASSERT_TRUE(cleared.ok()) << cleared.status();
+  EXPECT_EQ(*cleared, 1u);
+  EXPECT_EQ((*cluster_->Call(dst, {"CLUSTER", "COUNTKEYSINSLOT", s}))->integer, 0);
+  EXPECT_EQ(KeysOnMasters(), 0);
+}
+
+// Clear reads the slot map afresh and scans every master in it: here one added (and
+// given a slot with a record) after the clearing tier had read its map. Before, Clear
+// scanned the masters of its cached map only and reported success, and the record on
+// the new master stayed readable by every daemon.
+TEST_F(RemoteTierFaultTest, AClearScansAMasterAddedAfterTheMapWasRead) {
+  RedisClusterSpec spec;
+  spec.replicas_per_master = 0;
+  StartCluster(spec);
+  auto clearer = OpenTier();
+  ASSERT_NE(clearer, nullptr);
+  ASSERT_EQ(clearer->GetStats().cluster.masters, 3u);
+  auto added = cluster_->AddMaster();
+  ASSERT_TRUE(added.ok()) << added.status();
+  const ChunkId id = Id(1);
+  const std::string rkey = RemoteRecordKey("kvt", id);
+  const absl::Status moved = cluster_->MoveEmptySlot(RedisHashSlot(rkey), *added);
+  ASSERT_TRUE(moved.ok()) << moved;
+  auto writer = OpenTier();  // Its map has the new master.
+  ASSERT_NE(writer, nullptr);
+  const absl::Status written = WriteChunk(*writer, id);
+  ASSERT_TRUE(written.ok()) << written;
+  ASSERT_EQ((*cluster_->Call(*added, {"EXISTS", rkey}))->integer, 1);
+
+  auto cleared = clearer->Clear(kNs);
+  ASSERT_TRUE(cleared.ok()) << cleared.status();
+  EXPECT_EQ(*cleared, 1u);
+  EXPECT_EQ((*cluster_->Call(*added, {"EXISTS", rkey}))->integer, 0);
+  EXPECT_EQ(KeysOnMasters(), 0);
+  EXPECT_EQ(clearer->GetStats().cluster.masters, 4u);
+  EXPECT_EQ(ReadChunk(*writer, id).status().code(), absl::StatusCode::kNotFound);
 }
 
 }  // namespace

@@ -384,8 +384,8 @@ absl::StatusOr<RedisReplyPtr> RedisCluster::ExecuteOne(const RedisCommand& comma
   return std::move(results[0]);
 }
 
-absl::Status RedisCluster::ForEachMaster(
-    absl::FunctionRef<absl::Status(RedisConnection&)> fn) {
+absl::StatusOr<std::vector<RedisEndpoint>> RedisCluster::Masters() {
+  if (absl::Status s = Refresh(); !s.ok()) return s;
   std::vector<RedisNodePool*> masters;
   {
     absl::ReaderMutexLock l(&mu_);
@@ -395,15 +395,27 @@ absl::Status RedisCluster::ForEachMaster(
       }
     }
   }
-  if (masters.empty()) return absl::UnavailableError("redis cluster: no known masters");
-  for (RedisNodePool* pool : masters) {
-    auto conn = pool->Acquire();
-    if (!conn.ok()) return conn.status();
-    absl::Status s = fn(**conn);
-    pool->Release(*std::move(conn));
-    if (!s.ok()) return s;
+  std::vector<RedisEndpoint> out;
+  out.reserve(masters.size());
+  for (RedisNodePool* p : masters) out.push_back(p->endpoint());
+  return out;
+}
+
+absl::StatusOr<RedisReplyPtr> RedisCluster::CallOn(const RedisEndpoint& node,
+                                                   absl::Span<const absl::string_view> argv) {
+  RedisNodePool* pool = PoolFor(node);
+  auto conn = pool->Acquire();
+  if (!conn.ok()) {
+    io_failures_.fetch_add(1, std::memory_order_relaxed);
+    return conn.status();
   }
-  return absl::OkStatus();
+  auto reply = (*conn)->Call(argv);
+  if ((*conn)->broken()) {
+    io_failures_.fetch_add(1, std::memory_order_relaxed);
+    pool->DropIdle();  // The node failed: reconnect afresh.
+  }
+  pool->Release(*std::move(conn));
+  return reply;
 }
 
 RedisClusterStats RedisCluster::stats() const {

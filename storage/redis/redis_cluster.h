@@ -27,7 +27,6 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
-#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -99,9 +98,15 @@ class RedisCluster {
   // Reads the slot map from the first node that answers (known masters, then seeds).
   // Returns: Ok, Unavailable.
   absl::Status Refresh();
-  // Calls `fn` with a connection to each master in the current map, stopping at the
-  // first error. For commands that are not routed by key (SCAN).
-  absl::Status ForEachMaster(absl::FunctionRef<absl::Status(RedisConnection&)> fn);
+  // The masters serving slots, from a slot map read afresh (Refresh), for commands that
+  // must reach every master and are not routed by key (SCAN): the cached map misses a
+  // master that joined, or took slots, since it was read. Returns: Ok, Unavailable (no
+  // node answered).
+  absl::StatusOr<std::vector<RedisEndpoint>> Masters();
+  // One command on one node, over its pool: not routed by key, no redirection followed.
+  // An error reply is a reply. Returns: Ok, Unavailable.
+  absl::StatusOr<RedisReplyPtr> CallOn(const RedisEndpoint& node,
+                                       absl::Span<const absl::string_view> argv);
 
   RedisClusterStats stats() const;
 
