@@ -228,7 +228,7 @@ const std::vector<Option>& Options() {
                    "group (name or gid) whose members may register memory, besides the "
                    "daemon's user and root",
                    &DaemonConfig::shm_allowed_group),
-      UintOption("shm_max_regions", "shared-memory regions registered at once, all clients",
+      UintOption("shm_max_regions", "shared-memory regions mapped at once, all clients",
                  &DaemonConfig::shm_max_regions),
       SizeOption("shm_max_region_bytes", "largest shared-memory region a client may register",
                  &DaemonConfig::shm_max_region_bytes),

@@ -1,5 +1,6 @@
 #include "server/region_socket.h"
 
+#include <fcntl.h>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -24,6 +25,9 @@ namespace {
 constexpr size_t kMaxPacket = 64 << 10;
 // Descriptors one packet may carry before it is rejected (extra ones are closed).
 constexpr int kMaxFds = 4;
+// Connections of peers the daemon does not admit, open at once (each until its first
+// request is answered), outside max_connections.
+constexpr size_t kMaxRefusedConnections = 16;
 
 absl::StatusOr<sockaddr_un> SocketAddress(const std::string& name, socklen_t* len) {
   sockaddr_un addr{};
@@ -93,6 +97,18 @@ absl::StatusOr<std::unique_ptr<RegionSocket>> RegionSocket::Start(RegionSocketOp
     return absl::UnavailableError(
         absl::StrCat("shm_socket: chmod '", options.name, "': ", std::strerror(err)));
   }
+  // A path socket's group is the one admitted: connect() needs write permission on it,
+  // which the mode gives the socket's group, not shm_allowed_group's members otherwise.
+  if (path && options.allowed_gid.has_value() &&
+      chown(options.name.c_str(), static_cast<uid_t>(-1), *options.allowed_gid) != 0) {
+    const int err = errno;
+    close(fd);
+    unlink(options.name.c_str());
+    return absl::InvalidArgumentError(absl::StrCat(
+        "shm_socket: cannot give '", options.name, "' to shm_allowed_group (gid ",
+        *options.allowed_gid, "): ", std::strerror(err),
+        "; the daemon's user must be a member of that group (or use an @abstract socket)"));
+  }
   const int wake = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (wake < 0) {
     close(fd);
@@ -103,7 +119,11 @@ absl::StatusOr<std::unique_ptr<RegionSocket>> RegionSocket::Start(RegionSocketOp
 
 RegionSocket::RegionSocket(RegionSocketOptions options, RegionTable* regions, int listen_fd,
                            int wake_fd)
-    : options_(std::move(options)), regions_(regions), listen_fd_(listen_fd), wake_fd_(wake_fd) {
+    : options_(std::move(options)),
+      regions_(regions),
+      listen_fd_(listen_fd),
+      wake_fd_(wake_fd),
+      reserve_fd_(open("/dev/null", O_RDONLY | O_CLOEXEC)) {
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -113,6 +133,7 @@ RegionSocket::~RegionSocket() {
   thread_.join();
   close(listen_fd_);
   close(wake_fd_);
+  if (reserve_fd_ >= 0) close(reserve_fd_);
   if (options_.name[0] == '/') unlink(options_.name.c_str());
 }
 
@@ -154,20 +175,53 @@ void RegionSocket::Loop() {
 void RegionSocket::Accept(std::vector<Connection>& conns) {
   for (;;) {
     const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-    if (fd < 0) return;  // EAGAIN: all taken; anything else: the next poll retries.
-    if (conns.size() >= options_.max_connections) {
-      LogWarning("region socket: ", conns.size(), " connections open; refusing another");
-      close(fd);
-      continue;
+    if (fd < 0) {
+      // EAGAIN: all taken; anything else but a full descriptor table: the next poll
+      // retries.
+      if ((errno == EMFILE || errno == ENFILE) && RefuseWithReserve()) continue;
+      return;
     }
     Connection c;
     c.fd = fd;
     c.id = ++next_connection_id_;
     auto peer = ReadPeerCredentials(fd);
     c.admitted = peer.ok() ? AdmitPeer(*peer, geteuid(), options_.allowed_gid) : peer.status();
-    if (!c.admitted.ok()) LogWarning(c.admitted.message());
+    // Peers the daemon does not admit get their refusal on their first request and are
+    // closed; a few at a time, outside max_connections, so that they cannot take the
+    // places of the workers it admits.
+    const size_t refused = static_cast<size_t>(std::count_if(
+        conns.begin(), conns.end(), [](const Connection& k) { return !k.admitted.ok(); }));
+    const size_t open = c.admitted.ok() ? conns.size() - refused : refused;
+    const size_t limit = c.admitted.ok() ? options_.max_connections : kMaxRefusedConnections;
+    if (open >= limit) {
+      if (limiter_.Allow(absl::Now()).has_value()) {
+        LogWarning("region socket: ", open, c.admitted.ok() ? " connections" : " refused peers",
+                   " open; closing another", c.admitted.ok() ? "" : absl::StrCat(" (", c.admitted.message(), ")"));
+      }
+      close(fd);
+      continue;
+    }
+    if (!c.admitted.ok() && limiter_.Allow(absl::Now()).has_value()) {
+      LogWarning(c.admitted.message());
+    }
     conns.push_back(std::move(c));
   }
+}
+
+bool RegionSocket::RefuseWithReserve() {
+  // Out of descriptors, a pending connection keeps the listening socket readable and
+  // poll() returns at once, for ever: accept it with the descriptor kept for this, and
+  // close it, so that the client learns now (and the loop sleeps) instead of waiting.
+  if (reserve_fd_ < 0) return false;
+  close(reserve_fd_);
+  const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+  if (fd >= 0) close(fd);
+  reserve_fd_ = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  if (limiter_.Allow(absl::Now()).has_value()) {
+    LogWarning("region socket: the daemon is out of file descriptors (RLIMIT_NOFILE); "
+               "closed a new connection (the client uses the gRPC stream)");
+  }
+  return fd >= 0;
 }
 
 namespace {
@@ -196,8 +250,9 @@ bool RegionSocket::Serve(Connection& conn) {
   msg.msg_controllen = sizeof(control);
   const ssize_t n = recvmsg(conn.fd, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
   if (n < 0) return errno == EAGAIN || errno == EINTR;
-  if (n == 0) return false;  // The client closed (or exited).
 
+  // Every descriptor that came is collected (and closed below), whatever the packet: an
+  // empty packet may carry some too.
   std::vector<int> fds;
   for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
     if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
@@ -209,6 +264,8 @@ bool RegionSocket::Serve(Connection& conn) {
       }
     }
   }
+
+  if (n == 0 && fds.empty()) return false;  // The client closed (or exited).
 
   v1::RegionSocketRequest req;
   v1::RegionSocketResponse resp;
@@ -251,8 +308,10 @@ bool RegionSocket::Serve(Connection& conn) {
   resp.set_message(std::string(status.message()));
   const std::string out = resp.SerializeAsString();
   // Never block the loop on one client: one that does not read its answers is dropped.
-  return send(conn.fd, out.data(), out.size(), MSG_NOSIGNAL | MSG_DONTWAIT) ==
-         static_cast<ssize_t>(out.size());
+  const bool sent = send(conn.fd, out.data(), out.size(), MSG_NOSIGNAL | MSG_DONTWAIT) ==
+                    static_cast<ssize_t>(out.size());
+  // A peer the daemon does not admit has had its answer.
+  return sent && conn.admitted.ok();
 }
 
 }  // namespace kvtier

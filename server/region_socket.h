@@ -5,8 +5,9 @@
 // clean up or to guard with file modes) or at a path (created with `mode`). Each
 // connection's peer is identified once, at accept, by SO_PEERCRED and SO_PEERGROUPS,
 // and admitted only if it runs as the daemon's own user, as root, or with
-// `allowed_gid` among its groups; a peer that is not admitted gets PERMISSION_DENIED on
-// every request. A registration is a memfd passed with SCM_RIGHTS; the daemon maps it
+// `allowed_gid` among its groups (a path socket's group is set to it); a peer that is
+// not admitted gets PERMISSION_DENIED on its first request and is disconnected. A
+// registration is a memfd passed with SCM_RIGHTS; the daemon maps it
 // (RegionTable) and closes its descriptor. When a connection closes, however the client
 // ended, its regions are forgotten.
 //
@@ -32,6 +33,7 @@
 #include "server/peer_credentials.h"
 #include "server/region_table.h"
 #include "storage/device_backend.h"
+#include "storage/log_limiter.h"
 
 namespace kvtier {
 
@@ -46,7 +48,9 @@ struct RegionSocketOptions {
   uint32_t mode = 0660;             // File mode of a path socket.
   std::optional<gid_t> allowed_gid;  // Group admitted besides the daemon's user and root.
   uint64_t instance_id = 0;         // Told to every client (DataPlane says the same).
-  uint32_t max_connections = 1024;  // Further connections are closed at accept.
+  // Connections of admitted peers; further ones are closed at accept. Peers the daemon
+  // does not admit are answered once and closed, a few at a time, outside this.
+  uint32_t max_connections = 1024;
   // The GPU device memory registrations are opened on; null: they are refused.
   DeviceBackend* device = nullptr;
 };
@@ -70,6 +74,9 @@ class RegionSocket {
   RegionSocket(RegionSocketOptions options, RegionTable* regions, int listen_fd, int wake_fd);
   void Loop();
   void Accept(std::vector<Connection>& conns);
+  // With the descriptor table full: accepts and closes one pending connection using the
+  // reserve descriptor. Returns whether one was closed.
+  bool RefuseWithReserve();
   // Reads and answers one request; false when the connection should be closed.
   bool Serve(Connection& conn);
 
@@ -78,6 +85,8 @@ class RegionSocket {
   const int listen_fd_;
   const int wake_fd_;  // eventfd: written by the destructor to stop the loop.
   uint64_t next_connection_id_ = 0;  // Touched only by the server thread.
+  int reserve_fd_;                    // /dev/null, given up by RefuseWithReserve; or -1.
+  LogLimiter limiter_{absl::Seconds(10)};  // Warnings a client can cause.
   // The packet being read (up to 64 KiB: a device registration with its events), by
   // the server thread only; on the heap, not its stack.
   std::vector<char> packet_;

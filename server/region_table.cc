@@ -2,6 +2,8 @@
 
 #include <sys/random.h>
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 
 namespace kvtier {
@@ -18,10 +20,19 @@ uint64_t RandomToken() {
 
 }  // namespace
 
-absl::Status RegionTable::CheckRoom() const {
-  if (regions_.size() >= options_.max_regions) {
+void RegionTable::PruneRetired() {
+  retired_.erase(std::remove_if(retired_.begin(), retired_.end(),
+                                [](const Retired& r) { return !r.mapped(); }),
+                 retired_.end());
+}
+
+absl::Status RegionTable::CheckRoom() {
+  PruneRetired();
+  const size_t mapped = regions_.size() + retired_.size();
+  if (mapped >= options_.max_regions) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        "region: ", regions_.size(), " regions are registered, the daemon's limit "
+        "region: ", mapped, " regions are mapped (", retired_.size(),
+        " of them forgotten but still in use by transfers), the daemon's limit "
         "(shm_max_regions); remove one or retry after another client exits"));
   }
   return absl::OkStatus();
@@ -91,11 +102,17 @@ absl::Status RegionTable::Remove(uint64_t owner, uint64_t id) {
 
 int RegionTable::RemoveOwner(uint64_t owner) {
   absl::MutexLock lock(&mu_);
+  PruneRetired();
   int removed = 0;
   for (auto it = regions_.begin(); it != regions_.end();) {
     if (it->second.owner == owner) {
-      bytes_ -= it->second.size();
-      regions_.erase(it++);
+      const Entry& e = it->second;
+      bytes_ -= e.size();
+      // Held by a transfer (the table's is one reference): counted until it lets go.
+      if ((e.region ? e.region.use_count() : e.device.use_count()) > 1) {
+        retired_.push_back(Retired{e.region, e.device, e.size()});
+      }
+      regions_.erase(it++);  // Drops the table's reference.
       ++removed;
     } else {
       ++it;
@@ -152,12 +169,16 @@ bool RegionTable::IsDevice(uint64_t id) const {
 
 uint64_t RegionTable::regions() const {
   absl::MutexLock lock(&mu_);
-  return regions_.size();
+  uint64_t n = regions_.size();
+  for (const Retired& r : retired_) n += r.mapped() ? 1 : 0;
+  return n;
 }
 
 uint64_t RegionTable::bytes() const {
   absl::MutexLock lock(&mu_);
-  return bytes_;
+  uint64_t n = bytes_;
+  for (const Retired& r : retired_) n += r.mapped() ? r.bytes : 0;
+  return n;
 }
 
 }  // namespace kvtier

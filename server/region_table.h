@@ -7,8 +7,11 @@
 // forgets it at once, and a transfer still holding it finishes into the still-mapped
 // memory (which the gone client no longer uses).
 //
-// Bounded: at most max_regions regions of at most max_region_bytes each, whatever the
-// number of clients; the table itself holds a few dozen bytes per region.
+// Bounded: at most max_regions regions of at most max_region_bytes each mapped at once,
+// whatever the number of clients; the table itself holds a few dozen bytes per region.
+// A region forgotten while a transfer holds it stays counted (regions(), bytes(), the
+// room for new ones) until that transfer lets go and it is unmapped: closing a
+// connection and registering again cannot map more than the bound.
 //
 // Thread-safety: thread-safe (one mutex, never held during a copy).
 #ifndef KVTIER_SERVER_REGION_TABLE_H_
@@ -69,6 +72,8 @@ class RegionTable {
   // Whether region `id` is device memory (false for unknown ids), to route a transfer.
   bool IsDevice(uint64_t id) const;
 
+  // Regions mapped, and their bytes: the registered ones and the forgotten ones that
+  // transfers still hold.
   uint64_t regions() const;
   uint64_t bytes() const;
 
@@ -80,7 +85,17 @@ class RegionTable {
     std::shared_ptr<const DeviceRegion> device;  // a worker's GPU memory.
     uint64_t size() const { return region ? region->size() : device->size(); }
   };
-  absl::Status CheckRoom() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // A region its owner's connection forgot while transfers held it: mapped until the
+  // last of them lets go (the table keeps no reference that would keep it mapped).
+  struct Retired {
+    std::weak_ptr<const MappedRegion> region;
+    std::weak_ptr<const DeviceRegion> device;
+    uint64_t bytes = 0;
+    bool mapped() const { return !region.expired() || !device.expired(); }
+  };
+  // Drops the retired regions no transfer holds any more.
+  void PruneRetired() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status CheckRoom() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Indexes a mapped region under a fresh id and token.
   absl::StatusOr<Added> Insert(Entry entry) ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<const Entry*> FindEntry(uint64_t id, uint64_t token) const
@@ -89,7 +104,8 @@ class RegionTable {
   const RegionTableOptions options_;
   mutable absl::Mutex mu_;
   absl::flat_hash_map<uint64_t, Entry> regions_ ABSL_GUARDED_BY(mu_);
-  uint64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;  // Of regions_.
+  std::vector<Retired> retired_ ABSL_GUARDED_BY(mu_);
   absl::BitGen rng_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -56,7 +56,7 @@ TEST(RegionTableTest, ATransferKeepsItsRegionMappedAfterTheOwnerGoes) {
   auto region = table.Find(added->id, added->token);
   ASSERT_TRUE(region.ok());
   EXPECT_EQ(table.RemoveOwner(7), 1);
-  EXPECT_EQ(table.regions(), 0u);
+  EXPECT_EQ(table.regions(), 1u) << "forgotten, but mapped while the transfer holds it";
   EXPECT_EQ(table.Find(added->id, added->token).status().code(),
             absl::StatusCode::kFailedPrecondition);
   auto p = (*region)->Range(0, 4096, "x");
@@ -65,6 +65,34 @@ TEST(RegionTableTest, ATransferKeepsItsRegionMappedAfterTheOwnerGoes) {
   EXPECT_EQ((*region)->Range(1, 4096, "x").status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ((*region)->Range(UINT64_MAX, 2, "x").status().code(),
             absl::StatusCode::kInvalidArgument);
+  region->reset();  // The transfer ends: unmapped, no longer counted.
+  EXPECT_EQ(table.regions(), 0u);
+  EXPECT_EQ(table.bytes(), 0u);
+}
+
+// Closing the connection and registering again must not map more than max_regions:
+// a forgotten region a transfer still holds keeps its place until the transfer ends.
+TEST(RegionTableTest, AForgottenRegionATransferHoldsKeepsItsPlace) {
+  RegionTable table(RegionTableOptions{2, 1 << 20});
+  const int a_fd = SealedMemfd(4096), b_fd = SealedMemfd(8192), c_fd = SealedMemfd(4096);
+  auto a = table.Add(1, a_fd, 4096);
+  ASSERT_TRUE(a.ok());
+  auto held = table.Find(a->id, a->token);  // A Prefill session writing into it, say.
+  ASSERT_TRUE(held.ok());
+  EXPECT_EQ(table.RemoveOwner(1), 1);  // Its client's socket closed.
+  ASSERT_TRUE(table.Add(2, b_fd, 8192).ok());
+  EXPECT_EQ(table.regions(), 2u);
+  EXPECT_EQ(table.bytes(), 12288u);
+  const absl::Status full = table.Add(3, c_fd, 4096).status();
+  EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted) << full;
+  EXPECT_NE(full.message().find("1 of them forgotten but still in use"), std::string::npos)
+      << full;
+  held->reset();
+  EXPECT_EQ(table.regions(), 1u);
+  EXPECT_TRUE(table.Add(3, c_fd, 4096).ok()) << "its place is free once the transfer ends";
+  close(a_fd);
+  close(b_fd);
+  close(c_fd);
 }
 
 // A remove answered OK means no transfer will touch the memory again: while one holds

@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <grp.h>
 #include <sys/stat.h>
@@ -911,6 +912,223 @@ TEST_F(ShmTest, GarbageOnTheRegionSocketGetsAnErrorAndOthersAreServed) {
   PutChunk(0);  // The daemon serves on.
   auto buf2 = client_->AllocateShared(4 * kMiB);
   EXPECT_TRUE(buf2.ok()) << buf2.status();
+}
+
+// A raw connection to the daemon's abstract region socket (-1 on failure).
+int ConnectRegionSocket(const std::string& name) {
+  const int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, name.data(), name.size());
+  addr.sun_path[0] = '\0';
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr),
+              static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + name.size())) != 0) {
+    close(fd);
+    return -1;
+  }
+  // A hang guard for the reads below: no answer within it is a failure.
+  timeval tv{60, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  return fd;
+}
+
+// The daemon's open descriptors that are memfds named `name`.
+int OpenMemfds(pid_t pid, const std::string& name) {
+  int n = 0;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/fd")) {
+    std::error_code ec;
+    const auto target = std::filesystem::read_symlink(e.path(), ec);
+    if (!ec && target.string().find("memfd:" + name) != std::string::npos) ++n;
+  }
+  return n;
+}
+
+// An empty packet may carry descriptors too: they are closed like any others (they once
+// stayed open in the daemon, uncounted, for as long as it ran), and the client's
+// connection and regions stay.
+TEST_F(ShmTest, DescriptorsOnAnEmptyPacketAreClosedAndAnswered) {
+  StartDaemon();
+  const v1::DataPlaneResponse info = DataPlane();
+  const int sock = ConnectRegionSocket(info.region_socket());
+  ASSERT_GE(sock, 0);
+  for (int i = 0; i < 5; ++i) {
+    const int memfd = memfd_create("kvtier-test-empty", MFD_CLOEXEC);
+    ASSERT_GE(memfd, 0);
+    ASSERT_EQ(ftruncate(memfd, kMiB), 0);
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+    msghdr msg{};
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+    cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    std::memcpy(CMSG_DATA(c), &memfd, sizeof(int));
+    ASSERT_EQ(sendmsg(sock, &msg, 0), 0) << std::strerror(errno);
+    close(memfd);
+    char buf[4096];
+    const ssize_t n = recv(sock, buf, sizeof(buf), 0);
+    ASSERT_GT(n, 0) << "an answer, on a connection that stays open";
+    v1::RegionSocketResponse resp;
+    ASSERT_TRUE(resp.ParseFromArray(buf, static_cast<int>(n)));
+    EXPECT_EQ(resp.code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+  }
+  EXPECT_EQ(OpenMemfds(daemon_->pid(), "kvtier-test-empty"), 0);
+  close(sock);
+}
+
+// A peer the daemon does not admit is answered PERMISSION_DENIED once and disconnected,
+// and such peers hold a few connections at most: they cannot take the places of the
+// workers it admits.
+TEST_F(ShmTest, PeersNotAdmittedAreAnsweredOnceAndCannotCrowdOutWorkers) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to run a client as another user";
+  StartDaemon();
+  const v1::DataPlaneResponse info = DataPlane();
+  int ready[2];
+  ASSERT_EQ(pipe(ready), 0);
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    close(ready[0]);
+    // The outcome, as one byte on the pipe: 0 when every check passed.
+    auto report = [&](char code) {
+      (void)!write(ready[1], &code, 1);
+      if (code != 0) _exit(code);
+    };
+    if (setgid(65534) != 0 || setuid(65534) != 0) report(10);
+    v1::RegionSocketRequest hello;
+    hello.mutable_hello();
+    const std::string out = hello.SerializeAsString();
+    char buf[4096];
+    // 40 idle connections; then a 41st asks. The daemon accepts in order, so by the
+    // time it could answer the 41st it has accepted all 40 and kept 16 of them: the
+    // 41st is closed at accept, unanswered.
+    std::vector<int> idle;
+    for (int i = 0; i < 40; ++i) idle.push_back(ConnectRegionSocket(info.region_socket()));
+    const int late = ConnectRegionSocket(info.region_socket());
+    (void)!send(late, out.data(), out.size(), MSG_NOSIGNAL);
+    const ssize_t answer = recv(late, buf, sizeof(buf), 0);  // 0, or ECONNRESET: closed.
+    if (answer > 0 || (answer < 0 && errno != ECONNRESET)) report(20);
+    close(late);
+    // Every idle one asks now: the 16 kept answer PERMISSION_DENIED, then close.
+    for (int k : idle) (void)!send(k, out.data(), out.size(), MSG_NOSIGNAL);
+    int kept = 0;
+    for (int k : idle) {
+      const ssize_t n = recv(k, buf, sizeof(buf), 0);
+      v1::RegionSocketResponse resp;
+      if (n > 0) {
+        if (!resp.ParseFromArray(buf, static_cast<int>(n)) ||
+            resp.code() != static_cast<int>(absl::StatusCode::kPermissionDenied)) {
+          report(21);
+        }
+        if (recv(k, buf, sizeof(buf), 0) != 0) report(22);  // Then disconnected.
+        ++kept;
+      }
+      close(k);
+    }
+    if (kept != 16) report(static_cast<char>(30 + std::min(kept, 60)));
+    // Again 40, held open while the parent's worker registers memory.
+    idle.clear();
+    for (int i = 0; i < 40; ++i) idle.push_back(ConnectRegionSocket(info.region_socket()));
+    report(0);
+    pause();
+    _exit(0);
+  }
+  close(ready[1]);
+  char code = -1;
+  ASSERT_EQ(read(ready[0], &code, 1), 1);
+  close(ready[0]);
+  EXPECT_EQ(code, 0) << "the child's check " << int{code} << " failed";
+  // Meanwhile an admitted worker gets shared memory.
+  auto worker = Connect();
+  ASSERT_NE(worker, nullptr);
+  auto buf = worker->AllocateShared(kMiB);
+  EXPECT_TRUE(buf.ok()) << buf.status();
+  kill(pid, SIGKILL);
+  int wstatus = 0;
+  ASSERT_EQ(waitpid(pid, &wstatus, 0), pid);
+}
+
+// Out of descriptors (RLIMIT_NOFILE), the daemon closes the connections it cannot take
+// at once, so their clients fall back to the stream without waiting, and its region
+// socket's thread does not spin on a listening socket that stays readable; once
+// descriptors are free again it serves as before.
+TEST_F(ShmTest, OutOfDescriptorsNewConnectionsAreClosedNotLeftWaiting) {
+  StartDaemon();
+  const v1::DataPlaneResponse info = DataPlane();
+  const pid_t daemon = daemon_->pid();
+  const auto open_fds = [&] {
+    int n = 0;
+    for ([[maybe_unused]] const auto& e :
+         std::filesystem::directory_iterator("/proc/" + std::to_string(daemon) + "/fd")) {
+      ++n;
+    }
+    return n;
+  };
+  rlimit before{};
+  ASSERT_EQ(prlimit(daemon, RLIMIT_NOFILE, nullptr, &before), 0);
+  rlimit tight = before;
+  tight.rlim_cur = static_cast<rlim_t>(open_fds() + 2);
+  ASSERT_EQ(prlimit(daemon, RLIMIT_NOFILE, &tight, nullptr), 0) << std::strerror(errno);
+  v1::RegionSocketRequest hello;
+  hello.mutable_hello();
+  const std::string out = hello.SerializeAsString();
+  std::vector<int> conns;
+  int answered = 0, closed = 0;
+  for (int i = 0; i < 8; ++i) {
+    const int fd = ConnectRegionSocket(info.region_socket());
+    ASSERT_GE(fd, 0);
+    timeval guard{10, 0};  // The old daemon never answered these: a hang guard.
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &guard, sizeof(guard));
+    conns.push_back(fd);
+    (void)!send(fd, out.data(), out.size(), MSG_NOSIGNAL);
+    char buf[4096];
+    const ssize_t n = recv(fd, buf, sizeof(buf), 0);
+    if (n > 0) {
+      ++answered;
+    } else {
+      ASSERT_TRUE(n == 0 || errno == ECONNRESET)
+          << "connection " << i << " left waiting: " << std::strerror(errno);
+      ++closed;
+    }
+  }
+  EXPECT_GE(closed, 5) << answered << " answered";
+  for (int fd : conns) close(fd);
+  ASSERT_EQ(prlimit(daemon, RLIMIT_NOFILE, &before, nullptr), 0);
+  auto worker = Connect();
+  ASSERT_NE(worker, nullptr);
+  auto buf = worker->AllocateShared(kMiB);
+  EXPECT_TRUE(buf.ok()) << buf.status();
+  PutChunk(0);
+}
+
+// A path socket's group is shm_allowed_group: its members have the write permission
+// connect() needs (the mode gives it to the socket's group).
+TEST_F(ShmTest, APathSocketBelongsToTheAllowedGroup) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to run a client as another user";
+  const std::string dir = MakeTempDir("kvtier-sock-group");
+  ASSERT_EQ(chmod(dir.c_str(), 0755), 0);
+  const std::string path = dir + "/shm.sock";
+  StartDaemon({"--shm-socket=" + path, "--shm-allowed-group=4242"});
+  struct stat st;
+  ASSERT_EQ(stat(path.c_str(), &st), 0);
+  EXPECT_EQ(st.st_gid, 4242u);
+  EXPECT_EQ(st.st_mode & 0777, 0660u);
+  const v1::DataPlaneResponse info = DataPlane();
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    const gid_t groups[1] = {4242};
+    if (setgroups(1, groups) != 0 || setgid(65534) != 0 || setuid(65534) != 0) _exit(10);
+    auto channel = RegionChannel::Connect(info.region_socket(), info.instance_id());
+    if (!channel.ok()) _exit(static_cast<int>(channel.status().code()));
+    auto buf = SharedBuffer::Create(*channel, kMiB);
+    _exit(buf.ok() ? 0 : 20);
+  }
+  int wstatus = 0;
+  ASSERT_EQ(waitpid(pid, &wstatus, 0), pid);
+  ASSERT_TRUE(WIFEXITED(wstatus));
+  EXPECT_EQ(WEXITSTATUS(wstatus), 0);
 }
 
 TEST_F(ShmTest, MoreRegionsThanTheLimitIsResourceExhaustedUntilOneGoes) {
