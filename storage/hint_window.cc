@@ -1,6 +1,7 @@
 #include "storage/hint_window.h"
 
 #include <algorithm>
+#include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -49,14 +50,11 @@ bool HintWindow::TakeFairShareLocked(const std::string& group) {
   return true;
 }
 
-absl::StatusOr<HintWindow::Accepted> HintWindow::Set(const std::string& client,
-                                                     const std::vector<Request>& requests,
-                                                     const std::string& group) {
-  Accepted out;
+HintWindow::Cut HintWindow::CutHint(const std::vector<Request>& requests,
+                                    size_t max_chunks) const {
+  Cut cut;
   size_t keys = 0;
   for (const Request& r : requests) keys += r.keys.size();
-  // The client's own window, built here, outside the lock: it is the merged snapshot
-  // too while this client is the only one.
   auto own = std::make_shared<Snapshot>();
   own->position.reserve(std::min<size_t>(keys, options_.max_keys));
   uint64_t bytes = 0;
@@ -65,52 +63,75 @@ absl::StatusOr<HintWindow::Accepted> HintWindow::Set(const std::string& client,
     for (const ChunkKey& key : r.keys) {
       const ChunkId id{r.ns, key};
       const bool is_new = !own->position.contains(id);
-      if (out.keys == options_.max_keys ||
-          (is_new && bytes + r.chunk_bytes > options_.max_bytes)) {
+      if (cut.accepted.keys == options_.max_keys ||
+          (is_new && (bytes + r.chunk_bytes > options_.max_bytes ||
+                      own->by_rank.size() == max_chunks))) {
         whole = false;
         break;
       }
-      ++out.keys;
+      ++cut.accepted.keys;
       if (is_new) {
         own->position.emplace(id, static_cast<uint32_t>(own->by_rank.size()));
         own->by_rank.push_back(id);
+        cut.chunk_bytes.push_back(r.chunk_bytes);
         bytes += r.chunk_bytes;
       }
     }
     if (!whole) {
-      out.truncated = true;
+      cut.accepted.truncated = true;
       break;
     }
-    ++out.requests;
+    ++cut.accepted.requests;
   }
-  out.window = own;
-  absl::MutexLock lock(&mu_);
-  DropExpiredLocked();
-  auto it = clients_.find(client);
-  if (own->by_rank.empty()) {
-    if (it != clients_.end()) {
-      clients_.erase(it);
-      RebuildLocked();
+  cut.accepted.window = std::move(own);
+  return cut;
+}
+
+absl::StatusOr<HintWindow::Accepted> HintWindow::Set(const std::string& client,
+                                                     const std::vector<Request>& requests,
+                                                     const std::string& group) {
+  // The client's own window, built here, outside the lock: it is the merged snapshot
+  // too while this client is the only one.
+  Cut cut = CutHint(requests, std::numeric_limits<size_t>::max());
+  const size_t chunks = cut.accepted.window->by_rank.size();
+  size_t kept = chunks;
+  {
+    absl::MutexLock lock(&mu_);
+    DropExpiredLocked();
+    auto it = clients_.find(client);
+    if (chunks == 0) {
+      if (it != clients_.end()) {
+        clients_.erase(it);
+        RebuildLocked();
+      }
+      return std::move(cut.accepted);
     }
-    return out;
-  }
-  if (it == clients_.end()) {
-    if (clients_.size() >= options_.max_clients && !TakeFairShareLocked(group)) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "hint: ", clients_.size(), " clients hold live hints (max_hint_clients), and "
-          "this tenant holds its share of them or no tenant holds more than its share; a "
-          "hint not renewed expires, retry later"));
+    if (it == clients_.end()) {
+      if (clients_.size() >= options_.max_clients && !TakeFairShareLocked(group)) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "hint: ", clients_.size(), " clients hold live hints (max_hint_clients), and "
+            "this tenant holds its share of them or no tenant holds more than its share; a "
+            "hint not renewed expires, retry later"));
+      }
+      it = clients_.emplace(client, ClientHint{}).first;
+      it->second.order = next_order_++;
+      it->second.group = group;
     }
-    it = clients_.emplace(client, ClientHint{}).first;
-    it->second.order = next_order_++;
-    it->second.group = group;
+    it->second.window = cut.accepted.window;
+    it->second.chunk_bytes = std::move(cut.chunk_bytes);
+    it->second.updated = options_.now();
+    oldest_update_ = absl::InfiniteFuture();
+    for (const auto& [name, h] : clients_) oldest_update_ = std::min(oldest_update_, h.updated);
+    RebuildLocked();
+    kept = it->second.kept;
   }
-  it->second.window = std::move(own);
-  it->second.updated = options_.now();
-  oldest_update_ = absl::InfiniteFuture();
-  for (const auto& [name, h] : clients_) oldest_update_ = std::min(oldest_update_, h.updated);
-  RebuildLocked();
-  return out;
+  if (kept == chunks) return std::move(cut.accepted);
+  // Other clients' nearer chunks filled the merged window first: answer with what of
+  // this hint is in it (its first `kept` distinct chunks), so that `truncated` and the
+  // counts are true of the window eviction and prefetch use.
+  Cut in_window = CutHint(requests, kept);
+  in_window.accepted.truncated = true;
+  return std::move(in_window.accepted);
 }
 
 void HintWindow::DropExpiredLocked() {
@@ -135,7 +156,10 @@ void HintWindow::RebuildLocked() {
     return;
   }
   if (clients_.size() == 1) {
-    snapshot_ = clients_.begin()->second.window;
+    // One hint is already within max_bytes (CutHint).
+    ClientHint& only = clients_.begin()->second;
+    only.kept = only.window->by_rank.size();
+    snapshot_ = only.window;
     return;
   }
   auto snap = std::make_shared<Snapshot>();
@@ -144,20 +168,39 @@ void HintWindow::RebuildLocked() {
   snap->position.reserve(total);
   snap->by_rank.reserve(total);
   // Order clients by arrival so that equal ranks break the same way every time.
-  std::vector<const ClientHint*> hints;
-  for (const auto& [name, h] : clients_) hints.push_back(&h);
+  std::vector<ClientHint*> hints;
+  for (auto& [name, h] : clients_) hints.push_back(&h);
   std::sort(hints.begin(), hints.end(),
             [](const ClientHint* a, const ClientHint* b) { return a->order < b->order; });
-  // Interleave by rank: every client's rank-0 chunk, then rank 1, and so on.
+  // Interleave by rank: every client's rank-0 chunk, then rank 1, and so on, until the
+  // next new chunk would take the merged window past max_bytes. The window stops there,
+  // not at the next chunk that would still fit: so what each client keeps is a prefix
+  // of its queue (its nearest chunks), and every chunk of a lower rank than the cut is in.
   size_t longest = 0;
   for (const ClientHint* h : hints) longest = std::max(longest, h->window->by_rank.size());
-  for (size_t r = 0; r < longest; ++r) {
-    for (const ClientHint* h : hints) {
-      const std::vector<ChunkId>& w = h->window->by_rank;
-      if (r >= w.size()) continue;
-      const uint32_t at = static_cast<uint32_t>(snap->by_rank.size());
-      if (snap->position.try_emplace(w[r], at).second) snap->by_rank.push_back(w[r]);
+  uint64_t bytes = 0;
+  // Where the window stopped: at rank `cut_rank` of hints[cut_client] (none: all fit).
+  size_t cut_rank = longest;
+  size_t cut_client = 0;
+  for (size_t r = 0; r < longest && cut_rank == longest; ++r) {
+    for (size_t c = 0; c < hints.size(); ++c) {
+      const ClientHint& h = *hints[c];
+      const std::vector<ChunkId>& w = h.window->by_rank;
+      if (r >= w.size() || snap->position.contains(w[r])) continue;
+      if (bytes + h.chunk_bytes[r] > options_.max_bytes) {
+        cut_rank = r;
+        cut_client = c;
+        break;
+      }
+      bytes += h.chunk_bytes[r];
+      snap->position.emplace(w[r], static_cast<uint32_t>(snap->by_rank.size()));
+      snap->by_rank.push_back(w[r]);
     }
+  }
+  for (size_t c = 0; c < hints.size(); ++c) {
+    // Clients before the one cut got their chunk of the cut rank in; the others did not.
+    const size_t reached = cut_rank == longest ? longest : cut_rank + (c < cut_client ? 1 : 0);
+    hints[c]->kept = std::min(hints[c]->window->by_rank.size(), reached);
   }
   snapshot_ = std::move(snap);
 }

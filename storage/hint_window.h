@@ -5,11 +5,16 @@
 // keys of one request from chunk 0. A new hint from a client replaces its previous one;
 // an empty one withdraws it; a hint not renewed within `ttl` is dropped (a scheduler that
 // died must not pin the window). A client's hint is taken in queue order until its
-// distinct chunks would exceed `max_bytes` (the RAM the daemon can spare for the window)
-// or `max_keys` keys; the rest is cut and the answer says so.
+// distinct chunks would exceed `max_bytes` or `max_keys` keys; the rest is cut.
 //
 // A chunk's rank is its position among its client's accepted distinct keys (0 = needed
-// first); across clients the nearest rank wins. Readers get an immutable Snapshot,
+// first); across clients the nearest rank wins. The merged window of all clients holds at
+// most `max_bytes` (the RAM the daemon can spare for it): it takes every client's rank-0
+// chunk, then rank 1, and so on, and stops at the first chunk that would not fit. A
+// client's answer says what of its hint is in that window; the part past it is cut
+// (`truncated`) and neither spared by eviction nor prefetched. A later client's nearer
+// chunks can push an earlier client's farther ones out of the window (until they go);
+// the earlier client's next hint says so. Readers get an immutable Snapshot,
 // rebuilt on every change, so that a tier's eviction consults it without a lock.
 //
 // Thread-safety: every method is thread-safe. Lock order: a tier's lock may be held
@@ -34,7 +39,7 @@
 namespace kvtier {
 
 struct HintWindowOptions {
-  uint64_t max_bytes = 512ull << 20;  // Distinct chunk bytes one client's window may hold.
+  uint64_t max_bytes = 512ull << 20;  // Distinct chunk bytes the merged window may hold.
   uint32_t max_keys = 65536;          // Keys of one client's hint past which it is cut.
   uint32_t max_clients = 64;          // Clients with a live hint.
   absl::Duration ttl = absl::Seconds(60);  // A hint not renewed for this long is dropped.
@@ -56,11 +61,12 @@ class HintWindow {
     absl::flat_hash_map<ChunkId, uint32_t> position;
     std::vector<ChunkId> by_rank;
   };
+  // What of a client's hint is in the merged window, as Set left it.
   struct Accepted {
     uint32_t requests = 0;  // Leading requests taken whole.
     uint32_t keys = 0;      // Keys taken (a cut request's leading keys included).
     bool truncated = false;
-    std::shared_ptr<const Snapshot> window;  // The client's window: its distinct chunks.
+    std::shared_ptr<const Snapshot> window;  // The client's part: its distinct chunks.
   };
 
   explicit HintWindow(HintWindowOptions options);
@@ -80,13 +86,22 @@ class HintWindow {
 
  private:
   struct ClientHint {
-    std::shared_ptr<const Snapshot> window;
+    std::shared_ptr<const Snapshot> window;  // Cut to max_bytes and max_keys alone.
+    std::vector<uint64_t> chunk_bytes;       // Of window->by_rank[i].
+    size_t kept = 0;  // Leading chunks of `window` in the merged one (RebuildLocked).
     absl::Time updated;
     uint64_t order = 0;           // Arrival order of the client's first hint: ties.
     std::string group;
   };
   // Makes room for a new client of `group` in a full window by dropping another group's
   // least recently renewed client (see Set). Returns false if `group` may not have it.
+  // A client's hint cut at max_keys keys, max_bytes of distinct chunks and `max_chunks`
+  // distinct chunks, in queue order.
+  struct Cut {
+    Accepted accepted;
+    std::vector<uint64_t> chunk_bytes;  // Of accepted.window->by_rank[i].
+  };
+  Cut CutHint(const std::vector<Request>& requests, size_t max_chunks) const;
   bool TakeFairShareLocked(const std::string& group) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DropExpiredLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RebuildLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -124,6 +124,60 @@ TEST(HintWindow, ClientsAreBoundedAndAHintNotRenewedExpires) {
   EXPECT_EQ(w.clients(), 0u);
 }
 
+// max_bytes bounds the merged window of all clients, not each client's: two schedulers
+// each hinting the whole budget share it by rank, and the one whose hint is cut hears so
+// (with the counts of what it kept); eviction spares only the kept chunks.
+TEST(HintWindow, TheMergedWindowOfAllClientsIsCappedAndTheCutClientIsTold) {
+  testing::FakeClock clock;
+  HintWindow w(Options(&clock, /*chunks=*/8));
+  auto a = w.Set("a", {Req({1, 2, 3, 4}), Req({5, 6, 7, 8})});
+  ASSERT_TRUE(a.ok());
+  EXPECT_FALSE(a->truncated);
+  auto b = w.Set("b", {Req({11, 12}), Req({13, 14}), Req({15, 16, 17, 18})});
+  ASSERT_TRUE(b.ok());
+  // Ranks 0-3 of each: a's first (it hinted first), then b's. b keeps two requests whole
+  // and none of the third.
+  auto snap = w.snapshot();
+  EXPECT_EQ(snap->by_rank, (std::vector<ChunkId>{Id(1), Id(11), Id(2), Id(12), Id(3), Id(13),
+                                                 Id(4), Id(14)}));
+  EXPECT_TRUE(b->truncated);
+  EXPECT_EQ(b->requests, 2u);
+  EXPECT_EQ(b->keys, 4u);
+  EXPECT_EQ(b->window->by_rank, (std::vector<ChunkId>{Id(11), Id(12), Id(13), Id(14)}));
+  EXPECT_FALSE(snap->position.contains(Id(15)));
+  // a's farther half is out of the window now, and a's renewal says so.
+  EXPECT_FALSE(snap->position.contains(Id(5)));
+  auto again = w.Set("a", {Req({1, 2, 3, 4}), Req({5, 6, 7, 8})});
+  ASSERT_TRUE(again.ok());
+  EXPECT_TRUE(again->truncated);
+  EXPECT_EQ(again->requests, 1u);
+  EXPECT_EQ(again->keys, 4u);
+  // A chunk both hint counts once; a smaller window cuts at the first chunk past it.
+  auto c = w.Set("b", {Req({1, 21, 22, 23, 24, 25})});
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(w.snapshot()->by_rank,
+            (std::vector<ChunkId>{Id(1), Id(2), Id(21), Id(3), Id(22), Id(4), Id(23), Id(5)}));
+  EXPECT_TRUE(c->truncated);
+  EXPECT_EQ(c->keys, 4u);
+  // When b goes, a's whole hint fits again.
+  ASSERT_TRUE(w.Set("b", {}).ok());
+  EXPECT_EQ(w.snapshot()->by_rank.size(), 8u);
+  EXPECT_TRUE(w.snapshot()->position.contains(Id(8)));
+}
+
+TEST(HintedPolicy, EvictionSparesOnlyTheCappedMergedWindow) {
+  testing::FakeClock clock;
+  HintWindow w(Options(&clock, /*chunks=*/2));
+  HintedPolicy p(std::make_unique<LruPolicy>(), &w);
+  for (uint64_t i = 1; i <= 5; ++i) p.OnInsert(Id(i));
+  ASSERT_TRUE(w.Set("a", {Req({1, 2})}).ok());
+  ASSERT_TRUE(w.Set("b", {Req({3, 4})}).ok());  // Cut to 3: 1 and 3 are the window.
+  auto all = [](const ChunkId&) { return true; };
+  EXPECT_EQ(p.PickVictim(all), Id(2));  // 2 was cut from a's part: plain LRU again.
+  p.OnRemove(Id(2));
+  EXPECT_EQ(p.PickVictim(all), Id(4));
+}
+
 // One tenant cannot keep another's schedulers out by holding every client place: a new
 // client of a tenant under its equal share takes the place of the least recently
 // renewed client of the tenant holding the most; at its share, it is refused.
