@@ -245,8 +245,8 @@ const std::vector<Option>& Options() {
                  "write-back: threads writing dirty chunks to SSD, one chunk each at a time",
                  &DaemonConfig::writeback_threads),
       SizeOption("writeback_max_dirty",
-                 "write-back: bytes in RAM not yet on SSD before puts wait for the flushers "
-                 "(0: half of ram_capacity)",
+                 "write-back: bytes not yet on SSD (in RAM, and of puts admitted and still "
+                 "arriving) before puts wait for the flushers (0: half of ram_capacity)",
                  &DaemonConfig::writeback_max_dirty),
       StringOption("eviction_policy", "RAM and SSD eviction: lru | prefix-lru | prefix-cost",
                    &DaemonConfig::eviction_policy),

@@ -42,9 +42,10 @@ uint64_t PutAdmission::Admit(uint64_t size, Done done) {
     done(absl::UnavailableError("put admission: the store is closing"));
     return 0;
   }
+  bool noted = false;
   if (first) {
     // Nobody waits ahead: take room now if it is there for the quick kind of asking.
-    Room room = try_room_(size, /*may_block=*/false);
+    Room room = try_room_(size, /*may_block=*/false, noted);
     if (room.ok() || !absl::IsResourceExhausted(room.status())) {
       done(std::move(room));
       return 0;
@@ -57,7 +58,8 @@ uint64_t PutAdmission::Admit(uint64_t size, Done done) {
     return 0;
   }
   const uint64_t ticket = next_ticket_++;
-  queue_.push_back(Waiter{ticket, size, options_.now() + options_.wait, std::move(done)});
+  queue_.push_back(
+      Waiter{ticket, size, options_.now() + options_.wait, std::move(done), noted});
   ++queued_;
   notified_ = true;
   mu_.Unlock();
@@ -105,11 +107,14 @@ void PutAdmission::Loop() {
     notified_ = false;
     const uint64_t ticket = queue_.front().ticket;
     const uint64_t size = queue_.front().size;
+    bool noted = queue_.front().noted;
     mu_.Unlock();
-    Room room = try_room_(size, /*may_block=*/true);
+    Room room = try_room_(size, /*may_block=*/true, noted);
     mu_.Lock();
     Done done;
-    if (queue_.empty() || queue_.front().ticket != ticket) {
+    const bool still_head = !queue_.empty() && queue_.front().ticket == ticket;
+    if (still_head) queue_.front().noted = noted;
+    if (!still_head) {
       retry_now = !queue_.empty();  // Cancelled meanwhile; the room goes back below.
     } else if (room.ok() || !absl::IsResourceExhausted(room.status())) {
       done = std::move(queue_.front().done);

@@ -50,9 +50,12 @@ class PutAdmission {
   using Room = absl::StatusOr<std::shared_ptr<PoolChunk>>;
   // Tries to find room for `size` bytes. `may_block`: false on a caller's thread (only
   // what is quick, such as evicting clean chunks), true on the admission thread (may
-  // also write dirty chunks to SSD). Returns the room, ResourceExhausted (none yet: try
-  // again later), or another error (the put fails with it).
-  using TryRoom = std::function<Room(uint64_t size, bool may_block)>;
+  // also write dirty chunks to SSD). `noted` is the put's own flag, false at its first
+  // try and kept across its tries (a waiting put is tried again every retry_interval):
+  // TryRoom sets it to count a put in its metrics once, not once per try. Returns the
+  // room, ResourceExhausted (none yet: try again later), or another error (the put
+  // fails with it).
+  using TryRoom = std::function<Room(uint64_t size, bool may_block, bool& noted)>;
   using Done = std::function<void(Room)>;
 
   PutAdmission(PutAdmissionOptions options, TryRoom try_room);
@@ -81,6 +84,7 @@ class PutAdmission {
     uint64_t size;
     absl::Time deadline;
     Done done;
+    bool noted = false;  // TryRoom's flag (see TryRoom).
   };
   void Loop();
   // Runs `done(room)` through answer_on, or here without one.

@@ -176,7 +176,9 @@ absl::StatusOr<std::unique_ptr<TieredStore>> TieredStore::Open(TieredStoreOption
                           [s = store.get()](std::function<void()> task) {
                             s->commit_pool_->Submit(std::move(task));
                           }},
-      [s = store.get()](uint64_t size, bool may_block) { return s->TryRoom(size, may_block); });
+      [s = store.get()](uint64_t size, bool may_block, bool& noted) {
+        return s->TryRoom(size, may_block, noted);
+      });
   // Last: its threads notify the admission queue. In write-through mode one thread,
   // with nothing to flush, still runs the tiers' TTL upkeep after each (1 s) pass.
   if (store->has_ssd()) {
@@ -217,19 +219,55 @@ TieredStore::~TieredStore() {
   if (absl::Status s = Close(); !s.ok()) LogWarning("tiered store: close: ", s.message());
 }
 
-absl::StatusOr<std::shared_ptr<PoolChunk>> TieredStore::TryRoom(uint64_t size,
-                                                                 bool may_block) {
+namespace {
+
+// The room TryRoom gives a write-back put, as the deleter of the shared_ptr handed
+// through PutAdmission: the chunk's slots and its backlog reservation travel together,
+// and a room dropped before it reaches a ChunkWriter (a put cancelled as it was
+// answered) gives both back. TieredStore::TakeRoom moves them out.
+struct ReservedRoom {
+  std::shared_ptr<PoolChunk> chunk;
+  BacklogReservation backlog;
+  void operator()(PoolChunk*) {
+    chunk.reset();
+    backlog.Release();
+  }
+};
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<PoolChunk>> TieredStore::TryRoom(uint64_t size, bool may_block,
+                                                                 bool& noted) {
   constexpr auto kWriteFirst = HostPool::DirtyVictim::kWriteFirst;
+  BacklogReservation backlog;
   if (options_.write_mode == WriteMode::kWriteBack && options_.max_dirty_bytes != 0) {
-    for (uint64_t dirty; (dirty = ram_->dirty_bytes()) != 0 &&
-                         dirty + size > options_.max_dirty_bytes;) {
-      if (!may_block || !FlushOne(/*demotion=*/false)) {
-        // Waits in arrival order; a flush that lands wakes it (NotifyRoom).
-        backlog_waits_.fetch_add(1, std::memory_order_relaxed);
-        return absl::ResourceExhaustedError(absl::StrCat(
-            "write-back backlog full: ", dirty, " bytes not yet on SSD, max_dirty_bytes ",
-            options_.max_dirty_bytes));
+    // The backlog is what is dirty in RAM plus what puts admitted before this one will
+    // make dirty: counting only the first, puts admitted together before any of them
+    // commits would each find it empty. Checked and reserved in one step (the CAS), as
+    // puts are admitted on callers' threads too.
+    uint64_t admitted = admitted_dirty_.load(std::memory_order_acquire);
+    for (;;) {
+      const uint64_t backlog_bytes = ram_->dirty_bytes() + admitted;
+      if (backlog_bytes == 0 || backlog_bytes + size <= options_.max_dirty_bytes) {
+        if (admitted_dirty_.compare_exchange_weak(admitted, admitted + size,
+                                                  std::memory_order_acq_rel)) {
+          backlog = BacklogReservation(&admitted_dirty_, size);
+          break;
+        }
+        continue;  // `admitted` was reloaded.
       }
+      if (may_block && FlushOne(/*demotion=*/false)) {
+        admitted = admitted_dirty_.load(std::memory_order_acquire);
+        continue;
+      }
+      // Waits in arrival order; a flush that lands, or a commit, wakes it (NotifyRoom).
+      // Counted once per put, not per retry.
+      if (!noted) backlog_waits_.fetch_add(1, std::memory_order_relaxed);
+      noted = true;
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "write-back backlog full: ", backlog_bytes, " bytes not yet on SSD (",
+          admitted, " of them of puts in progress), max_dirty_bytes ",
+          options_.max_dirty_bytes));
     }
   }
   absl::StatusOr<std::shared_ptr<PoolChunk>> chunk = ram_->Allocate(size, kWriteFirst);
@@ -238,7 +276,21 @@ absl::StatusOr<std::shared_ptr<PoolChunk>> TieredStore::TryRoom(uint64_t size,
          has_ssd() && FlushOne(/*demotion=*/true)) {
     chunk = ram_->Allocate(size, kWriteFirst);
   }
-  return chunk;
+  if (!chunk.ok() || options_.write_mode != WriteMode::kWriteBack ||
+      options_.max_dirty_bytes == 0) {
+    return chunk;  // A failed put's reservation goes with `backlog`.
+  }
+  PoolChunk* raw = chunk->get();
+  return std::shared_ptr<PoolChunk>(raw, ReservedRoom{*std::move(chunk), std::move(backlog)});
+}
+
+std::unique_ptr<ChunkWriter> TieredStore::TakeRoom(const ChunkId& id, uint32_t token_count,
+                                                   std::shared_ptr<PoolChunk> room) {
+  ReservedRoom* reserved = std::get_deleter<ReservedRoom>(room);
+  if (reserved == nullptr) return std::make_unique<ChunkWriter>(id, token_count, std::move(room));
+  auto writer = std::make_unique<ChunkWriter>(id, token_count, std::move(reserved->chunk));
+  writer->backlog_ = std::move(reserved->backlog);
+  return writer;  // `room` is left holding nothing; its deleter then does nothing.
 }
 
 uint64_t TieredStore::BeginPutAsync(const ChunkId& id, uint32_t token_count,
@@ -269,7 +321,7 @@ uint64_t TieredStore::BeginPutAsync(const ChunkId& id, uint32_t token_count,
           }
           return;
         }
-        done(std::make_unique<ChunkWriter>(id, token_count, *std::move(room)));
+        done(TakeRoom(id, token_count, *std::move(room)));
       });
 }
 
@@ -358,6 +410,9 @@ absl::StatusOr<bool> TieredStore::Commit(std::unique_ptr<ChunkWriter> writer, ui
         flusher_->Notify();
         Emit(ChunkEventKind::kStored, writer->id_, Tier::kRam);
       }
+      // Counted as dirty now (or a duplicate, dropped): released only after the insert,
+      // so that the backlog is never under-counted in between.
+      writer->backlog_.Release();
       break;
     }
     case WriteMode::kRamOnly:

@@ -28,6 +28,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -93,8 +94,9 @@ struct TieredStoreOptions {
   // Write-back: threads writing dirty chunks to SSD, each one chunk at a time (the SSD
   // tier batches concurrent writes into its 4 MiB device writes). Also used by Close.
   int flush_threads = 4;
-  // Write-back: the most payload bytes in RAM not yet on SSD (the backlog); 0: no bound
-  // but the pool. A put that would take the backlog past it waits, like one waiting for
+  // Write-back: the most payload bytes not yet on SSD (the backlog: dirty chunks in
+  // RAM, and the chunks of puts admitted and not yet committed); 0: no bound but the
+  // pool. A put that would take the backlog past it waits, like one waiting for
   // room, while the flushers (or the admission thread itself, writing the oldest dirty
   // chunk) bring it down; so the rest of the pool stays clean and evictable in the
   // policy's order. A chunk larger than the bound is let in once nothing else is dirty.
@@ -174,6 +176,37 @@ struct TieredStoreStats {
   uint64_t remote_promotions = 0;  // Chunks read from the remote tier and kept in RAM.
 };
 
+// Write-back: a put's bytes counted in the backlog bound (max_dirty_bytes) from its
+// admission until it commits (its chunk is then dirty in RAM and counted there) or is
+// dropped, so that puts admitted together cannot take the backlog past the bound.
+// Move-only; gives its bytes back once: on Release or destruction. The counter must
+// outlive it (the store's does: writers are dropped before the store).
+class BacklogReservation {
+ public:
+  BacklogReservation() = default;
+  BacklogReservation(std::atomic<uint64_t>* admitted, uint64_t bytes)
+      : admitted_(admitted), bytes_(bytes) {}
+  BacklogReservation(BacklogReservation&& o) noexcept
+      : admitted_(std::exchange(o.admitted_, nullptr)), bytes_(o.bytes_) {}
+  BacklogReservation& operator=(BacklogReservation&& o) noexcept {
+    if (this != &o) {
+      Release();
+      admitted_ = std::exchange(o.admitted_, nullptr);
+      bytes_ = o.bytes_;
+    }
+    return *this;
+  }
+  ~BacklogReservation() { Release(); }
+  void Release() {
+    if (admitted_ != nullptr) admitted_->fetch_sub(bytes_, std::memory_order_acq_rel);
+    admitted_ = nullptr;
+  }
+
+ private:
+  std::atomic<uint64_t>* admitted_ = nullptr;
+  uint64_t bytes_ = 0;
+};
+
 // Receives one chunk's bytes during a put. Not thread-safe: one stream fills it.
 class ChunkWriter {
  public:
@@ -198,6 +231,7 @@ class ChunkWriter {
   uint32_t token_count_;
   ChunkLineage lineage_;
   std::shared_ptr<PoolChunk> data_;
+  BacklogReservation backlog_;  // Write-back: released once the chunk is dirty in RAM.
   uint64_t received_ = 0;
   uint32_t crc_ = 0;  // CRC32C of the bytes so far, computed as they arrive.
 };
@@ -445,9 +479,15 @@ class TieredStore {
   uint64_t FlushAll();
   // RAM for a chunk, evicting clean chunks; with `may_block`, also demoting dirty
   // chunks to SSD if that is what it takes. PutAdmission's TryRoom. In write-back,
-  // first keeps the backlog within max_dirty_bytes (with `may_block`, by writing the
-  // oldest dirty chunks itself). Returns ResourceExhausted while there is no room.
-  absl::StatusOr<std::shared_ptr<PoolChunk>> TryRoom(uint64_t size, bool may_block);
+  // first keeps the backlog (dirty chunks, and puts admitted but not yet committed)
+  // within max_dirty_bytes (with `may_block`, by writing the oldest dirty chunks itself),
+  // and reserves the put's bytes in it: the room returned carries a BacklogReservation
+  // (TakeRoom). Returns ResourceExhausted while there is no room.
+  absl::StatusOr<std::shared_ptr<PoolChunk>> TryRoom(uint64_t size, bool may_block,
+                                                     bool& noted);
+  // A ChunkWriter for the room TryRoom gave, with the room's backlog reservation.
+  static std::unique_ptr<ChunkWriter> TakeRoom(const ChunkId& id, uint32_t token_count,
+                                               std::shared_ptr<PoolChunk> room);
   bool has_ssd() const { return backing_ != nullptr; }
   // Staged on the GPU and still held by RAM or SSD (a staged copy of neither is dropped).
   bool StagedAndBacked(const ChunkId& id) const;
@@ -522,7 +562,10 @@ class TieredStore {
   std::atomic<uint64_t> remote_promotions_{0};
   std::atomic<uint64_t> demotions_{0};
   std::atomic<uint64_t> demotion_failures_{0};
-  std::atomic<uint64_t> backlog_waits_{0};  // TryRoom calls that found the backlog full.
+  std::atomic<uint64_t> backlog_waits_{0};  // Puts that found the backlog full (once each).
+  // Write-back: payload bytes of puts admitted and not yet committed or dropped (their
+  // BacklogReservations), counted with the dirty bytes against max_dirty_bytes.
+  std::atomic<uint64_t> admitted_dirty_{0};
   std::atomic<uint64_t> put_checksum_failures_{0};
   std::atomic<uint64_t> ram_checksum_failures_{0};  // Pool copies found corrupt.
   LogLimiter write_failure_log_{absl::Seconds(1)};  // Failed write-backs and demotions.

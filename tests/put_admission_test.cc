@@ -33,15 +33,18 @@ class PutAdmissionTest : public ::testing::Test {
     PutAdmissionOptions a;
     a.wait = absl::Seconds(5);
     a.now = clock_.AsFunction();
-    admission_ = std::make_unique<PutAdmission>(a, [this](uint64_t size, bool may_block) {
-      return TryRoom(size, may_block);
-    });
+    admission_ = std::make_unique<PutAdmission>(
+        a, [this](uint64_t size, bool may_block, bool& noted) {
+          return TryRoom(size, may_block, noted);
+        });
   }
 
-  PutAdmission::Room TryRoom(uint64_t size, bool may_block) {
+  PutAdmission::Room TryRoom(uint64_t size, bool may_block, bool& noted) {
     {
       absl::MutexLock lock(&mu_);
       ++tries_;
+      if (!noted) ++noted_puts_;  // A put's first try, however often it is tried.
+      noted = true;
       if (may_block) blocking_threads_.push_back(std::this_thread::get_id());
       if (!error_.ok()) return error_;
     }
@@ -72,6 +75,7 @@ class PutAdmissionTest : public ::testing::Test {
   absl::Status error_ ABSL_GUARDED_BY(mu_);
   std::vector<std::thread::id> blocking_threads_ ABSL_GUARDED_BY(mu_);
   int tries_ ABSL_GUARDED_BY(mu_) = 0;
+  int noted_puts_ ABSL_GUARDED_BY(mu_) = 0;  // Tries that found the put's flag unset.
 
   // Returns once the admission thread has finished an attempt begun after this call
   // (it has started the one after that).
@@ -123,6 +127,35 @@ TEST_F(PutAdmissionTest, WaitersHoldNoThreadAndAreAnsweredInArrivalOrder) {
   for (std::thread::id t : blocking_threads_) {
     EXPECT_NE(t, std::this_thread::get_id()) << "only the admission thread may block";
   }
+}
+
+// TryRoom's per-put flag outlives the put's tries, so that a metric counted through it
+// counts a put that waits once (its first try inline, then every retry_interval).
+TEST_F(PutAdmissionTest, APutsFlagIsKeptAcrossItsTries) {
+  Make(1);
+  Answer held, a, b;
+  admission_->Admit(kSlot, Into(&held));
+  ASSERT_TRUE(held.room.ok());
+  ASSERT_NE(admission_->Admit(kSlot, Into(&a)), 0u);
+  ASSERT_NE(admission_->Admit(kSlot, Into(&b)), 0u);
+  WaitForAFullRetry();
+  WaitForAFullRetry();
+  {
+    absl::MutexLock lock(&mu_);
+    EXPECT_GE(tries_, 5);  // held's, a's inline one, and at least three of the thread's.
+    // held and a; b (queued behind a, never tried inline: a was waiting) not yet.
+    EXPECT_EQ(noted_puts_, 2);
+  }
+  held.room = absl::CancelledError("given back");
+  admission_->Notify();
+  a.done.WaitForNotification();
+  ASSERT_TRUE(a.room.ok());
+  a.room = absl::CancelledError("given back");
+  admission_->Notify();
+  b.done.WaitForNotification();
+  ASSERT_TRUE(b.room.ok());
+  absl::MutexLock lock(&mu_);
+  EXPECT_EQ(noted_puts_, 3);
 }
 
 TEST_F(PutAdmissionTest, NewcomerDoesNotJumpTheQueue) {
@@ -217,7 +250,7 @@ TEST(PutAdmissionAnswerOnTest, ThreadAnswersGoThroughTheExecutor) {
     absl::MutexLock lock(&mu);
     executor.emplace_back(std::move(task));
   };
-  auto admission = std::make_unique<PutAdmission>(o, [&](uint64_t size, bool) -> PutAdmission::Room {
+  auto admission = std::make_unique<PutAdmission>(o, [&](uint64_t size, bool, bool&) -> PutAdmission::Room {
     auto slots = arena->Take(1);
     if (!slots.ok()) return slots.status();
     return std::make_shared<PoolChunk>(arena, *std::move(slots), size);

@@ -1107,6 +1107,86 @@ TEST_F(TieredStoreWriteBackTest, BacklogIsBoundedByMaxDirtyBytes) {
   ExpectReadable(Id(10));
 }
 
+// Puts admitted but not yet committed count in the backlog too: with the bound at two
+// chunks and two puts still being received (nothing dirty in RAM yet), a third waits.
+// An abandoned put gives its bytes back, and a committed one counts as dirty instead.
+TEST_F(TieredStoreWriteBackTest, PutsInProgressCountAgainstMaxDirtyBytes) {
+  auto o = Options(WriteMode::kWriteBack);
+  o.max_dirty_bytes = 2 * kChunkBytes;
+  o.put_wait = absl::Seconds(60);
+  o.now = [this] { return clock_.Now(); };
+  OpenWith(o);
+  ns_ = Register();
+  auto first = store_->BeginPut(Id(0), 256);
+  auto second = store_->BeginPut(Id(1), 256);
+  ASSERT_TRUE(first.ok() && second.ok());
+  EXPECT_EQ(store_->GetStats().writeback_dirty_bytes, 0u) << "nothing committed yet";
+  absl::Notification answered;
+  absl::StatusOr<std::unique_ptr<ChunkWriter>> third;
+  const uint64_t ticket =
+      store_->BeginPutAsync(Id(2), 256, [&](absl::StatusOr<std::unique_ptr<ChunkWriter>> w) {
+        third = std::move(w);
+        answered.Notify();
+      });
+  EXPECT_NE(ticket, 0u) << "admitted past max_dirty_bytes: two puts in progress fill it";
+  EXPECT_FALSE(answered.HasBeenNotified());
+  EXPECT_EQ(store_->GetStats().writeback_backlog_waits, 1u);
+  // Dropping a put in progress makes room for the one waiting.
+  first->reset();
+  answered.WaitForNotification();
+  ASSERT_TRUE(third.ok()) << third.status();
+  ASSERT_NE(*third, nullptr);
+  // Committed, the second counts as dirty, and still fills the bound with the third.
+  ops_->HoldWrites();
+  const std::string data = Payload(Id(1), kChunkBytes);
+  ASSERT_TRUE((*second)->Append(data).ok());
+  ASSERT_TRUE(store_->CommitPut(*std::move(second), crc32c::Value(data)).ok());
+  absl::Notification fourth_answered;
+  absl::StatusOr<std::unique_ptr<ChunkWriter>> fourth;
+  EXPECT_NE(store_->BeginPutAsync(Id(3), 256,
+                                  [&](absl::StatusOr<std::unique_ptr<ChunkWriter>> w) {
+                                    fourth = std::move(w);
+                                    fourth_answered.Notify();
+                                  }),
+            0u);
+  ops_->ReleaseWrites();  // The flushers write Id(1): room for the fourth.
+  fourth_answered.WaitForNotification();
+  ASSERT_TRUE(fourth.ok()) << fourth.status();
+  third->reset();
+  fourth->reset();
+  WaitFlushed(1);
+}
+
+// kvtier_writeback_backlog_waits_total counts puts that waited, not the admission
+// thread's retries: a put that waits out put_wait behind a backlog that cannot drain
+// (the disk is full) counts once, though it was tried at least twice (inline, then by
+// the admission thread, whose failed retry after the deadline answers it).
+TEST_F(TieredStoreWriteBackTest, APutThatWaitsForTheBacklogCountsOnce) {
+  auto o = Options(WriteMode::kWriteBack);
+  o.max_dirty_bytes = kChunkBytes;
+  o.put_wait = absl::Seconds(1);
+  o.now = [this] { return clock_.Now(); };
+  OpenWith(o);
+  ns_ = Register();
+  ops_->SetNoSpace(true);
+  PutOk(Id(0));  // Dirty, and it stays dirty: its write-backs fail.
+  absl::Notification answered;
+  absl::StatusOr<std::unique_ptr<ChunkWriter>> second;
+  ASSERT_NE(store_->BeginPutAsync(Id(1), 256,
+                                  [&](absl::StatusOr<std::unique_ptr<ChunkWriter>> w) {
+                                    second = std::move(w);
+                                    answered.Notify();
+                                  }),
+            0u);
+  clock_.Advance(absl::Seconds(2));
+  answered.WaitForNotification();
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kResourceExhausted) << second.status();
+  const TieredStoreStats s = store_->GetStats();
+  EXPECT_EQ(s.put_wait_timeouts, 1u);
+  EXPECT_EQ(s.writeback_backlog_waits, 1u);
+  ops_->SetNoSpace(false);
+}
+
 TEST_F(TieredStoreWriteBackTest, PinPromotesFromSsdAndHolds) {
   for (uint64_t i = 0; i < kRamChunks + 1; ++i) PutOk(Id(i));
   WaitFlushed(kRamChunks + 1);
