@@ -212,7 +212,10 @@ std::vector<MetricFamily> StoreCollector::Collect() const {
     f.push_back(Family("kvtier_ssd_expirations_total", "SSD chunks dropped by ssd_ttl", C,
                        {{{}, static_cast<double>(s.ssd.expirations)}}));
     f.push_back(Family("kvtier_ssd_write_errors_total",
-                       "Failed SSD writes, payload or index (e.g. disk full)", C,
+                       "Failed SSD write attempts, payload or index (e.g. disk full); a "
+                       "write-back chunk is tried again until it is written, and each failed "
+                       "try counts",
+                       C,
                        {{{}, static_cast<double>(s.ssd.write_errors)}}));
     f.push_back(Family("kvtier_ssd_payload_bytes", "Payload bytes of the chunks on SSD", G,
                        {{{}, static_cast<double>(s.ssd.payload_bytes)}}));

@@ -131,7 +131,7 @@ struct SsdTierStats {
   uint64_t evictions = 0;
   uint64_t expirations = 0;
   uint64_t checksum_failures = 0;
-  uint64_t write_errors = 0;
+  uint64_t write_errors = 0;  // Failed write attempts (a chunk tried again counts again).
 };
 
 class SsdTier final : public StorageTier {
