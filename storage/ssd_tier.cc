@@ -649,6 +649,9 @@ absl::Status SsdTier::Corrupt(const ChunkId& id, absl::string_view cause,
   if (absl::Status d = DeleteRow(id, std::move(e)); !d.ok()) {
     LogError("SSD tier: could not delete corrupt chunk ", id.DebugString(), ": ", d.message());
   }
+  // Here, where the one reader that took it out of the index is known: an event per
+  // dropped copy, not per reader that found it bad.
+  if (options_.on_corrupt) options_.on_corrupt(id);
   return CorruptChunkError(id);
 }
 

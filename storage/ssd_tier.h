@@ -100,6 +100,10 @@ struct SsdTierOptions {
   // Called (without the tier's locks) for each chunk that left the tier for room or by
   // expiry (ssd_ttl).
   std::function<void(const ChunkId&)> on_evict;
+  // Called (without the tier's locks) once for each chunk deleted because its copy
+  // failed verification, whichever read found it (a whole-chunk read, a range read, a
+  // GC move, DropCorrupt), and by whichever of several readers deleted it.
+  std::function<void(const ChunkId&)> on_corrupt;
 
   absl::Status Validate() const;
   // file_bytes, or its default for this capacity.

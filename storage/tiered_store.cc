@@ -137,6 +137,17 @@ absl::StatusOr<std::unique_ptr<TieredStore>> TieredStore::Open(TieredStoreOption
       ssd_options.on_evict = [events](const ChunkId& id) {
         events->Append(ChunkEventKind::kEvicted, id, Tier::kSsd);
       };
+      // A corrupt SSD copy is deleted on every path that reads it (a promotion, a
+      // streamed Get, a GC move); the SSD tier calls this once per copy. Gone from every
+      // local tier unless RAM still holds a sound copy (a streamed read's chunk put
+      // again meanwhile, say): then it only left the SSD.
+      ssd_options.on_corrupt = [events, ram = store->ram_.get()](const ChunkId& id) {
+        if (ram->Contains(id)) {
+          events->Append(ChunkEventKind::kEvicted, id, Tier::kSsd);
+        } else {
+          events->Append(ChunkEventKind::kDeleted, id, Tier::kNone);
+        }
+      };
     }
     auto ssd = SsdTier::Open(std::move(ssd_options));
     if (!ssd.ok()) return ssd.status();
@@ -905,8 +916,8 @@ void TieredStore::ReadRangeAsync(const ChunkId& id, const ChunkMeta& meta, uint6
 
 absl::Status TieredStore::DropCorrupt(const ChunkId& id) {
   if (!has_ssd()) return absl::DataLossError("chunk failed its checksum");
-  // Only the streamed tier's copy goes; a RAM copy, if any, still serves.
-  Emit(ChunkEventKind::kEvicted, id, backing_->tier());
+  // Only the streamed tier's copy goes; a RAM copy, if any, still serves. Its event goes
+  // out from the SSD tier (on_corrupt), as for a copy found corrupt on any other path.
   return backing_->DropCorrupt(id);
 }
 

@@ -728,9 +728,15 @@ TEST_F(SsdTierTest, PayloadFileDeletedBehindTheDaemonsBack) {
 // A copy a caller found corrupt (a streamed frame's checksum) is deleted, counted as a
 // checksum failure, and stays gone across a reopen; the other chunks are untouched.
 TEST_F(SsdTierTest, DropCorruptDeletesCountsAndForgetsTheCopy) {
+  std::vector<ChunkId> corrupt;
+  options_.on_corrupt = [&corrupt](const ChunkId& id) { corrupt.push_back(id); };
+  Open();
   PutOk(Id(1), kMiB);
   PutOk(Id(2), kMiB);
   EXPECT_EQ(tier_->DropCorrupt(Id(1)).code(), absl::StatusCode::kDataLoss);
+  // A second reader's verdict on the same copy: DataLoss again, but no second drop.
+  EXPECT_EQ(tier_->DropCorrupt(Id(1)).code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(corrupt, std::vector<ChunkId>{Id(1)});
   EXPECT_FALSE(tier_->Contains(Id(1)));
   EXPECT_EQ(tier_->GetStats().checksum_failures, 1u);
   ExpectStored(Id(2), kMiB);

@@ -16,6 +16,7 @@
 #include <ostream>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -1368,6 +1369,40 @@ TEST_F(TieredStoreWriteBackTest, CorruptSsdChunkIsDataLossNeverServed) {
   // The client recomputes and puts it again.
   PutOk(Id(1));
   ExpectReadable(Id(1), Tier::kRam);
+}
+
+// A corrupt SSD copy is one event however it was found. Found by a promotion's read, the
+// chunk is gone from every tier: DELETED. Dropped by a streamed read (DropCorrupt, which
+// several frames of one Get may call): one event, not one per call. Dropped while RAM
+// still holds a copy: it only left the SSD, EVICTED there.
+TEST_F(TieredStoreWriteBackTest, ACorruptSsdCopyIsOneEventOnEveryPath) {
+  EventLog events(1000);
+  auto o = Options(WriteMode::kWriteBack);
+  o.events = &events;
+  OpenWith(o);
+  ns_ = Register();
+  for (uint64_t i = 1; i <= 3; ++i) PutOk(Id(i));
+  Reopen();  // RAM starts empty; Close flushed the chunks to SSD.
+  ExpectReadable(Id(3), Tier::kSsd);  // Promoted: in RAM and on SSD now.
+  ASSERT_EQ(store_->Locate(Id(3)), Tier::kRam);
+  const uint64_t start = events.last_sequence();
+  ops_->SetCorruptReads(true);
+  EXPECT_EQ(store_->Read(Id(1)).status().code(), absl::StatusCode::kDataLoss);
+  ops_->SetCorruptReads(false);
+  EXPECT_EQ(store_->DropCorrupt(Id(2)).code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(store_->DropCorrupt(Id(2)).code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(store_->DropCorrupt(Id(3)).code(), absl::StatusCode::kDataLoss);
+  std::vector<std::tuple<ChunkEventKind, ChunkId, Tier>> got;
+  for (const ChunkEvent& e : events.Read(start, 0, 100).events) {
+    got.emplace_back(e.kind, e.id, e.tier);
+  }
+  EXPECT_EQ(got, (std::vector<std::tuple<ChunkEventKind, ChunkId, Tier>>{
+                     {ChunkEventKind::kDeleted, Id(1), Tier::kNone},
+                     {ChunkEventKind::kDeleted, Id(2), Tier::kNone},
+                     {ChunkEventKind::kEvicted, Id(3), Tier::kSsd}}));
+  EXPECT_EQ(store_->GetStats().checksum_failures, 3u);
+  ExpectReadable(Id(3), Tier::kRam);
+  store_.reset();  // Before `events`, which it appends to.
 }
 
 // ---------------------------------------------------------------------------------
