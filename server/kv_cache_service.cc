@@ -554,6 +554,7 @@ grpc::Status KvCacheService::StatsImpl(TieredStore* store, v1::StatsResponse* re
     tier->set_hits(t.hits);
     tier->set_misses(t.misses);
     tier->set_evictions(t.evictions);
+    tier->set_expirations(t.expirations);
     if (t.tier == Tier::kRam) {
       tier->set_pinned_bytes(t.pinned_bytes);
       tier->set_prefaulted_bytes(s.ram.prefaulted_bytes);

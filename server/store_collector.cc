@@ -77,7 +77,10 @@ std::vector<MetricFamily> StoreCollector::Collect() const {
                      per_tier(s.ram_bytes_in, s.ssd_bytes_in, g.bytes_in)));
   f.push_back(Family("kvtier_tier_bytes_out_total", "Payload bytes read out of each tier", C,
                      per_tier(s.ram_bytes_out, s.ssd_bytes_out, g.bytes_out)));
-  f.push_back(Family("kvtier_tier_evictions_total", "Chunks evicted from each tier", C,
+  f.push_back(Family("kvtier_tier_evictions_total",
+                     "Chunks evicted from each tier for room (SSD chunks dropped by ssd_ttl: "
+                     "kvtier_ssd_expirations_total)",
+                     C,
                      per_tier(s.ram.evictions, s.ssd.evictions, g.evictions)));
   f.push_back(Family("kvtier_gpu_available",
                      "1 when this kvtierd drives a GPU (CUDA build, device present)", G,

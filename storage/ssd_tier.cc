@@ -964,7 +964,8 @@ TierStats SsdTier::Stats() const {
   t.chunks = s.chunks;
   t.hits = s.hits;
   t.misses = s.misses;
-  t.evictions = s.evictions + s.expirations;
+  t.evictions = s.evictions;
+  t.expirations = s.expirations;
   return t;
 }
 

@@ -183,7 +183,7 @@ class SsdTier final : public StorageTier {
   absl::Status DropCorrupt(const ChunkId& id) override;
 
   // StorageTier. Write is Put (`done` runs on the caller's thread); Read is ReadMeta
-  // then ReadPayload; evictions in Stats include expirations.
+  // then ReadPayload; Stats counts expirations apart from evictions, as GetStats does.
   Tier tier() const override { return Tier::kSsd; }
   Role role() const override { return Role::kLocal; }
   uint64_t capacity_bytes() const override { return options_.capacity_bytes; }

@@ -92,7 +92,8 @@ struct TierStats {
   uint64_t pinned_bytes = 0;    // Payload bytes pinned (RAM only).
   uint64_t hits = 0;
   uint64_t misses = 0;
-  uint64_t evictions = 0;       // Chunks that left for room or age, by the tier's policy.
+  uint64_t evictions = 0;       // Chunks that left for room, by the tier's policy.
+  uint64_t expirations = 0;     // Chunks dropped by age (SSD: ssd_ttl); not in evictions.
 };
 
 class StorageTier {

@@ -400,6 +400,25 @@ TEST_F(SsdTierTest, TtlHidesAndDeletesExpiredChunks) {
   EXPECT_EQ(tier_->GetStats().chunks, 0u);
 }
 
+// Stats (the Stats RPC) and GetStats (the metrics) agree: evictions are for room only,
+// expirations are counted apart, in both.
+TEST_F(SsdTierTest, StatsCountExpirationsApartFromEvictions) {
+  options_.ttl = absl::Seconds(60);
+  options_.capacity_bytes = 2 * kMiB;
+  Open();
+  PutOk(Id(1), kMiB);
+  PutOk(Id(2), kMiB);
+  PutOk(Id(3), kMiB);  // Evicts 1 for room.
+  clock_.Advance(absl::Seconds(61));
+  EXPECT_EQ(tier_->ExpireOld(), 2u);
+  const SsdTierStats s = tier_->GetStats();
+  EXPECT_EQ(s.evictions, 1u);
+  EXPECT_EQ(s.expirations, 2u);
+  const TierStats t = tier_->Stats();
+  EXPECT_EQ(t.evictions, s.evictions);
+  EXPECT_EQ(t.expirations, s.expirations);
+}
+
 TEST_F(SsdTierTest, TtlAppliesAtReopen) {
   options_.ttl = absl::Seconds(60);
   Open();
