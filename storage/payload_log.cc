@@ -404,19 +404,48 @@ absl::Status PayloadLog::ReadAt(const File& file, char* buf, uint64_t n, uint64_
   return absl::OkStatus();
 }
 
+namespace {
+
+absl::Status CheckParts(absl::Span<const absl::string_view> parts, uint64_t size) {
+  uint64_t total = 0;
+  for (absl::string_view p : parts) total += p.size();
+  if (total >= size) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("payload parts hold ", total, " bytes, fewer than the chunk's ", size));
+}
+
+}  // namespace
+
 absl::StatusOr<PayloadExtent> PayloadLog::Append(absl::Span<const absl::string_view> parts,
                                                  uint64_t size,
                                                  std::vector<uint32_t>* piece_crcs) {
-  uint64_t total = 0;
-  for (absl::string_view p : parts) total += p.size();
-  if (total < size) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("payload parts hold ", total, " bytes, fewer than the chunk's ", size));
-  }
+  if (absl::Status s = CheckParts(parts, size); !s.ok()) return s;  // Before taking room.
+  absl::StatusOr<Placement> placement = Place(size);
+  if (!placement.ok()) return placement.status();
+  return Write(*std::move(placement), parts, piece_crcs);
+}
+
+absl::StatusOr<PayloadLog::Placement> PayloadLog::Place(uint64_t size) {
   auto reserved = Reserve(AlignUp(size));
   if (!reserved.ok()) return reserved.status();
-  auto [file, ext] = *std::move(reserved);
-  ext.size = size;
+  reserved->second.size = size;
+  return Placement(this, std::move(reserved->first), reserved->second);
+}
+
+PayloadLog::Placement::~Placement() {
+  if (file_ == nullptr) return;
+  log_->EndWrite(file_, extent_.footprint());
+  log_->Release(extent_);
+}
+
+absl::StatusOr<PayloadExtent> PayloadLog::Write(Placement placement,
+                                                absl::Span<const absl::string_view> parts,
+                                                std::vector<uint32_t>* piece_crcs) {
+  if (absl::Status s = CheckParts(parts, placement.extent_.size); !s.ok()) return s;
+  // Ours now: `placement` frees nothing when it goes.
+  const std::shared_ptr<File> file = std::move(placement.file_);
+  const PayloadExtent ext = placement.extent_;
+  const uint64_t size = ext.size;
 
   const uint64_t piece = options_.piece_bytes;
   piece_crcs->assign((size + piece - 1) / piece, 0);

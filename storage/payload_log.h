@@ -132,6 +132,17 @@ class PayloadLog {
   // (no space on the device), Unavailable (other I/O error).
   absl::StatusOr<PayloadExtent> Append(absl::Span<const absl::string_view> parts, uint64_t size,
                                        std::vector<uint32_t>* piece_crcs);
+  // Append in two steps, for a caller that keeps its own state in the log's order (the
+  // SSD tier's eviction order): Place takes the room of a payload of `size` bytes in the
+  // active file, and extents placed one after another lie in that order (by file, then
+  // offset); Write then writes the payload there, as Append does. A placement must be
+  // given to Write, which frees it if the write fails. Place returns: Ok,
+  // ResourceExhausted (no space), Unavailable.
+  class Placement;
+  absl::StatusOr<Placement> Place(uint64_t size);
+  absl::StatusOr<PayloadExtent> Write(Placement placement,
+                                      absl::Span<const absl::string_view> parts,
+                                      std::vector<uint32_t>* piece_crcs);
   // Copies an extent into the active file, verifying each piece on the way; the old
   // extent stays live until Release. Returns: Ok, DataLoss (a piece failed its check),
   // NotFound (its file is gone), ResourceExhausted, Unavailable.
@@ -206,6 +217,25 @@ class PayloadLog {
   uint64_t writing_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   // Last: its threads use the state above and must stop first.
   std::unique_ptr<IoPool> writers_;
+};
+
+// Room taken by Place and not yet written. Move-only; one dropped unwritten frees its
+// room as a failed write would. Must not outlive its log.
+class PayloadLog::Placement {
+ public:
+  Placement(Placement&& o) noexcept
+      : log_(o.log_), file_(std::move(o.file_)), extent_(o.extent_) {}
+  Placement& operator=(Placement&&) = delete;
+  ~Placement();
+  const PayloadExtent& extent() const { return extent_; }
+
+ private:
+  friend class PayloadLog;
+  Placement(PayloadLog* log, std::shared_ptr<File> file, PayloadExtent extent)
+      : log_(log), file_(std::move(file)), extent_(extent) {}
+  PayloadLog* log_;
+  std::shared_ptr<File> file_;  // Null once written. Its `writing` count includes this.
+  PayloadExtent extent_;
 };
 
 }  // namespace kvtier

@@ -359,7 +359,8 @@ void SsdTier::InsertLocked(const ChunkId& id, IndexEntry e) {
         dropped_corrupt_.end());
   }
   index_[id] = std::move(e);
-  policy_->OnInsert(id, lineage);
+  // A chunk being put has its place already (see Put); entering it again would move it.
+  if (!placed_.contains(id)) policy_->OnInsert(id, lineage);
 }
 
 std::optional<SsdTier::IndexEntry> SsdTier::ForgetLocked(const ChunkId& id) {
@@ -373,7 +374,7 @@ std::optional<SsdTier::IndexEntry> SsdTier::ForgetLocked(const ChunkId& id) {
     n->second -= e.meta.size;
     if (n->second == 0) ns_bytes_.erase(n);
   }
-  policy_->OnRemove(id);
+  if (!placed_.contains(id)) policy_->OnRemove(id);  // Else the put in flight keeps it.
   if (auto f = by_file_.find(e.extent.file); f != by_file_.end()) {
     f->second.erase(id);
     if (f->second.empty()) by_file_.erase(f);
@@ -535,9 +536,32 @@ absl::Status SsdTier::Put(const ChunkId& id, const ChunkMeta& meta,
   std::vector<uint32_t> piece_crcs;
   absl::StatusOr<PayloadExtent> extent = absl::UnknownError("not written");
   absl::Status status;
+  bool placed = false;
   if (victims_gone) {
     MakeRoom(footprint);
-    extent = log_->Append(parts, meta.size, &piece_crcs);
+    // The chunk takes its place in the eviction order as it takes its place in the
+    // payload files, under one lock: concurrent puts (write-back's flushers) then enter
+    // both in the same order, so plain LRU churn empties the oldest file first and it is
+    // deleted whole. Entered when its write completes instead, a put that finished
+    // before one placed ahead of it would be evicted after it, leaving a few live chunks
+    // in otherwise dead files for garbage collection to copy forward, where they are
+    // soon evicted and leave holes that call for more (the write amplification issue 10
+    // measured).
+    std::optional<PayloadLog::Placement> placement;
+    {
+      absl::MutexLock order(&place_mu_);
+      absl::StatusOr<PayloadLog::Placement> p = log_->Place(meta.size);
+      if (p.ok()) {
+        placement.emplace(*std::move(p));
+        absl::MutexLock lock(&mu_);
+        placed_.insert(id);
+        policy_->OnInsert(id, meta.lineage);
+        placed = true;
+      } else {
+        extent = p.status();
+      }
+    }
+    if (placement) extent = log_->Write(*std::move(placement), parts, &piece_crcs);
     status = extent.status();
     // The pieces' checksums are of the bytes written: they must add up to the chunk's,
     // or a RAM copy that changed since its put was checked would be stored with
@@ -573,11 +597,18 @@ absl::Status SsdTier::Put(const ChunkId& id, const ChunkMeta& meta,
     putting_.erase(id);
     if (status.ok()) {
       // An entry put back meanwhile (a delete of this chunk whose row deletion failed)
-      // is replaced: this put's row overwrote its row, so its bytes are dead.
+      // is replaced: this put's row overwrote its row, so its bytes are dead. Its place
+      // in the eviction order stays the one this put took (placed_, until just below).
       replaced = ForgetLocked(id);
       InsertLocked(id, IndexEntry{meta, now, *extent,
                                   std::make_shared<const std::vector<uint32_t>>(
                                       std::move(piece_crcs))});
+      placed_.erase(id);
+    } else if (placed) {
+      placed_.erase(id);
+      // Nothing stored: out of the eviction order, unless an entry put back meanwhile
+      // (see above) holds the place now.
+      if (!index_.contains(id)) policy_->OnRemove(id);
     }
   }
   if (replaced) log_->Release(replaced->extent);

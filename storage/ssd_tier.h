@@ -19,11 +19,14 @@
 // unverified byte; a chunk that fails is deleted, counted and reported as DataLoss.
 //
 // Space. Capacity bounds the live chunks' footprint (payload rounded up to 4 KiB); a put
-// that would exceed it evicts least recently used chunks first. Deleted and evicted
-// chunks leave dead bytes in their files; a file with nothing live is deleted, and when
-// the files hold more than capacity + capacity/16, the put about to write first moves the
-// live chunks of the file with the most dead bytes forward (garbage collection), so the
-// payload files stay within capacity * 17/16 plus the file being filled (file_bytes).
+// that would exceed it evicts least recently used chunks first. A chunk enters the
+// eviction order when its payload takes its place in the files, so concurrent puts
+// enter both in the same order, and plain LRU churn empties the oldest file first.
+// Deleted and evicted chunks leave dead bytes in their files; a file with nothing live
+// is deleted, and when the files hold more than capacity + capacity/16, the put about to
+// write first moves the live chunks of the file with the most dead bytes forward
+// (garbage collection), so the payload files stay within capacity * 17/16 plus the file
+// being filled (file_bytes).
 // An optional TTL hides and deletes chunks older than it.
 //
 // Thread-safety: all methods are thread-safe. Payload I/O and RocksDB writes run without
@@ -276,6 +279,9 @@ class SsdTier final : public StorageTier {
 
   // One garbage collection at a time.
   absl::Mutex gc_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  // Held across a put's PayloadLog::Place and its entry into the eviction policy, so
+  // that chunks enter the policy in the order of their places in the payload files.
+  absl::Mutex place_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   mutable absl::Mutex mu_;
   absl::flat_hash_map<ChunkId, IndexEntry> index_ ABSL_GUARDED_BY(mu_);
   // The chunks of each payload file, for GC.
@@ -291,6 +297,11 @@ class SsdTier final : public StorageTier {
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Chunks being put: a second put of one waits for the first.
   absl::flat_hash_set<ChunkId> putting_ ABSL_GUARDED_BY(mu_);
+  // Chunks being put that took their place in the eviction policy (when their payload
+  // was placed) and are not in the index yet, or are there only as an entry put back
+  // meanwhile: the put owns the policy entry until it ends, so InsertLocked and
+  // ForgetLocked leave it alone.
+  absl::flat_hash_set<ChunkId> placed_ ABSL_GUARDED_BY(mu_);
   const std::unique_ptr<EvictionPolicy> policy_ ABSL_GUARDED_BY(mu_);
   uint64_t used_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t payload_bytes_ ABSL_GUARDED_BY(mu_) = 0;

@@ -109,6 +109,43 @@ class PayloadLogTest : public ::testing::TestWithParam<bool> {
   std::unique_ptr<PayloadLog> log_;
 };
 
+// Place then Write: placements lie in placing order whatever order they are written in
+// (the SSD tier's eviction order relies on it), and one dropped unwritten frees its room
+// (its file is deleted once nothing in it is live).
+TEST_P(PayloadLogTest, PlacementsLieInPlacingOrderAndAnUnwrittenOneIsFreed) {
+  const std::string a = Bytes(100 * kKiB, 1), b = Bytes(100 * kKiB, 2);
+  auto pa = log_->Place(a.size());
+  auto pb = log_->Place(b.size());
+  ASSERT_TRUE(pa.ok() && pb.ok());
+  const PayloadExtent ea = pa->extent(), eb = pb->extent();
+  EXPECT_EQ(ea.file, eb.file);
+  EXPECT_LT(ea.offset, eb.offset);
+  Stored sb{eb, {}, b};
+  const std::vector<absl::string_view> parts_b{b};
+  auto wb = log_->Write(*std::move(pb), parts_b, &sb.crcs);  // Written first.
+  ASSERT_TRUE(wb.ok()) << wb.status();
+  EXPECT_EQ(*wb, eb);
+  Stored sa{ea, {}, a};
+  const std::vector<absl::string_view> parts_a{a};
+  ASSERT_TRUE(log_->Write(*std::move(pa), parts_a, &sa.crcs).ok());
+  EXPECT_EQ(ReadAll(sa, 0, a.size()).value(), a);
+  EXPECT_EQ(ReadAll(sb, 0, b.size()).value(), b);
+  // A placement in a file of its own, dropped: the file goes once it is sealed.
+  const uint64_t live = log_->GetStats().live_bytes;
+  {
+    auto big = log_->Place(200 * kKiB);  // Past file_bytes: a new file.
+    ASSERT_TRUE(big.ok());
+    EXPECT_NE(big->extent().file, ea.file);
+    EXPECT_EQ(log_->GetStats().live_bytes, live + 200 * kKiB);
+  }
+  EXPECT_EQ(log_->GetStats().live_bytes, live);
+  log_->Release(sa.extent);
+  log_->Release(sb.extent);
+  Stored c = Append(200 * kKiB, 3);  // Seals the dropped placement's file: deleted.
+  EXPECT_EQ(FilesOnDisk(), 1u);
+  EXPECT_EQ(ReadAll(c, 0, c.data.size()).value(), c.data);
+}
+
 TEST_P(PayloadLogTest, AppendsReadBackExactlyWithPieceChecksums) {
   const uint64_t sizes[] = {1, 4096, 16 * kKiB, 100 * kKiB + 3, 200 * kKiB};
   std::vector<Stored> stored;

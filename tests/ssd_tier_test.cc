@@ -21,6 +21,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "rocksdb/db.h"
 #include "storage/crc32c.h"
@@ -995,6 +996,43 @@ TEST_F(SsdTierFaultTest, FailedPutEvictsNothing) {
   Open();
   EXPECT_EQ(tier_->GetStats().chunks, 3u);
   EXPECT_EQ(tier_->GetStats().used_bytes, 3 * kMiB);
+}
+
+// Chunks enter the eviction order in the order of their places in the payload files,
+// whatever order their writes finish in (write-back writes several at once): so plain
+// LRU churn empties the oldest file first and it goes whole, with nothing left for
+// garbage collection to copy. Here 1 is placed first but written last; 1 is still the
+// least recently used.
+TEST_F(SsdTierFaultTest, EvictionOrderIsPayloadOrderWhateverOrderWritesFinish) {
+  options_.capacity_bytes = 3 * kMiB;
+  Open();
+  absl::Notification first_writing, finish_first;
+  ops_->BeforeNextWrite([&] {
+    first_writing.Notify();
+    finish_first.WaitForNotification();
+  });
+  std::thread first([&] { PutOk(Id(1), kMiB); });
+  first_writing.WaitForNotification();  // 1 has its place; its write waits.
+  PutOk(Id(2), kMiB);                   // Placed after 1, stored before it.
+  finish_first.Notify();
+  first.join();
+  PutOk(Id(3), kMiB);
+  PutOk(Id(4), kMiB);  // Full: evicts the least recently used.
+  EXPECT_FALSE(tier_->Contains(Id(1)));
+  EXPECT_TRUE(tier_->Contains(Id(2)));
+  EXPECT_EQ(tier_->GetStats().evictions, 1u);
+  // A put whose write fails after it took its place (having evicted 2 for room) leaves
+  // the order as it was: 3, 4, then 6.
+  ops_->SetNoSpace(true);
+  EXPECT_FALSE(Put(Id(5), Payload(Id(5), kMiB)).ok());
+  ops_->SetNoSpace(false);
+  EXPECT_FALSE(tier_->Contains(Id(2)));
+  EXPECT_FALSE(tier_->Contains(Id(5)));
+  PutOk(Id(6), kMiB);
+  PutOk(Id(7), kMiB);
+  EXPECT_FALSE(tier_->Contains(Id(3)));
+  EXPECT_TRUE(tier_->Contains(Id(4)));
+  EXPECT_TRUE(tier_->Contains(Id(6)));
 }
 
 TEST_F(SsdTierFaultTest, CorruptReadIsDataLossAndDeletesTheChunk) {

@@ -41,6 +41,12 @@ class FaultyPayloadOps : public PayloadFileOps {
     absl::MutexLock lock(&hook_mu_);
     next_read_hook_ = std::move(before);
   }
+  // `before` runs on the writing thread before the next write's bytes are written: a
+  // test's way to hold one write (by blocking in it) while others go ahead.
+  void BeforeNextWrite(std::function<void()> before) {
+    absl::MutexLock lock(&hook_mu_);
+    next_write_hook_ = std::move(before);
+  }
   void SetFailSync(bool on) { fail_sync_.store(on); }
   // Reads fail with this errno; 0 turns it off.
   void SetReadError(int err) { read_error_.store(err); }
@@ -73,6 +79,12 @@ class FaultyPayloadOps : public PayloadFileOps {
   }
 
   ssize_t PWrite(int fd, const void* buf, size_t n, off_t offset) override {
+    std::function<void()> before;
+    {
+      absl::MutexLock lock(&hook_mu_);
+      before = std::exchange(next_write_hook_, nullptr);
+    }
+    if (before) before();
     {
       absl::MutexLock lock(&hold_mu_);
       held_ += n;
@@ -139,6 +151,7 @@ class FaultyPayloadOps : public PayloadFileOps {
   absl::Mutex hook_mu_;
   bool corrupt_next_ ABSL_GUARDED_BY(hook_mu_) = false;
   std::function<void()> next_read_hook_ ABSL_GUARDED_BY(hook_mu_);
+  std::function<void()> next_write_hook_ ABSL_GUARDED_BY(hook_mu_);
   std::optional<uint64_t> free_bytes_ ABSL_GUARDED_BY(hook_mu_);
   absl::Mutex hold_mu_;
   bool hold_ ABSL_GUARDED_BY(hold_mu_) = false;
