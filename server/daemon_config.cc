@@ -140,8 +140,9 @@ const std::vector<Option>& Options() {
                  "max_rpc_threads; more: RESOURCE_EXHAUSTED",
                  &DaemonConfig::max_prefill_sessions),
       DurationOption("client_idle_timeout",
-                     "cancel a Put, Get or Prefill whose client sends nothing (Put, a "
-                     "Prefill's open) or reads nothing (Get, Prefill) for this long; 0: never",
+                     "cancel a Put, Get, Prefill or Events call whose client sends nothing "
+                     "(Put, a Prefill's open) or reads nothing (Get, Prefill, Events) for "
+                     "this long; 0: never",
                      &DaemonConfig::client_idle_timeout),
       DurationOption("put_place_idle",
                      "cancel a Put holding a place within max_put_buffer that completes no "

@@ -9,7 +9,8 @@ namespace kvtier {
 EventsReactor::EventsReactor(EventLog* log, const v1::EventsRequest& request,
                              uint64_t internal_ns, RpcMetrics* metrics,
                              StreamLimiter::Ticket subscription,
-                             StreamLimiter::Ticket place, StillAdmitted still_admitted)
+                             StreamLimiter::Ticket place, StillAdmitted still_admitted,
+                             grpc::CallbackServerContext* ctx, StallReaper* stalls)
     : log_(log),
       ns_(internal_ns),
       public_ns_(request.namespace_id()),
@@ -17,7 +18,8 @@ EventsReactor::EventsReactor(EventLog* log, const v1::EventsRequest& request,
       waker_(std::make_shared<Waker>()),
       subscription_(std::move(subscription)),
       place_(std::move(place)),
-      still_admitted_(std::move(still_admitted)) {
+      still_admitted_(std::move(still_admitted)),
+      stall_(ctx != nullptr ? stalls : nullptr, [ctx] { ctx->TryCancel(); }) {
   // A cursor from another run of the daemon (its instance id differs) says nothing
   // about this one: start from the oldest event kept, marked resync.
   const bool other_run =
@@ -91,12 +93,14 @@ void EventsReactor::Next() {
         out->set_tier(static_cast<v1::Tier>(static_cast<int>(e.tier)));
       }
     }
+    stall_.WaitingOnClient(true);  // Until the write completes: a reader that stopped.
     StartWrite(&batch_);
     return;
   }
 }
 
 void EventsReactor::OnWriteDone(bool ok) {
+  stall_.WaitingOnClient(false);
   bool cancelled;
   {
     absl::MutexLock lock(&mu_);
@@ -137,6 +141,7 @@ void EventsReactor::Finish(grpc::Status status) {
 }
 
 void EventsReactor::OnDone() {
+  stall_.Reset();  // Before the context goes.
   {
     absl::MutexLock lock(&waker_->mu);
     waker_->reactor = nullptr;

@@ -25,6 +25,7 @@
 #include "kvtier/v1/kvtier.pb.h"
 #include "server/authenticator.h"
 #include "server/rpc_metrics.h"
+#include "server/stall_reaper.h"
 #include "server/stream_limiter.h"
 #include "storage/event_log.h"
 
@@ -42,10 +43,14 @@ class EventsReactor final : public grpc::ServerWriteReactor<v1::EventBatch> {
   // call finishes, before the client sees its status (the reactor's before it can be
   // woken, and finished, on another thread).
   // `still_admitted` (may be empty) is asked before each batch whether the caller's
-  // credentials still admit it; an error ends the call with it.
+  // credentials still admit it; an error ends the call with it. `stalls` (may be null;
+  // with `ctx`, must outlive the call) cancels a subscription whose client reads
+  // nothing: a batch's write held back by flow control past its idle time. A
+  // subscription waiting for events is not idle.
   EventsReactor(EventLog* log, const v1::EventsRequest& request, uint64_t internal_ns,
                 RpcMetrics* metrics, StreamLimiter::Ticket subscription,
-                StreamLimiter::Ticket place = {}, StillAdmitted still_admitted = nullptr);
+                StreamLimiter::Ticket place = {}, StillAdmitted still_admitted = nullptr,
+                grpc::CallbackServerContext* ctx = nullptr, StallReaper* stalls = nullptr);
 
   void OnWriteDone(bool ok) override;
   void OnCancel() override;
@@ -81,6 +86,7 @@ class EventsReactor final : public grpc::ServerWriteReactor<v1::EventBatch> {
   StreamLimiter::Ticket subscription_;
   StreamLimiter::Ticket place_;
   StillAdmitted still_admitted_;  // Called on the threads that run Next().
+  StallReaper::Watched stall_;    // Waiting on the client while a write is in flight.
 };
 
 }  // namespace kvtier

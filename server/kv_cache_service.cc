@@ -372,7 +372,7 @@ grpc::ServerWriteReactor<v1::EventBatch>* KvCacheService::Events(
   }
   return new EventsReactor(events_, *req, tenant->Internal(req->namespace_id()), metrics_,
                            *std::move(subscription), *std::move(place),
-                           std::move(still_admitted));
+                           std::move(still_admitted), ctx, guards_.stalls);
 }
 
 grpc::Status KvCacheService::Prefill(grpc::ServerContext* ctx, PrefillStream* stream) {

@@ -695,6 +695,58 @@ TEST(AdmissionTest, AGetWhoseClientStopsReadingIsCancelled) {
   EXPECT_EQ((*got)[31].data, data[31]);
 }
 
+// An Events subscriber that stops reading holds its subscriber place (and its tenant's
+// share of them) for as long as its connection lasts; after client_idle_timeout with a
+// batch held back the daemon cancels it. Through the stalling proxy, as above.
+TEST(AdmissionTest, AnEventsSubscriberThatStopsReadingIsCancelled) {
+  auto d = DaemonProcess::Start(MakeTempDir("kvtierd-stall-events"),
+                                {"--client-idle-timeout=1s", "--ram-capacity=64MiB"});
+  ASSERT_TRUE(d.ok()) << d.status();
+  auto client = KvTierClient::Connect(d->target());
+  ASSERT_TRUE(client.ok());
+  LayoutSpec tiny = LayoutOfMiB(1, "events-stall-model");  // 4 KiB chunks.
+  tiny.num_layers = 1;
+  tiny.num_kv_heads = 1;
+  tiny.head_dim = 64;
+  tiny.tokens_per_chunk = 16;
+  auto ns = (*client)->RegisterLayout(tiny);
+  ASSERT_TRUE(ns.ok()) << ns.status();
+  auto metric = [&](const std::string& name) {
+    auto r = testing::HttpGet(d->metrics_port(), "/metrics");
+    return r.ok() ? testing::SeriesValue(r->body, name) : -1;
+  };
+  auto proxy = testing::StallingProxy::Start(d->port());
+  ASSERT_TRUE(proxy.ok()) << proxy.status();
+  auto stalled = KvTierClient::Connect((*proxy)->target());
+  ASSERT_TRUE(stalled.ok());
+  ASSERT_TRUE((*stalled)->Stats().ok());
+  v1::EventsRequest req;
+  req.set_namespace_id(ns->namespace_id);
+  grpc::ClientContext ctx;
+  auto reader = (*stalled)->stub()->Events(&ctx, req);
+  ASSERT_TRUE(Eventually([&] { return metric("kvtier_streams_open") == 1; }));
+  (*proxy)->PauseDownstream();
+  // Far more events than the subscription's HTTP/2 window holds: its writes stall.
+  const std::string data = PatternBytes(1, tiny.ChunkBytes());
+  std::vector<ChunkToPut> chunks;
+  std::vector<ChunkKey> keys;
+  for (int i = 0; i < 16; ++i) {
+    chunks.push_back(ChunkToPut{KeyOf(i), data, 16});
+    keys.push_back(KeyOf(i));
+  }
+  for (int round = 0; round < 300 && metric("kvtier_client_stalls_cancelled_total") == 0;
+       ++round) {
+    ASSERT_TRUE((*client)->Put(ns->namespace_id, chunks).ok());
+    ASSERT_TRUE((*client)->Delete(ns->namespace_id, keys).ok());
+  }
+  EXPECT_TRUE(Eventually([&] { return metric("kvtier_client_stalls_cancelled_total") == 1; }))
+      << metric("kvtier_client_stalls_cancelled_total");
+  EXPECT_TRUE(Eventually([&] { return metric("kvtier_streams_open") == 0; }))
+      << "the subscriber's place came back";
+  ctx.TryCancel();
+  reader->Finish().IgnoreError();
+}
+
 // A Prefill whose worker opens the stream and never sends its PrefillOpen holds a
 // handler thread; after client_idle_timeout the daemon cancels it.
 TEST(AdmissionTest, APrefillThatNeverOpensIsCancelled) {
