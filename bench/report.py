@@ -301,6 +301,39 @@ def security(res, w):
     write_notes(d, w)
 
 
+def churn(res, w):
+    """SSD write amplification under churn (bench/churn_bench.py), from
+    bench/results/churn/: device bytes per payload byte over puts of ten times
+    ssd_capacity, per daemon build (label) and write mode."""
+    d = os.path.join(res, "churn")
+    rows = jsonl(os.path.join(d, "churn.jsonl"))
+    if not rows:
+        return
+    w("## SSD write amplification under churn (issue 10)\n")
+    w("Target: at most 1.15 bytes written to the device per payload byte (`/proc/PID/io` "
+      "write_bytes, RocksDB included). The grid above writes into an SSD tier with room; "
+      "this one puts ten times `ssd_capacity` into a full one (64 MiB, 128 KiB chunks, a "
+      "16 MiB pool, plain LRU, no deletes or reads), so every put evicts, and counts what "
+      "garbage collection moved (`kvtier_ssd_gc_bytes_total`). Medians over the rounds. "
+      "Command:\n")
+    w("```\n" + rd(os.path.join(d, "command.txt")).strip() + "\n```\n")
+    w("| daemon | write mode | rounds | put MiB | device MiB | device bytes per payload byte "
+      "| GC moved MiB | target |")
+    w("|---|---|---|---|---|---|---|---|")
+    groups = {}
+    for r in rows:
+        groups.setdefault((r.get("label", ""), r["mode"]), []).append(r)
+    for (label, mode), rs in sorted(groups.items()):
+        ratio = statistics.median(r["ratio"] for r in rs)
+        w(f"| {label} | {mode} | {len(rs)} | "
+          f"{statistics.median(r['put_bytes'] for r in rs) / 2**20:.0f} | "
+          f"{statistics.median(r['device_bytes'] for r in rs) / 2**20:.0f} | {ratio:.3f} | "
+          f"{statistics.median(r['gc_bytes'] for r in rs) / 2**20:.0f} | "
+          f"{'**MET**' if ratio <= 1.15 else '**NOT MET**'} |")
+    w("")
+    write_notes(d, w)
+
+
 def manycore(res, w):
     """The two CPU-bound misses on a larger host (bench/manycore_bundle.sh), from
     bench/results/manycore/: the same cells pinned to 2 of its CPUs and on all of them."""
@@ -954,6 +987,7 @@ def main():
     samehost(res, w, ratio, met)
     cache(res, w)
     ssd_fio(res, w)
+    churn(res, w)
     security(res, w)
     manycore(res, w)
     overload(res, w)
