@@ -133,7 +133,9 @@ const std::vector<Option>& Options() {
       UintOption("max_streams_per_connection", "HTTP/2 streams one client connection may open",
                  &DaemonConfig::max_streams_per_connection),
       UintOption("max_rpc_threads",
-                 "gRPC threads for synchronous handlers; more calls: RESOURCE_EXHAUSTED",
+                 "threads for unary calls and Prefill sessions (max_prefill_sessions of "
+                 "them; the rest run unary calls, 1024 more may wait); more: "
+                 "RESOURCE_EXHAUSTED",
                  &DaemonConfig::max_rpc_threads),
       UintOption("max_prefill_sessions",
                  "Prefill sessions open at once (each holds a gRPC thread); 0: half of "

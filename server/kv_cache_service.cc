@@ -63,6 +63,7 @@ KvCacheService::KvCacheService(ServiceLimits limits, std::string version, RpcMet
                            : std::make_unique<StreamLimiter>(kMaxEventSubscribers, nullptr,
                                                              "event_subscribers",
                                                              EventSubscriberNaming())),
+      own_unary_(guards.unary != nullptr ? nullptr : std::make_unique<IoPool>(4)),
       subscribers_(guards.subscribers != nullptr ? guards.subscribers : own_subscribers_.get()),
       limits_(limits),
       version_(std::move(version)) {}
@@ -135,14 +136,14 @@ grpc::Status KvCacheService::Serve(grpc::ServerContextBase* ctx, RpcMethod metho
   return scope.Done(impl(store, *tenant));
 }
 
-grpc::Status KvCacheService::RegisterLayout(grpc::ServerContext* ctx,
+grpc::Status KvCacheService::RegisterLayoutCall(grpc::ServerContextBase* ctx,
                                             const v1::RegisterLayoutRequest* req,
                                             v1::RegisterLayoutResponse* resp) {
   return Serve(ctx, RpcMethod::kRegisterLayout, [&](TieredStore* store, const TenantScope& t) {
     return RegisterLayoutImpl(store, t, req, resp);
   });
 }
-grpc::Status KvCacheService::Lookup(grpc::ServerContext* ctx, const v1::LookupRequest* req,
+grpc::Status KvCacheService::LookupCall(grpc::ServerContextBase* ctx, const v1::LookupRequest* req,
                                     v1::LookupResponse* resp) {
   return Serve(ctx, RpcMethod::kLookup, [&](TieredStore* store, const TenantScope& t) {
     return LookupImpl(store, t, t.Internal(req->namespace_id()), req, resp);
@@ -213,7 +214,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* KvCacheService::Get(
                         std::move(still_admitted));
 }
 
-grpc::Status KvCacheService::DataPlane(grpc::ServerContext* ctx, const v1::DataPlaneRequest* req,
+grpc::Status KvCacheService::DataPlaneCall(grpc::ServerContextBase* ctx, const v1::DataPlaneRequest* req,
                                        v1::DataPlaneResponse* resp) {
   RpcMetrics::Scope scope(metrics_, RpcMethod::kDataPlane);
   absl::StatusOr<TenantScope> tenant = Admit(ctx);
@@ -236,31 +237,31 @@ grpc::Status KvCacheService::DataPlane(grpc::ServerContext* ctx, const v1::DataP
   return scope.Done(grpc::Status::OK);
 }
 
-grpc::Status KvCacheService::Pin(grpc::ServerContext* ctx, const v1::PinRequest* req,
+grpc::Status KvCacheService::PinCall(grpc::ServerContextBase* ctx, const v1::PinRequest* req,
                                  v1::PinResponse* resp) {
   return Serve(ctx, RpcMethod::kPin, [&](TieredStore* store, const TenantScope& t) {
     return PinImpl(store, t, t.Internal(req->namespace_id()), req, resp);
   });
 }
-grpc::Status KvCacheService::Unpin(grpc::ServerContext* ctx, const v1::UnpinRequest* req,
+grpc::Status KvCacheService::UnpinCall(grpc::ServerContextBase* ctx, const v1::UnpinRequest* req,
                                  v1::UnpinResponse* resp) {
   return Serve(ctx, RpcMethod::kUnpin, [&](TieredStore* store, const TenantScope& t) {
     return UnpinImpl(store, t.Internal(req->namespace_id()), req, resp);
   });
 }
-grpc::Status KvCacheService::Delete(grpc::ServerContext* ctx, const v1::DeleteRequest* req,
+grpc::Status KvCacheService::DeleteCall(grpc::ServerContextBase* ctx, const v1::DeleteRequest* req,
                                  v1::DeleteResponse* resp) {
   return Serve(ctx, RpcMethod::kDelete, [&](TieredStore* store, const TenantScope& t) {
     return DeleteImpl(store, t.Internal(req->namespace_id()), req, resp);
   });
 }
-grpc::Status KvCacheService::Clear(grpc::ServerContext* ctx, const v1::ClearRequest* req,
+grpc::Status KvCacheService::ClearCall(grpc::ServerContextBase* ctx, const v1::ClearRequest* req,
                                  v1::ClearResponse* resp) {
   return Serve(ctx, RpcMethod::kClear, [&](TieredStore* store, const TenantScope& t) {
     return ClearImpl(store, t.Internal(req->namespace_id()), req, resp);
   });
 }
-grpc::Status KvCacheService::Stats(grpc::ServerContext* ctx, const v1::StatsRequest*,
+grpc::Status KvCacheService::StatsCall(grpc::ServerContextBase* ctx, const v1::StatsRequest*,
                                    v1::StatsResponse* resp) {
   return Serve(ctx, RpcMethod::kStats, [&](TieredStore* store, const TenantScope& t) {
     if (!t.admin()) {
@@ -272,7 +273,7 @@ grpc::Status KvCacheService::Stats(grpc::ServerContext* ctx, const v1::StatsRequ
     return StatsImpl(store, resp);
   });
 }
-grpc::Status KvCacheService::ReleaseLease(grpc::ServerContext* ctx,
+grpc::Status KvCacheService::ReleaseLeaseCall(grpc::ServerContextBase* ctx,
                                           const v1::ReleaseLeaseRequest* req,
                                           v1::ReleaseLeaseResponse* resp) {
   return Serve(ctx, RpcMethod::kReleaseLease, [&](TieredStore* store, const TenantScope& t) {
@@ -284,7 +285,7 @@ grpc::Status KvCacheService::ReleaseLease(grpc::ServerContext* ctx,
     return grpc::Status::OK;
   });
 }
-grpc::Status KvCacheService::Hint(grpc::ServerContext* ctx, const v1::HintRequest* req,
+grpc::Status KvCacheService::HintCall(grpc::ServerContextBase* ctx, const v1::HintRequest* req,
                                   v1::HintResponse* resp) {
   return Serve(ctx, RpcMethod::kHint, [&](TieredStore* store, const TenantScope& t) {
     return HintImpl(store, t, req, resp);
@@ -373,6 +374,90 @@ grpc::ServerWriteReactor<v1::EventBatch>* KvCacheService::Events(
   return new EventsReactor(events_, *req, tenant->Internal(req->namespace_id()), metrics_,
                            *std::move(subscription), *std::move(place),
                            std::move(still_admitted), ctx, guards_.stalls);
+}
+
+grpc::ServerUnaryReactor* KvCacheService::Unary(grpc::CallbackServerContext* ctx,
+                                                RpcMethod method,
+                                                std::function<grpc::Status()> call) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  IoPool* pool = guards_.unary != nullptr ? guards_.unary : own_unary_.get();
+  const bool queued = pool->TrySubmit(
+      [ctx, reactor, call = std::move(call)] {
+        // A call its client reset or gave up on while it waited is not run.
+        reactor->Finish(ctx->IsCancelled()
+                            ? grpc::Status(grpc::StatusCode::CANCELLED,
+                                           "cancelled while waiting for a thread")
+                            : call());
+      },
+      guards_.unary_waiting);
+  if (!queued) {
+    RpcMetrics::Scope scope(metrics_, method);
+    ctx->AddTrailingMetadata("kvtier-retry-after-ms", "100");
+    reactor->Finish(scope.Done(ToGrpcStatus(absl::ResourceExhaustedError(absl::StrCat(
+        "kvtierd: every thread for unary calls is busy and ", guards_.unary_waiting,
+        " calls already wait for one; retry after the hinted wait")))));
+  }
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* KvCacheService::RegisterLayout(grpc::CallbackServerContext* ctx,
+    const v1::RegisterLayoutRequest* req, v1::RegisterLayoutResponse* resp) {
+  return Unary(ctx, RpcMethod::kRegisterLayout,
+               [this, ctx, req, resp] { return RegisterLayoutCall(ctx, req, resp); });
+}
+
+grpc::ServerUnaryReactor* KvCacheService::Lookup(grpc::CallbackServerContext* ctx,
+    const v1::LookupRequest* req, v1::LookupResponse* resp) {
+  return Unary(ctx, RpcMethod::kLookup,
+               [this, ctx, req, resp] { return LookupCall(ctx, req, resp); });
+}
+
+grpc::ServerUnaryReactor* KvCacheService::Pin(grpc::CallbackServerContext* ctx,
+    const v1::PinRequest* req, v1::PinResponse* resp) {
+  return Unary(ctx, RpcMethod::kPin,
+               [this, ctx, req, resp] { return PinCall(ctx, req, resp); });
+}
+
+grpc::ServerUnaryReactor* KvCacheService::Unpin(grpc::CallbackServerContext* ctx,
+    const v1::UnpinRequest* req, v1::UnpinResponse* resp) {
+  return Unary(ctx, RpcMethod::kUnpin,
+               [this, ctx, req, resp] { return UnpinCall(ctx, req, resp); });
+}
+
+grpc::ServerUnaryReactor* KvCacheService::Delete(grpc::CallbackServerContext* ctx,
+    const v1::DeleteRequest* req, v1::DeleteResponse* resp) {
+  return Unary(ctx, RpcMethod::kDelete,
+               [this, ctx, req, resp] { return DeleteCall(ctx, req, resp); });
+}
+
+grpc::ServerUnaryReactor* KvCacheService::Clear(grpc::CallbackServerContext* ctx,
+    const v1::ClearRequest* req, v1::ClearResponse* resp) {
+  return Unary(ctx, RpcMethod::kClear,
+               [this, ctx, req, resp] { return ClearCall(ctx, req, resp); });
+}
+
+grpc::ServerUnaryReactor* KvCacheService::Stats(grpc::CallbackServerContext* ctx,
+    const v1::StatsRequest* req, v1::StatsResponse* resp) {
+  return Unary(ctx, RpcMethod::kStats,
+               [this, ctx, req, resp] { return StatsCall(ctx, req, resp); });
+}
+
+grpc::ServerUnaryReactor* KvCacheService::ReleaseLease(grpc::CallbackServerContext* ctx,
+    const v1::ReleaseLeaseRequest* req, v1::ReleaseLeaseResponse* resp) {
+  return Unary(ctx, RpcMethod::kReleaseLease,
+               [this, ctx, req, resp] { return ReleaseLeaseCall(ctx, req, resp); });
+}
+
+grpc::ServerUnaryReactor* KvCacheService::DataPlane(grpc::CallbackServerContext* ctx,
+    const v1::DataPlaneRequest* req, v1::DataPlaneResponse* resp) {
+  return Unary(ctx, RpcMethod::kDataPlane,
+               [this, ctx, req, resp] { return DataPlaneCall(ctx, req, resp); });
+}
+
+grpc::ServerUnaryReactor* KvCacheService::Hint(grpc::CallbackServerContext* ctx,
+    const v1::HintRequest* req, v1::HintResponse* resp) {
+  return Unary(ctx, RpcMethod::kHint,
+               [this, ctx, req, resp] { return HintCall(ctx, req, resp); });
 }
 
 grpc::Status KvCacheService::Prefill(grpc::ServerContext* ctx, PrefillStream* stream) {

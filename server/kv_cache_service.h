@@ -16,6 +16,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -31,6 +32,7 @@
 #include "server/stream_limiter.h"
 #include "server/tenant_quotas.h"
 #include "server/unix_listener.h"
+#include "storage/io_pool.h"
 #include "storage/parallel_copy.h"
 #include "storage/tiered_store.h"
 
@@ -70,14 +72,36 @@ struct ServiceGuards {
   // Prefill sessions, each holding a gRPC thread (max_prefill_sessions); null: no bound
   // but max_streams.
   StreamLimiter* prefill_sessions = nullptr;
+  // Runs the unary methods; null: a small pool of the service's own (tests). At most
+  // `unary_waiting` calls wait for one of its threads; more are RESOURCE_EXHAUSTED.
+  IoPool* unary = nullptr;
+  size_t unary_waiting = 1024;
 };
 
 // Put and Get run on gRPC's callback API with raw buffers (PutReactor: one copy from
-// gRPC's buffers into the pool; GetReactor: zero-copy sends); the other methods are
-// synchronous.
-class KvCacheService final
-    : public v1::KvCache::WithCallbackMethod_Events<v1::KvCache::WithRawCallbackMethod_Put<
-          v1::KvCache::WithRawCallbackMethod_Get<v1::KvCache::Service>>> {
+// gRPC's buffers into the pool; GetReactor: zero-copy sends). The unary methods are
+// callbacks too, run on a bounded pool of the service's (ServiceGuards::unary), so that
+// no thread is taken before a request has arrived whole, a call its client reset while
+// it waited is not run, and past the pool's line a call is refused RESOURCE_EXHAUSTED
+// with a retry hint. Prefill alone is synchronous.
+namespace internal {
+// Every method on gRPC's callback API but Prefill (a session holds a thread by design,
+// bounded by max_prefill_sessions): Put and Get with raw buffers, the unary methods
+// handed to the service's own pool (ServiceGuards::unary).
+using KvCacheBase = v1::KvCache::WithCallbackMethod_RegisterLayout<
+    v1::KvCache::WithCallbackMethod_Lookup<v1::KvCache::WithCallbackMethod_Pin<
+        v1::KvCache::WithCallbackMethod_Unpin<v1::KvCache::WithCallbackMethod_Delete<
+            v1::KvCache::WithCallbackMethod_Clear<v1::KvCache::WithCallbackMethod_Stats<
+                v1::KvCache::WithCallbackMethod_ReleaseLease<
+                    v1::KvCache::WithCallbackMethod_DataPlane<
+                        v1::KvCache::WithCallbackMethod_Hint<
+                            v1::KvCache::WithCallbackMethod_Events<
+                                v1::KvCache::WithRawCallbackMethod_Put<
+                                    v1::KvCache::WithRawCallbackMethod_Get<
+                                        v1::KvCache::Service>>>>>>>>>>>>>;
+}  // namespace internal
+
+class KvCacheService final : public internal::KvCacheBase {
  public:
   // `metrics` (may be null) and the store given to SetStore must outlive the service.
   // `prefill` runs the Cake sessions and `leases` keeps the Lookup leases; both must
@@ -89,31 +113,31 @@ class KvCacheService final
                  EventLog* events = nullptr, ServiceGuards guards = {});
   void SetStore(TieredStore* store) { store_.store(store, std::memory_order_release); }
 
-  grpc::Status RegisterLayout(grpc::ServerContext* ctx, const v1::RegisterLayoutRequest* req,
-                              v1::RegisterLayoutResponse* resp) override;
-  grpc::Status Lookup(grpc::ServerContext* ctx, const v1::LookupRequest* req,
-                      v1::LookupResponse* resp) override;
+  grpc::ServerUnaryReactor* RegisterLayout(grpc::CallbackServerContext* ctx,
+      const v1::RegisterLayoutRequest* req, v1::RegisterLayoutResponse* resp) override;
+  grpc::ServerUnaryReactor* Lookup(grpc::CallbackServerContext* ctx,
+      const v1::LookupRequest* req, v1::LookupResponse* resp) override;
   grpc::ServerReadReactor<grpc::ByteBuffer>* Put(grpc::CallbackServerContext* ctx,
                                                  grpc::ByteBuffer* response) override;
   grpc::ServerWriteReactor<grpc::ByteBuffer>* Get(grpc::CallbackServerContext* ctx,
                                                   const grpc::ByteBuffer* request) override;
-  grpc::Status Pin(grpc::ServerContext* ctx, const v1::PinRequest* req,
-                   v1::PinResponse* resp) override;
-  grpc::Status Unpin(grpc::ServerContext* ctx, const v1::UnpinRequest* req,
-                     v1::UnpinResponse* resp) override;
-  grpc::Status Delete(grpc::ServerContext* ctx, const v1::DeleteRequest* req,
-                      v1::DeleteResponse* resp) override;
-  grpc::Status Clear(grpc::ServerContext* ctx, const v1::ClearRequest* req,
-                     v1::ClearResponse* resp) override;
-  grpc::Status Stats(grpc::ServerContext* ctx, const v1::StatsRequest* req,
-                     v1::StatsResponse* resp) override;
+  grpc::ServerUnaryReactor* Pin(grpc::CallbackServerContext* ctx,
+      const v1::PinRequest* req, v1::PinResponse* resp) override;
+  grpc::ServerUnaryReactor* Unpin(grpc::CallbackServerContext* ctx,
+      const v1::UnpinRequest* req, v1::UnpinResponse* resp) override;
+  grpc::ServerUnaryReactor* Delete(grpc::CallbackServerContext* ctx,
+      const v1::DeleteRequest* req, v1::DeleteResponse* resp) override;
+  grpc::ServerUnaryReactor* Clear(grpc::CallbackServerContext* ctx,
+      const v1::ClearRequest* req, v1::ClearResponse* resp) override;
+  grpc::ServerUnaryReactor* Stats(grpc::CallbackServerContext* ctx,
+      const v1::StatsRequest* req, v1::StatsResponse* resp) override;
   grpc::Status Prefill(grpc::ServerContext* ctx, PrefillStream* stream) override;
-  grpc::Status ReleaseLease(grpc::ServerContext* ctx, const v1::ReleaseLeaseRequest* req,
-                            v1::ReleaseLeaseResponse* resp) override;
-  grpc::Status DataPlane(grpc::ServerContext* ctx, const v1::DataPlaneRequest* req,
-                         v1::DataPlaneResponse* resp) override;
-  grpc::Status Hint(grpc::ServerContext* ctx, const v1::HintRequest* req,
-                    v1::HintResponse* resp) override;
+  grpc::ServerUnaryReactor* ReleaseLease(grpc::CallbackServerContext* ctx,
+      const v1::ReleaseLeaseRequest* req, v1::ReleaseLeaseResponse* resp) override;
+  grpc::ServerUnaryReactor* DataPlane(grpc::CallbackServerContext* ctx,
+      const v1::DataPlaneRequest* req, v1::DataPlaneResponse* resp) override;
+  grpc::ServerUnaryReactor* Hint(grpc::CallbackServerContext* ctx,
+      const v1::HintRequest* req, v1::HintResponse* resp) override;
   grpc::ServerWriteReactor<v1::EventBatch>* Events(grpc::CallbackServerContext* ctx,
                                                    const v1::EventsRequest* req) override;
 
@@ -126,6 +150,31 @@ class KvCacheService final
   }
 
  private:
+  // The unary methods' bodies, run by Unary on the service's pool.
+  grpc::Status RegisterLayoutCall(grpc::ServerContextBase* ctx, const v1::RegisterLayoutRequest* req,
+      v1::RegisterLayoutResponse* resp);
+  grpc::Status LookupCall(grpc::ServerContextBase* ctx, const v1::LookupRequest* req,
+      v1::LookupResponse* resp);
+  grpc::Status PinCall(grpc::ServerContextBase* ctx, const v1::PinRequest* req,
+      v1::PinResponse* resp);
+  grpc::Status UnpinCall(grpc::ServerContextBase* ctx, const v1::UnpinRequest* req,
+      v1::UnpinResponse* resp);
+  grpc::Status DeleteCall(grpc::ServerContextBase* ctx, const v1::DeleteRequest* req,
+      v1::DeleteResponse* resp);
+  grpc::Status ClearCall(grpc::ServerContextBase* ctx, const v1::ClearRequest* req,
+      v1::ClearResponse* resp);
+  grpc::Status StatsCall(grpc::ServerContextBase* ctx, const v1::StatsRequest* req,
+      v1::StatsResponse* resp);
+  grpc::Status ReleaseLeaseCall(grpc::ServerContextBase* ctx, const v1::ReleaseLeaseRequest* req,
+      v1::ReleaseLeaseResponse* resp);
+  grpc::Status DataPlaneCall(grpc::ServerContextBase* ctx, const v1::DataPlaneRequest* req,
+      v1::DataPlaneResponse* resp);
+  grpc::Status HintCall(grpc::ServerContextBase* ctx, const v1::HintRequest* req,
+      v1::HintResponse* resp);
+  // Runs `call` for a unary method on guards_.unary (inline without one) and finishes
+  // the call with its status; RESOURCE_EXHAUSTED with a retry hint past the pool's line.
+  grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* ctx, RpcMethod method,
+                                  std::function<grpc::Status()> call);
   grpc::Status RegisterLayoutImpl(TieredStore* store, const TenantScope& tenant,
                                   const v1::RegisterLayoutRequest* req,
                                   v1::RegisterLayoutResponse* resp);
@@ -177,6 +226,7 @@ class KvCacheService final
   const ServiceGuards guards_;
   // guards_.subscribers, or one of the service's own.
   std::unique_ptr<StreamLimiter> own_subscribers_;
+  std::unique_ptr<IoPool> own_unary_;  // When guards.unary is null.
   StreamLimiter* const subscribers_;
   const ServiceLimits limits_;
   const std::string version_;

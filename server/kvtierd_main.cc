@@ -49,6 +49,7 @@
 #include "server/stream_limiter.h"
 #include "server/transport_credentials.h"
 #include "server/unix_listener.h"
+#include "storage/io_pool.h"
 #include "storage/log.h"
 #include "storage/tiered_store.h"
 #ifdef KVTIER_HAVE_CUDA
@@ -342,11 +343,17 @@ int Run(const DaemonConfig& config, const sigset_t& signals) {
   turn_options.registry = registry.get();
   SendTurns send_turns(turn_options);
   TenantQuotas quotas(registry.get());
+  // The unary calls' threads: max_rpc_threads less the Prefill sessions' share. gRPC's
+  // callback API hands a call over only once its request arrived whole, so a stream
+  // opened and reset before its message (HTTP/2 rapid reset) takes no thread; a call
+  // reset while it waits here is not run. Declared before the service and the server:
+  // it outlives every call.
+  IoPool unary_pool(static_cast<int>(config.max_rpc_threads - config.PrefillSessionsBound()));
+  ServiceGuards guards{auth->get(), unix_listener.get(), &streams, &put_streams, &stalls,
+                       &send_turns, &quotas, &subscribers, &prefill_sessions};
+  guards.unary = &unary_pool;
   KvCacheService service(limits, KVTIER_VERSION, &rpc_metrics, &prefill, &leases, data_plane,
-                         &events,
-                         ServiceGuards{auth->get(), unix_listener.get(), &streams, &put_streams, &stalls,
-                                       &send_turns, &quotas, &subscribers,
-                                       &prefill_sessions});
+                         &events, guards);
   std::atomic<bool> serving{false};
 
   // gRPC first, so that health checks get NOT_SERVING (and KvCache calls UNAVAILABLE)
@@ -368,7 +375,7 @@ int Run(const DaemonConfig& config, const sigset_t& signals) {
   // take part of the first one's connections. The port must be free.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   // Admission: HTTP/2 streams per connection, and gRPC's threads for the synchronous
-  // handlers; past the latter gRPC itself answers RESOURCE_EXHAUSTED.
+  // handler (Prefill; its sessions are bounded by max_prefill_sessions before this).
   builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
                              static_cast<int>(config.max_streams_per_connection));
   grpc::ResourceQuota quota("kvtierd");

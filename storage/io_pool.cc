@@ -19,6 +19,18 @@ void IoPool::Submit(std::function<void()> task) {
   tasks_.push_back(std::move(task));
 }
 
+bool IoPool::TrySubmit(std::function<void()> task, size_t max_waiting) {
+  absl::MutexLock lock(&mu_);
+  if (tasks_.size() >= max_waiting) return false;
+  tasks_.push_back(std::move(task));
+  return true;
+}
+
+size_t IoPool::waiting() {
+  absl::MutexLock lock(&mu_);
+  return tasks_.size();
+}
+
 void IoPool::Loop() {
   for (;;) {
     std::function<void()> task;

@@ -26,7 +26,12 @@ class IoPool {
   IoPool& operator=(const IoPool&) = delete;
 
   void Submit(std::function<void()> task);
+  // Submits `task` unless `max_waiting` tasks already wait for a thread; returns
+  // whether it did.
+  bool TrySubmit(std::function<void()> task, size_t max_waiting);
   int size() const { return static_cast<int>(threads_.size()); }
+  // Tasks submitted and not yet started.
+  size_t waiting() ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   void Loop();

@@ -52,6 +52,8 @@ kvtier_test(send_turns_test LIBS kvtier_server)
 kvtier_test(get_turns_test LIBS kvtier_server kvtier_daemon_support LABELS integration)
 # Put, Get and Prefill calls whose token is revoked mid-call, in an in-process server.
 kvtier_test(revoked_credentials_test LIBS kvtier_server kvtier_daemon_support LABELS integration)
+# The unary methods' bounded pool, in an in-process server.
+kvtier_test(unary_pool_test LIBS kvtier_server kvtier_daemon_support LABELS integration)
 kvtier_test(region_table_test LIBS kvtier_server)
 target_compile_definitions(daemon_config_test PRIVATE KVTIER_SOURCE_DIR="${CMAKE_SOURCE_DIR}")
 kvtier_test(daemon_full_disk_test LIBS kvtier_daemon_support LABELS integration)

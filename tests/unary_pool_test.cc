@@ -1,0 +1,118 @@
+// The unary methods on the service's own bounded pool (ServiceGuards::unary), in a real
+// in-process server: a call waits in the pool's line while its threads are busy and is
+// answered once one frees; past the line a call is RESOURCE_EXHAUSTED with the
+// kvtier-retry-after-ms hint, at once, holding no thread.
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
+#include <string>
+
+#include "absl/synchronization/notification.h"
+#include "client/layout_convert.h"
+#include "gtest/gtest.h"
+#include "kvtier/v1/kvtier.grpc.pb.h"
+#include "server/kv_cache_service.h"
+#include "server/lease_table.h"
+#include "server/prefill_runner.h"
+#include "storage/io_pool.h"
+#include "storage/log.h"
+#include "storage/tiered_store.h"
+#include "tests/support/daemon_process.h"
+#include "tests/support/test_data.h"
+
+namespace kvtier {
+namespace {
+
+class UnaryPoolTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    SetMinLogLevel(LogLevel::kError);
+    TieredStoreOptions o;
+    o.write_mode = WriteMode::kRamOnly;
+    o.ram.arena.capacity_bytes = 16 << 20;
+    auto store = TieredStore::Open(o);
+    ASSERT_TRUE(store.ok()) << store.status();
+    store_ = *std::move(store);
+    prefill_ = std::make_unique<PrefillRunner>(PrefillRunnerOptions{}, nullptr);
+    leases_ = std::make_unique<LeaseTable>(LeaseTableOptions{});
+    ServiceGuards guards;
+    guards.unary = &pool_;
+    guards.unary_waiting = 1;
+    service_ = std::make_unique<KvCacheService>(ServiceLimits{}, "test", nullptr,
+                                                prefill_.get(), leases_.get(),
+                                                DataPlaneInfo{}, nullptr, guards);
+    service_->SetStore(store_.get());
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.RegisterService(service_.get());
+    server_ = builder.BuildAndStart();
+    ASSERT_NE(server_, nullptr);
+    stub_ = v1::KvCache::NewStub(grpc::CreateChannel(
+        "127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
+  }
+
+  void TearDown() override {
+    // A test that failed early must not leave the thread held.
+    if (!release_.HasBeenNotified()) release_.Notify();
+    server_->Shutdown();
+  }
+
+  // Occupies the pool's one thread until release_.
+  void HoldTheThread() {
+    absl::Notification running;
+    pool_.Submit([&] {
+      running.Notify();
+      release_.WaitForNotification();
+    });
+    running.WaitForNotification();
+  }
+
+  static v1::RegisterLayoutRequest Layout(const std::string& model) {
+    v1::RegisterLayoutRequest req;
+    *req.mutable_layout() = LayoutToProto(testing::LayoutOfMiB(1, model));
+    return req;
+  }
+
+  IoPool pool_{1};
+  absl::Notification release_;
+  std::unique_ptr<TieredStore> store_;
+  std::unique_ptr<PrefillRunner> prefill_;
+  std::unique_ptr<LeaseTable> leases_;
+  std::unique_ptr<KvCacheService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<v1::KvCache::Stub> stub_;
+};
+
+TEST_F(UnaryPoolTest, PastTheLineACallIsRefusedWithARetryHintAndTheLineIsServed) {
+  HoldTheThread();
+  // One call waits in the line (of one)...
+  grpc::ClientContext waiting_ctx;
+  const v1::RegisterLayoutRequest waiting_req = Layout("a");
+  v1::RegisterLayoutResponse waiting_resp;
+  grpc::Status waiting_status;
+  absl::Notification waiting_done;
+  stub_->async()->RegisterLayout(&waiting_ctx, &waiting_req, &waiting_resp,
+                                 [&](grpc::Status s) {
+                                   waiting_status = s;
+                                   waiting_done.Notify();
+                                 });
+  ASSERT_TRUE(testing::Eventually([&] { return pool_.waiting() == 1; }));
+  // ... so the next one is refused at once, with the hint.
+  grpc::ClientContext ctx;
+  v1::StatsResponse stats;
+  const grpc::Status refused = stub_->Stats(&ctx, v1::StatsRequest(), &stats);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << refused.error_message();
+  const auto& trailers = ctx.GetServerTrailingMetadata();
+  EXPECT_EQ(trailers.count("kvtier-retry-after-ms"), 1u);
+  EXPECT_FALSE(waiting_done.HasBeenNotified()) << "it waits for the thread";
+  release_.Notify();
+  waiting_done.WaitForNotification();
+  EXPECT_TRUE(waiting_status.ok()) << waiting_status.error_message();
+  EXPECT_NE(waiting_resp.namespace_id(), 0u);
+  grpc::ClientContext again;
+  EXPECT_TRUE(stub_->Stats(&again, v1::StatsRequest(), &stats).ok());
+}
+
+}  // namespace
+}  // namespace kvtier
