@@ -333,7 +333,8 @@ absl::StatusOr<bool> GpuTier::Delete(const ChunkId& id) {
   return staging_ != nullptr && staging_->Remove(id);
 }
 
-absl::StatusOr<uint64_t> GpuTier::DeleteNamespace(uint64_t ns) {
+absl::StatusOr<uint64_t> GpuTier::DeleteNamespace(uint64_t ns, std::vector<ChunkId>*) {
+  // Staging holds copies of RAM's chunks: they are not named (nor counted by Clear).
   return staging_ == nullptr ? 0 : staging_->RemoveNamespace(ns);
 }
 

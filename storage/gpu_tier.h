@@ -84,7 +84,8 @@ class GpuTier final : public StorageTier {
              WriteDone done) override;
   void Read(const ChunkId& id, SinkFor sink_for, ReadDone done) override;
   absl::StatusOr<bool> Delete(const ChunkId& id) override;
-  absl::StatusOr<uint64_t> DeleteNamespace(uint64_t ns) override;
+  absl::StatusOr<uint64_t> DeleteNamespace(uint64_t ns,
+                                           std::vector<ChunkId>* removed = nullptr) override;
   TierStats Stats() const override;
 
   using Range = GpuStagingTier::Range;

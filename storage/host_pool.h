@@ -101,7 +101,10 @@ class HostPool final : public StorageTier {
              WriteDone done) override;
   void Read(const ChunkId& id, SinkFor sink_for, ReadDone done) override;
   absl::StatusOr<bool> Delete(const ChunkId& id) override { return Remove(id); }
-  absl::StatusOr<uint64_t> DeleteNamespace(uint64_t ns) override { return RemoveNamespace(ns); }
+  absl::StatusOr<uint64_t> DeleteNamespace(uint64_t ns,
+                                           std::vector<ChunkId>* removed = nullptr) override {
+    return RemoveNamespace(ns, removed);
+  }
   TierStats Stats() const override;
   // Contains for many chunks under one lock.
   std::vector<bool> ContainsMany(absl::Span<const ChunkId> ids) const override;

@@ -184,7 +184,10 @@ class RemoteTier final : public StorageTier {
   void Write(const ChunkId& id, const ChunkMeta& meta, ChunkBytes bytes,
              WriteDone done) override;
   void Read(const ChunkId& id, SinkFor sink_for, ReadDone done) override;
-  absl::StatusOr<uint64_t> DeleteNamespace(uint64_t ns) override { return Clear(ns); }
+  absl::StatusOr<uint64_t> DeleteNamespace(uint64_t ns,
+                                           std::vector<ChunkId>* = nullptr) override {
+    return Clear(ns);
+  }
   TierStats Stats() const override;
 
   // Waits until no write is queued or running (tests, benchmarks).
@@ -243,7 +246,7 @@ class RemoteTier final : public StorageTier {
   std::atomic<uint64_t> hits_{0}, misses_{0}, bytes_read_{0}, bytes_written_{0}, writes_{0},
       writes_present_{0}, writes_dropped_{0}, write_failures_{0}, writes_full_{0},
       writes_cancelled_{0}, read_failures_{0}, checksum_failures_{0}, torn_{0},
-      torn_removed_{0}, foreign_{0};
+      torn_removed_{0}, foreign_{0}, eval_refusals_{0};
 };
 
 }  // namespace kvtier

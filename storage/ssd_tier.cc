@@ -905,7 +905,7 @@ absl::StatusOr<uint64_t> SsdTier::ShrinkNamespaces(const absl::flat_hash_set<uin
   return held;
 }
 
-absl::StatusOr<uint64_t> SsdTier::DeleteNamespace(uint64_t ns) {
+absl::StatusOr<uint64_t> SsdTier::DeleteNamespace(uint64_t ns, std::vector<ChunkId>* removed) {
   std::vector<std::pair<ChunkId, IndexEntry>> gone;
   {
     absl::MutexLock lock(&mu_);
@@ -925,6 +925,9 @@ absl::StatusOr<uint64_t> SsdTier::DeleteNamespace(uint64_t ns) {
     }
   }
   for (const auto& [id, e] : gone) log_->Release(e.extent);
+  if (removed != nullptr) {
+    for (const auto& [id, e] : gone) removed->push_back(id);
+  }
   return gone.size();
 }
 

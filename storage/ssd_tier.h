@@ -196,7 +196,8 @@ class SsdTier final : public StorageTier {
   void Read(const ChunkId& id, SinkFor sink_for, ReadDone done) override;
   // Returns true if the chunk was present. Errors: Unavailable.
   absl::StatusOr<bool> Delete(const ChunkId& id) override;
-  absl::StatusOr<uint64_t> DeleteNamespace(uint64_t ns) override;
+  absl::StatusOr<uint64_t> DeleteNamespace(uint64_t ns,
+                                           std::vector<ChunkId>* removed = nullptr) override;
   TierStats Stats() const override;
 
   // Contains for many chunks under one lock.

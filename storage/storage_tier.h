@@ -140,8 +140,11 @@ class StorageTier {
 
   // Returns whether the tier held the chunk. Errors: Unavailable.
   virtual absl::StatusOr<bool> Delete(const ChunkId& id) = 0;
-  // Deletes every chunk of namespace `ns`; returns how many went. Errors: Unavailable.
-  virtual absl::StatusOr<uint64_t> DeleteNamespace(uint64_t ns) = 0;
+  // Deletes every chunk of namespace `ns`; returns how many went, and appends their ids
+  // to `removed` (may be null; the shared tier and GPU staging leave it as it is).
+  // Errors: Unavailable.
+  virtual absl::StatusOr<uint64_t> DeleteNamespace(uint64_t ns,
+                                                   std::vector<ChunkId>* removed = nullptr) = 0;
 
   virtual TierStats Stats() const = 0;
 

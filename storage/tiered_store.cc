@@ -1235,16 +1235,19 @@ absl::StatusOr<uint64_t> TieredStore::ClearLocal(uint64_t ns) {
         if (!in_ram.empty()) NotifyRoom();
         continue;
       }
-      uint64_t also_in_ram = 0;
-      if (tier->role() == StorageTier::Role::kLocal) {
-        for (bool held : tier->ContainsMany(in_ram)) also_in_ram += held;
-      }
-      absl::StatusOr<uint64_t> n = tier->DeleteNamespace(ns);
+      // Counted by id: a write-back flush may index a chunk on this tier while RAM's
+      // copy is being removed, so a count of what it held before would be off by it.
+      std::vector<ChunkId> gone;
+      const bool local = tier->role() == StorageTier::Role::kLocal;
+      absl::StatusOr<uint64_t> n = tier->DeleteNamespace(ns, local ? &gone : nullptr);
       if (!n.ok()) {
         status = n.status();
         return;
       }
-      if (tier->role() == StorageTier::Role::kLocal) removed += *n - std::min(*n, also_in_ram);
+      if (local) {
+        const absl::flat_hash_set<ChunkId> ram(in_ram.begin(), in_ram.end());
+        for (const ChunkId& id : gone) removed += ram.contains(id) ? 0 : 1;
+      }
     }
   });
   if (!status.ok()) return status;
