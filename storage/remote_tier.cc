@@ -359,6 +359,11 @@ uint64_t RemoteTier::RemoveRecords(absl::Span<const RecordToRemove> records) {
     commands.push_back({{"EVAL", kDeleteIfUnchanged, "1", keys[i], records[i].expected}, keys[i]});
   }
   auto replies = cluster_->Execute(commands);
+  // A cluster whose ACL refuses EVAL (managed services often do) answers each with an
+  // error: those records go by a plain DEL instead. It may remove a record another
+  // writer committed in between, which costs that chunk's hits until it is put again,
+  // never a wrong byte (every read is checked).
+  std::vector<size_t> plain;
   uint64_t removed = 0;
   for (size_t i = 0; i < records.size(); ++i) {
     // Best effort: a record left behind expires with its TTL, and the next reader that
@@ -367,9 +372,35 @@ uint64_t RemoteTier::RemoveRecords(absl::Span<const RecordToRemove> records) {
       Observe(replies[i].status());
       continue;
     }
+    if ((*replies[i])->type == REDIS_REPLY_ERROR) {
+      plain.push_back(i);
+      continue;
+    }
     if ((*replies[i])->type != REDIS_REPLY_INTEGER || (*replies[i])->integer != 1) continue;
     ++removed;
     DeleteSegments(records[i].id, records[i].generation, records[i].segments);
+  }
+  if (plain.empty()) return removed;
+  if (eval_refusals_.fetch_add(plain.size(), std::memory_order_relaxed) == 0) {
+    LogWarning("remote tier: the cluster refused EVAL (",
+               absl::string_view((*replies[plain[0]])->str, (*replies[plain[0]])->len),
+               "); removing records with DEL instead (grant +eval to the tier's user)");
+  }
+  std::vector<RedisCommand> dels;
+  dels.reserve(plain.size());
+  for (size_t i : plain) dels.push_back({{"DEL", keys[i]}, keys[i]});
+  auto del_replies = cluster_->Execute(dels);
+  for (size_t j = 0; j < plain.size(); ++j) {
+    if (!del_replies[j].ok()) {
+      Observe(del_replies[j].status());
+      continue;
+    }
+    if ((*del_replies[j])->type != REDIS_REPLY_INTEGER || (*del_replies[j])->integer != 1) {
+      continue;
+    }
+    ++removed;
+    DeleteSegments(records[plain[j]].id, records[plain[j]].generation,
+                   records[plain[j]].segments);
   }
   return removed;
 }

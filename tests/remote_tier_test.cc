@@ -609,6 +609,45 @@ TEST_P(RemoteTierCancelTest, DeleteOrClearCancelsWritesQueuedOrInFlight) {
   EXPECT_EQ(s.writes, 0u);
 }
 
+// A cluster whose ACL refuses EVAL (managed services often do): a write whose commit
+// was on its way when the Delete ran still removes its own record, by a plain DEL. The
+// compare-and-delete's error reply once left the record, and the deleted chunk came back
+// from the cluster.
+TEST_F(RemoteTierTest, WithoutEvalACancelledWriteStillRemovesItsRecord) {
+  absl::Cleanup drop_user = [&] {
+    for (int i = 0; i < cluster_->size(); ++i) (void)cluster_->Call(i, {"ACL", "DELUSER", "noeval"});
+  };
+  for (int i = 0; i < cluster_->size(); ++i) {
+    auto r = cluster_->Call(i, {"ACL", "SETUSER", "noeval", "on", "nopass", "allcommands",
+                                "-eval", "-evalsha", "allkeys"});
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_FALSE(IsErrorReply(**r)) << ReplyString(**r);
+  }
+  TieredStoreOptions o = Options(dir_a_.path(), WriteMode::kRamOnly);
+  o.remote.cluster.auth = {"noeval", "any"};
+  o.remote.write_threads = 1;
+  absl::Notification reached, release;
+  std::atomic<bool> first{true};
+  o.remote.before_commit = [&](const ChunkId&) {
+    if (!first.exchange(false)) return;
+    reached.Notify();
+    release.WaitForNotification();
+  };
+  absl::Cleanup unblock = [&] {
+    if (!release.HasBeenNotified()) release.Notify();
+  };
+  a_ = Open(o);
+  ASSERT_NE(a_, nullptr);
+  ASSERT_TRUE(Put(a_.get(), Id(1)).ok());
+  reached.WaitForNotification();
+  auto deleted = a_->Delete(Id(1));
+  ASSERT_TRUE(deleted.ok()) << deleted.status();
+  release.Notify();
+  a_->WaitForRemoteWrites();
+  EXPECT_FALSE(RecordExists(Id(1)));
+  EXPECT_EQ(KeysOnMasters(), 0);
+}
+
 INSTANTIATE_TEST_SUITE_P(DeleteAndClear, RemoteTierCancelTest, ::testing::Bool(),
                          [](const auto& info) { return info.param ? "Clear" : "Delete"; });
 
