@@ -173,6 +173,8 @@ void RegionSocket::Loop() {
 }
 
 void RegionSocket::Accept(std::vector<Connection>& conns) {
+  // Lost when another thread took the descriptor RefuseWithReserve freed: kept again.
+  if (reserve_fd_ < 0) reserve_fd_ = open("/dev/null", O_RDONLY | O_CLOEXEC);
   for (;;) {
     const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (fd < 0) {

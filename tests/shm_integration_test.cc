@@ -1075,7 +1075,8 @@ TEST_F(ShmTest, OutOfDescriptorsNewConnectionsAreClosedNotLeftWaiting) {
   const std::string out = hello.SerializeAsString();
   std::vector<int> conns;
   int answered = 0, closed = 0;
-  for (int i = 0; i < 8; ++i) {
+  // Sixteen: the daemon's other threads may open or close a few descriptors meanwhile.
+  for (int i = 0; i < 16; ++i) {
     const int fd = ConnectRegionSocket(info.region_socket());
     ASSERT_GE(fd, 0);
     timeval guard{10, 0};  // The old daemon never answered these: a hang guard.
@@ -1092,7 +1093,7 @@ TEST_F(ShmTest, OutOfDescriptorsNewConnectionsAreClosedNotLeftWaiting) {
       ++closed;
     }
   }
-  EXPECT_GE(closed, 5) << answered << " answered";
+  EXPECT_GE(closed, 8) << answered << " answered";
   for (int fd : conns) close(fd);
   ASSERT_EQ(prlimit(daemon, RLIMIT_NOFILE, &before, nullptr), 0);
   auto worker = Connect();

@@ -403,7 +403,7 @@ class Worker:
                 try:
                     result.stored_chunks = conn.call(
                         self.client.put, self.ns, own[m:end - drop], list(packed),
-                        chain_start=first, prev_key=used[m - 1] if m else None).stored
+                        chain_start=first, prev_key=own[m - 1] if m else None).stored
                 except kvtier.KvTierError as e:
                     result.put_error = str(e)
         result.timings["total"] = time.perf_counter() - t_start
