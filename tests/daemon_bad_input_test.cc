@@ -32,6 +32,16 @@ using testing::PatternBytes;
 constexpr size_t kChunk = 1 << 20;  // LayoutOfMiB(1).
 constexpr size_t kFrameLimit = 256 << 10;
 
+// A process's peak resident set (VmHWM), KiB; -1 if unknown.
+long PeakRssKib(pid_t pid) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/status"));
+  std::string line;
+  while (std::getline(in, line)) {
+    if (absl::StartsWith(line, "VmHWM:")) return std::stol(line.substr(6));
+  }
+  return -1L;
+}
+
 class BadInputTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -383,14 +393,7 @@ TEST_F(BadInputTest, AMessagePastGrpcsLimitIsFinalForTheClient) {
 // keeps serving.
 TEST_F(BadInputTest, AFrameFarPastTheLimitCostsNoMoreThanGrpcMemory) {
   Start({"--max-put-buffer=16MiB", "--grpc-memory=32MiB"});
-  auto peak_kib = [this] {
-    std::ifstream in(absl::StrCat("/proc/", daemon_->pid(), "/status"));
-    std::string line;
-    while (std::getline(in, line)) {
-      if (absl::StartsWith(line, "VmHWM:")) return std::stol(line.substr(6));
-    }
-    return -1L;
-  };
+  auto peak_kib = [this] { return PeakRssKib(daemon_->pid()); };
   const long before = peak_kib();
   ASSERT_GT(before, 0);
   grpc::ChannelArguments args;
@@ -416,14 +419,7 @@ TEST_F(BadInputTest, AFrameFarPastTheLimitCostsNoMoreThanGrpcMemory) {
 // (384 MiB of zeros) once raised the daemon's RSS by that much. UNIMPLEMENTED: final.
 TEST_F(BadInputTest, ACompressedRequestIsRefusedBeforeItIsInflated) {
   Start({"--max-put-buffer=16MiB", "--grpc-memory=32MiB"});
-  auto peak_kib = [this] {
-    std::ifstream in(absl::StrCat("/proc/", daemon_->pid(), "/status"));
-    std::string line;
-    while (std::getline(in, line)) {
-      if (absl::StartsWith(line, "VmHWM:")) return std::stol(line.substr(6));
-    }
-    return -1L;
-  };
+  auto peak_kib = [this] { return PeakRssKib(daemon_->pid()); };
   const long before = peak_kib();
   grpc::ChannelArguments args;
   args.SetMaxSendMessageSize(-1);

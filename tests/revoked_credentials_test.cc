@@ -18,14 +18,11 @@
 #include "kvtier/v1/kvtier.grpc.pb.h"
 #include "server/authenticator.h"
 #include "server/kv_cache_service.h"
-#include "server/lease_table.h"
-#include "server/prefill_runner.h"
 #include "server/send_turns.h"
 #include "storage/crc32c.h"
-#include "storage/log.h"
-#include "storage/tiered_store.h"
 #include "tests/support/daemon_process.h"
 #include "tests/support/fake_clock.h"
+#include "tests/support/in_process_service.h"
 #include "tests/support/tenants_file.h"
 #include "tests/support/test_data.h"
 
@@ -58,30 +55,17 @@ class RevokedCredentialsTest : public ::testing::Test {
     o.write_mode = WriteMode::kRamOnly;
     o.ram.arena.capacity_bytes = 4 * kChunks * kChunk;
     o.max_chunk_bytes = kChunk;
-    auto store = TieredStore::Open(o);
-    ASSERT_TRUE(store.ok()) << store.status();
-    store_ = *std::move(store);
     // One send turn: a Get that reads nothing holds it, which shows it mid-chunk.
     SendTurnsOptions t;
     t.turns = 1;
     t.clock = clock_.AsFunction();
     t.run_thread = false;
     turns_ = std::make_unique<SendTurns>(t);
-    prefill_ = std::make_unique<PrefillRunner>(PrefillRunnerOptions{}, nullptr);
-    leases_ = std::make_unique<LeaseTable>(LeaseTableOptions{});
-    service_ = std::make_unique<KvCacheService>(
-        ServiceLimits{}, "test", nullptr, prefill_.get(), leases_.get(), DataPlaneInfo{},
-        /*events=*/nullptr, ServiceGuards{.auth = auth_.get(), .send_turns = turns_.get()});
-    service_->SetStore(store_.get());
-    grpc::ServerBuilder builder;
-    int port = 0;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-    builder.SetMaxReceiveMessageSize(static_cast<int>(ServiceLimits{}.max_message_bytes));
-    builder.SetMaxSendMessageSize(static_cast<int>(ServiceLimits{}.max_message_bytes));
-    builder.RegisterService(service_.get());
-    server_ = builder.BuildAndStart();
-    ASSERT_NE(server_, nullptr);
-    target_ = "127.0.0.1:" + std::to_string(port);
+    auto service = testing::InProcessService::Start(
+        o, ServiceGuards{.auth = auth_.get(), .send_turns = turns_.get()});
+    ASSERT_TRUE(service.ok()) << service.status();
+    service_ = *std::move(service);
+    target_ = service_->target();
 
     client_ = Connect("token-a");
     ASSERT_NE(client_, nullptr);
@@ -98,11 +82,7 @@ class RevokedCredentialsTest : public ::testing::Test {
 
   void TearDown() override {
     client_.reset();
-    if (server_) server_->Shutdown();
-    server_.reset();
     service_.reset();
-    leases_.reset();
-    store_.reset();
   }
 
   std::unique_ptr<KvTierClient> Connect(const std::string& token) {
@@ -136,12 +116,8 @@ class RevokedCredentialsTest : public ::testing::Test {
   std::string tenants_;
   testing::FakeClock clock_;
   std::unique_ptr<Authenticator> auth_;
-  std::unique_ptr<TieredStore> store_;
   std::unique_ptr<SendTurns> turns_;
-  std::unique_ptr<PrefillRunner> prefill_;
-  std::unique_ptr<LeaseTable> leases_;
-  std::unique_ptr<KvCacheService> service_;
-  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<testing::InProcessService> service_;
   std::string target_;
   std::unique_ptr<KvTierClient> client_;
   uint64_t ns_ = 0;

@@ -12,12 +12,9 @@
 #include "gtest/gtest.h"
 #include "kvtier/v1/kvtier.grpc.pb.h"
 #include "server/kv_cache_service.h"
-#include "server/lease_table.h"
-#include "server/prefill_runner.h"
 #include "storage/io_pool.h"
-#include "storage/log.h"
-#include "storage/tiered_store.h"
 #include "tests/support/daemon_process.h"
+#include "tests/support/in_process_service.h"
 #include "tests/support/test_data.h"
 
 namespace kvtier {
@@ -26,36 +23,23 @@ namespace {
 class UnaryPoolTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    SetMinLogLevel(LogLevel::kError);
     TieredStoreOptions o;
     o.write_mode = WriteMode::kRamOnly;
     o.ram.arena.capacity_bytes = 16 << 20;
-    auto store = TieredStore::Open(o);
-    ASSERT_TRUE(store.ok()) << store.status();
-    store_ = *std::move(store);
-    prefill_ = std::make_unique<PrefillRunner>(PrefillRunnerOptions{}, nullptr);
-    leases_ = std::make_unique<LeaseTable>(LeaseTableOptions{});
     ServiceGuards guards;
     guards.unary = &pool_;
     guards.unary_waiting = 1;
-    service_ = std::make_unique<KvCacheService>(ServiceLimits{}, "test", nullptr,
-                                                prefill_.get(), leases_.get(),
-                                                DataPlaneInfo{}, nullptr, guards);
-    service_->SetStore(store_.get());
-    grpc::ServerBuilder builder;
-    int port = 0;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-    builder.RegisterService(service_.get());
-    server_ = builder.BuildAndStart();
-    ASSERT_NE(server_, nullptr);
-    stub_ = v1::KvCache::NewStub(grpc::CreateChannel(
-        "127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
+    auto service = testing::InProcessService::Start(o, guards);
+    ASSERT_TRUE(service.ok()) << service.status();
+    service_ = *std::move(service);
+    stub_ = v1::KvCache::NewStub(
+        grpc::CreateChannel(service_->target(), grpc::InsecureChannelCredentials()));
   }
 
   void TearDown() override {
     // A test that failed early must not leave the thread held.
     if (!release_.HasBeenNotified()) release_.Notify();
-    server_->Shutdown();
+    service_.reset();
   }
 
   // Occupies the pool's one thread until release_.
@@ -74,13 +58,9 @@ class UnaryPoolTest : public ::testing::Test {
     return req;
   }
 
-  IoPool pool_{1};
+  IoPool pool_{1};  // Outlives the service: declared first.
   absl::Notification release_;
-  std::unique_ptr<TieredStore> store_;
-  std::unique_ptr<PrefillRunner> prefill_;
-  std::unique_ptr<LeaseTable> leases_;
-  std::unique_ptr<KvCacheService> service_;
-  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<testing::InProcessService> service_;
   std::unique_ptr<v1::KvCache::Stub> stub_;
 };
 
