@@ -389,6 +389,9 @@ absl::StatusOr<bool> TieredStore::Commit(std::unique_ptr<ChunkWriter> writer, ui
   }
   ChunkMeta meta{writer->size(), crc32c, writer->token_count_, 0, writer->lineage_};
   std::shared_ptr<PoolChunk> data = shared_ != nullptr ? writer->data_ : nullptr;
+  // Noted before the chunk is stored anywhere: a Delete of it from here on (which bumps
+  // it) keeps this put's copy from going to the shared tier (see below).
+  const uint64_t generation = data != nullptr ? key_locks_.Generation(writer->id_) : 0;
   // False when a concurrent put of the same chunk committed first (this one's bytes
   // are dropped): exactly one of them reports it stored.
   bool stored = false;
@@ -434,7 +437,15 @@ absl::StatusOr<bool> TieredStore::Commit(std::unique_ptr<ChunkWriter> writer, ui
       }
       break;
   }
-  if (stored && data != nullptr) ToRemote(writer->id_, meta, std::move(data));
+  if (stored && data != nullptr) {
+    if (options_.before_shared_write) options_.before_shared_write(writer->id_);
+    // Under the chunk's KeyLocks stripe, as a Delete's local removals are: either the
+    // write is queued first, and the Delete's shared-tier delete cancels it, or the
+    // Delete came first and the write is not queued. Queued after the Delete had
+    // finished, it once put the deleted chunk back in the shared tier for every daemon.
+    key_locks_.InsertIfUnchanged(writer->id_, generation,
+                                 [&] { ToRemote(writer->id_, meta, std::move(data)); });
+  }
   return stored;
 }
 

@@ -136,6 +136,9 @@ struct TieredStoreOptions {
   // thread with no lock of the store held; it may call the store (Usage,
   // ShrinkNamespaces). Unset: every promotion may go ahead.
   std::function<bool(TieredStore& store, uint64_t ns, uint64_t bytes)> admit_promotion;
+  // Tests only: called by a put that stored a chunk, before its write to the shared tier
+  // is queued (a sync point for a Delete racing it).
+  std::function<void(const ChunkId& id)> before_shared_write;
 
   absl::Status Validate() const;
 };

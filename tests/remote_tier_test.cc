@@ -11,6 +11,7 @@
 #include <cstring>
 #include <set>
 #include <string>
+#include <thread>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/synchronization/notification.h"
@@ -607,6 +608,36 @@ TEST_P(RemoteTierCancelTest, DeleteOrClearCancelsWritesQueuedOrInFlight) {
   const RemoteTierStats s = a_->GetStats().remote;
   EXPECT_EQ(s.writes_cancelled, 2u);
   EXPECT_EQ(s.writes, 0u);
+}
+
+// A Delete that lands between a Put storing the chunk in RAM and queueing its shared-tier
+// write: the write is not queued (the Delete's generation is on the chunk's stripe).
+// Before, it was queued after the Delete had cancelled what was queued, and the deleted
+// chunk came back from the cluster for every daemon.
+TEST_F(RemoteTierTest, ADeleteBetweenAPutsStoreAndItsSharedWriteKeepsItDeleted) {
+  TieredStoreOptions o = Options(dir_a_.path(), WriteMode::kRamOnly);
+  absl::Notification reached, release;
+  o.before_shared_write = [&](const ChunkId&) {
+    reached.Notify();
+    release.WaitForNotification();
+  };
+  absl::Cleanup unblock = [&] {
+    if (!release.HasBeenNotified()) release.Notify();
+  };
+  a_ = Open(o);
+  ASSERT_NE(a_, nullptr);
+  absl::Status put;
+  std::thread putter([&] { put = Put(a_.get(), Id(1)); });
+  reached.WaitForNotification();  // Id(1) is in RAM; its shared write is next.
+  auto deleted = a_->Delete(Id(1));
+  ASSERT_TRUE(deleted.ok()) << deleted.status();
+  EXPECT_TRUE(*deleted);
+  release.Notify();
+  putter.join();
+  ASSERT_TRUE(put.ok()) << put;
+  a_->WaitForRemoteWrites();
+  EXPECT_FALSE(RecordExists(Id(1)));
+  EXPECT_EQ(KeysOnMasters(), 0);
 }
 
 // A cluster whose ACL refuses EVAL (managed services often do): a write whose commit
