@@ -21,6 +21,7 @@
 #include "storage/tiered_store.h"
 #include "tests/support/daemon_process.h"
 #include "tests/support/fake_clock.h"
+#include "tests/support/in_process_service.h"
 #include "tests/support/test_data.h"
 
 namespace kvtier {
@@ -36,35 +37,20 @@ constexpr int kChunks = 12;
 class GetTurnsTest : public ::testing::Test {
  protected:
   void Start(uint32_t turns) {
-    SetMinLogLevel(LogLevel::kError);
     TieredStoreOptions o;
     o.write_mode = WriteMode::kRamOnly;
     o.ram.arena.capacity_bytes = 2 * kChunks * kChunk;
     o.max_chunk_bytes = kChunk;
-    auto store = TieredStore::Open(o);
-    ASSERT_TRUE(store.ok()) << store.status();
-    store_ = *std::move(store);
     SendTurnsOptions t;
     t.turns = turns;
     t.yield_after = absl::Milliseconds(100);
     t.clock = clock_.AsFunction();
     t.run_thread = false;
     turns_ = std::make_unique<SendTurns>(t);
-    prefill_ = std::make_unique<PrefillRunner>(PrefillRunnerOptions{}, nullptr);
-    leases_ = std::make_unique<LeaseTable>(LeaseTableOptions{});
-    service_ = std::make_unique<KvCacheService>(
-        ServiceLimits{}, "test", nullptr, prefill_.get(), leases_.get(), DataPlaneInfo{},
-        /*events=*/nullptr, ServiceGuards{.send_turns = turns_.get()});
-    service_->SetStore(store_.get());
-    grpc::ServerBuilder builder;
-    int port = 0;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-    builder.SetMaxReceiveMessageSize(static_cast<int>(ServiceLimits{}.max_message_bytes));
-    builder.SetMaxSendMessageSize(static_cast<int>(ServiceLimits{}.max_message_bytes));
-    builder.RegisterService(service_.get());
-    server_ = builder.BuildAndStart();
-    ASSERT_NE(server_, nullptr);
-    target_ = "127.0.0.1:" + std::to_string(port);
+    auto service = testing::InProcessService::Start(o, ServiceGuards{.send_turns = turns_.get()});
+    ASSERT_TRUE(service.ok()) << service.status();
+    service_ = *std::move(service);
+    target_ = service_->target();
 
     auto client = KvTierClient::Connect(target_);
     ASSERT_TRUE(client.ok()) << client.status();
@@ -83,11 +69,7 @@ class GetTurnsTest : public ::testing::Test {
 
   void TearDown() override {
     client_.reset();
-    if (server_) server_->Shutdown();
-    server_.reset();
     service_.reset();
-    leases_.reset();
-    store_.reset();
   }
 
   // A stub on a channel of its own whose receive window stays small (no BDP probing),
@@ -137,12 +119,8 @@ class GetTurnsTest : public ::testing::Test {
   }
 
   testing::FakeClock clock_;
-  std::unique_ptr<TieredStore> store_;
   std::unique_ptr<SendTurns> turns_;
-  std::unique_ptr<PrefillRunner> prefill_;
-  std::unique_ptr<LeaseTable> leases_;
-  std::unique_ptr<KvCacheService> service_;
-  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<testing::InProcessService> service_;
   std::string target_;
   std::unique_ptr<KvTierClient> client_;
   uint64_t ns_ = 0;

@@ -563,28 +563,37 @@ TEST_F(RemoteTierTest, ATornReadKeepsANewerRecord) {
 // dropped, and one whose commit was on its way when the Delete ran removes its own
 // record once committed. Before, both were committed after the Delete returned, and
 // every daemon (the deleting one too) read the deleted chunks back from the cluster.
+// Holds the first shared-tier write just before its commit (RemoteTierOptions::
+// before_commit) until release, or until it goes out of scope.
+struct FirstCommitHeld {
+  absl::Notification reached, release;
+  std::atomic<bool> first{true};
+  std::function<void(const ChunkId&)> Hook() {
+    return [this](const ChunkId&) {
+      if (!first.exchange(false)) return;
+      reached.Notify();
+      release.WaitForNotification();
+    };
+  }
+  ~FirstCommitHeld() {
+    if (!release.HasBeenNotified()) release.Notify();
+  }
+};
+
 class RemoteTierCancelTest : public RemoteTierTest, public ::testing::WithParamInterface<bool> {};
 
 TEST_P(RemoteTierCancelTest, DeleteOrClearCancelsWritesQueuedOrInFlight) {
   const bool clear = GetParam();
   TieredStoreOptions o = Options(dir_a_.path(), WriteMode::kRamOnly);
   o.remote.write_threads = 1;  // The second chunk's write waits behind the first.
-  absl::Notification reached, release;
-  std::atomic<bool> first{true};
-  o.remote.before_commit = [&](const ChunkId&) {
-    if (!first.exchange(false)) return;
-    reached.Notify();
-    release.WaitForNotification();
-  };
-  absl::Cleanup unblock = [&] {
-    if (!release.HasBeenNotified()) release.Notify();
-  };
+  FirstCommitHeld held;
+  o.remote.before_commit = held.Hook();
   a_ = Open(o);
   b_ = Open(Options(dir_b_.path(), WriteMode::kRamOnly));
   ASSERT_NE(a_, nullptr);
   ASSERT_NE(b_, nullptr);
   ASSERT_TRUE(Put(a_.get(), Id(1)).ok());
-  reached.WaitForNotification();  // Id(1)'s segments are in; its commit is next.
+  held.reached.WaitForNotification();  // Id(1)'s segments are in; its commit is next.
   ASSERT_TRUE(Put(a_.get(), Id(2)).ok());  // Queued.
   if (clear) {
     auto cleared = a_->Clear(kNs);
@@ -597,7 +606,7 @@ TEST_P(RemoteTierCancelTest, DeleteOrClearCancelsWritesQueuedOrInFlight) {
       EXPECT_TRUE(*deleted) << n;
     }
   }
-  release.Notify();
+  held.release.Notify();
   a_->WaitForRemoteWrites();
   EXPECT_FALSE(RecordExists(Id(1)));
   EXPECT_FALSE(RecordExists(Id(2)));
@@ -657,23 +666,15 @@ TEST_F(RemoteTierTest, WithoutEvalACancelledWriteStillRemovesItsRecord) {
   TieredStoreOptions o = Options(dir_a_.path(), WriteMode::kRamOnly);
   o.remote.cluster.auth = {"noeval", "any"};
   o.remote.write_threads = 1;
-  absl::Notification reached, release;
-  std::atomic<bool> first{true};
-  o.remote.before_commit = [&](const ChunkId&) {
-    if (!first.exchange(false)) return;
-    reached.Notify();
-    release.WaitForNotification();
-  };
-  absl::Cleanup unblock = [&] {
-    if (!release.HasBeenNotified()) release.Notify();
-  };
+  FirstCommitHeld held;
+  o.remote.before_commit = held.Hook();
   a_ = Open(o);
   ASSERT_NE(a_, nullptr);
   ASSERT_TRUE(Put(a_.get(), Id(1)).ok());
-  reached.WaitForNotification();
+  held.reached.WaitForNotification();
   auto deleted = a_->Delete(Id(1));
   ASSERT_TRUE(deleted.ok()) << deleted.status();
-  release.Notify();
+  held.release.Notify();
   a_->WaitForRemoteWrites();
   EXPECT_FALSE(RecordExists(Id(1)));
   EXPECT_EQ(KeysOnMasters(), 0);

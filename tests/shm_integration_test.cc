@@ -914,6 +914,26 @@ TEST_F(ShmTest, GarbageOnTheRegionSocketGetsAnErrorAndOthersAreServed) {
   EXPECT_TRUE(buf2.ok()) << buf2.status();
 }
 
+// In a child running as uid nobody with `gid` as its only group: connects to the daemon's
+// region socket and registers 1 MiB. Returns the child's exit code: 0 when registered,
+// else the status code that refused it (10: it could not change its ids; 20: the
+// registration failed; -1: it did not exit).
+int RegisterAsMemberOf(const v1::DataPlaneResponse& info, gid_t gid) {
+  const pid_t pid = fork();
+  if (pid < 0) return -1;
+  if (pid == 0) {
+    const gid_t groups[1] = {gid};
+    if (setgroups(1, groups) != 0 || setgid(65534) != 0 || setuid(65534) != 0) _exit(10);
+    auto channel = RegionChannel::Connect(info.region_socket(), info.instance_id());
+    if (!channel.ok()) _exit(static_cast<int>(channel.status().code()));
+    auto buf = SharedBuffer::Create(*channel, kMiB);
+    _exit(buf.ok() ? 0 : 20);
+  }
+  int wstatus = 0;
+  if (waitpid(pid, &wstatus, 0) != pid || !WIFEXITED(wstatus)) return -1;
+  return WEXITSTATUS(wstatus);
+}
+
 // A raw connection to the daemon's abstract region socket (-1 on failure).
 int ConnectRegionSocket(const std::string& name) {
   const int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
@@ -1116,20 +1136,7 @@ TEST_F(ShmTest, APathSocketBelongsToTheAllowedGroup) {
   EXPECT_EQ(st.st_gid, 4242u);
   EXPECT_EQ(st.st_mode & 0777, 0660u);
   const v1::DataPlaneResponse info = DataPlane();
-  const pid_t pid = fork();
-  ASSERT_GE(pid, 0);
-  if (pid == 0) {
-    const gid_t groups[1] = {4242};
-    if (setgroups(1, groups) != 0 || setgid(65534) != 0 || setuid(65534) != 0) _exit(10);
-    auto channel = RegionChannel::Connect(info.region_socket(), info.instance_id());
-    if (!channel.ok()) _exit(static_cast<int>(channel.status().code()));
-    auto buf = SharedBuffer::Create(*channel, kMiB);
-    _exit(buf.ok() ? 0 : 20);
-  }
-  int wstatus = 0;
-  ASSERT_EQ(waitpid(pid, &wstatus, 0), pid);
-  ASSERT_TRUE(WIFEXITED(wstatus));
-  EXPECT_EQ(WEXITSTATUS(wstatus), 0);
+  EXPECT_EQ(RegisterAsMemberOf(info, 4242), 0);
 }
 
 TEST_F(ShmTest, MoreRegionsThanTheLimitIsResourceExhaustedUntilOneGoes) {
@@ -1263,20 +1270,7 @@ TEST_F(ShmTest, AnAllowedGroupIsAdmitted) {
   if (geteuid() != 0) GTEST_SKIP() << "needs root to run a client as another user";
   StartDaemon({"--shm-allowed-group=4242"});
   const v1::DataPlaneResponse info = DataPlane();
-  const pid_t pid = fork();
-  ASSERT_GE(pid, 0);
-  if (pid == 0) {
-    const gid_t groups[1] = {4242};
-    if (setgroups(1, groups) != 0 || setgid(65534) != 0 || setuid(65534) != 0) _exit(10);
-    auto channel = RegionChannel::Connect(info.region_socket(), info.instance_id());
-    if (!channel.ok()) _exit(static_cast<int>(channel.status().code()));
-    auto buf = SharedBuffer::Create(*channel, kMiB);
-    _exit(buf.ok() ? 0 : 20);
-  }
-  int wstatus = 0;
-  ASSERT_EQ(waitpid(pid, &wstatus, 0), pid);
-  ASSERT_TRUE(WIFEXITED(wstatus));
-  EXPECT_EQ(WEXITSTATUS(wstatus), 0);
+  EXPECT_EQ(RegisterAsMemberOf(info, 4242), 0);
 }
 
 TEST_F(ShmTest, ASocketOfAnotherDaemonIsNotUsed) {
