@@ -141,6 +141,10 @@ std::vector<MetricFamily> StoreCollector::Collect() const {
                        "Shared-tier records whose segments were gone (evicted, a master "
                        "flushed), removed by this daemon so the chunk can be shared again",
                        C, {{{}, double(r.torn_removed)}}));
+    f.push_back(Family("kvtier_remote_eval_refusals_total",
+                       "Record deletes the cluster refused as EVAL (ACL, command "
+                       "disabled), made with DEL instead: grant +eval to the tier's user",
+                       C, {{{}, double(r.eval_refusals)}}));
     f.push_back(Family("kvtier_remote_bytes_total", "Payload bytes moved to and from the shared tier",
                        C, {{{{"direction", "read"}}, double(r.bytes_read)},
                            {{{"direction", "written"}}, double(r.bytes_written)}}));

@@ -19,6 +19,16 @@ bool KeyLocks::InsertIfUnchanged(const ChunkId& id, uint64_t generation,
   return true;
 }
 
+bool KeyLocks::InsertIfUnchanged(const ChunkId& id, uint64_t generation,
+                                 absl::FunctionRef<void()> insert,
+                                 absl::FunctionRef<bool()> survived) {
+  Stripe& s = For(id);
+  absl::MutexLock lock(&s.mu);
+  if (s.generation.load(std::memory_order_relaxed) != generation && !survived()) return false;
+  insert();
+  return true;
+}
+
 void KeyLocks::Removing(const ChunkId& id, absl::FunctionRef<void()> remove) {
   Stripe& s = For(id);
   absl::MutexLock lock(&s.mu);

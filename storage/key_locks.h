@@ -36,6 +36,11 @@ class KeyLocks {
   // `generation`; returns whether it ran.
   bool InsertIfUnchanged(const ChunkId& id, uint64_t generation,
                          absl::FunctionRef<void()> insert);
+  // As above, but where the stripe did change (a Delete of any of its chunks, or any
+  // Clear), runs `insert` still if `survived()`, asked under the stripe, says `id`
+  // itself is still there: for work that must not be lost to another chunk's Delete.
+  bool InsertIfUnchanged(const ChunkId& id, uint64_t generation,
+                         absl::FunctionRef<void()> insert, absl::FunctionRef<bool()> survived);
   // Runs `remove` under `id`'s stripe, after bumping its generation.
   void Removing(const ChunkId& id, absl::FunctionRef<void()> remove);
   // Runs `remove` under every stripe (in order), after bumping every generation.

@@ -348,6 +348,17 @@ void RemoteTier::DeleteSegments(const ChunkId& id, uint64_t generation, uint32_t
   (void)cluster_->Execute(commands);
 }
 
+namespace {
+
+// Whether an error reply says the cluster will never run EVAL for this user: an ACL
+// refusal (NOPERM), or the command disabled or renamed away (managed services).
+bool RefusesEval(const redisReply& reply) {
+  const absl::string_view error(reply.str, reply.len);
+  return absl::StartsWith(error, "NOPERM") || absl::StartsWith(error, "ERR unknown command");
+}
+
+}  // namespace
+
 uint64_t RemoteTier::RemoveRecords(absl::Span<const RecordToRemove> records) {
   if (records.empty()) return 0;
   std::vector<std::string> keys;
@@ -373,7 +384,9 @@ uint64_t RemoteTier::RemoveRecords(absl::Span<const RecordToRemove> records) {
       continue;
     }
     if ((*replies[i])->type == REDIS_REPLY_ERROR) {
-      plain.push_back(i);
+      // Only a refusal of EVAL itself; a transient error (BUSY, LOADING, TRYAGAIN,
+      // CLUSTERDOWN, OOM) deletes nothing: the record expires, or a later reader retries.
+      if (RefusesEval(**replies[i])) plain.push_back(i);
       continue;
     }
     if ((*replies[i])->type != REDIS_REPLY_INTEGER || (*replies[i])->integer != 1) continue;
@@ -763,6 +776,7 @@ RemoteTierStats RemoteTier::GetStats() const {
   s.torn = torn_.load(std::memory_order_relaxed);
   s.torn_removed = torn_removed_.load(std::memory_order_relaxed);
   s.foreign = foreign_.load(std::memory_order_relaxed);
+  s.eval_refusals = eval_refusals_.load(std::memory_order_relaxed);
   {
     absl::MutexLock l(&mu_);
     s.pending_bytes = pending_bytes_;

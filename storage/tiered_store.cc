@@ -443,10 +443,20 @@ absl::StatusOr<bool> TieredStore::Commit(std::unique_ptr<ChunkWriter> writer, ui
     // write is queued first, and the Delete's shared-tier delete cancels it, or the
     // Delete came first and the write is not queued. Queued after the Delete had
     // finished, it once put the deleted chunk back in the shared tier for every daemon.
-    key_locks_.InsertIfUnchanged(writer->id_, generation,
-                                 [&] { ToRemote(writer->id_, meta, std::move(data)); });
+    // A Delete of another chunk on the stripe (or a Clear of another namespace) leaves
+    // this one held here, and then the write still goes.
+    key_locks_.InsertIfUnchanged(
+        writer->id_, generation, [&] { ToRemote(writer->id_, meta, std::move(data)); },
+        [&] { return HeldLocally(writer->id_); });
   }
   return stored;
+}
+
+bool TieredStore::HeldLocally(const ChunkId& id) const {
+  for (const StorageTier* tier : tiers_) {
+    if (tier->role() == StorageTier::Role::kLocal && tier->Contains(id)) return true;
+  }
+  return false;
 }
 
 void TieredStore::ToRemote(const ChunkId& id, const ChunkMeta& meta,

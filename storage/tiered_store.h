@@ -283,6 +283,11 @@ class TieredStore {
   }
   // Returns: Ok, NotFound.
   absl::StatusOr<LayoutSpec> FindLayout(uint64_t ns) const { return layouts_->Find(ns); }
+  // FailedPrecondition when this daemon can no longer store `layout`'s chunks (it was
+  // registered under larger limits): asked before anything waits or evicts for a put.
+  absl::Status CheckPuttable(const LayoutSpec& layout) const {
+    return layouts_->CheckPuttable(layout);
+  }
 
   // Starts a put. Returns a writer, or nullptr when the chunk is already stored (the
   // caller drains and discards its bytes). Waits up to put_wait, in arrival order, for
@@ -511,6 +516,8 @@ class TieredStore {
   void FetchRemote(const std::vector<ChunkId>& ids);
   // Clear without the remote tier.
   absl::StatusOr<uint64_t> ClearLocal(uint64_t ns);
+  // Whether a local tier (RAM, SSD; not a copy tier) holds `id`.
+  bool HeldLocally(const ChunkId& id) const;
   // Hands a chunk that was just stored locally to the remote tier, if any.
   void ToRemote(const ChunkId& id, const ChunkMeta& meta, std::shared_ptr<PoolChunk> data);
   // A prefetch thread's job: promote `id` if it is still only on SSD, then stage it.

@@ -565,14 +565,21 @@ TEST_F(RemoteTierTest, ATornReadKeepsANewerRecord) {
 // every daemon (the deleting one too) read the deleted chunks back from the cluster.
 // Holds the first shared-tier write just before its commit (RemoteTierOptions::
 // before_commit) until release, or until it goes out of scope.
+// The hook shares its state: the store that calls it may outlive this (a test that
+// stops early leaves writes queued).
 struct FirstCommitHeld {
-  absl::Notification reached, release;
-  std::atomic<bool> first{true};
+  struct State {
+    absl::Notification reached, release;
+    std::atomic<bool> first{true};
+  };
+  std::shared_ptr<State> state = std::make_shared<State>();
+  absl::Notification& reached = state->reached;
+  absl::Notification& release = state->release;
   std::function<void(const ChunkId&)> Hook() {
-    return [this](const ChunkId&) {
-      if (!first.exchange(false)) return;
-      reached.Notify();
-      release.WaitForNotification();
+    return [state = state](const ChunkId&) {
+      if (!state->first.exchange(false)) return;
+      state->reached.Notify();
+      state->release.WaitForNotification();
     };
   }
   ~FirstCommitHeld() {
@@ -623,30 +630,65 @@ TEST_P(RemoteTierCancelTest, DeleteOrClearCancelsWritesQueuedOrInFlight) {
 // write: the write is not queued (the Delete's generation is on the chunk's stripe).
 // Before, it was queued after the Delete had cancelled what was queued, and the deleted
 // chunk came back from the cluster for every daemon.
-TEST_F(RemoteTierTest, ADeleteBetweenAPutsStoreAndItsSharedWriteKeepsItDeleted) {
-  TieredStoreOptions o = Options(dir_a_.path(), WriteMode::kRamOnly);
-  absl::Notification reached, release;
-  o.before_shared_write = [&](const ChunkId&) {
-    reached.Notify();
-    release.WaitForNotification();
-  };
-  absl::Cleanup unblock = [&] {
-    if (!release.HasBeenNotified()) release.Notify();
-  };
-  a_ = Open(o);
-  ASSERT_NE(a_, nullptr);
-  absl::Status put;
-  std::thread putter([&] { put = Put(a_.get(), Id(1)); });
-  reached.WaitForNotification();  // Id(1) is in RAM; its shared write is next.
+class SharedWriteRaceTest : public RemoteTierTest {
+ protected:
+  // Opens a_ with Puts held between storing a chunk locally and queueing its shared
+  // write, and starts a Put of Id(1) on its own thread, returning once it is held.
+  void PutHeldBeforeItsSharedWrite() {
+    TieredStoreOptions o = Options(dir_a_.path(), WriteMode::kRamOnly);
+    o.before_shared_write = [state = held_.state](const ChunkId&) {
+      state->reached.Notify();
+      state->release.WaitForNotification();
+    };
+    a_ = Open(o);
+    ASSERT_NE(a_, nullptr);
+    putter_ = std::thread([this] { put_ = Put(a_.get(), Id(1)); });
+    held_.reached.WaitForNotification();  // Id(1) is in RAM; its shared write is next.
+  }
+  void ReleasePut() {
+    held_.release.Notify();
+    putter_.join();
+  }
+  void TearDown() override {
+    if (putter_.joinable()) ReleasePut();
+    RemoteTierTest::TearDown();
+  }
+
+  FirstCommitHeld held_;
+  std::thread putter_;
+  absl::Status put_;
+};
+
+// A Delete that lands between a Put storing the chunk in RAM and queueing its shared-tier
+// write: the write is not queued (the Delete's generation is on the chunk's stripe).
+// Before, it was queued after the Delete had cancelled what was queued, and the deleted
+// chunk came back from the cluster for every daemon.
+TEST_F(SharedWriteRaceTest, ADeleteBetweenAPutsStoreAndItsSharedWriteKeepsItDeleted) {
+  ASSERT_NO_FATAL_FAILURE(PutHeldBeforeItsSharedWrite());
   auto deleted = a_->Delete(Id(1));
   ASSERT_TRUE(deleted.ok()) << deleted.status();
   EXPECT_TRUE(*deleted);
-  release.Notify();
-  putter.join();
-  ASSERT_TRUE(put.ok()) << put;
+  ReleasePut();
+  ASSERT_TRUE(put_.ok()) << put_;
   a_->WaitForRemoteWrites();
   EXPECT_FALSE(RecordExists(Id(1)));
   EXPECT_EQ(KeysOnMasters(), 0);
+}
+
+// A Delete of another chunk, or a Clear of another namespace, in the same window bumps
+// the chunk's stripe too, but leaves the chunk: its shared write still goes. Before, it
+// was dropped silently, and the chunk never reached the shared tier.
+TEST_F(SharedWriteRaceTest, AnotherChunksDeleteOrClearInThatWindowStillSharesIt) {
+  ASSERT_NO_FATAL_FAILURE(PutHeldBeforeItsSharedWrite());
+  auto deleted = a_->Delete(Id(2));  // Not stored: its stripe is bumped all the same.
+  ASSERT_TRUE(deleted.ok()) << deleted.status();
+  auto cleared = a_->Clear(kNs + 1);  // Every stripe.
+  ASSERT_TRUE(cleared.ok()) << cleared.status();
+  ReleasePut();
+  ASSERT_TRUE(put_.ok()) << put_;
+  a_->WaitForRemoteWrites();
+  EXPECT_TRUE(RecordExists(Id(1)));
+  EXPECT_EQ(a_->GetStats().remote.writes, 1u);
 }
 
 // A cluster whose ACL refuses EVAL (managed services often do): a write whose commit
@@ -678,6 +720,7 @@ TEST_F(RemoteTierTest, WithoutEvalACancelledWriteStillRemovesItsRecord) {
   a_->WaitForRemoteWrites();
   EXPECT_FALSE(RecordExists(Id(1)));
   EXPECT_EQ(KeysOnMasters(), 0);
+  EXPECT_EQ(a_->GetStats().remote.eval_refusals, 1u);
 }
 
 INSTANTIATE_TEST_SUITE_P(DeleteAndClear, RemoteTierCancelTest, ::testing::Bool(),
