@@ -70,58 +70,66 @@ void DeviceGetReactor::Pump() {
     absl::MutexLock lock(&mu_);
     if (finished_) return;
     if (error_.ok() && ctx_->IsCancelled()) error_ = absl::CancelledError("get cancelled");
-    if (error_.ok()) {
-      // With record_events frames go out before the copies land: copies_ bounds them.
-      while (next_issue_ < plan_.items.size() && next_issue_ - next_write_ < kWindow &&
-             copies_ < static_cast<int>(kWindow)) {
-        const size_t i = next_issue_;
-        if (FirstItemOfKey(i) && still_admitted_) {
-          // Credentials revoked by a tenants file reloaded while the call ran end it
-          // before its next chunk.
-          error_ = still_admitted_();
-          if (!error_.ok()) break;
-        }
-        if (!FirstItemOfKey(i)) {
-          // A later pass: only for keys the first pass found (layer-major items are
-          // pass by pass, so key k's first item is item k).
-          const uint32_t key = plan_.items[i].key;
-          if (!FirstPassTier(key).has_value() && !results_[key].has_value()) {
-            break;  // Not known yet: wait for it.
-          }
-          if (!found_[key]) {
-            results_[i] = absl::NotFoundError("absent");  // Skipped, never copied.
-            ++next_issue_;
-            continue;
-          }
-        }
-        // A key's later layers (layer-major) come from the chunk its first pass read
-        // from the host and checked: held in RAM since (OnDelivered), or, read from SSD
-        // into a buffer without promotion, checked by the SSD read itself each time. Its
-        // whole-chunk CRC32C is not checked again for each layer on the host. After a
-        // first pass from staging it is. (A later pass runs only for found keys.)
-        const uint32_t key = plan_.items[i].key;
-        const bool check = FirstItemOfKey(i) || *FirstPassTier(key) == Tier::kGpu;
-        issue.emplace_back(next_issue_++, check);
-        ++in_flight_;
-        ++copies_;
-      }
-    }
     // An item's frame is ready once it landed (or failed), or, with record_events, once
     // its copies are queued.
     auto ready = [this](size_t i) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       return results_[i].has_value() || enqueued_[i].has_value();
     };
-    // Later-pass items of keys absent in the first pass get no frame.
-    while (!writing_ && error_.ok() && next_write_ < results_.size() && ready(next_write_) &&
-           !FirstItemOfKey(next_write_) && !found_[plan_.items[next_write_].key]) {
-      ++next_write_;
+    // Issue, then skip the frames of keys absent in the first pass, until neither moves:
+    // skipped items count in the window, so skipping can make room to issue more (once,
+    // ten layers of a missing key left the last item unissued with nothing in flight to
+    // pump again, and the call hung).
+    for (;;) {
+      if (error_.ok()) {
+        // With record_events frames go out before the copies land: copies_ bounds them.
+        while (next_issue_ < plan_.items.size() && next_issue_ - next_write_ < kWindow &&
+               copies_ < static_cast<int>(kWindow)) {
+          const size_t i = next_issue_;
+          if (FirstItemOfKey(i) && still_admitted_) {
+            // Credentials revoked by a tenants file reloaded while the call ran end it
+            // before its next chunk.
+            error_ = still_admitted_();
+            if (!error_.ok()) break;
+          }
+          if (!FirstItemOfKey(i)) {
+            // A later pass: only for keys the first pass found (layer-major items are
+            // pass by pass, so key k's first item is item k).
+            const uint32_t key = plan_.items[i].key;
+            if (!FirstPassTier(key).has_value() && !results_[key].has_value()) {
+              break;  // Not known yet: wait for it.
+            }
+            if (!found_[key]) {
+              results_[i] = absl::NotFoundError("absent");  // Skipped, never copied.
+              ++next_issue_;
+              continue;
+            }
+          }
+          // A key's later layers (layer-major) come from the chunk its first pass read
+          // from the host and checked: held in RAM since (OnDelivered), or, read from SSD
+          // into a buffer without promotion, checked by the SSD read itself each time. Its
+          // whole-chunk CRC32C is not checked again for each layer on the host. After a
+          // first pass from staging it is. (A later pass runs only for found keys.)
+          const uint32_t key = plan_.items[i].key;
+          const bool check = FirstItemOfKey(i) || *FirstPassTier(key) == Tier::kGpu;
+          issue.emplace_back(next_issue_++, check);
+          ++in_flight_;
+          ++copies_;
+        }
+      }
+      const size_t skipped_from = next_write_;
+      // Later-pass items of keys absent in the first pass get no frame.
+      while (!writing_ && error_.ok() && next_write_ < results_.size() && ready(next_write_) &&
+             !FirstItemOfKey(next_write_) && !found_[plan_.items[next_write_].key]) {
+        ++next_write_;
+      }
+      if (next_write_ == skipped_from) break;
     }
     if (!writing_ && error_.ok() && next_write_ < results_.size() &&
         !enqueued_[next_write_].has_value() && results_[next_write_].has_value() &&
         !FirstItemOfKey(next_write_) && !results_[next_write_]->ok()) {
       // Found in the first pass (the loop above skipped the others), gone now: the
       // stream cannot stay consistent.
-      error_ = absl::UnavailableError(absl::StrCat(
+      error_ = absl::AbortedError(absl::StrCat(
           "keys[", plan_.items[next_write_].key, "]: the chunk left the cache during this "
           "Get (evicted or deleted); retry"));
     }
@@ -259,6 +267,11 @@ void DeviceGetReactor::OnDelivered(size_t item, absl::StatusOr<Tier> result) {
     last = --in_flight_ == 0 && done_;
   }
   if (last) delete this;
+}
+
+void DeviceGetReactor::OnCancel() {
+  // A call waiting on nothing in flight (no write, no copy) learns of it only here.
+  Pump();
 }
 
 void DeviceGetReactor::OnWriteDone(bool ok) {

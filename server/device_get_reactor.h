@@ -72,6 +72,7 @@ class DeviceGetReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>
                    StreamLimiter::Ticket place = {}, StallReaper* stalls = nullptr,
                    StillAdmitted still_admitted = nullptr);
 
+  void OnCancel() override;
   void OnWriteDone(bool ok) override;
   void OnDone() override;
 
