@@ -176,6 +176,12 @@ void PutReactor::OnFrame() {
       Fail(layout.status());
       return;
     }
+    // Before the tenant's quota makes room for it (evicting the tenant's chunks) and
+    // then perhaps answers "retry": a chunk this daemon cannot store at all.
+    if (absl::Status s = store_->CheckPuttable(*layout); !s.ok()) {
+      Fail(s);
+      return;
+    }
     in_chunk_ = true;
     current_ = id;
     chunk_bytes_ = layout->ChunkBytes();

@@ -147,6 +147,23 @@ TEST_F(TenantQuotaTest, AChunkLargerThanTheQuotaIsInvalidArgumentAndStoresNothin
   EXPECT_EQ(Metric(R"(kvtier_tenant_quota_refusals_total{quota="ram",tenant="small"})"), 1);
 }
 
+// A layout registered under larger limits than the daemon now has: its chunks cannot be
+// stored at all, FAILED_PRECONDITION, before the tenant's quota makes room for them.
+// Once the quota evicted the tenant's chunks first and could then answer
+// RESOURCE_EXHAUSTED ("retry"), so a retrying client emptied its own cache for nothing.
+TEST_F(TenantQuotaTest, AChunkTheDaemonCanNoLongerStoreEvictsNothingForItsQuota) {
+  Start("write-through");
+  const uint64_t two_mib = Register(*small_, 2);
+  args_.push_back("--max-chunk-size=1MiB");
+  ASSERT_NO_FATAL_FAILURE(Restart());
+  for (uint64_t n = 1; n <= 3; ++n) ASSERT_TRUE(Put(*small_, ns_, n).ok()) << n;
+  ASSERT_EQ(Where(*small_, 1, 3), "rrr");  // small's RAM quota, full.
+  absl::Status s = Put(*small_, two_mib, 9, 2 * kMiB);
+  EXPECT_TRUE(absl::IsFailedPrecondition(s)) << s;
+  EXPECT_NE(s.message().find("cannot be stored"), std::string::npos) << s;
+  EXPECT_EQ(Where(*small_, 1, 3), "rrr");
+}
+
 // A chunk larger than the whole pinned quota can never be pinned: INVALID_ARGUMENT
 // naming the quota, not RESOURCE_EXHAUSTED, which would have the client retry forever.
 TEST_F(TenantQuotaTest, AChunkLargerThanThePinnedQuotaIsInvalidArgument) {
