@@ -10,7 +10,9 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "kvtier/v1/kvtier.pb.h"
@@ -28,6 +30,9 @@ constexpr int kMaxFds = 4;
 // Connections of peers the daemon does not admit, open at once (each until its first
 // request is answered), outside max_connections.
 constexpr size_t kMaxRefusedConnections = 16;
+// How long the listening socket sits out of poll() when the daemon is out of
+// descriptors and has none in reserve (see Loop).
+constexpr std::chrono::milliseconds kAcceptRetry{100};
 
 absl::StatusOr<sockaddr_un> SocketAddress(const std::string& name, socklen_t* len) {
   sockaddr_un addr{};
@@ -140,12 +145,22 @@ RegionSocket::~RegionSocket() {
 void RegionSocket::Loop() {
   std::vector<Connection> conns;
   std::vector<pollfd> fds;
+  // Out of descriptors with none kept to refuse connections with, the listening socket
+  // stays readable: it sits out of poll() until this time instead of spinning.
+  std::optional<std::chrono::steady_clock::time_point> retry_accept_at;
   for (;;) {
     fds.clear();
     fds.push_back({wake_fd_, POLLIN, 0});
-    fds.push_back({listen_fd_, POLLIN, 0});
+    fds.push_back({retry_accept_at.has_value() ? -1 : listen_fd_, POLLIN, 0});
     for (const Connection& c : conns) fds.push_back({c.fd, POLLIN, 0});
-    if (poll(fds.data(), fds.size(), -1) < 0) {
+    int timeout_ms = -1;
+    if (retry_accept_at.has_value()) {
+      timeout_ms = static_cast<int>(std::max<int64_t>(
+          0, std::chrono::ceil<std::chrono::milliseconds>(*retry_accept_at -
+                                                          std::chrono::steady_clock::now())
+                 .count()));
+    }
+    if (poll(fds.data(), fds.size(), timeout_ms) < 0) {
       if (errno == EINTR) continue;
       LogError("region socket: poll: ", std::strerror(errno));
       break;
@@ -164,7 +179,15 @@ void RegionSocket::Loop() {
         conns.erase(conns.begin() + static_cast<std::ptrdiff_t>(i));
       }
     }
-    if (fds[1].revents != 0) Accept(conns);
+    const bool accept = retry_accept_at.has_value()
+                            ? std::chrono::steady_clock::now() >= *retry_accept_at
+                            : fds[1].revents != 0;
+    if (accept) {
+      retry_accept_at.reset();
+      if (!Accept(conns)) {
+        retry_accept_at = std::chrono::steady_clock::now() + kAcceptRetry;
+      }
+    }
   }
   for (Connection& c : conns) {
     regions_->RemoveOwner(c.id);
@@ -172,16 +195,17 @@ void RegionSocket::Loop() {
   }
 }
 
-void RegionSocket::Accept(std::vector<Connection>& conns) {
+bool RegionSocket::Accept(std::vector<Connection>& conns) {
   // Lost when another thread took the descriptor RefuseWithReserve freed: kept again.
   if (reserve_fd_ < 0) reserve_fd_ = open("/dev/null", O_RDONLY | O_CLOEXEC);
   for (;;) {
     const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (fd < 0) {
       // EAGAIN: all taken; anything else but a full descriptor table: the next poll
-      // retries.
-      if ((errno == EMFILE || errno == ENFILE) && RefuseWithReserve()) continue;
-      return;
+      // retries. A full table with no reserve to refuse with: stuck for now.
+      if (errno != EMFILE && errno != ENFILE) return true;
+      if (RefuseWithReserve()) continue;
+      return false;
     }
     Connection c;
     c.fd = fd;

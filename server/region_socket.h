@@ -73,7 +73,10 @@ class RegionSocket {
   struct Connection;
   RegionSocket(RegionSocketOptions options, RegionTable* regions, int listen_fd, int wake_fd);
   void Loop();
-  void Accept(std::vector<Connection>& conns);
+  // Accepts what is pending. Returns false when the descriptor table is full and no
+  // reserve descriptor is left to refuse a connection with (the loop then waits
+  // kAcceptRetry before it tries again).
+  bool Accept(std::vector<Connection>& conns);
   // With the descriptor table full: accepts and closes one pending connection using the
   // reserve descriptor. Returns whether one was closed.
   bool RefuseWithReserve();
