@@ -70,11 +70,11 @@ absl::StatusOr<GetPlan> MakeGetPlan(const v1::GetRequest& req, const LayoutSpec&
 absl::StatusOr<GetPlan> StartGet(TieredStore* store, const v1::GetRequest* req,
                                  LeaseTable* leases, std::vector<ChunkView>* lease_hold,
                                  uint64_t max_frame_bytes, uint32_t max_keys) {
+  if (req == nullptr) return absl::InvalidArgumentError("request: not a GetRequest");
   if (store == nullptr) {
     return absl::UnavailableError(
         "kvtierd is starting up (recovering the SSD tier's index); retry shortly");
   }
-  if (req == nullptr) return absl::InvalidArgumentError("request: not a GetRequest");
   auto layout = store->FindLayout(req->namespace_id());
   if (!layout.ok()) return layout.status();
   if (req->lease_id() != 0 && leases != nullptr) {
@@ -82,6 +82,15 @@ absl::StatusOr<GetPlan> StartGet(TieredStore* store, const v1::GetRequest* req,
     if (held.ok()) *lease_hold = *std::move(held);
   }
   return MakeGetPlan(*req, *layout, max_frame_bytes, max_keys);
+}
+
+absl::Status CheckGet(TieredStore* store, const v1::GetRequest* req, uint64_t max_frame_bytes,
+                      uint32_t max_keys) {
+  if (req == nullptr) return absl::InvalidArgumentError("request: not a GetRequest");
+  if (store == nullptr) return absl::OkStatus();
+  auto layout = store->FindLayout(req->namespace_id());
+  if (!layout.ok()) return layout.status();
+  return MakeGetPlan(*req, *layout, max_frame_bytes, max_keys).status();
 }
 
 }  // namespace kvtier

@@ -61,6 +61,13 @@ absl::StatusOr<GetPlan> StartGet(TieredStore* store, const v1::GetRequest* req,
                                  LeaseTable* leases, std::vector<ChunkView>* lease_hold,
                                  uint64_t max_frame_bytes, uint32_t max_keys);
 
+// What of StartGet can fail for good, without its side effects: asked before a Get
+// takes a stream place, so that a request that can never succeed is not told to retry
+// (RESOURCE_EXHAUSTED) first. Ok while `store` is null (starting up: not known yet).
+// Returns: Ok, InvalidArgument, NotFound (namespace).
+absl::Status CheckGet(TieredStore* store, const v1::GetRequest* req, uint64_t max_frame_bytes,
+                      uint32_t max_keys);
+
 }  // namespace kvtier
 
 #endif  // KVTIER_SERVER_GET_PLAN_H_

@@ -63,10 +63,10 @@ KvCacheService::KvCacheService(ServiceLimits limits, std::string version, RpcMet
                            : std::make_unique<StreamLimiter>(kMaxEventSubscribers, nullptr,
                                                              "event_subscribers",
                                                              EventSubscriberNaming())),
-      own_unary_(guards.unary != nullptr ? nullptr : std::make_unique<IoPool>(4)),
       subscribers_(guards.subscribers != nullptr ? guards.subscribers : own_subscribers_.get()),
       limits_(limits),
-      version_(std::move(version)) {}
+      version_(std::move(version)),
+      own_unary_(guards.unary != nullptr ? nullptr : std::make_unique<IoPool>(4)) {}
 
 absl::StatusOr<TenantScope> KvCacheService::Admit(grpc::ServerContextBase* ctx,
                                                   StillAdmitted* watch) {
@@ -178,27 +178,29 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* KvCacheService::Get(
     return new RefusedWriter<grpc::ByteBuffer>(metrics_, RpcMethod::kGet,
                                                ToGrpcStatus(tenant.status()));
   }
-  absl::StatusOr<StreamLimiter::Ticket> place = TakeStreamPlace(ctx, *tenant);
-  if (!place.ok()) {
-    return new RefusedWriter<grpc::ByteBuffer>(metrics_, RpcMethod::kGet,
-                                               ToGrpcStatus(place.status()));
-  }
   // Parsed once here: a target in a worker's GPU memory takes the device path;
-  // everything else (and bytes that are not a GetRequest, which GetReactor answers
-  // INVALID_ARGUMENT) the streamed one.
+  // everything else the streamed one.
   grpc::Slice flat;
   v1::GetRequest req;
   const bool parsed = request->DumpToSingleSlice(&flat).ok() &&
                       req.ParseFromArray(flat.begin(), static_cast<int>(flat.size()));
   // From here on the request names the store's namespace (the tenant's own), which its
   // quotas count from now on (reads into RAM included).
-  if (parsed) {
-    req.set_namespace_id(tenant->Internal(req.namespace_id()));
-    TieredStore* store = store_.load(std::memory_order_acquire);
-    if (guards_.quotas != nullptr && !tenant->implicit() && store != nullptr &&
-        store->FindLayout(req.namespace_id()).ok()) {
-      guards_.quotas->Bind(*tenant, req.namespace_id());
-    }
+  if (parsed) req.set_namespace_id(tenant->Internal(req.namespace_id()));
+  TieredStore* const store = store_.load(std::memory_order_acquire);
+  // A request that can never succeed is refused as such before it waits for a place.
+  if (absl::Status s = CheckGet(store, parsed ? &req : nullptr, limits_.max_frame_bytes,
+                                limits_.max_keys_per_request);
+      !s.ok()) {
+    return new RefusedWriter<grpc::ByteBuffer>(metrics_, RpcMethod::kGet, ToGrpcStatus(s));
+  }
+  absl::StatusOr<StreamLimiter::Ticket> place = TakeStreamPlace(ctx, *tenant);
+  if (!place.ok()) {
+    return new RefusedWriter<grpc::ByteBuffer>(metrics_, RpcMethod::kGet,
+                                               ToGrpcStatus(place.status()));
+  }
+  if (guards_.quotas != nullptr && !tenant->implicit() && store != nullptr) {
+    guards_.quotas->Bind(*tenant, req.namespace_id());  // CheckGet found its layout.
   }
   if (parsed && req.has_target() && data_plane_.regions != nullptr &&
       data_plane_.regions->IsDevice(req.target().region_id())) {
@@ -382,12 +384,16 @@ grpc::ServerUnaryReactor* KvCacheService::Unary(grpc::CallbackServerContext* ctx
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   IoPool* pool = guards_.unary != nullptr ? guards_.unary : own_unary_.get();
   const bool queued = pool->TrySubmit(
-      [ctx, reactor, call = std::move(call)] {
-        // A call its client reset or gave up on while it waited is not run.
-        reactor->Finish(ctx->IsCancelled()
-                            ? grpc::Status(grpc::StatusCode::CANCELLED,
-                                           "cancelled while waiting for a thread")
-                            : call());
+      [this, method, ctx, reactor, call = std::move(call)] {
+        // A call its client reset or gave up on while it waited is not run (but counted,
+        // as the calls the daemon could not take are).
+        if (ctx->IsCancelled()) {
+          RpcMetrics::Scope scope(metrics_, method);
+          reactor->Finish(scope.Done(grpc::Status(grpc::StatusCode::CANCELLED,
+                                                  "cancelled while waiting for a thread")));
+          return;
+        }
+        reactor->Finish(call());
       },
       guards_.unary_waiting);
   if (!queued) {

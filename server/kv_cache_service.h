@@ -226,11 +226,13 @@ class KvCacheService final : public internal::KvCacheBase {
   const ServiceGuards guards_;
   // guards_.subscribers, or one of the service's own.
   std::unique_ptr<StreamLimiter> own_subscribers_;
-  std::unique_ptr<IoPool> own_unary_;  // When guards.unary is null.
   StreamLimiter* const subscribers_;
   const ServiceLimits limits_;
   const std::string version_;
   const absl::Time started_ = absl::Now();
+  // When guards.unary is null. Last: destroyed first, it runs (or drops) what is queued
+  // while the members the calls use are still there.
+  std::unique_ptr<IoPool> own_unary_;
 };
 
 }  // namespace kvtier

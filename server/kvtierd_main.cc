@@ -375,11 +375,14 @@ int Run(const DaemonConfig& config, const sigset_t& signals) {
   // take part of the first one's connections. The port must be free.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   // Admission: HTTP/2 streams per connection, and gRPC's threads for the synchronous
-  // handler (Prefill; its sessions are bounded by max_prefill_sessions before this).
+  // handler (Prefill; its sessions are bounded by max_prefill_sessions before this):
+  // the sessions' share of max_rpc_threads (the unary pool has the rest) and a few for
+  // gRPC's pollers and for answering the sessions past the bound.
   builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
                              static_cast<int>(config.max_streams_per_connection));
   grpc::ResourceQuota quota("kvtierd");
-  quota.SetMaxThreads(static_cast<int>(config.max_rpc_threads));
+  constexpr int kSyncServerSpareThreads = 4;
+  quota.SetMaxThreads(static_cast<int>(config.PrefillSessionsBound()) + kSyncServerSpareThreads);
   // gRPC buffers a whole message before its size check (measured: a 512 MiB Put frame
   // raised the daemon's peak RSS by 512 MiB, then got "larger than max"); the quota
   // bounds what all connections together hold.

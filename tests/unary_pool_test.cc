@@ -4,6 +4,7 @@
 // kvtier-retry-after-ms hint, at once, holding no thread.
 #include <grpcpp/grpcpp.h>
 
+#include <chrono>
 #include <memory>
 #include <string>
 
@@ -37,9 +38,30 @@ class UnaryPoolTest : public ::testing::Test {
   }
 
   void TearDown() override {
-    // A test that failed early must not leave the thread held.
+    // A test that failed early must not leave the thread held, nor a call in flight
+    // whose callback writes into the fixture.
     if (!release_.HasBeenNotified()) release_.Notify();
+    if (waiting_ != nullptr) waiting_->done.WaitForNotification();
     service_.reset();
+  }
+
+  // A RegisterLayout sent without waiting for its answer.
+  struct AsyncCall {
+    grpc::ClientContext ctx;
+    v1::RegisterLayoutRequest req;
+    v1::RegisterLayoutResponse resp;
+    grpc::Status status;
+    absl::Notification done;
+  };
+  AsyncCall& StartRegisterLayout(const std::string& model) {
+    waiting_ = std::make_unique<AsyncCall>();
+    waiting_->req = Layout(model);
+    stub_->async()->RegisterLayout(&waiting_->ctx, &waiting_->req, &waiting_->resp,
+                                   [call = waiting_.get()](grpc::Status s) {
+                                     call->status = s;
+                                     call->done.Notify();
+                                   });
+    return *waiting_;
   }
 
   // Occupies the pool's one thread until release_.
@@ -62,34 +84,27 @@ class UnaryPoolTest : public ::testing::Test {
   absl::Notification release_;
   std::unique_ptr<testing::InProcessService> service_;
   std::unique_ptr<v1::KvCache::Stub> stub_;
+  std::unique_ptr<AsyncCall> waiting_;
 };
 
 TEST_F(UnaryPoolTest, PastTheLineACallIsRefusedWithARetryHintAndTheLineIsServed) {
   HoldTheThread();
   // One call waits in the line (of one)...
-  grpc::ClientContext waiting_ctx;
-  const v1::RegisterLayoutRequest waiting_req = Layout("a");
-  v1::RegisterLayoutResponse waiting_resp;
-  grpc::Status waiting_status;
-  absl::Notification waiting_done;
-  stub_->async()->RegisterLayout(&waiting_ctx, &waiting_req, &waiting_resp,
-                                 [&](grpc::Status s) {
-                                   waiting_status = s;
-                                   waiting_done.Notify();
-                                 });
+  AsyncCall& waiting = StartRegisterLayout("a");
   ASSERT_TRUE(testing::Eventually([&] { return pool_.waiting() == 1; }));
-  // ... so the next one is refused at once, with the hint.
+  // ... so the next one is refused at once, with the hint (the deadline: a hang guard).
   grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
   v1::StatsResponse stats;
   const grpc::Status refused = stub_->Stats(&ctx, v1::StatsRequest(), &stats);
   EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << refused.error_message();
   const auto& trailers = ctx.GetServerTrailingMetadata();
   EXPECT_EQ(trailers.count("kvtier-retry-after-ms"), 1u);
-  EXPECT_FALSE(waiting_done.HasBeenNotified()) << "it waits for the thread";
+  EXPECT_FALSE(waiting.done.HasBeenNotified()) << "it waits for the thread";
   release_.Notify();
-  waiting_done.WaitForNotification();
-  EXPECT_TRUE(waiting_status.ok()) << waiting_status.error_message();
-  EXPECT_NE(waiting_resp.namespace_id(), 0u);
+  waiting.done.WaitForNotification();
+  EXPECT_TRUE(waiting.status.ok()) << waiting.status.error_message();
+  EXPECT_NE(waiting.resp.namespace_id(), 0u);
   grpc::ClientContext again;
   EXPECT_TRUE(stub_->Stats(&again, v1::StatsRequest(), &stats).ok());
 }
