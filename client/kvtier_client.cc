@@ -36,6 +36,9 @@
 namespace kvtier {
 namespace {
 
+// The largest chunk a DataPlane answer may give (1 TiB: past any host's memory).
+constexpr uint64_t kMaxAnsweredChunkBytes = uint64_t{1} << 40;
+
 // gRPC fails every call of a channel whose client key is encrypted or belongs to another
 // certificate with "empty address list", naming neither file: say which, and why.
 absl::Status CheckKeyMatches(const std::string& key_path, const std::string& key_pem,
@@ -160,14 +163,19 @@ std::optional<absl::Duration> RefusalBackoff(bool enabled, const grpc::ClientCon
   const auto& trailers = ctx.GetServerTrailingMetadata();
   auto hint = trailers.find("kvtier-retry-after-ms");
   if (hint == trailers.end()) return std::nullopt;
-  int ms = 0;
+  int64_t ms = 0;
   if (!absl::SimpleAtoi(absl::string_view(hint->second.data(), hint->second.size()), &ms) ||
       ms <= 0) {
     ms = 50;
   }
-  double wait_ms = std::min(1000.0, ms * static_cast<double>(1 << std::min(attempt, 5)));
+  // The hint is the least wait: doubled per attempt up to a second (never below the
+  // hint), then spread up by as much as half again so refused clients do not return
+  // together. A hint past the deadline ends the retries below.
+  const double hinted = static_cast<double>(ms);
+  double wait_ms = std::max(
+      hinted, std::min(1000.0, hinted * static_cast<double>(1 << std::min(attempt, 5))));
   thread_local std::mt19937 rng(std::random_device{}());
-  wait_ms *= std::uniform_real_distribution<double>(0.5, 1.5)(rng);
+  wait_ms *= std::uniform_real_distribution<double>(1.0, 1.5)(rng);
   const absl::Duration wait = absl::Milliseconds(wait_ms);
   if (absl::Now() + wait >= deadline) return std::nullopt;
   return wait;
@@ -423,6 +431,16 @@ absl::StatusOr<std::pair<uint64_t, uint64_t>> KvTierClient::ItemSizes(
           "namespace ", absl::Hex(namespace_id, absl::kZeroPad16),
           " is not registered (register its layout first)"));
     }
+    // Sizes every buffer and bound below is computed from: a layout's chunk is whole
+    // layers, and no daemon stores a chunk past kMaxAnsweredChunkBytes. Anything else is
+    // not a daemon's answer, and trusting it would size buffers wrong (or divide by 0).
+    if (info->chunk_bytes() % info->num_layers() != 0 ||
+        info->chunk_bytes() > kMaxAnsweredChunkBytes) {
+      return absl::InternalError(absl::StrCat(
+          "DataPlane: the daemon answered chunk_bytes ", info->chunk_bytes(), " for ",
+          info->num_layers(), " layers of namespace ", absl::Hex(namespace_id, absl::kZeroPad16),
+          ": not a layout's (whole layers, at most ", kMaxAnsweredChunkBytes, " bytes)"));
+    }
     chunk_bytes = info->chunk_bytes();
     num_layers = info->num_layers();
     absl::MutexLock lock(&mu_);
@@ -629,10 +647,12 @@ absl::Status KvTierClient::WatchEvents(
   request.set_namespace_id(namespace_id);
   request.set_after_sequence(after);
   grpc::ClientContext ctx;
-  // No deadline: a subscription lasts until on_batch stops it; only the credentials.
+  // No deadline: a subscription lasts until on_batch stops it, or CallCancellation
+  // cancels it (the only way out while no event comes); only the credentials.
   if (!options_.bearer_token.empty()) {
     ctx.AddMetadata("authorization", absl::StrCat("Bearer ", options_.bearer_token));
   }
+  CallCancellation::Watch watch(&ctx);
   std::unique_ptr<grpc::ClientReader<v1::EventBatch>> reader = stub_->Events(&ctx, request);
   v1::EventBatch batch;
   bool stopped = false;
@@ -1059,7 +1079,13 @@ absl::Status KvTierClient::GetStreamRaw(uint64_t namespace_id,
   if (!plane.ok()) return plane.status();
   if (*plane != nullptr) {
     if (sizes.ok()) {
-      if (auto staging = (*plane)->AcquireStaging(keys.size() * sizes->first)) {
+      // keys.size() * chunk stays far below 2^64: chunks are at most 2^40 bytes
+      // (ItemSizes), and a request of 2^23 keys or more goes by the stream (where the
+      // daemon refuses it past max_keys_per_request).
+      auto staging = keys.size() < (uint64_t{1} << 23)
+                         ? (*plane)->AcquireStaging(keys.size() * sizes->first)
+                         : nullptr;
+      if (staging) {
         absl::Status s = GetViaRegion(namespace_id, keys, layers, order, lease_id,
                                       staging->region_id(), staging->token(),
                                       staging->data(), 0, sizes->first, sizes->second,
@@ -1196,7 +1222,8 @@ absl::StatusOr<GetIntoResult> KvTierClient::GetInto(uint64_t namespace_id,
   // Plain locals, not a structured binding: lambdas below capture them (clang 14).
   const uint64_t key_bytes = sizes->first;
   const uint64_t layer_bytes = sizes->second;
-  if (out.size() != keys.size() * key_bytes) {
+  if (static_cast<unsigned __int128>(out.size()) !=
+      static_cast<unsigned __int128>(keys.size()) * key_bytes) {
     return absl::InvalidArgumentError(absl::StrCat(
         "GetInto: out holds ", out.size(), " bytes; ", keys.size(), " keys of ", key_bytes,
         " bytes need ", keys.size() * key_bytes));

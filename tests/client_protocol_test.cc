@@ -38,12 +38,14 @@ class LyingDaemon final : public v1::KvCache::Service {
                                        grpc::ServerWriter<v1::GetFrame>*)>;
   GetScript get;
   v1::LookupResponse lookup;
+  uint64_t chunk_bytes = kChunkBytes;  // What DataPlane answers.
+  uint32_t num_layers = kLayers;
 
   grpc::Status DataPlane(grpc::ServerContext*, const v1::DataPlaneRequest* req,
                          v1::DataPlaneResponse* resp) override {
     if (req->namespace_id() == kNamespace) {
-      resp->set_chunk_bytes(kChunkBytes);
-      resp->set_num_layers(kLayers);
+      resp->set_chunk_bytes(chunk_bytes);
+      resp->set_num_layers(num_layers);
     }
     return grpc::Status::OK;
   }
@@ -120,6 +122,32 @@ TEST_F(ClientProtocolTest, GetIntoRefusesAChunkLargerThanTheLayoutsBeforeCopying
   auto r = client_->GetInto(kNamespace, keys_, absl::MakeSpan(memory.data(), 2 * kChunkBytes));
   ExpectViolation(r.status(), "total_bytes");
   EXPECT_EQ(memory.substr(2 * kChunkBytes), std::string(4096, '\x5a'));
+}
+
+// Layout sizes no daemon answers are refused before anything is sized from them: a
+// chunk_bytes whose product with the key count wrapped to out's size once let frames
+// far larger than `out` through, and more layers than bytes divided by zero.
+TEST_F(ClientProtocolTest, ImpossibleLayoutSizesFromDataPlaneAreRefused) {
+  const std::pair<uint64_t, uint32_t> answers[] = {
+      {(uint64_t{1} << 63) + kChunkBytes, 1},  // x 2 keys wraps to 2 * kChunkBytes.
+      {2, 3},                                   // Layers of zero bytes.
+      {kChunkBytes + 1, kLayers}};              // Not whole layers.
+  for (const auto& [chunk_bytes, num_layers] : answers) {
+    daemon_.chunk_bytes = chunk_bytes;
+    daemon_.num_layers = num_layers;
+    daemon_.get = [&](const v1::GetRequest&, grpc::ServerWriter<v1::GetFrame>* w) {
+      w->Write(Found(0, Chunk(0), kChunkBytes, crc32c::Value(Chunk(0))));
+    };
+    ClientOptions o;
+    o.data_plane = ClientOptions::DataPlane::kStream;
+    auto fresh = KvTierClient::Connect(client_->target(), o);  // Nothing cached.
+    ASSERT_TRUE(fresh.ok()) << fresh.status();
+    std::string memory(2 * kChunkBytes + 4096, '\x5a');
+    auto r = (*fresh)->GetInto(kNamespace, keys_, absl::MakeSpan(memory.data(), 2 * kChunkBytes));
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInternal) << chunk_bytes << ": " << r.status();
+    EXPECT_NE(r.status().message().find("not a layout"), std::string::npos) << r.status();
+    EXPECT_EQ(memory.substr(2 * kChunkBytes), std::string(4096, '\x5a'));
+  }
 }
 
 TEST_F(ClientProtocolTest, GetIntoRefusesHalfChunksThatWouldLeaveZerosReportedFound) {

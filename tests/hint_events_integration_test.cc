@@ -7,8 +7,10 @@
 
 #include <chrono>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "client/call_cancellation.h"
 #include "client/kvtier_client.h"
 #include "tests/support/daemon_process.h"
 #include "tests/support/test_data.h"
@@ -251,6 +253,25 @@ TEST_F(HintEventsTest, ACursorFromAnotherRunResyncsAndShutdownEndsSubscriptions)
   EXPECT_FALSE(reader->Read(&batch));
   EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::UNAVAILABLE);
   daemon_.reset();
+}
+
+// A subscription to a quiet namespace waits on its stream with no deadline: a
+// CallCancellation is the way out. It once was not watched, and the thread stayed in
+// WatchEvents for ever.
+TEST_F(HintEventsTest, CancellationEndsAQuietSubscription) {
+  Start({"--write-mode=ram-only"});
+  CallCancellation cancel;
+  absl::Status s;
+  std::thread watcher([&] {
+    CallCancellation::Scope scope(&cancel);
+    // Takes every batch (the layout's registration may be one): only the cancel ends it.
+    s = client_->WatchEvents(ns_, 1, [](const v1::EventBatch&) { return true; });
+  });
+  const bool subscribed = testing::Eventually([&] { return cancel.watching(); });
+  cancel.Cancel();
+  watcher.join();
+  ASSERT_TRUE(subscribed);
+  EXPECT_TRUE(absl::IsCancelled(s)) << s;
 }
 
 }  // namespace
