@@ -121,6 +121,10 @@ const std::vector<Option>& Options() {
       BoolOption("allow_insecure_remote",
                  "serve plaintext gRPC on a non-loopback address (refused otherwise)",
                  &DaemonConfig::allow_insecure_remote),
+      BoolOption("grpc_reflection",
+                 "serve gRPC server reflection (grpcurl); off on a daemon exposed to "
+                 "untrusted peers: each reflection stream holds a gRPC thread",
+                 &DaemonConfig::grpc_reflection),
       StringOption("listen_unix",
                    "also serve gRPC on this Unix socket path; the peer uid is its identity",
                    &DaemonConfig::listen_unix),

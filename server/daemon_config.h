@@ -48,6 +48,9 @@ struct DaemonConfig {
   absl::Duration tls_reload_interval = absl::Seconds(60);
   // Plaintext gRPC on an address other than loopback is refused unless this is set.
   bool allow_insecure_remote = false;
+  // gRPC server reflection (grpcurl). Its streams are synchronous and unauthenticated:
+  // each one open holds one of gRPC's threads, which Prefill sessions also need.
+  bool grpc_reflection = true;
   // Also serve gRPC on this Unix-domain socket (absolute path; "" = off), where the
   // peer's uid is its identity (tenants_file "uid" lines).
   std::string listen_unix;

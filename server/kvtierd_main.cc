@@ -7,6 +7,8 @@
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/impl/server_builder_option.h>
+#include <grpcpp/impl/server_builder_plugin.h>
 #include <malloc.h>
 #include <prometheus/gauge.h>
 #include <prometheus/registry.h>
@@ -62,6 +64,19 @@
 
 namespace kvtier {
 namespace {
+
+// Takes server reflection off a server: linking gRPC's reflection library registers its
+// plugin with every ServerBuilder (a static initializer), so leaving the Init call out
+// is not enough.
+class WithoutReflection final : public grpc::ServerBuilderOption {
+ public:
+  void UpdateArguments(grpc::ChannelArguments*) override {}
+  void UpdatePlugins(std::vector<std::unique_ptr<grpc::ServerBuilderPlugin>>* plugins) override {
+    std::erase_if(*plugins, [](const std::unique_ptr<grpc::ServerBuilderPlugin>& p) {
+      return dynamic_cast<grpc::reflection::ProtoServerReflectionPlugin*>(p.get()) != nullptr;
+    });
+  }
+};
 
 // gRPC's default bound on a request's headers, set explicitly: the proto's status
 // contract names it.
@@ -361,6 +376,7 @@ int Run(const DaemonConfig& config, const sigset_t& signals) {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
+  if (!config.grpc_reflection) builder.SetOption(std::make_unique<WithoutReflection>());
   int port = 0;
   builder.AddListeningPort(config.listen, *credentials, &port);
   const int max_message = static_cast<int>(limits.max_message_bytes);

@@ -4,6 +4,7 @@
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/impl/codegen/client_unary_call.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -556,6 +557,43 @@ TEST_F(BadInputTest, UnparseableRequestsAreInvalidArgumentNamingTheMessage) {
 
 // Past max_streams a new streaming call is answered RESOURCE_EXHAUSTED at once with a
 // retry hint, while unary calls keep answering; a place freed is usable again.
+// gRPC server reflection answers any peer on a synchronous stream that holds one of the
+// threads Prefill sessions need while it is open; grpc_reflection = false takes it away.
+TEST(AdmissionTest, ReflectionIsServedUnlessTurnedOff) {
+  for (const bool on : {true, false}) {
+    auto d = DaemonProcess::Start(MakeTempDir("kvtierd-reflection"),
+                                  {absl::StrCat("--grpc-reflection=", on ? "true" : "false")});
+    ASSERT_TRUE(d.ok()) << d.status();
+    auto channel = grpc::CreateChannel(d->target(), grpc::InsecureChannelCredentials());
+    const grpc::internal::RpcMethod method(
+        "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+        grpc::internal::RpcMethod::BIDI_STREAMING);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+    std::unique_ptr<grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>> stream(
+        grpc::internal::ClientReaderWriterFactory<grpc::ByteBuffer, grpc::ByteBuffer>::Create(
+            channel.get(), method, &ctx));
+    const std::string list_services("\x3a\x00", 2);  // ServerReflectionRequest{list_services: ""}
+    grpc::Slice slice(list_services);
+    stream->Write(grpc::ByteBuffer(&slice, 1));
+    stream->WritesDone();
+    grpc::ByteBuffer reply;
+    std::string services;
+    while (stream->Read(&reply)) {
+      grpc::Slice flat;
+      ASSERT_TRUE(reply.DumpToSingleSlice(&flat).ok());
+      services.append(reinterpret_cast<const char*>(flat.begin()), flat.size());
+    }
+    const grpc::Status s = stream->Finish();
+    if (on) {
+      EXPECT_TRUE(s.ok()) << s.error_code() << ": " << s.error_message();
+      EXPECT_NE(services.find("kvtier.v1.KvCache"), std::string::npos);
+    } else {
+      EXPECT_EQ(s.error_code(), grpc::StatusCode::UNIMPLEMENTED) << s.error_message();
+    }
+  }
+}
+
 TEST(AdmissionTest, StreamsPastMaxStreamsAreRefusedAndUnaryCallsStillAnswer) {
   auto d = DaemonProcess::Start(MakeTempDir("kvtierd-admission"), {"--max-streams=2"});
   ASSERT_TRUE(d.ok()) << d.status();
