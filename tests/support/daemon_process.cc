@@ -262,7 +262,7 @@ absl::StatusOr<HttpResponse> HttpRequest(int port, const std::string& method,
   const std::string req = absl::StrCat(method, " ", path,
                                        " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
                                        "Content-Length: 0\r\n\r\n");
-  if (write(fd, req.data(), req.size()) != static_cast<ssize_t>(req.size())) {
+  if (send(fd, req.data(), req.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(req.size())) {
     close(fd);
     return absl::UnavailableError("short write");
   }

@@ -115,7 +115,9 @@ void StallingProxy::Pump(int from, int to, bool downstream) {
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) break;
     for (ssize_t off = 0; off < n;) {
-      const ssize_t w = write(to, buf + off, static_cast<size_t>(n - off));
+      // MSG_NOSIGNAL: a side that closed (the daemon cancelling a stalled call) must
+      // not end the test with SIGPIPE.
+      const ssize_t w = send(to, buf + off, static_cast<size_t>(n - off), MSG_NOSIGNAL);
       if (w < 0 && errno == EINTR) continue;
       if (w <= 0) {
         shutdown(from, SHUT_RDWR);
