@@ -141,9 +141,34 @@ absl::StatusOr<v1::RegionSocketResponse> RegionChannel::Call(
         return cancelled_error();
       case WaitResult::kTimedOut:
         return timed_out("answer an earlier, cancelled request");
-      case WaitResult::kReady:
-        if (absl::StatusOr<ssize_t> n = receive(); !n.ok()) return n.status();
+      case WaitResult::kReady: {
+        absl::StatusOr<ssize_t> n = receive();
+        if (!n.ok()) return n.status();
         --owed_;
+        // A registration whose caller gave up (and unmapped its memory): removed, or the
+        // daemon would keep its mapping, and count it, until the channel closes. Only
+        // an add's answer names a region.
+        v1::RegionSocketResponse dropped;
+        if (!dropped.ParseFromArray(buf, static_cast<int>(*n)) || dropped.code() != 0 ||
+            dropped.region_id() == 0) {
+          break;
+        }
+        v1::RegionSocketRequest remove;
+        remove.mutable_remove()->set_region_id(dropped.region_id());
+        const std::string bytes = remove.SerializeAsString();
+        ssize_t removed;
+        do {
+          removed = send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+        } while (removed < 0 && errno == EINTR);
+        if (removed < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+          return timed_out("take a request");
+        }
+        if (removed != static_cast<ssize_t>(bytes.size())) {
+          return absl::UnavailableError(absl::StrCat("region socket: send: ", std::strerror(errno)));
+        }
+        ++owed_;  // Its answer, read and dropped next.
+        break;
+      }
     }
   }
   ssize_t sent;

@@ -8,8 +8,8 @@
 // later request fails at once (Unavailable), since a late answer could no longer be told
 // apart from the next one's. Closing it makes the daemon forget its regions. A caller
 // that cancels its call (CallCancellation) stops waiting at once instead; the next
-// request first reads the answer it was owed (a registration that answer made stays
-// until the channel closes).
+// request first reads the answer it was owed (a registration that answer made is
+// removed then: its caller has already let the memory go).
 //
 // Thread-safety: thread-safe; requests are answered in order, one at a time.
 #ifndef KVTIER_CLIENT_REGION_CHANNEL_H_

@@ -16,6 +16,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
+#include <set>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -606,6 +608,22 @@ TEST_F(ShmTest, ARestartedDaemonGetsANewPlaneAndOldBuffersStream) {
   EXPECT_EQ(std::string((*old_buf)->data(), 4 * kMiB), data);
 }
 
+// How many memfds named `name` the daemon maps (one per region it holds): distinct
+// inodes, since one mapping may show as several lines.
+int MappedMemfds(pid_t pid, const std::string& name) {
+  std::ifstream maps("/proc/" + std::to_string(pid) + "/maps");
+  std::set<std::string> inodes;
+  for (std::string line; std::getline(maps, line);) {
+    if (line.find("/memfd:" + name) == std::string::npos) continue;
+    // address perms offset dev inode path
+    std::istringstream fields(line);
+    std::string address, perms, offset, dev, inode;
+    fields >> address >> perms >> offset >> dev >> inode;
+    inodes.insert(inode);
+  }
+  return static_cast<int>(inodes.size());
+}
+
 // A caller cancels calls waiting on a daemon that does not answer (stopped here): a
 // Get through a staging buffer, one that must first register a new one (a region
 // request), and a streamed Get all end Cancelled at once, not at the 10-minute deadline.
@@ -631,6 +649,8 @@ TEST_F(ShmTest, CallsWaitingOnAStoppedDaemonAreCancelledAtOnce) {
   ASSERT_EQ(shm->data_path(), DataPath::kSharedMemory);
   auto mine = shm->AllocateShared(4 * kMiB);
   ASSERT_TRUE(mine.ok()) << mine.status();
+  const int mapped_before = MappedMemfds(daemon_->pid(), "kvtier-region");
+  ASSERT_GT(mapped_before, 0);
 
   ScopedStop stop(daemon_->pid());
   ASSERT_TRUE(stop.stopped());
@@ -688,6 +708,13 @@ TEST_F(ShmTest, CallsWaitingOnAStoppedDaemonAreCancelledAtOnce) {
   ASSERT_TRUE(into_mine.ok()) << into_mine.status();
   EXPECT_EQ(into_mine->path, DataPath::kSharedMemory);
   EXPECT_EQ(std::string((*mine)->data(), 4 * kMiB), data);
+  // The next region request reads the answer the cancelled staging registration was
+  // owed, and removes that region (its memory is gone on this side): the daemon maps
+  // what it did before, and the new buffer. It once kept the cancelled one mapped until
+  // the client's channel closed.
+  auto one_more = shm->AllocateShared(kMiB);
+  ASSERT_TRUE(one_more.ok()) << one_more.status();
+  EXPECT_EQ(MappedMemfds(daemon_->pid(), "kvtier-region"), mapped_before + 1);
 }
 
 TEST_F(ShmTest, PrefillSessionIntoSharedMemoryHasTheDaemonCopyTheChunks) {
