@@ -567,6 +567,17 @@ void Session::StopThreads() {
     stop_prefetch_ = true;
   }
   if (prefetcher_.joinable()) prefetcher_.join();
+  // Nothing more is sent: the chunks prefetched and not streamed, and the target region,
+  // go now, not after the linger below (they held pool slots other sessions wait for,
+  // and a worker removing its region right after Done was refused).
+  std::deque<std::pair<uint32_t, absl::StatusOr<ChunkView>>> unsent;
+  {
+    absl::MutexLock lock(&mu_);
+    unsent.swap(ready_);
+  }
+  unsent.clear();
+  target_.reset();
+  device_target_.reset();
   if (reader_.joinable()) {
     // The worker half-closes after Done; one that does not is cut off after `linger`,
     // which is the only way to get a blocked Read back.
@@ -653,16 +664,18 @@ grpc::Status Session::Run() {
       break;
     }
     bool aborted = false;
-    if (absl::Status s = SendChunk(j, *view, &aborted);
-        absl::IsDataLoss(s) || absl::IsNotFound(s)) {
-      // The chunk failed its checksum as it was read or copied (and is deleted), or it
-      // was deleted while it was read a frame at a time.
-      result = Finish(j + 1, v1::PrefillDone::CHUNK_UNAVAILABLE,
-                      absl::StrCat("chunk ", j, ": ", s.message(), "; compute it"));
+    if (absl::Status s = SendChunk(j, *view, &aborted); absl::IsCancelled(s)) {
+      result = ToGrpcStatus(s);  // The client is gone: no Done to send.
       finished = true;
       break;
     } else if (!s.ok()) {
-      result = ToGrpcStatus(s);
+      // The chunk failed its checksum as it was read or copied (and is deleted), was
+      // deleted while it was read a frame at a time, or its copy into the worker's GPU
+      // memory failed on the device: the worker computes it and what is below, and keeps
+      // what was streamed. (Ended without Done, the session once waited out its linger
+      // for a half-close the client never sends, and then answered CANCELLED.)
+      result = Finish(j + 1, v1::PrefillDone::CHUNK_UNAVAILABLE,
+                      absl::StrCat("chunk ", j, ": ", s.message(), "; compute it"));
       finished = true;
       break;
     }

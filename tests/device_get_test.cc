@@ -556,6 +556,47 @@ TEST_F(DeviceGetTest, DeviceErrorMidCopyFailsTheGetAndTheDaemonGoesOn) {
   EXPECT_TRUE(Landed(buf, kChunk) == PatternBytes(0, kChunk));
 }
 
+// A device error copying a Prefill chunk into the worker's GPU memory ends the session
+// with Done (CHUNK_UNAVAILABLE: compute from there), at once. It once ended without
+// Done, so the session waited out its linger for a half-close the worker never sends
+// and then answered CANCELLED, leaving the worker unable to tell what to compute.
+TEST_F(DeviceGetTest, PrefillDeviceErrorEndsWithDoneNamingTheChunk) {
+  Start({}, /*with_gpu=*/true, /*stalls=*/nullptr, /*staging_chunks=*/0);  // From RAM.
+  for (uint64_t i = 0; i < 3; ++i) Put(i);
+  auto [buf, handle] = WorkerBuffer(3 * kChunk);
+  auto ch = Channel();
+  auto reg = ch->AddDevice(handle, 3 * kChunk);
+  ASSERT_TRUE(reg.ok());
+  device_->FailSubmission(1, absl::UnavailableError("injected: device fell off the bus"));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  auto stream = stub_->Prefill(&ctx);
+  v1::PrefillClientMessage open;
+  open.mutable_open()->set_namespace_id(ns_);
+  for (uint64_t i = 0; i < 3; ++i) open.mutable_open()->add_keys(KeyOf(i).ToByteString());
+  open.mutable_open()->mutable_compute_estimate()->set_a_seconds(100);  // Stream it all.
+  open.mutable_open()->mutable_target()->set_region_id(reg->region_id);
+  open.mutable_open()->mutable_target()->set_token(reg->token);
+  open.mutable_open()->mutable_target()->add_offsets(0);
+  ASSERT_TRUE(stream->Write(open));
+  v1::PrefillServerMessage msg;
+  std::optional<v1::PrefillDone> done;
+  int chunks = 0;
+  while (stream->Read(&msg)) {
+    if (msg.has_chunk()) ++chunks;
+    if (msg.has_done()) {
+      done = msg.done();
+      stream->WritesDone();
+    }
+  }
+  const grpc::Status s = stream->Finish();
+  EXPECT_TRUE(s.ok()) << s.error_code() << ": " << s.error_message();
+  ASSERT_TRUE(done.has_value());
+  EXPECT_EQ(done->reason(), v1::PrefillDone::CHUNK_UNAVAILABLE);
+  EXPECT_EQ(done->first_streamed(), 3u);  // Chunk 2's copy failed: nothing streamed.
+  EXPECT_EQ(chunks, 0);
+}
+
 TEST_F(DeviceGetTest, WorkerThatExitsMidTransferLeaksNothing) {
   Start({.hold_copies = true});
   Put(0);
