@@ -7,7 +7,12 @@
 namespace kvtier {
 
 uint64_t FrameBytesFor(uint32_t requested, uint64_t max_frame_bytes) {
-  return std::min<uint64_t>(max_frame_bytes, requested > 0 ? requested : kStockFrameBytes);
+  // At least kMinFrameBytes: a frame of a few bytes costs a message, a write and (from
+  // SSD) a read job each, so a client asking for 1-byte frames made a chunk millions of
+  // them, starving the read pool other calls share.
+  const uint64_t wanted =
+      requested > 0 ? std::max<uint64_t>(requested, kMinFrameBytes) : kStockFrameBytes;
+  return std::min<uint64_t>(max_frame_bytes, wanted);
 }
 
 absl::StatusOr<GetPlan> MakeGetPlan(const v1::GetRequest& req, const LayoutSpec& layout,

@@ -45,6 +45,9 @@ struct GetPlan {
 // every frame (one that raised its limit asks for larger frames). A multiple of the SSD
 // tier's 256 KiB checksum pieces, so that a frame read from SSD reads each piece once.
 inline constexpr uint64_t kStockFrameBytes = (4u << 20) - (256u << 10);
+// The smallest frame a request may ask for (smaller requests get this): the least
+// max_frame_size a daemon takes.
+inline constexpr uint64_t kMinFrameBytes = 4u << 10;
 uint64_t FrameBytesFor(uint32_t requested, uint64_t max_frame_bytes);
 
 // `req` for namespace layout `layout`. Returns: Ok, InvalidArgument (naming the field:
