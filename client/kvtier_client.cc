@@ -213,6 +213,16 @@ absl::Status FromGrpcStatus(const grpc::Status& status) {
         "); the daemon's limits are in RegisterLayoutResponse (max_message_bytes, "
         "max_frame_bytes): send smaller frames or fewer keys, do not retry"));
   }
+  // Request headers past the daemon's 8 KiB limit (an oversized token): refused by the
+  // daemon ("received initial metadata size exceeds limit") or, once this client knows
+  // the limit, by gRPC here ("to-be-sent initial metadata size exceeds peer limit").
+  // Final as well (kvtier.proto, "Errors").
+  if (status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED &&
+      absl::StrContains(status.error_message(), "metadata size exceeds")) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the request's headers are larger than the daemon takes (", status.error_message(),
+        "): a shorter bearer token, do not retry"));
+  }
   // grpc::StatusCode and absl::StatusCode share the canonical code numbers.
   return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
                       status.error_message());
@@ -297,77 +307,95 @@ KvTierClient::KvTierClient(std::string target, ClientOptions options,
 KvTierClient::~KvTierClient() = default;
 
 absl::StatusOr<SharedMemoryPlane*> KvTierClient::Plane() {
-  absl::MutexLock lock(&mu_);
-  if (plane_resolved_ && plane_ != nullptr && !plane_->channel().broken() &&
-      plane_->channel().PeerGone()) {
-    // The daemon exited, or restarted on the same address: its successor knows none of
-    // this plane's regions. Decide afresh (a new region socket, or the stream while it
-    // is not up yet). The old plane stays alive: calls in flight and SharedBuffers hold
-    // it, and the latter's bytes now go by the stream.
-    plane_->DropStaging();  // Their memory, not kept for a daemon that is gone.
-    retired_planes_.push_back(std::move(plane_));
-    plane_resolved_ = false;
-    plane_status_ = absl::OkStatus();
-  }
-  if (plane_resolved_) {
-    if (plane_ != nullptr && plane_->channel().broken()) {
-      // The daemon left a region request unanswered and has forgotten this client's
-      // regions: the stream from now on. The plane object stays (calls in flight may
-      // hold it); its buffers are no longer named to the daemon (SharedBufferOf).
-      if (plane_status_.ok()) {
-        plane_status_ = absl::UnavailableError(
-            "the region socket timed out; shared memory is off for this client");
-        plane_detail_ = absl::StrCat("stream (gRPC): ", plane_status_.message());
+  {
+    absl::MutexLock lock(&mu_);
+    // One resolution at a time, and none under mu_: its DataPlane call and socket
+    // connect can take rpc_deadline, and every other use of mu_ (ItemSizes,
+    // SharedBufferOf, the Python binding's InSharedMemory) once waited that long too.
+    mu_.Await(absl::Condition(
+        +[](bool* resolving) { return !*resolving; }, &plane_resolving_));
+    if (plane_resolved_ && plane_ != nullptr && !plane_->channel().broken() &&
+        plane_->channel().PeerGone()) {
+      // The daemon exited, or restarted on the same address: its successor knows none
+      // of this plane's regions. Decide afresh (a new region socket, or the stream while
+      // it is not up yet). The old plane stays alive: calls in flight and SharedBuffers
+      // hold it, and the latter's bytes now go by the stream.
+      plane_->DropStaging();  // Their memory, not kept for a daemon that is gone.
+      retired_planes_.push_back(std::move(plane_));
+      plane_resolved_ = false;
+      plane_status_ = absl::OkStatus();
+    }
+    if (plane_resolved_) {
+      if (plane_ != nullptr && plane_->channel().broken()) {
+        // The daemon left a region request unanswered and has forgotten this client's
+        // regions: the stream from now on. The plane object stays (calls in flight may
+        // hold it); its buffers are no longer named to the daemon (SharedBufferOf).
+        if (plane_status_.ok()) {
+          plane_status_ = absl::UnavailableError(
+              "the region socket timed out; shared memory is off for this client");
+          plane_detail_ = absl::StrCat("stream (gRPC): ", plane_status_.message());
+        }
+        if (options_.data_plane == ClientOptions::DataPlane::kSharedMemory) {
+          return plane_status_;
+        }
+        return nullptr;
       }
-      if (options_.data_plane == ClientOptions::DataPlane::kSharedMemory) return plane_status_;
+      if (plane_ == nullptr && options_.data_plane == ClientOptions::DataPlane::kSharedMemory) {
+        return plane_status_;
+      }
+      return plane_.get();
+    }
+    if (options_.data_plane == ClientOptions::DataPlane::kStream) {
+      plane_resolved_ = true;
+      plane_detail_ = "stream (gRPC): data_plane = stream";
       return nullptr;
     }
-    if (plane_ == nullptr && options_.data_plane == ClientOptions::DataPlane::kSharedMemory) {
-      return plane_status_;
-    }
-    return plane_.get();
-  }
-  if (options_.data_plane == ClientOptions::DataPlane::kStream) {
-    plane_resolved_ = true;
-    plane_detail_ = "stream (gRPC): data_plane = stream";
-    return nullptr;
+    plane_resolving_ = true;
   }
   absl::Status why;
-  auto info = CallUnary(*this, &v1::KvCache::Stub::DataPlane, v1::DataPlaneRequest());
+  std::unique_ptr<SharedMemoryPlane> opened;
+  std::string region_socket;
   // Not up yet, or this call was cancelled (CallCancellation): decide at the next call.
-  const auto undecided = [](const absl::Status& s) {
-    return absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s) || absl::IsCancelled(s);
-  };
+  std::optional<absl::Status> undecided;
+  auto info = CallUnary(*this, &v1::KvCache::Stub::DataPlane, v1::DataPlaneRequest());
   if (!info.ok()) {
     // Anything else (an older daemon answers UNIMPLEMENTED): the stream.
-    if (undecided(info.status())) {
-      return options_.data_plane == ClientOptions::DataPlane::kSharedMemory
-                 ? absl::StatusOr<SharedMemoryPlane*>(info.status())
-                 : absl::StatusOr<SharedMemoryPlane*>(nullptr);
+    if (absl::IsUnavailable(info.status()) || absl::IsDeadlineExceeded(info.status()) ||
+        absl::IsCancelled(info.status())) {
+      undecided = info.status();
+    } else {
+      why = info.status();
     }
-    why = info.status();
   } else if (info->region_socket().empty()) {
     why = absl::FailedPreconditionError("the daemon serves no shared memory (shm_socket = off)");
   } else {
     auto plane = SharedMemoryPlane::Open(*info, options_.staging_bytes, options_.rpc_deadline);
     if (plane.ok()) {
-      plane_ = *std::move(plane);
-      plane_detail_ = absl::StrCat("shared memory (region socket ", info->region_socket(), ")");
+      opened = *std::move(plane);
+      region_socket = info->region_socket();
     } else if (absl::IsCancelled(plane.status())) {
-      return options_.data_plane == ClientOptions::DataPlane::kSharedMemory
-                 ? absl::StatusOr<SharedMemoryPlane*>(plane.status())
-                 : absl::StatusOr<SharedMemoryPlane*>(nullptr);
+      undecided = plane.status();
     } else {
       why = plane.status();
     }
   }
-  plane_resolved_ = true;
-  if (plane_ == nullptr) {
-    plane_status_ = why;
-    plane_detail_ = absl::StrCat("stream (gRPC): ", why.message());
-    if (options_.data_plane == ClientOptions::DataPlane::kSharedMemory) return plane_status_;
+  absl::MutexLock lock(&mu_);
+  plane_resolving_ = false;
+  if (undecided.has_value()) {
+    return options_.data_plane == ClientOptions::DataPlane::kSharedMemory
+               ? absl::StatusOr<SharedMemoryPlane*>(*undecided)
+               : absl::StatusOr<SharedMemoryPlane*>(nullptr);
   }
-  return plane_.get();
+  plane_resolved_ = true;
+  if (opened != nullptr) {
+    plane_ = std::move(opened);
+    plane_detail_ = absl::StrCat("shared memory (region socket ", region_socket, ")");
+    return plane_.get();
+  }
+  plane_status_ = why;
+  plane_detail_ = absl::StrCat("stream (gRPC): ", why.message());
+  if (options_.data_plane == ClientOptions::DataPlane::kSharedMemory) return plane_status_;
+  return nullptr;
 }
 
 DataPath KvTierClient::data_path() {

@@ -519,11 +519,13 @@ class KvTierClient {
   absl::flat_hash_map<uint64_t, uint64_t> chunk_bytes_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, uint32_t> num_layers_ ABSL_GUARDED_BY(mu_);
 
-  // The same-host data plane, resolved at the first transfer (under mu_, one DataPlane
-  // RPC and a socket connect): null when transfers stream; with data_plane =
-  // kSharedMemory, why not. An unreachable daemon is not a decision: the next call
-  // tries again. Resolved again when the daemon behind the plane has gone (restarted).
+  // The same-host data plane, resolved at the first transfer (one DataPlane RPC and a
+  // socket connect, outside mu_; other callers of Plane wait for it): null when
+  // transfers stream; with data_plane = kSharedMemory, why not. An unreachable daemon
+  // is not a decision: the next call tries again. Resolved again when the daemon behind
+  // the plane has gone (restarted).
   absl::StatusOr<SharedMemoryPlane*> Plane();
+  bool plane_resolving_ ABSL_GUARDED_BY(mu_) = false;
   bool plane_resolved_ ABSL_GUARDED_BY(mu_) = false;
   std::unique_ptr<SharedMemoryPlane> plane_ ABSL_GUARDED_BY(mu_);
   // Planes of daemons that went away: kept, as calls and SharedBuffers may hold them.

@@ -501,6 +501,18 @@ TEST_F(BadInputTest, TinyFramesAreRaisedToFourKiB) {
   EXPECT_TRUE(got == data);
 }
 
+// kvtier's client reports headers past the limit as INVALID_ARGUMENT (final), not
+// gRPC's RESOURCE_EXHAUSTED, which its callers would read as "retry" for ever.
+TEST_F(BadInputTest, TheClientReportsAnOversizedTokenAsFinal) {
+  ClientOptions o;
+  o.bearer_token = std::string(16 << 10, 't');
+  auto c = KvTierClient::Connect(daemon_->target(), o);
+  ASSERT_TRUE(c.ok()) << c.status();
+  auto stats = (*c)->Stats();
+  EXPECT_EQ(stats.status().code(), absl::StatusCode::kInvalidArgument) << stats.status();
+  EXPECT_NE(stats.status().message().find("do not retry"), std::string::npos) << stats.status();
+}
+
 // The daemon parses Put frames itself (one copy from gRPC's buffers into the pool): bytes
 // that are not a PutFrame at all are INVALID_ARGUMENT, not a crash or a stuck stream.
 TEST_F(BadInputTest, NotAPutFrameIsInvalidArgument) {
