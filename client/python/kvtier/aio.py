@@ -97,8 +97,10 @@ class Client:
 
     async def get(self, namespace_id: int, keys, layers=None, order: str = "chunk", *,
                   lease: int = 0):
-        return await self._call(self._sync.get, namespace_id, keys, layers, order,
-                                lease=lease)
+        # A transfer like the others: cancelling the task cancels the stream, instead
+        # of leaving it to hold an executor thread until its deadline.
+        return await self._transfer(self._sync.get, namespace_id, keys, layers, order,
+                                    lease=lease)
 
     async def pin(self, namespace_id: int, keys, ttl_seconds: int = 0):
         return await self._call(self._sync.pin, namespace_id, keys, ttl_seconds)

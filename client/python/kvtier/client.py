@@ -519,11 +519,11 @@ class Client:
 
     def get(self, namespace_id: int, keys: Sequence[bytes],
             layers: Optional[LayerRange] = None, order: str = "chunk", *,
-            lease: int = 0) -> List[Optional[bytes]]:
+            lease: int = 0, _canceller=None) -> List[Optional[bytes]]:
         """Loads ``keys`` into new bytes objects: one per key, None where absent."""
         keys = _keys(keys)
         return self._native.get(namespace_id, keys, _layers(layers), _order(order), lease,
-                                None)
+                                _canceller)
 
     def start_get_into(self, namespace_id: int, keys: Sequence[bytes], out,
                        layers: Optional[LayerRange] = None,

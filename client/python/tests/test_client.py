@@ -717,9 +717,27 @@ def test_cancel_and_close_end_loads_waiting_on_a_stopped_daemon(tmp_path, layout
                 await asyncio.wait_for(ac.close(), 120)
                 with pytest.raises(kvtier.CancelledError):
                     await task
+            async def cancelled_get():
+                # get (new bytes objects) is cancellable too: it once ran on with no
+                # canceller, holding its executor thread until the deadline (none here),
+                # and close() then waited on it for ever.
+                import asyncio
+                ac = kvtier.aio.Client(d.target, rpc_deadline=0)
+                task = asyncio.ensure_future(ac.get(ns, keys))
+                for _ in range(6000):  # On the executor, waiting on the daemon.
+                    if ac._transfers:
+                        break
+                    await asyncio.sleep(0.01)  # Polls a condition.
+                assert ac._transfers, "get runs without a canceller"
+                task.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await asyncio.wait_for(task, 120)
+                await asyncio.wait_for(ac.close(), 120)
+
             import asyncio
             asyncio.run(cancelled_task())
             asyncio.run(closed_client())
+            asyncio.run(cancelled_get())
         finally:
             os.kill(d.proc.pid, signal.SIGCONT)
         again = [bytearray(layout.chunk_bytes) for _ in keys]
