@@ -152,6 +152,14 @@ void PyPrefillSession::Close() {
     py::gil_scoped_release nogil;
     s = session_->Close();
   }
+  // The reader thread is joined: nothing calls back or writes into dest any more. Let
+  // go of them now (with the GIL), not when the session object is collected: a
+  // callback that holds the session (on_chunk=self.method, self.session = s) is a cycle
+  // the GC cannot see through this object, and dest stayed exported (a bytearray
+  // could not be resized after `with client.prefill(dest=...)`).
+  on_chunk_ = py::none();
+  on_in_place_ = py::none();
+  dest_ = BufferRef();
   ThrowIfError(s);
 }
 

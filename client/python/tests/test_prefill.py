@@ -97,6 +97,39 @@ def test_bad_prefill_input(client, cached):
         client.prefill(ns, keys, compute_estimate=(-1.0, 0.0))
 
 
+def test_a_closed_session_lets_go_of_dest_and_its_callbacks(client, cached):
+    """Once the session is closed its dest is no longer exported and its callback no
+    longer held: a bytearray dest can grow again, and a worker whose on_chunk is its
+    own method (holding the session) is collected. Both were held until the session
+    object itself went, which such a cycle never lets happen."""
+    import gc
+    import weakref
+    lay, ns, keys, data = cached
+    dest = bytearray(8 * lay.chunk_bytes)
+    with client.prefill(ns, keys, dest=dest, compute_estimate=(10.0, 0.0)) as s:
+        assert s.finish().chunks_streamed == 6
+    dest.extend(b"x")  # BufferError while the session kept it exported.
+    assert len(dest) == 8 * lay.chunk_bytes + 1
+
+    class Worker:
+        def __init__(self):
+            self.chunks = []
+            self.session = client.prefill(ns, keys, on_chunk=self.on_chunk,
+                                          compute_estimate=(10.0, 0.0))
+
+        def on_chunk(self, i, b, t):
+            self.chunks.append(i)
+
+    w = Worker()
+    with w.session:
+        w.session.finish()
+    assert sorted(w.chunks) == list(range(6))
+    gone = weakref.ref(w)
+    del w
+    gc.collect()
+    assert gone() is None
+
+
 def test_on_chunk_that_raises_fails_the_session(client, cached):
     lay, ns, keys, data = cached
 
