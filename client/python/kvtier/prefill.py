@@ -17,6 +17,10 @@ the daemon streams cached chunks backward from h-1::
 Exactly once: streamed chunks reach ``dest`` (or ``on_chunk``) only whole and
 CRC32C-verified, each once. If finish() raises, the worker holds nothing from the
 session: it computes [0, h) itself.
+
+``on_chunk`` runs on the session's own thread. It may call should_compute and
+report_computed, and may drop the session (the main thread then ends it); finish() and
+close() from it raise FailedPreconditionError, since they wait for that thread.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from . import _native
 from ._buffers import byte_view
 from ._layout import Tier
 from .client import _seconds, _whole, native_error
-from .errors import InvalidArgumentError
+from .errors import FailedPreconditionError, InvalidArgumentError
 from .v1 import kvtier_pb2
 
 
@@ -142,6 +146,8 @@ class PrefillSession:
         """Ends the call (cancelling it if finish was not called) and joins its thread."""
         try:
             self._native.close()
+        except FailedPreconditionError:
+            raise  # Called from the session's own callback: nothing was closed.
         except Exception:
             if self._finished:
                 raise

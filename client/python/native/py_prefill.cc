@@ -11,6 +11,19 @@
 namespace py = pybind11;
 
 namespace kvtier::python {
+namespace {
+
+// The session whose callback this thread is running (the session's reader thread, while
+// on_chunk or on_in_place runs), or null.
+thread_local const PyPrefillSession* calling_back = nullptr;
+
+// A pending call (Py_AddPendingCall): drops the reference on the main thread.
+int DropReference(void* object) {
+  Py_DECREF(static_cast<PyObject*>(object));
+  return 0;
+}
+
+}  // namespace
 
 PyPrefillSession::PyPrefillSession(PyClient& client, uint64_t namespace_id,
                                    const py::list& keys, const py::object& dest,
@@ -81,6 +94,14 @@ PyPrefillSession::~PyPrefillSession() {
 template <typename Call>
 void PyPrefillSession::CallPython(const char* what, uint32_t index, Call call) {
   py::gil_scoped_acquire gil;
+  // The callback may drop the last reference to this session (del worker.session). The
+  // session must then not be destroyed on this thread, which its destructor joins: hold
+  // a reference across the call, and if it is the last one afterwards, hand it to the
+  // main thread. Null while the constructor runs (not registered yet; its caller holds
+  // the object).
+  py::object self = py::reinterpret_borrow<py::object>(py::detail::get_object_handle(
+      this, py::detail::get_type_info(typeid(PyPrefillSession))));
+  calling_back = this;
   try {
     call();
   } catch (py::error_already_set& e) {
@@ -89,6 +110,25 @@ void PyPrefillSession::CallPython(const char* what, uint32_t index, Call call) {
       chunk_error_ = absl::InternalError(
           absl::StrCat(what, " raised for chunk ", index, ": ", e.what()));
     }
+  }
+  calling_back = nullptr;
+  if (self && Py_REFCNT(self.ptr()) == 1) {
+    // The main thread destroys it, which cancels the call and joins this thread once
+    // this callback has returned. Should the pending-call queue be full, the session
+    // is leaked (its call runs to its end) rather than destroyed here.
+    PyObject* last = self.release().ptr();
+    if (Py_AddPendingCall(&DropReference, last) != 0) {
+      PyErr_WarnEx(PyExc_ResourceWarning,
+                   "kvtier: a PrefillSession dropped inside its own callback is leaked", 1);
+    }
+  }
+}
+
+void PyPrefillSession::CheckNotCallingBack(const char* method) const {
+  if (calling_back == this) {
+    throw StatusError(absl::FailedPreconditionError(absl::StrCat(
+        method, "() called from inside the session's own on_chunk or on_in_place: it "
+                "waits for the thread that runs them; call it from the worker's thread")));
   }
 }
 
@@ -115,6 +155,7 @@ void PyPrefillSession::ReportComputed(uint32_t i) {
 }
 
 py::dict PyPrefillSession::Finish() {
+  CheckNotCallingBack("finish");
   absl::StatusOr<PrefillResult> r;
   {
     py::gil_scoped_release nogil;
@@ -147,6 +188,7 @@ py::dict PyPrefillSession::Finish() {
 }
 
 void PyPrefillSession::Close() {
+  CheckNotCallingBack("close");
   absl::Status s;
   {
     py::gil_scoped_release nogil;

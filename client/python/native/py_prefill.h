@@ -20,7 +20,11 @@
 //
 // Threading: as PrefillSession. Every method that may wait (start, report_computed,
 // finish, close) releases the GIL, so on_chunk can run meanwhile; should_compute only
-// takes the session's lock.
+// takes the session's lock. A callback may call should_compute and report_computed;
+// finish and close from a callback raise FailedPreconditionError (they wait for the
+// thread running it). A callback may drop the last reference to its session: the
+// session is then destroyed (cancelled, its thread joined) on the main thread, at its
+// next pending-call check (Py_AddPendingCall), not on the thread it would join.
 #ifndef KVTIER_CLIENT_PYTHON_NATIVE_PY_PREFILL_H_
 #define KVTIER_CLIENT_PYTHON_NATIVE_PY_PREFILL_H_
 
@@ -64,6 +68,9 @@ class PyPrefillSession {
   // Runs `call` with the GIL; an exception it raises becomes chunk_error_ (the first).
   template <typename Call>
   void CallPython(const char* what, uint32_t index, Call call);
+  // Throws FailedPrecondition when this thread is running one of this session's
+  // callbacks: `method` would wait for that very thread.
+  void CheckNotCallingBack(const char* method) const;
 
   // Declared before session_: the reader thread (owned by session_) uses them until
   // session_ is closed, which the destructor does first.

@@ -139,3 +139,61 @@ def test_on_chunk_that_raises_fails_the_session(client, cached):
     with client.prefill(ns, keys, on_chunk=boom, compute_estimate=(10.0, 0.0)) as s:
         with pytest.raises(kvtier.InternalError, match="worker could not take chunk"):
             s.finish()
+
+
+_DROPPED_INSIDE_ITS_CALLBACK = r"""
+import sys, threading, time, weakref
+import numpy as np
+import kvtier
+
+client = kvtier.Client(sys.argv[1], connect_timeout=30)
+lay = kvtier.Layout(model_id="pytest-prefill-drop", dtype="float32", num_layers=4,
+                    num_kv_heads=2, head_dim=8, tokens_per_chunk=16)
+ns = client.register_layout(lay).namespace_id
+keys = kvtier.chunk_keys(ns, np.arange(4 * lay.tokens_per_chunk), lay.tokens_per_chunk)
+client.put(ns, keys, [np.full(lay.chunk_bytes // 4, i, np.float32) for i in range(4)])
+
+holder, refused, ready, dropped = {}, [], threading.Event(), threading.Event()
+
+def on_chunk(i, data, tier):
+    if dropped.is_set():
+        return
+    ready.wait()
+    s = holder["session"]
+    for method in (s.finish, s.close):
+        try:
+            method()
+        except kvtier.FailedPreconditionError as e:
+            refused.append(method.__name__)
+            assert "on_chunk" in str(e), e
+    del s
+    holder.clear()  # The last reference to the session goes, on its reader thread.
+    dropped.set()
+
+s = client.prefill(ns, keys, on_chunk=on_chunk, compute_estimate=(10.0, 0.0))
+native = weakref.ref(s._native)
+holder["session"] = s
+del s
+ready.set()
+deadline = time.monotonic() + 60
+while native() is not None and time.monotonic() < deadline:
+    pass  # Running bytecode lets the main thread take the session's pending release.
+assert dropped.is_set()
+assert native() is None, "the session was never destroyed"
+assert refused == ["finish", "close"], refused
+print("ok", flush=True)
+"""
+
+
+def test_a_session_dropped_inside_its_own_callback_is_destroyed_elsewhere(daemon):
+    """A worker may let go of its session from on_chunk (on the session's reader
+    thread). Destroying it there joined the thread from itself: std::terminate. The
+    session is now destroyed on the main thread, after the callback returned; finish()
+    and close() from the callback, which would wait for that same thread, raise
+    FailedPreconditionError. Run in a child: the failure it guards against aborts."""
+    import os
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-c", _DROPPED_INSIDE_ITS_CALLBACK, daemon.target],
+                         capture_output=True, text=True, timeout=120, env=dict(os.environ))
+    assert out.returncode == 0 and out.stdout.split() == ["ok"], (out.returncode, out.stderr)
