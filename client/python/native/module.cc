@@ -69,7 +69,19 @@ PYBIND11_MODULE(_native, m) {
                status = r.status();
              }
              ThrowIfError(status);
-             return b;
+             // Freed from Python, the buffer unregisters its region (a round trip to
+             // the daemon, up to 5 s while calls still use it): not with the GIL held,
+             // or every Python thread waits on the daemon. The C++ client's own
+             // references go without the GIL already.
+             SharedBuffer* raw = b.get();
+             return std::shared_ptr<SharedBuffer>(raw, [owned = std::move(b)](SharedBuffer*) mutable {
+               if (PyGILState_Check()) {
+                 py::gil_scoped_release release;
+                 owned.reset();
+               } else {
+                 owned.reset();
+               }
+             });
            })
       .def_property_readonly("data_path", [](PyClient& c) {
         py::gil_scoped_release release;
