@@ -17,6 +17,18 @@ using kvtier::python::StatusError;
 using kvtier::SharedBuffer;
 using kvtier::python::ThrowIfError;
 
+namespace {
+
+// The session a kvtier._native.PrefillSession holds, or null while its constructor is
+// still running (pybind11 builds the holder after it returns).
+PyPrefillSession* ConstructedSession(PyObject* self) {
+  py::detail::value_and_holder v_h =
+      reinterpret_cast<py::detail::instance*>(self)->get_value_and_holder();
+  return v_h.holder_constructed() ? v_h.value_ptr<PyPrefillSession>() : nullptr;
+}
+
+}  // namespace
+
 PYBIND11_MODULE(_native, m) {
   m.doc() = "kvtier's native client (private; use the kvtier package)";
 
@@ -117,7 +129,23 @@ PYBIND11_MODULE(_native, m) {
       .def("stats", &PyClient::Stats)
       .def("hint", &PyClient::Hint, py::arg("client_id"), py::arg("requests"));
 
-  py::class_<PyPrefillSession>(m, "PrefillSession")
+  // Collectable: a session never closed whose callback holds it (a worker's method,
+  // the worker holding the session) is a cycle through the native object, which the
+  // collector sees only through these hooks. Before init_instance has built the holder
+  // (the constructor is still running) there is nothing to visit.
+  py::class_<PyPrefillSession>(m, "PrefillSession", py::custom_type_setup([](PyHeapTypeObject* heap) {
+    PyTypeObject* type = &heap->ht_type;
+    type->tp_flags |= Py_TPFLAGS_HAVE_GC;
+    type->tp_traverse = [](PyObject* self, visitproc visit, void* arg) {
+      Py_VISIT(Py_TYPE(self));  // A heap type's instances own a reference to it.
+      const PyPrefillSession* s = ConstructedSession(self);
+      return s == nullptr ? 0 : s->Traverse(visit, arg);
+    };
+    type->tp_clear = [](PyObject* self) {
+      if (PyPrefillSession* s = ConstructedSession(self)) s->ClearCallbacks();
+      return 0;
+    };
+  }))
       .def(py::init<PyClient&, uint64_t, const py::list&, const py::object&, const py::object&,
                     const py::object&, uint64_t, uint32_t, double, bool, const py::object&,
                     const py::object&>(),

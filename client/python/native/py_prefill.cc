@@ -187,6 +187,17 @@ py::dict PyPrefillSession::Finish() {
   return d;
 }
 
+int PyPrefillSession::Traverse(visitproc visit, void* arg) const {
+  Py_VISIT(on_chunk_.ptr());
+  Py_VISIT(on_in_place_.ptr());
+  return 0;
+}
+
+void PyPrefillSession::ClearCallbacks() {
+  on_chunk_ = py::none();
+  on_in_place_ = py::none();
+}
+
 void PyPrefillSession::Close() {
   CheckNotCallingBack("close");
   absl::Status s;
@@ -199,8 +210,7 @@ void PyPrefillSession::Close() {
   // callback that holds the session (on_chunk=self.method, self.session = s) is a cycle
   // the GC cannot see through this object, and dest stayed exported (a bytearray
   // could not be resized after `with client.prefill(dest=...)`).
-  on_chunk_ = py::none();
-  on_in_place_ = py::none();
+  ClearCallbacks();
   dest_ = BufferRef();
   ThrowIfError(s);
 }

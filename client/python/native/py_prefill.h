@@ -62,6 +62,13 @@ class PyPrefillSession {
   pybind11::dict Finish();
   void Close();
 
+  // The garbage collector's view (tp_traverse, tp_clear; module.cc): the callbacks are
+  // the references a cycle runs through (on_chunk=self.method, self.session = s).
+  // Clearing drops them (a call still made gets None and fails the session, which is
+  // being destroyed anyway); dest stays, as the reader thread may be writing into it.
+  int Traverse(visitproc visit, void* arg) const;
+  void ClearCallbacks();
+
  private:
   void OnChunk(uint32_t index, std::string data, v1::Tier tier);
   void OnInPlace(uint32_t index, v1::Tier tier);

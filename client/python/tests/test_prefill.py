@@ -130,6 +130,33 @@ def test_a_closed_session_lets_go_of_dest_and_its_callbacks(client, cached):
     assert gone() is None
 
 
+def test_a_session_never_closed_in_a_cycle_is_collected(client, cached):
+    """A worker that keeps its session and passes its own method as on_chunk, and never
+    closes it, is a cycle through the native session. The collector once could not see
+    into it, so the session, its thread and its call lived until the process exited;
+    now collecting the worker destroys the session, which cancels the call."""
+    import gc
+    import weakref
+    lay, ns, keys, data = cached
+
+    class Worker:
+        def __init__(self):
+            self.chunks = []
+            self.session = client.prefill(ns, keys, on_chunk=self.on_chunk,
+                                          use_forecast=False, max_bytes_per_second=1)
+
+        def on_chunk(self, i, b, t):
+            self.chunks.append(i)
+
+    w = Worker()
+    native = weakref.ref(w.session._native)
+    gone = weakref.ref(w)
+    del w
+    gc.collect()
+    # Destroyed: its call was cancelled and its reader thread joined.
+    assert gone() is None and native() is None
+
+
 def test_on_chunk_that_raises_fails_the_session(client, cached):
     lay, ns, keys, data = cached
 
