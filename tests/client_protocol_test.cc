@@ -8,9 +8,11 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "client/kvtier_client.h"
 #include "gtest/gtest.h"
 #include "kvtier/v1/kvtier.grpc.pb.h"
@@ -40,9 +42,11 @@ class LyingDaemon final : public v1::KvCache::Service {
   v1::LookupResponse lookup;
   uint64_t chunk_bytes = kChunkBytes;  // What DataPlane answers.
   uint32_t num_layers = kLayers;
+  std::function<void()> on_data_plane;  // Runs first in every DataPlane call, if set.
 
   grpc::Status DataPlane(grpc::ServerContext*, const v1::DataPlaneRequest* req,
                          v1::DataPlaneResponse* resp) override {
+    if (on_data_plane) on_data_plane();
     if (req->namespace_id() == kNamespace) {
       resp->set_chunk_bytes(chunk_bytes);
       resp->set_num_layers(num_layers);
@@ -122,6 +126,36 @@ TEST_F(ClientProtocolTest, GetIntoRefusesAChunkLargerThanTheLayoutsBeforeCopying
   auto r = client_->GetInto(kNamespace, keys_, absl::MakeSpan(memory.data(), 2 * kChunkBytes));
   ExpectViolation(r.status(), "total_bytes");
   EXPECT_EQ(memory.substr(2 * kChunkBytes), std::string(4096, '\x5a'));
+}
+
+// The data plane is decided (a DataPlane call, then maybe a socket connect) outside the
+// client's mutex. It was decided under it: while a daemon took its time answering,
+// every other user of the mutex waited as long, among them InSharedMemory, which the
+// Python binding calls holding the GIL, so every Python thread stalled.
+TEST_F(ClientProtocolTest, AnUnansweredDataPlaneCallHoldsUpNoOtherCaller) {
+  absl::Notification entered, release;
+  daemon_.on_data_plane = [&] {
+    entered.Notify();
+    release.WaitForNotification();
+  };
+  ClientOptions o;  // data_plane kAuto: the first transfer decides.
+  o.rpc_deadline = absl::Hours(1);  // Past the bound below: only `release` ends the call.
+  auto c = KvTierClient::Connect(client_->target(), o);
+  ASSERT_TRUE(c.ok()) << c.status();
+  std::thread deciding([&] { EXPECT_EQ((*c)->data_path(), DataPath::kStream); });
+  entered.WaitForNotification();
+  absl::Notification answered;
+  std::string memory(64, 'x');
+  std::thread other([&] {
+    EXPECT_FALSE((*c)->InSharedMemory(memory.data(), memory.size()));
+    answered.Notify();
+  });
+  // The bound only keeps a regression from hanging the suite; the call takes no time.
+  const bool answered_meanwhile = answered.WaitForNotificationWithTimeout(absl::Seconds(60));
+  release.Notify();
+  other.join();
+  deciding.join();
+  EXPECT_TRUE(answered_meanwhile) << "InSharedMemory waited for the DataPlane call";
 }
 
 // Layout sizes no daemon answers are refused before anything is sized from them: a
