@@ -19,12 +19,13 @@ CRC32C-verified, each once. If finish() raises, the worker holds nothing from th
 session: it computes [0, h) itself.
 
 ``on_chunk`` runs on the session's own thread. It may call should_compute and
-report_computed, and may drop the session (the main thread then ends it); finish() and
+report_computed, and may drop the session (another thread then ends it); finish() and
 close() from it raise FailedPreconditionError, since they wait for that thread.
 """
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import List
 
@@ -63,6 +64,14 @@ class PrefillResult:
     # How streamed chunks came: "shared_memory" (dest is client.shared_buffer() memory
     # on the daemon's host: the daemon wrote them there) or "stream".
     path: str = "stream"
+
+
+def _release_elsewhere(holder: list) -> None:
+    """Called by the native session when a callback dropped the last reference to it:
+    ``holder`` holds that reference, and a thread of its own drops it, as the session's
+    destructor joins the thread the callback ran on. Not a daemon thread: the interpreter
+    waits for it at exit instead of stopping it inside the destructor."""
+    threading.Thread(target=holder.clear, name="kvtier-prefill-release").start()
 
 
 class PrefillSession:
@@ -144,10 +153,12 @@ class PrefillSession:
 
     def close(self) -> None:
         """Ends the call (cancelling it if finish was not called) and joins its thread."""
+        if self._native.calling_back:
+            raise FailedPreconditionError(
+                "close() called from inside the session's own on_chunk or on_in_place: it "
+                "waits for the thread that runs them; call it from the worker's thread")
         try:
             self._native.close()
-        except FailedPreconditionError:
-            raise  # Called from the session's own callback: nothing was closed.
         except Exception:
             if self._finished:
                 raise

@@ -145,6 +145,14 @@ PYBIND11_MODULE(_native, m) {
       if (PyPrefillSession* s = ConstructedSession(self)) s->ClearCallbacks();
       return 0;
     };
+    // Untracked before anything is destroyed: pybind11 2.10.3's dealloc does not do it
+    // (fixed upstream in 2.10.4), and the destructor releases the GIL while it joins
+    // the reader thread, so a collection on another thread would find the dying object
+    // still tracked, with no references: it would clear and free it a second time.
+    type->tp_dealloc = [](PyObject* self) {
+      PyObject_GC_UnTrack(self);
+      py::detail::pybind11_object_dealloc(self);
+    };
   }))
       .def(py::init<PyClient&, uint64_t, const py::list&, const py::object&, const py::object&,
                     const py::object&, uint64_t, uint32_t, double, bool, const py::object&,
@@ -160,7 +168,8 @@ PYBIND11_MODULE(_native, m) {
       .def("should_compute", &PyPrefillSession::ShouldCompute)
       .def("report_computed", &PyPrefillSession::ReportComputed)
       .def("finish", &PyPrefillSession::Finish)
-      .def("close", &PyPrefillSession::Close);
+      .def("close", &PyPrefillSession::Close)
+      .def_property_readonly("calling_back", &PyPrefillSession::CallingBack);
 
   // CRC32C of a buffer (hardware-accelerated where the CPU has it); for tests and for
   // workers that check what they load.

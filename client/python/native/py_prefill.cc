@@ -17,12 +17,6 @@ namespace {
 // on_chunk or on_in_place runs), or null.
 thread_local const PyPrefillSession* calling_back = nullptr;
 
-// A pending call (Py_AddPendingCall): drops the reference on the main thread.
-int DropReference(void* object) {
-  Py_DECREF(static_cast<PyObject*>(object));
-  return 0;
-}
-
 }  // namespace
 
 PyPrefillSession::PyPrefillSession(PyClient& client, uint64_t namespace_id,
@@ -96,8 +90,8 @@ void PyPrefillSession::CallPython(const char* what, uint32_t index, Call call) {
   py::gil_scoped_acquire gil;
   // The callback may drop the last reference to this session (del worker.session). The
   // session must then not be destroyed on this thread, which its destructor joins: hold
-  // a reference across the call, and if it is the last one afterwards, hand it to the
-  // main thread. Null while the constructor runs (not registered yet; its caller holds
+  // a reference across the call, and if it is the last one afterwards, hand it to
+  // another thread. Null while the constructor runs (not registered yet; its caller holds
   // the object).
   py::object self = py::reinterpret_borrow<py::object>(py::detail::get_object_handle(
       this, py::detail::get_type_info(typeid(PyPrefillSession))));
@@ -113,19 +107,25 @@ void PyPrefillSession::CallPython(const char* what, uint32_t index, Call call) {
   }
   calling_back = nullptr;
   if (self && Py_REFCNT(self.ptr()) == 1) {
-    // The main thread destroys it, which cancels the call and joins this thread once
-    // this callback has returned. Should the pending-call queue be full, the session
-    // is leaked (its call runs to its end) rather than destroyed here.
-    PyObject* last = self.release().ptr();
-    if (Py_AddPendingCall(&DropReference, last) != 0) {
-      PyErr_WarnEx(PyExc_ResourceWarning,
-                   "kvtier: a PrefillSession dropped inside its own callback is leaked", 1);
+    // Another thread drops it (kvtier/prefill.py, _release_elsewhere): its destructor
+    // cancels the call and joins this thread once this callback has returned. If no
+    // thread can be started (interpreter shutdown), the session is leaked, never
+    // destroyed here.
+    py::list holder;
+    holder.append(self);
+    self = py::object();  // The list's reference is now the only one.
+    try {
+      py::module_::import("kvtier.prefill").attr("_release_elsewhere")(holder);
+    } catch (py::error_already_set&) {
+      holder.release();  // Leaked, with the session in it.
     }
   }
 }
 
+bool PyPrefillSession::CallingBack() const { return calling_back == this; }
+
 void PyPrefillSession::CheckNotCallingBack(const char* method) const {
-  if (calling_back == this) {
+  if (CallingBack()) {
     throw StatusError(absl::FailedPreconditionError(absl::StrCat(
         method, "() called from inside the session's own on_chunk or on_in_place: it "
                 "waits for the thread that runs them; call it from the worker's thread")));

@@ -23,8 +23,8 @@
 // takes the session's lock. A callback may call should_compute and report_computed;
 // finish and close from a callback raise FailedPreconditionError (they wait for the
 // thread running it). A callback may drop the last reference to its session: the
-// session is then destroyed (cancelled, its thread joined) on the main thread, at its
-// next pending-call check (Py_AddPendingCall), not on the thread it would join.
+// session is then destroyed (cancelled, its thread joined) on a thread started for it
+// (kvtier/prefill.py, _release_elsewhere), not on the thread it would join.
 #ifndef KVTIER_CLIENT_PYTHON_NATIVE_PY_PREFILL_H_
 #define KVTIER_CLIENT_PYTHON_NATIVE_PY_PREFILL_H_
 
@@ -68,6 +68,9 @@ class PyPrefillSession {
   // being destroyed anyway); dest stays, as the reader thread may be writing into it.
   int Traverse(visitproc visit, void* arg) const;
   void ClearCallbacks();
+
+  // Whether this thread is running one of this session's callbacks.
+  bool CallingBack() const;
 
  private:
   void OnChunk(uint32_t index, std::string data, v1::Tier tier);
