@@ -147,6 +147,11 @@ absl::Status TenantQuotas::AdmitPut(TieredStore* store, const TenantScope& t, ui
     return absl::OkStatus();
   }
   const absl::flat_hash_set<uint64_t> namespaces = BindAndList(t, ns);
+  // A chunk larger than the RAM quota can never be stored: refused (Fit evicts nothing
+  // then) before the SSD quota makes room for it.
+  if (q.ram_bytes != 0 && bytes > q.ram_bytes) {
+    return Fit(store, t, namespaces, Tier::kRam, q.ram_bytes, bytes);
+  }
   // SSD first: what RAM then evicts stays on SSD.
   if (q.ssd_bytes != 0 && store->has_ssd_tier()) {
     if (absl::Status s = Fit(store, t, namespaces, Tier::kSsd, q.ssd_bytes, bytes); !s.ok()) {

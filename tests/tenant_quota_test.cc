@@ -39,7 +39,8 @@ class TenantQuotaTest : public ::testing::Test {
   // lease and one Events subscription at a time, and three layouts; "big" none (and a
   // third of the daemon's Events subscribers, layouts and lease bytes, the default
   // shares: 2 MiB of max_lease_bytes each).
-  void Start(const std::string& mode) {
+  // `more`: further lines of the tenants file (which change the default shares).
+  void Start(const std::string& mode, const std::string& more = "") {
     dir_ = MakeTempDir("kvtierd-quota");
     const std::string tenants = dir_ + ".tenants";
     std::ofstream(tenants) << "tenant small ram_quota=3MiB ssd_quota=2MiB pinned_quota=1MiB "
@@ -47,7 +48,7 @@ class TenantQuotaTest : public ::testing::Test {
                            << "tenant big\n"
                            << "tenant mid ram_quota=2MiB\n"
                            << TokenLine("small", "token-small") << TokenLine("big", "token-big")
-                           << TokenLine("mid", "token-mid");
+                           << TokenLine("mid", "token-mid") << more;
     args_ = {"--tenants-file=" + tenants, "--write-mode=" + mode, "--ram-capacity=64MiB",
              "--max-lease-bytes=6MiB"};
     auto d = DaemonProcess::Start(dir_, args_);
@@ -162,6 +163,24 @@ TEST_F(TenantQuotaTest, AChunkTheDaemonCanNoLongerStoreEvictsNothingForItsQuota)
   EXPECT_TRUE(absl::IsFailedPrecondition(s)) << s;
   EXPECT_NE(s.message().find("cannot be stored"), std::string::npos) << s;
   EXPECT_EQ(Where(*small_, 1, 3), "rrr");
+}
+
+// A chunk larger than the tenant's RAM quota but within its SSD quota can never be
+// stored either (every put goes through RAM). It once had the SSD quota make room
+// first, evicting the tenant's SSD chunks for a put then refused.
+TEST_F(TenantQuotaTest, AChunkThatCanNeverFitTheRamQuotaEvictsNothingFromSsd) {
+  Start("write-through",
+        "tenant narrow ram_quota=1MiB ssd_quota=4MiB\n" + TokenLine("narrow", "token-narrow"));
+  std::unique_ptr<KvTierClient> narrow = Connect("token-narrow");
+  ASSERT_EQ(Register(*narrow, 1), ns_);
+  const uint64_t two_mib = Register(*narrow, 2);
+  for (uint64_t n = 1; n <= 4; ++n) ASSERT_TRUE(Put(*narrow, ns_, n).ok()) << n;
+  ASSERT_EQ(Metric(R"(kvtier_tenant_bytes{tenant="narrow",tier="ssd"})"), 4.0 * kMiB);
+  absl::Status s = Put(*narrow, two_mib, 9, 2 * kMiB);
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  EXPECT_NE(s.message().find("ram_quota"), std::string::npos) << s;
+  EXPECT_EQ(Metric(R"(kvtier_tenant_bytes{tenant="narrow",tier="ssd"})"), 4.0 * kMiB);
+  EXPECT_EQ(Where(*narrow, 1, 4), "sssr");
 }
 
 // A chunk larger than the whole pinned quota can never be pinned: INVALID_ARGUMENT
