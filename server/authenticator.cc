@@ -21,7 +21,13 @@ absl::StatusOr<std::unique_ptr<Authenticator>> Authenticator::Create(
   std::unique_ptr<Authenticator> auth(new Authenticator(std::move(options), registry));
   if (auth->enabled()) {
     absl::MutexLock lock(&auth->mu_);
-    if (absl::Status s = auth->Load(/*initial=*/true); !s.ok()) return s;
+    absl::Status s = auth->Load(/*initial=*/true);
+    // Being written as the daemon starts: try a few times before giving up.
+    for (int tries = 1; absl::IsUnavailable(s) && tries < 5; ++tries) {
+      s = auth->Load(/*initial=*/true);
+    }
+    if (absl::IsUnavailable(s)) s = absl::InvalidArgumentError(s.message());
+    if (!s.ok()) return s;
   }
   return auth;
 }
@@ -53,6 +59,18 @@ uint64_t Authenticator::reload_failures() const {
   return reload_failures_;
 }
 
+namespace {
+
+// What tells one version of the file from another: its inode, size, and change and
+// modification times (nanoseconds). An edit in place changes the times, a rename the
+// inode.
+std::string FileSignature(const struct stat& st) {
+  return absl::StrCat(st.st_dev, ":", st.st_ino, ":", st.st_size, ":", st.st_mtim.tv_sec, ".",
+                      st.st_mtim.tv_nsec, ":", st.st_ctim.tv_sec, ".", st.st_ctim.tv_nsec);
+}
+
+}  // namespace
+
 absl::Status Authenticator::Load(bool initial) {
   struct stat st {};
   const std::string& path = options_.tenants_file;
@@ -65,22 +83,32 @@ absl::Status Authenticator::Load(bool initial) {
     return absl::InvalidArgumentError(
         absl::StrCat("option tenants_file: ", path, " is not a regular file"));
   }
-  const int64_t mtime_ns = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
-  if (!initial && mtime_ns == file_mtime_ns_ && st.st_size == file_size_) {
-    return absl::OkStatus();
-  }
-  file_mtime_ns_ = mtime_ns;
-  file_size_ = st.st_size;
+  const std::string signature = FileSignature(st);
+  if (!initial && signature == file_signature_) return absl::OkStatus();
   std::ifstream in(path, std::ios::binary);
   std::stringstream text;
   text << in.rdbuf();
   if (!in.good() && !in.eof()) {
     return absl::InvalidArgumentError(absl::StrCat("option tenants_file: cannot read ", path));
   }
+  // Written to while it was read (`cat new > tenants` truncates, then writes): what was
+  // read may be any part of it. Read again later rather than load a prefix.
+  if (struct stat after {}; stat(path.c_str(), &after) != 0 || FileSignature(after) != signature) {
+    return absl::UnavailableError(
+        absl::StrCat("tenants file ", path, " changed while it was read; reading it again"));
+  }
+  file_signature_ = signature;  // A bad version is reported once, not at every check.
   auto table = TenantTable::Parse(text.str());
   if (!table.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("option tenants_file: ", path, ": ", table.status().message()));
+  }
+  if (table->tenants().empty()) {
+    // Empty, or caught between a truncate and the write that follows: every request
+    // would be refused, and every open call ended.
+    return absl::InvalidArgumentError(absl::StrCat(
+        "option tenants_file: ", path,
+        " lists no tenant (replace the file with a rename, not by truncating it)"));
   }
   table_ = std::make_shared<const TenantTable>(*std::move(table));
   ++generation_;
@@ -92,9 +120,13 @@ absl::Status Authenticator::Load(bool initial) {
 }
 
 void Authenticator::MaybeReload(absl::Time now) {
-  if (now < next_check_) return;
+  // Due, or the clock stepped back past the last check.
+  if (now < next_check_ && next_check_ - now <= options_.reload_check) return;
   next_check_ = now + options_.reload_check;
-  if (absl::Status s = Load(/*initial=*/false); !s.ok()) {
+  absl::Status s = Load(/*initial=*/false);
+  if (absl::IsUnavailable(s)) {
+    LogInfo(s.message());  // Not a failure: the next check reads it whole.
+  } else if (!s.ok()) {
     ++reload_failures_;
     if (reload_failures_metric_ != nullptr) reload_failures_metric_->Increment();
     LogError(s.message(), " (keeping the previous tenants)");
@@ -152,9 +184,13 @@ Authenticator::Result Authenticator::Authenticate(const CallerCredentials& creds
   const TenantSpec& spec = table_->tenants()[index];
   if (spec.requests_per_second > 0) {
     Bucket& b = buckets_[spec.name];
-    if (b.last == absl::InfinitePast()) b.tokens = spec.burst;
-    else b.tokens = std::min(spec.burst, b.tokens + absl::ToDoubleSeconds(now - b.last) *
-                                                        spec.requests_per_second);
+    if (b.last == absl::InfinitePast()) {
+      b.tokens = spec.burst;
+    } else {
+      const absl::Duration elapsed = std::max(absl::ZeroDuration(), now - b.last);
+      b.tokens = std::min(spec.burst,
+                          b.tokens + absl::ToDoubleSeconds(elapsed) * spec.requests_per_second);
+    }
     b.last = now;
     if (b.tokens < 1) {
       Count(spec.name, "rate_limited");

@@ -19,6 +19,7 @@
 #ifndef KVTIER_SERVER_AUTHENTICATOR_H_
 #define KVTIER_SERVER_AUTHENTICATOR_H_
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -60,7 +61,12 @@ using StillAdmitted = std::function<absl::Status()>;
 struct AuthenticatorOptions {
   std::string tenants_file;  // Empty: the implicit tenant for everyone.
   absl::Duration reload_check = absl::Seconds(1);
-  std::function<absl::Time()> clock = [] { return absl::Now(); };
+  // Times request rates and reload checks. Monotonic: a wall clock stepped back (NTP)
+  // would empty rate buckets and postpone reloads (revocations) by the step. A clock
+  // that steps back anyway is tolerated: no negative refill, and a check comes due.
+  std::function<absl::Time()> clock = [] {
+    return absl::UnixEpoch() + absl::FromChrono(std::chrono::steady_clock::now().time_since_epoch());
+  };
 };
 
 class Authenticator {
@@ -111,7 +117,9 @@ class Authenticator {
 
   Authenticator(AuthenticatorOptions options, prometheus::Registry* registry);
   void MaybeReload(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Loads the file; on success replaces the table. Returns the parse or read error.
+  // Loads the file; on success replaces the table. Returns: Ok; InvalidArgument (cannot
+  // be read, does not parse, lists no tenant); Unavailable (it changed while being read:
+  // a writer is at work, read it at the next check).
   absl::Status Load(bool initial) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Count(const std::string& tenant, const char* outcome);
   // The index in table_ of the tenant `creds` name, or -1 with `why` (Unauthenticated).
@@ -126,8 +134,9 @@ class Authenticator {
   std::shared_ptr<const TenantTable> table_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, Bucket> buckets_ ABSL_GUARDED_BY(mu_);
   absl::Time next_check_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
-  int64_t file_mtime_ns_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t file_size_ ABSL_GUARDED_BY(mu_) = -1;
+  // The file as last read (its identity, size, and change and modification times):
+  // read again once any of them differs.
+  std::string file_signature_ ABSL_GUARDED_BY(mu_);
   uint64_t reload_failures_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
 };

@@ -260,6 +260,46 @@ TEST_F(AuthenticatorTest, ReloadsAChangedFileAndKeepsTheLastGoodOne) {
   EXPECT_EQ(a->reload_failures(), 1u);
 }
 
+// A file caught between a truncate and its write (`cat new > tenants`) reads as empty,
+// which once loaded as a table with no tenant: every request refused and every open
+// call ended until the next check. A table that lists no tenant is refused, at start-up
+// too, and the last good one stays.
+TEST_F(AuthenticatorTest, AnEmptyTenantsFileIsRefusedAndTheLastGoodOneKept) {
+  Write("");
+  AuthenticatorOptions options;
+  options.tenants_file = path_;
+  auto empty = Authenticator::Create(options, nullptr);
+  ASSERT_FALSE(empty.ok());
+  EXPECT_NE(empty.status().message().find("lists no tenant"), std::string::npos)
+      << empty.status();
+  Write(Table());
+  auto a = Make();
+  ASSERT_NE(a, nullptr);
+  Write("# being rewritten\n");
+  clock_.Advance(absl::Seconds(1));
+  EXPECT_EQ(a->Authenticate(Token("secret-a")).scope->tenant(), "team-a");
+  EXPECT_EQ(a->reload_failures(), 1u);
+}
+
+// The clock that times rates and reloads stepping back (a wall clock corrected by NTP;
+// the default is monotonic) once took the step out of a tenant's rate bucket, refusing
+// it for as long, and postponed reloads, revocations included, by as long.
+TEST_F(AuthenticatorTest, AClockSteppingBackNeitherEmptiesBucketsNorPostponesReloads) {
+  Write(Table());
+  auto a = Make();
+  ASSERT_NE(a, nullptr);
+  CallerCredentials b;
+  b.unix_uid = 4242;  // team-b: 2/s, burst 3.
+  ASSERT_TRUE(a->Authenticate(b).scope.has_value());
+  clock_.Advance(-absl::Hours(1));
+  Authenticator::Result r = a->Authenticate(b);
+  EXPECT_TRUE(r.scope.has_value()) << r.denied.status;
+  Write("tenant team-a\n" + TokenLine("team-a", "secret-a2") + "# secret-a revoked\n");
+  clock_.Advance(absl::Seconds(1));
+  EXPECT_FALSE(a->Authenticate(Token("secret-a")).scope.has_value());
+  EXPECT_EQ(a->Authenticate(Token("secret-a2")).scope->tenant(), "team-a");
+}
+
 // An Events subscription outlives its admission; the daemon asks StillAdmits before each
 // batch. A subscription opened with a token that a new tenants file removed once kept
 // delivering events.
