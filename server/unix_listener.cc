@@ -16,6 +16,7 @@
 #include "absl/strings/strip.h"
 #include "server/unix_socket_path.h"
 #include "storage/log.h"
+#include "storage/log_limiter.h"
 
 namespace kvtier {
 
@@ -77,9 +78,23 @@ void UnixListener::AcceptLoop(grpc::Server* server) {
     // gRPC drives the connection from its event loop: non-blocking.
     const int conn = accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (conn < 0) {
-      if (errno == EINTR || errno == ECONNABORTED) continue;
+      const int err = errno;
+      if (err == EINTR || err == ECONNABORTED) continue;
       absl::MutexLock lock(&mu_);
-      if (!stopped_) LogError("listen_unix: accept: ", std::strerror(errno), "; no longer accepting");
+      if (stopped_) return;
+      if (err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM) {
+        // Out of descriptors or memory (any local user can hold connections open): the
+        // connection waits in the backlog. Try again shortly, Stop() ending the wait,
+        // instead of no longer accepting at all.
+        static LogLimiter limiter(absl::Seconds(10));
+        if (auto held = limiter.Allow(absl::Now())) {
+          LogWarning("listen_unix: accept: ", std::strerror(err), "; retrying (", *held,
+                     " more like it)");
+        }
+        mu_.AwaitWithTimeout(absl::Condition(&stopped_), absl::Milliseconds(100));
+        continue;
+      }
+      LogError("listen_unix: accept: ", std::strerror(err), "; no longer accepting");
       return;
     }
     absl::StatusOr<PeerCredentials> cred = ReadPeerCredentials(conn);

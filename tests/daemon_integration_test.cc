@@ -2,9 +2,14 @@
 // C++ client (and the raw stub where a test must send what the client never would).
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
 
 #include <atomic>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -802,6 +807,48 @@ TEST_F(DaemonTest, ASecondDaemonCannotTakeTheFirstOnesDataDirPortOrSocket) {
     auto again = client_->Lookup(ns, std::vector<ChunkKey>{KeyOf(1)});
     ASSERT_TRUE(again.ok()) << again.status();
   }
+}
+
+// Out of descriptors (any local user can hold connections to the Unix socket open),
+// the Unix listener once stopped accepting for good: every later client waited in the
+// backlog until its deadline, whatever had been freed since. It now tries again.
+TEST_F(DaemonTest, TheUnixListenerAcceptsAgainOnceDescriptorsAreFree) {
+  const std::string unix_socket = MakeTempDir("kvtierd-sockets") + "/kvtierd.sock";
+  StartDaemon({"--listen-unix=" + unix_socket});
+  const pid_t pid = daemon_->pid();
+  // The daemon may open 4 descriptors more than it has now.
+  rlim_t open = 0;
+  for ([[maybe_unused]] const auto& fd :
+       std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/fd")) {
+    ++open;
+  }
+  rlimit old{};
+  ASSERT_EQ(prlimit(pid, RLIMIT_NOFILE, nullptr, &old), 0) << std::strerror(errno);
+  const rlimit tight{open + 4, old.rlim_max};
+  ASSERT_EQ(prlimit(pid, RLIMIT_NOFILE, &tight, nullptr), 0) << std::strerror(errno);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  ASSERT_LT(unix_socket.size(), sizeof(addr.sun_path));
+  std::memcpy(addr.sun_path, unix_socket.data(), unix_socket.size());
+  std::vector<int> held;
+  for (int i = 0; i < 16; ++i) {
+    const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    ASSERT_GE(fd, 0);
+    held.push_back(fd);
+    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0)
+        << std::strerror(errno);
+  }
+  EXPECT_TRUE(testing::Eventually([&] {
+    return daemon_->ReadLog().find("listen_unix: accept: Too many open files") != std::string::npos;
+  })) << daemon_->ReadLog();
+  for (int fd : held) close(fd);
+  ASSERT_EQ(prlimit(pid, RLIMIT_NOFILE, &old, nullptr), 0) << std::strerror(errno);
+  ClientOptions o;
+  o.rpc_deadline = absl::Seconds(30);
+  auto over_unix = KvTierClient::Connect("unix:" + unix_socket, o);
+  ASSERT_TRUE(over_unix.ok()) << over_unix.status();
+  auto registered = (*over_unix)->RegisterLayout(LayoutOfMiB(1));
+  EXPECT_TRUE(registered.ok()) << registered.status() << "\n" << daemon_->ReadLog();
 }
 
 // Connected clients with no call in flight do not hold up SIGTERM: with an hour of
