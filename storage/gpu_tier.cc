@@ -78,8 +78,11 @@ void GpuTier::End() {
   --in_flight_;
 }
 
-bool GpuTier::Contains(const ChunkId& id) const {
-  return staging_ != nullptr && staging_->Find(id).has_value();
+bool GpuTier::Contains(const ChunkId& id) const { return StagedMeta(id).has_value(); }
+
+std::optional<ChunkMeta> GpuTier::StagedMeta(const ChunkId& id) const {
+  if (staging_ == nullptr) return std::nullopt;
+  return staging_->Find(id);
 }
 
 void GpuTier::DeliverFromStaging(const ChunkId& id, std::vector<Range> ranges, Done done,

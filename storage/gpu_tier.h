@@ -31,6 +31,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -80,6 +81,8 @@ class GpuTier final : public StorageTier {
   Role role() const override { return Role::kCopy; }
   uint64_t capacity_bytes() const override;
   bool Contains(const ChunkId& id) const override;
+  // The description of the chunk staged (ready) under `id`, if any.
+  std::optional<ChunkMeta> StagedMeta(const ChunkId& id) const;
   void Write(const ChunkId& id, const ChunkMeta& meta, ChunkBytes bytes,
              WriteDone done) override;
   void Read(const ChunkId& id, SinkFor sink_for, ReadDone done) override;

@@ -529,10 +529,23 @@ uint64_t TieredStore::FlushAll() {
 }
 
 bool TieredStore::StagedAndBacked(const ChunkId& id) const {
-  if (gpu_ == nullptr || !gpu_->Contains(id)) return false;
+  if (gpu_ == nullptr) return false;
+  const std::optional<ChunkMeta> staged = gpu_->StagedMeta(id);
+  if (!staged.has_value()) return false;
   // Staging is a cache of the pool: a staged copy of a chunk that RAM and SSD no longer
-  // hold (evicted in ram-only mode, deleted in a race with StageAsync) is dropped.
-  if (ram_->Contains(id) || (has_ssd() && backing_->Contains(id))) return true;
+  // hold (evicted in ram-only mode, deleted in a race with StageAsync) is dropped, and
+  // so is one of other bytes than those they hold: a StageAsync that ran inside a
+  // Delete (after the staging let go, before RAM did) stages the deleted bytes, which a
+  // later put of new ones would otherwise leave served (deliveries from staging do not
+  // check the CRC32C).
+  bool backed = false;
+  if (std::optional<HostPool::Hit> hit = ram_->Peek(id)) {
+    backed = hit->meta == *staged;
+  } else if (ssd_ != nullptr) {
+    absl::StatusOr<ChunkMeta> on_ssd = ssd_->ReadMeta(id);
+    backed = on_ssd.ok() && *on_ssd == *staged;
+  }
+  if (backed) return true;
   gpu_->Remove(id);
   return false;
 }
@@ -1202,7 +1215,11 @@ absl::StatusOr<bool> TieredStore::Delete(const ChunkId& id) {
         return;
       }
       if (*removed && tier == ram_.get()) NotifyRoom();
-      if (tier->role() != StorageTier::Role::kCopy) present = present || *removed;
+      if (tier->role() != StorageTier::Role::kCopy) {
+        present = present || *removed;
+      } else if (options_.after_copy_delete) {
+        options_.after_copy_delete(id);
+      }
     }
   });
   if (!local.ok()) return local;

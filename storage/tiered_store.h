@@ -139,6 +139,9 @@ struct TieredStoreOptions {
   // Tests only: called by a put that stored a chunk, before its write to the shared tier
   // is queued (a sync point for a Delete racing it).
   std::function<void(const ChunkId& id)> before_shared_write;
+  // Tests only: called by Delete once the copy tiers (GPU staging) let go of the chunk,
+  // before the tiers under them do (a sync point for a staging racing it).
+  std::function<void(const ChunkId& id)> after_copy_delete;
 
   absl::Status Validate() const;
 };

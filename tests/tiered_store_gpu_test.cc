@@ -47,6 +47,9 @@ class TieredStoreGpuTest : public ::testing::Test {
     o.device = device_.get();
     o.gpu_staging.capacity_bytes = staging_chunks * kChunk;
     o.gpu_staging.slot_bytes = 256 << 10;
+    o.after_copy_delete = [this](const ChunkId& id) {
+      if (after_copy_delete_) after_copy_delete_(id);
+    };
     auto s = TieredStore::Open(o);
     ASSERT_TRUE(s.ok()) << s.status();
     store_ = *std::move(s);
@@ -65,10 +68,10 @@ class TieredStoreGpuTest : public ::testing::Test {
 
   ChunkId Id(uint64_t n) const { return ChunkId{ns_, ChunkKey{0x9000 + n, n}}; }
 
-  void Put(uint64_t n) {
+  void Put(uint64_t n) { PutBytes(n, Payload(n)); }
+  void PutBytes(uint64_t n, const std::string& data) {
     auto w = store_->BeginPut(Id(n), 256);
     ASSERT_TRUE(w.ok() && *w != nullptr) << w.status();
-    const std::string data = Payload(n);
     ASSERT_TRUE((*w)->Append(data).ok());
     ASSERT_TRUE(store_->CommitPut(*std::move(w), crc32c::Value(data)).ok());
   }
@@ -99,6 +102,8 @@ class TieredStoreGpuTest : public ::testing::Test {
   }
 
   std::unique_ptr<FakeDeviceBackend> device_;
+  // Runs inside Delete between the staging's and RAM's (TieredStoreOptions).
+  std::function<void(const ChunkId&)> after_copy_delete_;
   std::unique_ptr<TieredStore> store_;
   uint64_t ns_ = 0;
   size_t worker_allocations_ = 0;
@@ -489,6 +494,46 @@ TEST_F(TieredStoreGpuTest, AStagedCopyOfAChunkTheStoreDroppedIsNotAHit) {
   EXPECT_EQ(Deliver(1, {{0, kChunk, dst}}).status().code(), absl::StatusCode::kNotFound);
   Put(1);  // Stored again, not drained as already present.
   EXPECT_EQ(store_->Locate(Id(1)), Tier::kRam);
+}
+
+// A staging that runs inside a Delete, after the staging let go of the chunk and before
+// RAM did, copies the bytes being deleted. Still loading while a put of new bytes
+// under the same id came in (so the put did not see it), that copy was then served for
+// the new chunk: deliveries from staging do not check the CRC32C.
+TEST_F(TieredStoreGpuTest, AStagedCopyOfDeletedBytesIsNeverServedForNewOnes) {
+  FakeDeviceOptions device;
+  device.hold_copies = true;
+  Open(device);
+  Put(1);
+  after_copy_delete_ = [this](const ChunkId& id) { store_->StageAsync(id); };
+  ASSERT_TRUE(store_->Delete(Id(1)).ok());
+  after_copy_delete_ = nullptr;
+  const std::string fresh = Payload(77);
+  PutBytes(1, fresh);
+  device_->RunPending();  // The copy of the deleted bytes lands in staging.
+  const DevicePtr dst = WorkerBuffer(kChunk);
+  auto deliver = [&]() -> absl::StatusOr<Tier> {
+    std::memset(device_->HostView(dst), 0, kChunk);
+    absl::Notification done;
+    absl::StatusOr<Tier> from;
+    store_->ReadToDeviceAsync(Id(1), {{0, kChunk, dst}}, [&](absl::StatusOr<Tier> r) {
+      from = std::move(r);
+      done.Notify();
+    });
+    while (!done.HasBeenNotified()) device_->RunPending();  // Its copies are held.
+    return from;
+  };
+  absl::StatusOr<Tier> from = deliver();
+  ASSERT_TRUE(from.ok()) << from.status();
+  EXPECT_EQ(*from, Tier::kRam) << "the stale staged copy was taken";
+  EXPECT_TRUE(std::string(device_->HostView(dst), kChunk) == fresh)
+      << "the deleted chunk's bytes were delivered";
+  // The delivery staged the new bytes; those are served from staging from now on.
+  device_->RunPending();
+  from = deliver();
+  ASSERT_TRUE(from.ok()) << from.status();
+  EXPECT_EQ(*from, Tier::kGpu);
+  EXPECT_TRUE(std::string(device_->HostView(dst), kChunk) == fresh);
 }
 
 TEST(TieredStoreNoGpuTest, DeliveryWithoutAGpuIsFailedPrecondition) {
