@@ -296,10 +296,16 @@ void GpuStagingTier::CopyToDevice(const ChunkId& id, std::vector<Range> ranges, 
       std::move(done), std::move(enqueued));
 }
 
-void GpuStagingTier::CopyToHost(const ChunkId& id, char* dst, Done done) {
+void GpuStagingTier::CopyToHost(const ChunkId& id, const ChunkMeta& expected, char* dst,
+                                Done done) {
   CopyOut(
       id,
       [&](const Entry& e) -> absl::StatusOr<std::vector<DeviceCopy>> {
+        if (!(e.meta == expected)) {
+          return absl::NotFoundError(absl::StrCat(
+              id.DebugString(), " was staged again as another chunk (", e.meta.size,
+              " bytes, not ", expected.size, ")"));
+        }
         std::vector<DeviceCopy> copies;
         ForEachDeviceRange(e, 0, e.meta.size, [&](DevicePtr src, uint64_t at, uint64_t n) {
           copies.push_back(DeviceCopy::DeviceToHost(dst + at, src, n));

@@ -111,8 +111,11 @@ class GpuStagingTier {
   // stream, before `done`, and only then: not when the chunk was not found.
   void CopyToDevice(const ChunkId& id, std::vector<Range> ranges, Done done,
                     std::function<void()> enqueued = nullptr);
-  // The whole chunk into host memory `dst` (meta.size bytes, valid until `done`).
-  void CopyToHost(const ChunkId& id, char* dst, Done done);
+  // The whole chunk into host memory `dst` (expected.size bytes, valid until `done`),
+  // if the chunk staged under `id` is `expected` (as Find described it): one removed
+  // and staged again since may be larger than `dst`. `done`: Ok, NotFound (not staged,
+  // still loading, or staged as another chunk), Unavailable (device error).
+  void CopyToHost(const ChunkId& id, const ChunkMeta& expected, char* dst, Done done);
 
   // Returns whether the chunk was staged or loading.
   bool Remove(const ChunkId& id);

@@ -313,7 +313,7 @@ void GpuTier::Read(const ChunkId& id, SinkFor sink_for, ReadDone done) {
   auto buffer = std::shared_ptr<char[]>(new char[meta->size]);
   Begin();
   staging_->CopyToHost(
-      id, buffer.get(),
+      id, *meta, buffer.get(),
       [this, id, meta = *meta, buffer, sink, done = std::move(done)](absl::Status s) {
         if (s.ok()) {
           sink->Write(0, absl::string_view(buffer.get(), meta.size));

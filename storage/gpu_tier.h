@@ -55,7 +55,9 @@ struct GpuTierStats {
   uint64_t deliveries_from_host = 0;
   uint64_t delivered_bytes = 0;
   uint64_t delivery_failures = 0;  // Device errors, and DataLoss found during the copy.
-  uint64_t stage_requests = 0;     // StageAsync calls that started a copy in.
+  // Stage requests that reached the staging tier, duplicates and refusals included
+  // (staging.staged counts the copies in that completed).
+  uint64_t stage_requests = 0;
   uint64_t crc_checked_bytes = 0;  // Host bytes whose CRC32C a delivery checked on the CPU.
   // Bytes a delivery checked on the GPU, where they landed (DeviceBackend::ChecksCrc32c).
   uint64_t device_crc_checked_bytes = 0;

@@ -106,7 +106,7 @@ TEST_F(CudaBackendTest, StagingTierOnRealDeviceMemory) {
   std::string back(bytes->size(), '\0');
   absl::Notification copied;
   absl::Status copy_status;
-  (*tier)->CopyToHost(id, back.data(), [&](absl::Status s) {
+  (*tier)->CopyToHost(id, meta, back.data(), [&](absl::Status s) {
     copy_status = s;
     copied.Notify();
   });

@@ -117,6 +117,28 @@ class GpuStagingTierTest : public ::testing::Test {
   std::unique_ptr<GpuStagingTier> tier_;
 };
 
+// A chunk removed and staged again as a larger one between Find (which sized the
+// caller's buffer) and CopyToHost: the copy is refused, not written past the buffer.
+TEST_F(GpuStagingTierTest, CopyToHostOfAChunkStagedAgainAsAnotherIsRefused) {
+  Open(8);
+  ASSERT_TRUE(Stage(Id(1, 1), MakeChunk(kSlot, 'a')).ok());
+  const ChunkMeta found = *tier_->Find(Id(1, 1));
+  ASSERT_TRUE(tier_->Remove(Id(1, 1)));
+  const HostChunk large = MakeChunk(3 * kSlot, 'b');
+  ASSERT_TRUE(Stage(Id(1, 1), large).ok());
+  std::string host(found.size + 64, '\x5a');
+  Result refused;
+  tier_->CopyToHost(Id(1, 1), found, host.data(), refused.Callback());
+  EXPECT_EQ(refused.Wait().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(host == std::string(found.size + 64, '\x5a')) << "written to";
+  // The chunk staged now is untouched and reads back whole.
+  std::string back(large.meta.size, '\0');
+  Result copied;
+  tier_->CopyToHost(Id(1, 1), large.meta, back.data(), copied.Callback());
+  ASSERT_TRUE(copied.Wait().ok());
+  EXPECT_TRUE(back == *large.bytes);
+}
+
 TEST_F(GpuStagingTierTest, StagedBytesComeBackExactlyToDeviceAndHost) {
   Open(8);
   const HostChunk c = MakeChunk(3 * kSlot + 123, 'a');
@@ -130,7 +152,7 @@ TEST_F(GpuStagingTierTest, StagedBytesComeBackExactlyToDeviceAndHost) {
 
   std::string host(c.meta.size, '\0');
   Result r;
-  tier_->CopyToHost(Id(1, 1), host.data(), r.Callback());
+  tier_->CopyToHost(Id(1, 1), c.meta, host.data(), r.Callback());
   ASSERT_TRUE(r.Wait().ok());
   EXPECT_EQ(host, *c.bytes);
 
