@@ -228,6 +228,15 @@ absl::Status Authenticator::StillAdmits(const CallerCredentials& creds, const st
   return absl::OkStatus();
 }
 
+std::optional<TenantQuota> Authenticator::CurrentQuota(const std::string& tenant) {
+  if (!enabled()) return std::nullopt;
+  absl::MutexLock lock(&mu_);
+  MaybeReload(options_.clock());
+  const int index = table_->FindTenant(tenant);
+  if (index < 0) return std::nullopt;
+  return table_->tenants()[index].quota;
+}
+
 StillAdmitted Authenticator::Watch(CallerCredentials creds, std::string tenant,
                                    uint64_t generation) {
   return [this, creds = std::move(creds), tenant = std::move(tenant), generation]() mutable {

@@ -102,6 +102,10 @@ class Authenticator {
   // Bumped each time a tenants table is loaded.
   uint64_t generation() const ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Tenant `tenant`'s quota under the tenants file in force now (re-read if due);
+  // nullopt for a tenant the file no longer lists, or without a file.
+  std::optional<TenantQuota> CurrentQuota(const std::string& tenant) ABSL_LOCKS_EXCLUDED(mu_);
+
   // Counts a request an authenticated tenant may not make (an admin operation).
   void CountForbidden(const TenantScope& scope);
 

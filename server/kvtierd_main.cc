@@ -358,6 +358,10 @@ int Run(const DaemonConfig& config, const sigset_t& signals) {
   turn_options.registry = registry.get();
   SendTurns send_turns(turn_options);
   TenantQuotas quotas(registry.get());
+  // Held to the quota in force: open Put streams follow the tenants file's reloads.
+  quotas.SetQuotaSource([a = auth->get()](const std::string& tenant) {
+    return a->CurrentQuota(tenant);
+  });
   // The unary calls' threads: max_rpc_threads less the Prefill sessions' share. gRPC's
   // callback API hands a call over only once its request arrived whole, so a stream
   // opened and reset before its message (HTTP/2 rapid reset) takes no thread; a call

@@ -35,31 +35,41 @@ TenantQuotas::TenantQuotas(prometheus::Registry* registry) {
                   .Register(*registry);
 }
 
-absl::flat_hash_set<uint64_t> TenantQuotas::BindAndList(const TenantScope& t, uint64_t ns) {
+TenantQuota TenantQuotas::QuotaOf(const TenantScope& t) const {
+  if (source_ != nullptr && !t.implicit()) {
+    if (std::optional<TenantQuota> now = source_(t.tenant())) return *now;
+  }
+  return t.quota();
+}
+
+absl::flat_hash_set<uint64_t> TenantQuotas::BindAndList(const TenantScope& t,
+                                                        const TenantQuota& q, uint64_t ns) {
   absl::MutexLock lock(&mu_);
   Account& a = accounts_[t.tenant()];
   a.namespaces.insert(ns);
-  a.quota = t.quota();
+  a.quota = q;
   owners_[ns] = t.tenant();
   return a.namespaces;
 }
 
 void TenantQuotas::Bind(const TenantScope& t, uint64_t ns) {
   if (t.implicit() || ns == 0) return;
+  const TenantQuota q = QuotaOf(t);
   absl::MutexLock lock(&mu_);
   Account& a = accounts_[t.tenant()];
   a.namespaces.insert(ns);
-  a.quota = t.quota();
+  a.quota = q;
   owners_[ns] = t.tenant();
 }
 
 absl::StatusOr<bool> TenantQuotas::AdmitLayout(const TenantScope& t, uint64_t ns,
                                                uint32_t max) {
   if (t.implicit()) return false;
+  const TenantQuota q = QuotaOf(t);
   {
     absl::MutexLock lock(&mu_);
     Account& a = accounts_[t.tenant()];
-    a.quota = t.quota();
+    a.quota = q;
     if (a.namespaces.contains(ns)) return false;
     if (a.namespaces.size() < max) {
       a.namespaces.insert(ns);
@@ -141,12 +151,11 @@ bool TenantQuotas::AdmitPromotion(TieredStore* store, uint64_t ns, uint64_t byte
 absl::Status TenantQuotas::AdmitPut(TieredStore* store, const TenantScope& t, uint64_t ns,
                                     uint64_t bytes) {
   if (t.implicit()) return absl::OkStatus();
-  const TenantQuota& q = t.quota();
-  if (q.ram_bytes == 0 && q.ssd_bytes == 0) {  // Nothing to enforce: record use only.
-    Bind(t, ns);
-    return absl::OkStatus();
-  }
-  const absl::flat_hash_set<uint64_t> namespaces = BindAndList(t, ns);
+  // The quota in force now: a Put stream outlives its admission, and the tenants file
+  // may have changed the quota since.
+  const TenantQuota q = QuotaOf(t);
+  const absl::flat_hash_set<uint64_t> namespaces = BindAndList(t, q, ns);
+  if (q.ram_bytes == 0 && q.ssd_bytes == 0) return absl::OkStatus();  // Use recorded only.
   // A chunk larger than the RAM quota can never be stored: refused (Fit evicts nothing
   // then) before the SSD quota makes room for it.
   if (q.ram_bytes != 0 && bytes > q.ram_bytes) {
@@ -167,8 +176,9 @@ absl::Status TenantQuotas::AdmitPut(TieredStore* store, const TenantScope& t, ui
 absl::Status TenantQuotas::Pin(TieredStore* store, const TenantScope& t, const ChunkId& id,
                                absl::Duration ttl) {
   if (t.implicit()) return store->Pin(id, ttl);
-  const absl::flat_hash_set<uint64_t> namespaces = BindAndList(t, id.ns);
-  const std::optional<HostPool::PinBudget> budget = PinBudgetOf(t, namespaces);
+  const TenantQuota q = QuotaOf(t);
+  const absl::flat_hash_set<uint64_t> namespaces = BindAndList(t, q, id.ns);
+  const std::optional<HostPool::PinBudget> budget = PinBudgetOf(q, namespaces);
   if (!budget.has_value()) return store->Pin(id, ttl);
   absl::Status s = store->Pin(id, ttl, &*budget);
   if ((absl::IsResourceExhausted(s) || absl::IsInvalidArgument(s)) &&
@@ -181,20 +191,20 @@ absl::Status TenantQuotas::Pin(TieredStore* store, const TenantScope& t, const C
 absl::Status TenantQuotas::CheckPins(TieredStore* store, const TenantScope& t,
                                      absl::Span<const ChunkId> ids) {
   if (t.implicit() || ids.empty()) return store->CheckPinsCanFit(ids);
-  const absl::flat_hash_set<uint64_t> namespaces = BindAndList(t, ids.front().ns);
-  const std::optional<HostPool::PinBudget> budget = PinBudgetOf(t, namespaces);
+  const TenantQuota q = QuotaOf(t);
+  const absl::flat_hash_set<uint64_t> namespaces = BindAndList(t, q, ids.front().ns);
+  const std::optional<HostPool::PinBudget> budget = PinBudgetOf(q, namespaces);
   absl::Status s = store->CheckPinsCanFit(ids, budget.has_value() ? &*budget : nullptr);
   if (!s.ok() && absl::StrContains(s.message(), "pinned_quota")) Refused(t.tenant(), "pinned");
   return s;
 }
 
 std::optional<HostPool::PinBudget> TenantQuotas::PinBudgetOf(
-    const TenantScope& t, const absl::flat_hash_set<uint64_t>& namespaces) {
+    const TenantQuota& q, const absl::flat_hash_set<uint64_t>& namespaces) {
   // Pins stay within the RAM quota too: a pinned chunk is in RAM and cannot be evicted,
   // and a chunk is brought into RAM to be pinned only within the RAM quota
   // (AdmitPromotion). So the budget is the smaller of the two (unset, the pinned quota
   // is the RAM quota), and a chunk larger than it can never be pinned: INVALID_ARGUMENT.
-  const TenantQuota& q = t.quota();
   if (q.pinned_bytes == 0 && q.ram_bytes == 0) return std::nullopt;
   if (q.pinned_bytes != 0 && (q.ram_bytes == 0 || q.pinned_bytes <= q.ram_bytes)) {
     return HostPool::PinBudget{&namespaces, q.pinned_bytes, "pinned_quota"};

@@ -30,6 +30,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -63,6 +64,13 @@ class TenantQuotas final : public prometheus::Collectable {
 
   // The store the collector reads; set once it is open.
   void SetStore(const TieredStore* store) { store_.store(store, std::memory_order_release); }
+
+  // Where a tenant's quota in force now comes from (the Authenticator's table, which a
+  // reload changes), by tenant name; nullopt, or unset: the quota its scope was admitted
+  // with. A call that stays open (a Put stream) is then held to the quota of the file
+  // in force, not the one it was admitted under. Set before the first request.
+  using QuotaSource = std::function<std::optional<TenantQuota>(const std::string& tenant)>;
+  void SetQuotaSource(QuotaSource source) { source_ = std::move(source); }
 
   // Records that tenant `t` uses internal namespace `ns` (idempotent; nothing for the
   // implicit tenant).
@@ -105,12 +113,15 @@ class TenantQuotas final : public prometheus::Collectable {
     absl::flat_hash_set<uint64_t> namespaces;
     TenantQuota quota;  // As of the tenant's latest request.
   };
-  // Binds and returns a copy of the tenant's namespaces.
-  absl::flat_hash_set<uint64_t> BindAndList(const TenantScope& t, uint64_t ns);
-  // The pin budget of a tenant with a pinned or RAM quota, over `namespaces`; nullopt
-  // when neither is set.
+  // The quota in force for `t` (source_, else its scope's). Takes no lock of this object.
+  TenantQuota QuotaOf(const TenantScope& t) const;
+  // Binds (recording `q` as the tenant's quota) and returns a copy of its namespaces.
+  absl::flat_hash_set<uint64_t> BindAndList(const TenantScope& t, const TenantQuota& q,
+                                            uint64_t ns);
+  // The pin budget of a tenant with quota `q` (a pinned or RAM one), over `namespaces`;
+  // nullopt when neither is set.
   static std::optional<HostPool::PinBudget> PinBudgetOf(
-      const TenantScope& t, const absl::flat_hash_set<uint64_t>& namespaces);
+      const TenantQuota& q, const absl::flat_hash_set<uint64_t>& namespaces);
   absl::Status Fit(TieredStore* store, const TenantScope& t,
                    const absl::flat_hash_set<uint64_t>& ns, Tier tier, uint64_t quota,
                    uint64_t bytes);
@@ -121,6 +132,7 @@ class TenantQuotas final : public prometheus::Collectable {
                                     uint64_t quota, uint64_t bytes) ABSL_LOCKS_EXCLUDED(mu_);
   void Refused(const std::string& tenant, const char* quota);
 
+  QuotaSource source_;  // Set before serving; read-only after.
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, Account> accounts_ ABSL_GUARDED_BY(mu_);
   // Each bound namespace's tenant (a key of accounts_).

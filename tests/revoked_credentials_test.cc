@@ -6,6 +6,7 @@
 // the test's doing; each call is held mid-transfer by flow control or by a send turn.
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <fstream>
 #include <map>
 #include <optional>
@@ -19,6 +20,7 @@
 #include "server/authenticator.h"
 #include "server/kv_cache_service.h"
 #include "server/send_turns.h"
+#include "server/tenant_quotas.h"
 #include "storage/crc32c.h"
 #include "tests/support/daemon_process.h"
 #include "tests/support/fake_clock.h"
@@ -61,8 +63,10 @@ class RevokedCredentialsTest : public ::testing::Test {
     t.clock = clock_.AsFunction();
     t.run_thread = false;
     turns_ = std::make_unique<SendTurns>(t);
+    quotas_.SetQuotaSource(
+        [this](const std::string& tenant) { return auth_->CurrentQuota(tenant); });
     auto service = testing::InProcessService::Start(
-        o, ServiceGuards{.auth = auth_.get(), .send_turns = turns_.get()});
+        o, ServiceGuards{.auth = auth_.get(), .send_turns = turns_.get(), .quotas = &quotas_});
     ASSERT_TRUE(service.ok()) << service.status();
     service_ = *std::move(service);
     target_ = service_->target();
@@ -104,6 +108,21 @@ class RevokedCredentialsTest : public ::testing::Test {
         grpc::CreateCustomChannel(target_, grpc::InsecureChannelCredentials(), args));
   }
 
+  // Chunk n's frames, 1 MiB each.
+  std::vector<v1::PutFrame> PutFrames(uint64_t n) const {
+    const std::string data = PatternBytes(n, kChunk);
+    std::vector<v1::PutFrame> out;
+    for (uint64_t off = 0; off < kChunk; off += 1 << 20) {
+      v1::PutFrame& f = out.emplace_back();
+      f.set_namespace_id(ns_);
+      f.set_key(KeyOf(n).ToByteString());
+      f.set_offset(off);
+      f.set_data(data.substr(off, 1 << 20));
+    }
+    out.back().set_crc32c(crc32c::Value(data));
+    return out;
+  }
+
   // Token-a is replaced by token-a2, and the daemon re-reads the file (the fake clock
   // passes reload_check) on its next check.
   void Revoke() {
@@ -117,6 +136,7 @@ class RevokedCredentialsTest : public ::testing::Test {
   testing::FakeClock clock_;
   std::unique_ptr<Authenticator> auth_;
   std::unique_ptr<SendTurns> turns_;
+  TenantQuotas quotas_{nullptr};
   std::unique_ptr<testing::InProcessService> service_;
   std::string target_;
   std::unique_ptr<KvTierClient> client_;
@@ -155,28 +175,14 @@ TEST_F(RevokedCredentialsTest, APutEndsBeforeItsNextChunkKeepingTheOnesStored) {
   ctx.AddMetadata("authorization", "Bearer token-a");
   v1::PutResponse resp;
   auto writer = stub->Put(&ctx, &resp);
-  // Chunk n's frames, 1 MiB each.
-  auto frames = [&](uint64_t n) {
-    const std::string data = PatternBytes(n, kChunk);
-    std::vector<v1::PutFrame> out;
-    for (uint64_t off = 0; off < kChunk; off += 1 << 20) {
-      v1::PutFrame& f = out.emplace_back();
-      f.set_namespace_id(ns_);
-      f.set_key(KeyOf(n).ToByteString());
-      f.set_offset(off);
-      f.set_data(data.substr(off, 1 << 20));
-    }
-    out.back().set_crc32c(crc32c::Value(data));
-    return out;
-  };
-  for (const v1::PutFrame& f : frames(100)) ASSERT_TRUE(writer->Write(f));
+  for (const v1::PutFrame& f : PutFrames(100)) ASSERT_TRUE(writer->Write(f));
   // Chunk 100 is stored (admitted under the first file) before the token goes.
   ASSERT_TRUE(testing::Eventually([&] {
     auto l = client_->Lookup(ns_, {KeyOf(100)});
     return l.ok() && l->prefix_hits == 1;
   }));
   Revoke();
-  for (const v1::PutFrame& f : frames(101)) {
+  for (const v1::PutFrame& f : PutFrames(101)) {
     if (!writer->Write(f)) break;  // The daemon ended the call at the chunk's first frame.
   }
   writer->WritesDone();
@@ -189,6 +195,39 @@ TEST_F(RevokedCredentialsTest, APutEndsBeforeItsNextChunkKeepingTheOnesStored) {
   ASSERT_TRUE(l.ok()) << l.status();
   EXPECT_EQ(l->tiers[0], v1::TIER_RAM);
   EXPECT_EQ(l->tiers[1], v1::TIER_UNSPECIFIED) << "stored after its token was revoked";
+}
+
+// A Put stream outlives its admission: it is held to the quota of the tenants file in
+// force, not the one it was admitted under, which it once kept (and wrote back over
+// the new one) for as long as it stayed open.
+TEST_F(RevokedCredentialsTest, APutStreamIsHeldToAQuotaLoweredWhileItRuns) {
+  auto stub = SlowStub();
+  grpc::ClientContext ctx;
+  ctx.AddMetadata("authorization", "Bearer token-a");
+  v1::PutResponse resp;
+  auto writer = stub->Put(&ctx, &resp);
+  for (const v1::PutFrame& f : PutFrames(100)) ASSERT_TRUE(writer->Write(f));
+  ASSERT_TRUE(testing::Eventually([&] {
+    auto l = client_->Lookup(ns_, {KeyOf(100)});
+    return l.ok() && l->prefix_hits == 1;
+  }));
+  // team-a, holding seven chunks, may now hold two.
+  std::ofstream(tenants_, std::ios::trunc)
+      << "tenant team-a ram_quota=" << 2 * kChunkMiB << "MiB\n" << TokenLine("team-a", "token-a");
+  clock_.Advance(absl::Seconds(2));
+  for (const v1::PutFrame& f : PutFrames(101)) ASSERT_TRUE(writer->Write(f));
+  writer->WritesDone();
+  const grpc::Status s = writer->Finish();
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(resp.chunks_stored(), 2u);
+  std::vector<ChunkKey> keys;
+  for (int i = 0; i < kChunks; ++i) keys.push_back(KeyOf(i));
+  keys.push_back(KeyOf(100));
+  keys.push_back(KeyOf(101));
+  auto l = client_->Lookup(ns_, keys);
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_LE(std::count(l->tiers.begin(), l->tiers.end(), v1::TIER_RAM), 2);
+  EXPECT_EQ(l->tiers.back(), v1::TIER_RAM) << "the stream's last chunk was not stored";
 }
 
 TEST_F(RevokedCredentialsTest, APrefillSessionEndsBeforeItsNextChunk) {
