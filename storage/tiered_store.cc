@@ -837,14 +837,16 @@ absl::StatusOr<TieredStore::HintResult> TieredStore::Hint(
   }
   std::vector<ChunkId> fetch;
   // Staging takes the nearest chunks, up to half its buffers: staging the whole window
-  // would evict, in LRU order, the nearest for the farthest.
+  // would evict, in LRU order, the nearest for the farthest. Counted in the whole slots
+  // a chunk takes (a chunk smaller than a slot still takes one).
   uint64_t staged = 0;
-  const uint64_t stage_budget = gpu_ != nullptr ? options_.gpu_staging.capacity_bytes / 2 : 0;
+  const uint64_t stage_budget = gpu_ != nullptr ? gpu_->capacity_bytes() / 2 : 0;
+  const uint64_t slot = std::max<uint64_t>(options_.gpu_staging.slot_bytes, 1);
   for (size_t i = 0; i < reach; ++i) {
     if (!in_ram[i] && on_ssd[i]) {
       fetch.push_back(window[i]);
     } else if (in_ram[i] && gpu_ != nullptr) {
-      const uint64_t size = chunk_bytes[window[i].ns];
+      const uint64_t size = (chunk_bytes[window[i].ns] + slot - 1) / slot * slot;
       if (staged + size > stage_budget) continue;
       staged += size;
       StageAsync(window[i]);

@@ -36,7 +36,7 @@ class TieredStoreGpuTest : public ::testing::Test {
   void SetUp() override { SetMinLogLevel(LogLevel::kError); }
 
   void Open(FakeDeviceOptions device = {}, uint64_t staging_chunks = 4,
-            absl::Status pin_failure = absl::OkStatus()) {
+            absl::Status pin_failure = absl::OkStatus(), uint64_t slot_bytes = 256 << 10) {
     device_ = std::make_unique<FakeDeviceBackend>(device);
     if (!pin_failure.ok()) device_->FailNextPin(pin_failure);
     TieredStoreOptions o;
@@ -46,7 +46,7 @@ class TieredStoreGpuTest : public ::testing::Test {
     o.max_chunk_bytes = 4 * kChunk;
     o.device = device_.get();
     o.gpu_staging.capacity_bytes = staging_chunks * kChunk;
-    o.gpu_staging.slot_bytes = 256 << 10;
+    o.gpu_staging.slot_bytes = slot_bytes;
     o.after_copy_delete = [this](const ChunkId& id) {
       if (after_copy_delete_) after_copy_delete_(id);
     };
@@ -151,6 +151,24 @@ TEST_F(TieredStoreGpuTest, AHintStagesItsRamChunksOnTheGpu) {
   EXPECT_EQ(store_->Locate(Id(2)), Tier::kGpu);
   EXPECT_EQ(store_->Locate(Id(3)), Tier::kGpu);
   EXPECT_EQ(store_->Locate(Id(9)), Tier::kNone);
+}
+
+// A Hint stages its nearest chunks up to half the staging buffers, counted in the
+// slots they take: counted in payload bytes, chunks half a slot each took the whole
+// of staging, evicting what earlier hints had staged.
+TEST_F(TieredStoreGpuTest, AHintStagesAtMostHalfTheSlotsOfStaging) {
+  Open({}, /*staging_chunks=*/8, absl::OkStatus(), /*slot_bytes=*/2 * kChunk);  // 4 slots.
+  for (uint64_t n = 1; n <= 4; ++n) Put(n);
+  auto r = store_->Hint("sched", {{ns_, {Id(1).key, Id(2).key, Id(3).key, Id(4).key}}});
+  ASSERT_TRUE(r.ok()) << r.status();
+  device_->Drain();
+  const GpuStagingStats staging = store_->GetStats().gpu.staging;
+  EXPECT_LE(staging.used_bytes, staging.capacity_bytes / 2);
+  EXPECT_EQ(staging.no_room, 0u);
+  EXPECT_EQ(store_->Locate(Id(1)), Tier::kGpu);  // The nearest.
+  EXPECT_EQ(store_->Locate(Id(2)), Tier::kGpu);
+  EXPECT_EQ(store_->Locate(Id(3)), Tier::kRam);
+  EXPECT_EQ(store_->Locate(Id(4)), Tier::kRam);
 }
 
 TEST_F(TieredStoreGpuTest, UnstagedChunksGoHostToDeviceInLayerRanges) {
