@@ -5,8 +5,10 @@ set -euo pipefail
 
 KVTIER_BUILD_PACKAGES=(
   build-essential cmake pkg-config ccache
-  # clang: the thread-safety analysis of the lock annotations (a test).
-  clang
+  # clang: the thread-safety analysis of the lock annotations (a test), and the fuzz
+  # targets; libclang-rt-dev holds libFuzzer's and the sanitizers' runtimes, which clang
+  # only recommends (not installed with --no-install-recommends).
+  clang libclang-rt-dev
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev librocksdb-dev prometheus-cpp-dev libxxhash-dev libtomlplusplus-dev libisal-dev
   libsystemd-dev libgtest-dev

@@ -230,6 +230,25 @@ unit_shm() {
   [ "$rc" -eq 0 ] || { cat "$dir/log" >&2; fail "kvtierd exited with status $rc under strace"; }
   /usr/bin/python3 "$SRC/tests/unit_syscalls.py" "$UNIT" "$dir/trace" ||
     fail "the unit's SystemCallFilter would deny system calls the daemon made (above)"
+  # A path region socket handed to shm_allowed_group (the setup kvtierd.toml describes
+  # for a socket in the unit's RuntimeDirectory): its start-up chowns the socket.
+  strace -f -qq -o "$dir/trace-path" "$kvtierd" --config "$SRC/deploy/kvtierd.toml" \
+    --listen=127.0.0.1:0 --metrics-listen=127.0.0.1:0 --data-dir="$dir/data-path" \
+    --ram-capacity=64MiB --ssd-capacity=256MiB --port-file="$dir/port-path" \
+    --shm-socket="$dir/region.sock" --shm-allowed-group="$(id -g)" >"$dir/log-path" 2>&1 &
+  spid=$!; DAEMON_PID=$spid
+  wait_port_file "$dir/port-path" "$spid" "$dir/log-path" ||
+    fail "kvtierd did not start under strace with a path shm_socket"
+  pid=$(cat /proc/"$spid"/task/*/children | tr ' ' '\n' | grep -m1 .) ||
+    fail "no kvtierd child of strace"
+  kill -TERM "$pid"
+  rc=0; wait "$spid" || rc=$?
+  DAEMON_PID=""
+  [ "$rc" -eq 0 ] || { cat "$dir/log-path" >&2; fail "kvtierd exited with status $rc under strace"; }
+  grep -Eq '^[0-9]+ +(chown|fchownat|lchown)\(' "$dir/trace-path" ||
+    fail "the traced daemon did not chown its path region socket"
+  /usr/bin/python3 "$SRC/tests/unit_syscalls.py" "$UNIT" "$dir/trace-path" ||
+    fail "the unit's SystemCallFilter would deny system calls of a path shm_socket (above)"
   log "OK: the shared-memory data plane works within the unit's sandbox settings"
 }
 
