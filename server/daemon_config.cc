@@ -695,6 +695,12 @@ absl::Status DaemonConfig::Validate() const {
         "option max_hint_keys, max_hint_clients, event_buffer and max_layouts must be at "
         "least 1");
   }
+  // Allocated whole at start-up, about 48 bytes an event: a typo must be refused, not
+  // abort the daemon (std::bad_alloc) in a restart loop.
+  if (event_buffer > kMaxEventBuffer) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "option event_buffer: at most ", kMaxEventBuffer, " events, got ", event_buffer));
+  }
   if (absl::Status s = ValidateRemoteTls(*this); !s.ok()) return s;
   auto store = ToStoreOptions();
   if (!store.ok()) return store.status();

@@ -169,6 +169,7 @@ struct DaemonConfig {
   uint32_t max_layouts = 4096;
   absl::Duration hint_ttl = absl::Seconds(60);  // A hint not renewed is dropped after this.
   uint32_t event_buffer = 65536;           // Events: chunk events kept for subscribers.
+  static constexpr uint32_t kMaxEventBuffer = 1u << 24;  // About 800 MB of events.
   // Same-host data plane: the region socket clients register shared memory on.
   // "auto": an abstract socket named after the daemon's instance; "off": none; else an
   // absolute path or an "@abstract" name.

@@ -11,6 +11,8 @@
 #include <map>
 #include <sstream>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "gtest/gtest.h"
 
 namespace kvtier {
@@ -62,6 +64,42 @@ TEST(DaemonConfigTest, ShippedExampleConfigMatchesEmbeddedDefaults) {
         << key << " is missing from deploy/kvtierd.toml";
   }
   EXPECT_GT(options, 50);
+  // Commented-out flags and numbers are shown at their defaults too ("# remote_tls =
+  // true" once stood for a default of false). Paths and addresses there are examples.
+  std::istringstream lines(text.str());
+  int shown = 0;
+  for (std::string raw; std::getline(lines, raw);) {
+    absl::string_view line = raw;
+    if (!absl::ConsumePrefix(&line, "# ")) continue;
+    const size_t eq = line.find(" = ");
+    if (eq == absl::string_view::npos ||
+        line.find_first_not_of("abcdefghijklmnopqrstuvwxyz_") != eq) {
+      continue;
+    }
+    const absl::string_view value = line.substr(eq + 3);
+    if (value != "true" && value != "false" &&
+        value.find_first_not_of("0123456789") != std::string::npos) {
+      continue;
+    }
+    DaemonConfig shown_config;
+    ASSERT_TRUE(ApplyToml(absl::StrCat(line, "\n"), "kvtierd.toml", shown_config).ok())
+        << line;
+    EXPECT_EQ(shown_config.Describe(), DaemonConfig{}.Describe()) << "not the default: " << line;
+    ++shown;
+  }
+  EXPECT_GE(shown, 2);  // remote_connections_per_node, remote_tls.
+}
+
+// The event log is allocated whole at start-up: a value past its bound is refused,
+// where it once passed validation and the allocation then aborted the daemon.
+TEST(DaemonConfigTest, EventBufferPastItsBoundIsRefused) {
+  DaemonConfig c;
+  c.event_buffer = DaemonConfig::kMaxEventBuffer;
+  EXPECT_TRUE(c.Validate().ok()) << c.Validate();
+  c.event_buffer = UINT32_MAX;
+  EXPECT_EQ(c.Validate().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(c.Validate().message().find("option event_buffer: at most"), std::string::npos)
+      << c.Validate();
 }
 
 TEST(DaemonConfigTest, WritebackMaxDirtyDefaultsToHalfThePool) {
