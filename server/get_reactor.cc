@@ -116,7 +116,7 @@ bool GetReactor::FinishRegionItem() {
   const Item& item = items_[item_];
   const bool whole = first_layer_ == 0 && end_layer_ == num_layers_;
   if (whole && LastItemOfKey() && key_crc_[item.key] != view_->meta().crc32c) {
-    error_ = store_->DropCorrupt(ids_[item.key]);
+    error_ = store_->DropCorrupt(ids_[item.key], *view_);
     return false;
   }
   v1::GetFrame header;
@@ -209,7 +209,7 @@ void GetReactor::Pump() {
         if (whole) crc = crc32c::Extend(crc, p.buf.get(), p.len);
         if (whole && p.off + p.len == end_ && LastItemOfKey() &&
             crc != view_->meta().crc32c) {
-          error_ = store_->DropCorrupt(ids_[key]);
+          error_ = store_->DropCorrupt(ids_[key], *view_);
         } else {
           const absl::string_view piece(p.buf.get(), p.len);
           BuildFrame(p.len, std::shared_ptr<const void>(p.buf), {&piece, 1});

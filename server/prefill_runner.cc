@@ -447,7 +447,7 @@ absl::Status Session::SendChunk(uint32_t j, const ChunkView& view, bool* aborted
     off += n;
     frame->set_last(off == size);
     if (off == size && view.streamed() && streamed_crc != view.meta().crc32c) {
-      return store_->DropCorrupt(ids_[j]);  // DataLoss: CHUNK_UNAVAILABLE.
+      return store_->DropCorrupt(ids_[j], view);  // DataLoss: CHUNK_UNAVAILABLE.
     }
     const auto start = Clock::now();
     if (!Write(msg)) return absl::CancelledError("client went away");
@@ -509,7 +509,7 @@ absl::Status Session::SendChunk(uint32_t j, const ChunkView& view, bool* aborted
       }
       off += n;
     }
-    if (crc != view.meta().crc32c) return store_->DropCorrupt(ids_[j]);
+    if (crc != view.meta().crc32c) return store_->DropCorrupt(ids_[j], view);
     if (runner_->metrics()) runner_->metrics()->Streamed(size);
     return AnnounceLanded(j, view.meta(), view.tier(), copy_start);
   }

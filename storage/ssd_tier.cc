@@ -482,18 +482,20 @@ absl::Status SsdTier::Put(const ChunkId& id, const ChunkMeta& meta,
     } waiting{&putting_, &id};
     mu_.Await(absl::Condition(
         +[](Waiting* w) { return !w->putting->contains(*w->id); }, &waiting));
-    if (auto it = index_.find(id); it != index_.end()) {
-      if (!ExpiredLocked(it->second)) return absl::OkStatus();
-      // Past its TTL but not swept yet: this put replaces it, so the chunk is stored
-      // afresh rather than acknowledged and then hidden as expired. Its old bytes are
-      // dead once the new row overwrites the old one.
-      victims.emplace_back(id, *ForgetLocked(id));
-      ++counters_.expirations;
-    }
+    auto it = index_.find(id);
+    if (it != index_.end() && !ExpiredLocked(it->second)) return absl::OkStatus();
     if (footprint > options_.capacity_bytes) {
       return absl::InvalidArgumentError(absl::StrCat(
           "chunk of ", meta.size, " bytes exceeds ssd_capacity (", options_.capacity_bytes,
           ")"));
+    }
+    if (it != index_.end()) {
+      // Past its TTL but not swept yet: this put replaces it, so the chunk is stored
+      // afresh rather than acknowledged and then hidden as expired. Its old bytes are
+      // dead once the new row overwrites the old one; should this put store nothing,
+      // the old copy goes back into the index (below) for the TTL sweep to delete.
+      victims.emplace_back(id, *ForgetLocked(id));
+      ++counters_.expirations;
     }
     while (used_bytes_ + reserved_bytes_ + footprint > options_.capacity_bytes) {
       auto victim = policy_->PickVictim([&](const ChunkId& c) {
@@ -612,6 +614,14 @@ absl::Status SsdTier::Put(const ChunkId& id, const ChunkMeta& meta,
     }
   }
   if (replaced) log_->Release(replaced->extent);
+  if (victims_gone && expired_self && !status.ok()) {
+    // Its row still points at its bytes: back into the index (still expired, so hidden)
+    // rather than out of it with its bytes counted live for ever, which kept its payload
+    // file from ever being deleted or collected.
+    std::vector<std::pair<ChunkId, IndexEntry>> self;
+    self.push_back(std::move(victims.front()));
+    Restore(std::move(self));
+  }
   if (!victims_gone) {
     // Their rows are still there: put them back in the index rather than lose them to a
     // put that stored nothing. (They return as most recently used; the LRU has no way
@@ -687,6 +697,7 @@ absl::Status SsdTier::Corrupt(const ChunkId& id, absl::string_view cause,
 }
 
 absl::StatusOr<ChunkMeta> SsdTier::ReadMeta(const ChunkId& id) {
+  PayloadExtent expired;
   {
     absl::MutexLock lock(&mu_);
     auto it = index_.find(id);
@@ -700,9 +711,11 @@ absl::StatusOr<ChunkMeta> SsdTier::ReadMeta(const ChunkId& id) {
     }
     ++counters_.misses;
     ++counters_.expirations;
+    expired = it->second.extent;
   }
-  if (absl::Status s = DeleteChunk(id); !s.ok()) return s;
-  if (options_.on_evict) options_.on_evict(id);
+  absl::StatusOr<bool> gone = DeleteIfStill(id, expired);
+  if (!gone.ok()) return gone.status();
+  if (*gone && options_.on_evict) options_.on_evict(id);
   return absl::NotFoundError("chunk on SSD expired (ssd_ttl)");
 }
 
@@ -828,6 +841,18 @@ absl::Status SsdTier::DeleteChunk(const ChunkId& id) {
   return DeleteRow(id, std::move(e));
 }
 
+absl::StatusOr<bool> SsdTier::DeleteIfStill(const ChunkId& id, const PayloadExtent& extent) {
+  std::optional<IndexEntry> e;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = index_.find(id);
+    if (it == index_.end() || !(it->second.extent == extent)) return false;
+    e = ForgetLocked(id);
+  }
+  if (absl::Status s = DeleteRow(id, std::move(e)); !s.ok()) return s;
+  return true;
+}
+
 absl::Status SsdTier::DeleteRow(const ChunkId& id, std::optional<IndexEntry> e) {
   rocksdb::Status s = db_->Delete(rocksdb::WriteOptions(), meta_cf_, SsdRowKey(id));
   if (!s.ok()) {
@@ -933,22 +958,24 @@ absl::StatusOr<uint64_t> SsdTier::DeleteNamespace(uint64_t ns, std::vector<Chunk
 
 uint64_t SsdTier::ExpireOld() {
   if (options_.ttl <= absl::ZeroDuration()) return 0;
-  std::vector<ChunkId> ids;
+  std::vector<std::pair<ChunkId, PayloadExtent>> expired;
   {
     absl::MutexLock lock(&mu_);
     for (const auto& [id, e] : index_) {
-      if (ExpiredLocked(e)) ids.push_back(id);
+      if (ExpiredLocked(e)) expired.emplace_back(id, e.extent);
     }
-    counters_.expirations += ids.size();
+    counters_.expirations += expired.size();
   }
-  for (const ChunkId& id : ids) {
-    if (absl::Status s = DeleteChunk(id); !s.ok()) {
-      LogWarning("SSD tier: TTL sweep: ", s.message());
+  for (const auto& [id, extent] : expired) {
+    // Only the copy found expired: a put may have stored the chunk afresh since.
+    absl::StatusOr<bool> gone = DeleteIfStill(id, extent);
+    if (!gone.ok()) {
+      LogWarning("SSD tier: TTL sweep: ", gone.status().message());
       break;
     }
-    if (options_.on_evict) options_.on_evict(id);
+    if (*gone && options_.on_evict) options_.on_evict(id);
   }
-  return ids.size();
+  return expired.size();
 }
 
 absl::Status SsdTier::SaveLayout(uint64_t ns, absl::string_view encoding) {

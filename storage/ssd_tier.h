@@ -250,6 +250,10 @@ class SsdTier final : public StorageTier {
   // Deletes from the index, then the row, then frees its bytes; a failed row deletion
   // leaves the chunk stored. Errors: ResourceExhausted (disk full), Unavailable.
   absl::Status DeleteChunk(const ChunkId& id);
+  // DeleteChunk if the chunk's copy is still the one at `extent` (found expired): a put
+  // may have stored it afresh since. Returns whether it deleted it.
+  absl::StatusOr<bool> DeleteIfStill(const ChunkId& id, const PayloadExtent& extent)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // DeleteChunk's part after the index: `e` is what ForgetLocked took (nullopt: none).
   absl::Status DeleteRow(const ChunkId& id, std::optional<IndexEntry> e) ABSL_LOCKS_EXCLUDED(mu_);
   // Reads [offset, offset + len) of a chunk's payload, following it if GC moves it.

@@ -950,10 +950,25 @@ void TieredStore::ReadRangeAsync(const ChunkId& id, const ChunkMeta& meta, uint6
   });
 }
 
+absl::Status TieredStore::DropCorrupt(const ChunkId& id, const ChunkView& view) {
+  // The copy that was read goes, and only it: the other tier's copy, if any, still
+  // serves.
+  if (view.tier() == Tier::kRam) {
+    DropCorruptInRam(id, view.KeepAlive());
+    return absl::DataLossError(absl::StrCat(
+        "chunk ", id.key.ToHex(), ": its RAM copy failed its CRC32C and was dropped"));
+  }
+  if (view.tier() != Tier::kSsd || !has_ssd()) {
+    return absl::DataLossError(absl::StrCat("chunk ", id.key.ToHex(), " from the ",
+                                            TierName(view.tier()), " tier failed its CRC32C"));
+  }
+  return DropCorrupt(id);
+}
+
 absl::Status TieredStore::DropCorrupt(const ChunkId& id) {
   if (!has_ssd()) return absl::DataLossError("chunk failed its checksum");
-  // Only the streamed tier's copy goes; a RAM copy, if any, still serves. Its event goes
-  // out from the SSD tier (on_corrupt), as for a copy found corrupt on any other path.
+  // Its event goes out from the SSD tier (on_corrupt), as for a copy found corrupt on
+  // any other path.
   return backing_->DropCorrupt(id);
 }
 
@@ -1119,7 +1134,7 @@ void TieredStore::DropCorruptInRam(const ChunkId& id, const std::shared_ptr<cons
     Emit(ChunkEventKind::kEvicted, id, Tier::kRam);
   }
   ram_checksum_failures_.fetch_add(1, std::memory_order_relaxed);
-  LogWarning("RAM copy of ", id.DebugString(), " failed its CRC32C on the way to a GPU; "
+  LogWarning("RAM copy of ", id.DebugString(), " failed its CRC32C on the way to a reader; "
              "dropped (an SSD copy, if any, is still served)");
 }
 

@@ -363,8 +363,11 @@ class TieredStore {
   using RangeBuffer = std::shared_ptr<const char>;
   void ReadRangeAsync(const ChunkId& id, const ChunkMeta& meta, uint64_t offset,
                       uint64_t len, std::function<void(absl::StatusOr<RangeBuffer>)> done);
-  // For a streamer that found a chunk's CRC32C wrong once it had all the bytes: deletes
-  // it from SSD and counts it. Returns the DataLoss error to report.
+  // For a streamer that found a chunk's CRC32C wrong once it had all the bytes of
+  // `view`: drops the copy it read (RAM's or SSD's; the other, if any, stays) and counts
+  // it. Returns the DataLoss error to report.
+  absl::Status DropCorrupt(const ChunkId& id, const ChunkView& view);
+  // The same for a copy read from SSD.
   absl::Status DropCorrupt(const ChunkId& id);
   // GPU. Copies a chunk that is in RAM into the GPU staging buffers, in the
   // background, because a worker on this GPU is about to read it (a Lookup leased it, a

@@ -465,6 +465,30 @@ TEST_F(SsdTierTest, PutAfterExpiryStoresAFreshCopy) {
   ExpectStored(Id(1), kMiB);
 }
 
+// The TTL sweep collects the expired chunks, then deletes them one by one. A put of one
+// of them in between stores it afresh (the expired copy is replaced); the sweep once
+// deleted that fresh copy too, acknowledged write-through bytes gone long before their
+// TTL.
+TEST_F(SsdTierTest, TheTtlSweepLeavesACopyStoredAfterItLooked) {
+  options_.ttl = absl::Seconds(60);
+  std::optional<ChunkId> refreshed;
+  options_.on_evict = [&](const ChunkId& gone) {
+    if (refreshed) return;
+    refreshed = gone == Id(1) ? Id(2) : Id(1);  // Put again before the sweep gets to it.
+    PutOk(*refreshed, kMiB);
+  };
+  Open();
+  PutOk(Id(1), kMiB);
+  PutOk(Id(2), kMiB);
+  clock_.Advance(absl::Seconds(61));
+  tier_->ExpireOld();
+  ASSERT_TRUE(refreshed.has_value());
+  EXPECT_TRUE(tier_->Contains(*refreshed)) << "the fresh copy was swept";
+  ExpectStored(*refreshed, kMiB);
+  Open();
+  ExpectStored(*refreshed, kMiB);
+}
+
 TEST_F(SsdTierTest, Delete) {
   PutOk(Id(1), kMiB);
   PutOk(Id(2), kMiB);
@@ -915,6 +939,29 @@ class SsdTierFaultTest : public SsdTierTest {
   std::shared_ptr<FaultInjectionFs> fs_;
   std::shared_ptr<FaultyPayloadOps> ops_;
 };
+
+// A put that replaces an expired copy (not swept yet) and then fails stores nothing:
+// the expired copy, whose row still points at its bytes, goes back for the sweep. It
+// once left the index with its bytes counted live for ever, so its payload file could
+// never be deleted or collected.
+TEST_F(SsdTierFaultTest, AFailedPutOverAnExpiredCopyLeavesItToTheSweep) {
+  options_.ttl = absl::Seconds(60);
+  options_.file_bytes = kMiB;
+  options_.io_bytes = 256 * 1024;
+  options_.piece_bytes = 64 * 1024;
+  Open();
+  for (uint64_t i = 1; i <= 4; ++i) PutOk(Id(i), kMiB / 4);  // Fills the first file.
+  clock_.Advance(absl::Seconds(61));
+  ops_->SetNoSpace(true);  // The payload files only: RocksDB still writes.
+  EXPECT_EQ(Put(Id(1), Payload(Id(1), kMiB / 4)).code(), absl::StatusCode::kResourceExhausted);
+  ops_->SetNoSpace(false);
+  EXPECT_FALSE(tier_->Contains(Id(1)));  // Expired: hidden.
+  EXPECT_EQ(tier_->ExpireOld(), 4u) << "the expired copy the failed put took was lost";
+  const SsdTierStats s = tier_->GetStats();
+  EXPECT_EQ(s.chunks, 0u);
+  EXPECT_EQ(s.used_bytes, 0u);
+  EXPECT_LT(s.disk_bytes, kMiB) << "a payload file of dead chunks was kept";
+}
 
 TEST_F(SsdTierFaultTest, FullDiskIsResourceExhaustedAndRecovers) {
   PutOk(Id(1), 2 * kMiB, 2);

@@ -1405,6 +1405,26 @@ TEST_F(TieredStoreWriteBackTest, ACorruptSsdCopyIsOneEventOnEveryPath) {
   store_.reset();  // Before `events`, which it appends to.
 }
 
+// A reader that copied a RAM chunk whole (a Get into a client's region, a Prefill into
+// its target) and found its CRC32C wrong drops the RAM copy it read. It once dropped the
+// SSD copy instead: the good copy went, and the bad one stayed to be served again.
+TEST_F(TieredStoreWriteBackTest, ACorruptRamCopyAReaderFoundGoesAndTheSsdCopyStays) {
+  OpenWith(Options(WriteMode::kWriteThrough));
+  ns_ = Register();
+  PutOk(Id(1));
+  {
+    auto v = store_->Read(Id(1));
+    ASSERT_TRUE(v.ok()) << v.status();
+    ASSERT_EQ(v->tier(), Tier::kRam);
+    v->ForEachPiece(0, 1, [](absl::string_view p) { const_cast<char*>(p.data())[0] ^= 0x5a; });
+    const absl::Status s = store_->DropCorrupt(Id(1), *v);
+    EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+    EXPECT_NE(s.message().find("RAM copy"), std::string::npos) << s;
+  }
+  EXPECT_EQ(store_->Locate(Id(1)), Tier::kSsd);
+  ExpectReadable(Id(1), Tier::kSsd);
+}
+
 // ---------------------------------------------------------------------------------
 // Write-through and RAM-only.
 
