@@ -670,10 +670,11 @@ absl::StatusOr<v1::HintResponse> KvTierClient::Hint(const std::string& client_id
 
 absl::Status KvTierClient::WatchEvents(
     uint64_t namespace_id, uint64_t after,
-    const std::function<bool(const v1::EventBatch&)>& on_batch) {
+    const std::function<bool(const v1::EventBatch&)>& on_batch, uint64_t after_instance) {
   v1::EventsRequest request;
   request.set_namespace_id(namespace_id);
   request.set_after_sequence(after);
+  request.set_instance_id(after_instance);
   grpc::ClientContext ctx;
   // No deadline: a subscription lasts until on_batch stops it, or CallCancellation
   // cancels it (the only way out while no event comes); only the credentials.

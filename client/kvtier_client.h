@@ -316,10 +316,14 @@ class KvTierClient {
   // Follows the daemon's chunk events (Events) of `namespace_id` (0: all), from after
   // sequence `after` (0: from now on), calling `on_batch` for each batch until it
   // returns false (the call is then cancelled and this returns Ok) or the stream ends.
-  // No deadline: it runs until stopped. Returns: Ok, ResourceExhausted (too many
-  // subscribers), Unavailable, Cancelled.
+  // `after_instance`: the instance_id of the batch `after` came from, so that a cursor
+  // from an earlier run of the daemon (sequences restart with each run) gets the
+  // oldest events kept, marked resync, instead of skipping the new run's first ones;
+  // 0: not checked. No deadline: it runs until stopped. Returns: Ok, ResourceExhausted
+  // (too many subscribers), Unavailable, Cancelled.
   absl::Status WatchEvents(uint64_t namespace_id, uint64_t after,
-                           const std::function<bool(const v1::EventBatch&)>& on_batch);
+                           const std::function<bool(const v1::EventBatch&)>& on_batch,
+                           uint64_t after_instance = 0);
 
   // Stores `chunks` in one Put stream, each cut into frames of max_frame_bytes, the last
   // frame of each carrying the CRC32C of the whole chunk. `progress`, if set, is called

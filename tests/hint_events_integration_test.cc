@@ -255,6 +255,32 @@ TEST_F(HintEventsTest, ACursorFromAnotherRunResyncsAndShutdownEndsSubscriptions)
   daemon_.reset();
 }
 
+// A router resuming with the client's WatchEvents after a daemon restart passes the
+// instance its cursor came from and gets the new run's events from the oldest kept,
+// marked resync. The client could not say it, and skipped the new run's first events.
+TEST_F(HintEventsTest, TheClientResumesACursorFromAnEarlierRunWithAResync) {
+  Start({"--write-mode=ram-only", "--ram-capacity=64MiB"});
+  Put(1, 3, /*chain=*/false);
+  uint64_t instance = 0, last = 0;
+  ASSERT_TRUE(client_->WatchEvents(0, 1, [&](const v1::EventBatch& b) {
+    instance = b.instance_id();
+    if (b.events_size() > 0) last = b.events(b.events_size() - 1).sequence();
+    return last < 3;
+  }).ok());
+  ASSERT_EQ(last, 3u);
+  Start({"--write-mode=ram-only", "--ram-capacity=64MiB"});
+  Put(11, 15, /*chain=*/false);
+  v1::EventBatch first;
+  ASSERT_TRUE(client_->WatchEvents(0, last, [&](const v1::EventBatch& b) {
+    first = b;
+    return false;
+  }, instance).ok());
+  EXPECT_NE(first.instance_id(), instance);
+  EXPECT_TRUE(first.resync()) << "a cursor from the earlier run was taken for this one's";
+  ASSERT_GT(first.events_size(), 0);
+  EXPECT_EQ(first.events(0).sequence(), 1u);
+}
+
 // A subscription to a quiet namespace waits on its stream with no deadline: a
 // CallCancellation is the way out. It once was not watched, and the thread stayed in
 // WatchEvents for ever.
