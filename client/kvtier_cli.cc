@@ -549,7 +549,9 @@ Result RunPut(const Args& args, KvTierClient& client) {
 // that is a symlink is followed (the file it names is replaced, the link stays); one
 // that is not a regular file (/dev/null, a FIFO), or is under /dev or /proc (/dev/stdout
 // redirected to a file), is written in place, since renaming over it would replace the
-// device or pipe with a file, or the redirected file with one chunk.
+// device or pipe with a file, or the redirected file with one chunk; what goes there is
+// held in memory until the chunk checked out, so that a chunk cut short or failing its
+// CRC32C leaves nothing of itself on stdout or in the pipe.
 class PartialFile {
  public:
   explicit PartialFile(std::string path) : path_(std::move(path)), tmp_(path_ + ".partial") {}
@@ -600,15 +602,18 @@ class PartialFile {
     return absl::OkStatus();
   }
   absl::Status Write(absl::string_view data) {
-    while (!data.empty()) {
-      const ssize_t n = ::write(fd_, data.data(), data.size());
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0) return absl::ErrnoToStatus(errno, absl::StrCat("cannot write ", tmp_));
-      data.remove_prefix(static_cast<size_t>(n));
+    if (in_place_) {
+      held_.append(data.data(), data.size());
+      return absl::OkStatus();
     }
-    return absl::OkStatus();
+    return WriteAll(data);
   }
   absl::Status Commit() {
+    if (in_place_) {
+      absl::Status s = WriteAll(held_);
+      held_.clear();
+      if (!s.ok()) return s;
+    }
     const int fd = fd_;
     fd_ = -1;
     if (::close(fd) != 0) {
@@ -626,6 +631,15 @@ class PartialFile {
   }
 
  private:
+  absl::Status WriteAll(absl::string_view data) {
+    while (!data.empty()) {
+      const ssize_t n = ::write(fd_, data.data(), data.size());
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) return absl::ErrnoToStatus(errno, absl::StrCat("cannot write ", tmp_));
+      data.remove_prefix(static_cast<size_t>(n));
+    }
+    return absl::OkStatus();
+  }
   void Abandon() {
     if (fd_ >= 0) {
       ::close(fd_);
@@ -639,6 +653,7 @@ class PartialFile {
   std::string tmp_;
   int fd_ = -1;
   bool in_place_ = false;  // Not a regular file: written directly, never renamed or removed.
+  std::string held_;       // In place: the chunk's bytes until Commit.
   bool committed_ = false;
 };
 

@@ -155,6 +155,59 @@ TEST_F(CliTest, GetFollowsSymlinksAndWritesThroughDevices) {
   EXPECT_FALSE(std::filesystem::exists(null + ".partial"));
 }
 
+// A chunk that fails its CRC32C after some of its frames arrived leaves nothing of
+// itself on stdout (which cannot be renamed into place like a file): those frames once
+// went out as they came, and `>> file` kept them.
+TEST_F(CliTest, AChunkFailingItsChecksumLeavesNothingOnStdout) {
+  const std::string ns = Register();
+  auto put = [&](uint64_t k) {
+    const std::string file = WriteFile("in.bin", testing::PatternBytes(k, 2 << 20));
+    auto r = Cli({"put", "--namespace", ns, testing::KeyOf(k).ToHex() + "=" + file});
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+  };
+  auto restart = [&](std::vector<std::string> args) {
+    auto code = daemon_->Terminate();  // Write-back: flushed to SSD on the way out.
+    ASSERT_TRUE(code.ok() && *code == 0);
+    daemon_.reset();
+    auto d = testing::DaemonProcess::Start(dir_ + "/data", std::move(args));
+    ASSERT_TRUE(d.ok()) << d.status();
+    daemon_.emplace(*std::move(d));
+  };
+  put(5);
+  ASSERT_NO_FATAL_FAILURE(restart({"--ram-capacity=64MiB"}));  // 5 alone in the first file.
+  put(6);
+  put(7);
+  auto code = daemon_->Terminate();
+  ASSERT_TRUE(code.ok() && *code == 0);
+  daemon_.reset();
+  // Bad bytes in chunk 5's second MiB (its second frame below); the file of 6 and 7
+  // (twice the size) is left alone.
+  ASSERT_EQ(testing::CorruptPayloadFiles(dir_ + "/data/ssd",
+                                         [](uint64_t size) {
+                                           std::vector<uint64_t> at;
+                                           if (size < (3 << 20)) at.push_back(3 << 19);
+                                           return at;
+                                         }),
+            2);
+  // RAM full of pinned chunks: chunk 5 is streamed from SSD a frame at a time, each
+  // checked as it is read, instead of being read whole into RAM first.
+  auto d = testing::DaemonProcess::Start(
+      dir_ + "/data", {"--ram-capacity=4MiB", "--max-pinned-fraction=1", "--max-frame-size=1MiB",
+                       "--ssd-stream-buffer=1MiB"});
+  ASSERT_TRUE(d.ok()) << d.status();
+  daemon_.emplace(*std::move(d));
+  auto pin = Cli({"pin", "--namespace", ns, testing::KeyOf(6).ToHex(), testing::KeyOf(7).ToHex()});
+  ASSERT_EQ(pin.exit_code, 0) << pin.output;
+  const std::string out = WriteFile("stdout.bin", "");
+  const std::string cmd = absl::StrCat(KVTIER_CLI_PATH, " --target ", daemon_->target(),
+                                       " get --namespace ", ns, " ", testing::KeyOf(5).ToHex(),
+                                       "=/dev/stdout > ", out, " 2>/dev/null");
+  const int status = std::system(cmd.c_str());
+  ASSERT_TRUE(WIFEXITED(status)) << cmd;
+  EXPECT_EQ(WEXITSTATUS(status), 1) << cmd;
+  EXPECT_EQ(ReadFile(out).size(), 0u) << "part of a chunk that failed its checksum";
+}
+
 TEST_F(CliTest, ErrorsAreClearAndExitNonZero) {
   const std::string ns = Register();
   const std::string key = testing::KeyOf(1).ToHex();
