@@ -697,6 +697,18 @@ absl::Status KvTierClient::WatchEvents(
   return FromGrpcStatus(s);
 }
 
+void KvTierClient::LearnDaemonLimits() {
+  if (daemon_limits_asked_.load(std::memory_order_relaxed)) return;
+  auto info = CallUnary(*this, &v1::KvCache::Stub::DataPlane, v1::DataPlaneRequest());
+  if (!info.ok()) return;  // Asked again at the next Put.
+  daemon_limits_asked_.store(true, std::memory_order_relaxed);
+  if (info->max_frame_bytes() != 0) {
+    uint32_t expected = 0;  // A RegisterLayout answer meanwhile says the same.
+    daemon_max_frame_.compare_exchange_strong(expected, info->max_frame_bytes(),
+                                              std::memory_order_relaxed);
+  }
+}
+
 absl::StatusOr<PutResult> KvTierClient::Put(uint64_t namespace_id,
                                             absl::Span<const ChunkToPut> chunks,
                                             const ProgressCallback& progress) {
@@ -724,6 +736,7 @@ absl::StatusOr<PutResult> KvTierClient::Put(uint64_t namespace_id,
     total += size;
   }
   if (chunks.empty()) return PutResult{};
+  if (daemon_max_frame_.load(std::memory_order_relaxed) == 0) LearnDaemonLimits();
 
   // Same host: chunks in AllocateShared buffers go by reference; the others are copied
   // into one staging buffer (with their CRC32C in the same pass) when it fits the
@@ -811,7 +824,8 @@ absl::StatusOr<PutResult> KvTierClient::Put(uint64_t namespace_id,
     v1::PutFrame frame;  // Every field but data.
     frame.set_namespace_id(namespace_id);
     std::string head;
-    // Our frame size, or the daemon's limit if that is smaller (learnt at RegisterLayout).
+    // Our frame size, or the daemon's limit if that is smaller (learnt at RegisterLayout,
+  // or from DataPlane).
     const uint32_t daemon_max = daemon_max_frame_.load(std::memory_order_relaxed);
     const uint64_t max_frame =
         daemon_max != 0 ? std::min(options_.max_frame_bytes, daemon_max) : options_.max_frame_bytes;

@@ -507,7 +507,13 @@ class KvTierClient {
 
   const std::string target_;
   const ClientOptions options_;
-  std::atomic<uint32_t> daemon_max_frame_{0};  // RegisterLayoutResponse.max_frame_bytes.
+  // The daemon's frame limit, from RegisterLayoutResponse or DataPlaneResponse (0: not
+  // known yet, or a daemon that does not say).
+  std::atomic<uint32_t> daemon_max_frame_{0};
+  std::atomic<bool> daemon_limits_asked_{false};  // A DataPlane answer was read.
+  // Learns the daemon's frame limit with one DataPlane call, once (Put, for a namespace
+  // this client did not register). Errors are left to the Put that follows.
+  void LearnDaemonLimits();
   // The last Put's kvtier-put-places trailer said "free": the next Put need not wait for
   // the headers (ClientOptions::put_header_wait).
   std::atomic<bool> put_places_free_{false};

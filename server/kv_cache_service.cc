@@ -221,6 +221,7 @@ grpc::Status KvCacheService::DataPlaneCall(grpc::ServerContextBase* ctx, const v
   RpcMetrics::Scope scope(metrics_, RpcMethod::kDataPlane);
   absl::StatusOr<TenantScope> tenant = Admit(ctx);
   if (!tenant.ok()) return scope.Done(ToGrpcStatus(tenant.status()));
+  resp->set_max_frame_bytes(static_cast<uint32_t>(limits_.max_frame_bytes));
   if (TieredStore* store = store_.load(std::memory_order_acquire);
       store != nullptr && req->namespace_id() != 0) {
     if (auto layout = store->FindLayout(tenant->Internal(req->namespace_id())); layout.ok()) {

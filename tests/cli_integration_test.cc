@@ -198,6 +198,7 @@ TEST_F(CliTest, AChunkFailingItsChecksumLeavesNothingOnStdout) {
   daemon_.emplace(*std::move(d));
   auto pin = Cli({"pin", "--namespace", ns, testing::KeyOf(6).ToHex(), testing::KeyOf(7).ToHex()});
   ASSERT_EQ(pin.exit_code, 0) << pin.output;
+
   const std::string out = WriteFile("stdout.bin", "");
   const std::string cmd = absl::StrCat(KVTIER_CLI_PATH, " --target ", daemon_->target(),
                                        " get --namespace ", ns, " ", testing::KeyOf(5).ToHex(),
@@ -206,6 +207,27 @@ TEST_F(CliTest, AChunkFailingItsChecksumLeavesNothingOnStdout) {
   ASSERT_TRUE(WIFEXITED(status)) << cmd;
   EXPECT_EQ(WEXITSTATUS(status), 1) << cmd;
   EXPECT_EQ(ReadFile(out).size(), 0u) << "part of a chunk that failed its checksum";
+}
+
+// A put from a process that did not register the layout (the CLI's always) learns the
+// daemon's frame limit (DataPlane) and fits its frames to it. It once sent 2 MiB frames
+// to a daemon taking 1 MiB ones and was refused.
+TEST_F(CliTest, APutLearnsTheDaemonsFrameLimit) {
+  const std::string ns = Register();
+  auto code = daemon_->Terminate();
+  ASSERT_TRUE(code.ok() && *code == 0);
+  daemon_.reset();
+  auto d = testing::DaemonProcess::Start(dir_ + "/data",
+                                         {"--ram-capacity=64MiB", "--max-frame-size=1MiB"});
+  ASSERT_TRUE(d.ok()) << d.status();
+  daemon_.emplace(*std::move(d));
+  const std::string key = testing::KeyOf(8).ToHex();
+  const std::string payload = testing::PatternBytes(8, 2 << 20);
+  auto put = Cli({"put", "--namespace", ns, key + "=" + WriteFile("in.bin", payload)});
+  ASSERT_EQ(put.exit_code, 0) << put.output;
+  auto get = Cli({"get", "--namespace", ns, key + "=" + dir_ + "/out.bin"});
+  ASSERT_EQ(get.exit_code, 0) << get.output;
+  EXPECT_TRUE(ReadFile(dir_ + "/out.bin") == payload);
 }
 
 TEST_F(CliTest, ErrorsAreClearAndExitNonZero) {
