@@ -358,6 +358,7 @@ absl::StatusOr<SharedMemoryPlane*> KvTierClient::Plane() {
   // Not up yet, or this call was cancelled (CallCancellation): decide at the next call.
   std::optional<absl::Status> undecided;
   auto info = CallUnary(*this, &v1::KvCache::Stub::DataPlane, v1::DataPlaneRequest());
+  if (info.ok()) NoteDaemonLimits(*info);
   if (!info.ok()) {
     // Anything else (an older daemon answers UNIMPLEMENTED): the stream.
     if (absl::IsUnavailable(info.status()) || absl::IsDeadlineExceeded(info.status()) ||
@@ -454,6 +455,7 @@ absl::StatusOr<std::pair<uint64_t, uint64_t>> KvTierClient::ItemSizes(
     req.set_namespace_id(namespace_id);
     auto info = CallUnary(*this, &v1::KvCache::Stub::DataPlane, req);
     if (!info.ok()) return info.status();  // Unavailable and the like: retry.
+    NoteDaemonLimits(*info);
     if (info->num_layers() == 0 || info->chunk_bytes() == 0) {
       return absl::FailedPreconditionError(absl::StrCat(
           "namespace ", absl::Hex(namespace_id, absl::kZeroPad16),
@@ -700,13 +702,21 @@ absl::Status KvTierClient::WatchEvents(
 void KvTierClient::LearnDaemonLimits() {
   if (daemon_limits_asked_.load(std::memory_order_relaxed)) return;
   auto info = CallUnary(*this, &v1::KvCache::Stub::DataPlane, v1::DataPlaneRequest());
-  if (!info.ok()) return;  // Asked again at the next Put.
-  daemon_limits_asked_.store(true, std::memory_order_relaxed);
-  if (info->max_frame_bytes() != 0) {
-    uint32_t expected = 0;  // A RegisterLayout answer meanwhile says the same.
-    daemon_max_frame_.compare_exchange_strong(expected, info->max_frame_bytes(),
-                                              std::memory_order_relaxed);
+  if (info.ok()) {
+    NoteDaemonLimits(*info);
+  } else if (!absl::IsUnavailable(info.status()) && !absl::IsDeadlineExceeded(info.status()) &&
+             !absl::IsCancelled(info.status()) && !absl::IsResourceExhausted(info.status())) {
+    // An older daemon (UNIMPLEMENTED) or a refusal that stays: not asked again.
+    daemon_limits_asked_.store(true, std::memory_order_relaxed);
   }
+}
+
+void KvTierClient::NoteDaemonLimits(const v1::DataPlaneResponse& info) {
+  daemon_limits_asked_.store(true, std::memory_order_relaxed);
+  if (info.max_frame_bytes() == 0) return;  // A daemon that does not say.
+  uint32_t expected = 0;  // A RegisterLayout answer meanwhile says the same.
+  daemon_max_frame_.compare_exchange_strong(expected, info.max_frame_bytes(),
+                                            std::memory_order_relaxed);
 }
 
 absl::StatusOr<PutResult> KvTierClient::Put(uint64_t namespace_id,

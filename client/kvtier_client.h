@@ -330,7 +330,8 @@ class KvTierClient {
   // after every frame. Chunks that completed before an error stay stored. An empty
   // `chunks` returns a zero result without contacting the server. If this client
   // registered the namespace, chunk sizes are checked before anything is sent;
-  // otherwise the server checks them.
+  // otherwise the server checks them (and the first Put of a client that knows no frame
+  // limit of the daemon asks for it: one DataPlane call).
   // Returns: Ok, InvalidArgument (e.g. an empty chunk, or a size other than the
   // namespace's chunk_bytes), NotFound, ResourceExhausted, Unavailable,
   // DeadlineExceeded.
@@ -511,9 +512,12 @@ class KvTierClient {
   // known yet, or a daemon that does not say).
   std::atomic<uint32_t> daemon_max_frame_{0};
   std::atomic<bool> daemon_limits_asked_{false};  // A DataPlane answer was read.
-  // Learns the daemon's frame limit with one DataPlane call, once (Put, for a namespace
-  // this client did not register). Errors are left to the Put that follows.
+  // Learns the daemon's frame limit with one DataPlane call, once (Put, unless an
+  // earlier DataPlane answer or RegisterLayout said it). Errors are left to the Put
+  // that follows; transient ones are asked again at the next Put.
   void LearnDaemonLimits();
+  // Records the limits a DataPlane answer carries.
+  void NoteDaemonLimits(const v1::DataPlaneResponse& info);
   // The last Put's kvtier-put-places trailer said "free": the next Put need not wait for
   // the headers (ClientOptions::put_header_wait).
   std::atomic<bool> put_places_free_{false};

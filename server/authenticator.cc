@@ -9,6 +9,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "absl/time/clock.h"
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
 #include "prometheus/registry.h"
@@ -22,8 +23,10 @@ absl::StatusOr<std::unique_ptr<Authenticator>> Authenticator::Create(
   if (auth->enabled()) {
     absl::MutexLock lock(&auth->mu_);
     absl::Status s = auth->Load(/*initial=*/true);
-    // Being written as the daemon starts: try a few times before giving up.
+    // Being written as the daemon starts: try a few times, 100 ms apart, before giving
+    // up.
     for (int tries = 1; absl::IsUnavailable(s) && tries < 5; ++tries) {
+      absl::SleepFor(absl::Milliseconds(100));
       s = auth->Load(/*initial=*/true);
     }
     if (absl::IsUnavailable(s)) s = absl::InvalidArgumentError(s.message());

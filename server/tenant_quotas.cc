@@ -54,7 +54,10 @@ absl::flat_hash_set<uint64_t> TenantQuotas::BindAndList(const TenantScope& t,
 
 void TenantQuotas::Bind(const TenantScope& t, uint64_t ns) {
   if (t.implicit() || ns == 0) return;
-  const TenantQuota q = QuotaOf(t);
+  BindWith(t, QuotaOf(t), ns);
+}
+
+void TenantQuotas::BindWith(const TenantScope& t, const TenantQuota& q, uint64_t ns) {
   absl::MutexLock lock(&mu_);
   Account& a = accounts_[t.tenant()];
   a.namespaces.insert(ns);
@@ -154,8 +157,11 @@ absl::Status TenantQuotas::AdmitPut(TieredStore* store, const TenantScope& t, ui
   // The quota in force now: a Put stream outlives its admission, and the tenants file
   // may have changed the quota since.
   const TenantQuota q = QuotaOf(t);
+  if (q.ram_bytes == 0 && q.ssd_bytes == 0) {  // Nothing to enforce: record use only.
+    BindWith(t, q, ns);
+    return absl::OkStatus();
+  }
   const absl::flat_hash_set<uint64_t> namespaces = BindAndList(t, q, ns);
-  if (q.ram_bytes == 0 && q.ssd_bytes == 0) return absl::OkStatus();  // Use recorded only.
   // A chunk larger than the RAM quota can never be stored: refused (Fit evicts nothing
   // then) before the SSD quota makes room for it.
   if (q.ram_bytes != 0 && bytes > q.ram_bytes) {

@@ -115,6 +115,9 @@ class TenantQuotas final : public prometheus::Collectable {
   };
   // The quota in force for `t` (source_, else its scope's). Takes no lock of this object.
   TenantQuota QuotaOf(const TenantScope& t) const;
+  // Binds `ns` to the tenant, recording `q` as its quota.
+  void BindWith(const TenantScope& t, const TenantQuota& q, uint64_t ns)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Binds (recording `q` as the tenant's quota) and returns a copy of its namespaces.
   absl::flat_hash_set<uint64_t> BindAndList(const TenantScope& t, const TenantQuota& q,
                                             uint64_t ns);

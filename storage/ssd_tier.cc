@@ -696,6 +696,13 @@ absl::Status SsdTier::Corrupt(const ChunkId& id, absl::string_view cause,
   return CorruptChunkError(id);
 }
 
+std::optional<ChunkMeta> SsdTier::PeekMeta(const ChunkId& id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = index_.find(id);
+  if (it == index_.end() || ExpiredLocked(it->second)) return std::nullopt;
+  return it->second.meta;
+}
+
 absl::StatusOr<ChunkMeta> SsdTier::ReadMeta(const ChunkId& id) {
   PayloadExtent expired;
   {

@@ -170,6 +170,9 @@ class SsdTier final : public StorageTier {
   // each piece verified, and the whole against meta.crc32c (Returns: Ok,
   // NotFound (deleted meanwhile), DataLoss (now deleted), Unavailable).
   absl::StatusOr<ChunkMeta> ReadMeta(const ChunkId& id);
+  // The description of a chunk held and not expired, with no side effect (no access
+  // recorded, no counter, no expiry acted on); nullopt otherwise.
+  std::optional<ChunkMeta> PeekMeta(const ChunkId& id) const ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status ReadPayload(const ChunkId& id, const ChunkMeta& meta, ChunkSink& sink);
   // Reads bytes [offset, offset + len) of the payload into `out` (len bytes), for
   // streaming a chunk a frame at a time. Every piece the range touches is verified

@@ -542,8 +542,8 @@ bool TieredStore::StagedAndBacked(const ChunkId& id) const {
   if (std::optional<HostPool::Hit> hit = ram_->Peek(id)) {
     backed = hit->meta == *staged;
   } else if (ssd_ != nullptr) {
-    absl::StatusOr<ChunkMeta> on_ssd = ssd_->ReadMeta(id);
-    backed = on_ssd.ok() && *on_ssd == *staged;
+    const std::optional<ChunkMeta> on_ssd = ssd_->PeekMeta(id);  // No I/O, no side effect.
+    backed = on_ssd.has_value() && *on_ssd == *staged;
   }
   if (backed) return true;
   gpu_->Remove(id);
