@@ -123,6 +123,15 @@ class RevokedCredentialsTest : public ::testing::Test {
     return out;
   }
 
+  // Sends chunk n whole on an open Put stream and waits until the daemon stored it.
+  void PutAndWaitStored(grpc::ClientWriter<v1::PutFrame>& writer, uint64_t n) {
+    for (const v1::PutFrame& f : PutFrames(n)) ASSERT_TRUE(writer.Write(f));
+    ASSERT_TRUE(testing::Eventually([&] {
+      auto l = client_->Lookup(ns_, {KeyOf(n)});
+      return l.ok() && l->prefix_hits == 1;
+    }));
+  }
+
   // Token-a is replaced by token-a2, and the daemon re-reads the file (the fake clock
   // passes reload_check) on its next check.
   void Revoke() {
@@ -175,12 +184,8 @@ TEST_F(RevokedCredentialsTest, APutEndsBeforeItsNextChunkKeepingTheOnesStored) {
   ctx.AddMetadata("authorization", "Bearer token-a");
   v1::PutResponse resp;
   auto writer = stub->Put(&ctx, &resp);
-  for (const v1::PutFrame& f : PutFrames(100)) ASSERT_TRUE(writer->Write(f));
   // Chunk 100 is stored (admitted under the first file) before the token goes.
-  ASSERT_TRUE(testing::Eventually([&] {
-    auto l = client_->Lookup(ns_, {KeyOf(100)});
-    return l.ok() && l->prefix_hits == 1;
-  }));
+  ASSERT_NO_FATAL_FAILURE(PutAndWaitStored(*writer, 100));
   Revoke();
   for (const v1::PutFrame& f : PutFrames(101)) {
     if (!writer->Write(f)) break;  // The daemon ended the call at the chunk's first frame.
@@ -206,11 +211,7 @@ TEST_F(RevokedCredentialsTest, APutStreamIsHeldToAQuotaLoweredWhileItRuns) {
   ctx.AddMetadata("authorization", "Bearer token-a");
   v1::PutResponse resp;
   auto writer = stub->Put(&ctx, &resp);
-  for (const v1::PutFrame& f : PutFrames(100)) ASSERT_TRUE(writer->Write(f));
-  ASSERT_TRUE(testing::Eventually([&] {
-    auto l = client_->Lookup(ns_, {KeyOf(100)});
-    return l.ok() && l->prefix_hits == 1;
-  }));
+  ASSERT_NO_FATAL_FAILURE(PutAndWaitStored(*writer, 100));
   // team-a, holding seven chunks, may now hold two.
   std::ofstream(tenants_, std::ios::trunc)
       << "tenant team-a ram_quota=" << 2 * kChunkMiB << "MiB\n" << TokenLine("team-a", "token-a");
