@@ -654,6 +654,12 @@ absl::Status CorruptChunkError(const ChunkId& id) {
       "could not read it) and was deleted; recompute it"));
 }
 
+absl::Status StoredAfreshError(const ChunkId& id) {
+  return absl::AbortedError(absl::StrCat("chunk ", id.key.ToHex(),
+                                         " was deleted or stored afresh while it was read; "
+                                         "read it again"));
+}
+
 }  // namespace
 
 bool SsdTier::DroppedCorruptLocked(const ChunkId& id,
@@ -664,20 +670,18 @@ bool SsdTier::DroppedCorruptLocked(const ChunkId& id,
 }
 
 absl::Status SsdTier::Corrupt(const ChunkId& id, absl::string_view cause,
-                             std::optional<PayloadExtent> extent) {
+                             const PayloadExtent& extent) {
   std::optional<IndexEntry> e;
   {
     absl::MutexLock lock(&mu_);
     auto it = index_.find(id);
-    if (extent.has_value() && (it == index_.end() || !(it->second.extent == *extent))) {
+    if (it == index_.end() || !(it->second.extent == extent)) {
       // Another reader of this copy dropped it just now: the same verdict.
       if (DroppedCorruptLocked(id, extent)) return CorruptChunkError(id);
       // Deleted, or put afresh elsewhere, since the read: the bad bytes are no one's.
-      return absl::AbortedError(absl::StrCat(
-          "chunk ", id.key.ToHex(), " was deleted or stored afresh while it was read; "
-          "read it again"));
+      return StoredAfreshError(id);
     }
-    // Taken out of the index under the same lock as the check: one reader counts it.
+  // Taken out of the index under the same lock as the check: one reader counts it.
     if (it == index_.end()) return CorruptChunkError(id);
     dropped_corrupt_.emplace_back(id, it->second.extent);
     if (dropped_corrupt_.size() > kDroppedCorrupt) dropped_corrupt_.pop_front();
@@ -726,8 +730,10 @@ absl::StatusOr<ChunkMeta> SsdTier::ReadMeta(const ChunkId& id) {
   return absl::NotFoundError("chunk on SSD expired (ssd_ttl)");
 }
 
-absl::Status SsdTier::ReadChunkRange(const ChunkId& id, uint64_t offset, uint64_t len,
-                                     absl::FunctionRef<void(uint64_t, absl::string_view)> out) {
+absl::Status SsdTier::ReadChunkRange(const ChunkId& id, const ChunkMeta& meta, uint64_t offset,
+                                     uint64_t len,
+                                     absl::FunctionRef<void(uint64_t, absl::string_view)> out,
+                                     PayloadExtent* extent) {
   // A GC move between the lookup and the read makes the old file vanish: look again.
   for (int attempt = 0;; ++attempt) {
     IndexEntry e;
@@ -739,8 +745,12 @@ absl::Status SsdTier::ReadChunkRange(const ChunkId& id, uint64_t offset, uint64_
         if (DroppedCorruptLocked(id, std::nullopt)) return CorruptChunkError(id);
         return absl::NotFoundError("chunk not on SSD (deleted meanwhile)");
       }
+      // Stored afresh since the caller read its meta: these are other bytes, which its
+      // earlier ranges and its whole-chunk CRC32C do not belong to.
+      if (!(it->second.meta == meta)) return StoredAfreshError(id);
       e = it->second;
     }
+    if (extent != nullptr) *extent = e.extent;
     absl::Status s = log_->Read(e.extent, *e.piece_crcs, offset, len, out);
     if (absl::IsDataLoss(s)) {
       absl::Status c = Corrupt(id, s.message(), e.extent);
@@ -757,12 +767,22 @@ absl::Status SsdTier::ReadPayload(const ChunkId& id, const ChunkMeta& meta, Chun
   absl::Mutex mu;
   uint64_t pending = n;
   absl::Status first_error;
+  // Where the pieces came from: one copy, or (a GC move, or the same bytes put again,
+  // while they were read) several with the same meta.
+  std::optional<PayloadExtent> from;
+  bool mixed = false;
   auto read_one = [&](uint64_t i) {
     const uint64_t offset = i * step;
-    absl::Status s = ReadChunkRange(id, offset, std::min(step, meta.size - offset),
-                                    [&sink](uint64_t at, absl::string_view b) { sink.Write(at, b); });
+    PayloadExtent extent;
+    absl::Status s = ReadChunkRange(
+        id, meta, offset, std::min(step, meta.size - offset),
+        [&sink](uint64_t at, absl::string_view b) { sink.Write(at, b); }, &extent);
     absl::MutexLock lock(&mu);
     if (!s.ok() && first_error.ok()) first_error = std::move(s);
+    if (s.ok()) {
+      if (from.has_value() && !(*from == extent)) mixed = true;
+      from = extent;
+    }
     --pending;
   };
   if (n <= 1) {
@@ -779,8 +799,12 @@ absl::Status SsdTier::ReadPayload(const ChunkId& id, const ChunkMeta& meta, Chun
   }
   if (!first_error.ok()) return first_error;
   // Every piece checked out; the whole-chunk CRC catches a row whose piece checksums
-  // belong to other bytes.
-  if (sink.Crc32c() != meta.crc32c) return Corrupt(id, "whole-chunk CRC32C");
+  // belong to other bytes. Of pieces read from two copies, which is bad is unknown:
+  // neither is dropped, and a read again finds out.
+  if (sink.Crc32c() != meta.crc32c) {
+    if (mixed || !from.has_value()) return StoredAfreshError(id);
+    return Corrupt(id, "whole-chunk CRC32C", *from);
+  }
   absl::MutexLock lock(&mu_);
   ++counters_.hits;
   return absl::OkStatus();
@@ -793,7 +817,7 @@ absl::Status SsdTier::ReadRange(const ChunkId& id, const ChunkMeta& meta, uint64
                                                    ") is past the chunk's ", meta.size,
                                                    " bytes"));
   }
-  return ReadChunkRange(id, offset, len, [out, offset](uint64_t at, absl::string_view b) {
+  return ReadChunkRange(id, meta, offset, len, [out, offset](uint64_t at, absl::string_view b) {
     std::memcpy(out + (at - offset), b.data(), b.size());
   });
 }
@@ -803,7 +827,22 @@ void SsdTier::CountRangedRead() {
   ++counters_.hits;
 }
 
-absl::Status SsdTier::DropCorrupt(const ChunkId& id) { return Corrupt(id, ""); }
+absl::Status SsdTier::DropCorrupt(const ChunkId& id, const ChunkMeta& meta) {
+  PayloadExtent extent;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = index_.find(id);
+    if (it == index_.end() || !(it->second.meta == meta)) {
+      // Another reader dropped the copy just now: the same verdict. Otherwise the copy
+      // stored is not the one the caller read (a put replaced it, with other bytes):
+      // it stays.
+      if (DroppedCorruptLocked(id, std::nullopt)) return CorruptChunkError(id);
+      return StoredAfreshError(id);
+    }
+    extent = it->second.extent;
+  }
+  return Corrupt(id, "", extent);
+}
 
 bool SsdTier::Contains(const ChunkId& id) const {
   absl::MutexLock lock(&mu_);

@@ -184,9 +184,11 @@ class SsdTier final : public StorageTier {
                          uint64_t len, char* out) override;
   // Counts a hit for a chunk that will be read with ReadRange (ReadPayload counts its own).
   void CountRangedRead() override;
-  // Deletes a chunk whose payload a caller found corrupt, counts it, and says so.
-  // Returns DataLoss, for the caller to pass on.
-  absl::Status DropCorrupt(const ChunkId& id) override;
+  // Deletes a chunk whose payload a caller found corrupt, counts it, and says so, if
+  // the copy stored is still the one described by `meta` (the one the caller read).
+  // Returns DataLoss, for the caller to pass on; Aborted if the chunk was stored afresh
+  // or deleted since (the bad bytes were no one's; a read again may succeed).
+  absl::Status DropCorrupt(const ChunkId& id, const ChunkMeta& meta) override;
 
   // StorageTier. Write is Put (`done` runs on the caller's thread); Read is ReadMeta
   // then ReadPayload; Stats counts expirations apart from evictions, as GetStats does.
@@ -259,21 +261,26 @@ class SsdTier final : public StorageTier {
       ABSL_LOCKS_EXCLUDED(mu_);
   // DeleteChunk's part after the index: `e` is what ForgetLocked took (nullopt: none).
   absl::Status DeleteRow(const ChunkId& id, std::optional<IndexEntry> e) ABSL_LOCKS_EXCLUDED(mu_);
-  // Reads [offset, offset + len) of a chunk's payload, following it if GC moves it.
-  absl::Status ReadChunkRange(const ChunkId& id, uint64_t offset, uint64_t len,
-                              absl::FunctionRef<void(uint64_t, absl::string_view)> out);
+  // Reads [offset, offset + len) of a chunk's payload, following it if GC moves it, as
+  // long as the copy stored is still the one `meta` describes: Aborted once the chunk
+  // was stored afresh with other bytes (a reader must not mix two copies' bytes). Sets
+  // `*extent` (if given) to where it read them.
+  absl::Status ReadChunkRange(const ChunkId& id, const ChunkMeta& meta, uint64_t offset,
+                              uint64_t len,
+                              absl::FunctionRef<void(uint64_t, absl::string_view)> out,
+                              PayloadExtent* extent = nullptr);
   // Garbage collection: moves live chunks out of the files with the most dead bytes
   // until `incoming` more bytes fit under the disk limit (or nothing more is freed).
   void MakeRoom(uint64_t incoming) ABSL_LOCKS_EXCLUDED(mu_);
   void Relocate(uint32_t file) ABSL_EXCLUSIVE_LOCKS_REQUIRED(gc_mu_);
   absl::Status MapWriteError(const rocksdb::Status& s, absl::string_view what);
   // Deletes a chunk that failed verification, counts it, and says so (DataLoss); of
-  // several readers that find the same bad copy at once, one counts and deletes it. With
-  // `extent`, only if the chunk is still stored there: else Aborted (deleted or put
-  // afresh meanwhile; the bad bytes are no one's), or DataLoss if another reader has
-  // just dropped that copy as corrupt.
+  // several readers that find the same bad copy at once, one counts and deletes it. Only
+  // if the chunk is still stored at `extent`: else Aborted (deleted or put afresh
+  // meanwhile; the bad bytes are no one's), or DataLoss if another reader has just
+  // dropped that copy as corrupt.
   absl::Status Corrupt(const ChunkId& id, absl::string_view cause,
-                       std::optional<PayloadExtent> extent = std::nullopt);
+                       const PayloadExtent& extent);
 
   const SsdTierOptions options_;
   // Wraps options_.file_system when set; must outlive db_.

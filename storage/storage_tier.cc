@@ -98,7 +98,7 @@ absl::Status StorageTier::ReadRange(const ChunkId&, const ChunkMeta&, uint64_t, 
       absl::StrCat("the ", TierName(tier()), " tier does not read ranges of a chunk"));
 }
 
-absl::Status StorageTier::DropCorrupt(const ChunkId& id) {
+absl::Status StorageTier::DropCorrupt(const ChunkId& id, const ChunkMeta&) {
   Delete(id).IgnoreError();  // Unreachable: the copy fails its checksum again next time.
   return absl::DataLossError(
       absl::StrCat("the ", TierName(tier()), " tier's copy failed its checksum"));

@@ -184,9 +184,11 @@ class StorageTier {
   // Counts a hit for a chunk about to be read with ReadRange (Read counts its own).
   virtual void CountRangedRead() {}
   // A caller found this tier's copy of a chunk corrupt (a frame's checksum): the tier
-  // drops the copy (and counts it, where it counts checksum failures: SSD). Returns
-  // DataLoss, for the caller to pass on. The default deletes the copy.
-  virtual absl::Status DropCorrupt(const ChunkId& id);
+  // drops the copy (and counts it, where it counts checksum failures: SSD). `meta` is
+  // the copy's as the caller read it; a tier that can tell (SSD) keeps a copy stored
+  // afresh since, with other bytes, and returns Aborted. Returns DataLoss, for the
+  // caller to pass on. The default deletes the copy.
+  virtual absl::Status DropCorrupt(const ChunkId& id, const ChunkMeta& meta);
 
   // Upkeep the store runs on its schedule: drops chunks past their TTL; returns how
   // many went. The default has no TTL.

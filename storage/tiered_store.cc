@@ -962,14 +962,14 @@ absl::Status TieredStore::DropCorrupt(const ChunkId& id, const ChunkView& view) 
     return absl::DataLossError(absl::StrCat("chunk ", id.key.ToHex(), " from the ",
                                             TierName(view.tier()), " tier failed its CRC32C"));
   }
-  return DropCorrupt(id);
+  return DropCorrupt(id, view.meta());
 }
 
-absl::Status TieredStore::DropCorrupt(const ChunkId& id) {
+absl::Status TieredStore::DropCorrupt(const ChunkId& id, const ChunkMeta& meta) {
   if (!has_ssd()) return absl::DataLossError("chunk failed its checksum");
   // Its event goes out from the SSD tier (on_corrupt), as for a copy found corrupt on
   // any other path.
-  return backing_->DropCorrupt(id);
+  return backing_->DropCorrupt(id, meta);
 }
 
 std::shared_ptr<std::string> TieredStore::NewBufferedRead(uint64_t size) {

@@ -365,10 +365,11 @@ class TieredStore {
                       uint64_t len, std::function<void(absl::StatusOr<RangeBuffer>)> done);
   // For a streamer that found a chunk's CRC32C wrong once it had all the bytes of
   // `view`: drops the copy it read (RAM's or SSD's; the other, if any, stays) and counts
-  // it. Returns the DataLoss error to report.
+  // it. Returns the DataLoss error to report; Aborted if the SSD copy was stored afresh
+  // since (with other bytes: it stays, and a read again may succeed).
   absl::Status DropCorrupt(const ChunkId& id, const ChunkView& view);
-  // The same for a copy read from SSD.
-  absl::Status DropCorrupt(const ChunkId& id);
+  // The same for a copy read from SSD, described by `meta`.
+  absl::Status DropCorrupt(const ChunkId& id, const ChunkMeta& meta);
   // GPU. Copies a chunk that is in RAM into the GPU staging buffers, in the
   // background, because a worker on this GPU is about to read it (a Lookup leased it, a
   // Prefill session will stream it). Best effort: no GPU, no staging, not in RAM or no

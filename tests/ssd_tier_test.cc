@@ -777,9 +777,10 @@ TEST_F(SsdTierTest, DropCorruptDeletesCountsAndForgetsTheCopy) {
   Open();
   PutOk(Id(1), kMiB);
   PutOk(Id(2), kMiB);
-  EXPECT_EQ(tier_->DropCorrupt(Id(1)).code(), absl::StatusCode::kDataLoss);
+  const ChunkMeta meta = MetaOf(Payload(Id(1), kMiB));
+  EXPECT_EQ(tier_->DropCorrupt(Id(1), meta).code(), absl::StatusCode::kDataLoss);
   // A second reader's verdict on the same copy: DataLoss again, but no second drop.
-  EXPECT_EQ(tier_->DropCorrupt(Id(1)).code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(tier_->DropCorrupt(Id(1), meta).code(), absl::StatusCode::kDataLoss);
   EXPECT_EQ(corrupt, std::vector<ChunkId>{Id(1)});
   EXPECT_FALSE(tier_->Contains(Id(1)));
   EXPECT_EQ(tier_->GetStats().checksum_failures, 1u);
@@ -787,6 +788,36 @@ TEST_F(SsdTierTest, DropCorruptDeletesCountsAndForgetsTheCopy) {
   Open();
   EXPECT_FALSE(tier_->Contains(Id(1)));
   ExpectStored(Id(2), kMiB);
+}
+
+// A streamed reader holds the meta of the copy it started on. Once a put has stored the
+// chunk afresh with other bytes, its next frame is refused (Aborted: read it again)
+// rather than served from the new copy, and its verdict that its bytes were corrupt
+// drops nothing: the new copy is good. Both once took the new copy: frames of two
+// copies went out as one chunk, and the whole-chunk CRC32C mismatch that followed
+// deleted the good one.
+TEST_F(SsdTierTest, AReaderOfACopyStoredAfreshNeitherMixesNorDropsTheNewOne) {
+  std::vector<ChunkId> corrupt;
+  options_.on_corrupt = [&corrupt](const ChunkId& id) { corrupt.push_back(id); };
+  Open();
+  const std::string old_bytes = Payload(Id(1), kMiB);
+  ASSERT_TRUE(Put(Id(1), old_bytes).ok());
+  const ChunkMeta old_meta = MetaOf(old_bytes);
+  std::string out(64 << 10, '\0');
+  ASSERT_TRUE(tier_->ReadRange(Id(1), old_meta, 0, out.size(), out.data()).ok());
+  std::string new_bytes = Payload(Id(2), kMiB);
+  ASSERT_TRUE(tier_->Delete(Id(1)).ok());
+  ASSERT_TRUE(Put(Id(1), new_bytes).ok());
+  const absl::Status next =
+      tier_->ReadRange(Id(1), old_meta, out.size(), out.size(), out.data());
+  EXPECT_EQ(next.code(), absl::StatusCode::kAborted) << next;
+  const absl::Status verdict = tier_->DropCorrupt(Id(1), old_meta);
+  EXPECT_EQ(verdict.code(), absl::StatusCode::kAborted) << verdict;
+  EXPECT_TRUE(corrupt.empty());
+  EXPECT_EQ(tier_->GetStats().checksum_failures, 0u);
+  auto c = tier_->Get(Id(1));
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->data == new_bytes);
 }
 
 TEST_F(SsdTierTest, BytesOfAPutCutOffBeforeItsRowAreReclaimed) {

@@ -406,7 +406,9 @@ TEST_P(StorageTierTest, ReadRangeReadsExactBytesWhereTheTierStreams) {
 TEST_P(StorageTierTest, DropCorruptDropsOnlyThatCopyAndSaysDataLoss) {
   ASSERT_TRUE(Write(Id(1), 64 << 10).ok());
   ASSERT_TRUE(Write(Id(2), 64 << 10).ok());
-  EXPECT_EQ(tier_->DropCorrupt(Id(1)).code(), absl::StatusCode::kDataLoss);
+  const std::string bytes = Payload(Id(1), 64 << 10);
+  const ChunkMeta meta{bytes.size(), crc32c::Value(bytes), 256, 0};
+  EXPECT_EQ(tier_->DropCorrupt(Id(1), meta).code(), absl::StatusCode::kDataLoss);
   EXPECT_FALSE(tier_->Contains(Id(1)));
   EXPECT_EQ(Read(Id(1)).status().code(), absl::StatusCode::kNotFound);
   EXPECT_TRUE(tier_->Contains(Id(2)));

@@ -1389,9 +1389,13 @@ TEST_F(TieredStoreWriteBackTest, ACorruptSsdCopyIsOneEventOnEveryPath) {
   ops_->SetCorruptReads(true);
   EXPECT_EQ(store_->Read(Id(1)).status().code(), absl::StatusCode::kDataLoss);
   ops_->SetCorruptReads(false);
-  EXPECT_EQ(store_->DropCorrupt(Id(2)).code(), absl::StatusCode::kDataLoss);
-  EXPECT_EQ(store_->DropCorrupt(Id(2)).code(), absl::StatusCode::kDataLoss);
-  EXPECT_EQ(store_->DropCorrupt(Id(3)).code(), absl::StatusCode::kDataLoss);
+  auto meta = [](const ChunkId& id) {
+    const std::string bytes = Payload(id, kChunkBytes);
+    return ChunkMeta{bytes.size(), crc32c::Value(bytes), 256, 0};
+  };
+  EXPECT_EQ(store_->DropCorrupt(Id(2), meta(Id(2))).code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(store_->DropCorrupt(Id(2), meta(Id(2))).code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(store_->DropCorrupt(Id(3), meta(Id(3))).code(), absl::StatusCode::kDataLoss);
   std::vector<std::tuple<ChunkEventKind, ChunkId, Tier>> got;
   for (const ChunkEvent& e : events.Read(start, 0, 100).events) {
     got.emplace_back(e.kind, e.id, e.tier);
