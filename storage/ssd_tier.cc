@@ -473,15 +473,28 @@ absl::Status SsdTier::Put(const ChunkId& id, const ChunkMeta& meta,
   const PayloadExtent shape{0, 0, meta.size};
   const uint64_t footprint = shape.footprint();
   std::vector<std::pair<ChunkId, IndexEntry>> victims;
+  if (options_.put_waits_for_row_delete) {
+    bool waits;
+    {
+      absl::MutexLock lock(&mu_);
+      waits = unrowing_.contains(id);
+    }
+    if (waits) options_.put_waits_for_row_delete(id);
+  }
   {
     absl::MutexLock lock(&mu_);
-    // A second put of a chunk waits for the first, then finds it stored.
+    // A second put of a chunk waits for the first, then finds it stored; a put of a
+    // chunk being deleted waits for its row to go.
     struct Waiting {
       const absl::flat_hash_set<ChunkId>* putting;
+      const absl::flat_hash_map<ChunkId, uint32_t>* unrowing;
       const ChunkId* id;
-    } waiting{&putting_, &id};
+    } waiting{&putting_, &unrowing_, &id};
     mu_.Await(absl::Condition(
-        +[](Waiting* w) { return !w->putting->contains(*w->id); }, &waiting));
+        +[](Waiting* w) {
+          return !w->putting->contains(*w->id) && !w->unrowing->contains(*w->id);
+        },
+        &waiting));
     auto it = index_.find(id);
     if (it != index_.end() && !ExpiredLocked(it->second)) return absl::OkStatus();
     if (footprint > options_.capacity_bytes) {
@@ -504,6 +517,7 @@ absl::Status SsdTier::Put(const ChunkId& id, const ChunkMeta& meta,
       });
       if (!victim) break;  // The rest is reserved by puts in flight.
       victims.emplace_back(*victim, *ForgetLocked(*victim));
+      BeginUnrowLocked(*victim);
       ++counters_.evictions;
     }
     reserved_bytes_ += footprint;
@@ -515,6 +529,11 @@ absl::Status SsdTier::Put(const ChunkId& id, const ChunkMeta& meta,
   // The victims' rows go first (their bytes are freed only once no row points at them).
   rocksdb::Status s;
   bool expired_self = false;
+  std::vector<ChunkId> evicted;  // The victims but this put's own expired copy.
+  for (const auto& [v, e] : victims) {
+    if (v != id) evicted.push_back(v);
+  }
+  BeforeRowDelete(evicted);
   {
     rocksdb::WriteBatch batch;
     for (const auto& [v, e] : victims) {
@@ -531,6 +550,9 @@ absl::Status SsdTier::Put(const ChunkId& id, const ChunkMeta& meta,
     for (const auto& [v, e] : victims) {
       if (v == id) continue;
       log_->Release(e.extent);
+    }
+    EndUnrow(evicted);
+    for (const ChunkId& v : evicted) {
       if (options_.on_evict) options_.on_evict(v);
     }
   }
@@ -627,6 +649,7 @@ absl::Status SsdTier::Put(const ChunkId& id, const ChunkMeta& meta,
     // put that stored nothing. (They return as most recently used; the LRU has no way
     // to insert at the cold end.)
     const std::vector<ChunkId> restored = Restore(std::move(victims));
+    EndUnrow(evicted);
     absl::MutexLock lock(&mu_);
     for (const ChunkId& v : restored) {
       if (v != id) --counters_.evictions;  // This put's own expired copy was no eviction.
@@ -686,12 +709,13 @@ absl::Status SsdTier::Corrupt(const ChunkId& id, absl::string_view cause,
     dropped_corrupt_.emplace_back(id, it->second.extent);
     if (dropped_corrupt_.size() > kDroppedCorrupt) dropped_corrupt_.pop_front();
     e = ForgetLocked(id);
+    BeginUnrowLocked(id);
     ++counters_.checksum_failures;
   }
   LogWarning("SSD tier: chunk ", id.DebugString(),
              " failed its checksum or could not be read, and was deleted",
              cause.empty() ? "" : absl::StrCat(" (", cause, ")"));
-  if (absl::Status d = DeleteRow(id, std::move(e)); !d.ok()) {
+  if (absl::Status d = DeleteRow(id, *std::move(e)); !d.ok()) {
     LogError("SSD tier: could not delete corrupt chunk ", id.DebugString(), ": ", d.message());
   }
   // Here, where the one reader that took it out of the index is known: an event per
@@ -883,8 +907,12 @@ absl::Status SsdTier::DeleteChunk(const ChunkId& id) {
   {
     absl::MutexLock lock(&mu_);
     e = ForgetLocked(id);
+    // Gone already: whoever took it out deletes its row. Deleting it here too could
+    // land after a put of the chunk stored afresh, and delete that put's row.
+    if (!e) return absl::OkStatus();
+    BeginUnrowLocked(id);
   }
-  return DeleteRow(id, std::move(e));
+  return DeleteRow(id, *std::move(e));
 }
 
 absl::StatusOr<bool> SsdTier::DeleteIfStill(const ChunkId& id, const PayloadExtent& extent) {
@@ -894,25 +922,42 @@ absl::StatusOr<bool> SsdTier::DeleteIfStill(const ChunkId& id, const PayloadExte
     auto it = index_.find(id);
     if (it == index_.end() || !(it->second.extent == extent)) return false;
     e = ForgetLocked(id);
+    BeginUnrowLocked(id);
   }
-  if (absl::Status s = DeleteRow(id, std::move(e)); !s.ok()) return s;
+  if (absl::Status s = DeleteRow(id, *std::move(e)); !s.ok()) return s;
   return true;
 }
 
-absl::Status SsdTier::DeleteRow(const ChunkId& id, std::optional<IndexEntry> e) {
+void SsdTier::BeginUnrowLocked(const ChunkId& id) { ++unrowing_[id]; }
+
+void SsdTier::BeforeRowDelete(absl::Span<const ChunkId> ids) {
+  if (!options_.before_row_delete) return;
+  for (const ChunkId& id : ids) options_.before_row_delete(id);
+}
+
+void SsdTier::EndUnrow(absl::Span<const ChunkId> ids) {
+  absl::MutexLock lock(&mu_);
+  for (const ChunkId& id : ids) {
+    auto it = unrowing_.find(id);
+    if (it != unrowing_.end() && --it->second == 0) unrowing_.erase(it);
+  }
+}
+
+absl::Status SsdTier::DeleteRow(const ChunkId& id, IndexEntry e) {
+  BeforeRowDelete({&id, 1});
   rocksdb::Status s = db_->Delete(rocksdb::WriteOptions(), meta_cf_, SsdRowKey(id));
   if (!s.ok()) {
     // The row is still there, and a restart would bring the chunk back: it stays in the
     // index too, so that a retried delete finds it instead of reporting it gone.
-    if (e) {
-      std::vector<std::pair<ChunkId, IndexEntry>> back;
-      back.emplace_back(id, *std::move(e));
-      Restore(std::move(back));
-    }
+    std::vector<std::pair<ChunkId, IndexEntry>> back;
+    back.emplace_back(id, std::move(e));
+    Restore(std::move(back));
+    EndUnrow({&id, 1});
     return MapWriteError(s, "deleting a chunk");
   }
   // Freed only now: until the row is gone, a restart would still look for the bytes.
-  if (e) log_->Release(e->extent);
+  log_->Release(e.extent);
+  EndUnrow({&id, 1});
   return absl::OkStatus();
 }
 
@@ -952,12 +997,16 @@ absl::StatusOr<uint64_t> SsdTier::ShrinkNamespaces(const absl::flat_hash_set<uin
       });
       if (!victim) break;
       IndexEntry e = *ForgetLocked(*victim);
+      BeginUnrowLocked(*victim);
       held -= e.meta.size;
       gone.emplace_back(*victim, std::move(e));
       ++counters_.evictions;
     }
   }
   if (gone.empty()) return held;
+  std::vector<ChunkId> ids;
+  for (const auto& [id, e] : gone) ids.push_back(id);
+  BeforeRowDelete(ids);
   rocksdb::WriteBatch batch;
   for (const auto& [id, e] : gone) batch.Delete(meta_cf_, SsdRowKey(id));
   rocksdb::WriteOptions wo;
@@ -965,12 +1014,14 @@ absl::StatusOr<uint64_t> SsdTier::ShrinkNamespaces(const absl::flat_hash_set<uin
   if (rocksdb::Status s = db_->Write(wo, &batch); !s.ok()) {
     // The rows are still there: the chunks stay, back in the index.
     const size_t restored = Restore(std::move(gone)).size();
+    EndUnrow(ids);
     absl::MutexLock lock(&mu_);
     counters_.evictions -= restored;
     return MapWriteError(s, "evicting chunks over a tenant's ssd_quota");
   }
-  for (const auto& [id, e] : gone) {
-    log_->Release(e.extent);
+  for (const auto& [id, e] : gone) log_->Release(e.extent);
+  EndUnrow(ids);
+  for (const ChunkId& id : ids) {
     if (options_.on_evict) options_.on_evict(id);
   }
   return held;
@@ -984,21 +1035,27 @@ absl::StatusOr<uint64_t> SsdTier::DeleteNamespace(uint64_t ns, std::vector<Chunk
     for (const auto& [id, e] : index_) {
       if (id.ns == ns) ids.push_back(id);
     }
-    for (const ChunkId& id : ids) gone.emplace_back(id, *ForgetLocked(id));
+    for (const ChunkId& id : ids) {
+      gone.emplace_back(id, *ForgetLocked(id));
+      BeginUnrowLocked(id);
+    }
   }
+  std::vector<ChunkId> ids;
+  for (const auto& [id, e] : gone) ids.push_back(id);
+  BeforeRowDelete(ids);
   rocksdb::WriteBatch batch;
   for (const auto& [id, e] : gone) batch.Delete(meta_cf_, SsdRowKey(id));
   if (batch.Count() > 0) {
     rocksdb::Status s = db_->Write(rocksdb::WriteOptions(), &batch);
     if (!s.ok()) {
       Restore(std::move(gone));  // Their rows are still there; so are they.
+      EndUnrow(ids);
       return MapWriteError(s, "clearing a namespace");
     }
   }
   for (const auto& [id, e] : gone) log_->Release(e.extent);
-  if (removed != nullptr) {
-    for (const auto& [id, e] : gone) removed->push_back(id);
-  }
+  EndUnrow(ids);
+  if (removed != nullptr) removed->insert(removed->end(), ids.begin(), ids.end());
   return gone.size();
 }
 

@@ -107,6 +107,11 @@ struct SsdTierOptions {
   // failed verification, whichever read found it (a whole-chunk read, a range read, a
   // GC move, DropCorrupt), and by whichever of several readers deleted it.
   std::function<void(const ChunkId&)> on_corrupt;
+  // Tests only (sync points): called once a chunk has left the index and before its
+  // row is deleted (a delete, an eviction, a corrupt copy dropped), and when a put of a
+  // chunk finds it in that state and waits for the row to go first.
+  std::function<void(const ChunkId&)> before_row_delete;
+  std::function<void(const ChunkId&)> put_waits_for_row_delete;
 
   absl::Status Validate() const;
   // file_bytes, or its default for this capacity.
@@ -259,8 +264,9 @@ class SsdTier final : public StorageTier {
   // may have stored it afresh since. Returns whether it deleted it.
   absl::StatusOr<bool> DeleteIfStill(const ChunkId& id, const PayloadExtent& extent)
       ABSL_LOCKS_EXCLUDED(mu_);
-  // DeleteChunk's part after the index: `e` is what ForgetLocked took (nullopt: none).
-  absl::Status DeleteRow(const ChunkId& id, std::optional<IndexEntry> e) ABSL_LOCKS_EXCLUDED(mu_);
+  // DeleteChunk's part after the index: `e` is what ForgetLocked took, marked with
+  // BeginUnrowLocked; unmarked here once its row is gone or it is back in the index.
+  absl::Status DeleteRow(const ChunkId& id, IndexEntry e) ABSL_LOCKS_EXCLUDED(mu_);
   // Reads [offset, offset + len) of a chunk's payload, following it if GC moves it, as
   // long as the copy stored is still the one `meta` describes: Aborted once the chunk
   // was stored afresh with other bytes (a reader must not mix two copies' bytes). Sets
@@ -312,6 +318,14 @@ class SsdTier final : public StorageTier {
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Chunks being put: a second put of one waits for the first.
   absl::flat_hash_set<ChunkId> putting_ ABSL_GUARDED_BY(mu_);
+  // Chunks out of the index whose rows are being deleted (a count per deleter): a put of
+  // one waits, or the deletion, landing after its row, would delete the new row and
+  // leave a chunk the next start-up has lost.
+  absl::flat_hash_map<ChunkId, uint32_t> unrowing_ ABSL_GUARDED_BY(mu_);
+  void BeginUnrowLocked(const ChunkId& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Runs before_row_delete for each, if set. Without the tier's locks.
+  void BeforeRowDelete(absl::Span<const ChunkId> ids) ABSL_LOCKS_EXCLUDED(mu_);
+  void EndUnrow(absl::Span<const ChunkId> ids) ABSL_LOCKS_EXCLUDED(mu_);
   // Chunks being put that took their place in the eviction policy (when their payload
   // was placed) and are not in the index yet, or are there only as an entry put back
   // meanwhile: the put owns the policy entry until it ends, so InsertLocked and

@@ -820,6 +820,74 @@ TEST_F(SsdTierTest, AReaderOfACopyStoredAfreshNeitherMixesNorDropsTheNewOne) {
   EXPECT_TRUE(c->data == new_bytes);
 }
 
+// A chunk leaves the index before its row is deleted. A put of the same chunk in that
+// gap once went ahead: its row landed first, the deletion after it, and the chunk was
+// acknowledged and served until a restart lost it. The put now waits for the row to go.
+// RaceAPutAgainstTheRowDeletion starts that put from inside the gap (the
+// before_row_delete sync point) and holds the deletion until the put has either stored
+// its chunk or is waiting.
+class SsdTierRowRaceTest : public SsdTierTest {
+ protected:
+  void RaceAPutAgainstTheRowDeletion(const ChunkId& id, absl::string_view fresh) {
+    options_.before_row_delete = [this, id, fresh](const ChunkId& deleting) {
+      if (deleting != id || putter_.joinable()) return;
+      putter_ = std::thread([this, id, fresh] {
+        const absl::Status s = Put(id, fresh);
+        EXPECT_TRUE(s.ok()) << s;
+        absl::MutexLock lock(&mu_);
+        put_done_ = true;
+      });
+      absl::MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(
+          +[](SsdTierRowRaceTest* t) { return t->put_done_ || t->put_waits_; }, this));
+    };
+    options_.put_waits_for_row_delete = [this](const ChunkId&) {
+      absl::MutexLock lock(&mu_);
+      put_waits_ = true;
+    };
+  }
+
+  // After the race: the put's bytes are what the tier serves, before and after a restart.
+  void ExpectThePutSurvives(const ChunkId& id, absl::string_view fresh) {
+    ASSERT_TRUE(putter_.joinable()) << "the sync point never ran";
+    putter_.join();
+    for (int pass = 0; pass < 2; ++pass) {
+      auto c = tier_->Get(id);
+      ASSERT_TRUE(c.ok()) << (pass == 0 ? "before" : "after") << " a restart: " << c.status();
+      EXPECT_TRUE(c->data == fresh);
+      options_.before_row_delete = nullptr;
+      Open();
+    }
+  }
+
+  absl::Mutex mu_;
+  bool put_done_ ABSL_GUARDED_BY(mu_) = false;
+  bool put_waits_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread putter_;
+};
+
+TEST_F(SsdTierRowRaceTest, APutOfAChunkBeingDeletedKeepsItsRow) {
+  const std::string fresh = Payload(Id(9), kMiB);  // Other bytes than Id(1)'s.
+  RaceAPutAgainstTheRowDeletion(Id(1), fresh);
+  Open();
+  PutOk(Id(1), kMiB);
+  absl::StatusOr<bool> gone = tier_->Delete(Id(1));
+  ASSERT_TRUE(gone.ok()) << gone.status();
+  EXPECT_TRUE(*gone);
+  ExpectThePutSurvives(Id(1), fresh);
+}
+
+TEST_F(SsdTierRowRaceTest, APutOfAChunkBeingEvictedKeepsItsRow) {
+  options_.capacity_bytes = 2 * kMiB;
+  const std::string fresh = Payload(Id(9), kMiB);
+  RaceAPutAgainstTheRowDeletion(Id(1), fresh);
+  Open();
+  PutOk(Id(1), kMiB);
+  PutOk(Id(2), kMiB);
+  PutOk(Id(3), kMiB);  // Evicts Id(1), whose put again races the eviction.
+  ExpectThePutSurvives(Id(1), fresh);
+}
+
 TEST_F(SsdTierTest, BytesOfAPutCutOffBeforeItsRowAreReclaimed) {
   options_.file_bytes = 2 * kMiB;
   options_.io_bytes = kMiB;
