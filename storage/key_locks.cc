@@ -14,7 +14,9 @@ bool KeyLocks::InsertIfUnchanged(const ChunkId& id, uint64_t generation,
                                  absl::FunctionRef<void()> insert) {
   Stripe& s = For(id);
   absl::MutexLock lock(&s.mu);
-  if (s.generation.load(std::memory_order_relaxed) != generation) return false;
+  if (s.generation.load(std::memory_order_relaxed) != generation || s.far.contains(id)) {
+    return false;
+  }
   insert();
   return true;
 }
@@ -24,6 +26,7 @@ bool KeyLocks::InsertIfUnchanged(const ChunkId& id, uint64_t generation,
                                  absl::FunctionRef<bool()> survived) {
   Stripe& s = For(id);
   absl::MutexLock lock(&s.mu);
+  if (s.far.contains(id)) return false;
   if (s.generation.load(std::memory_order_relaxed) != generation && !survived()) return false;
   insert();
   return true;
@@ -34,6 +37,22 @@ void KeyLocks::Removing(const ChunkId& id, absl::FunctionRef<void()> remove) {
   absl::MutexLock lock(&s.mu);
   s.generation.fetch_add(1, std::memory_order_release);
   remove();
+}
+
+void KeyLocks::Removing(const ChunkId& id, absl::FunctionRef<void()> remove,
+                        absl::FunctionRef<void()> remove_far) {
+  Stripe& s = For(id);
+  {
+    absl::MutexLock lock(&s.mu);
+    s.generation.fetch_add(1, std::memory_order_release);
+    remove();
+    ++s.far[id];
+  }
+  remove_far();
+  absl::MutexLock lock(&s.mu);
+  if (auto it = s.far.find(id); --it->second == 0) s.far.erase(it);
+  // A promotion that noted the generation during remove_far read what it removed.
+  s.generation.fetch_add(1, std::memory_order_release);
 }
 
 void KeyLocks::RemovingAll(absl::FunctionRef<void()> remove) {

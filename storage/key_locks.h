@@ -13,6 +13,11 @@
 // Delete of another chunk on the same stripe skips a promotion needlessly, which only
 // costs that promotion.
 //
+// A Delete removes the shared tier's copy last, over the network, without the stripe.
+// A promotion from the shared tier that starts in that window notes the bumped
+// generation and reads the copy not yet deleted: so the chunk is marked as being
+// deleted there (no insert of it runs), and the generation is bumped again after.
+//
 // Thread-safety: thread-safe.
 #ifndef KVTIER_STORAGE_KEY_LOCKS_H_
 #define KVTIER_STORAGE_KEY_LOCKS_H_
@@ -22,6 +27,7 @@
 #include <cstdint>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/functional/function_ref.h"
 #include "absl/synchronization/mutex.h"
 #include "storage/chunk_id.h"
@@ -43,6 +49,10 @@ class KeyLocks {
                          absl::FunctionRef<void()> insert, absl::FunctionRef<bool()> survived);
   // Runs `remove` under `id`'s stripe, after bumping its generation.
   void Removing(const ChunkId& id, absl::FunctionRef<void()> remove);
+  // The same, then `remove_far` without the stripe, while no insert of `id` runs; the
+  // generation is bumped again once it returns.
+  void Removing(const ChunkId& id, absl::FunctionRef<void()> remove,
+                absl::FunctionRef<void()> remove_far);
   // Runs `remove` under every stripe (in order), after bumping every generation.
   void RemovingAll(absl::FunctionRef<void()> remove) ABSL_NO_THREAD_SAFETY_ANALYSIS;
 
@@ -51,6 +61,8 @@ class KeyLocks {
   struct Stripe {
     absl::Mutex mu;
     std::atomic<uint64_t> generation{0};  // Written under mu.
+    // Chunks in a Removing's remove_far (how many Removings of each).
+    absl::flat_hash_map<ChunkId, uint32_t> far ABSL_GUARDED_BY(mu);
   };
   Stripe& For(const ChunkId& id) const;
 

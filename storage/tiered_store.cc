@@ -1221,9 +1221,11 @@ absl::StatusOr<bool> TieredStore::Delete(const ChunkId& id) {
   // Fastest first: a copy tier's copy goes before the chunk it copies.
   bool present = false;
   // The local tiers under the chunk's KeyLocks stripe: a promotion that read it before
-  // does not put it back. The shared tier's, over the network, after.
+  // does not put it back. The shared tier's, over the network, after, while no
+  // promotion of it may insert (one from the shared tier would read the copy about to
+  // be deleted, and put the deleted chunk back in RAM once the Delete had returned).
   absl::Status local = absl::OkStatus();
-  key_locks_.Removing(id, [&] {
+  auto remove_local = [&] {
     for (StorageTier* tier : tiers_) {
       if (tier->role() == StorageTier::Role::kShared) continue;
       absl::StatusOr<bool> removed = tier->Delete(id);
@@ -1238,23 +1240,34 @@ absl::StatusOr<bool> TieredStore::Delete(const ChunkId& id) {
         options_.after_copy_delete(id);
       }
     }
-  });
-  if (!local.ok()) return local;
-  for (StorageTier* tier : tiers_) {
-    if (tier->role() != StorageTier::Role::kShared) continue;
-    absl::StatusOr<bool> removed = tier->Delete(id);
-    if (!removed.ok()) {
-      // Or another daemon's read would bring it back. A cluster that cannot be reached
-      // leaves the remote copy (it expires with its TTL); that is logged, not an error.
-      if (auto held = remote_delete_log_.Allow(absl::Now())) {
-        LogWarning("tiered store: delete ", id.DebugString(), " from the ",
-                   TierName(tier->tier()), " tier: ", removed.status().message(),
-                   *held > 0 ? absl::StrCat(" (and ", *held, " more since the last line)") : "");
+  };
+  auto remove_shared = [&] {
+    if (!local.ok() || shared_ == nullptr) return;
+    if (options_.before_shared_delete) options_.before_shared_delete(id);
+    for (StorageTier* tier : tiers_) {
+      if (tier->role() != StorageTier::Role::kShared) continue;
+      absl::StatusOr<bool> removed = tier->Delete(id);
+      if (!removed.ok()) {
+        // Or another daemon's read would bring it back. A cluster that cannot be reached
+        // leaves the remote copy (it expires with its TTL); that is logged, not an
+        // error.
+        if (auto held = remote_delete_log_.Allow(absl::Now())) {
+          LogWarning("tiered store: delete ", id.DebugString(), " from the ",
+                     TierName(tier->tier()), " tier: ", removed.status().message(),
+                     *held > 0 ? absl::StrCat(" (and ", *held, " more since the last line)")
+                               : "");
+        }
+        continue;
       }
-      continue;
+      present = present || *removed;
     }
-    present = present || *removed;
+  };
+  if (shared_ == nullptr) {
+    key_locks_.Removing(id, remove_local);
+  } else {
+    key_locks_.Removing(id, remove_local, remove_shared);
   }
+  if (!local.ok()) return local;
   if (present) Emit(ChunkEventKind::kDeleted, id, Tier::kNone);
   return present;
 }

@@ -142,6 +142,9 @@ struct TieredStoreOptions {
   // Tests only: called by Delete once the copy tiers (GPU staging) let go of the chunk,
   // before the tiers under them do (a sync point for a staging racing it).
   std::function<void(const ChunkId& id)> after_copy_delete;
+  // Tests only: called by Delete once the local tiers let go of the chunk, before the
+  // shared tier does (a sync point for a read of the shared copy racing it).
+  std::function<void(const ChunkId& id)> before_shared_delete;
 
   absl::Status Validate() const;
 };

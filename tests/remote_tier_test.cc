@@ -691,6 +691,38 @@ TEST_F(SharedWriteRaceTest, AnotherChunksDeleteOrClearInThatWindowStillSharesIt)
   EXPECT_EQ(a_->GetStats().remote.writes, 1u);
 }
 
+// A read of the shared copy that starts once the Delete has removed the local copies,
+// and before it removes the shared one, is served, but does not promote the chunk into
+// RAM. It once did (its generation was noted after the Delete's bump): the chunk was
+// back in RAM after the Delete returned, served to every Get, and a Put of its key
+// answered "already present" and stored nothing.
+TEST_F(RemoteTierTest, AReadDuringADeletesSharedPhaseDoesNotBringTheChunkBack) {
+  b_ = Open(Options(dir_b_.path(), WriteMode::kRamOnly));
+  ASSERT_NE(b_, nullptr);
+  ASSERT_TRUE(Put(b_.get(), Id(1)).ok());
+  b_->WaitForRemoteWrites();
+  ASSERT_TRUE(RecordExists(Id(1)));
+  TieredStoreOptions o = Options(dir_a_.path(), WriteMode::kRamOnly);
+  absl::Status read_in_window = absl::UnknownError("the sync point never ran");
+  TieredStore* store = nullptr;
+  o.before_shared_delete = [&](const ChunkId& id) {
+    absl::StatusOr<ChunkView> v = store->Read(id);
+    read_in_window = v.status();
+    if (v.ok()) EXPECT_EQ(v->tier(), Tier::kRemote);
+  };
+  a_ = Open(o);
+  ASSERT_NE(a_, nullptr);
+  store = a_.get();
+  auto deleted = a_->Delete(Id(1));
+  ASSERT_TRUE(deleted.ok()) << deleted.status();
+  EXPECT_TRUE(*deleted);
+  EXPECT_TRUE(read_in_window.ok()) << read_in_window;
+  EXPECT_EQ(a_->Locate(Id(1)), Tier::kNone);
+  EXPECT_EQ(a_->Read(Id(1)).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_FALSE(RecordExists(Id(1)));
+  EXPECT_EQ(a_->GetStats().remote_promotions, 0u);
+}
+
 // A cluster whose ACL refuses EVAL (managed services often do): a write whose commit
 // was on its way when the Delete ran still removes its own record, by a plain DEL. The
 // compare-and-delete's error reply once left the record, and the deleted chunk came back
