@@ -952,8 +952,10 @@ void TieredStore::ReadRangeAsync(const ChunkId& id, const ChunkMeta& meta, uint6
 
 absl::Status TieredStore::DropCorrupt(const ChunkId& id, const ChunkView& view) {
   // The copy that was read goes, and only it: the other tier's copy, if any, still
-  // serves.
-  if (view.tier() == Tier::kRam) {
+  // serves. A view that holds pool bytes was read from RAM, whatever tier it names: one
+  // promoted from SSD or the shared tier says where its bytes came from (and were
+  // checked), but what failed is the RAM copy made of them.
+  if (view.pool_ != nullptr) {
     DropCorruptInRam(id, view.KeepAlive());
     return absl::DataLossError(absl::StrCat(
         "chunk ", id.key.ToHex(), ": its RAM copy failed its CRC32C and was dropped"));

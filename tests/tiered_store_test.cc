@@ -1429,6 +1429,31 @@ TEST_F(TieredStoreWriteBackTest, ACorruptRamCopyAReaderFoundGoesAndTheSsdCopySta
   ExpectReadable(Id(1), Tier::kSsd);
 }
 
+// The same for a view of a chunk promoted from SSD by the read that gave it: it names
+// the SSD tier (where its bytes came from), but holds the RAM copy made of them. The
+// SSD copy was once dropped for it, and the RAM copy that failed stayed to be served.
+TEST_F(TieredStoreWriteBackTest, ACorruptPromotedCopyGoesFromRamAndTheSsdCopyStays) {
+  OpenWith(Options(WriteMode::kWriteThrough));
+  ns_ = Register();
+  PutOk(Id(1));
+  Reopen();  // RAM starts empty: the next read promotes the chunk.
+  {
+    auto v = store_->Read(Id(1));
+    ASSERT_TRUE(v.ok()) << v.status();
+    ASSERT_EQ(v->tier(), Tier::kSsd);
+    ASSERT_EQ(store_->Locate(Id(1)), Tier::kRam);
+    v->ForEachPiece(0, 1, [](absl::string_view p) { const_cast<char*>(p.data())[0] ^= 0x5a; });
+    const absl::Status s = store_->DropCorrupt(Id(1), *v);
+    EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+    EXPECT_NE(s.message().find("RAM copy"), std::string::npos) << s;
+  }
+  EXPECT_EQ(store_->Locate(Id(1)), Tier::kSsd);
+  const TieredStoreStats stats = store_->GetStats();
+  EXPECT_EQ(stats.ram_checksum_failures, 1u);
+  EXPECT_EQ(stats.checksum_failures, 1u);  // That one: none of the SSD tier's.
+  ExpectReadable(Id(1), Tier::kSsd);
+}
+
 // ---------------------------------------------------------------------------------
 // Write-through and RAM-only.
 
