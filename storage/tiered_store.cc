@@ -388,6 +388,13 @@ absl::StatusOr<bool> TieredStore::Commit(std::unique_ptr<ChunkWriter> writer, ui
         writer->id_.key.ToHex(), writer->crc_, crc32c));
   }
   ChunkMeta meta{writer->size(), crc32c, writer->token_count_, 0, writer->lineage_};
+  // Admitted at once, two puts of a chunk both commit. The one that commits second
+  // stores nothing if a local tier holds the first's copy: RAM, or SSD once it has left
+  // RAM (flushed and evicted), where RAM's insert alone would have taken it as new and
+  // both would have reported it stored.
+  commits_.WaitAndClaim(writer->id_);
+  absl::Cleanup unclaim = [this, id = writer->id_] { commits_.Release({&id, 1}); };
+  if (HeldLocally(writer->id_)) return false;
   std::shared_ptr<PoolChunk> data = shared_ != nullptr ? writer->data_ : nullptr;
   // Noted before the chunk is stored anywhere: a Delete of it from here on (which bumps
   // it) keeps this put's copy from going to the shared tier (see below).

@@ -567,6 +567,9 @@ class TieredStore {
   KeyLocks key_locks_;
   std::unique_ptr<Promoter> promoter_;
   FetchClaims remote_fetches_;  // Chunks being read from the remote tier now.
+  // Chunks being committed now: two puts of one chunk commit one at a time, so that the
+  // second finds the first's copy wherever it has gone since (and reports no store).
+  FetchClaims commits_;
   // max_buffered_reads; shared with the buffers, which a view may keep past the store.
   const std::shared_ptr<FairGate> buffered_reads_;
   AsyncGate stream_gate_;   // stream_buffer_bytes.

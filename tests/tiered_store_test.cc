@@ -443,6 +443,41 @@ TEST_P(TieredStoreModeTest, ConcurrentPutsOfOneChunkReportOneStore) {
   ExpectReadable(Id(1));
 }
 
+// The same when the first put's copy has left RAM before the second commits (flushed
+// and evicted, in write-back; evicted, in write-through): it is on SSD, and the second
+// put stores nothing. RAM's insert alone once took it as new, and both reported it
+// stored. Without an SSD the chunk is gone, and the second put stores it again.
+TEST_P(TieredStoreModeTest, ASecondPutOfAChunkThatLeftRamReportsNoStore) {
+  auto first = store_->BeginPut(Id(1), 256);
+  auto second = store_->BeginPut(Id(1), 256);
+  ASSERT_TRUE(first.ok() && *first != nullptr);
+  ASSERT_TRUE(second.ok() && *second != nullptr);
+  const std::string data = Payload(Id(1), kChunkBytes);
+  ASSERT_TRUE((*first)->Append(data).ok());
+  ASSERT_TRUE((*second)->Append(data).ok());
+  auto commit = [&](std::unique_ptr<ChunkWriter> w) {
+    absl::Notification answered;
+    absl::StatusOr<bool> stored;
+    store_->CommitPutAsync(std::move(w), crc32c::Value(data), [&](absl::StatusOr<bool> s) {
+      stored = std::move(s);
+      answered.Notify();
+    });
+    answered.WaitForNotification();
+    return stored;
+  };
+  absl::StatusOr<bool> stored = commit(*std::move(first));
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  EXPECT_TRUE(*stored);
+  // Out of RAM: newer chunks fill the pool (the second put holds one chunk of it), and
+  // in write-back evicting a dirty chunk writes it to SSD first.
+  for (uint64_t n = 2; n < 2 + kRamChunks; ++n) PutOk(Id(n));
+  ASSERT_NE(store_->Locate(Id(1)), Tier::kRam);
+  stored = commit(*std::move(second));
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  EXPECT_EQ(*stored, GetParam() == WriteMode::kRamOnly);
+  ExpectReadable(Id(1));
+}
+
 TEST_P(TieredStoreModeTest, CrcMismatchIsInvalidArgumentAndStoresNothing) {
   auto w = store_->BeginPut(Id(1), 256);
   ASSERT_TRUE(w.ok() && *w != nullptr);
