@@ -233,6 +233,15 @@ PyClient::PyClient(const std::string& target, uint32_t max_frame_bytes,
   client_ = ValueOrThrow(std::move(c));
 }
 
+PyClient::~PyClient() {
+  if (PyGILState_Check()) {
+    py::gil_scoped_release release;
+    client_.reset();
+  } else {
+    client_.reset();
+  }
+}
+
 py::tuple PyClient::RegisterLayout(const std::string& model_id,
                                    const std::string& model_revision, uint32_t dtype,
                                    uint32_t num_layers, uint32_t num_kv_heads,

@@ -41,6 +41,9 @@ class PyClient {
            const std::string& tls_key_file = "", const std::string& tls_server_name = "",
            const std::string& bearer_token = "", uint64_t malloc_top_pad_bytes = 16 << 20,
            uint32_t malloc_arena_max = 0);
+  // Tears the client down without the GIL: its staging regions are unregistered with
+  // the daemon as they go, which waits as long as the daemon takes to answer.
+  ~PyClient();
 
   // Returns (namespace_id, chunk_bytes, already_registered).
   pybind11::tuple RegisterLayout(const std::string& model_id, const std::string& model_revision,

@@ -797,6 +797,59 @@ def test_freeing_a_shared_buffer_waits_on_the_daemon_without_the_gil(tmp_path):
         d.close()
 
 
+def test_freeing_a_client_waits_on_the_daemon_without_the_gil(tmp_path):
+    """The same for the client: freed, it unregisters its staging buffers (a round trip
+    each). It once did so holding the GIL. Here a thread drops the last reference to a
+    client that staged a get, while the daemon is stopped."""
+    import gc
+    import platform
+    import signal
+    import threading
+    from kvtier.testing import Daemon
+    waits = _SOCKET_WAITS.get(platform.machine())
+    if waits is None:
+        pytest.skip(f"syscall numbers unknown for {platform.machine()}")
+    d = Daemon(str(tmp_path), args=["--ram-capacity=64MiB", "--write-mode=ram-only"])
+    try:
+        c = kvtier.Client(d.target, connect_timeout=30)
+        layout = small_layout()
+        ns = c.register_layout(layout).namespace_id
+        keys = keys_of(ns, 1, layout, seed=53)
+        data = [p.tobytes() for p in payloads(layout, 1, seed=53)]
+        assert c.put(ns, keys, data).stored == 1
+        assert c.get(ns, keys) == data  # Into Python's memory: through a staging buffer.
+        assert c.stats().regions >= 1
+        held = [c]
+        del c
+        gc.collect()
+        os.kill(d.proc.pid, signal.SIGSTOP)
+        tid, started = [], threading.Event()
+
+        def free():
+            tid.append(threading.get_native_id())
+            started.set()
+            held.clear()  # The last reference: its staging buffer's Remove waits.
+
+        t = threading.Thread(target=free)
+        saw_waiting = False
+        try:
+            t.start()
+            started.wait()
+            while t.is_alive() and not saw_waiting:
+                try:
+                    with open(f"/proc/self/task/{tid[0]}/syscall") as f:
+                        saw_waiting = f.read().split()[0] in waits
+                except FileNotFoundError:
+                    break
+        finally:
+            os.kill(d.proc.pid, signal.SIGCONT)
+        t.join(120)
+        assert not t.is_alive()
+        assert saw_waiting, "the client was torn down holding the GIL"
+    finally:
+        d.close()
+
+
 def test_values_a_newer_daemon_adds_are_kept_not_fatal():
     """The proto promises tiers and Done reasons may be added: an unknown one is kept
     (present, with its number), not a ValueError that fails a call whose data landed."""
