@@ -16,6 +16,14 @@ absl::StatusOr<std::shared_ptr<SharedBuffer>> SharedBuffer::Create(
     std::shared_ptr<RegionChannel> channel, uint64_t bytes) {
   if (bytes == 0) return absl::InvalidArgumentError("shared buffer: 0 bytes");
   const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  // Mapped and populated at once: a buffer larger than this machine's memory can never
+  // be had (and a size near 2^64 would wrap below when rounded up to a page).
+  const uint64_t memory = static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) * page;
+  if (bytes > memory) {
+    return absl::InvalidArgumentError(absl::StrCat("shared buffer of ", bytes,
+                                                   " bytes: more than this machine's ",
+                                                   memory, " bytes of memory"));
+  }
   const uint64_t size = (bytes + page - 1) / page * page;
   const int fd = memfd_create("kvtier-region", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0) {

@@ -68,9 +68,9 @@ class FailedPreconditionError(KvTierError):
 
 
 class DeadlineExceededError(KvTierError, TimeoutError):
+    # Not retryable as it stands: the same call under the same deadline times out again.
     code = "DEADLINE_EXCEEDED"
-    retryable = True
-    advice = "the call ran past its deadline: retry with a longer rpc_deadline or less data"
+    advice = "the call ran past its deadline: call again with a longer rpc_deadline or less data"
 
 
 class CancelledError(KvTierError):

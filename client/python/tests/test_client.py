@@ -188,6 +188,22 @@ def test_unknown_namespace_is_not_found(client, layout):
     assert "RegisterLayout" in e.value.message
 
 
+def test_only_the_codes_the_contract_says_retry_are_retryable():
+    """kvtier.proto's contract: RESOURCE_EXHAUSTED, UNAVAILABLE and ABORTED say retry;
+    every other code, DEADLINE_EXCEEDED included (the same call times out again), not."""
+    from kvtier import errors
+    retryable = {name for num, name in errors._CODE_NAMES.items()
+                 if num != 0 and errors.from_status(num, "x").retryable}
+    assert retryable == {"RESOURCE_EXHAUSTED", "UNAVAILABLE", "ABORTED"}
+
+
+def test_a_shared_buffer_larger_than_memory_is_invalid_not_retryable(client):
+    for nbytes in (1 << 60, (1 << 64) - 1):
+        with pytest.raises(kvtier.InvalidArgumentError) as e:
+            client.shared_buffer(nbytes)
+        assert not e.value.retryable and "memory" in e.value.message
+
+
 def test_unreachable_target_is_unavailable():
     with pytest.raises(kvtier.UnavailableError) as e:
         kvtier.Client("127.0.0.1:1", connect_timeout=0.2)
