@@ -172,80 +172,88 @@ class Worker:
         req = f"req-{next(self._ids)}"
         conn = self.connector
         n, C = len(tokens), self.C
-        matched, _ = conn.get_num_new_matched_tokens(req, tokens, lookup=mode != "none")
-        h = matched // C
-        cache = KvCache(self.model, n)
-        result = ServeResult(mode, None, None, 0, 0)
-        lookup_error = conn._req(req).lookup_error
-        fallback = f"lookup failed: {lookup_error}" if lookup_error is not None else ""
-        save = (lambda l, k, v: conn.save_kv_layer(req, l, k, v, h * C)) if put else None
-        if h:
-            conn.update_state_after_alloc(req)
-            conn.start_load_kv(req, order="layer" if mode == "layer" else "chunk")
-        t_compute = time.perf_counter()
-        logits = kv = None
-        if h and mode == "chunk":
-            loaded = conn.finish_load(req)
-            result.timings["load"] = time.perf_counter() - t_compute
+        # However serving ends (a model error, an interrupt), the request is retired: its
+        # load thread cancelled and joined, its buffers and lease let go.
+        finished = False
+        try:
+            matched, _ = conn.get_num_new_matched_tokens(req, tokens, lookup=mode != "none")
+            h = matched // C
+            cache = KvCache(self.model, n)
+            result = ServeResult(mode, None, None, 0, 0)
+            lookup_error = conn._req(req).lookup_error
+            fallback = f"lookup failed: {lookup_error}" if lookup_error is not None else ""
+            save = (lambda l, k, v: conn.save_kv_layer(req, l, k, v, h * C)) if put else None
+            if h:
+                conn.update_state_after_alloc(req)
+                conn.start_load_kv(req, order="layer" if mode == "layer" else "chunk")
             t_compute = time.perf_counter()
-            if loaded == h:
-                past = [conn.chunks.layer_kv(conn._req(req).load_buf, l)
-                        for l in range(self.model.cfg.num_layers)]
-                logits, kv = self.model.prefill(tokens[h * C:], h * C, past, on_layer_kv=save)
-        elif h and mode == "layer":
-            try:
-                logits, kv = self.model.prefill(
-                    tokens[h * C:], h * C, lambda l: conn.wait_for_layer_load(req, l),
-                    on_layer_kv=save)
-            except kvtier.KvTierError as e:
-                fallback = f"load failed: {e}"
-                logits = None
-            loaded = conn.finish_load(req)  # The commit point: checksums verified.
-            if loaded < h:
-                logits = None
-        if h and logits is not None:
-            if return_kv:
-                cache.write_chunks(self.chunks, conn._req(req).load_buf, 0, h)
-                cache.write(h * C, kv)
-            result.reused_chunks = h
-            result.computed_from = h * C
-        else:
-            # Nothing cached, or the load failed or came back partial: compute the rest
-            # from the verified prefix (a failed load verified nothing).
-            loaded = conn.finish_load(req) if h else 0
-            if h and not fallback:
-                load_error = conn._req(req).load_error
-                fallback = (f"load failed: {load_error}" if load_error is not None
-                            else f"partial load: {loaded} of {h} chunks")
-            if loaded:
-                cache.write_chunks(self.chunks, conn._req(req).load_buf, 0, loaded)
-            p = loaded * C
-            if put and h:
-                # The save buffer began at h; restart it at the verified prefix.
-                conn.restart_save(req)
-                save = lambda l, k, v: conn.save_kv_layer(req, l, k, v, p)  # noqa: E731
-            logits, kv = self.model.prefill(tokens[p:], p, cache.past(p) if p else None,
-                                            on_layer_kv=save)
-            cache.write(p, kv)
-            result.reused_chunks = loaded
-            result.computed_from = p
-        result.timings["compute"] = time.perf_counter() - t_compute
-        if put:
-            t_put = time.perf_counter()
-            try:
-                pr = conn.wait_for_save(req)
-                result.stored_chunks = pr.stored if pr is not None else 0
-            except kvtier.KvTierError as e:  # The logits stand; the chunks are not cached.
-                result.put_error = str(e)
-            result.timings["put_wait"] = time.perf_counter() - t_put
-        result.timings.update({f"conn_{k}": v for k, v in conn.timings(req).items()
-                               if k != "load_start"})
-        conn.get_finished([req])
-        conn.get_failed_loads()
-        result.logits, result.fallback = logits, fallback
-        result.kv = cache.past(n) if return_kv else None
-        result.timings["total"] = time.perf_counter() - t_start
-        return result
+            logits = kv = None
+            if h and mode == "chunk":
+                loaded = conn.finish_load(req)
+                result.timings["load"] = time.perf_counter() - t_compute
+                t_compute = time.perf_counter()
+                if loaded == h:
+                    past = [conn.chunks.layer_kv(conn._req(req).load_buf, l)
+                            for l in range(self.model.cfg.num_layers)]
+                    logits, kv = self.model.prefill(tokens[h * C:], h * C, past, on_layer_kv=save)
+            elif h and mode == "layer":
+                try:
+                    logits, kv = self.model.prefill(
+                        tokens[h * C:], h * C, lambda l: conn.wait_for_layer_load(req, l),
+                        on_layer_kv=save)
+                except kvtier.KvTierError as e:
+                    fallback = f"load failed: {e}"
+                    logits = None
+                loaded = conn.finish_load(req)  # The commit point: checksums verified.
+                if loaded < h:
+                    logits = None
+            if h and logits is not None:
+                if return_kv:
+                    cache.write_chunks(self.chunks, conn._req(req).load_buf, 0, h)
+                    cache.write(h * C, kv)
+                result.reused_chunks = h
+                result.computed_from = h * C
+            else:
+                # Nothing cached, or the load failed or came back partial: compute the rest
+                # from the verified prefix (a failed load verified nothing).
+                loaded = conn.finish_load(req) if h else 0
+                if h and not fallback:
+                    load_error = conn._req(req).load_error
+                    fallback = (f"load failed: {load_error}" if load_error is not None
+                                else f"partial load: {loaded} of {h} chunks")
+                if loaded:
+                    cache.write_chunks(self.chunks, conn._req(req).load_buf, 0, loaded)
+                p = loaded * C
+                if put and h:
+                    # The save buffer began at h; restart it at the verified prefix.
+                    conn.restart_save(req)
+                    save = lambda l, k, v: conn.save_kv_layer(req, l, k, v, p)  # noqa: E731
+                logits, kv = self.model.prefill(tokens[p:], p, cache.past(p) if p else None,
+                                                on_layer_kv=save)
+                cache.write(p, kv)
+                result.reused_chunks = loaded
+                result.computed_from = p
+            result.timings["compute"] = time.perf_counter() - t_compute
+            if put:
+                t_put = time.perf_counter()
+                try:
+                    pr = conn.wait_for_save(req)
+                    result.stored_chunks = pr.stored if pr is not None else 0
+                except kvtier.KvTierError as e:  # The logits stand; the chunks are not cached.
+                    result.put_error = str(e)
+                result.timings["put_wait"] = time.perf_counter() - t_put
+            result.timings.update({f"conn_{k}": v for k, v in conn.timings(req).items()
+                                   if k != "load_start"})
+            conn.get_finished([req])
+            finished = True
+            conn.get_failed_loads()
+            result.logits, result.fallback = logits, fallback
+            result.kv = cache.past(n) if return_kv else None
+            result.timings["total"] = time.perf_counter() - t_start
+            return result
+        finally:
+            if not finished:
+                conn.get_finished([req])
 
     # -- Cake -----------------------------------------------------------------------
 

@@ -249,6 +249,24 @@ def test_worker_recomputes_after_a_partial_load(client):
     assert r.stored_chunks == 1  # Chunk 4 again, from the recomputation.
 
 
+def test_a_request_whose_serving_raises_is_retired(client):
+    """A model error mid-request (or an interrupt) once left the request in the
+    connector: its load thread running, its load buffer held for good, its lease held
+    until expiry. The request is now retired however serving ends."""
+    w = make_worker(client, "raises")
+    tokens = random_tokens(80, 62)
+    w.serve(tokens, "none")  # Stores the chunks: the next serve loads them.
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("the model failed")
+
+    w.model.prefill = broken
+    for mode in ("layer", "chunk"):
+        with pytest.raises(RuntimeError, match="the model failed"):
+            w.serve(tokens, mode)
+        assert w.connector._reqs == {}
+
+
 def test_bad_input(client):
     w = make_worker(client, "bad")
     lay = w.layout

@@ -544,7 +544,9 @@ class Client:
         handle = LoadHandle(self, namespace_id, keys, outs, layers, order, first, end, lease)
         with self._lock:
             self._handles = [h for h in self._handles if not h.done()] + [handle]
-        handle._thread.start()
+            # Started under the lock: close() must not find it listed and not started
+            # (joining it would raise, and the handles after it would be left running).
+            handle._thread.start()
         return handle
 
     # -- Prefill (Cake) --------------------------------------------------------------

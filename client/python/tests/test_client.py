@@ -236,6 +236,28 @@ def test_daemon_restart_mid_session(tmp_path):
         assert port > 0
 
 
+def test_a_background_load_starts_before_close_can_see_it(client, ns, layout, monkeypatch):
+    """close() joins every listed load. One listed but not started yet (its thread was
+    started after the client's lock was let go) made close() raise RuntimeError and
+    leave the loads after it running: a load's thread now starts under that lock."""
+    import threading
+    keys = keys_of(ns, 1, layout, seed=13)
+    client.put(ns, keys, payloads(layout, 1, seed=13))
+    locked_at_start = []
+    start = threading.Thread.start
+
+    def recording_start(self):
+        if self.name == "kvtier-load":
+            locked_at_start.append(client._lock.locked())
+        start(self)
+
+    monkeypatch.setattr(threading.Thread, "start", recording_start)
+    h = client.start_get_into(ns, keys, np.zeros(layout.chunk_bytes // 4, np.float32))
+    assert h.wait().found == [True]
+    assert locked_at_start == [True]
+    client.close()
+
+
 def test_background_load_and_cancel(client, ns, layout):
     keys = keys_of(ns, 3, layout, seed=12)
     data = payloads(layout, 3, seed=12)
