@@ -33,7 +33,7 @@ from . import _native
 from ._buffers import byte_view
 from ._layout import Tier
 from .client import _seconds, _whole, native_error
-from .errors import FailedPreconditionError, InvalidArgumentError
+from .errors import FailedPreconditionError, InvalidArgumentError, KvTierError
 from .v1 import kvtier_pb2
 
 
@@ -125,7 +125,7 @@ class PrefillSession:
             raise mapped from e
         self.plan = kvtier_pb2.PrefillPlan()
         self.plan.ParseFromString(self._native.plan())
-        self._finished = False
+        self.call_error: KvTierError | None = None  # See close().
 
     @property
     def num_keys(self) -> int:
@@ -147,22 +147,27 @@ class PrefillSession:
     def finish(self) -> PrefillResult:
         """Waits for Done; returns what was streamed and what is left to compute."""
         d = self._native.finish()
-        self._finished = True
         d["reason"] = _reason_name(d["reason"])
         return PrefillResult(**d)
 
     def close(self) -> None:
-        """Ends the call (cancelling it if finish was not called) and joins its thread."""
+        """Ends the call (cancelling it if finish was not called) and joins its thread.
+
+        Once finish() has returned a result, the call's own ending does not change it:
+        a daemon that sent Done and then ended the call with an error (UNAVAILABLE after
+        Done{SHUTTING_DOWN}, or CANCELLED when the worker took longer than the daemon
+        waits to finish) leaves the result standing. close() then raises nothing, and
+        ``call_error`` holds that error (None if the call ended OK)."""
         if self._native.calling_back:
             raise FailedPreconditionError(
                 "close() called from inside the session's own on_chunk or on_in_place: it "
                 "waits for the thread that runs them; call it from the worker's thread")
         try:
             self._native.close()
-        except Exception:
-            if self._finished:
-                raise
+        except KvTierError as e:
             # Cancelled because finish() was never called: that is what close means then.
+            # After finish(), its result stands (its chunks were verified as they came).
+            self.call_error = e
 
     def __enter__(self) -> "PrefillSession":
         return self

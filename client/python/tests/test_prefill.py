@@ -226,6 +226,44 @@ print("ok", flush=True)
 """
 
 
+def test_a_result_stands_when_the_daemon_ends_the_call_after_done(tmp_path):
+    """kvtierd shutting down mid-session sends Done{SHUTTING_DOWN} and then ends the call
+    UNAVAILABLE. finish()'s result stands, and leaving the session's `with` once raised
+    that UNAVAILABLE: a worker took the session as failed and recomputed the chunks it
+    had been sent and verified. close() now raises nothing and keeps the error."""
+    import os
+    import signal
+    from kvtier.testing import Daemon
+    d = Daemon(str(tmp_path), args=["--ram-capacity=64MiB", "--write-mode=ram-only"])
+    try:
+        c = kvtier.Client(d.target, connect_timeout=30)
+        lay = small_layout(model_id="pytest-prefill-shutdown")
+        ns = c.register_layout(lay).namespace_id
+        keys = keys_of(ns, 8, lay, seed=31)
+        data = payloads(lay, 8, seed=31)
+        c.put(ns, keys, data)
+        got = {}
+
+        def on_chunk(i, chunk, tier):
+            got[i] = bytes(chunk)
+            if i == 5:
+                os.kill(d.proc.pid, signal.SIGTERM)
+
+        # The worker computes nothing while the daemon streams from the top, slowly
+        # (two chunks a second): the shutdown lands mid-stream.
+        with c.prefill(ns, keys[:8], on_chunk=on_chunk, compute_estimate=(100.0, 0.0),
+                       max_bytes_per_second=2 * lay.chunk_bytes) as s:
+            r = s.finish()
+        assert r.reason == "SHUTTING_DOWN", r.detail
+        assert isinstance(s.call_error, kvtier.UnavailableError), s.call_error
+        assert 1 <= r.first_streamed <= 5
+        assert sorted(got) == list(range(r.first_streamed, 8))
+        for i in got:
+            assert got[i] == data[i].tobytes(), i
+    finally:
+        d.close()
+
+
 def test_a_session_dropped_inside_its_own_callback_is_destroyed_elsewhere(daemon):
     """A worker may let go of its session from on_chunk (on the session's reader
     thread). Destroying it there joined the thread from itself: std::terminate. The
