@@ -207,6 +207,30 @@ void RemoteTier::CancelWrites(absl::FunctionRef<bool(const ChunkId&)> match) {
     j.keep_alive.reset();
     if (j.done) j.done(absl::AbortedError("remote write cancelled: the chunk was deleted"));
   }
+  // The marked writes end soon: each checks the mark between its batches and after its
+  // commit. (A write started since is not marked, and not waited for.)
+  struct Marked {
+    RemoteTier* tier;
+    absl::FunctionRef<bool(const ChunkId&)> match;
+    bool Any() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(tier->mu_) {
+      return std::any_of(tier->running_.begin(), tier->running_.end(),
+                         [this](const auto& r) { return r.second && match(r.first->id); });
+    }
+  } marked{this, match};
+  if (options_.cancel_waits) {
+    std::vector<ChunkId> waited;
+    {
+      absl::MutexLock l(&mu_);
+      for (const auto& [job, cancelled] : running_) {
+        if (cancelled && match(job->id)) waited.push_back(job->id);
+      }
+    }
+    for (const ChunkId& id : waited) options_.cancel_waits(id);
+  }
+  absl::MutexLock l(&mu_);
+  mu_.Await(absl::Condition(
+      +[](Marked* m) ABSL_EXCLUSIVE_LOCKS_REQUIRED(m->tier->mu_) { return !m->Any(); },
+      &marked));
 }
 
 bool RemoteTier::Cancelled(const Job& job) const {
@@ -268,6 +292,10 @@ absl::Status RemoteTier::Write(const Job& job) {
   };
   // Segments, a batch at a time: each batch one pipeline per master.
   for (uint32_t first = 0; first < n;) {
+    if (first > 0 && Cancelled(job)) {  // Deleted meanwhile: the rest need not travel.
+      DeleteSegments(job.id, record.generation, first);
+      return cancelled();
+    }
     std::vector<std::string> keys;
     std::vector<std::string> scratch;
     std::vector<absl::string_view> values;
@@ -322,6 +350,7 @@ absl::Status RemoteTier::Write(const Job& job) {
     const absl::string_view error = ReplyString(**commit);
     return failed(n, absl::InternalError(error), absl::StartsWith(error, "OOM"));
   }
+  if (options_.after_commit) options_.after_commit(job.id);
   // A Delete or Clear that ran while the commit was on its way may have looked for the
   // record before it landed, and found none. Each marks this write cancelled before it
   // looks (CancelWrites), so either this check sees the mark and the record goes again

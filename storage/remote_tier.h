@@ -82,6 +82,12 @@ struct RemoteTierOptions {
   // Sync point for tests: runs on the writer thread once a write's segments have landed,
   // just before its commit record is sent. Null (always, outside tests): nothing runs.
   std::function<void(const ChunkId&)> before_commit;
+  // Sync points for tests: after_commit runs once a write's commit record has landed,
+  // before the write checks whether a Delete or Clear cancelled it; cancel_waits runs
+  // when a Delete or Clear finds a write of one of its chunks being sent, before it
+  // waits for that write to end.
+  std::function<void(const ChunkId&)> after_commit;
+  std::function<void(const ChunkId&)> cancel_waits;
 
   bool enabled() const { return !cluster.seeds.empty(); }
   absl::Status Validate() const;
@@ -208,9 +214,13 @@ class RemoteTier final : public StorageTier {
   RemoteTier(RemoteTierOptions options, std::unique_ptr<RedisCluster> cluster);
   void WriterLoop();
   absl::Status Write(const Job& job);
-  // Drops the queued writes of the chunks `match` picks (their `done` gets Aborted, here)
-  // and marks those being written cancelled. Called before Delete and Clear look at the
-  // cluster, which is what makes Write's check after its commit enough (see there).
+  // Drops the queued writes of the chunks `match` picks (their `done` gets Aborted, here),
+  // marks those being written cancelled, and waits for them to end (each step of a
+  // write has its I/O timeout). Called before Delete and Clear look at the cluster, which
+  // is what makes Write's check after its commit enough (see there); the wait keeps a
+  // write whose commit was on its way from landing after the Delete or Clear returned,
+  // visible until it removed itself (for the TTL, if that removal failed: the Delete's
+  // own look then finds the record and deletes it).
   void CancelWrites(absl::FunctionRef<bool(const ChunkId&)> match);
   // Whether `job`, being written, was cancelled.
   bool Cancelled(const Job& job) const;

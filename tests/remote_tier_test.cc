@@ -11,6 +11,7 @@
 #include <cstring>
 #include <set>
 #include <string>
+#include <optional>
 #include <thread>
 
 #include "absl/cleanup/cleanup.h"
@@ -587,6 +588,50 @@ struct FirstCommitHeld {
   }
 };
 
+// Runs a Delete or Clear on a thread of its own while a write is held before its commit
+// (FirstCommitHeld), and releases the write once the Delete or Clear waits for it
+// (RemoteTierOptions::cancel_waits) or has returned without waiting. Records, at the
+// write's commit (after_commit), whether the Delete or Clear had returned already.
+struct RunAgainstAHeldWrite {
+  struct State {
+    absl::Mutex mu;
+    bool waiting ABSL_GUARDED_BY(mu) = false;
+    bool returned ABSL_GUARDED_BY(mu) = false;
+    std::optional<bool> returned_at_commit ABSL_GUARDED_BY(mu);
+  };
+  std::shared_ptr<State> state = std::make_shared<State>();
+
+  void Hook(RemoteTierOptions& o) {
+    o.cancel_waits = [state = state](const ChunkId&) {
+      absl::MutexLock l(&state->mu);
+      state->waiting = true;
+    };
+    o.after_commit = [state = state](const ChunkId&) {
+      absl::MutexLock l(&state->mu);
+      if (!state->returned_at_commit.has_value()) state->returned_at_commit = state->returned;
+    };
+  }
+  void Run(FirstCommitHeld& held, const std::function<void()>& op) {
+    std::thread t([&] {
+      op();
+      absl::MutexLock l(&state->mu);
+      state->returned = true;
+    });
+    {
+      absl::MutexLock l(&state->mu);
+      state->mu.Await(absl::Condition(
+          +[](State* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu) { return s->waiting || s->returned; },
+          state.get()));
+    }
+    held.release.Notify();
+    t.join();
+  }
+  std::optional<bool> returned_at_commit() {
+    absl::MutexLock l(&state->mu);
+    return state->returned_at_commit;
+  }
+};
+
 class RemoteTierCancelTest : public RemoteTierTest, public ::testing::WithParamInterface<bool> {};
 
 TEST_P(RemoteTierCancelTest, DeleteOrClearCancelsWritesQueuedOrInFlight) {
@@ -595,6 +640,8 @@ TEST_P(RemoteTierCancelTest, DeleteOrClearCancelsWritesQueuedOrInFlight) {
   o.remote.write_threads = 1;  // The second chunk's write waits behind the first.
   FirstCommitHeld held;
   o.remote.before_commit = held.Hook();
+  RunAgainstAHeldWrite run;
+  run.Hook(o.remote);
   a_ = Open(o);
   b_ = Open(Options(dir_b_.path(), WriteMode::kRamOnly));
   ASSERT_NE(a_, nullptr);
@@ -602,18 +649,23 @@ TEST_P(RemoteTierCancelTest, DeleteOrClearCancelsWritesQueuedOrInFlight) {
   ASSERT_TRUE(Put(a_.get(), Id(1)).ok());
   held.reached.WaitForNotification();  // Id(1)'s segments are in; its commit is next.
   ASSERT_TRUE(Put(a_.get(), Id(2)).ok());  // Queued.
-  if (clear) {
-    auto cleared = a_->Clear(kNs);
-    ASSERT_TRUE(cleared.ok()) << cleared.status();
-    EXPECT_EQ(*cleared, 2u);  // The local copies; the cluster held no record yet.
-  } else {
-    for (uint64_t n : {2, 1}) {
-      auto deleted = a_->Delete(Id(n));
-      ASSERT_TRUE(deleted.ok()) << deleted.status();
-      EXPECT_TRUE(*deleted) << n;
+  run.Run(held, [&] {
+    if (clear) {
+      auto cleared = a_->Clear(kNs);
+      ASSERT_TRUE(cleared.ok()) << cleared.status();
+      EXPECT_EQ(*cleared, 2u);  // The local copies; the write removed its own record.
+    } else {
+      for (uint64_t n : {2, 1}) {
+        auto deleted = a_->Delete(Id(n));
+        ASSERT_TRUE(deleted.ok()) << deleted.status();
+        EXPECT_TRUE(*deleted) << n;
+      }
     }
-  }
-  held.release.Notify();
+  });
+  // The Delete or Clear waited for the write on its way to end: its commit landed
+  // first, and the record was gone again when the Delete or Clear returned.
+  EXPECT_EQ(run.returned_at_commit(), std::optional<bool>(false));
+  EXPECT_FALSE(RecordExists(Id(1)));
   a_->WaitForRemoteWrites();
   EXPECT_FALSE(RecordExists(Id(1)));
   EXPECT_FALSE(RecordExists(Id(2)));
@@ -742,13 +794,16 @@ TEST_F(RemoteTierTest, WithoutEvalACancelledWriteStillRemovesItsRecord) {
   o.remote.write_threads = 1;
   FirstCommitHeld held;
   o.remote.before_commit = held.Hook();
+  RunAgainstAHeldWrite run;
+  run.Hook(o.remote);
   a_ = Open(o);
   ASSERT_NE(a_, nullptr);
   ASSERT_TRUE(Put(a_.get(), Id(1)).ok());
   held.reached.WaitForNotification();
-  auto deleted = a_->Delete(Id(1));
-  ASSERT_TRUE(deleted.ok()) << deleted.status();
-  held.release.Notify();
+  run.Run(held, [&] {
+    auto deleted = a_->Delete(Id(1));
+    ASSERT_TRUE(deleted.ok()) << deleted.status();
+  });
   a_->WaitForRemoteWrites();
   EXPECT_FALSE(RecordExists(Id(1)));
   EXPECT_EQ(KeysOnMasters(), 0);
