@@ -322,6 +322,25 @@ TEST_F(RedisClusterTest, NodesReadAfterAHungOneStillAnswer) {
   }
 }
 
+// A node whose connections are all in use by this daemon's other calls is busy, not
+// failed: ResourceExhausted. It was Unavailable, which the remote tier counts as the
+// cluster failing: under load it degraded itself, dropping writes and missing reads.
+TEST_F(RedisClusterTest, AllConnectionsBusyIsResourceExhaustedNotAFailedNode) {
+  RedisNodePoolOptions o;
+  o.max_connections = 1;
+  o.wait = absl::ZeroDuration();
+  RedisNodePool pool(cluster_->endpoint(0), o);
+  auto held = pool.Acquire();
+  ASSERT_TRUE(held.ok()) << held.status();
+  auto busy = pool.Acquire();
+  EXPECT_EQ(busy.status().code(), absl::StatusCode::kResourceExhausted) << busy.status();
+  EXPECT_EQ(pool.connect_failures(), 0u);
+  pool.Release(*std::move(held));
+  auto again = pool.Acquire();
+  ASSERT_TRUE(again.ok()) << again.status();
+  pool.Release(*std::move(again));
+}
+
 class RedisClusterAuthTest : public RedisClusterTest {
  protected:
   RedisClusterSpec Spec() override {

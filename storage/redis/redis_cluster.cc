@@ -301,6 +301,12 @@ std::vector<absl::StatusOr<RedisReplyPtr>> RedisCluster::Execute(
     // Send every group before reading any reply: the nodes work in parallel.
     for (Group& g : groups) {
       auto conn = g.pool->Acquire();
+      if (absl::IsResourceExhausted(conn.status())) {
+        // Every connection to the node busy with this daemon's other calls: the node did
+        // not fail, and the map is not in question.
+        for (const Pending& p : g.items) results[p.index] = conn.status();
+        continue;
+      }
       if (!conn.ok()) {
         fail_group(g, 0, conn.status());
         continue;
@@ -406,7 +412,9 @@ absl::StatusOr<RedisReplyPtr> RedisCluster::CallOn(const RedisEndpoint& node,
   RedisNodePool* pool = PoolFor(node);
   auto conn = pool->Acquire();
   if (!conn.ok()) {
-    io_failures_.fetch_add(1, std::memory_order_relaxed);
+    if (!absl::IsResourceExhausted(conn.status())) {
+      io_failures_.fetch_add(1, std::memory_order_relaxed);
+    }
     return conn.status();
   }
   auto reply = (*conn)->Call(argv);

@@ -14,7 +14,9 @@ absl::StatusOr<std::unique_ptr<RedisConnection>> RedisNodePool::Acquire() {
       return !idle_.empty() || open_ < options_.max_connections;
     };
     if (!mu_.AwaitWithTimeout(absl::Condition(&usable), options_.wait)) {
-      return absl::UnavailableError(absl::StrCat("redis ", endpoint_.ToString(), ": all ",
+      // This daemon's own connections are all in use: busy here, not a node that
+      // failed (which would degrade the tier and refresh the topology).
+      return absl::ResourceExhaustedError(absl::StrCat("redis ", endpoint_.ToString(), ": all ",
                                                  options_.max_connections,
                                                  " connections busy for ",
                                                  absl::FormatDuration(options_.wait)));

@@ -36,7 +36,8 @@ class RedisNodePool {
   RedisNodePool& operator=(const RedisNodePool&) = delete;
 
   // An idle connection, or a new one while fewer than max_connections are open.
-  // Returns: Ok, Unavailable (cannot connect; all taken for `wait`), PermissionDenied.
+  // Returns: Ok, Unavailable (cannot connect), ResourceExhausted (all taken for `wait`),
+  // PermissionDenied.
   absl::StatusOr<std::unique_ptr<RedisConnection>> Acquire();
   // Gives a connection back (closing it if broken).
   void Release(std::unique_ptr<RedisConnection> conn);
