@@ -383,6 +383,30 @@ class TieredStoreModeTest : public TieredStoreTestBase,
     Open(GetParam());
     ns_ = Register();
   }
+
+  // Two puts of `id` admitted at once (neither sees it stored), each with all its bytes.
+  void TwoFilledPutsOf(const ChunkId& id, std::unique_ptr<ChunkWriter>* first,
+                       std::unique_ptr<ChunkWriter>* second) {
+    const std::string data = Payload(id, kChunkBytes);
+    for (auto* w : {first, second}) {
+      auto begun = store_->BeginPut(id, 256);
+      ASSERT_TRUE(begun.ok() && *begun != nullptr);
+      *w = *std::move(begun);
+      ASSERT_TRUE((*w)->Append(data).ok());
+    }
+  }
+  // CommitPutAsync, waited for: whether the put stored the chunk.
+  absl::StatusOr<bool> Commit(std::unique_ptr<ChunkWriter> w) {
+    const std::string data = Payload(w->id(), kChunkBytes);
+    absl::Notification answered;
+    absl::StatusOr<bool> stored;
+    store_->CommitPutAsync(std::move(w), crc32c::Value(data), [&](absl::StatusOr<bool> s) {
+      stored = std::move(s);
+      answered.Notify();
+    });
+    answered.WaitForNotification();
+    return stored;
+  }
 };
 
 INSTANTIATE_TEST_SUITE_P(AllModes, TieredStoreModeTest,
@@ -419,25 +443,13 @@ TEST_P(TieredStoreModeTest, PutThenReadIsByteIdentical) {
 // Two puts of one chunk admitted at once (neither saw it stored) both commit; exactly
 // one reports it stored, so the daemon's chunks_stored counts add up.
 TEST_P(TieredStoreModeTest, ConcurrentPutsOfOneChunkReportOneStore) {
-  auto first = store_->BeginPut(Id(1), 256);
-  auto second = store_->BeginPut(Id(1), 256);
-  ASSERT_TRUE(first.ok() && *first != nullptr);
-  ASSERT_TRUE(second.ok() && *second != nullptr);
-  const std::string data = Payload(Id(1), kChunkBytes);
-  ASSERT_TRUE((*first)->Append(data).ok());
-  ASSERT_TRUE((*second)->Append(data).ok());
+  std::unique_ptr<ChunkWriter> first, second;
+  ASSERT_NO_FATAL_FAILURE(TwoFilledPutsOf(Id(1), &first, &second));
   std::vector<bool> stored;
-  absl::Mutex mu;
-  absl::CondVar done;
-  for (auto* w : {&*first, &*second}) {
-    store_->CommitPutAsync(std::move(*w), crc32c::Value(data), [&](absl::StatusOr<bool> s) {
-      ASSERT_TRUE(s.ok()) << s.status();
-      absl::MutexLock lock(&mu);
-      stored.push_back(*s);
-      done.Signal();
-    });
-    absl::MutexLock lock(&mu);
-    while (stored.size() < (w == &*first ? 1u : 2u)) done.Wait(&mu);
+  for (auto* w : {&first, &second}) {
+    absl::StatusOr<bool> s = Commit(std::move(*w));
+    ASSERT_TRUE(s.ok()) << s.status();
+    stored.push_back(*s);
   }
   EXPECT_EQ(stored, (std::vector<bool>{true, false}));
   ExpectReadable(Id(1));
@@ -448,31 +460,16 @@ TEST_P(TieredStoreModeTest, ConcurrentPutsOfOneChunkReportOneStore) {
 // put stores nothing. RAM's insert alone once took it as new, and both reported it
 // stored. Without an SSD the chunk is gone, and the second put stores it again.
 TEST_P(TieredStoreModeTest, ASecondPutOfAChunkThatLeftRamReportsNoStore) {
-  auto first = store_->BeginPut(Id(1), 256);
-  auto second = store_->BeginPut(Id(1), 256);
-  ASSERT_TRUE(first.ok() && *first != nullptr);
-  ASSERT_TRUE(second.ok() && *second != nullptr);
-  const std::string data = Payload(Id(1), kChunkBytes);
-  ASSERT_TRUE((*first)->Append(data).ok());
-  ASSERT_TRUE((*second)->Append(data).ok());
-  auto commit = [&](std::unique_ptr<ChunkWriter> w) {
-    absl::Notification answered;
-    absl::StatusOr<bool> stored;
-    store_->CommitPutAsync(std::move(w), crc32c::Value(data), [&](absl::StatusOr<bool> s) {
-      stored = std::move(s);
-      answered.Notify();
-    });
-    answered.WaitForNotification();
-    return stored;
-  };
-  absl::StatusOr<bool> stored = commit(*std::move(first));
+  std::unique_ptr<ChunkWriter> first, second;
+  ASSERT_NO_FATAL_FAILURE(TwoFilledPutsOf(Id(1), &first, &second));
+  absl::StatusOr<bool> stored = Commit(std::move(first));
   ASSERT_TRUE(stored.ok()) << stored.status();
   EXPECT_TRUE(*stored);
   // Out of RAM: newer chunks fill the pool (the second put holds one chunk of it), and
   // in write-back evicting a dirty chunk writes it to SSD first.
   for (uint64_t n = 2; n < 2 + kRamChunks; ++n) PutOk(Id(n));
   ASSERT_NE(store_->Locate(Id(1)), Tier::kRam);
-  stored = commit(*std::move(second));
+  stored = Commit(std::move(second));
   ASSERT_TRUE(stored.ok()) << stored.status();
   EXPECT_EQ(*stored, GetParam() == WriteMode::kRamOnly);
   ExpectReadable(Id(1));

@@ -789,47 +789,54 @@ def test_cancel_and_close_end_loads_waiting_on_a_stopped_daemon(tmp_path, layout
 _SOCKET_WAITS = {"x86_64": {"7", "271", "45", "47"}, "aarch64": {"73", "207", "212"}}
 
 
+def _frees_waiting_on_the_daemon(daemon, held):
+    """Stops `daemon`, drops the last reference in `held` on a thread of its own, and
+    returns whether this thread got to run and saw that one waiting on the region socket
+    (it could not have, had the freeing held the GIL). Resumes the daemon after."""
+    import platform
+    import signal
+    import threading
+    waits = _SOCKET_WAITS.get(platform.machine())
+    if waits is None:
+        pytest.skip(f"syscall numbers unknown for {platform.machine()}")
+    os.kill(daemon.proc.pid, signal.SIGSTOP)
+    tid, started = [], threading.Event()
+
+    def free():
+        tid.append(threading.get_native_id())
+        started.set()
+        held.clear()  # The last reference: its region removals wait on the daemon.
+
+    t = threading.Thread(target=free)
+    saw_waiting = False
+    try:
+        t.start()
+        started.wait()
+        while t.is_alive() and not saw_waiting:
+            try:
+                with open(f"/proc/self/task/{tid[0]}/syscall") as f:
+                    saw_waiting = f.read().split()[0] in waits
+            except FileNotFoundError:
+                break  # The thread ended.
+    finally:
+        os.kill(daemon.proc.pid, signal.SIGCONT)
+    t.join(120)
+    assert not t.is_alive()
+    return saw_waiting
+
+
 def test_freeing_a_shared_buffer_waits_on_the_daemon_without_the_gil(tmp_path):
     """A shared buffer's destructor unregisters its region: a round trip to the daemon,
     which waits as long as the daemon takes (up to the region socket's timeout for a
     stopped one). It once waited holding the GIL, stalling every Python thread. Here a
     thread frees a buffer while the daemon is stopped, and this thread must get to run
     and see it waiting on the socket."""
-    import platform
-    import signal
-    import threading
-    from kvtier.testing import Daemon
-    waits = _SOCKET_WAITS.get(platform.machine())
-    if waits is None:
-        pytest.skip(f"syscall numbers unknown for {platform.machine()}")
     d = Daemon(str(tmp_path), args=["--ram-capacity=64MiB", "--write-mode=ram-only"])
     try:
         c = kvtier.Client(d.target, connect_timeout=30)
         held = [c.shared_buffer(1 << 20)]
-        os.kill(d.proc.pid, signal.SIGSTOP)
-        tid, started = [], threading.Event()
-
-        def free():
-            tid.append(threading.get_native_id())
-            started.set()
-            held.clear()  # The last reference: its Remove waits on the stopped daemon.
-
-        t = threading.Thread(target=free)
-        saw_waiting = False
-        try:
-            t.start()
-            started.wait()
-            while t.is_alive() and not saw_waiting:
-                try:
-                    with open(f"/proc/self/task/{tid[0]}/syscall") as f:
-                        saw_waiting = f.read().split()[0] in waits
-                except FileNotFoundError:
-                    break  # The thread ended.
-        finally:
-            os.kill(d.proc.pid, signal.SIGCONT)
-        t.join(120)
-        assert not t.is_alive()
-        assert saw_waiting, "the buffer's region was removed holding the GIL"
+        assert _frees_waiting_on_the_daemon(d, held), \
+            "the buffer's region was removed holding the GIL"
         c.close()
     finally:
         d.close()
@@ -837,16 +844,8 @@ def test_freeing_a_shared_buffer_waits_on_the_daemon_without_the_gil(tmp_path):
 
 def test_freeing_a_client_waits_on_the_daemon_without_the_gil(tmp_path):
     """The same for the client: freed, it unregisters its staging buffers (a round trip
-    each). It once did so holding the GIL. Here a thread drops the last reference to a
-    client that staged a get, while the daemon is stopped."""
+    each). It once did so holding the GIL."""
     import gc
-    import platform
-    import signal
-    import threading
-    from kvtier.testing import Daemon
-    waits = _SOCKET_WAITS.get(platform.machine())
-    if waits is None:
-        pytest.skip(f"syscall numbers unknown for {platform.machine()}")
     d = Daemon(str(tmp_path), args=["--ram-capacity=64MiB", "--write-mode=ram-only"])
     try:
         c = kvtier.Client(d.target, connect_timeout=30)
@@ -860,30 +859,7 @@ def test_freeing_a_client_waits_on_the_daemon_without_the_gil(tmp_path):
         held = [c]
         del c
         gc.collect()
-        os.kill(d.proc.pid, signal.SIGSTOP)
-        tid, started = [], threading.Event()
-
-        def free():
-            tid.append(threading.get_native_id())
-            started.set()
-            held.clear()  # The last reference: its staging buffer's Remove waits.
-
-        t = threading.Thread(target=free)
-        saw_waiting = False
-        try:
-            t.start()
-            started.wait()
-            while t.is_alive() and not saw_waiting:
-                try:
-                    with open(f"/proc/self/task/{tid[0]}/syscall") as f:
-                        saw_waiting = f.read().split()[0] in waits
-                except FileNotFoundError:
-                    break
-        finally:
-            os.kill(d.proc.pid, signal.SIGCONT)
-        t.join(120)
-        assert not t.is_alive()
-        assert saw_waiting, "the client was torn down holding the GIL"
+        assert _frees_waiting_on_the_daemon(d, held), "the client was torn down holding the GIL"
     finally:
         d.close()
 
