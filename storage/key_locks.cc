@@ -26,7 +26,9 @@ bool KeyLocks::InsertIfUnchanged(const ChunkId& id, uint64_t generation,
                                  absl::FunctionRef<bool()> survived) {
   Stripe& s = For(id);
   absl::MutexLock lock(&s.mu);
-  if (s.far.contains(id)) return false;
+  // Not refused for a Delete of `id` in its far phase: work that must not be lost (a
+  // put's shared write) that noted the generation after the Delete's first bump came
+  // after the Delete, as far as the chunk is concerned.
   if (s.generation.load(std::memory_order_relaxed) != generation && !survived()) return false;
   insert();
   return true;

@@ -49,8 +49,9 @@ class KeyLocks {
                          absl::FunctionRef<void()> insert, absl::FunctionRef<bool()> survived);
   // Runs `remove` under `id`'s stripe, after bumping its generation.
   void Removing(const ChunkId& id, absl::FunctionRef<void()> remove);
-  // The same, then `remove_far` without the stripe, while no insert of `id` runs; the
-  // generation is bumped again once it returns.
+  // The same, then `remove_far` without the stripe, while no insert of `id` runs (by
+  // the first InsertIfUnchanged; the second, for work that must not be lost, is not held
+  // back); the generation is bumped again once it returns.
   void Removing(const ChunkId& id, absl::FunctionRef<void()> remove,
                 absl::FunctionRef<void()> remove_far);
   // Runs `remove` under every stripe (in order), after bumping every generation.

@@ -227,10 +227,15 @@ void RemoteTier::CancelWrites(absl::FunctionRef<bool(const ChunkId&)> match) {
     }
     for (const ChunkId& id : waited) options_.cancel_waits(id);
   }
+  // Bounded: a write stuck on a cluster that stopped answering (each of its steps has
+  // its I/O timeout, and a batch may take several) does not hold a Delete for longer
+  // than a step or two. Past it, the write removes its own record once it sees the mark.
   absl::MutexLock l(&mu_);
-  mu_.Await(absl::Condition(
-      +[](Marked* m) ABSL_EXCLUSIVE_LOCKS_REQUIRED(m->tier->mu_) { return !m->Any(); },
-      &marked));
+  mu_.AwaitWithTimeout(
+      absl::Condition(
+          +[](Marked* m) ABSL_EXCLUSIVE_LOCKS_REQUIRED(m->tier->mu_) { return !m->Any(); },
+          &marked),
+      2 * options_.cluster.io_timeout);
 }
 
 bool RemoteTier::Cancelled(const Job& job) const {
@@ -293,7 +298,7 @@ absl::Status RemoteTier::Write(const Job& job) {
   // Segments, a batch at a time: each batch one pipeline per master.
   for (uint32_t first = 0; first < n;) {
     if (first > 0 && Cancelled(job)) {  // Deleted meanwhile: the rest need not travel.
-      DeleteSegments(job.id, record.generation, first);
+      if (!health_.degraded()) DeleteSegments(job.id, record.generation, first);
       return cancelled();
     }
     std::vector<std::string> keys;

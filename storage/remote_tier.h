@@ -215,8 +215,8 @@ class RemoteTier final : public StorageTier {
   void WriterLoop();
   absl::Status Write(const Job& job);
   // Drops the queued writes of the chunks `match` picks (their `done` gets Aborted, here),
-  // marks those being written cancelled, and waits for them to end (each step of a
-  // write has its I/O timeout). Called before Delete and Clear look at the cluster, which
+  // marks those being written cancelled, and waits for them to end (for at most twice
+  // the cluster's I/O timeout: each step of a write has that timeout). Called before Delete and Clear look at the cluster, which
   // is what makes Write's check after its commit enough (see there); the wait keeps a
   // write whose commit was on its way from landing after the Delete or Clear returned,
   // visible until it removed itself (for the TTL, if that removal failed: the Delete's

@@ -704,8 +704,7 @@ absl::Status SsdTier::Corrupt(const ChunkId& id, absl::string_view cause,
       // Deleted, or put afresh elsewhere, since the read: the bad bytes are no one's.
       return StoredAfreshError(id);
     }
-  // Taken out of the index under the same lock as the check: one reader counts it.
-    if (it == index_.end()) return CorruptChunkError(id);
+    // Taken out of the index under the same lock as the check: one reader counts it.
     dropped_corrupt_.emplace_back(id, it->second.extent);
     if (dropped_corrupt_.size() > kDroppedCorrupt) dropped_corrupt_.pop_front();
     e = ForgetLocked(id);

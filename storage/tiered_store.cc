@@ -394,6 +394,8 @@ absl::StatusOr<bool> TieredStore::Commit(std::unique_ptr<ChunkWriter> writer, ui
   // both would have reported it stored.
   commits_.WaitAndClaim(writer->id_);
   absl::Cleanup unclaim = [this, id = writer->id_] { commits_.Release({&id, 1}); };
+  // (The first put shared it, if there is a shared tier: BeginPut admits no put of a
+  // chunk a local tier holds, so only such a race reaches here with one.)
   if (HeldLocally(writer->id_)) return false;
   std::shared_ptr<PoolChunk> data = shared_ != nullptr ? writer->data_ : nullptr;
   // Noted before the chunk is stored anywhere: a Delete of it from here on (which bumps
@@ -444,19 +446,22 @@ absl::StatusOr<bool> TieredStore::Commit(std::unique_ptr<ChunkWriter> writer, ui
       }
       break;
   }
-  if (stored && data != nullptr) {
-    if (options_.before_shared_write) options_.before_shared_write(writer->id_);
-    // Under the chunk's KeyLocks stripe, as a Delete's local removals are: either the
-    // write is queued first, and the Delete's shared-tier delete cancels it, or the
-    // Delete came first and the write is not queued. Queued after the Delete had
-    // finished, it once put the deleted chunk back in the shared tier for every daemon.
-    // A Delete of another chunk on the stripe (or a Clear of another namespace) leaves
-    // this one held here, and then the write still goes.
-    key_locks_.InsertIfUnchanged(
-        writer->id_, generation, [&] { ToRemote(writer->id_, meta, std::move(data)); },
-        [&] { return HeldLocally(writer->id_); });
-  }
+  if (stored && data != nullptr) Share(writer->id_, meta, std::move(data), generation);
   return stored;
+}
+
+void TieredStore::Share(const ChunkId& id, const ChunkMeta& meta,
+                        std::shared_ptr<PoolChunk> data, uint64_t generation) {
+  if (options_.before_shared_write) options_.before_shared_write(id);
+  // Under the chunk's KeyLocks stripe, as a Delete's local removals are: either the
+  // write is queued first, and the Delete's shared-tier delete cancels it, or the
+  // Delete came first and the write is not queued. Queued after the Delete had
+  // finished, it once put the deleted chunk back in the shared tier for every daemon.
+  // A Delete of another chunk on the stripe (or a Clear of another namespace) leaves
+  // this one held here, and then the write still goes.
+  key_locks_.InsertIfUnchanged(
+      id, generation, [&] { ToRemote(id, meta, std::move(data)); },
+      [&] { return HeldLocally(id); });
 }
 
 bool TieredStore::HeldLocally(const ChunkId& id) const {
@@ -963,7 +968,14 @@ absl::Status TieredStore::DropCorrupt(const ChunkId& id, const ChunkView& view) 
   // promoted from SSD or the shared tier says where its bytes came from (and were
   // checked), but what failed is the RAM copy made of them.
   if (view.pool_ != nullptr) {
-    DropCorruptInRam(id, view.KeepAlive());
+    if (!DropCorruptInRam(id, view.KeepAlive())) {
+      // Not a stored copy (a promotion's buffer that was never inserted, or one RAM has
+      // replaced or let go of since): nothing stored was found bad, and a read again
+      // finds what is.
+      return absl::AbortedError(absl::StrCat(
+          "chunk ", id.key.ToHex(), ": the copy read failed its CRC32C but is no longer "
+          "the one stored; read it again"));
+    }
     return absl::DataLossError(absl::StrCat(
         "chunk ", id.key.ToHex(), ": its RAM copy failed its CRC32C and was dropped"));
   }
@@ -1133,10 +1145,10 @@ void TieredStore::AppendFromDeviceAsync(ChunkWriter* writer, DevicePtr src, uint
   });
 }
 
-void TieredStore::DropCorruptInRam(const ChunkId& id, const std::shared_ptr<const void>& chunk) {
+bool TieredStore::DropCorruptInRam(const ChunkId& id, const std::shared_ptr<const void>& chunk) {
   // Only if the index still holds the very chunk that failed (not a newer put of it).
   std::optional<HostPool::Hit> now = ram_->Peek(id);
-  if (!now || std::static_pointer_cast<const void>(now->data) != chunk) return;
+  if (!now || std::static_pointer_cast<const void>(now->data) != chunk) return false;
   if (gpu_ != nullptr) gpu_->Remove(id);
   if (ram_->Remove(id)) {
     NotifyRoom();
@@ -1145,6 +1157,7 @@ void TieredStore::DropCorruptInRam(const ChunkId& id, const std::shared_ptr<cons
   ram_checksum_failures_.fetch_add(1, std::memory_order_relaxed);
   LogWarning("RAM copy of ", id.DebugString(), " failed its CRC32C on the way to a reader; "
              "dropped (an SSD copy, if any, is still served)");
+  return true;
 }
 
 void TieredStore::StageAsync(const ChunkId& id) {

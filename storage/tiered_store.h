@@ -511,7 +511,8 @@ class TieredStore {
   bool StagedAndBacked(const ChunkId& id) const;
   // A RAM chunk whose bytes failed their CRC32C (`chunk`, its pool memory): removed from
   // RAM and staging, counted and logged, unless a newer put replaced it meanwhile.
-  void DropCorruptInRam(const ChunkId& id, const std::shared_ptr<const void>& chunk);
+  // Drops RAM's copy of `id` if it is `chunk`, counting it; returns whether it was.
+  bool DropCorruptInRam(const ChunkId& id, const std::shared_ptr<const void>& chunk);
   // Room in RAM may have appeared: puts waiting for it retry now.
   void NotifyRoom();
   // options_.admit_promotion for chunk `id` of `bytes` (true when unset).
@@ -529,6 +530,10 @@ class TieredStore {
   // Whether a local tier (RAM, SSD; not a copy tier) holds `id`.
   bool HeldLocally(const ChunkId& id) const;
   // Hands a chunk that was just stored locally to the remote tier, if any.
+  // A put's copy to the shared tier (ToRemote), unless a Delete of the chunk came since
+  // `generation` (KeyLocks).
+  void Share(const ChunkId& id, const ChunkMeta& meta, std::shared_ptr<PoolChunk> data,
+             uint64_t generation);
   void ToRemote(const ChunkId& id, const ChunkMeta& meta, std::shared_ptr<PoolChunk> data);
   // A prefetch thread's job: promote `id` if it is still only on SSD, then stage it.
   void Prefetch(const ChunkId& id);

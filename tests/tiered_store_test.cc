@@ -1486,6 +1486,25 @@ TEST_F(TieredStoreWriteBackTest, ACorruptPromotedCopyGoesFromRamAndTheSsdCopySta
   ExpectReadable(Id(1), Tier::kSsd);
 }
 
+// A reader whose copy failed its CRC32C after the chunk left RAM (deleted here; or
+// replaced by a newer put, or a promotion's buffer never inserted) found no stored copy
+// bad: Aborted (read it again), and nothing is counted or dropped. It once answered
+// DATA_LOSS, which tells the client a stored chunk is gone and to recompute it.
+TEST_F(TieredStoreWriteBackTest, ACorruptCopyNoLongerStoredIsAbortedNotDataLoss) {
+  OpenWith(Options(WriteMode::kWriteThrough));
+  ns_ = Register();
+  PutOk(Id(1));
+  auto v = store_->Read(Id(1));
+  ASSERT_TRUE(v.ok()) << v.status();
+  ASSERT_EQ(v->tier(), Tier::kRam);
+  auto deleted = store_->Delete(Id(1));
+  ASSERT_TRUE(deleted.ok() && *deleted);
+  v->ForEachPiece(0, 1, [](absl::string_view p) { const_cast<char*>(p.data())[0] ^= 0x5a; });
+  const absl::Status s = store_->DropCorrupt(Id(1), *v);
+  EXPECT_EQ(s.code(), absl::StatusCode::kAborted) << s;
+  EXPECT_EQ(store_->GetStats().ram_checksum_failures, 0u);
+}
+
 // ---------------------------------------------------------------------------------
 // Write-through and RAM-only.
 
