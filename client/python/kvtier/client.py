@@ -543,10 +543,11 @@ class Client:
             first, end = 0, None
         handle = LoadHandle(self, namespace_id, keys, outs, layers, order, first, end, lease)
         with self._lock:
-            self._handles = [h for h in self._handles if not h.done()] + [handle]
-            # Started under the lock: close() must not find it listed and not started
-            # (joining it would raise, and the handles after it would be left running).
+            # Started, then listed, under the lock: close() must not find it listed and
+            # not started (joining it would raise, and the handles after it would be left
+            # running), nor miss it.
             handle._thread.start()
+            self._handles = [h for h in self._handles if not h.done()] + [handle]
         return handle
 
     # -- Prefill (Cake) --------------------------------------------------------------
