@@ -3,8 +3,11 @@
 Each coroutine runs the blocking native call on a thread pool (the native layer releases
 the GIL, so the loop keeps running). Cancelling a task mid-transfer cancels the call and
 then waits for the native side to let go of the caller's buffers before the task's
-CancelledError propagates: after ``await`` raises, nothing writes into ``out`` any more,
-and nothing in it counts as loaded.
+CancelledError propagates: after ``await`` raises, nothing in ``out`` counts as loaded,
+and nothing this client does writes into it any more. One exception: ``out`` in a buffer
+from ``client.shared_buffer()`` is written by the daemon itself, which finishes the chunk
+copy it is in (a moment, a chunk's memcpy) after the call ended: do not hand such a
+buffer to other work the instant a load into it failed or was cancelled.
 """
 
 from __future__ import annotations

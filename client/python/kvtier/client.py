@@ -628,7 +628,9 @@ class LoadHandle:
             return self._finished
 
     def cancel(self) -> None:
-        """Asks the load to stop; wait() then raises CancelledError (unless it finished)."""
+        """Asks the load to stop; wait() then raises CancelledError (unless it finished).
+        Into a buffer from shared_buffer(), the daemon may finish the chunk copy it is in
+        just after wait() raised (see kvtier.aio)."""
         self._canceller.cancel()
 
     def wait_layer(self, layer: int, timeout: Optional[float] = None) -> None:

@@ -10,7 +10,9 @@
 //
 // Buffers are held through BufferRef for the whole call, so Python cannot free or resize
 // them while the daemon's bytes are being copied in; once a method returns (or raises),
-// nothing writes into them any more.
+// nothing in this process writes into them any more. A buffer in shared memory
+// (AllocateShared) is the exception: the daemon writes it directly, and after a failed
+// or cancelled call finishes the chunk copy it is in (KvTierClient::GetInto).
 //
 // Threading: thread-safe, like KvTierClient: any number of Python threads may call any
 // method concurrently.
