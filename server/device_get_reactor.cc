@@ -26,6 +26,7 @@ DeviceGetReactor::DeviceGetReactor(grpc::CallbackServerContext* ctx, const v1::G
     results_.resize(plan_.items.size());
     enqueued_.resize(plan_.items.size());
     found_.assign(plan_.ids.size(), false);
+    pins_.resize(plan_.ids.size());
     events_lent_ = record_events_;
   }
   Pump();
@@ -131,7 +132,7 @@ void DeviceGetReactor::Pump() {
       // stream cannot stay consistent.
       error_ = absl::AbortedError(absl::StrCat(
           "keys[", plan_.items[next_write_].key, "]: the chunk left the cache during this "
-          "Get (evicted or deleted); retry"));
+          "Get (evicted, deleted, or stored afresh with other bytes); retry"));
     }
     if (!writing_ && error_.ok() && next_write_ < results_.size() && ready(next_write_)) {
       const size_t i = next_write_++;
@@ -187,7 +188,7 @@ void DeviceGetReactor::Pump() {
     store_->ReadToDeviceAsync(
         plan_.ids[item.key], std::move(ranges),
         [this, i = i](absl::StatusOr<Tier> r) { OnDelivered(i, std::move(r)); }, check,
-        std::move(enqueued));
+        std::move(enqueued), &pins_[item.key]);
   }
   if (write_and_finish) {
     stall_.WaitingOnClient(true);  // Until OnDone: a client that stops reading is reaped.

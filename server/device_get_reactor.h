@@ -114,6 +114,11 @@ class DeviceGetReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>
   std::vector<bool> found_ ABSL_GUARDED_BY(mu_);
   // Layer-major: chunks found in the first pass, held in RAM for the later passes.
   std::vector<ChunkView> held_ ABSL_GUARDED_BY(mu_);
+  // Per key: the meta of the copy its first item delivered (ReadToDeviceAsync's pin),
+  // which its later items must deliver too: not two copies' layers in one chunk. Sized
+  // once, before any delivery; each element is written by its key's first delivery and
+  // read by its later ones, issued only after that one has reported (under mu_).
+  std::vector<std::optional<ChunkMeta>> pins_;
   size_t next_issue_ ABSL_GUARDED_BY(mu_) = 0;
   size_t next_write_ ABSL_GUARDED_BY(mu_) = 0;
   int in_flight_ ABSL_GUARDED_BY(mu_) = 0;  // Deliveries whose callback has not returned.

@@ -540,10 +540,10 @@ uint64_t TieredStore::FlushAll() {
   return flushed.load();
 }
 
-bool TieredStore::StagedAndBacked(const ChunkId& id) const {
-  if (gpu_ == nullptr) return false;
+std::optional<ChunkMeta> TieredStore::StagedAndBacked(const ChunkId& id) const {
+  if (gpu_ == nullptr) return std::nullopt;
   const std::optional<ChunkMeta> staged = gpu_->StagedMeta(id);
-  if (!staged.has_value()) return false;
+  if (!staged.has_value()) return std::nullopt;
   // Staging is a cache of the pool: a staged copy of a chunk that RAM and SSD no longer
   // hold (evicted in ram-only mode, deleted in a race with StageAsync) is dropped, and
   // so is one of other bytes than those they hold: a StageAsync that ran inside a
@@ -557,9 +557,9 @@ bool TieredStore::StagedAndBacked(const ChunkId& id) const {
     const std::optional<ChunkMeta> on_ssd = ssd_->PeekMeta(id);  // No I/O, no side effect.
     backed = on_ssd.has_value() && *on_ssd == *staged;
   }
-  if (backed) return true;
+  if (backed) return staged;
   gpu_->Remove(id);
-  return false;
+  return std::nullopt;
 }
 
 Tier TieredStore::Locate(const ChunkId& id) const {
@@ -1175,15 +1175,28 @@ void TieredStore::StageAsync(const ChunkId& id) {
 
 void TieredStore::ReadToDeviceAsync(const ChunkId& id, std::vector<DeviceRange> ranges,
                                     std::function<void(absl::StatusOr<Tier>)> done,
-                                    bool check_crc, std::function<void(Tier)> enqueued) {
+                                    bool check_crc, std::function<void(Tier)> enqueued,
+                                    std::optional<ChunkMeta>* pin) {
   if (gpu_ == nullptr) {
     done(absl::FailedPreconditionError("this daemon has no GPU"));
     return;
   }
-  auto from_host = [this, id, ranges, done, check_crc,
-                    enqueued](absl::StatusOr<ChunkView> view) mutable {
+  // Whether `meta` is the pinned copy's (pinning it if none is yet).
+  auto pinned = [pin](const ChunkMeta& meta) {
+    if (pin == nullptr) return true;
+    if (!pin->has_value()) *pin = meta;
+    return **pin == meta;
+  };
+  auto from_host = [this, id, ranges, done, check_crc, enqueued,
+                    pinned](absl::StatusOr<ChunkView> view) mutable {
     if (!view.ok()) {
       done(view.status());
+      return;
+    }
+    if (!pinned(view->meta())) {
+      done(absl::AbortedError(absl::StrCat(
+          "chunk ", id.key.ToHex(), " was stored afresh, with other bytes, during the "
+          "request that read part of it before")));
       return;
     }
     std::shared_ptr<const void> chunk = view->KeepAlive();
@@ -1210,7 +1223,9 @@ void TieredStore::ReadToDeviceAsync(const ChunkId& id, std::vector<DeviceRange> 
                           enqueued ? std::function<void()>([enqueued, from] { enqueued(from); })
                                    : nullptr);
   };
-  if (!StagedAndBacked(id)) {
+  const std::optional<ChunkMeta> staged = StagedAndBacked(id);
+  // A staged copy other than the pinned one: the host path finds whether RAM's is.
+  if (!staged.has_value() || !pinned(*staged)) {
     ReadAsync(id, std::move(from_host));
     return;
   }

@@ -393,10 +393,16 @@ class TieredStore {
   // tier the bytes come from, before `done`; not at all when nothing was submitted
   // (absent, a bad range, a read error). A chunk found then, and lost to a device
   // error, is Unavailable, never NotFound.
+  // `pin` (may be null) ties several calls for one chunk to one copy of it: an empty
+  // *pin is set to the meta of the copy delivered (before `enqueued` and `done`); a set
+  // one delivers only a copy with that meta, else Aborted (the chunk was stored afresh
+  // with other bytes since: the caller's earlier ranges are of another copy). The
+  // caller keeps *pin alive, and orders a call that reads it after the one that set it.
   using DeviceRange = GpuTier::Range;
   void ReadToDeviceAsync(const ChunkId& id, std::vector<DeviceRange> ranges,
                          std::function<void(absl::StatusOr<Tier>)> done, bool check_crc = true,
-                         std::function<void(Tier)> enqueued = nullptr);
+                         std::function<void(Tier)> enqueued = nullptr,
+                         std::optional<ChunkMeta>* pin = nullptr);
   // Put from GPU memory: copies the next `n` bytes of `writer`'s chunk from device
   // address `src` (a worker's mapped memory) straight into its pool slots, then extends
   // the chunk's CRC32C over the pool's copy, as Append does. `writer` must stay alive
@@ -508,7 +514,8 @@ class TieredStore {
                                                std::shared_ptr<PoolChunk> room);
   bool has_ssd() const { return backing_ != nullptr; }
   // Staged on the GPU and still held by RAM or SSD (a staged copy of neither is dropped).
-  bool StagedAndBacked(const ChunkId& id) const;
+  // The staged copy's meta, when it is staged and backed (RAM or SSD holds the same).
+  std::optional<ChunkMeta> StagedAndBacked(const ChunkId& id) const;
   // A RAM chunk whose bytes failed their CRC32C (`chunk`, its pool memory): removed from
   // RAM and staging, counted and logged, unless a newer put replaced it meanwhile.
   // Drops RAM's copy of `id` if it is `chunk`, counting it; returns whether it was.

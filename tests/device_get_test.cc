@@ -850,6 +850,56 @@ TEST_F(DeviceGetTest, AWorkerThatStopsReadingIsCancelledButWaitingOnTheDeviceIsN
 // and the worker's event for that item is recorded right after its bytes: here no
 // copy has run (the fake device holds them) when all four frames are in. The status
 // comes only once every copy landed.
+// A layer-major Get reads each later layer of a chunk again, by key. A chunk deleted
+// and stored afresh with other bytes between its first layers and the rest (the same
+// prefix recomputed) once gave the worker layers of both copies, each passing its own
+// CRC32C, and the Get ended OK. The later layers must come from the copy the first came
+// from: the Get ends ABORTED instead.
+TEST_F(DeviceGetTest, LayerMajorNeverMixesTwoCopiesOfAChunk) {
+  Start({.hold_copies = true});
+  for (uint64_t k = 0; k < 4; ++k) Put(k);
+  auto [buf, handle] = WorkerBuffer(4 * kChunk);
+  auto ch = Channel();
+  auto reg = ch->AddDevice(handle, 4 * kChunk);
+  ASSERT_TRUE(reg.ok()) << reg.status();
+  v1::GetRequest req = Request({0, 1, 2, 3}, reg->region_id, reg->token);
+  req.set_order(v1::GET_ORDER_LAYER_MAJOR);
+  Frames got;
+  std::atomic<bool> done{false};
+  std::thread reader([&] {
+    got = Get(req);
+    done = true;
+  });
+  // The first pass: layer 0 of the four keys, read and held on the device (the later
+  // passes are issued once it has landed).
+  const bool first_pass_held = testing::Eventually([&] { return device_->pending() >= 4; });
+  if (!first_pass_held) {
+    testing::Eventually([&] {
+      device_->RunPending();
+      return done.load();
+    });
+    reader.join();
+    FAIL() << "the first pass's copies were never submitted";
+  }
+  auto deleted = client_->Delete(ns_, {KeyOf(0)});
+  ASSERT_TRUE(deleted.ok()) << deleted.status();
+  const std::string other = PatternBytes(100, kChunk);
+  ChunkToPut again{KeyOf(0), other, 256};
+  ASSERT_TRUE(client_->Put(ns_, {&again, 1}).ok());
+  ASSERT_TRUE(testing::Eventually([&] {
+    device_->RunPending();
+    return done.load();
+  }));
+  reader.join();
+  EXPECT_EQ(got.status.error_code(), grpc::StatusCode::ABORTED) << got.status.error_message();
+  // Whatever of key 0 landed is of the first copy only.
+  for (uint32_t layer = 0; layer < kLayers; ++layer) {
+    const std::string landed = Landed(buf + layer * kMiB, kMiB);
+    EXPECT_FALSE(landed == other.substr(layer * kMiB, kMiB))
+        << "layer " << layer << " of key 0 came from the copy stored afresh";
+  }
+}
+
 TEST_F(DeviceGetTest, RecordEventsSendsEachFrameBeforeItsBytesLandAndRecordsItsEvent) {
   Start({.hold_copies = true});
   Put(0);
