@@ -646,6 +646,19 @@ class TieredStoreWriteBackTest : public TieredStoreTestBase {
     ns_ = Register();
   }
   // Waits for the flusher to have written everything.
+  // A write-through store holding Id(n), in RAM and on SSD.
+  void WriteThroughHolding(uint64_t n) {
+    OpenWith(Options(WriteMode::kWriteThrough));
+    ns_ = Register();
+    PutOk(Id(n));
+  }
+  // Flips a byte of the copy `v` holds (memory gone bad) and reports it, as a reader
+  // that found the chunk's CRC32C wrong does.
+  absl::Status FlipAByteAndDrop(const ChunkId& id, const ChunkView& v) {
+    v.ForEachPiece(0, 1, [](absl::string_view p) { const_cast<char*>(p.data())[0] ^= 0x5a; });
+    return store_->DropCorrupt(id, v);
+  }
+
   void WaitFlushed(uint64_t ssd_chunks) {
     const bool flushed = WaitFor([&] {
       const TieredStoreStats s = store_->GetStats();
@@ -1445,15 +1458,12 @@ TEST_F(TieredStoreWriteBackTest, ACorruptSsdCopyIsOneEventOnEveryPath) {
 // its target) and found its CRC32C wrong drops the RAM copy it read. It once dropped the
 // SSD copy instead: the good copy went, and the bad one stayed to be served again.
 TEST_F(TieredStoreWriteBackTest, ACorruptRamCopyAReaderFoundGoesAndTheSsdCopyStays) {
-  OpenWith(Options(WriteMode::kWriteThrough));
-  ns_ = Register();
-  PutOk(Id(1));
+  ASSERT_NO_FATAL_FAILURE(WriteThroughHolding(1));
   {
     auto v = store_->Read(Id(1));
     ASSERT_TRUE(v.ok()) << v.status();
     ASSERT_EQ(v->tier(), Tier::kRam);
-    v->ForEachPiece(0, 1, [](absl::string_view p) { const_cast<char*>(p.data())[0] ^= 0x5a; });
-    const absl::Status s = store_->DropCorrupt(Id(1), *v);
+    const absl::Status s = FlipAByteAndDrop(Id(1), *v);
     EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
     EXPECT_NE(s.message().find("RAM copy"), std::string::npos) << s;
   }
@@ -1465,17 +1475,14 @@ TEST_F(TieredStoreWriteBackTest, ACorruptRamCopyAReaderFoundGoesAndTheSsdCopySta
 // the SSD tier (where its bytes came from), but holds the RAM copy made of them. The
 // SSD copy was once dropped for it, and the RAM copy that failed stayed to be served.
 TEST_F(TieredStoreWriteBackTest, ACorruptPromotedCopyGoesFromRamAndTheSsdCopyStays) {
-  OpenWith(Options(WriteMode::kWriteThrough));
-  ns_ = Register();
-  PutOk(Id(1));
+  ASSERT_NO_FATAL_FAILURE(WriteThroughHolding(1));
   Reopen();  // RAM starts empty: the next read promotes the chunk.
   {
     auto v = store_->Read(Id(1));
     ASSERT_TRUE(v.ok()) << v.status();
     ASSERT_EQ(v->tier(), Tier::kSsd);
     ASSERT_EQ(store_->Locate(Id(1)), Tier::kRam);
-    v->ForEachPiece(0, 1, [](absl::string_view p) { const_cast<char*>(p.data())[0] ^= 0x5a; });
-    const absl::Status s = store_->DropCorrupt(Id(1), *v);
+    const absl::Status s = FlipAByteAndDrop(Id(1), *v);
     EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
     EXPECT_NE(s.message().find("RAM copy"), std::string::npos) << s;
   }
@@ -1491,16 +1498,13 @@ TEST_F(TieredStoreWriteBackTest, ACorruptPromotedCopyGoesFromRamAndTheSsdCopySta
 // bad: Aborted (read it again), and nothing is counted or dropped. It once answered
 // DATA_LOSS, which tells the client a stored chunk is gone and to recompute it.
 TEST_F(TieredStoreWriteBackTest, ACorruptCopyNoLongerStoredIsAbortedNotDataLoss) {
-  OpenWith(Options(WriteMode::kWriteThrough));
-  ns_ = Register();
-  PutOk(Id(1));
+  ASSERT_NO_FATAL_FAILURE(WriteThroughHolding(1));
   auto v = store_->Read(Id(1));
   ASSERT_TRUE(v.ok()) << v.status();
   ASSERT_EQ(v->tier(), Tier::kRam);
   auto deleted = store_->Delete(Id(1));
   ASSERT_TRUE(deleted.ok() && *deleted);
-  v->ForEachPiece(0, 1, [](absl::string_view p) { const_cast<char*>(p.data())[0] ^= 0x5a; });
-  const absl::Status s = store_->DropCorrupt(Id(1), *v);
+  const absl::Status s = FlipAByteAndDrop(Id(1), *v);
   EXPECT_EQ(s.code(), absl::StatusCode::kAborted) << s;
   EXPECT_EQ(store_->GetStats().ram_checksum_failures, 0u);
 }
