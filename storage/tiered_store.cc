@@ -446,22 +446,19 @@ absl::StatusOr<bool> TieredStore::Commit(std::unique_ptr<ChunkWriter> writer, ui
       }
       break;
   }
-  if (stored && data != nullptr) Share(writer->id_, meta, std::move(data), generation);
+  if (stored && data != nullptr) {
+    if (options_.before_shared_write) options_.before_shared_write(writer->id_);
+    // Under the chunk's KeyLocks stripe, as a Delete's local removals are: either the
+    // write is queued first, and the Delete's shared-tier delete cancels it, or the
+    // Delete came first and the write is not queued. Queued after the Delete had
+    // finished, it once put the deleted chunk back in the shared tier for every daemon.
+    // A Delete of another chunk on the stripe (or a Clear of another namespace) leaves
+    // this one held here, and then the write still goes.
+    key_locks_.InsertIfUnchanged(
+        writer->id_, generation, [&] { ToRemote(writer->id_, meta, std::move(data)); },
+        [&] { return HeldLocally(writer->id_); });
+  }
   return stored;
-}
-
-void TieredStore::Share(const ChunkId& id, const ChunkMeta& meta,
-                        std::shared_ptr<PoolChunk> data, uint64_t generation) {
-  if (options_.before_shared_write) options_.before_shared_write(id);
-  // Under the chunk's KeyLocks stripe, as a Delete's local removals are: either the
-  // write is queued first, and the Delete's shared-tier delete cancels it, or the
-  // Delete came first and the write is not queued. Queued after the Delete had
-  // finished, it once put the deleted chunk back in the shared tier for every daemon.
-  // A Delete of another chunk on the stripe (or a Clear of another namespace) leaves
-  // this one held here, and then the write still goes.
-  key_locks_.InsertIfUnchanged(
-      id, generation, [&] { ToRemote(id, meta, std::move(data)); },
-      [&] { return HeldLocally(id); });
 }
 
 bool TieredStore::HeldLocally(const ChunkId& id) const {

@@ -537,10 +537,6 @@ class TieredStore {
   // Whether a local tier (RAM, SSD; not a copy tier) holds `id`.
   bool HeldLocally(const ChunkId& id) const;
   // Hands a chunk that was just stored locally to the remote tier, if any.
-  // A put's copy to the shared tier (ToRemote), unless a Delete of the chunk came since
-  // `generation` (KeyLocks).
-  void Share(const ChunkId& id, const ChunkMeta& meta, std::shared_ptr<PoolChunk> data,
-             uint64_t generation);
   void ToRemote(const ChunkId& id, const ChunkMeta& meta, std::shared_ptr<PoolChunk> data);
   // A prefetch thread's job: promote `id` if it is still only on SSD, then stage it.
   void Prefetch(const ChunkId& id);
