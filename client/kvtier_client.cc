@@ -319,8 +319,10 @@ absl::StatusOr<SharedMemoryPlane*> KvTierClient::Plane() {
       // The daemon exited, or restarted on the same address: its successor knows none
       // of this plane's regions. Decide afresh (a new region socket, or the stream while
       // it is not up yet). The old plane stays alive: calls in flight and SharedBuffers
-      // hold it, and the latter's bytes now go by the stream.
-      plane_->DropStaging();  // Their memory, not kept for a daemon that is gone.
+      // hold it, and the latter's bytes now go by the stream. Its memory and socket are
+      // not kept for a daemon that is gone (a long-lived worker sees many restarts).
+      plane_->DropStaging();
+      plane_->channel().Close();
       retired_planes_.push_back(std::move(plane_));
       plane_resolved_ = false;
       plane_status_ = absl::OkStatus();

@@ -71,9 +71,15 @@ absl::StatusOr<std::shared_ptr<RegionChannel>> RegionChannel::Connect(
   return channel;
 }
 
-RegionChannel::~RegionChannel() {
-  close(fd_);
-  if (wake_fd_ >= 0) close(wake_fd_);
+RegionChannel::~RegionChannel() { Close(); }
+
+void RegionChannel::Close() {
+  absl::MutexLock lock(&mu_);
+  if (closed_) return;
+  closed_ = true;
+  close(fd_.exchange(-1));
+  close(wake_fd_);
+  wake_fd_ = -1;
 }
 
 absl::StatusOr<v1::RegionSocketResponse> RegionChannel::Call(
@@ -98,6 +104,11 @@ absl::StatusOr<v1::RegionSocketResponse> RegionChannel::Call(
     return absl::CancelledError("region socket: the call was cancelled");
   }
   absl::MutexLock lock(&mu_);
+  if (closed_) {
+    return absl::UnavailableError(
+        "region socket: closed (the daemon behind it went away); shared memory goes by the "
+        "new daemon's socket");
+  }
   if (broken_.load()) {
     return absl::UnavailableError(
         "region socket: closed after the daemon left a request unanswered");
@@ -113,10 +124,11 @@ absl::StatusOr<v1::RegionSocketResponse> RegionChannel::Call(
   // owed is read and dropped by the next request, so answers stay in step with requests
   // and the connection (with every region registered on it) lives on.
   std::atomic<bool> cancelled{false};
-  CallCancellation::Hook on_cancel([this, &cancelled] {
+  // The descriptor by value: Close waits for mu_, and the hook is gone before it is freed.
+  CallCancellation::Hook on_cancel([wake_fd = wake_fd_, &cancelled] {
     cancelled.store(true);
     const uint64_t one = 1;
-    (void)!write(wake_fd_, &one, sizeof(one));
+    (void)!write(wake_fd, &one, sizeof(one));
   });
   const auto cancelled_error = [] {
     return absl::CancelledError(

@@ -73,8 +73,12 @@ class RegionChannel {
   bool broken() const;
   // Whether the daemon's end is closed (it exited or restarted): a non-blocking peek, so
   // a client can tell a daemon that went away before it names regions the new one never
-  // saw. False while an answer is in flight.
+  // saw. False while an answer is in flight; true once closed.
   bool PeerGone() const;
+  // Closes the connection now, once no request is in flight (the descriptors are
+  // released; a client retires the channel of a daemon that went away, while buffers and
+  // calls may still hold it). Every later request fails at once (Unavailable).
+  void Close();
 
   // Sends `request` with `fd` attached (-1: none) and reads the answer. For tests that
   // send what Add never would.
@@ -88,8 +92,9 @@ class RegionChannel {
   // Hook writes wake_fd_ to end the wait).
   WaitResult WaitReadable(const std::atomic<bool>& cancelled) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<Registration> Register(const v1::RegionSocketRequest& req, int fd);
-  const int fd_;
-  const int wake_fd_;  // An eventfd: a cancelled caller's wait ends on it.
+  // -1 once closed. Atomic: PeerGone reads it without mu_.
+  std::atomic<int> fd_;
+  int wake_fd_ ABSL_GUARDED_BY(mu_);  // An eventfd: a cancelled caller's wait ends on it.
   const absl::Duration timeout_;
   mutable absl::Mutex mu_;  // One request in flight.
   // A request went unanswered within the timeout. Atomic: read without mu_, which a
@@ -98,6 +103,7 @@ class RegionChannel {
   // Answers owed to requests whose callers cancelled while waiting; the next request
   // reads and drops them first.
   int owed_ ABSL_GUARDED_BY(mu_) = 0;
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;  // Close()
 };
 
 }  // namespace kvtier

@@ -20,6 +20,7 @@
 #include <set>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
@@ -553,14 +554,38 @@ TEST_F(ShmTest, AStoppedDaemonTimesOutTheRegionSocketInsteadOfHanging) {
   EXPECT_TRUE((*got)[1].data == other);
 }
 
+// How many SOCK_SEQPACKET Unix sockets (region sockets) this process holds open.
+int OpenRegionSockets() {
+  std::set<std::string> seqpacket;  // Inodes, from /proc/net/unix.
+  std::ifstream unix_sockets("/proc/net/unix");
+  std::string line;
+  std::getline(unix_sockets, line);  // Num RefCount Protocol Flags Type St Inode Path
+  while (std::getline(unix_sockets, line)) {
+    std::istringstream fields(line);
+    std::string num, refs, protocol, flags, type, state, inode;
+    fields >> num >> refs >> protocol >> flags >> type >> state >> inode;
+    if (type == "0005") seqpacket.insert(inode);
+  }
+  int open = 0;
+  for (const auto& fd : std::filesystem::directory_iterator("/proc/self/fd")) {
+    std::error_code ec;
+    const std::string target = std::filesystem::read_symlink(fd.path(), ec).string();
+    if (ec || !absl::StartsWith(target, "socket:[")) continue;
+    if (seqpacket.count(target.substr(8, target.size() - 9)) > 0) ++open;
+  }
+  return open;
+}
+
 // A daemon restarted on the same address knows none of the old one's regions. The
 // client once kept the dead region socket: AllocateShared failed "Broken pipe" for good,
 // and a GetInto through a staging buffer registered with the old daemon failed
 // FAILED_PRECONDITION ("not registered"). It now notices the old socket closed and
-// opens the new daemon's; buffers of the old plane go by the stream.
+// opens the new daemon's; buffers of the old plane go by the stream. The old socket is
+// closed (it once stayed open: two descriptors more per restart in a long-lived worker).
 TEST_F(ShmTest, ARestartedDaemonGetsANewPlaneAndOldBuffersStream) {
   StartDaemon();
   ASSERT_EQ(client_->data_path(), DataPath::kSharedMemory);
+  ASSERT_EQ(OpenRegionSockets(), 1);
   const std::string before = client_->data_path_detail();
   auto old_buf = client_->AllocateShared(4 * kMiB);
   ASSERT_TRUE(old_buf.ok()) << old_buf.status();
@@ -599,6 +624,7 @@ TEST_F(ShmTest, ARestartedDaemonGetsANewPlaneAndOldBuffersStream) {
   EXPECT_EQ(got->path, DataPath::kSharedMemory);
   EXPECT_EQ(into, data);
   EXPECT_NE(client_->data_path_detail(), before);  // The new daemon's socket.
+  EXPECT_EQ(OpenRegionSockets(), 1);  // ... and not the old one's.
   auto new_buf = client_->AllocateShared(4 * kMiB);
   ASSERT_TRUE(new_buf.ok()) << new_buf.status();
   // The old buffer still works, by the stream.
