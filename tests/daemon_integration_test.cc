@@ -339,7 +339,7 @@ TEST_F(StreamedGetTest, LayerMajorStreamsEveryLayerOfEveryKeyInLayerOrder) {
     EXPECT_EQ(seen[f].last, want[f].last) << f;
   }
   for (size_t i = 0; i < keys.size(); ++i) {
-    if (expect[i] != 0) EXPECT_TRUE(assembled[i] == data_[expect[i]]) << i;
+    if (expect[i] != 0) { EXPECT_TRUE(assembled[i] == data_[expect[i]]) << i; }
   }
 
   // Get() assembles the same chunks, CRC-checked, with the same tiers as chunk-major.

@@ -760,7 +760,7 @@ TEST_F(RemoteTierTest, AReadDuringADeletesSharedPhaseDoesNotBringTheChunkBack) {
   o.before_shared_delete = [&](const ChunkId& id) {
     absl::StatusOr<ChunkView> v = store->Read(id);
     read_in_window = v.status();
-    if (v.ok()) EXPECT_EQ(v->tier(), Tier::kRemote);
+    if (v.ok()) { EXPECT_EQ(v->tier(), Tier::kRemote); }
   };
   a_ = Open(o);
   ASSERT_NE(a_, nullptr);

@@ -52,7 +52,7 @@ struct Memfd {
     fd = memfd_create("test-region", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     EXPECT_GE(fd, 0);
     EXPECT_EQ(ftruncate(fd, static_cast<off_t>(n)), 0);
-    if (seals != 0) EXPECT_EQ(fcntl(fd, F_ADD_SEALS, seals), 0);
+    if (seals != 0) { EXPECT_EQ(fcntl(fd, F_ADD_SEALS, seals), 0); }
     data = static_cast<char*>(mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
     EXPECT_NE(data, MAP_FAILED);
   }

@@ -219,7 +219,7 @@ TEST_F(SsdTierTest, ReadRangeReadsAcrossSegmentsAndRejectsRangesPastTheEnd) {
   ASSERT_TRUE(Put(id, data, 4).ok());
   const ChunkMeta meta = MetaOf(data);
   for (bool flushed : {false, true}) {
-    if (flushed) ASSERT_TRUE(tier_->Flush().ok());
+    if (flushed) { ASSERT_TRUE(tier_->Flush().ok()); }
     struct Range {
       uint64_t off, len;
     } ranges[] = {{0, size},

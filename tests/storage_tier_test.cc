@@ -246,7 +246,7 @@ TEST_P(StorageTierTest, WritesAreIdempotent) {
   auto bytes = Read(Id(1));
   ASSERT_TRUE(bytes.ok()) << bytes.status();
   EXPECT_TRUE(*bytes == Payload(Id(1), 128 << 10));
-  if (bounded()) EXPECT_EQ(tier_->Stats().chunks, 1u);
+  if (bounded()) { EXPECT_EQ(tier_->Stats().chunks, 1u); }
 }
 
 TEST_P(StorageTierTest, AMissIsNotFound) {
@@ -269,7 +269,7 @@ TEST_P(StorageTierTest, DeleteTakesOnlyThatChunk) {
   auto kept = Read(Id(2));
   ASSERT_TRUE(kept.ok()) << kept.status();
   EXPECT_TRUE(*kept == Payload(Id(2), 64 << 10));
-  if (bounded()) EXPECT_EQ(tier_->Stats().chunks, 1u);
+  if (bounded()) { EXPECT_EQ(tier_->Stats().chunks, 1u); }
 }
 
 TEST_P(StorageTierTest, DeleteNamespaceTakesAllOfItAndNothingElse) {

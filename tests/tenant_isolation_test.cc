@@ -124,7 +124,7 @@ class TenantIsolationTest : public ::testing::Test {
       bytes += f.data();
     }
     grpc::Status s = reader->Finish();
-    if (*found) EXPECT_EQ(bytes, PatternBytes(n, kChunk));
+    if (*found) { EXPECT_EQ(bytes, PatternBytes(n, kChunk)); }
     return s;
   }
 
@@ -222,7 +222,7 @@ TEST_F(TenantIsolationTest, EveryRpcByEveryKindOfCaller) {
          auto ctx = t->Context(w);
          grpc::Status s = t->stub_->Delete(ctx.get(), req, &resp);
          *seen = absl::StrCat("deleted=", resp.deleted());
-         if (w == Who::kOwn && s.ok()) EXPECT_EQ(t->PutChunk(w, 2).error_code(), grpc::StatusCode::OK);
+         if (w == Who::kOwn && s.ok()) { EXPECT_EQ(t->PutChunk(w, 2).error_code(), grpc::StatusCode::OK); }
          return s;
        }},
       {"Clear",
@@ -319,7 +319,7 @@ TEST_F(TenantIsolationTest, EveryRpcByEveryKindOfCaller) {
          auto reader = t->stub_->Events(ctx.get(), req);
          // Generate one event in the caller's own namespace, then one in team-a's, so
          // that a subscriber always has something to read and order tells whose it saw.
-         if (w == Who::kOther) EXPECT_TRUE(t->PutChunk(Who::kOther, 77).ok());
+         if (w == Who::kOther) { EXPECT_TRUE(t->PutChunk(Who::kOther, 77).ok()); }
          EXPECT_TRUE(t->PutChunk(Who::kOwn, 78).ok());
          v1::EventBatch batch;
          *seen = "";
