@@ -333,6 +333,7 @@ absl::Status RemoteTier::Write(const Job& job) {
         return failed(end, absl::InternalError(error), absl::StartsWith(error, "OOM"));
       }
     }
+    if (options_.after_segment_batch) options_.after_segment_batch(job.id);
     first = end;
   }
   if (Cancelled(job)) {

@@ -88,6 +88,9 @@ struct RemoteTierOptions {
   // waits for that write to end.
   std::function<void(const ChunkId&)> after_commit;
   std::function<void(const ChunkId&)> cancel_waits;
+  // Sync point for tests: runs once a batch of a write's segments has landed, before the
+  // write checks whether a Delete or Clear cancelled it.
+  std::function<void(const ChunkId&)> after_segment_batch;
 
   bool enabled() const { return !cluster.seeds.empty(); }
   absl::Status Validate() const;

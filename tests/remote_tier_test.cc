@@ -810,6 +810,39 @@ TEST_F(RemoteTierTest, WithoutEvalACancelledWriteStillRemovesItsRecord) {
   EXPECT_EQ(a_->GetStats().remote.eval_refusals, 1u);
 }
 
+// A Delete that lands while a write's segments travel stops the rest: the write checks
+// between batches, removes the segments it sent, and commits nothing.
+TEST_F(RemoteTierTest, ADeleteBetweenSegmentBatchesStopsTheRestOfTheWrite) {
+  TieredStoreOptions o = Options(dir_a_.path(), WriteMode::kRamOnly);
+  o.remote.write_threads = 1;
+  o.remote.batch_bytes = 128 << 10;  // Two segments a batch: eight batches a chunk.
+  FirstCommitHeld held;              // Here: held after its first batch.
+  auto batches = std::make_shared<std::atomic<int>>(0);
+  o.remote.after_segment_batch = [batches, hold = held.Hook()](const ChunkId& id) {
+    batches->fetch_add(1);
+    hold(id);
+  };
+  RunAgainstAHeldWrite run;
+  run.Hook(o.remote);
+  a_ = Open(o);
+  ASSERT_NE(a_, nullptr);
+  ASSERT_TRUE(Put(a_.get(), Id(1)).ok());
+  held.reached.WaitForNotification();
+  run.Run(held, [&] {
+    auto deleted = a_->Delete(Id(1));
+    ASSERT_TRUE(deleted.ok()) << deleted.status();
+    EXPECT_TRUE(*deleted);
+  });
+  a_->WaitForRemoteWrites();
+  EXPECT_EQ(batches->load(), 1);  // Not the seven after it.
+  EXPECT_EQ(run.returned_at_commit(), std::nullopt);  // No commit record was sent.
+  EXPECT_FALSE(RecordExists(Id(1)));
+  EXPECT_EQ(KeysOnMasters(), 0);  // The first batch's segments went too.
+  const RemoteTierStats s = a_->GetStats().remote;
+  EXPECT_EQ(s.writes_cancelled, 1u);
+  EXPECT_EQ(s.writes, 0u);
+}
+
 INSTANTIATE_TEST_SUITE_P(DeleteAndClear, RemoteTierCancelTest, ::testing::Bool(),
                          [](const auto& info) { return info.param ? "Clear" : "Delete"; });
 
