@@ -15,6 +15,7 @@
 #include "rocksdb/write_batch.h"
 #include "storage/crc32c.h"
 #include "storage/log.h"
+#include "storage/log_limiter.h"
 #include "storage/rocksdb_logger.h"
 #include "storage/ssd_row.h"
 
@@ -85,6 +86,7 @@ uint64_t SsdTierOptions::MinFreeBytes() const {
 struct SsdTier::IndexDb {
   std::unique_ptr<rocksdb::Env> env;  // Over options.file_system; null: the default.
   rocksdb::DBOptions options;
+  std::shared_ptr<IndexDatabase::WalFailures> wal_failures;
   std::vector<rocksdb::ColumnFamilyDescriptor> families;  // Those of an older layout too.
 };
 
@@ -108,6 +110,7 @@ SsdTier::IndexDb SsdTier::IndexDbFor(const SsdTierOptions& options) {
   // No preallocation: the WAL and tables hold only index rows, and a WAL preallocated
   // to the memtable's size (tens of MiB) would count against the disk for nothing.
   db_options.allow_fallocate = false;
+  db.wal_failures = IndexDatabase::WatchWalFailures(&db_options);
 
   rocksdb::ColumnFamilyOptions small;
   small.compression = rocksdb::kNoCompression;
@@ -214,8 +217,13 @@ absl::StatusOr<std::unique_ptr<SsdTier>> SsdTier::OpenOnce(SsdTierOptions option
   auto log = PayloadLog::Open(std::move(log_options));
   if (!log.ok()) return log.status();
 
-  std::unique_ptr<SsdTier> tier(new SsdTier(std::move(options), std::move(env), std::move(db),
-                                            std::move(handles), *std::move(log)));
+  // Reopened, should a WAL write fail, with the families left.
+  std::vector<rocksdb::ColumnFamilyDescriptor> kept(families.begin(), families.begin() + 3);
+  auto index_db = std::make_unique<IndexDatabase>(std::move(db), std::move(handles), db_options,
+                                                  std::move(kept), options.path,
+                                                  index.wal_failures, options.now);
+  std::unique_ptr<SsdTier> tier(new SsdTier(std::move(options), std::move(env),
+                                            std::move(index_db), *std::move(log)));
   if (absl::Status r = tier->RebuildIndex(old_format_rows); !r.ok()) return r;
   // A capacity the disk cannot hold is an operator's mistake worth a line: puts to the
   // SSD would start failing "disk full" before the tier ever evicts.
@@ -237,27 +245,17 @@ absl::StatusOr<std::unique_ptr<SsdTier>> SsdTier::OpenOnce(SsdTierOptions option
 }
 
 SsdTier::SsdTier(SsdTierOptions options, std::unique_ptr<rocksdb::Env> env,
-                 std::unique_ptr<rocksdb::DB> db,
-                 std::vector<rocksdb::ColumnFamilyHandle*> handles,
-                 std::unique_ptr<PayloadLog> log)
+                 std::unique_ptr<IndexDatabase> db, std::unique_ptr<PayloadLog> log)
     : options_(std::move(options)),
       env_(std::move(env)),
       db_(std::move(db)),
-      handles_(std::move(handles)),
-      meta_cf_(handles_[1]),
-      layouts_cf_(handles_[2]),
       log_(std::move(log)),
       policy_(MakeEvictionPolicy(options_.eviction)),
       readers_(std::make_unique<IoPool>(options_.read_threads)) {}
 
 SsdTier::~SsdTier() {
-  readers_.reset();  // No read may run past the handles.
-  for (auto* h : handles_) {
-    // Destroying a handle only fails for a null handle; nothing to do about it here.
-    db_->DestroyColumnFamilyHandle(h).PermitUncheckedError();
-  }
-  rocksdb::Status s = db_->Close();
-  if (!s.ok()) LogWarning("SSD tier: closing RocksDB: ", s.ToString());
+  readers_.reset();  // No read may run past the database.
+  db_.reset();
 }
 
 absl::Status SsdTier::RebuildIndex(uint64_t old_format_rows) {
@@ -267,21 +265,21 @@ absl::Status SsdTier::RebuildIndex(uint64_t old_format_rows) {
   };
   std::vector<Found> found;
   std::vector<std::string> drop_rows;  // Unreadable, expired, over capacity, or lost.
-  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), meta_cf_));
   uint64_t bad = 0;
-  for (it->SeekToFirst(); it->Valid(); it->Next()) {
-    Found f;
-    const absl::string_view key(it->key().data(), it->key().size());
-    if (!ParseSsdRowKey(key, &f.id) ||
-        !DecodeSsdRow(absl::string_view(it->value().data(), it->value().size()), &f.row)) {
-      drop_rows.emplace_back(key);
-      ++bad;
-      continue;
-    }
-    found.push_back(std::move(f));
-  }
-  if (!it->status().ok()) return IndexError("scanning the index at start-up", it->status());
-  it.reset();
+  rocksdb::Status scanned = db_->Scan(
+      /*layouts=*/false, [&](const rocksdb::Slice& k, const rocksdb::Slice& v) {
+        Found f;
+        const absl::string_view key(k.data(), k.size());
+        if (!ParseSsdRowKey(key, &f.id) ||
+            !DecodeSsdRow(absl::string_view(v.data(), v.size()), &f.row)) {
+          drop_rows.emplace_back(key);
+          ++bad;
+          return true;
+        }
+        found.push_back(std::move(f));
+        return true;
+      });
+  if (!scanned.ok()) return IndexError("scanning the index at start-up", scanned);
 
   // Newest first: capacity keeps the most recently written.
   std::sort(found.begin(), found.end(), [](const Found& a, const Found& b) {
@@ -317,9 +315,9 @@ absl::Status SsdTier::RebuildIndex(uint64_t old_format_rows) {
     counters_.lost_at_start += lost;
   }
   if (!drop_rows.empty()) {
-    rocksdb::WriteBatch batch;
-    for (const std::string& row : drop_rows) batch.Delete(meta_cf_, row);
-    rocksdb::Status s = db_->Write(rocksdb::WriteOptions(), &batch);
+    rocksdb::Status s = db_->Write(rocksdb::WriteOptions(), [&](auto& batch, const auto& f) {
+      for (const std::string& row : drop_rows) batch.Delete(f.meta, row);
+    });
     if (!s.ok()) return Unavailable("dropping stale rows at start-up", s);
   }
   // Files no row points into: puts cut off by a crash, chunks dropped above.
@@ -351,6 +349,7 @@ void SsdTier::InsertLocked(const ChunkId& id, IndexEntry e) {
   payload_bytes_ += e.meta.size;
   ns_bytes_[id.ns] += e.meta.size;
   by_file_[e.extent.file].insert(id);
+  if (e.corrupt) ++corrupt_entries_;
   const ChunkLineage lineage = e.meta.lineage;
   if (!dropped_corrupt_.empty()) {  // Put afresh: a reader that misses it now says so.
     dropped_corrupt_.erase(
@@ -368,6 +367,7 @@ std::optional<SsdTier::IndexEntry> SsdTier::ForgetLocked(const ChunkId& id) {
   if (it == index_.end()) return std::nullopt;
   IndexEntry e = std::move(it->second);
   index_.erase(it);
+  if (e.corrupt) --corrupt_entries_;
   used_bytes_ -= e.extent.footprint();
   payload_bytes_ -= e.meta.size;
   if (auto n = ns_bytes_.find(id.ns); n != ns_bytes_.end()) {
@@ -388,9 +388,7 @@ absl::Status SsdTier::MapWriteError(const rocksdb::Status& s, absl::string_view 
     ++counters_.write_errors;
   }
   // A failed write can leave RocksDB in a background-error state that refuses every
-  // later write. Resume() clears it once the cause is gone; while the disk is still
-  // full it fails and the next write tries again.
-  db_->Resume().PermitUncheckedError();
+  // later write: IndexDatabase::Write resumes it, or reopens it, at the next write.
   // A write refused because an earlier background flush hit a full disk carries the
   // cause only in its text, not its subcode.
   if (s.IsNoSpace() || s.subcode() == rocksdb::Status::kSpaceLimit ||
@@ -447,7 +445,9 @@ void SsdTier::Relocate(uint32_t file) {
                    *e.piece_crcs};
         rocksdb::WriteOptions wo;
         wo.sync = options_.sync_writes;
-        rocksdb::Status s = db_->Put(wo, meta_cf_, SsdRowKey(id), EncodeSsdRow(row));
+        rocksdb::Status s = db_->Write(wo, [&](auto& batch, const auto& f) {
+          batch.Put(f.meta, SsdRowKey(id), EncodeSsdRow(row));
+        });
         if (s.ok()) {
           auto f = by_file_.find(file);
           if (f != by_file_.end()) {
@@ -473,6 +473,7 @@ absl::Status SsdTier::Put(const ChunkId& id, const ChunkMeta& meta,
   const PayloadExtent shape{0, 0, meta.size};
   const uint64_t footprint = shape.footprint();
   std::vector<std::pair<ChunkId, IndexEntry>> victims;
+  bool replaces_expired = false;  // This put's own expired copy is among the victims.
   if (options_.put_waits_for_row_delete) {
     bool waits;
     {
@@ -496,19 +497,20 @@ absl::Status SsdTier::Put(const ChunkId& id, const ChunkMeta& meta,
         },
         &waiting));
     auto it = index_.find(id);
-    if (it != index_.end() && !ExpiredLocked(it->second)) return absl::OkStatus();
+    if (it != index_.end() && !HiddenLocked(it->second)) return absl::OkStatus();
     if (footprint > options_.capacity_bytes) {
       return absl::InvalidArgumentError(absl::StrCat(
           "chunk of ", meta.size, " bytes exceeds ssd_capacity (", options_.capacity_bytes,
           ")"));
     }
     if (it != index_.end()) {
-      // Past its TTL but not swept yet: this put replaces it, so the chunk is stored
-      // afresh rather than acknowledged and then hidden as expired. Its old bytes are
-      // dead once the new row overwrites the old one; should this put store nothing,
-      // the old copy goes back into the index (below) for the TTL sweep to delete.
+      // Past its TTL, or found corrupt, and its row not deleted yet: this put replaces
+      // it, so the chunk is stored afresh rather than acknowledged and then hidden. Its
+      // old bytes are dead once the new row overwrites the old one; should this put
+      // store nothing, the old copy goes back into the index (below) for the sweep to
+      // delete.
+      replaces_expired = !it->second.corrupt;
       victims.emplace_back(id, *ForgetLocked(id));
-      ++counters_.expirations;
     }
     while (used_bytes_ + reserved_bytes_ + footprint > options_.capacity_bytes) {
       auto victim = policy_->PickVictim([&](const ChunkId& c) {
@@ -531,19 +533,17 @@ absl::Status SsdTier::Put(const ChunkId& id, const ChunkMeta& meta,
   bool expired_self = false;
   std::vector<ChunkId> evicted;  // The victims but this put's own expired copy.
   for (const auto& [v, e] : victims) {
-    if (v != id) evicted.push_back(v);
+    if (v != id) {
+      evicted.push_back(v);
+    } else {
+      expired_self = true;  // Overwritten by this put's row instead.
+    }
   }
   BeforeRowDelete(evicted);
-  {
-    rocksdb::WriteBatch batch;
-    for (const auto& [v, e] : victims) {
-      if (v == id) {
-        expired_self = true;  // Overwritten by this put's row instead.
-        continue;
-      }
-      batch.Delete(meta_cf_, SsdRowKey(v));
-    }
-    if (batch.Count() > 0) s = db_->Write(wo, &batch);
+  if (!evicted.empty()) {
+    s = db_->Write(wo, [&](auto& batch, const auto& f) {
+      for (const ChunkId& v : evicted) batch.Delete(f.meta, SsdRowKey(v));
+    });
   }
   const bool victims_gone = s.ok();
   if (victims_gone) {
@@ -603,7 +603,9 @@ absl::Status SsdTier::Put(const ChunkId& id, const ChunkMeta& meta,
   const absl::Time now = options_.now();
   if (status.ok()) {
     SsdRow row{meta, now, *extent, static_cast<uint32_t>(log_->piece_bytes()), piece_crcs};
-    rocksdb::Status c = db_->Put(wo, meta_cf_, SsdRowKey(id), EncodeSsdRow(row));
+    rocksdb::Status c = db_->Write(wo, [&](auto& batch, const auto& f) {
+      batch.Put(f.meta, SsdRowKey(id), EncodeSsdRow(row));
+    });
     if (!c.ok()) {
       log_->Release(*extent);
       status = MapWriteError(c, "writing a chunk's index row");
@@ -620,6 +622,7 @@ absl::Status SsdTier::Put(const ChunkId& id, const ChunkMeta& meta,
     reserved_bytes_ -= footprint;
     putting_.erase(id);
     if (status.ok()) {
+      if (replaces_expired) ++counters_.expirations;
       // An entry put back meanwhile (a delete of this chunk whose row deletion failed)
       // is replaced: this put's row overwrote its row, so its bytes are dead. Its place
       // in the eviction order stays the one this put took (placed_, until just below).
@@ -704,10 +707,13 @@ absl::Status SsdTier::Corrupt(const ChunkId& id, absl::string_view cause,
       // Deleted, or put afresh elsewhere, since the read: the bad bytes are no one's.
       return StoredAfreshError(id);
     }
+    // Found bad before, and kept hidden as its row delete failed: the same verdict.
+    if (it->second.corrupt) return CorruptChunkError(id);
     // Taken out of the index under the same lock as the check: one reader counts it.
     dropped_corrupt_.emplace_back(id, it->second.extent);
     if (dropped_corrupt_.size() > kDroppedCorrupt) dropped_corrupt_.pop_front();
     e = ForgetLocked(id);
+    e->corrupt = true;  // Should its row delete fail, back into the index hidden.
     BeginUnrowLocked(id);
     ++counters_.checksum_failures;
   }
@@ -715,7 +721,8 @@ absl::Status SsdTier::Corrupt(const ChunkId& id, absl::string_view cause,
              " failed its checksum or could not be read, and was deleted",
              cause.empty() ? "" : absl::StrCat(" (", cause, ")"));
   if (absl::Status d = DeleteRow(id, *std::move(e)); !d.ok()) {
-    LogError("SSD tier: could not delete corrupt chunk ", id.DebugString(), ": ", d.message());
+    LogError("SSD tier: could not delete corrupt chunk ", id.DebugString(), ": ", d.message(),
+             "; it stays hidden until a put replaces it or the sweep deletes it");
   }
   // Here, where the one reader that took it out of the index is known: an event per
   // dropped copy, not per reader that found it bad.
@@ -726,12 +733,13 @@ absl::Status SsdTier::Corrupt(const ChunkId& id, absl::string_view cause,
 std::optional<ChunkMeta> SsdTier::PeekMeta(const ChunkId& id) const {
   absl::MutexLock lock(&mu_);
   auto it = index_.find(id);
-  if (it == index_.end() || ExpiredLocked(it->second)) return std::nullopt;
+  if (it == index_.end() || HiddenLocked(it->second)) return std::nullopt;
   return it->second.meta;
 }
 
 absl::StatusOr<ChunkMeta> SsdTier::ReadMeta(const ChunkId& id) {
-  PayloadExtent expired;
+  PayloadExtent hidden;
+  bool corrupt;
   {
     absl::MutexLock lock(&mu_);
     auto it = index_.find(id);
@@ -739,18 +747,35 @@ absl::StatusOr<ChunkMeta> SsdTier::ReadMeta(const ChunkId& id) {
       ++counters_.misses;
       return absl::NotFoundError("chunk not on SSD");
     }
-    if (!ExpiredLocked(it->second)) {
+    if (!HiddenLocked(it->second)) {
       policy_->OnAccess(id);
       return it->second.meta;
     }
     ++counters_.misses;
-    ++counters_.expirations;
-    expired = it->second.extent;
+    hidden = it->second.extent;
+    corrupt = it->second.corrupt;
   }
-  absl::StatusOr<bool> gone = DeleteIfStill(id, expired);
-  if (!gone.ok()) return gone.status();
-  if (*gone && options_.on_evict) options_.on_evict(id);
-  return absl::NotFoundError("chunk on SSD expired (ssd_ttl)");
+  // Not here, whatever becomes of its row: a failed delete (a full disk) is this tier's
+  // to retry in its sweep, not a reason for the reader to retry or to skip other tiers.
+  absl::StatusOr<bool> gone = DeleteIfStill(id, hidden);
+  if (!gone.ok()) {
+    static LogLimiter limiter(absl::Seconds(1));
+    if (auto held = limiter.Allow(options_.now())) {
+      LogWarning("SSD tier: could not delete the row of ", corrupt ? "corrupt" : "expired",
+                 " chunk ", id.DebugString(), ": ", gone.status().message(), " (", *held,
+                 " more like it held back)");
+    }
+  } else if (*gone && !corrupt) {
+    CountExpired(1);
+    if (options_.on_evict) options_.on_evict(id);
+  }
+  return absl::NotFoundError(corrupt ? "chunk on SSD failed its checksum and was dropped"
+                                     : "chunk on SSD expired (ssd_ttl)");
+}
+
+void SsdTier::CountExpired(uint64_t n) {
+  absl::MutexLock lock(&mu_);
+  counters_.expirations += n;
 }
 
 absl::Status SsdTier::ReadChunkRange(const ChunkId& id, const ChunkMeta& meta, uint64_t offset,
@@ -771,6 +796,7 @@ absl::Status SsdTier::ReadChunkRange(const ChunkId& id, const ChunkMeta& meta, u
       // Stored afresh since the caller read its meta: these are other bytes, which its
       // earlier ranges and its whole-chunk CRC32C do not belong to.
       if (!(it->second.meta == meta)) return StoredAfreshError(id);
+      if (it->second.corrupt) return CorruptChunkError(id);  // Dropped; its row remains.
       e = it->second;
     }
     if (extent != nullptr) *extent = e.extent;
@@ -870,7 +896,7 @@ absl::Status SsdTier::DropCorrupt(const ChunkId& id, const ChunkMeta& meta) {
 bool SsdTier::Contains(const ChunkId& id) const {
   absl::MutexLock lock(&mu_);
   auto it = index_.find(id);
-  return it != index_.end() && !ExpiredLocked(it->second);
+  return it != index_.end() && !HiddenLocked(it->second);
 }
 
 std::vector<bool> SsdTier::ContainsMany(absl::Span<const ChunkId> ids) const {
@@ -878,7 +904,7 @@ std::vector<bool> SsdTier::ContainsMany(absl::Span<const ChunkId> ids) const {
   absl::MutexLock lock(&mu_);
   for (size_t i = 0; i < ids.size(); ++i) {
     auto it = index_.find(ids[i]);
-    present[i] = it != index_.end() && !ExpiredLocked(it->second);
+    present[i] = it != index_.end() && !HiddenLocked(it->second);
   }
   return present;
 }
@@ -944,7 +970,9 @@ void SsdTier::EndUnrow(absl::Span<const ChunkId> ids) {
 
 absl::Status SsdTier::DeleteRow(const ChunkId& id, IndexEntry e) {
   BeforeRowDelete({&id, 1});
-  rocksdb::Status s = db_->Delete(rocksdb::WriteOptions(), meta_cf_, SsdRowKey(id));
+  rocksdb::Status s = db_->Write(rocksdb::WriteOptions(), [&](auto& batch, const auto& f) {
+    batch.Delete(f.meta, SsdRowKey(id));
+  });
   if (!s.ok()) {
     // The row is still there, and a restart would bring the chunk back: it stays in the
     // index too, so that a retried delete finds it instead of reporting it gone.
@@ -1006,11 +1034,12 @@ absl::StatusOr<uint64_t> SsdTier::ShrinkNamespaces(const absl::flat_hash_set<uin
   std::vector<ChunkId> ids;
   for (const auto& [id, e] : gone) ids.push_back(id);
   BeforeRowDelete(ids);
-  rocksdb::WriteBatch batch;
-  for (const auto& [id, e] : gone) batch.Delete(meta_cf_, SsdRowKey(id));
   rocksdb::WriteOptions wo;
   wo.sync = options_.sync_writes;
-  if (rocksdb::Status s = db_->Write(wo, &batch); !s.ok()) {
+  rocksdb::Status s = db_->Write(wo, [&](auto& batch, const auto& f) {
+    for (const auto& [id, e] : gone) batch.Delete(f.meta, SsdRowKey(id));
+  });
+  if (!s.ok()) {
     // The rows are still there: the chunks stay, back in the index.
     const size_t restored = Restore(std::move(gone)).size();
     EndUnrow(ids);
@@ -1042,10 +1071,10 @@ absl::StatusOr<uint64_t> SsdTier::DeleteNamespace(uint64_t ns, std::vector<Chunk
   std::vector<ChunkId> ids;
   for (const auto& [id, e] : gone) ids.push_back(id);
   BeforeRowDelete(ids);
-  rocksdb::WriteBatch batch;
-  for (const auto& [id, e] : gone) batch.Delete(meta_cf_, SsdRowKey(id));
-  if (batch.Count() > 0) {
-    rocksdb::Status s = db_->Write(rocksdb::WriteOptions(), &batch);
+  if (!gone.empty()) {
+    rocksdb::Status s = db_->Write(rocksdb::WriteOptions(), [&](auto& batch, const auto& f) {
+      for (const auto& [id, e] : gone) batch.Delete(f.meta, SsdRowKey(id));
+    });
     if (!s.ok()) {
       Restore(std::move(gone));  // Their rows are still there; so are they.
       EndUnrow(ids);
@@ -1059,44 +1088,56 @@ absl::StatusOr<uint64_t> SsdTier::DeleteNamespace(uint64_t ns, std::vector<Chunk
 }
 
 uint64_t SsdTier::ExpireOld() {
-  if (options_.ttl <= absl::ZeroDuration()) return 0;
-  std::vector<std::pair<ChunkId, PayloadExtent>> expired;
+  struct Hidden {
+    ChunkId id;
+    PayloadExtent extent;
+    bool corrupt;
+  };
+  std::vector<Hidden> hidden;
   {
     absl::MutexLock lock(&mu_);
+    if (options_.ttl <= absl::ZeroDuration() && corrupt_entries_ == 0) return 0;
     for (const auto& [id, e] : index_) {
-      if (ExpiredLocked(e)) expired.emplace_back(id, e.extent);
+      if (HiddenLocked(e)) hidden.push_back({id, e.extent, e.corrupt});
     }
-    counters_.expirations += expired.size();
   }
-  for (const auto& [id, extent] : expired) {
-    // Only the copy found expired: a put may have stored the chunk afresh since.
-    absl::StatusOr<bool> gone = DeleteIfStill(id, extent);
+  uint64_t expired = 0;
+  for (const Hidden& h : hidden) {
+    // Only the copy found hidden: a put may have stored the chunk afresh since.
+    absl::StatusOr<bool> gone = DeleteIfStill(h.id, h.extent);
     if (!gone.ok()) {
       LogWarning("SSD tier: TTL sweep: ", gone.status().message());
       break;
     }
-    if (*gone && options_.on_evict) options_.on_evict(id);
+    if (!*gone || h.corrupt) continue;  // A corrupt copy's event went out when found.
+    ++expired;
+    if (options_.on_evict) options_.on_evict(h.id);
   }
-  return expired.size();
+  CountExpired(expired);
+  return expired;
 }
 
 absl::Status SsdTier::SaveLayout(uint64_t ns, absl::string_view encoding) {
   rocksdb::WriteOptions wo;
   wo.sync = true;  // Rare and small; a namespace must not vanish under its chunks.
-  rocksdb::Status s = db_->Put(wo, layouts_cf_, SsdLayoutKey(ns), AsSlice(encoding));
+  rocksdb::Status s = db_->Write(wo, [&](auto& batch, const auto& f) {
+    batch.Put(f.layouts, SsdLayoutKey(ns), AsSlice(encoding));
+  });
   if (!s.ok()) return MapWriteError(s, "saving a layout");
   return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<std::pair<uint64_t, std::string>>> SsdTier::LoadLayouts() const {
   std::vector<std::pair<uint64_t, std::string>> out;
-  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), layouts_cf_));
-  for (it->SeekToFirst(); it->Valid(); it->Next()) {
-    uint64_t ns;
-    if (!ParseSsdLayoutKey(absl::string_view(it->key().data(), it->key().size()), &ns)) continue;
-    out.emplace_back(ns, it->value().ToString());
-  }
-  if (!it->status().ok()) return Unavailable("loading layouts", it->status());
+  rocksdb::Status s = db_->Scan(
+      /*layouts=*/true, [&](const rocksdb::Slice& k, const rocksdb::Slice& v) {
+        uint64_t ns;
+        if (ParseSsdLayoutKey(absl::string_view(k.data(), k.size()), &ns)) {
+          out.emplace_back(ns, v.ToString());
+        }
+        return true;
+      });
+  if (!s.ok()) return Unavailable("loading layouts", s);
   return out;
 }
 
@@ -1148,9 +1189,7 @@ SsdTierStats SsdTier::GetStats() const {
 
 absl::Status SsdTier::Flush() {
   if (absl::Status s = log_->SyncAll(); !s.ok()) return s;
-  rocksdb::FlushOptions fo;
-  fo.wait = true;
-  rocksdb::Status s = db_->Flush(fo, handles_);
+  rocksdb::Status s = db_->Flush();
   if (!s.ok()) return Unavailable("flushing memtables", s);
   return absl::OkStatus();
 }

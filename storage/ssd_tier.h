@@ -56,6 +56,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "storage/chunk_id.h"
 #include "storage/storage_tier.h"
+#include "storage/index_database.h"
 #include "storage/io_pool.h"
 #include "storage/eviction_policies.h"
 #include "storage/payload_log.h"
@@ -237,6 +238,10 @@ class SsdTier final : public StorageTier {
     absl::Time written_at;
     PayloadExtent extent;
     std::shared_ptr<const std::vector<uint32_t>> piece_crcs;
+    // Found bad, and its row could not be deleted (the row, still there, would bring it
+    // back at a restart): kept hidden, like an expired copy, until a put replaces it or
+    // the sweep deletes its row.
+    bool corrupt = false;
   };
 
   struct IndexDb;
@@ -245,10 +250,14 @@ class SsdTier final : public StorageTier {
   // corrupt).
   static absl::StatusOr<std::unique_ptr<SsdTier>> OpenOnce(SsdTierOptions options);
   SsdTier(SsdTierOptions options, std::unique_ptr<rocksdb::Env> env,
-          std::unique_ptr<rocksdb::DB> db,
-          std::vector<rocksdb::ColumnFamilyHandle*> handles, std::unique_ptr<PayloadLog> log);
+          std::unique_ptr<IndexDatabase> db, std::unique_ptr<PayloadLog> log);
   absl::Status RebuildIndex(uint64_t old_format_rows);
   bool ExpiredLocked(const IndexEntry& e) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  void CountExpired(uint64_t n) ABSL_LOCKS_EXCLUDED(mu_);
+  // Expired or corrupt: in the index (its row is still there) but not served.
+  bool HiddenLocked(const IndexEntry& e) const ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    return e.corrupt || ExpiredLocked(e);
+  }
   void InsertLocked(const ChunkId& id, IndexEntry e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Removes a chunk from the index; returns its entry if it was there.
   std::optional<IndexEntry> ForgetLocked(const ChunkId& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -291,11 +300,7 @@ class SsdTier final : public StorageTier {
   const SsdTierOptions options_;
   // Wraps options_.file_system when set; must outlive db_.
   std::unique_ptr<rocksdb::Env> env_;
-  std::unique_ptr<rocksdb::DB> db_;
-  // Order: default, meta, layouts. Owned; destroyed before db_.
-  std::vector<rocksdb::ColumnFamilyHandle*> handles_;
-  rocksdb::ColumnFamilyHandle* meta_cf_;
-  rocksdb::ColumnFamilyHandle* layouts_cf_;
+  std::unique_ptr<IndexDatabase> db_;
   std::unique_ptr<PayloadLog> log_;
 
   // One garbage collection at a time.
@@ -313,6 +318,8 @@ class SsdTier final : public StorageTier {
   // afresh leaves the list.
   static constexpr size_t kDroppedCorrupt = 64;
   std::deque<std::pair<ChunkId, PayloadExtent>> dropped_corrupt_ ABSL_GUARDED_BY(mu_);
+  // Index entries with `corrupt` set: the sweep runs for them even without a TTL.
+  uint64_t corrupt_entries_ ABSL_GUARDED_BY(mu_) = 0;
   // Whether `id`'s copy at `extent` (any, without) is in dropped_corrupt_.
   bool DroppedCorruptLocked(const ChunkId& id, const std::optional<PayloadExtent>& extent) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);

@@ -481,9 +481,10 @@ TEST_F(SsdTierTest, TheTtlSweepLeavesACopyStoredAfterItLooked) {
   PutOk(Id(1), kMiB);
   PutOk(Id(2), kMiB);
   clock_.Advance(absl::Seconds(61));
-  tier_->ExpireOld();
+  EXPECT_EQ(tier_->ExpireOld(), 1u);  // The other copy went as the put replaced it.
   ASSERT_TRUE(refreshed.has_value());
   EXPECT_TRUE(tier_->Contains(*refreshed)) << "the fresh copy was swept";
+  EXPECT_EQ(tier_->GetStats().expirations, 2u);  // Once each, not 3.
   ExpectStored(*refreshed, kMiB);
   Open();
   ExpectStored(*refreshed, kMiB);
@@ -1060,6 +1061,88 @@ TEST_F(SsdTierFaultTest, AFailedPutOverAnExpiredCopyLeavesItToTheSweep) {
   EXPECT_EQ(s.chunks, 0u);
   EXPECT_EQ(s.used_bytes, 0u);
   EXPECT_LT(s.disk_bytes, kMiB) << "a payload file of dead chunks was kept";
+}
+
+// A corrupt copy whose row cannot be deleted (a full disk) stays hidden: it was once put
+// back in the index as it was, served again (DATA_LOSS each time), and a put of the
+// chunk, seeing it present, was acknowledged without storing anything. A put now
+// replaces it, and the sweep deletes the row of one no put replaced.
+TEST_F(SsdTierFaultTest, ACorruptCopyWhoseRowCannotBeDeletedStaysHiddenUntilReplaced) {
+  PutOk(Id(1), 2 * kMiB, 2);
+  PutOk(Id(2), 2 * kMiB, 2);
+  ASSERT_TRUE(tier_->Flush().ok());
+  auto files = PayloadFiles(options_.path);
+  ASSERT_EQ(files.size(), 1u);
+  {
+    std::fstream f(files[0], std::ios::in | std::ios::out | std::ios::binary);
+    for (uint64_t at : {kMiB + 5, 3 * kMiB + 5}) {  // A byte in each chunk.
+      f.seekp(static_cast<std::streamoff>(at));
+      f.put('\x7f');
+    }
+  }
+  SetNoSpace(true);
+  for (uint64_t n : {1, 2}) {
+    EXPECT_EQ(tier_->Get(Id(n)).status().code(), absl::StatusCode::kDataLoss) << n;
+    EXPECT_FALSE(tier_->Contains(Id(n))) << n;
+    EXPECT_EQ(tier_->Get(Id(n)).status().code(), absl::StatusCode::kNotFound) << n;
+  }
+  EXPECT_EQ(tier_->GetStats().checksum_failures, 2u);  // Once each, not per read.
+  SetNoSpace(false);
+  clock_.Advance(absl::Seconds(2));  // The index reopens (a second after its last try).
+  const std::string good = Payload(Id(1), 2 * kMiB);
+  ASSERT_TRUE(Put(Id(1), good, 2).ok());
+  ExpectStored(Id(1), 2 * kMiB);
+  EXPECT_EQ(tier_->ExpireOld(), 0u);  // Id(2)'s row goes; no expiration.
+  EXPECT_EQ(tier_->GetStats().chunks, 1u);
+  Open();
+  ExpectStored(Id(1), 2 * kMiB);
+  EXPECT_FALSE(tier_->Contains(Id(2))) << "the corrupt copy's row survived the sweep";
+  EXPECT_EQ(tier_->GetStats().checksum_failures, 0u);
+}
+
+// An index write that fails on a full disk (a delete's, here, with the memtables just
+// flushed) leaves RocksDB 7.8 with a broken WAL writer: once the disk had room again, the
+// next write aborted the daemon (Debian's RocksDB keeps its assertions). The index is
+// reopened instead, and every write after it lands.
+TEST_F(SsdTierFaultTest, WritesGoOnAfterAFailedIndexWriteOnceTheDiskHasRoom) {
+  PutOk(Id(1), kMiB);
+  PutOk(Id(2), kMiB);
+  ASSERT_TRUE(tier_->Flush().ok());
+  SetNoSpace(true);
+  for (int attempt = 0; attempt < 2; ++attempt) {  // The second one tries to reopen.
+    EXPECT_EQ(tier_->Delete(Id(1)).status().code(), absl::StatusCode::kResourceExhausted);
+  }
+  EXPECT_TRUE(tier_->Contains(Id(1)));
+  SetNoSpace(false);
+  clock_.Advance(absl::Seconds(2));
+  auto deleted = tier_->Delete(Id(1));
+  ASSERT_TRUE(deleted.ok()) << deleted.status();
+  EXPECT_TRUE(*deleted);
+  PutOk(Id(3), kMiB);
+  ExpectStored(Id(3), kMiB);
+  Open();
+  EXPECT_FALSE(tier_->Contains(Id(1)));
+  ExpectStored(Id(2), kMiB);
+  ExpectStored(Id(3), kMiB);
+}
+
+// A read of an expired chunk whose row cannot be deleted is NotFound, as any other
+// expired chunk: it once answered the delete's ResourceExhausted, which the tiered store
+// passed on (a retry) instead of trying the shared tier.
+TEST_F(SsdTierFaultTest, AnExpiredChunkIsNotFoundEvenWhenItsRowCannotBeDeleted) {
+  options_.ttl = absl::Seconds(60);
+  Open();
+  PutOk(Id(1), kMiB);
+  ASSERT_TRUE(tier_->Flush().ok());
+  clock_.Advance(absl::Seconds(61));
+  SetNoSpace(true);
+  EXPECT_EQ(tier_->ReadMeta(Id(1)).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(tier_->Get(Id(1)).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(tier_->GetStats().expirations, 0u);  // Not gone yet.
+  SetNoSpace(false);
+  clock_.Advance(absl::Seconds(2));
+  EXPECT_EQ(tier_->ExpireOld(), 1u);
+  EXPECT_EQ(tier_->GetStats().expirations, 1u);
 }
 
 TEST_F(SsdTierFaultTest, FullDiskIsResourceExhaustedAndRecovers) {
