@@ -487,6 +487,11 @@ absl::StatusOr<uint64_t> ParseByteSize(absl::string_view text) {
     if (unit == name) {
       const double bytes = value * static_cast<double>(mult);
       if (bytes > 9.2e18) return absl::InvalidArgumentError("size too large");
+      // Not 0 for a size that is not 0: 0 means "no limit" for quotas.
+      if (bytes > 0 && bytes < 1) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("size '", text, "' is less than one byte"));
+      }
       return static_cast<uint64_t>(bytes);
     }
   }

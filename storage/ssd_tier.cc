@@ -970,7 +970,11 @@ void SsdTier::EndUnrow(absl::Span<const ChunkId> ids) {
 
 absl::Status SsdTier::DeleteRow(const ChunkId& id, IndexEntry e) {
   BeforeRowDelete({&id, 1});
-  rocksdb::Status s = db_->Write(rocksdb::WriteOptions(), [&](auto& batch, const auto& f) {
+  // Synced as puts are: its bytes are freed next, and a delete the client saw complete
+  // must not be undone by a power cut.
+  rocksdb::WriteOptions wo;
+  wo.sync = options_.sync_writes;
+  rocksdb::Status s = db_->Write(wo, [&](auto& batch, const auto& f) {
     batch.Delete(f.meta, SsdRowKey(id));
   });
   if (!s.ok()) {
@@ -1072,7 +1076,9 @@ absl::StatusOr<uint64_t> SsdTier::DeleteNamespace(uint64_t ns, std::vector<Chunk
   for (const auto& [id, e] : gone) ids.push_back(id);
   BeforeRowDelete(ids);
   if (!gone.empty()) {
-    rocksdb::Status s = db_->Write(rocksdb::WriteOptions(), [&](auto& batch, const auto& f) {
+    rocksdb::WriteOptions wo;
+    wo.sync = options_.sync_writes;  // As DeleteRow.
+    rocksdb::Status s = db_->Write(wo, [&](auto& batch, const auto& f) {
       for (const auto& [id, e] : gone) batch.Delete(f.meta, SsdRowKey(id));
     });
     if (!s.ok()) {

@@ -28,6 +28,11 @@ TEST(ParseByteSizeTest, UnitsAndErrors) {
   EXPECT_FALSE(ParseByteSize("lots").ok());
   EXPECT_FALSE(ParseByteSize("12 parsecs").ok());
   EXPECT_FALSE(ParseByteSize("").ok());
+  // Below a byte is an error, not 0 (which a quota reads as "no limit").
+  EXPECT_FALSE(ParseByteSize("0.5").ok());
+  EXPECT_FALSE(ParseByteSize(".5b").ok());
+  EXPECT_EQ(*ParseByteSize("0"), 0u);
+  EXPECT_EQ(*ParseByteSize("0.5k"), 512u);
   EXPECT_EQ(FormatBytes(4u << 20), "4MiB");
   EXPECT_EQ(FormatBytes(1000), "1000B");
 }
