@@ -541,10 +541,12 @@ grpc::Status KvCacheService::LookupImpl(TieredStore* store, const TenantScope& t
   resp->set_prefix_hits(hits);
   if (req->lease_seconds() > 0 && hits > 0) {
     // Hold the hits that are in RAM now; one that moved since Locate is simply not held.
-    std::vector<ChunkView> held;
+    std::vector<LeasedChunk> held;
     held.reserve(hits);
     for (uint32_t i = 0; i < hits; ++i) {
-      if (auto view = store->HoldInRam((*ids)[i])) held.push_back(*std::move(view));
+      if (auto view = store->HoldInRam((*ids)[i])) {
+        held.push_back(LeasedChunk{(*ids)[i], *std::move(view)});
+      }
       // A leased hit is about to be loaded: on a GPU host, stage it for the worker.
       store->StageAsync((*ids)[i]);
     }
@@ -613,11 +615,17 @@ grpc::Status KvCacheService::DeleteImpl(TieredStore* store, uint64_t ns,
   }
   auto ids = ParseKeys(ns, req->keys(), limits_.max_keys_per_request);
   if (!ids.ok()) return ToGrpcStatus(ids.status());
-  for (const ChunkId& id : *ids) {
-    auto deleted = store->Delete(id);
-    if (!deleted.ok()) return ToGrpcStatus(deleted.status());
+  // Leases let go of the chunks too: they would keep the bytes in the pool, counted by
+  // no quota, for as long as the lease lives.
+  for (size_t i = 0; i < ids->size(); ++i) {
+    auto deleted = store->Delete((*ids)[i]);
+    if (!deleted.ok()) {
+      leases_->Forget(ns, absl::MakeConstSpan(*ids).first(i));
+      return ToGrpcStatus(deleted.status());
+    }
     if (*deleted) resp->set_deleted(resp->deleted() + 1);
   }
+  leases_->Forget(ns, *ids);
   return grpc::Status::OK;
 }
 
@@ -628,6 +636,8 @@ grpc::Status KvCacheService::ClearImpl(TieredStore* store, uint64_t ns,
     return ToGrpcStatus(l.status());
   }
   auto removed = store->Clear(ns);
+  // As Delete; after a failed Clear too (what it left is only evictable again).
+  leases_->ForgetNamespace(ns);
   if (!removed.ok()) return ToGrpcStatus(removed.status());
   resp->set_chunks_removed(*removed);
   return grpc::Status::OK;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 
 namespace kvtier {
@@ -19,7 +20,9 @@ LeaseTable::LeaseTable(LeaseTableOptions options) : options_(std::move(options))
 
 std::vector<ChunkView> LeaseTable::EraseLocked(
     absl::flat_hash_map<uint64_t, Lease>::iterator it) {
-  std::vector<ChunkView> held = std::move(it->second.held);
+  std::vector<ChunkView> held;
+  held.reserve(it->second.held.size());
+  for (LeasedChunk& c : it->second.held) held.push_back(std::move(c.view));
   stats_.held_bytes -= it->second.bytes;
   if (const std::string& tenant = it->second.tenant; !tenant.empty()) {
     auto hold = by_tenant_.find(tenant);
@@ -52,12 +55,12 @@ uint64_t LeaseTable::ExpireLocked(std::vector<ChunkView>& dropped) {
   return n;
 }
 
-uint64_t LeaseTable::Grant(uint64_t ns, std::vector<ChunkView> held, absl::Duration ttl,
+uint64_t LeaseTable::Grant(uint64_t ns, std::vector<LeasedChunk> held, absl::Duration ttl,
                            const std::string& tenant, uint32_t tenant_max,
                            uint32_t tenants) {
   std::vector<ChunkView> dropped;  // Released after the lock.
   uint64_t bytes = 0;
-  for (const ChunkView& v : held) bytes += v.meta().size;
+  for (const LeasedChunk& c : held) bytes += c.view.meta().size;
   absl::MutexLock lock(&mu_);
   ExpireLocked(dropped);
   if (!tenant.empty()) {
@@ -116,6 +119,43 @@ bool LeaseTable::Release(uint64_t ns, uint64_t id) {
   dropped = EraseLocked(it);
   ++stats_.released;
   return true;
+}
+
+void LeaseTable::ForgetLocked(uint64_t ns, absl::FunctionRef<bool(const ChunkId&)> forget,
+                              std::vector<ChunkView>& dropped) {
+  for (auto& [id, lease] : leases_) {
+    if (lease.ns != ns) continue;
+    uint64_t bytes = 0;
+    auto kept = std::remove_if(lease.held.begin(), lease.held.end(), [&](LeasedChunk& c) {
+      if (!forget(c.id)) return false;
+      bytes += c.view.meta().size;
+      dropped.push_back(std::move(c.view));
+      return true;
+    });
+    lease.held.erase(kept, lease.held.end());
+    if (bytes == 0) continue;
+    lease.bytes -= bytes;
+    stats_.held_bytes -= bytes;
+    if (!lease.tenant.empty()) {
+      if (auto hold = by_tenant_.find(lease.tenant); hold != by_tenant_.end()) {
+        hold->second.bytes -= bytes;
+      }
+    }
+  }
+}
+
+void LeaseTable::Forget(uint64_t ns, absl::Span<const ChunkId> ids) {
+  std::vector<ChunkView> dropped;  // Released after the lock.
+  absl::MutexLock lock(&mu_);
+  if (leases_.empty()) return;
+  const absl::flat_hash_set<ChunkId> gone(ids.begin(), ids.end());
+  ForgetLocked(ns, [&](const ChunkId& id) { return gone.contains(id); }, dropped);
+}
+
+void LeaseTable::ForgetNamespace(uint64_t ns) {
+  std::vector<ChunkView> dropped;
+  absl::MutexLock lock(&mu_);
+  ForgetLocked(ns, [](const ChunkId&) { return true; }, dropped);
 }
 
 uint64_t LeaseTable::Expire() {

@@ -26,11 +26,13 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/functional/function_ref.h"
 #include "absl/random/random.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "storage/tiered_store.h"
 
 namespace kvtier {
@@ -56,6 +58,12 @@ struct LeaseTableStats {
   uint64_t released = 0;  // Ended by ReleaseLease.
 };
 
+// A chunk a lease holds, and which chunk it is (for Forget).
+struct LeasedChunk {
+  ChunkId id;
+  ChunkView view;
+};
+
 class LeaseTable {
  public:
   explicit LeaseTable(LeaseTableOptions options);
@@ -65,7 +73,7 @@ class LeaseTable {
   // bound of its own) and, named, at most max_held_bytes / `tenants` bytes of chunks
   // (`tenants`: how many share max_held_bytes; at least 1). Returns the lease id, or 0
   // when the lease would exceed a bound (counted as refused).
-  uint64_t Grant(uint64_t ns, std::vector<ChunkView> held, absl::Duration ttl,
+  uint64_t Grant(uint64_t ns, std::vector<LeasedChunk> held, absl::Duration ttl,
                  const std::string& tenant = "", uint32_t tenant_max = 0,
                  uint32_t tenants = 1);
   // Live leases of a named tenant, and the chunk bytes they hold.
@@ -77,6 +85,12 @@ class LeaseTable {
   // Ends the lease. Returns false if there was none (unknown, expired, ended, or of
   // another namespace).
   bool Release(uint64_t ns, uint64_t id);
+  // Lets go of the chunks `ids` (of namespace `ns`) wherever leases hold them: they
+  // were deleted, and a lease must not keep their bytes in the pool (uncounted by any
+  // quota) for its life. The leases stay, holding the rest.
+  void Forget(uint64_t ns, absl::Span<const ChunkId> ids);
+  // The same for every chunk of `ns` (it was cleared).
+  void ForgetNamespace(uint64_t ns);
   // Drops expired leases; returns how many.
   uint64_t Expire();
   // Ends every lease, giving their chunks back: before the store they hold chunks of is
@@ -92,13 +106,17 @@ class LeaseTable {
     std::string tenant;
     absl::Time expires;
     uint64_t bytes = 0;
-    std::vector<ChunkView> held;
+    std::vector<LeasedChunk> held;
   };
 
   // Removes lease `it` and returns its chunks.
   std::vector<ChunkView> EraseLocked(absl::flat_hash_map<uint64_t, Lease>::iterator it)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint64_t ExpireLocked(std::vector<ChunkView>& dropped) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Moves the chunks of namespace `ns` that `forget` names out of every lease into
+  // `dropped`, taking their bytes off the counts.
+  void ForgetLocked(uint64_t ns, absl::FunctionRef<bool(const ChunkId&)> forget,
+                    std::vector<ChunkView>& dropped) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const LeaseTableOptions options_;
   mutable absl::Mutex mu_;

@@ -55,14 +55,20 @@ class LeaseTableTest : public ::testing::Test {
     return store_->CommitPut(*std::move(w), crc32c::Value(data));
   }
 
-  std::vector<ChunkView> Hold(std::initializer_list<uint64_t> ids) {
-    std::vector<ChunkView> held;
+  std::vector<LeasedChunk> Hold(std::initializer_list<uint64_t> ids) {
+    std::vector<LeasedChunk> held;
     for (uint64_t i : ids) {
       auto v = store_->HoldInRam(Id(i));
       EXPECT_TRUE(v.has_value()) << i;
-      if (v) held.push_back(*std::move(v));
+      if (v) held.push_back(LeasedChunk{Id(i), *std::move(v)});
     }
     return held;
+  }
+  uint64_t RamUsed() {
+    for (const TierStats& t : store_->LocalTierStats()) {
+      if (t.tier == Tier::kRam) return t.used_bytes;
+    }
+    return 0;
   }
 
   // Fills the pool with chunks 100.. (each put evicts the least recently used chunk
@@ -77,6 +83,34 @@ class LeaseTableTest : public ::testing::Test {
   std::unique_ptr<TieredStore> store_;
   uint64_t ns_ = 0;
 };
+
+// A deleted chunk's bytes leave the pool though a lease held it: the lease once kept
+// them (counted by no quota) for its life, so a tenant could lease, delete and put
+// again past its ram_quota.
+TEST_F(LeaseTableTest, DeletedChunksAreLetGoByTheLeasesHoldingThem) {
+  for (uint64_t i = 1; i <= 3; ++i) ASSERT_TRUE(Put(i).ok());
+  LeaseTable leases = MakeTable(16, 4 * kChunk);
+  const uint64_t a = leases.Grant(ns_, Hold({1, 2}), absl::Seconds(30), "team-a");
+  const uint64_t b = leases.Grant(ns_, Hold({2, 3}), absl::Seconds(30));
+  ASSERT_NE(a, 0u);
+  ASSERT_NE(b, 0u);
+  EXPECT_EQ(leases.GetStats().held_bytes, 4 * kChunk);
+  for (uint64_t i : {1, 2}) ASSERT_TRUE(store_->Delete(Id(i)).ok());
+  EXPECT_EQ(RamUsed(), 3 * kChunk);  // Still held.
+  const ChunkId gone[] = {Id(1), Id(2)};
+  leases.Forget(ns_, gone);
+  EXPECT_EQ(RamUsed(), kChunk);
+  EXPECT_EQ(leases.GetStats().held_bytes, kChunk);
+  EXPECT_EQ(leases.held_bytes("team-a"), 0u);
+  EXPECT_EQ(leases.live("team-a"), 1u);  // The lease stays, holding nothing.
+  leases.ForgetNamespace(ns_ + 1);       // Another namespace's: nothing here.
+  EXPECT_EQ(leases.GetStats().held_bytes, kChunk);
+  leases.ForgetNamespace(ns_);
+  EXPECT_EQ(leases.GetStats().held_bytes, 0u);
+  auto taken = leases.Take(ns_, b);
+  ASSERT_TRUE(taken.ok());
+  EXPECT_TRUE(taken->empty());
+}
 
 TEST_F(LeaseTableTest, LeasedChunksSurviveChurnUntilTheGetTakesThem) {
   for (uint64_t i = 1; i <= 3; ++i) ASSERT_TRUE(Put(i).ok());

@@ -477,6 +477,32 @@ TEST_F(TenantQuotaTest, ATenantsLeasesHoldAtMostItsShareOfTheLeaseBytes) {
   EXPECT_NE(again->lease_id, 0u) << "a released lease gives the bytes back";
 }
 
+// Deleting or clearing leased chunks gives their bytes back to the tenant's share (and
+// to the pool): a lease once held them on, counted by no quota, for its life.
+TEST_F(TenantQuotaTest, DeletingLeasedChunksGivesTheirBytesBack) {
+  Start("ram-only");
+  for (uint64_t n = 1; n <= 3; ++n) ASSERT_TRUE(Put(*big_, ns_, n).ok()) << n;
+  auto two = big_->Lookup(ns_, {KeyOf(1), KeyOf(2)}, /*lease_seconds=*/60);
+  ASSERT_TRUE(two.ok()) << two.status();
+  ASSERT_NE(two->lease_id, 0u);
+  auto refused = big_->Lookup(ns_, {KeyOf(3)}, 60);
+  ASSERT_TRUE(refused.ok()) << refused.status();
+  ASSERT_EQ(refused->lease_id, 0u) << "big's share is held";
+  const ChunkKey leased[] = {KeyOf(1), KeyOf(2)};
+  auto deleted = big_->Delete(ns_, leased);
+  ASSERT_TRUE(deleted.ok()) << deleted.status();
+  EXPECT_EQ(*deleted, 2u);
+  auto third = big_->Lookup(ns_, {KeyOf(3)}, 60);
+  ASSERT_TRUE(third.ok()) << third.status();
+  EXPECT_NE(third->lease_id, 0u) << "the deleted chunks' bytes were still held";
+  auto cleared = big_->Clear(ns_);
+  ASSERT_TRUE(cleared.ok()) << cleared.status();
+  for (uint64_t n = 4; n <= 5; ++n) ASSERT_TRUE(Put(*big_, ns_, n).ok()) << n;
+  auto again = big_->Lookup(ns_, {KeyOf(4), KeyOf(5)}, 60);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_NE(again->lease_id, 0u) << "the cleared chunk's bytes were still held";
+}
+
 // An Events subscription of `token`'s tenant on a raw stub, admitted once its headers
 // arrive (the daemon sends them when the subscription holds its places).
 struct Subscription {
