@@ -544,6 +544,12 @@ grpc::Status Session::Finish(uint32_t first_streamed, v1::PrefillDone::Reason re
   done->set_reason(reason);
   done->set_detail(std::move(detail));
   done->set_elapsed_seconds(elapsed);
+  // Every copy into the target has landed (this thread made them, and waited for the
+  // device's): the region is let go before the worker hears Done, which it may answer
+  // by removing the region at once. StopThreads, after Done, may first wait for the
+  // prefetcher to leave the SSD gate.
+  target_.reset();
+  device_target_.reset();
   const bool sent = Write(msg);
   if (runner_->metrics()) {
     runner_->metrics()->SessionEnded(reason, plan_.predicted_seconds(), elapsed,
