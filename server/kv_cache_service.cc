@@ -136,12 +136,33 @@ grpc::Status KvCacheService::Serve(grpc::ServerContextBase* ctx, RpcMethod metho
   return scope.Done(impl(store, *tenant));
 }
 
+template <typename Check, typename Impl>
+grpc::Status KvCacheService::ServeChecked(grpc::ServerContextBase* ctx, RpcMethod method,
+                                          Check check, Impl impl) {
+  RpcMetrics::Scope scope(metrics_, method);
+  absl::StatusOr<TenantScope> tenant = Admit(ctx, nullptr);
+  if (!tenant.ok()) return scope.Done(ToGrpcStatus(tenant.status()));
+  if (absl::Status c = check(*tenant); !c.ok()) return scope.Done(ToGrpcStatus(c));
+  TieredStore* store = store_.load(std::memory_order_acquire);
+  if (store == nullptr) {
+    return scope.Done(ToGrpcStatus(absl::UnavailableError(
+        "kvtierd is starting up (recovering the SSD tier's index); retry shortly")));
+  }
+  return scope.Done(impl(store, *tenant));
+}
+
 grpc::Status KvCacheService::RegisterLayoutCall(grpc::ServerContextBase* ctx,
                                             const v1::RegisterLayoutRequest* req,
                                             v1::RegisterLayoutResponse* resp) {
-  return Serve(ctx, RpcMethod::kRegisterLayout, [&](TieredStore* store, const TenantScope& t) {
-    return RegisterLayoutImpl(store, t, req, resp);
-  });
+  return ServeChecked(
+      ctx, RpcMethod::kRegisterLayout,
+      [&](const TenantScope&) {
+        if (!req->has_layout()) return absl::InvalidArgumentError("layout: required");
+        return LayoutFromProto(req->layout()).status();
+      },
+      [&](TieredStore* store, const TenantScope& t) {
+        return RegisterLayoutImpl(store, t, req, resp);
+      });
 }
 grpc::Status KvCacheService::LookupCall(grpc::ServerContextBase* ctx, const v1::LookupRequest* req,
                                     v1::LookupResponse* resp) {
@@ -266,15 +287,16 @@ grpc::Status KvCacheService::ClearCall(grpc::ServerContextBase* ctx, const v1::C
 }
 grpc::Status KvCacheService::StatsCall(grpc::ServerContextBase* ctx, const v1::StatsRequest*,
                                    v1::StatsResponse* resp) {
-  return Serve(ctx, RpcMethod::kStats, [&](TieredStore* store, const TenantScope& t) {
-    if (!t.admin()) {
-      // Daemon-wide figures describe every tenant's use.
-      guards_.auth->CountForbidden(t);
-      return ToGrpcStatus(absl::PermissionDeniedError(absl::StrCat(
-          "Stats: tenant ", t.tenant(), " lacks the admin role (daemon-wide statistics)")));
-    }
-    return StatsImpl(store, resp);
-  });
+  return ServeChecked(
+      ctx, RpcMethod::kStats,
+      [&](const TenantScope& t) {
+        if (t.admin()) return absl::OkStatus();
+        // Daemon-wide figures describe every tenant's use.
+        guards_.auth->CountForbidden(t);
+        return absl::PermissionDeniedError(absl::StrCat(
+            "Stats: tenant ", t.tenant(), " lacks the admin role (daemon-wide statistics)"));
+      },
+      [&](TieredStore* store, const TenantScope&) { return StatsImpl(store, resp); });
 }
 grpc::Status KvCacheService::ReleaseLeaseCall(grpc::ServerContextBase* ctx,
                                           const v1::ReleaseLeaseRequest* req,
@@ -290,18 +312,21 @@ grpc::Status KvCacheService::ReleaseLeaseCall(grpc::ServerContextBase* ctx,
 }
 grpc::Status KvCacheService::HintCall(grpc::ServerContextBase* ctx, const v1::HintRequest* req,
                                   v1::HintResponse* resp) {
-  return Serve(ctx, RpcMethod::kHint, [&](TieredStore* store, const TenantScope& t) {
-    return HintImpl(store, t, req, resp);
-  });
+  return ServeChecked(
+      ctx, RpcMethod::kHint,
+      [&](const TenantScope&) {
+        if (req->client_id().empty() || req->client_id().size() > 128) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "client_id: ", req->client_id().size(), " bytes; must be 1 to 128"));
+        }
+        return absl::OkStatus();
+      },
+      [&](TieredStore* store, const TenantScope& t) { return HintImpl(store, t, req, resp); });
 }
 
 grpc::Status KvCacheService::HintImpl(TieredStore* store, const TenantScope& tenant,
                                       const v1::HintRequest* req, v1::HintResponse* resp) {
-  if (req->client_id().empty() || req->client_id().size() > 128) {
-    return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
-        "client_id: ", req->client_id().size(), " bytes; must be 1 to 128")));
-  }
-  std::vector<TieredStore::HintedRequest> requests;
+  std::vector<TieredStore::HintedRequest> requests;  // client_id: checked in HintCall.
   requests.reserve(req->requests_size());
   for (int i = 0; i < req->requests_size(); ++i) {
     const v1::HintedRequest& r = req->requests(i);
@@ -487,10 +512,7 @@ grpc::Status KvCacheService::Prefill(grpc::ServerContext* ctx, PrefillStream* st
 grpc::Status KvCacheService::RegisterLayoutImpl(TieredStore* store, const TenantScope& tenant,
                                                 const v1::RegisterLayoutRequest* req,
                                                 v1::RegisterLayoutResponse* resp) {
-  if (!req->has_layout()) {
-    return ToGrpcStatus(absl::InvalidArgumentError("layout: required"));
-  }
-  auto spec = LayoutFromProto(req->layout());
+  auto spec = LayoutFromProto(req->layout());  // Checked in RegisterLayoutCall.
   if (!spec.ok()) return ToGrpcStatus(spec.status());
   // The client keeps naming the namespace by the layout's hash (its keys start from
   // it); the store holds it under the tenant's id for it.

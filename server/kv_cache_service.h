@@ -210,12 +210,17 @@ class KvCacheService final : public internal::KvCacheBase {
                                                   StreamLimiter* limiter,
                                                   const TenantScope& tenant, uint32_t tenant_max);
 
-  // Runs `impl(store, tenant)` under a metrics scope, once the caller is admitted;
-  // UNAVAILABLE before SetStore.
-  // Admits the caller (Admit, passing `watch` on) and runs `impl(store, tenant)`.
+  // Admits the caller (Admit, passing `watch` on) and runs `impl(store, tenant)` under
+  // a metrics scope; UNAVAILABLE before SetStore.
   template <typename Impl>
   grpc::Status Serve(grpc::ServerContextBase* ctx, RpcMethod method, Impl impl,
                      StillAdmitted* watch = nullptr);
+  // Serve, with `check(tenant)` (an absl::Status) first, before the store is needed: a
+  // request that can never succeed (a role it lacks, malformed fields) is told so while
+  // the daemon is starting up too, not UNAVAILABLE ("retry").
+  template <typename Check, typename Impl>
+  grpc::Status ServeChecked(grpc::ServerContextBase* ctx, RpcMethod method, Check check,
+                            Impl impl);
 
   std::atomic<TieredStore*> store_{nullptr};
   RpcMetrics* const metrics_;

@@ -274,5 +274,50 @@ TEST_F(RevokedCredentialsTest, APrefillSessionEndsBeforeItsNextChunk) {
   EXPECT_EQ(bytes.count(first - 2), 0u);
 }
 
+// While the daemon starts up (its store not yet served), a request that can never
+// succeed is told so, not UNAVAILABLE ("retry shortly"): Stats from a tenant without the
+// admin role, a RegisterLayout without a layout, a Hint without a client_id.
+TEST(StartingUpTest, RequestsThatCanNeverSucceedAreNotToldToRetry) {
+  SetMinLogLevel(LogLevel::kError);
+  testing::TempDir dir;
+  const std::string tenants = dir.path() + "/tenants";
+  std::ofstream(tenants) << "tenant team-a\n" << TokenLine("team-a", "token-a");
+  AuthenticatorOptions a;
+  a.tenants_file = tenants;
+  auto auth = Authenticator::Create(a, nullptr);
+  ASSERT_TRUE(auth.ok()) << auth.status();
+  TieredStoreOptions o;
+  o.write_mode = WriteMode::kRamOnly;
+  o.ram.arena.capacity_bytes = 64ull << 20;
+  auto service = testing::InProcessService::Start(o, ServiceGuards{.auth = auth->get()},
+                                                  /*starting_up=*/true);
+  ASSERT_TRUE(service.ok()) << service.status();
+  auto stub = v1::KvCache::NewStub(
+      grpc::CreateChannel((*service)->target(), grpc::InsecureChannelCredentials()));
+  const auto call = [&](auto method, const auto& req, auto* resp) {
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("authorization", "Bearer token-a");
+    return ((*stub).*method)(&ctx, req, resp).error_code();
+  };
+  v1::StatsResponse stats;
+  v1::RegisterLayoutResponse registered;
+  v1::HintResponse hinted;
+  v1::LookupResponse looked;
+  const auto check = [&](grpc::StatusCode starting_up_lookup) {
+    EXPECT_EQ(call(&v1::KvCache::Stub::Stats, v1::StatsRequest(), &stats),
+              grpc::StatusCode::PERMISSION_DENIED);
+    EXPECT_EQ(call(&v1::KvCache::Stub::RegisterLayout, v1::RegisterLayoutRequest(), &registered),
+              grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_EQ(call(&v1::KvCache::Stub::Hint, v1::HintRequest(), &hinted),
+              grpc::StatusCode::INVALID_ARGUMENT);
+    // A request that may well succeed once the store is up is still told to retry.
+    EXPECT_EQ(call(&v1::KvCache::Stub::Lookup, v1::LookupRequest(), &looked),
+              starting_up_lookup);
+  };
+  check(grpc::StatusCode::UNAVAILABLE);
+  (*service)->FinishStartUp();
+  check(grpc::StatusCode::NOT_FOUND);  // The same answers once it is up.
+}
+
 }  // namespace
 }  // namespace kvtier

@@ -21,9 +21,11 @@ namespace kvtier::testing {
 class InProcessService {
  public:
   // Opens a store with `store_options` and serves it with `guards` (whose pointees must
-  // outlive this). Errors: the store's, or Unavailable when the server did not start.
+  // outlive this); `starting_up`: not yet (a daemon recovering its index), until
+  // FinishStartUp. Errors: the store's, or Unavailable when the server did not start.
   static absl::StatusOr<std::unique_ptr<InProcessService>> Start(
-      const TieredStoreOptions& store_options, ServiceGuards guards = {}) {
+      const TieredStoreOptions& store_options, ServiceGuards guards = {},
+      bool starting_up = false) {
     SetMinLogLevel(LogLevel::kError);
     std::unique_ptr<InProcessService> s(new InProcessService());
     auto store = TieredStore::Open(store_options);
@@ -34,7 +36,7 @@ class InProcessService {
     s->service_ = std::make_unique<KvCacheService>(ServiceLimits{}, "test", nullptr,
                                                    s->prefill_.get(), s->leases_.get(),
                                                    DataPlaneInfo{}, /*events=*/nullptr, guards);
-    s->service_->SetStore(s->store_.get());
+    if (!starting_up) s->service_->SetStore(s->store_.get());
     grpc::ServerBuilder builder;
     int port = 0;
     builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
@@ -59,6 +61,7 @@ class InProcessService {
   InProcessService& operator=(const InProcessService&) = delete;
 
   const std::string& target() const { return target_; }
+  void FinishStartUp() { service_->SetStore(store_.get()); }
   TieredStore* store() const { return store_.get(); }
 
  private:
