@@ -35,7 +35,7 @@ DeviceGetReactor::DeviceGetReactor(grpc::CallbackServerContext* ctx, const v1::G
 absl::Status DeviceGetReactor::Start(const v1::GetRequest& req, LeaseTable* leases,
                                      RegionTable* regions, uint64_t max_frame_bytes,
                                      uint32_t max_keys) {
-  auto plan = StartGet(store_, &req, leases, &lease_hold_, max_frame_bytes, max_keys);
+  auto plan = StartGet(store_, &req, max_frame_bytes, max_keys);
   if (!plan.ok()) return plan.status();
   if (!store_->has_gpu()) {
     return absl::FailedPreconditionError("target: this daemon has no GPU");
@@ -59,6 +59,7 @@ absl::Status DeviceGetReactor::Start(const v1::GetRequest& req, LeaseTable* leas
   }
   plan_ = *std::move(plan);
   target_ = *std::move(target);
+  TakeLease(leases, req, &lease_hold_);
   remote_ahead_ = store_->FetchRemoteAsync(plan_.ids);
   return absl::OkStatus();
 }

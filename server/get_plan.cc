@@ -73,7 +73,6 @@ absl::StatusOr<GetPlan> MakeGetPlan(const v1::GetRequest& req, const LayoutSpec&
 }
 
 absl::StatusOr<GetPlan> StartGet(TieredStore* store, const v1::GetRequest* req,
-                                 LeaseTable* leases, std::vector<ChunkView>* lease_hold,
                                  uint64_t max_frame_bytes, uint32_t max_keys) {
   if (req == nullptr) return absl::InvalidArgumentError("request: not a GetRequest");
   if (store == nullptr) {
@@ -82,11 +81,13 @@ absl::StatusOr<GetPlan> StartGet(TieredStore* store, const v1::GetRequest* req,
   }
   auto layout = store->FindLayout(req->namespace_id());
   if (!layout.ok()) return layout.status();
-  if (req->lease_id() != 0 && leases != nullptr) {
-    auto held = leases->Take(req->namespace_id(), req->lease_id());
-    if (held.ok()) *lease_hold = *std::move(held);
-  }
   return MakeGetPlan(*req, *layout, max_frame_bytes, max_keys);
+}
+
+void TakeLease(LeaseTable* leases, const v1::GetRequest& req, std::vector<ChunkView>* hold) {
+  if (req.lease_id() == 0 || leases == nullptr) return;
+  auto held = leases->Take(req.namespace_id(), req.lease_id());
+  if (held.ok()) *hold = *std::move(held);
 }
 
 absl::Status CheckGet(TieredStore* store, const v1::GetRequest* req, uint64_t max_frame_bytes,

@@ -56,13 +56,15 @@ absl::StatusOr<GetPlan> MakeGetPlan(const v1::GetRequest& req, const LayoutSpec&
                                     uint64_t max_frame_bytes, uint32_t max_keys);
 
 // The start every Get reactor shares: the store is open, `req` parsed (null: its bytes
-// were not a GetRequest), its namespace registered, the Lookup lease it names taken
-// into `lease_hold` (from here the lease ends with the call, whatever happens), and
-// the plan made. `store` and `leases` may be null. Returns: Ok, Unavailable (starting
-// up), InvalidArgument, NotFound (namespace).
+// were not a GetRequest), its namespace registered, and the plan made. `store` may be
+// null. Returns: Ok, Unavailable (starting up), InvalidArgument, NotFound (namespace).
 absl::StatusOr<GetPlan> StartGet(TieredStore* store, const v1::GetRequest* req,
-                                 LeaseTable* leases, std::vector<ChunkView>* lease_hold,
                                  uint64_t max_frame_bytes, uint32_t max_keys);
+// Takes the Lookup lease `req` names (if any, and live) into `hold`: from here the lease
+// ends with the call, whatever happens. Last in a reactor's start, once nothing can
+// refuse the Get any more: a refusal the client retries (a region's events in use)
+// must not have used up its lease. `leases` may be null.
+void TakeLease(LeaseTable* leases, const v1::GetRequest& req, std::vector<ChunkView>* hold);
 
 // What of StartGet can fail for good, without its side effects: asked before a Get
 // takes a stream place, so that a request that can never succeed is not told to retry

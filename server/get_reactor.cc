@@ -64,7 +64,7 @@ GetReactor::GetReactor(grpc::CallbackServerContext* ctx, const v1::GetRequest* r
 absl::Status GetReactor::Start(const v1::GetRequest* request, LeaseTable* leases,
                                RegionTable* regions, uint64_t max_frame_bytes,
                                uint32_t max_keys) {
-  auto plan = StartGet(store_, request, leases, &lease_hold_, max_frame_bytes, max_keys);
+  auto plan = StartGet(store_, request, max_frame_bytes, max_keys);
   if (!plan.ok()) return plan.status();
   const v1::GetRequest& req = *request;
   ids_ = std::move(plan->ids);
@@ -81,6 +81,7 @@ absl::Status GetReactor::Start(const v1::GetRequest* request, LeaseTable* leases
     region_ = std::move(target->region);
     dest_ = std::move(target->dest);
   }
+  TakeLease(leases, req, &lease_hold_);
   // Chunks only the shared tier holds are fetched in batches ahead of the stream.
   remote_ahead_ = store_->FetchRemoteAsync(ids_);
   const uint32_t n = static_cast<uint32_t>(ids_.size());

@@ -801,6 +801,37 @@ TEST_F(ShmTest, PrefillSessionIntoSharedMemoryHasTheDaemonCopyTheChunks) {
   }
 }
 
+// A Get refused before it started (here a target out of range) leaves the Lookup lease
+// it names: the lease was once taken first, so a refusal the client retries (a
+// region's events in use) had used it up.
+TEST_F(ShmTest, ARefusedGetLeavesTheLeaseItNames) {
+  StartDaemon();
+  PutChunk(0);
+  const ChunkKey key = KeyOf(0);
+  auto looked = client_->Lookup(ns_, {&key, 1}, /*lease_seconds=*/60);
+  ASSERT_TRUE(looked.ok()) << looked.status();
+  ASSERT_NE(looked->lease_id, 0u);
+  auto buf = client_->AllocateShared(6 * kMiB);
+  ASSERT_TRUE(buf.ok());
+  v1::GetRequest refused =
+      GetRequestFor({0}, (*buf)->region_id(), (*buf)->token(), {(*buf)->size() - kMiB});
+  refused.set_lease_id(looked->lease_id);
+  EXPECT_EQ(RawGet(refused).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  v1::GetRequest good = GetRequestFor({0}, (*buf)->region_id(), (*buf)->token(), {0});
+  good.set_lease_id(looked->lease_id);
+  ASSERT_TRUE(RawGet(good).ok());
+  auto released = client_->ReleaseLease(ns_, looked->lease_id);
+  ASSERT_TRUE(released.ok()) << released.status();
+  EXPECT_FALSE(*released) << "the Get that started did not take the lease";
+  auto again = client_->Lookup(ns_, {&key, 1}, 60);
+  ASSERT_TRUE(again.ok()) << again.status();
+  refused.set_lease_id(again->lease_id);
+  EXPECT_EQ(RawGet(refused).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  released = client_->ReleaseLease(ns_, again->lease_id);
+  ASSERT_TRUE(released.ok()) << released.status();
+  EXPECT_TRUE(*released) << "the refused Get used up the lease";
+}
+
 TEST_F(ShmTest, RegionTooSmallOrOutOfRangeIsInvalidArgument) {
   StartDaemon();
   PutChunk(0);
