@@ -92,6 +92,7 @@ int PayloadFileOps::SyncDir(const std::string& dir) {
 int PayloadFileOps::StatVfs(const std::string& path, struct statvfs* out) {
   return ::statvfs(path.c_str(), out);
 }
+int PayloadFileOps::Unlink(const std::string& path) { return ::unlink(path.c_str()); }
 
 struct PayloadLog::File {
   uint32_t number = 0;
@@ -288,9 +289,10 @@ void PayloadLog::DeleteIfDeadLocked(uint32_t number) {
   if (it == files_.end()) return;
   File& f = *it->second;
   if (!f.sealed || f.live != 0 || f.writing != 0) return;
-  if (::unlink(f.path.c_str()) != 0 && errno != ENOENT) {
-    LogWarning("SSD tier: cannot delete ", f.path, ": ", std::strerror(errno));
-    return;  // Tried again on the next release; its bytes still count.
+  if (ops_->Unlink(f.path) != 0 && errno != ENOENT) {
+    LogWarning("SSD tier: cannot delete ", f.path, ": ", std::strerror(errno),
+               "; tried again at the next sweep");
+    return;  // RetryDeletes; its bytes still count.
   }
   disk_bytes_ -= f.end;
   if (active_ == it->second) active_ = nullptr;
@@ -606,11 +608,27 @@ absl::StatusOr<PayloadExtent> PayloadLog::Move(const PayloadExtent& from,
   return ext;
 }
 
+int PayloadLog::RetryDeletes() {
+  absl::MutexLock lock(&mu_);
+  std::vector<uint32_t> dead;
+  for (const auto& [number, file] : files_) {
+    if (file->sealed && file->live == 0 && file->writing == 0) dead.push_back(number);
+  }
+  int deleted = 0;
+  for (uint32_t n : dead) {
+    DeleteIfDeadLocked(n);
+    if (!files_.contains(n)) ++deleted;
+  }
+  return deleted;
+}
+
 std::optional<PayloadLog::Candidate> PayloadLog::MostGarbage() const {
   absl::MutexLock lock(&mu_);
   std::optional<Candidate> best;
   for (const auto& [number, file] : files_) {
-    if (!file->sealed || file->writing != 0 || file->end <= file->live) continue;
+    if (!file->sealed || file->writing != 0 || file->end <= file->live || file->live == 0) {
+      continue;
+    }
     const uint64_t garbage = file->end - file->live;
     if (!best || garbage > best->garbage_bytes) best = Candidate{number, garbage};
   }

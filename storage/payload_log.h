@@ -71,6 +71,7 @@ class PayloadFileOps {
   virtual int SyncDir(const std::string& dir);
   // statvfs of the file system holding `path`.
   virtual int StatVfs(const std::string& path, struct statvfs* out);
+  virtual int Unlink(const std::string& path);
 };
 
 struct PayloadLogOptions {
@@ -161,8 +162,13 @@ class PayloadLog {
   // live and no more are written to it.
   void Release(const PayloadExtent& extent);
 
+  // Deletes the files with nothing live whose deletion failed before (EIO, EROFS, an
+  // immutable file), which no release would try again. Returns how many went.
+  int RetryDeletes();
+
   // The file that would free the most space if its live extents were moved, and how
-  // much: only files no longer written to. nullopt if none frees anything.
+  // much: only files no longer written to that still hold something live (one with
+  // nothing live is deleted, not moved). nullopt if none frees anything.
   struct Candidate {
     uint32_t file;
     uint64_t garbage_bytes;

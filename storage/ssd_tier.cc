@@ -405,12 +405,16 @@ void SsdTier::MakeRoom(uint64_t incoming) {
   const uint64_t limit = options_.capacity_bytes + options_.capacity_bytes / 16;
   if (log_->disk_bytes() + incoming <= limit) return;
   absl::MutexLock gc(&gc_mu_);
+  log_->RetryDeletes();
   // Each round deletes one file (less what its live chunks take again), so this ends;
-  // the bound on rounds only guards against files that cannot be moved.
+  // a round that frees nothing (a file that cannot be deleted, or whose chunks a put
+  // or a delete holds) ends it too, rather than trying that file again and again.
   for (int round = 0; round < 256 && log_->disk_bytes() + incoming > limit; ++round) {
     auto candidate = log_->MostGarbage();
     if (!candidate) return;
+    const uint64_t before = log_->disk_bytes();
     Relocate(candidate->file);
+    if (log_->disk_bytes() >= before) return;
   }
 }
 
@@ -1094,6 +1098,7 @@ absl::StatusOr<uint64_t> SsdTier::DeleteNamespace(uint64_t ns, std::vector<Chunk
 }
 
 uint64_t SsdTier::ExpireOld() {
+  log_->RetryDeletes();  // Files whose deletion failed (a release will not try again).
   struct Hidden {
     ChunkId id;
     PayloadExtent extent;

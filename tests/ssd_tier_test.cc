@@ -1145,6 +1145,34 @@ TEST_F(SsdTierFaultTest, AnExpiredChunkIsNotFoundEvenWhenItsRowCannotBeDeleted) 
   EXPECT_EQ(tier_->GetStats().expirations, 1u);
 }
 
+// A payload file whose deletion fails (EIO) once nothing in it is live is deleted by a
+// later sweep: no release would try it again, so its space was lost until a restart,
+// and garbage collection picked it (all garbage) hundreds of times per put.
+TEST_F(SsdTierFaultTest, AFileThatCouldNotBeDeletedIsDeletedLater) {
+  options_.capacity_bytes = 2 * kMiB;
+  options_.file_bytes = kMiB;
+  options_.io_bytes = 256 * 1024;
+  options_.piece_bytes = 64 * 1024;
+  Open();
+  for (uint64_t i = 1; i <= 5; ++i) PutOk(Id(i), kMiB / 4);  // A first file, full.
+  ASSERT_EQ(PayloadFiles(options_.path).size(), 2u);
+  ops_->SetFailUnlink(true);
+  for (uint64_t i = 1; i <= 4; ++i) ASSERT_TRUE(tier_->Delete(Id(i)).ok()) << i;
+  EXPECT_EQ(PayloadFiles(options_.path).size(), 2u);  // Dead, not deleted.
+  const uint64_t gc_before = tier_->GetStats().gc_files;
+  for (uint64_t i = 10; i < 22; ++i) PutOk(Id(i), kMiB / 4);  // Churn past capacity.
+  EXPECT_LT(tier_->GetStats().gc_files - gc_before, 24u) << "GC kept picking the dead file";
+  // The bound: capacity x 17/16 and the file being filled. Every file emptied while
+  // unlinks failed is still there.
+  const uint64_t bound = options_.capacity_bytes * 17 / 16 + kMiB;
+  EXPECT_GT(tier_->GetStats().disk_bytes, bound);
+  ops_->SetFailUnlink(false);
+  tier_->ExpireOld();  // The sweep.
+  EXPECT_LE(tier_->GetStats().disk_bytes, bound);
+  EXPECT_LE(PayloadFiles(options_.path).size(), 4u);
+  for (uint64_t i = 18; i < 22; ++i) ExpectStored(Id(i), kMiB / 4);
+}
+
 TEST_F(SsdTierFaultTest, FullDiskIsResourceExhaustedAndRecovers) {
   PutOk(Id(1), 2 * kMiB, 2);
   PutOk(Id(2), 100);

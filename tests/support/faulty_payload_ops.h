@@ -51,6 +51,8 @@ class FaultyPayloadOps : public PayloadFileOps {
   // Reads fail with this errno; 0 turns it off.
   void SetReadError(int err) { read_error_.store(err); }
   void SetFailSyncDir(bool on) { fail_sync_dir_.store(on); }
+  // Unlinks fail with EIO while on.
+  void SetFailUnlink(bool on) { fail_unlink_.store(on); }
   // StatVfs reports this many bytes free (nullopt, the default: the real figure).
   void SetFreeBytes(std::optional<uint64_t> bytes) {
     absl::MutexLock lock(&hook_mu_);
@@ -128,6 +130,13 @@ class FaultyPayloadOps : public PayloadFileOps {
     }
     return PayloadFileOps::DataSync(fd);
   }
+  int Unlink(const std::string& path) override {
+    if (fail_unlink_.load()) {
+      errno = EIO;
+      return -1;
+    }
+    return PayloadFileOps::Unlink(path);
+  }
   int SyncDir(const std::string& dir) override {
     if (fail_sync_dir_.load()) {
       errno = EIO;
@@ -162,6 +171,7 @@ class FaultyPayloadOps : public PayloadFileOps {
   std::atomic<bool> fail_sync_{false};
   std::atomic<int> read_error_{0};
   std::atomic<bool> fail_sync_dir_{false};
+  std::atomic<bool> fail_unlink_{false};
   std::atomic<uint64_t> dir_syncs_{0};
   std::atomic<uint64_t> no_space_errors_{0};
   std::atomic<uint64_t> corrupted_reads_{0};
