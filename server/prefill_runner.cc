@@ -212,12 +212,6 @@ absl::Status Session::Open() {
     tiers_.push_back(t);
   }
   h_ = static_cast<uint32_t>(tiers_.size());
-  if (device_target_) {
-    // The chunks this session may stream, into the GPU staging buffers ahead of their
-    // turn. Ascending: streaming starts at h-1, so that one is staged last and is the
-    // last an LRU would evict if they do not all fit.
-    for (uint32_t j = 0; j < h_; ++j) store_->StageAsync(ids_[j]);
-  }
   {
     absl::MutexLock lock(&mu_);
     model_.emplace(open_cost_given_ ? open_cost_ : runner_->estimators().ComputePrior());
@@ -227,6 +221,16 @@ absl::Status Session::Open() {
   std::vector<double> stream_seconds(h_);
   for (uint32_t j = 0; j < h_; ++j) stream_seconds[j] = StreamSeconds(j);
   const MeetingPlan mp = PlanMeeting(stream_seconds, cost);
+  if (device_target_) {
+    // The chunks this session expects to stream, into the GPU staging buffers ahead of
+    // their turn: in the order it streams them, h-1 first, down to one below the
+    // predicted meeting. Staging copies are in flight while later ones are asked for,
+    // and a slot whose copy is in flight cannot be taken: in ascending order, staging
+    // filled with the chunks streamed last (or computed by the worker) and refused the
+    // first ones, evicting other sessions' staged chunks for nothing.
+    const uint32_t lowest = mp.meeting > 0 ? mp.meeting - 1 : 0;
+    for (uint32_t j = h_; j-- > lowest;) store_->StageAsync(ids_[j]);
+  }
   plan_.set_cached_prefix(h_);
   for (Tier t : tiers_) plan_.add_tiers(static_cast<v1::Tier>(static_cast<int>(t)));
   plan_.set_predicted_meeting(mp.meeting);

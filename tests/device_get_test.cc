@@ -403,6 +403,42 @@ TEST_F(DeviceGetTest, PrefillStreamsChunksIntoGpuMemory) {
   EXPECT_GE(staged_at_plan, 3u);
 }
 
+// A device-target Prefill stages the chunks it streams first (h-1 down). Staging copies
+// are in flight while the session asks for the next, and a slot whose copy is in flight
+// cannot be taken: staged in ascending order, the two slots went to chunks 0 and 1
+// (streamed last) and chunks 3 and 2 were refused.
+TEST_F(DeviceGetTest, PrefillStagesTheChunksItStreamsFirst) {
+  Start({.hold_copies = true}, /*with_gpu=*/true, /*stalls=*/nullptr, /*staging_chunks=*/2);
+  for (uint64_t i = 0; i < 4; ++i) Put(i);
+  auto [buf, handle] = WorkerBuffer(4 * kChunk);
+  auto ch = Channel();
+  auto reg = ch->AddDevice(handle, 4 * kChunk);
+  ASSERT_TRUE(reg.ok()) << reg.status();
+  grpc::ClientContext ctx;
+  auto stream = stub_->Prefill(&ctx);
+  v1::PrefillClientMessage open;
+  open.mutable_open()->set_namespace_id(ns_);
+  for (uint64_t i = 0; i < 4; ++i) open.mutable_open()->add_keys(KeyOf(i).ToByteString());
+  open.mutable_open()->mutable_compute_estimate()->set_a_seconds(100);  // All streamed.
+  open.mutable_open()->mutable_target()->set_region_id(reg->region_id);
+  open.mutable_open()->mutable_target()->set_token(reg->token);
+  open.mutable_open()->mutable_target()->add_offsets(0);
+  ASSERT_TRUE(stream->Write(open));
+  v1::PrefillServerMessage msg;
+  ASSERT_TRUE(stream->Read(&msg));
+  ASSERT_TRUE(msg.has_plan());
+  ASSERT_EQ(msg.plan().predicted_meeting(), 0u);
+  device_->RunPending();  // The staging copies land.
+  for (uint64_t i : {3, 2}) {
+    EXPECT_EQ(store_->Locate(ChunkId{ns_, KeyOf(i)}), Tier::kGpu) << i;
+  }
+  for (uint64_t i : {1, 0}) {
+    EXPECT_EQ(store_->Locate(ChunkId{ns_, KeyOf(i)}), Tier::kRam) << i;
+  }
+  EXPECT_EQ(store_->GetStats().gpu.staging.no_room, 2u);  // 1 and 0, while 3 and 2 loaded.
+  ctx.TryCancel();  // TearDown runs the copies the session still waits on.
+}
+
 // The client's PrefillSession with into_device: the daemon places each streamed chunk
 // in the worker's GPU memory and the session announces it once it landed; options that
 // name two destinations, and keys that do not fit the region, are refused.
