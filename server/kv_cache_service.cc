@@ -13,6 +13,7 @@
 #include "server/refused_reactor.h"
 #include "server/status_util.h"
 #include "client/layout_convert.h"
+#include "storage/log.h"
 
 namespace kvtier {
 namespace {
@@ -133,7 +134,22 @@ grpc::Status KvCacheService::Serve(grpc::ServerContextBase* ctx, RpcMethod metho
     return scope.Done(ToGrpcStatus(absl::UnavailableError(
         "kvtierd is starting up (recovering the SSD tier's index); retry shortly")));
   }
+  UnpinRevokedTenants(store);
   return scope.Done(impl(store, *tenant));
+}
+
+void KvCacheService::UnpinRevokedTenants(TieredStore* store) {
+  if (guards_.auth == nullptr || guards_.quotas == nullptr || !guards_.auth->enabled()) return;
+  const uint64_t generation = guards_.auth->generation();
+  uint64_t seen = tenants_generation_.load(std::memory_order_acquire);
+  // One caller per new tenants table does it.
+  if (generation == seen ||
+      !tenants_generation_.compare_exchange_strong(seen, generation, std::memory_order_acq_rel)) {
+    return;
+  }
+  if (const uint64_t n = guards_.quotas->UnpinRevoked(store); n > 0) {
+    LogInfo("unpinned ", n, " chunks of tenants the tenants file no longer lists");
+  }
 }
 
 template <typename Check, typename Impl>
@@ -148,6 +164,7 @@ grpc::Status KvCacheService::ServeChecked(grpc::ServerContextBase* ctx, RpcMetho
     return scope.Done(ToGrpcStatus(absl::UnavailableError(
         "kvtierd is starting up (recovering the SSD tier's index); retry shortly")));
   }
+  UnpinRevokedTenants(store);
   return scope.Done(impl(store, *tenant));
 }
 

@@ -222,6 +222,11 @@ class KvCacheService final : public internal::KvCacheBase {
   grpc::Status ServeChecked(grpc::ServerContextBase* ctx, RpcMethod method, Check check,
                             Impl impl);
 
+  // Once per tenants table (Authenticator::generation), at a unary call: unpins the
+  // chunks of tenants it no longer lists (TenantQuotas::UnpinRevoked).
+  void UnpinRevokedTenants(TieredStore* store);
+  std::atomic<uint64_t> tenants_generation_{0};
+
   std::atomic<TieredStore*> store_{nullptr};
   RpcMetrics* const metrics_;
   PrefillRunner* const prefill_;

@@ -220,6 +220,21 @@ std::optional<HostPool::PinBudget> TenantQuotas::PinBudgetOf(
                                                  : "pinned_quota (unset: the ram_quota)"};
 }
 
+uint64_t TenantQuotas::UnpinRevoked(TieredStore* store) {
+  if (!source_) return 0;
+  std::vector<std::pair<std::string, absl::flat_hash_set<uint64_t>>> tenants;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [name, account] : accounts_) tenants.emplace_back(name, account.namespaces);
+  }
+  uint64_t unpinned = 0;
+  for (const auto& [name, namespaces] : tenants) {
+    if (source_(name).has_value()) continue;  // Outside mu_: the source takes its own lock.
+    unpinned += store->UnpinNamespaces(namespaces);
+  }
+  return unpinned;
+}
+
 std::vector<MetricFamily> TenantQuotas::Collect() const {
   const TieredStore* store = store_.load(std::memory_order_acquire);
   std::vector<std::pair<std::string, Account>> accounts;

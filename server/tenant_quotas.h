@@ -106,6 +106,11 @@ class TenantQuotas final : public prometheus::Collectable {
   absl::Status CheckPins(TieredStore* store, const TenantScope& t,
                          absl::Span<const ChunkId> ids);
 
+  // Unpins the chunks of tenants the quota source no longer knows (removed from the
+  // tenants file): no RPC can reach their namespaces any more, and pins without an
+  // expiry would hold their share of the pool until a restart. Returns how many.
+  uint64_t UnpinRevoked(TieredStore* store) ABSL_LOCKS_EXCLUDED(mu_);
+
   std::vector<prometheus::MetricFamily> Collect() const override;
 
  private:

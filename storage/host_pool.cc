@@ -337,6 +337,19 @@ bool HostPool::Unpin(const ChunkId& id) {
   return true;
 }
 
+uint64_t HostPool::UnpinNamespaces(const absl::flat_hash_set<uint64_t>& ns) {
+  absl::MutexLock lock(&mu_);
+  ExpirePinsLocked(options_.now());
+  uint64_t unpinned = 0;
+  for (auto& [id, e] : index_) {
+    if (!ns.contains(id.ns) || !e.pin_counted) continue;
+    UncountPinLocked(id, e);
+    e.pinned_until = absl::InfinitePast();
+    ++unpinned;
+  }
+  return unpinned;
+}
+
 bool HostPool::Remove(const ChunkId& id) {
   std::shared_ptr<PoolChunk> keep;  // Released after the lock.
   absl::MutexLock lock(&mu_);

@@ -138,6 +138,8 @@ class HostPool final : public StorageTier {
   absl::Status CheckPinCanFit(absl::Span<const uint64_t> chunk_bytes) const;
   // Returns true if the chunk was pinned.
   bool Unpin(const ChunkId& id);
+  // Unpins every chunk of the namespaces `ns`; returns how many were pinned.
+  uint64_t UnpinNamespaces(const absl::flat_hash_set<uint64_t>& ns);
   // Returns true if the chunk was indexed.
   bool Remove(const ChunkId& id);
   uint64_t RemoveNamespace(uint64_t ns, std::vector<ChunkId>* removed = nullptr);

@@ -1105,6 +1105,12 @@ bool TieredStore::Unpin(const ChunkId& id) {
   return unpinned;
 }
 
+uint64_t TieredStore::UnpinNamespaces(const absl::flat_hash_set<uint64_t>& ns) {
+  const uint64_t unpinned = ram_->UnpinNamespaces(ns);
+  if (unpinned > 0) NotifyRoom();
+  return unpinned;
+}
+
 void TieredStore::NotifyRoom() {
   if (admission_ != nullptr) admission_->Notify();
 }

@@ -33,6 +33,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -454,6 +455,8 @@ class TieredStore {
   absl::Status CheckPinsCanFit(absl::Span<const ChunkId> ids,
                                const HostPool::PinBudget* budget = nullptr);
   bool Unpin(const ChunkId& id);
+  // Unpins every chunk of the namespaces `ns` (a tenant that is gone); returns how many.
+  uint64_t UnpinNamespaces(const absl::flat_hash_set<uint64_t>& ns);
   // Returns whether the chunk was present anywhere. Errors: Unavailable.
   absl::StatusOr<bool> Delete(const ChunkId& id);
   absl::StatusOr<uint64_t> Clear(uint64_t ns);

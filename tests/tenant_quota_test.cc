@@ -452,6 +452,33 @@ TEST_F(TenantQuotaTest, AnEventsSubscriptionEndsWhenItsTokenIsRevoked) {
   EXPECT_EQ(batches.load(), 1);
 }
 
+// A tenant removed from the tenants file leaves no pins behind: nothing can reach its
+// namespaces any more, and pins without an expiry held their share of the pool (and of
+// max_pinned_fraction, against every other tenant) until a restart.
+TEST_F(TenantQuotaTest, ARemovedTenantsPinsGo) {
+  Start("ram-only");
+  auto mid = Connect("token-mid");
+  ASSERT_EQ(Register(*mid, 1), ns_);
+  ASSERT_TRUE(Put(*mid, ns_, 1).ok());
+  const ChunkKey key = KeyOf(1);
+  auto pinned = mid->Pin(ns_, {&key, 1}, /*ttl_seconds=*/0);
+  ASSERT_TRUE(pinned.ok()) << pinned.status();
+  ASSERT_EQ(Metric(R"(kvtier_tier_pinned_bytes{tier="ram"})"), 1.0 * kMiB);
+  std::ofstream(dir_ + ".tenants", std::ios::trunc)
+      << "tenant small\ntenant big\n"
+      << TokenLine("small", "token-small") << TokenLine("big", "token-big") << "# no mid\n";
+  // The daemon re-reads the file at a request once a second; the first unary call
+  // after it unpins.
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (Metric(R"(kvtier_tier_pinned_bytes{tier="ram"})") != 0 && absl::Now() < deadline) {
+    auto looked = big_->Lookup(ns_, {&key, 1});
+    ASSERT_TRUE(looked.ok()) << looked.status();
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  EXPECT_EQ(Metric(R"(kvtier_tier_pinned_bytes{tier="ram"})"), 0);
+  EXPECT_TRUE(absl::IsUnauthenticated(Put(*mid, ns_, 2)));
+}
+
 // A tenant's leases hold at most its share of max_lease_bytes: past it a Lookup still
 // answers, without a lease, and the other tenants' shares are untouched.
 TEST_F(TenantQuotaTest, ATenantsLeasesHoldAtMostItsShareOfTheLeaseBytes) {
