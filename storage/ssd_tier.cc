@@ -449,8 +449,9 @@ void SsdTier::Relocate(uint32_t file) {
                    *e.piece_crcs};
         rocksdb::WriteOptions wo;
         wo.sync = options_.sync_writes;
+        const std::string key = SsdRowKey(id);  // Not `id` in the lambda: a binding.
         rocksdb::Status s = db_->Write(wo, [&](auto& batch, const auto& f) {
-          batch.Put(f.meta, SsdRowKey(id), EncodeSsdRow(row));
+          batch.Put(f.meta, key, EncodeSsdRow(row));
         });
         if (s.ok()) {
           auto f = by_file_.find(file);
