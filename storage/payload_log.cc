@@ -195,13 +195,23 @@ absl::StatusOr<std::unique_ptr<PayloadLog>> PayloadLog::Open(PayloadLogOptions o
   std::unique_ptr<PayloadLog> log(new PayloadLog(std::move(options), direct));
   int removed = 0;
   absl::MutexLock lock(&log->mu_);
-  for (const auto& entry : std::filesystem::directory_iterator(log->options_.dir, ec)) {
+  // Advanced with increment(ec): the range-for's operator++ throws on a readdir error.
+  std::filesystem::directory_iterator it(log->options_.dir, ec);
+  for (; !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
+    const std::filesystem::directory_entry& entry = *it;
     const std::string name = entry.path().filename().string();
     uint32_t number = 0;
     if (!ParseFileName(name, &number)) {
-      // Nothing else belongs here (a probe or a stray file from a crash).
-      std::filesystem::remove_all(entry.path(), ec);
-      ++removed;
+      // Nothing else belongs here (a probe or a stray file from a crash). One that
+      // cannot be removed is left, and said so: it is not the listing failing.
+      std::error_code removal;
+      std::filesystem::remove_all(entry.path(), removal);
+      if (removal) {
+        LogWarning("SSD tier: cannot remove stray ", entry.path().string(), ": ",
+                   removal.message());
+      } else {
+        ++removed;
+      }
       continue;
     }
     auto file = log->OpenFile(number, /*create=*/false);
