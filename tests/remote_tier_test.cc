@@ -632,6 +632,18 @@ struct RunAgainstAHeldWrite {
   }
 };
 
+// Once `held` holds the write of `id` on `store`, deletes the chunk on a thread of its
+// own (`run`), which releases the write as the Delete waits for it.
+void DeleteWhileItsWriteIsHeld(TieredStore* store, const ChunkId& id, FirstCommitHeld& held,
+                               RunAgainstAHeldWrite& run) {
+  held.reached.WaitForNotification();
+  run.Run(held, [&] {
+    auto deleted = store->Delete(id);
+    ASSERT_TRUE(deleted.ok()) << deleted.status();
+    EXPECT_TRUE(*deleted);
+  });
+}
+
 class RemoteTierCancelTest : public RemoteTierTest, public ::testing::WithParamInterface<bool> {};
 
 TEST_P(RemoteTierCancelTest, DeleteOrClearCancelsWritesQueuedOrInFlight) {
@@ -799,11 +811,7 @@ TEST_F(RemoteTierTest, WithoutEvalACancelledWriteStillRemovesItsRecord) {
   a_ = Open(o);
   ASSERT_NE(a_, nullptr);
   ASSERT_TRUE(Put(a_.get(), Id(1)).ok());
-  held.reached.WaitForNotification();
-  run.Run(held, [&] {
-    auto deleted = a_->Delete(Id(1));
-    ASSERT_TRUE(deleted.ok()) << deleted.status();
-  });
+  DeleteWhileItsWriteIsHeld(a_.get(), Id(1), held, run);
   a_->WaitForRemoteWrites();
   EXPECT_FALSE(RecordExists(Id(1)));
   EXPECT_EQ(KeysOnMasters(), 0);
@@ -827,12 +835,7 @@ TEST_F(RemoteTierTest, ADeleteBetweenSegmentBatchesStopsTheRestOfTheWrite) {
   a_ = Open(o);
   ASSERT_NE(a_, nullptr);
   ASSERT_TRUE(Put(a_.get(), Id(1)).ok());
-  held.reached.WaitForNotification();
-  run.Run(held, [&] {
-    auto deleted = a_->Delete(Id(1));
-    ASSERT_TRUE(deleted.ok()) << deleted.status();
-    EXPECT_TRUE(*deleted);
-  });
+  DeleteWhileItsWriteIsHeld(a_.get(), Id(1), held, run);
   a_->WaitForRemoteWrites();
   EXPECT_EQ(batches->load(), 1);  // Not the seven after it.
   EXPECT_EQ(run.returned_at_commit(), std::nullopt);  // No commit record was sent.

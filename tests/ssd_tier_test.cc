@@ -88,6 +88,14 @@ class SsdTierTest : public ::testing::Test {
   }
   void TearDown() override { tier_.reset(); }
 
+  // Payload files of 1 MiB, written 256 KiB and checked 64 KiB at a time: a few chunks
+  // fill one, so tests of files (their garbage, their deletion) stay small.
+  void UseSmallFiles() {
+    options_.file_bytes = kMiB;
+    options_.io_bytes = 256 * 1024;
+    options_.piece_bytes = 64 * 1024;
+  }
+
   void Open() {
     tier_.reset();
     auto t = SsdTier::Open(options_);
@@ -586,9 +594,7 @@ TEST_F(SsdTierTest, PayloadsAreWrittenOnceAndNotIntoRocksDb) {
 // index holds reads back exactly, before and after a reopen.
 TEST_F(SsdTierTest, DiskSpaceStaysBoundedUnderChurn) {
   options_.capacity_bytes = 16 * kMiB;
-  options_.file_bytes = kMiB;
-  options_.io_bytes = 256 * 1024;
-  options_.piece_bytes = 64 * 1024;
+  UseSmallFiles();
   Open();
   const uint64_t bound = options_.capacity_bytes + options_.capacity_bytes / 16 + options_.file_bytes;
   uint64_t written = 0, max_disk = 0;
@@ -1046,9 +1052,7 @@ class SsdTierFaultTest : public SsdTierTest {
 // never be deleted or collected.
 TEST_F(SsdTierFaultTest, AFailedPutOverAnExpiredCopyLeavesItToTheSweep) {
   options_.ttl = absl::Seconds(60);
-  options_.file_bytes = kMiB;
-  options_.io_bytes = 256 * 1024;
-  options_.piece_bytes = 64 * 1024;
+  UseSmallFiles();
   Open();
   for (uint64_t i = 1; i <= 4; ++i) PutOk(Id(i), kMiB / 4);  // Fills the first file.
   clock_.Advance(absl::Seconds(61));
@@ -1150,9 +1154,7 @@ TEST_F(SsdTierFaultTest, AnExpiredChunkIsNotFoundEvenWhenItsRowCannotBeDeleted) 
 // and garbage collection picked it (all garbage) hundreds of times per put.
 TEST_F(SsdTierFaultTest, AFileThatCouldNotBeDeletedIsDeletedLater) {
   options_.capacity_bytes = 2 * kMiB;
-  options_.file_bytes = kMiB;
-  options_.io_bytes = 256 * 1024;
-  options_.piece_bytes = 64 * 1024;
+  UseSmallFiles();
   Open();
   for (uint64_t i = 1; i <= 5; ++i) PutOk(Id(i), kMiB / 4);  // A first file, full.
   ASSERT_EQ(PayloadFiles(options_.path).size(), 2u);
