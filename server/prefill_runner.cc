@@ -467,15 +467,21 @@ absl::Status Session::SendChunk(uint32_t j, const ChunkView& view, bool* aborted
     absl::Notification landed;
     absl::StatusOr<Tier> from;
     const auto device_start = Clock::now();
-    store_->ReadToDeviceAsync(ids_[j], {{0, size, device_target_->dest[j]}},
-                              [&](absl::StatusOr<Tier> r) {
-                                from = std::move(r);
-                                landed.Notify();
-                              });
+    // The copy prefetched, whose CRC32C the frame names: one stored afresh with other
+    // bytes since is not delivered (Aborted).
+    std::optional<ChunkMeta> pin = view.meta();
+    store_->ReadToDeviceAsync(
+        ids_[j], {{0, size, device_target_->dest[j]}},
+        [&](absl::StatusOr<Tier> r) {
+          from = std::move(r);
+          landed.Notify();
+        },
+        /*check_crc=*/true, /*enqueued=*/nullptr, &pin);
     landed.WaitForNotification();
     if (absl::IsAborted(from.status())) {
       // The worker wrote into chunk j's place during the copy: it is computing chunk j
-      // itself (the contract lets either copy stand). The chunk goes back to it.
+      // itself (the contract lets either copy stand). Or the chunk was stored afresh
+      // since it was prefetched. Either way the chunk goes back to the worker.
       *aborted = true;
       return absl::OkStatus();
     }

@@ -439,6 +439,68 @@ TEST_F(DeviceGetTest, PrefillStagesTheChunksItStreamsFirst) {
   ctx.TryCancel();  // TearDown runs the copies the session still waits on.
 }
 
+// A device-target Prefill delivers the copy it prefetched, or none: a chunk deleted and
+// put again with other bytes between its prefetch and its device copy once landed the
+// new bytes under the prefetched copy's CRC32C. It now goes back to the worker.
+TEST_F(DeviceGetTest, PrefillNeverLandsAnotherCopyThanTheOneItPrefetched) {
+  Start({.hold_copies = true}, /*with_gpu=*/true, /*stalls=*/nullptr, /*staging_chunks=*/0);
+  for (uint64_t i = 0; i < 2; ++i) Put(i);
+  auto [buf, handle] = WorkerBuffer(2 * kChunk);
+  auto ch = Channel();
+  auto reg = ch->AddDevice(handle, 2 * kChunk);
+  ASSERT_TRUE(reg.ok()) << reg.status();
+  grpc::ClientContext ctx;
+  auto stream = stub_->Prefill(&ctx);
+  v1::PrefillClientMessage open;
+  open.mutable_open()->set_namespace_id(ns_);
+  for (uint64_t i = 0; i < 2; ++i) open.mutable_open()->add_keys(KeyOf(i).ToByteString());
+  open.mutable_open()->mutable_compute_estimate()->set_a_seconds(100);  // All streamed.
+  open.mutable_open()->mutable_target()->set_region_id(reg->region_id);
+  open.mutable_open()->mutable_target()->set_token(reg->token);
+  open.mutable_open()->mutable_target()->add_offsets(0);
+  ASSERT_TRUE(stream->Write(open));
+  const auto ram_hits = [&] {
+    for (const TierStats& t : store_->LocalTierStats()) {
+      if (t.tier == Tier::kRam) return t.hits;
+    }
+    return uint64_t{0};
+  };
+  // Chunk 1's copy is held on the device; chunk 0 is prefetched (a RAM hit each).
+  ASSERT_TRUE(testing::Eventually([&] { return device_->pending() > 0 && ram_hits() >= 2; }));
+  ASSERT_TRUE(store_->Delete(ChunkId{ns_, KeyOf(0)}).ok());
+  const std::string other = PatternBytes(99, kChunk);
+  ChunkToPut again{KeyOf(0), other, 256};
+  ASSERT_TRUE(client_->Put(ns_, {&again, 1}).ok());
+  device_->RunPending();  // Chunk 1 lands.
+  std::atomic<bool> done{false};
+  std::thread pump([&] {  // Runs chunk 0's copy, should the session make one.
+    while (!done.load()) {
+      device_->RunPending();
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+  });
+  v1::PrefillServerMessage msg;
+  std::vector<uint32_t> landed;
+  v1::PrefillDone finished;
+  while (stream->Read(&msg)) {
+    if (msg.has_chunk()) {
+      const uint32_t j = msg.chunk().index();
+      EXPECT_EQ(crc32c::Value(Landed(buf + j * kChunk, kChunk)), msg.chunk().crc32c()) << j;
+      landed.push_back(j);
+    }
+    if (msg.has_done()) {
+      finished = msg.done();
+      stream->WritesDone();
+    }
+  }
+  done = true;
+  pump.join();
+  EXPECT_TRUE(stream->Finish().ok());
+  EXPECT_EQ(landed, std::vector<uint32_t>{1});
+  EXPECT_EQ(finished.reason(), v1::PrefillDone::MET);
+  EXPECT_EQ(finished.first_streamed(), 1u);
+}
+
 // The client's PrefillSession with into_device: the daemon places each streamed chunk
 // in the worker's GPU memory and the session announces it once it landed; options that
 // name two destinations, and keys that do not fit the region, are refused.
