@@ -126,16 +126,8 @@ absl::StatusOr<StreamLimiter::Ticket> KvCacheService::TakeStreamPlace(
 template <typename Impl>
 grpc::Status KvCacheService::Serve(grpc::ServerContextBase* ctx, RpcMethod method, Impl impl,
                                    StillAdmitted* watch) {
-  RpcMetrics::Scope scope(metrics_, method);
-  absl::StatusOr<TenantScope> tenant = Admit(ctx, watch);
-  if (!tenant.ok()) return scope.Done(ToGrpcStatus(tenant.status()));
-  TieredStore* store = store_.load(std::memory_order_acquire);
-  if (store == nullptr) {
-    return scope.Done(ToGrpcStatus(absl::UnavailableError(
-        "kvtierd is starting up (recovering the SSD tier's index); retry shortly")));
-  }
-  UnpinRevokedTenants(store);
-  return scope.Done(impl(store, *tenant));
+  return ServeChecked(
+      ctx, method, [](const TenantScope&) { return absl::OkStatus(); }, impl, watch);
 }
 
 void KvCacheService::UnpinRevokedTenants(TieredStore* store) {
@@ -154,9 +146,9 @@ void KvCacheService::UnpinRevokedTenants(TieredStore* store) {
 
 template <typename Check, typename Impl>
 grpc::Status KvCacheService::ServeChecked(grpc::ServerContextBase* ctx, RpcMethod method,
-                                          Check check, Impl impl) {
+                                          Check check, Impl impl, StillAdmitted* watch) {
   RpcMetrics::Scope scope(metrics_, method);
-  absl::StatusOr<TenantScope> tenant = Admit(ctx, nullptr);
+  absl::StatusOr<TenantScope> tenant = Admit(ctx, watch);
   if (!tenant.ok()) return scope.Done(ToGrpcStatus(tenant.status()));
   if (absl::Status c = check(*tenant); !c.ok()) return scope.Done(ToGrpcStatus(c));
   TieredStore* store = store_.load(std::memory_order_acquire);

@@ -220,7 +220,7 @@ class KvCacheService final : public internal::KvCacheBase {
   // the daemon is starting up too, not UNAVAILABLE ("retry").
   template <typename Check, typename Impl>
   grpc::Status ServeChecked(grpc::ServerContextBase* ctx, RpcMethod method, Check check,
-                            Impl impl);
+                            Impl impl, StillAdmitted* watch = nullptr);
 
   // Once per tenants table (Authenticator::generation), at a unary call: unpins the
   // chunks of tenants it no longer lists (TenantQuotas::UnpinRevoked).

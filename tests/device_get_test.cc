@@ -193,6 +193,19 @@ class DeviceGetTest : public ::testing::Test {
 
   std::string Landed(DevicePtr p, uint64_t n) { return std::string(device_->HostView(p), n); }
 
+  // A Prefill's open for keys 0..n-1 into `reg` from its start, with compute forecast so
+  // slow that the daemon streams every cached chunk.
+  v1::PrefillClientMessage AllStreamedOpen(uint64_t n, const RegionChannel::Registration& reg) {
+    v1::PrefillClientMessage open;
+    open.mutable_open()->set_namespace_id(ns_);
+    for (uint64_t i = 0; i < n; ++i) open.mutable_open()->add_keys(KeyOf(i).ToByteString());
+    open.mutable_open()->mutable_compute_estimate()->set_a_seconds(100);
+    open.mutable_open()->mutable_target()->set_region_id(reg.region_id);
+    open.mutable_open()->mutable_target()->set_token(reg.token);
+    open.mutable_open()->mutable_target()->add_offsets(0);
+    return open;
+  }
+
   std::unique_ptr<FakeDeviceBackend> device_;
   std::unique_ptr<TieredStore> store_;
   std::unique_ptr<RegionTable> regions_;
@@ -416,14 +429,7 @@ TEST_F(DeviceGetTest, PrefillStagesTheChunksItStreamsFirst) {
   ASSERT_TRUE(reg.ok()) << reg.status();
   grpc::ClientContext ctx;
   auto stream = stub_->Prefill(&ctx);
-  v1::PrefillClientMessage open;
-  open.mutable_open()->set_namespace_id(ns_);
-  for (uint64_t i = 0; i < 4; ++i) open.mutable_open()->add_keys(KeyOf(i).ToByteString());
-  open.mutable_open()->mutable_compute_estimate()->set_a_seconds(100);  // All streamed.
-  open.mutable_open()->mutable_target()->set_region_id(reg->region_id);
-  open.mutable_open()->mutable_target()->set_token(reg->token);
-  open.mutable_open()->mutable_target()->add_offsets(0);
-  ASSERT_TRUE(stream->Write(open));
+  ASSERT_TRUE(stream->Write(AllStreamedOpen(4, *reg)));
   v1::PrefillServerMessage msg;
   ASSERT_TRUE(stream->Read(&msg));
   ASSERT_TRUE(msg.has_plan());
@@ -451,14 +457,7 @@ TEST_F(DeviceGetTest, PrefillNeverLandsAnotherCopyThanTheOneItPrefetched) {
   ASSERT_TRUE(reg.ok()) << reg.status();
   grpc::ClientContext ctx;
   auto stream = stub_->Prefill(&ctx);
-  v1::PrefillClientMessage open;
-  open.mutable_open()->set_namespace_id(ns_);
-  for (uint64_t i = 0; i < 2; ++i) open.mutable_open()->add_keys(KeyOf(i).ToByteString());
-  open.mutable_open()->mutable_compute_estimate()->set_a_seconds(100);  // All streamed.
-  open.mutable_open()->mutable_target()->set_region_id(reg->region_id);
-  open.mutable_open()->mutable_target()->set_token(reg->token);
-  open.mutable_open()->mutable_target()->add_offsets(0);
-  ASSERT_TRUE(stream->Write(open));
+  ASSERT_TRUE(stream->Write(AllStreamedOpen(2, *reg)));
   const auto ram_hits = [&] {
     for (const TierStats& t : store_->LocalTierStats()) {
       if (t.tier == Tier::kRam) return t.hits;
