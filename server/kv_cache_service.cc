@@ -124,10 +124,10 @@ absl::StatusOr<StreamLimiter::Ticket> KvCacheService::TakeStreamPlace(
 }
 
 template <typename Impl>
-grpc::Status KvCacheService::Serve(grpc::ServerContextBase* ctx, RpcMethod method, Impl impl,
-                                   StillAdmitted* watch) {
+grpc::Status KvCacheService::Serve(grpc::ServerContextBase* ctx, RpcMethod method,
+                                   const TenantScope& tenant, Impl impl) {
   return ServeChecked(
-      ctx, method, [](const TenantScope&) { return absl::OkStatus(); }, impl, watch);
+      ctx, method, tenant, [](const TenantScope&) { return absl::OkStatus(); }, impl);
 }
 
 void KvCacheService::UnpinRevokedTenants(TieredStore* store) {
@@ -145,26 +145,24 @@ void KvCacheService::UnpinRevokedTenants(TieredStore* store) {
 }
 
 template <typename Check, typename Impl>
-grpc::Status KvCacheService::ServeChecked(grpc::ServerContextBase* ctx, RpcMethod method,
-                                          Check check, Impl impl, StillAdmitted* watch) {
+grpc::Status KvCacheService::ServeChecked(grpc::ServerContextBase*, RpcMethod method,
+                                          const TenantScope& tenant, Check check, Impl impl) {
   RpcMetrics::Scope scope(metrics_, method);
-  absl::StatusOr<TenantScope> tenant = Admit(ctx, watch);
-  if (!tenant.ok()) return scope.Done(ToGrpcStatus(tenant.status()));
-  if (absl::Status c = check(*tenant); !c.ok()) return scope.Done(ToGrpcStatus(c));
+  if (absl::Status c = check(tenant); !c.ok()) return scope.Done(ToGrpcStatus(c));
   TieredStore* store = store_.load(std::memory_order_acquire);
   if (store == nullptr) {
     return scope.Done(ToGrpcStatus(absl::UnavailableError(
         "kvtierd is starting up (recovering the SSD tier's index); retry shortly")));
   }
   UnpinRevokedTenants(store);
-  return scope.Done(impl(store, *tenant));
+  return scope.Done(impl(store, tenant));
 }
 
-grpc::Status KvCacheService::RegisterLayoutCall(grpc::ServerContextBase* ctx,
-                                            const v1::RegisterLayoutRequest* req,
+grpc::Status KvCacheService::RegisterLayoutCall(grpc::ServerContextBase* ctx, const TenantScope& tenant,
+      const v1::RegisterLayoutRequest* req,
                                             v1::RegisterLayoutResponse* resp) {
   return ServeChecked(
-      ctx, RpcMethod::kRegisterLayout,
+      ctx, RpcMethod::kRegisterLayout, tenant,
       [&](const TenantScope&) {
         if (!req->has_layout()) return absl::InvalidArgumentError("layout: required");
         return LayoutFromProto(req->layout()).status();
@@ -173,9 +171,10 @@ grpc::Status KvCacheService::RegisterLayoutCall(grpc::ServerContextBase* ctx,
         return RegisterLayoutImpl(store, t, req, resp);
       });
 }
-grpc::Status KvCacheService::LookupCall(grpc::ServerContextBase* ctx, const v1::LookupRequest* req,
+grpc::Status KvCacheService::LookupCall(grpc::ServerContextBase* ctx, const TenantScope& tenant,
+      const v1::LookupRequest* req,
                                     v1::LookupResponse* resp) {
-  return Serve(ctx, RpcMethod::kLookup, [&](TieredStore* store, const TenantScope& t) {
+  return Serve(ctx, RpcMethod::kLookup, tenant, [&](TieredStore* store, const TenantScope& t) {
     return LookupImpl(store, t, t.Internal(req->namespace_id()), req, resp);
   });
 }
@@ -246,15 +245,14 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* KvCacheService::Get(
                         std::move(still_admitted));
 }
 
-grpc::Status KvCacheService::DataPlaneCall(grpc::ServerContextBase* ctx, const v1::DataPlaneRequest* req,
+grpc::Status KvCacheService::DataPlaneCall(grpc::ServerContextBase* ctx, const TenantScope& tenant,
+      const v1::DataPlaneRequest* req,
                                        v1::DataPlaneResponse* resp) {
   RpcMetrics::Scope scope(metrics_, RpcMethod::kDataPlane);
-  absl::StatusOr<TenantScope> tenant = Admit(ctx);
-  if (!tenant.ok()) return scope.Done(ToGrpcStatus(tenant.status()));
   resp->set_max_frame_bytes(static_cast<uint32_t>(limits_.max_frame_bytes));
   if (TieredStore* store = store_.load(std::memory_order_acquire);
       store != nullptr && req->namespace_id() != 0) {
-    if (auto layout = store->FindLayout(tenant->Internal(req->namespace_id())); layout.ok()) {
+    if (auto layout = store->FindLayout(tenant.Internal(req->namespace_id())); layout.ok()) {
       resp->set_chunk_bytes(layout->ChunkBytes());
       resp->set_num_layers(layout->num_layers);
     }
@@ -270,34 +268,39 @@ grpc::Status KvCacheService::DataPlaneCall(grpc::ServerContextBase* ctx, const v
   return scope.Done(grpc::Status::OK);
 }
 
-grpc::Status KvCacheService::PinCall(grpc::ServerContextBase* ctx, const v1::PinRequest* req,
+grpc::Status KvCacheService::PinCall(grpc::ServerContextBase* ctx, const TenantScope& tenant,
+      const v1::PinRequest* req,
                                  v1::PinResponse* resp) {
-  return Serve(ctx, RpcMethod::kPin, [&](TieredStore* store, const TenantScope& t) {
+  return Serve(ctx, RpcMethod::kPin, tenant, [&](TieredStore* store, const TenantScope& t) {
     return PinImpl(store, t, t.Internal(req->namespace_id()), req, resp);
   });
 }
-grpc::Status KvCacheService::UnpinCall(grpc::ServerContextBase* ctx, const v1::UnpinRequest* req,
+grpc::Status KvCacheService::UnpinCall(grpc::ServerContextBase* ctx, const TenantScope& tenant,
+      const v1::UnpinRequest* req,
                                  v1::UnpinResponse* resp) {
-  return Serve(ctx, RpcMethod::kUnpin, [&](TieredStore* store, const TenantScope& t) {
+  return Serve(ctx, RpcMethod::kUnpin, tenant, [&](TieredStore* store, const TenantScope& t) {
     return UnpinImpl(store, t.Internal(req->namespace_id()), req, resp);
   });
 }
-grpc::Status KvCacheService::DeleteCall(grpc::ServerContextBase* ctx, const v1::DeleteRequest* req,
+grpc::Status KvCacheService::DeleteCall(grpc::ServerContextBase* ctx, const TenantScope& tenant,
+      const v1::DeleteRequest* req,
                                  v1::DeleteResponse* resp) {
-  return Serve(ctx, RpcMethod::kDelete, [&](TieredStore* store, const TenantScope& t) {
+  return Serve(ctx, RpcMethod::kDelete, tenant, [&](TieredStore* store, const TenantScope& t) {
     return DeleteImpl(store, t.Internal(req->namespace_id()), req, resp);
   });
 }
-grpc::Status KvCacheService::ClearCall(grpc::ServerContextBase* ctx, const v1::ClearRequest* req,
+grpc::Status KvCacheService::ClearCall(grpc::ServerContextBase* ctx, const TenantScope& tenant,
+      const v1::ClearRequest* req,
                                  v1::ClearResponse* resp) {
-  return Serve(ctx, RpcMethod::kClear, [&](TieredStore* store, const TenantScope& t) {
+  return Serve(ctx, RpcMethod::kClear, tenant, [&](TieredStore* store, const TenantScope& t) {
     return ClearImpl(store, t.Internal(req->namespace_id()), req, resp);
   });
 }
-grpc::Status KvCacheService::StatsCall(grpc::ServerContextBase* ctx, const v1::StatsRequest*,
+grpc::Status KvCacheService::StatsCall(grpc::ServerContextBase* ctx, const TenantScope& tenant,
+      const v1::StatsRequest*,
                                    v1::StatsResponse* resp) {
   return ServeChecked(
-      ctx, RpcMethod::kStats,
+      ctx, RpcMethod::kStats, tenant,
       [&](const TenantScope& t) {
         if (t.admin()) return absl::OkStatus();
         // Daemon-wide figures describe every tenant's use.
@@ -307,10 +310,10 @@ grpc::Status KvCacheService::StatsCall(grpc::ServerContextBase* ctx, const v1::S
       },
       [&](TieredStore* store, const TenantScope&) { return StatsImpl(store, resp); });
 }
-grpc::Status KvCacheService::ReleaseLeaseCall(grpc::ServerContextBase* ctx,
-                                          const v1::ReleaseLeaseRequest* req,
+grpc::Status KvCacheService::ReleaseLeaseCall(grpc::ServerContextBase* ctx, const TenantScope& tenant,
+      const v1::ReleaseLeaseRequest* req,
                                           v1::ReleaseLeaseResponse* resp) {
-  return Serve(ctx, RpcMethod::kReleaseLease, [&](TieredStore* store, const TenantScope& t) {
+  return Serve(ctx, RpcMethod::kReleaseLease, tenant, [&](TieredStore* store, const TenantScope& t) {
     const uint64_t ns = t.Internal(req->namespace_id());
     if (auto l = RequireNamespace(store, ns); !l.ok()) {
       return ToGrpcStatus(l.status());
@@ -319,10 +322,11 @@ grpc::Status KvCacheService::ReleaseLeaseCall(grpc::ServerContextBase* ctx,
     return grpc::Status::OK;
   });
 }
-grpc::Status KvCacheService::HintCall(grpc::ServerContextBase* ctx, const v1::HintRequest* req,
+grpc::Status KvCacheService::HintCall(grpc::ServerContextBase* ctx, const TenantScope& tenant,
+      const v1::HintRequest* req,
                                   v1::HintResponse* resp) {
   return ServeChecked(
-      ctx, RpcMethod::kHint,
+      ctx, RpcMethod::kHint, tenant,
       [&](const TenantScope&) {
         if (req->client_id().empty() || req->client_id().size() > 128) {
           return absl::InvalidArgumentError(absl::StrCat(
@@ -413,13 +417,25 @@ grpc::ServerWriteReactor<v1::EventBatch>* KvCacheService::Events(
                            std::move(still_admitted), ctx, guards_.stalls);
 }
 
-grpc::ServerUnaryReactor* KvCacheService::Unary(grpc::CallbackServerContext* ctx,
-                                                RpcMethod method,
-                                                std::function<grpc::Status()> call) {
+grpc::Status KvCacheService::Refuse(RpcMethod method, const absl::Status& why) {
+  RpcMetrics::Scope scope(metrics_, method);
+  return scope.Done(ToGrpcStatus(why));
+}
+
+grpc::ServerUnaryReactor* KvCacheService::Unary(
+    grpc::CallbackServerContext* ctx, RpcMethod method,
+    std::function<grpc::Status(const TenantScope&)> call) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  // Admitted before it waits for a thread: a caller with no credentials or over its
+  // tenant's rate takes no place in the pool's line from those the daemon admits.
+  absl::StatusOr<TenantScope> tenant = Admit(ctx);
+  if (!tenant.ok()) {
+    reactor->Finish(Refuse(method, tenant.status()));
+    return reactor;
+  }
   IoPool* pool = guards_.unary != nullptr ? guards_.unary : own_unary_.get();
   const bool queued = pool->TrySubmit(
-      [this, method, ctx, reactor, call = std::move(call)] {
+      [this, method, ctx, reactor, call = std::move(call), tenant = *std::move(tenant)] {
         // A call its client reset or gave up on while it waited is not run (but counted,
         // as the calls the daemon could not take are).
         if (ctx->IsCancelled()) {
@@ -428,15 +444,14 @@ grpc::ServerUnaryReactor* KvCacheService::Unary(grpc::CallbackServerContext* ctx
                                                   "cancelled while waiting for a thread")));
           return;
         }
-        reactor->Finish(call());
+        reactor->Finish(call(tenant));
       },
       guards_.unary_waiting);
   if (!queued) {
-    RpcMetrics::Scope scope(metrics_, method);
     ctx->AddTrailingMetadata("kvtier-retry-after-ms", "100");
-    reactor->Finish(scope.Done(ToGrpcStatus(absl::ResourceExhaustedError(absl::StrCat(
+    reactor->Finish(Refuse(method, absl::ResourceExhaustedError(absl::StrCat(
         "kvtierd: every thread for unary calls is busy and ", guards_.unary_waiting,
-        " calls already wait for one; retry after the hinted wait")))));
+        " calls already wait for one; retry after the hinted wait"))));
   }
   return reactor;
 }
@@ -444,66 +459,68 @@ grpc::ServerUnaryReactor* KvCacheService::Unary(grpc::CallbackServerContext* ctx
 grpc::ServerUnaryReactor* KvCacheService::RegisterLayout(grpc::CallbackServerContext* ctx,
     const v1::RegisterLayoutRequest* req, v1::RegisterLayoutResponse* resp) {
   return Unary(ctx, RpcMethod::kRegisterLayout,
-               [this, ctx, req, resp] { return RegisterLayoutCall(ctx, req, resp); });
+               [this, ctx, req, resp](const TenantScope& t) { return RegisterLayoutCall(ctx, t, req, resp); });
 }
 
 grpc::ServerUnaryReactor* KvCacheService::Lookup(grpc::CallbackServerContext* ctx,
     const v1::LookupRequest* req, v1::LookupResponse* resp) {
   return Unary(ctx, RpcMethod::kLookup,
-               [this, ctx, req, resp] { return LookupCall(ctx, req, resp); });
+               [this, ctx, req, resp](const TenantScope& t) { return LookupCall(ctx, t, req, resp); });
 }
 
 grpc::ServerUnaryReactor* KvCacheService::Pin(grpc::CallbackServerContext* ctx,
     const v1::PinRequest* req, v1::PinResponse* resp) {
   return Unary(ctx, RpcMethod::kPin,
-               [this, ctx, req, resp] { return PinCall(ctx, req, resp); });
+               [this, ctx, req, resp](const TenantScope& t) { return PinCall(ctx, t, req, resp); });
 }
 
 grpc::ServerUnaryReactor* KvCacheService::Unpin(grpc::CallbackServerContext* ctx,
     const v1::UnpinRequest* req, v1::UnpinResponse* resp) {
   return Unary(ctx, RpcMethod::kUnpin,
-               [this, ctx, req, resp] { return UnpinCall(ctx, req, resp); });
+               [this, ctx, req, resp](const TenantScope& t) { return UnpinCall(ctx, t, req, resp); });
 }
 
 grpc::ServerUnaryReactor* KvCacheService::Delete(grpc::CallbackServerContext* ctx,
     const v1::DeleteRequest* req, v1::DeleteResponse* resp) {
   return Unary(ctx, RpcMethod::kDelete,
-               [this, ctx, req, resp] { return DeleteCall(ctx, req, resp); });
+               [this, ctx, req, resp](const TenantScope& t) { return DeleteCall(ctx, t, req, resp); });
 }
 
 grpc::ServerUnaryReactor* KvCacheService::Clear(grpc::CallbackServerContext* ctx,
     const v1::ClearRequest* req, v1::ClearResponse* resp) {
   return Unary(ctx, RpcMethod::kClear,
-               [this, ctx, req, resp] { return ClearCall(ctx, req, resp); });
+               [this, ctx, req, resp](const TenantScope& t) { return ClearCall(ctx, t, req, resp); });
 }
 
 grpc::ServerUnaryReactor* KvCacheService::Stats(grpc::CallbackServerContext* ctx,
     const v1::StatsRequest* req, v1::StatsResponse* resp) {
   return Unary(ctx, RpcMethod::kStats,
-               [this, ctx, req, resp] { return StatsCall(ctx, req, resp); });
+               [this, ctx, req, resp](const TenantScope& t) { return StatsCall(ctx, t, req, resp); });
 }
 
 grpc::ServerUnaryReactor* KvCacheService::ReleaseLease(grpc::CallbackServerContext* ctx,
     const v1::ReleaseLeaseRequest* req, v1::ReleaseLeaseResponse* resp) {
   return Unary(ctx, RpcMethod::kReleaseLease,
-               [this, ctx, req, resp] { return ReleaseLeaseCall(ctx, req, resp); });
+               [this, ctx, req, resp](const TenantScope& t) { return ReleaseLeaseCall(ctx, t, req, resp); });
 }
 
 grpc::ServerUnaryReactor* KvCacheService::DataPlane(grpc::CallbackServerContext* ctx,
     const v1::DataPlaneRequest* req, v1::DataPlaneResponse* resp) {
   return Unary(ctx, RpcMethod::kDataPlane,
-               [this, ctx, req, resp] { return DataPlaneCall(ctx, req, resp); });
+               [this, ctx, req, resp](const TenantScope& t) { return DataPlaneCall(ctx, t, req, resp); });
 }
 
 grpc::ServerUnaryReactor* KvCacheService::Hint(grpc::CallbackServerContext* ctx,
     const v1::HintRequest* req, v1::HintResponse* resp) {
   return Unary(ctx, RpcMethod::kHint,
-               [this, ctx, req, resp] { return HintCall(ctx, req, resp); });
+               [this, ctx, req, resp](const TenantScope& t) { return HintCall(ctx, t, req, resp); });
 }
 
 grpc::Status KvCacheService::Prefill(grpc::ServerContext* ctx, PrefillStream* stream) {
-  StillAdmitted still_admitted;  // Set by the admission, before the lambda runs.
-  return Serve(ctx, RpcMethod::kPrefill, [&](TieredStore* store, const TenantScope& t) {
+  StillAdmitted still_admitted;
+  absl::StatusOr<TenantScope> tenant = Admit(ctx, &still_admitted);
+  if (!tenant.ok()) return Refuse(RpcMethod::kPrefill, tenant.status());
+  return Serve(ctx, RpcMethod::kPrefill, *tenant, [&](TieredStore* store, const TenantScope& t) {
     // A tenant's sessions count in its max_streams below.
     absl::StatusOr<StreamLimiter::Ticket> session =
         TakePlace(ctx, guards_.prefill_sessions, t, /*tenant_max=*/0);
@@ -515,7 +532,7 @@ grpc::Status KvCacheService::Prefill(grpc::ServerContext* ctx, PrefillStream* st
     };
     return prefill_->Run(store, ctx, stream, data_plane_.regions, t, guards_.stalls, bind,
                          std::move(still_admitted));
-  }, &still_admitted);
+  });
 }
 
 grpc::Status KvCacheService::RegisterLayoutImpl(TieredStore* store, const TenantScope& tenant,
