@@ -1,7 +1,9 @@
 #include "storage/host_pool.h"
 
-#include "absl/container/flat_hash_set.h"
+#include <algorithm>
 
+#include "absl/algorithm/container.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 
 namespace kvtier {
@@ -172,6 +174,7 @@ bool HostPool::Insert(const ChunkId& id, std::shared_ptr<PoolChunk> data,
   it->second.data = std::move(data);
   it->second.meta = meta;
   it->second.dirty = dirty;
+  it->second.serial = ++next_serial_;
   chunk_bytes_ += meta.size;
   ns_bytes_[id.ns] += meta.size;
   if (dirty) {
@@ -313,7 +316,8 @@ uint64_t HostPool::ShrinkTo(const absl::flat_hash_set<uint64_t>& ns, uint64_t ke
       if (!victim) break;
       Entry& e = index_.find(*victim)->second;
       held -= e.meta.size;
-      victims.push_back(std::move(e.data));
+      // Copied: EraseLocked reads it (a pin that expired by time is still counted).
+      victims.push_back(e.data);
       EraseLocked(*victim);
       ++evictions_;
       evicted.push_back(*victim);
@@ -389,9 +393,10 @@ std::optional<HostPool::DirtyChunk> HostPool::TakeDirtyVictim() {
   });
   if (!victim) return std::nullopt;
   Entry& e = index_.find(*victim)->second;
-  if (e.flushing) return std::nullopt;
+  if (e.flushing || WriteHeldLocked(*victim)) return std::nullopt;
   e.flushing = true;
-  return DirtyChunk{*victim, e.data, e.meta};
+  writing_.insert(*victim);
+  return DirtyChunk{*victim, e.data, e.meta, e.serial};
 }
 
 std::optional<HostPool::DirtyChunk> HostPool::TakeDirty() {
@@ -401,38 +406,105 @@ std::optional<HostPool::DirtyChunk> HostPool::TakeDirty() {
     dirty_order_.pop_front();
     auto it = index_.find(id);
     if (it == index_.end() || !it->second.dirty || it->second.flushing) continue;
+    if (WriteHeldLocked(id)) {
+      deferred_.push_back(id);
+      continue;
+    }
     it->second.flushing = true;
-    return DirtyChunk{id, it->second.data, it->second.meta};
+    writing_.insert(id);
+    return DirtyChunk{id, it->second.data, it->second.meta, it->second.serial};
   }
   return std::nullopt;
 }
 
-bool HostPool::FinishFlush(const ChunkId& id, bool written) {
-  absl::MutexLock lock(&mu_);
-  auto it = index_.find(id);
-  if (it == index_.end() || !it->second.flushing) return false;
-  it->second.flushing = false;
-  if (written) {
-    it->second.dirty = false;
-    --dirty_count_;
-    dirty_bytes_ -= it->second.meta.size;
-  } else {
-    dirty_order_.push_back(id);
-  }
-  return true;
+bool HostPool::WriteHeldLocked(const ChunkId& id) const {
+  return writing_.contains(id) || fenced_.contains(id) || fenced_ns_.contains(id.ns);
 }
 
-void HostPool::DropFlushing(const ChunkId& id) {
+void HostPool::RequeueDeferredLocked() {
+  auto held = std::partition(deferred_.begin(), deferred_.end(), [this](const ChunkId& id) {
+    mu_.AssertHeld();
+    return WriteHeldLocked(id);
+  });
+  dirty_order_.insert(dirty_order_.end(), held, deferred_.end());
+  deferred_.erase(held, deferred_.end());
+}
+
+void HostPool::EndWriteLocked(const ChunkId& id) {
+  writing_.erase(id);
+  RequeueDeferredLocked();
+}
+
+void HostPool::Fence(const ChunkId& id) {
+  absl::MutexLock lock(&mu_);
+  const auto written = [this, &id]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return !writing_.contains(id);
+  };
+  if (!written() && options_.before_fence_wait) options_.before_fence_wait(id);
+  mu_.Await(absl::Condition(&written));
+  ++fenced_[id];
+}
+
+void HostPool::Unfence(const ChunkId& id) {
+  absl::MutexLock lock(&mu_);
+  if (auto it = fenced_.find(id); it != fenced_.end() && --it->second == 0) fenced_.erase(it);
+  RequeueDeferredLocked();
+}
+
+void HostPool::FenceNamespace(uint64_t ns) {
+  absl::MutexLock lock(&mu_);
+  const auto written = [this, ns]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return absl::c_none_of(writing_, [ns](const ChunkId& id) { return id.ns == ns; });
+  };
+  mu_.Await(absl::Condition(&written));
+  ++fenced_ns_[ns];
+}
+
+void HostPool::UnfenceNamespace(uint64_t ns) {
+  absl::MutexLock lock(&mu_);
+  if (auto it = fenced_ns_.find(ns); it != fenced_ns_.end() && --it->second == 0) {
+    fenced_ns_.erase(it);
+  }
+  RequeueDeferredLocked();
+}
+
+HostPool::FlushEnd HostPool::FinishFlush(const DirtyChunk& d, bool written) {
+  absl::MutexLock lock(&mu_);
+  EndWriteLocked(d.id);
+  auto it = index_.find(d.id);
+  if (it == index_.end()) return FlushEnd::kGone;
+  Entry& e = it->second;
+  if (e.serial != d.serial) return FlushEnd::kReplaced;
+  e.flushing = false;
+  if (written) {
+    e.dirty = false;
+    --dirty_count_;
+    dirty_bytes_ -= e.meta.size;
+  } else {
+    dirty_order_.push_back(d.id);
+  }
+  return FlushEnd::kFinished;
+}
+
+bool HostPool::DropFlushing(const DirtyChunk& d, bool even_if_pinned) {
   std::shared_ptr<PoolChunk> keep;
   {
     absl::MutexLock lock(&mu_);
-    auto it = index_.find(id);
-    if (it == index_.end()) return;
+    EndWriteLocked(d.id);
+    auto it = index_.find(d.id);
+    if (it == index_.end() || it->second.serial != d.serial) return false;
+    if (!even_if_pinned && IsPinned(it->second)) {
+      // Pinned while it was being written: a pin's promise outranks the room.
+      it->second.flushing = false;
+      dirty_order_.push_back(d.id);
+      return false;
+    }
     keep = it->second.data;
-    EraseLocked(id);
+    EraseLocked(d.id);
     ++evictions_;
   }
-  if (options_.on_evict) options_.on_evict(id);
+  if (options_.on_evict) options_.on_evict(d.id);
+  return true;
 }
 
 uint64_t HostPool::dirty_count() const {

@@ -41,6 +41,9 @@ struct HostPoolOptions {
   std::function<absl::Time()> now = [] { return absl::Now(); };
   // Called (without the pool's lock) for each chunk evicted for room.
   std::function<void(const ChunkId&)> on_evict;
+  // Tests only: called by Fence when it is about to wait for a write of the chunk in
+  // flight (a sync point), under the pool's lock: it must not call the pool.
+  std::function<void(const ChunkId&)> before_fence_wait;
 
   absl::Status Validate() const;
 };
@@ -159,24 +162,45 @@ class HostPool final : public StorageTier {
 
   // Write-back: hands out the oldest dirty chunk not already being flushed and marks it
   // flushing. The caller writes it to SSD, then calls FinishFlush.
+  // One write of a chunk is in flight at a time: a chunk put again while its previous
+  // copy's write is in flight, or fenced (below), is handed out once that ends.
   struct DirtyChunk {
     ChunkId id;
     std::shared_ptr<PoolChunk> data;
     ChunkMeta meta;
+    uint64_t serial = 0;  // Which copy of `id` (a put after a Delete makes another).
   };
   std::optional<DirtyChunk> TakeDirty();
   // For a demotion: the first dirty chunk among Allocate's victims (kWriteFirst) in the
   // policy's order, marked flushing like TakeDirty's. None when that chunk is being
   // flushed already (wait for the write: taking the next dirty chunk would evict it out
-  // of the policy's order) or there is none.
+  // of the policy's order), is fenced, or there is none.
   std::optional<DirtyChunk> TakeDirtyVictim();
-  // `written`: the SSD write succeeded; the chunk becomes clean. Otherwise it stays
-  // dirty and is handed out again later. Returns false if the chunk left the index
-  // while it was being flushed (deleted or cleared): the caller then removes the copy
-  // it just wrote, so a deleted chunk does not come back from SSD.
-  bool FinishFlush(const ChunkId& id, bool written);
-  // Drops a dirty chunk whose flush failed and that must make room anyway.
-  void DropFlushing(const ChunkId& id);
+  enum class FlushEnd {
+    kFinished,  // `written`: the copy is clean now; otherwise dirty, handed out again.
+    kGone,      // The copy left the pool while it was written (and no other copy of
+                // the chunk is there): the caller removes what it wrote, so a removed
+                // chunk does not come back from SSD.
+    kReplaced,  // Another copy of the chunk (put again) is there now: left as it is,
+                // and so is what the caller wrote.
+  };
+  // Ends the write of `d` (its `data` reference dropped first).
+  FlushEnd FinishFlush(const DirtyChunk& d, bool written);
+  // Drops `d`'s copy, whose write failed, to make room anyway; unless it was pinned
+  // since it was handed out and `even_if_pinned` is false (then it stays, dirty, to be
+  // written again). Returns whether it was dropped.
+  bool DropFlushing(const DirtyChunk& d, bool even_if_pinned);
+  // Fences a chunk's write-back for a Delete: waits until no write of `id` is in flight
+  // and hands none out (TakeDirty, TakeDirtyVictim) until Unfence. A Delete removes the
+  // chunk from RAM and then from SSD under a fence, so no write lands on SSD after its
+  // SSD delete (bringing the deleted chunk back, or leaving an SSD copy that a put
+  // would be answered "already stored" from and that the write's clean-up then
+  // deletes). Fences nest.
+  void Fence(const ChunkId& id);
+  void Unfence(const ChunkId& id);
+  // The same for every chunk of a namespace, for a Clear.
+  void FenceNamespace(uint64_t ns);
+  void UnfenceNamespace(uint64_t ns);
   uint64_t dirty_count() const;
   // Payload bytes of the dirty chunks (including those being flushed).
   uint64_t dirty_bytes() const;
@@ -195,6 +219,7 @@ class HostPool final : public StorageTier {
     absl::Time pinned_until = absl::InfinitePast();
     // Counted in the pin totals below (pinned when they were last brought up to date).
     mutable bool pin_counted = false;
+    uint64_t serial = 0;  // Tells this copy from the chunk's earlier and later ones.
   };
 
   HostPool(HostPoolOptions options, std::unique_ptr<SlotArena> arena,
@@ -218,6 +243,12 @@ class HostPool final : public StorageTier {
   void ExpirePinsLocked(absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Slot bytes max_pinned_fraction allows pinned at once.
   uint64_t PinLimitBytes() const;
+  // No write of `id` may be handed out now: one is in flight, or it is fenced.
+  bool WriteHeldLocked(const ChunkId& id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends a write of `id` and queues again the dirty chunks held back while it ran.
+  void EndWriteLocked(const ChunkId& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Queues again the held-back dirty chunks no write is held from now.
+  void RequeueDeferredLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const HostPoolOptions options_;
   // Declared before the index: entries hold PoolChunks that release into the arena.
@@ -227,6 +258,15 @@ class HostPool final : public StorageTier {
   absl::flat_hash_map<ChunkId, Entry> index_ ABSL_GUARDED_BY(mu_);
   // Dirty chunks in insertion order; may hold ids that are no longer dirty (skipped).
   std::deque<ChunkId> dirty_order_ ABSL_GUARDED_BY(mu_);
+  // Chunks whose SSD write is in flight (which may outlive their copy in the index).
+  absl::flat_hash_set<ChunkId> writing_ ABSL_GUARDED_BY(mu_);
+  // Fence counts per chunk and per namespace.
+  absl::flat_hash_map<ChunkId, uint32_t> fenced_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, uint32_t> fenced_ns_ ABSL_GUARDED_BY(mu_);
+  // Dirty chunks TakeDirty passed over while a write of them was held; queued again
+  // when that ends.
+  std::vector<ChunkId> deferred_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_serial_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t dirty_count_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t dirty_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t chunk_bytes_ ABSL_GUARDED_BY(mu_) = 0;

@@ -81,7 +81,9 @@ class SlotArena {
   uint64_t prefaulted_bytes() const { return prefaulted_.load(std::memory_order_relaxed); }
   // Blocks until the prefault thread has finished (at once without one).
   void WaitForPrefault();
-  size_t SlotsFor(uint64_t bytes) const { return (bytes + slot_bytes_ - 1) / slot_bytes_; }
+  size_t SlotsFor(uint64_t bytes) const {
+    return bytes / slot_bytes_ + (bytes % slot_bytes_ != 0);  // No overflow near 2^64.
+  }
 
  private:
   SlotArena(char* base, uint64_t mapped_bytes, uint64_t slot_bytes, uint64_t num_slots);

@@ -485,11 +485,16 @@ bool TieredStore::FlushOne(bool demotion) {
   // used one in its place.
   d->data.reset();
   if (s.ok()) {
+    if (options_.after_write_back) options_.after_write_back(d->id);
     ssd_bytes_in_.fetch_add(d->meta.size, std::memory_order_relaxed);
     if (demotion) demotions_.fetch_add(1, std::memory_order_relaxed);
-    if (!ram_->FinishFlush(d->id, /*written=*/true)) {
-      // Deleted while we wrote it: do not let it come back from the tier below.
-      backing_->Delete(d->id).IgnoreError();  // Best effort; a leftover is only a stale hit.
+    if (ram_->FinishFlush(*d, /*written=*/true) == HostPool::FlushEnd::kGone) {
+      // Removed from RAM while we wrote it, other than by a Delete or Clear (those
+      // wait for the write, then delete it themselves): do not let it come back from
+      // the tier below, nor a promotion that read it put it back in RAM.
+      key_locks_.Removing(d->id, [&] {
+        backing_->Delete(d->id).IgnoreError();  // Best effort; a leftover is a stale hit.
+      });
     }
     if (!demotion) NotifyRoom();  // The chunk is evictable now.
     return true;
@@ -501,7 +506,7 @@ bool TieredStore::FlushOne(bool demotion) {
     if (demotion) demotion_failures_.fetch_add(1, std::memory_order_relaxed);
     LogWarning("tiered store: RAM copy of ", d->id.DebugString(),
                " failed its CRC32C on the way to the SSD, dropped: ", s.message());
-    ram_->DropFlushing(d->id);  // Its eviction event goes out from the pool.
+    ram_->DropFlushing(*d, /*even_if_pinned=*/true);  // Its eviction event: the pool's.
     if (!demotion) NotifyRoom();
     return true;
   }
@@ -514,14 +519,14 @@ bool TieredStore::FlushOne(bool demotion) {
       LogWarning("tiered store: demotion of ", d->id.DebugString(),
                  " failed, dropping it from RAM: ", s.message(), HeldBack(*held));
     }
-    ram_->DropFlushing(d->id);
+    ram_->DropFlushing(*d, /*even_if_pinned=*/false);
     return true;
   }
   if (std::optional<uint64_t> held = write_failure_log_.Allow(options_.now())) {
     LogWarning("tiered store: write-back of ", d->id.DebugString(), " failed, will retry: ",
                s.message(), HeldBack(*held));
   }
-  ram_->FinishFlush(d->id, /*written=*/false);
+  ram_->FinishFlush(*d, /*written=*/false);
   return false;
 }
 
@@ -1302,10 +1307,16 @@ absl::StatusOr<bool> TieredStore::Delete(const ChunkId& id) {
       present = present || *removed;
     }
   };
+  // No write-back of the chunk lands on SSD after its SSD copy is deleted.
+  const auto fenced_remove_local = [&] {
+    ram_->Fence(id);
+    remove_local();
+    ram_->Unfence(id);
+  };
   if (shared_ == nullptr) {
-    key_locks_.Removing(id, remove_local);
+    key_locks_.Removing(id, fenced_remove_local);
   } else {
-    key_locks_.Removing(id, remove_local, remove_shared);
+    key_locks_.Removing(id, fenced_remove_local, remove_shared);
   }
   if (!local.ok()) return local;
   if (present) Emit(ChunkEventKind::kDeleted, id, Tier::kNone);
@@ -1335,6 +1346,9 @@ absl::StatusOr<uint64_t> TieredStore::ClearLocal(uint64_t ns) {
   uint64_t removed = 0;
   absl::Status status = absl::OkStatus();
   key_locks_.RemovingAll([&] {
+    // No write-back of the namespace lands on SSD after its SSD copies are deleted.
+    ram_->FenceNamespace(ns);
+    absl::Cleanup unfence = [&] { ram_->UnfenceNamespace(ns); };
     std::vector<ChunkId> in_ram;
     for (StorageTier* tier : tiers_) {
       if (tier->role() == StorageTier::Role::kShared) continue;

@@ -140,6 +140,9 @@ struct TieredStoreOptions {
   // Tests only: called by a put that stored a chunk, before its write to the shared tier
   // is queued (a sync point for a Delete racing it).
   std::function<void(const ChunkId& id)> before_shared_write;
+  // Tests only: called once a RAM chunk's write-back (or demotion) is on SSD, before
+  // RAM marks it clean (a sync point for a Delete racing it).
+  std::function<void(const ChunkId& id)> after_write_back;
   // Tests only: called by Delete once the copy tiers (GPU staging) let go of the chunk,
   // before the tiers under them do (a sync point for a staging racing it).
   std::function<void(const ChunkId& id)> after_copy_delete;

@@ -24,6 +24,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "storage/crc32c.h"
 #include "storage/lru_policy.h"
@@ -369,9 +370,8 @@ TEST_F(HostPoolTest, NeverEvictsDirtyChunks) {
   ASSERT_TRUE(d.has_value());
   EXPECT_EQ(d->id, Id(1));
   EXPECT_EQ(pool_->Allocate(kSlot).status().code(), absl::StatusCode::kResourceExhausted);
-  const ChunkId flushed = d->id;
-  d.reset();  // The flusher drops its reference after writing.
-  EXPECT_TRUE(pool_->FinishFlush(flushed, /*written=*/true));
+  d->data.reset();  // The flusher drops its reference after writing.
+  EXPECT_EQ(pool_->FinishFlush(*d, /*written=*/true), HostPool::FlushEnd::kFinished);
   EXPECT_EQ(pool_->dirty_count(), 3u);
   auto room = pool_->Allocate(kSlot);
   ASSERT_TRUE(room.ok()) << room.status();
@@ -400,7 +400,7 @@ TEST_F(HostPoolTest, AVictimBeingFlushedIsWaitedForNotSkipped) {
   for (uint64_t i = 1; i <= 4; ++i) EXPECT_TRUE(pool_->Contains(Id(i))) << i;
   in_write.reset();
   flushing->data.reset();
-  ASSERT_TRUE(pool_->FinishFlush(Id(1), /*written=*/true));
+  ASSERT_EQ(pool_->FinishFlush(*flushing, /*written=*/true), HostPool::FlushEnd::kFinished);
   auto room = pool_->Allocate(kSlot, kWriteFirst);
   ASSERT_TRUE(room.ok()) << room.status();
   EXPECT_FALSE(pool_->Contains(Id(1)));
@@ -426,7 +426,7 @@ TEST_F(HostPoolTest, ADemotionWaitsForTheVictimBeingFlushed) {
             absl::StatusCode::kResourceExhausted);
   in_write.reset();
   flushing->data.reset();
-  ASSERT_TRUE(pool_->FinishFlush(Id(1), /*written=*/true));
+  ASSERT_EQ(pool_->FinishFlush(*flushing, /*written=*/true), HostPool::FlushEnd::kFinished);
   // 1 is clean now: the put takes 1's room, and 2 stays.
   auto room = pool_->Allocate(kSlot, kWriteFirst);
   ASSERT_TRUE(room.ok()) << room.status();
@@ -445,7 +445,7 @@ TEST_F(HostPoolTest, ADemotionPassesCleanVictimsForTheFirstDirtyOne) {
   ASSERT_TRUE(d.has_value());
   EXPECT_EQ(d->id, Id(2));
   d->data.reset();
-  ASSERT_TRUE(pool_->FinishFlush(Id(2), /*written=*/true));
+  ASSERT_EQ(pool_->FinishFlush(*d, /*written=*/true), HostPool::FlushEnd::kFinished);
 }
 
 TEST_F(HostPoolTest, DirtyVictimIsWrittenFirstNotSkipped) {
@@ -462,9 +462,8 @@ TEST_F(HostPoolTest, DirtyVictimIsWrittenFirstNotSkipped) {
   auto d = pool_->TakeDirtyVictim();
   ASSERT_TRUE(d.has_value());
   EXPECT_EQ(d->id, Id(1)) << "the policy's victim, not the oldest-inserted other";
-  const ChunkId written = d->id;
-  d.reset();
-  ASSERT_TRUE(pool_->FinishFlush(written, /*written=*/true));
+  d->data.reset();
+  ASSERT_EQ(pool_->FinishFlush(*d, /*written=*/true), HostPool::FlushEnd::kFinished);
   auto room1 = pool_->Allocate(kChunk, kWriteFirst);  // Held: its slots stay taken.
   ASSERT_TRUE(room1.ok()) << room1.status();
   EXPECT_FALSE(pool_->Contains(Id(1)));
@@ -671,35 +670,34 @@ TEST_F(HostPoolTest, WriteBackBookkeeping) {
   EXPECT_EQ(pool_->dirty_count(), 3u) << "flushing chunks are still dirty";
 
   // 1 was written: clean.
-  d1.reset();
-  EXPECT_TRUE(pool_->FinishFlush(Id(1), /*written=*/true));
+  d1->data.reset();
+  EXPECT_EQ(pool_->FinishFlush(*d1, /*written=*/true), HostPool::FlushEnd::kFinished);
   EXPECT_EQ(pool_->dirty_count(), 2u);
-  EXPECT_FALSE(pool_->FinishFlush(Id(1), /*written=*/true)) << "not being flushed";
 
   // 2 failed: handed out again later.
-  d2.reset();
-  EXPECT_TRUE(pool_->FinishFlush(Id(2), /*written=*/false));
+  d2->data.reset();
+  EXPECT_EQ(pool_->FinishFlush(*d2, /*written=*/false), HostPool::FlushEnd::kFinished);
   EXPECT_EQ(pool_->dirty_count(), 2u);
   auto again = pool_->TakeDirty();
   ASSERT_TRUE(again.has_value());
   EXPECT_EQ(again->id, Id(2));
-  again.reset();
+  again->data.reset();
 
-  // 4 was deleted while being flushed: FinishFlush says so, so the flusher can undo
+  // 4 was removed while being flushed: FinishFlush says so, so the flusher can undo
   // its SSD write.
-  d4.reset();
+  d4->data.reset();
   EXPECT_TRUE(pool_->Remove(Id(4)));
-  EXPECT_FALSE(pool_->FinishFlush(Id(4), /*written=*/true));
+  EXPECT_EQ(pool_->FinishFlush(*d4, /*written=*/true), HostPool::FlushEnd::kGone);
   EXPECT_EQ(pool_->dirty_count(), 1u);
 
   // 2's flush failed again and the room is needed: DropFlushing removes it.
   const uint64_t evictions = pool_->GetStats().evictions;
-  pool_->DropFlushing(Id(2));
+  EXPECT_TRUE(pool_->DropFlushing(*again, /*even_if_pinned=*/false));
   EXPECT_FALSE(pool_->Contains(Id(2)));
   EXPECT_EQ(pool_->dirty_count(), 0u);
   EXPECT_EQ(pool_->GetStats().evictions, evictions + 1);
   EXPECT_FALSE(pool_->TakeDirty().has_value());
-  pool_->DropFlushing(Id(2));  // Gone already: no effect.
+  EXPECT_FALSE(pool_->DropFlushing(*again, /*even_if_pinned=*/false)) << "gone already";
   EXPECT_EQ(pool_->GetStats().evictions, evictions + 1);
   EXPECT_EQ(pool_->GetStats().chunks, 2u);  // 1 and 3.
 }
@@ -708,16 +706,118 @@ TEST_F(HostPoolTest, ReinsertAfterRemoveWhileFlushingIsFlushedAgain) {
   Put(Id(1), kChunk, /*dirty=*/true);
   auto d = pool_->TakeDirty();
   ASSERT_TRUE(d.has_value());
-  d.reset();
+  d->data.reset();
   EXPECT_TRUE(pool_->Remove(Id(1)));
   Put(Id(1), kChunk, /*dirty=*/true);
-  // The old flush finishing must not mark the new copy clean.
-  EXPECT_FALSE(pool_->FinishFlush(Id(1), /*written=*/true));
+  // One write of a chunk at a time: the new copy waits for the old one's.
+  EXPECT_FALSE(pool_->TakeDirty().has_value());
+  EXPECT_FALSE(pool_->TakeDirtyVictim().has_value());
+  // The old flush finishing must not mark the new copy clean, nor have its SSD copy
+  // removed (the new copy's write covers it).
+  EXPECT_EQ(pool_->FinishFlush(*d, /*written=*/true), HostPool::FlushEnd::kReplaced);
   EXPECT_EQ(pool_->dirty_count(), 1u);
   auto next = pool_->TakeDirty();
   ASSERT_TRUE(next.has_value());
   EXPECT_EQ(next->id, Id(1));
+  EXPECT_NE(next->serial, d->serial);
   EXPECT_FALSE(pool_->TakeDirty().has_value());
+  // Nor does a failed write of the old copy drop the new one.
+  EXPECT_FALSE(pool_->DropFlushing(*d, /*even_if_pinned=*/true));
+  EXPECT_TRUE(pool_->Contains(Id(1)));
+}
+
+// Two copies of a chunk being written at once: the first write to finish marked the
+// second copy clean while its write was still in flight (evictable, on no SSD), and
+// the second then found it "not flushing" and had its own SSD copy deleted.
+TEST_F(HostPoolTest, TheOldCopysWriteNeverFinishesTheNewOnes) {
+  Put(Id(1), kChunk, /*dirty=*/true);
+  auto old_copy = pool_->TakeDirty();
+  ASSERT_TRUE(old_copy.has_value());
+  old_copy->data.reset();
+  EXPECT_TRUE(pool_->Remove(Id(1)));
+  Put(Id(1), kChunk, /*dirty=*/true);
+  EXPECT_EQ(pool_->FinishFlush(*old_copy, /*written=*/true), HostPool::FlushEnd::kReplaced);
+  auto new_copy = pool_->TakeDirty();
+  ASSERT_TRUE(new_copy.has_value());
+  // A second end of the old write (a bug in the caller) still leaves the new one be.
+  EXPECT_EQ(pool_->FinishFlush(*old_copy, /*written=*/true), HostPool::FlushEnd::kReplaced);
+  EXPECT_EQ(pool_->dirty_count(), 1u) << "still being written";
+  new_copy->data.reset();
+  EXPECT_EQ(pool_->FinishFlush(*new_copy, /*written=*/true), HostPool::FlushEnd::kFinished);
+  EXPECT_EQ(pool_->dirty_count(), 0u);
+}
+
+// A demotion whose write failed drops its chunk to make room, but not one pinned while
+// it was being written: the Pin was answered OK.
+TEST_F(HostPoolTest, AFailedDemotionKeepsAChunkPinnedDuringItsWrite) {
+  Put(Id(1), kChunk, /*dirty=*/true);
+  auto d = pool_->TakeDirtyVictim();
+  ASSERT_TRUE(d.has_value());
+  d->data.reset();
+  ASSERT_TRUE(pool_->Pin(Id(1), absl::InfiniteFuture()).ok());
+  EXPECT_FALSE(pool_->DropFlushing(*d, /*even_if_pinned=*/false));
+  EXPECT_TRUE(pool_->Contains(Id(1)));
+  EXPECT_EQ(pool_->dirty_count(), 1u);
+  EXPECT_EQ(pool_->GetStats().pinned_bytes, kChunk);
+  // Dirty still, and handed out again to be written.
+  auto again = pool_->TakeDirty();
+  ASSERT_TRUE(again.has_value());
+  EXPECT_EQ(again->id, Id(1));
+  // A copy that failed its checksum goes, pinned or not.
+  again->data.reset();
+  EXPECT_TRUE(pool_->DropFlushing(*again, /*even_if_pinned=*/true));
+  EXPECT_FALSE(pool_->Contains(Id(1)));
+  EXPECT_EQ(pool_->GetStats().pinned_bytes, 0u);
+}
+
+// A fence (a Delete's) waits for the write in flight and hands out no write of the
+// chunk until it is lifted; the chunks held back are written after.
+TEST_F(HostPoolTest, AFenceHoldsBackWritesOfItsChunkUntilLifted) {
+  Put(Id(1), kChunk, /*dirty=*/true);
+  Put(Id(2, 2), kChunk, /*dirty=*/true);
+  pool_->Fence(Id(1));  // No write in flight: at once.
+  pool_->FenceNamespace(2);
+  EXPECT_FALSE(pool_->TakeDirty().has_value());
+  EXPECT_FALSE(pool_->TakeDirtyVictim().has_value());
+  pool_->Unfence(Id(1));
+  auto d = pool_->TakeDirty();
+  ASSERT_TRUE(d.has_value());
+  EXPECT_EQ(d->id, Id(1));
+  EXPECT_FALSE(pool_->TakeDirty().has_value());
+  pool_->UnfenceNamespace(2);
+  auto d2 = pool_->TakeDirty();
+  ASSERT_TRUE(d2.has_value());
+  EXPECT_EQ(d2->id, Id(2, 2));
+  // With 1's write in flight, a fence of 1 waits for it to end.
+  absl::Notification fenced;
+  std::thread deleter([&] {
+    pool_->Fence(Id(1));
+    fenced.Notify();
+  });
+  EXPECT_FALSE(fenced.WaitForNotificationWithTimeout(absl::Milliseconds(50)))
+      << "a fence while the write is in flight";
+  d->data.reset();
+  EXPECT_EQ(pool_->FinishFlush(*d, /*written=*/true), HostPool::FlushEnd::kFinished);
+  fenced.WaitForNotification();
+  deleter.join();
+  pool_->Unfence(Id(1));
+}
+
+// ShrinkTo (a tenant's RAM quota) evicting a chunk whose pin expired by time but is
+// still counted in the pin totals dereferenced the chunk it had just moved away.
+TEST_F(HostPoolTest, ShrinkingPastAnExpiredPinIsSafe) {
+  Put(Id(1), kChunk);
+  ASSERT_TRUE(pool_->Pin(Id(1), clock_.Now() + absl::Seconds(1)).ok());
+  clock_.Advance(absl::Seconds(2));
+  EXPECT_EQ(pool_->ShrinkTo({Id(1).ns}, 0), 0u);
+  EXPECT_FALSE(pool_->Contains(Id(1)));
+  EXPECT_EQ(pool_->GetStats().pinned_bytes, 0u);
+}
+
+TEST_F(HostPoolTest, AHugeSizeIsRefusedNotWrappedToNoSlots) {
+  EXPECT_EQ(pool_->Allocate(UINT64_MAX).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(pool_->Allocate(UINT64_MAX - kSlot + 2).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(HostPoolTest, RemoveNamespace) {
@@ -808,17 +908,18 @@ TEST_F(HostPoolTest, RandomizedLoadStaysWithinCapacity) {
         if (auto d = pool_->TakeDirty()) flushing.push_back(*std::move(d));
         if (!flushing.empty() && rng() % 2) {
           const size_t i = rng() % flushing.size();
-          const ChunkId fid = flushing[i].id;
+          HostPool::DirtyChunk f = std::move(flushing[i]);
           flushing.erase(flushing.begin() + i);
+          f.data.reset();
           switch (rng() % 3) {
             case 0:
-              pool_->FinishFlush(fid, true);
+              pool_->FinishFlush(f, true);
               break;
             case 1:
-              pool_->FinishFlush(fid, false);
+              pool_->FinishFlush(f, false);
               break;
             case 2:
-              pool_->DropFlushing(fid);
+              pool_->DropFlushing(f, rng() % 2);
               break;
           }
         }
@@ -843,7 +944,10 @@ TEST_F(HostPoolTest, RandomizedLoadStaysWithinCapacity) {
   EXPECT_GT(exhausted, 0u) << "the load never filled the pool; the test is too gentle";
   EXPECT_GT(pool_->GetStats().evictions, 100u);
   // Everything let go: only indexed chunks hold slots, and the payload bytes fit them.
-  for (auto& f : flushing) pool_->FinishFlush(f.id, true);
+  for (auto& f : flushing) {
+    f.data.reset();
+    pool_->FinishFlush(f, true);
+  }
   flushing.clear();
   readers.clear();
   in_flight.clear();
@@ -892,9 +996,8 @@ TEST_F(HostPoolTest, ConcurrentLoadStaysWithinCapacity) {
             break;
           case 3:
             if (auto d = pool_->TakeDirty()) {
-              const ChunkId did = d->id;
-              d.reset();
-              pool_->FinishFlush(did, rng() % 2);
+              d->data.reset();
+              pool_->FinishFlush(*d, rng() % 2);
             }
             break;
           case 4:

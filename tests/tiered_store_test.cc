@@ -8,6 +8,7 @@
 #include <stdlib.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <filesystem>
 #include <functional>
@@ -1317,6 +1318,54 @@ TEST_F(TieredStoreWriteBackTest, DeleteDuringWriteBackDoesNotResurrect) {
   EXPECT_EQ(store_->Locate(Id(1)), Tier::kNone);
   EXPECT_EQ(store_->Read(Id(1)).status().code(), absl::StatusCode::kNotFound);
   ExpectReadable(Id(2));
+}
+
+// A Delete of a chunk whose write-back is in flight waits for that write and then
+// deletes what it wrote. It once returned before the write landed: the SSD then held
+// the deleted chunk until the flusher removed it, and a put of the key in that window
+// was answered "already stored" from the copy about to go, so it was lost.
+TEST_F(TieredStoreWriteBackTest, ADeleteWaitsForTheWriteBackInFlight) {
+  std::atomic<bool> delete_returned{false};
+  absl::Notification delete_waits_or_returned;
+  std::atomic<bool> landed_after_the_delete_returned{false};
+  TieredStoreOptions o = Options(WriteMode::kWriteBack);
+  // Both on the deleting thread, one after the other.
+  const auto notify = [&] {
+    if (!delete_waits_or_returned.HasBeenNotified()) delete_waits_or_returned.Notify();
+  };
+  o.ram.before_fence_wait = [&](const ChunkId&) { notify(); };
+  absl::Notification landed;
+  o.after_write_back = [&](const ChunkId& id) {
+    if (id != Id(1) || landed.HasBeenNotified()) return;
+    landed_after_the_delete_returned = delete_returned.load();
+    landed.Notify();
+  };
+  OpenWith(o);
+  ns_ = Register();
+  std::thread deleter;
+  bool deleted = false;
+  ops_->BeforeNextWrite([&] {  // Id(1)'s write-back is in flight.
+    deleter = std::thread([&] {
+      auto d = store_->Delete(Id(1));
+      deleted = d.ok() && *d;
+      delete_returned.store(true);
+      notify();
+    });
+    delete_waits_or_returned.WaitForNotification();
+  });
+  PutOk(Id(1));
+  ASSERT_TRUE(WaitFor([&] { return deleter.joinable(); }));
+  deleter.join();
+  EXPECT_TRUE(deleted);
+  landed.WaitForNotification();
+  EXPECT_FALSE(landed_after_the_delete_returned.load());
+  Settle();
+  EXPECT_EQ(store_->Locate(Id(1)), Tier::kNone);
+  EXPECT_EQ(store_->GetStats().ssd.chunks, 0u);
+  // A put of the key stores it afresh, and it stays.
+  PutOk(Id(1));
+  WaitFlushed(1);
+  ExpectReadable(Id(1));
 }
 
 TEST_F(TieredStoreWriteBackTest, ClearDuringWriteBackDoesNotResurrect) {
