@@ -41,6 +41,8 @@ void WriteBackFlusher::Loop(bool first) {
       seen = generation_;
     }
     while (flush_one_()) {
+      absl::MutexLock lock(&mu_);
+      if (stopping_) return;  // After the current chunk, as Stop promises.
     }
     if (first && after_pass_) after_pass_();
   }
