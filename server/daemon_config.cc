@@ -557,6 +557,16 @@ absl::Status DaemonConfig::Validate() const {
         "tls_cert_file and tls_key_file (and tls_client_ca_file for mutual TLS), or "
         "allow_insecure_remote = true to serve plaintext anyway"));
   }
+  if (tls() && tls_client_ca_file.empty() && tenants_file.empty() && !allow_insecure_remote &&
+      !ListenIsLoopback()) {
+    // TLS alone hides the traffic but checks no caller: each would be the implicit
+    // tenant, with the admin role (Clear, Delete, Pin of every namespace).
+    return absl::InvalidArgumentError(absl::StrCat(
+        "option listen: ", listen, " is reachable beyond this host and nothing "
+        "authenticates callers (TLS without tls_client_ca_file, and no tenants_file), so "
+        "any of them would be the implicit admin tenant; set tls_client_ca_file (mutual "
+        "TLS) or tenants_file, or allow_insecure_remote = true to serve them all anyway"));
+  }
   if (!listen_unix.empty() && listen_unix[0] != '/') {
     return absl::InvalidArgumentError(absl::StrCat(
         "option listen_unix: expected an absolute path or empty, got '", listen_unix, "'"));

@@ -544,6 +544,18 @@ TEST(DaemonConfigTest, PlaintextBeyondLoopbackNeedsConsent) {
     c.allow_insecure_remote = false;
     c.tls_cert_file = "/etc/kvtier/cert.pem";
     c.tls_key_file = "/etc/kvtier/key.pem";
+    // TLS alone authenticates nobody: every caller would be the implicit admin.
+    s = c.Validate();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << remote;
+    EXPECT_NE(s.message().find("tls_client_ca_file"), std::string::npos) << s;
+    EXPECT_NE(s.message().find("tenants_file"), std::string::npos) << s;
+    c.tls_client_ca_file = "/etc/kvtier/ca.pem";
+    EXPECT_TRUE(c.Validate().ok()) << remote;
+    c.tls_client_ca_file.clear();
+    c.tenants_file = "/etc/kvtier/tenants";
+    EXPECT_TRUE(c.Validate().ok()) << remote;
+    c.tenants_file.clear();
+    c.allow_insecure_remote = true;
     EXPECT_TRUE(c.Validate().ok()) << remote;
   }
 }
