@@ -14,6 +14,7 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <string_view>
 #include <thread>
 #include <utility>
@@ -93,12 +94,24 @@ Option DoubleOption(const char* name, const char* help, double DaemonConfig::*fi
           [field](const DaemonConfig& c) { return absl::StrCat(c.*field); }};
 }
 
+constexpr absl::Duration kMaxDuration = absl::Hours(24 * 3650);
+// Threads are started as they are needed, but each costs a stack; past this a
+// systemd task limit would abort the daemon at the first burst.
+constexpr uint32_t kMaxRpcThreads = 8192;
+
 Option DurationOption(const char* name, const char* help, absl::Duration DaemonConfig::*field) {
   return {name, help, false,
           [name, field](DaemonConfig& c, absl::string_view v) -> absl::Status {
-            if (!absl::ParseDuration(v, &(c.*field))) {
+            absl::Duration d;
+            if (!absl::ParseDuration(v, &d)) {
               return BadValue(name, v, "not a duration (e.g. 30s, 5m, 24h, 0)");
             }
+            // Infinite or decades long overflows where it meets a clock (a deadline of
+            // now + d) or a protocol (Redis PX).
+            if (d < -kMaxDuration || d > kMaxDuration) {
+              return BadValue(name, v, "longer than 10 years (0 turns off what can be off)");
+            }
+            c.*field = d;
             return absl::OkStatus();
           },
           [field](const DaemonConfig& c) { return absl::FormatDuration(c.*field); }};
@@ -575,9 +588,15 @@ absl::Status DaemonConfig::Validate() const {
     return absl::InvalidArgumentError(
         "option max_streams: max_streams and max_streams_per_connection must be at least 1");
   }
-  if (max_rpc_threads < 8) {
-    return absl::InvalidArgumentError(
-        "option max_rpc_threads: must be at least 8 (gRPC's pollers need some)");
+  if (max_rpc_threads < 8 || max_rpc_threads > kMaxRpcThreads) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "option max_rpc_threads: must be 8 (gRPC's pollers need some) to ", kMaxRpcThreads,
+        ", got ", max_rpc_threads));
+  }
+  if (max_streams_per_connection > uint64_t{std::numeric_limits<int32_t>::max()}) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "option max_streams_per_connection: at most ", std::numeric_limits<int32_t>::max(),
+        " (HTTP/2's limit), got ", max_streams_per_connection));
   }
   if (max_prefill_sessions > max_rpc_threads / 2) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -643,6 +662,11 @@ absl::Status DaemonConfig::Validate() const {
   }
   if (shutdown_grace < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("option shutdown_grace: must not be negative");
+  }
+  if (remote_timeout > absl::Hours(1)) {
+    // poll() takes milliseconds as an int; an hour is already more than any I/O needs.
+    return absl::InvalidArgumentError(absl::StrCat(
+        "option remote_timeout: at most 1h, got ", absl::FormatDuration(remote_timeout)));
   }
   if (client_idle_timeout < absl::ZeroDuration()) {
     return absl::InvalidArgumentError(

@@ -535,8 +535,8 @@ int Run(const DaemonConfig& config, const sigset_t& signals) {
       }
     }
   });
-  server->Shutdown(std::chrono::system_clock::now() +
-                   absl::ToChronoSeconds(config.shutdown_grace));
+  // Not in whole seconds (500ms was none); finite, at most 10 years (Validate).
+  server->Shutdown(absl::ToChronoTime(absl::Now() + config.shutdown_grace));
   shut.Notify();
   closer.join();
   server->Wait();

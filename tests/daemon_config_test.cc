@@ -411,6 +411,18 @@ TEST(DaemonConfigTest, ErrorsNameTheOption) {
   auto missing = ParseDaemonArgs({"--listen"});
   EXPECT_FALSE(missing.ok());
 
+  // An infinite duration overflowed where it met a clock (a shutdown deadline in the
+  // past, a Redis timeout at once) or Redis (PX out of range: nothing shared).
+  for (const char* flag : {"--shutdown-grace=inf", "--remote-ttl=inf", "--remote-timeout=inf",
+                           "--ssd-ttl=-inf", "--shutdown-grace=100000h"}) {
+    auto r = ParseDaemonArgs({flag});
+    ASSERT_FALSE(r.ok()) << flag;
+    EXPECT_NE(r.status().message().find("10 years"), std::string::npos) << r.status();
+  }
+  auto half_second = ParseDaemonArgs({"--shutdown-grace=500ms"});
+  ASSERT_TRUE(half_second.ok()) << half_second.status();
+  EXPECT_EQ(half_second->config.shutdown_grace, absl::Milliseconds(500));
+
   DaemonConfig c;
   EXPECT_FALSE(ApplyToml("ram_capacity = [1, 2]", "x.toml", c).ok());
   absl::Status syntax = ApplyToml("ram_capacity = ", "x.toml", c);
@@ -445,6 +457,14 @@ TEST(DaemonConfigTest, ErrorsNameTheOption) {
       {[](DaemonConfig& c) { c.metrics_listen = "127.0.0.1:70000"; }, "metrics_listen"},
       {[](DaemonConfig& c) { c.client_idle_timeout = absl::Seconds(-1); },
        "client_idle_timeout"},
+      // Each thread a stack; past the task limit the daemon aborts at a burst.
+      {[](DaemonConfig& c) { c.max_rpc_threads = 100000; }, "max_rpc_threads"},
+      {[](DaemonConfig& c) { c.max_rpc_threads = 4294967295u; }, "max_rpc_threads"},
+      // Cast to gRPC's int, it went negative.
+      {[](DaemonConfig& c) { c.max_streams_per_connection = 3000000000u; },
+       "max_streams_per_connection"},
+      // poll() takes int milliseconds.
+      {[](DaemonConfig& c) { c.remote_timeout = absl::Hours(24 * 30); }, "remote_timeout"},
   };
   for (const Case& k : cases) {
     DaemonConfig bad;
