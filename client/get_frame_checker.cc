@@ -21,7 +21,12 @@ GetFrameChecker::GetFrameChecker(absl::Span<const ChunkKey> keys, bool layer_maj
                                  std::optional<Shape> shape)
     : keys_(keys),
       layer_major_(layer_major),
-      whole_chunks_(!first_layer.has_value() && verify_crc),
+      // A range of every layer asks for whole chunks too (and the daemon answers them
+      // with the chunk's CRC32C): checked as such.
+      whole_chunks_(verify_crc &&
+                    (!first_layer.has_value() ||
+                     (shape.has_value() && *first_layer == 0 &&
+                      end_layer.value_or(shape->num_layers) == shape->num_layers))),
       first_layer_(first_layer.has_value() || !shape.has_value() ? first_layer
                                                                   : std::optional<uint32_t>(0)),
       end_layer_(end_layer.has_value() || !shape.has_value()

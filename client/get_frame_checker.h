@@ -47,7 +47,7 @@ class GetFrameChecker {
   };
 
   // `keys` must outlive the checker. `first_layer`/`end_layer`: the requested layer
-  // range, or nullopt for whole chunks. `verify_crc` false skips the CRC32C checks (a
+  // range, or nullopt for whole chunks (as is every layer of `shape`: CRC-checked). `verify_crc` false skips the CRC32C checks (a
   // Get into registered memory: the daemon checked its copy as it wrote it). `shape`:
   // the layout's sizes, when known (nullopt: any consistent sizes pass).
   GetFrameChecker(absl::Span<const ChunkKey> keys, bool layer_major,

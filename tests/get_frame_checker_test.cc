@@ -147,6 +147,30 @@ TEST_F(CheckerTest, LayerMajorCorruptWholeChunkIsDataLossAtTheEnd) {
   EXPECT_EQ(RunLayerMajor(short_range, {{0, 3}}).code(), absl::StatusCode::kInternal);
 }
 
+// An explicit range of every layer is a whole chunk: its CRC32C is checked as when no
+// range is given (it once turned the check off).
+TEST_F(CheckerTest, ARangeOfEveryLayerIsCheckedAsAWholeChunk) {
+  const GetFrameChecker::Shape shape{kLayer * kLayers, kLayer, kLayers};
+  std::vector<F> layer_major = LayerMajor(4, {true, true, false, true}, 0, kLayers);
+  layer_major[1].data[0] ^= 1;  // In key 0's first piece.
+  GetFrameChecker lm(keys_, /*layer_major=*/true, 0, kLayers, /*verify_crc=*/true, shape);
+  EXPECT_EQ(Run(lm, layer_major).code(), absl::StatusCode::kDataLoss);
+
+  std::vector<F> chunk_major;
+  AppendPiece(chunk_major, 0, Chunk(0), 0, kLayer * kLayers, 50, std::nullopt);
+  for (uint32_t k = 1; k < 4; ++k) chunk_major.push_back(Absent(k));
+  chunk_major[0].data[3] ^= 1;
+  GetFrameChecker cm(keys_, /*layer_major=*/false, 0, kLayers, /*verify_crc=*/true, shape);
+  EXPECT_EQ(Run(cm, chunk_major).code(), absl::StatusCode::kDataLoss);
+
+  // A part of the layers has no CRC32C of its own to check.
+  std::vector<F> part = LayerMajor(4, {true, true, false, true}, 1, kLayers);
+  part[1].data[0] ^= 1;
+  GetFrameChecker pm(keys_, /*layer_major=*/true, 1, kLayers, /*verify_crc=*/true,
+                     GetFrameChecker::Shape{kLayer * (kLayers - 1), kLayer, kLayers});
+  EXPECT_TRUE(Run(pm, part).ok());
+}
+
 TEST_F(CheckerTest, LayerMajorProtocolViolationsAreInternal) {
   const std::vector<bool> found = {true, false, true, true};
   auto violates = [&](std::vector<F> frames,
