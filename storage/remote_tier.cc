@@ -150,7 +150,10 @@ bool RemoteTier::WriteAsync(const ChunkId& id, const ChunkMeta& meta, uint64_t l
   if (!health_.ProbeDue()) return refuse("the cluster is unreachable");
   {
     absl::MutexLock l(&mu_);
-    if (!stopping_ && pending_bytes_ + meta.size <= options_.max_pending_bytes) {
+    // One chunk larger than the bound goes when nothing else is pending (it would
+    // otherwise never be shared): the bound is then one chunk.
+    if (!stopping_ &&
+        (pending_bytes_ == 0 || pending_bytes_ + meta.size <= options_.max_pending_bytes)) {
       pending_bytes_ += meta.size;
       queue_.push_back(Job{id, meta, layout_fingerprint, std::move(pieces),
                            std::move(keep_alive), std::move(done)});

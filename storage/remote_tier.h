@@ -24,7 +24,7 @@
 //    never outlives its segments by expiry. Capacity is the cluster's (its maxmemory
 //    and eviction policy); a record whose segments were evicted reads as a miss.
 //  - Bounded: at most max_pending_bytes of chunks queued or being written (each holds
-//    its pool bytes until written), at most connections_per_node connections per node,
+//    its pool bytes until written; a larger chunk goes alone, when nothing else does), at most connections_per_node connections per node,
 //    at most batch_bytes of segments in one pipeline.
 //
 // Thread-safety: thread-safe. write_threads background threads; the destructor drops

@@ -264,6 +264,26 @@ TEST_F(RemoteTierTest, AChunkPutOnOneStoreIsReadOnAnother) {
   EXPECT_GT(segment_ttl, record_ttl);
 }
 
+// A chunk larger than max_pending_bytes is shared when nothing else is pending; it
+// was refused on every write (the default bound is an eighth of the pool, which a
+// 128 MiB chunk of a 1 GiB pool passes).
+TEST_F(RemoteTierTest, AChunkLargerThanThePendingBoundIsSharedAlone) {
+  TieredStoreOptions o = Options(dir_a_.path(), WriteMode::kWriteBack);
+  o.remote.max_pending_bytes = 64 << 10;  // A sixteenth of a chunk.
+  a_ = Open(o);
+  b_ = Open(Options(dir_b_.path(), WriteMode::kRamOnly));
+  ASSERT_NE(a_, nullptr);
+  ASSERT_NE(b_, nullptr);
+  ASSERT_TRUE(Put(a_.get(), Id(1)).ok());
+  a_->WaitForRemoteWrites();
+  EXPECT_EQ(a_->GetStats().remote.writes, 1u);
+  EXPECT_EQ(a_->GetStats().remote.writes_dropped, 0u);
+  auto view = b_->Read(Id(1));
+  ASSERT_TRUE(view.ok()) << view.status();
+  EXPECT_EQ(view->tier(), Tier::kRemote);
+  EXPECT_EQ(ReadAll(*view), Payload(Id(1), kMiB));
+}
+
 TEST_F(RemoteTierTest, AGetsMissingChunksAreFetchedTogetherAhead) {
   a_ = Open(Options(dir_a_.path(), WriteMode::kWriteBack));
   TieredStoreOptions ob = Options(dir_b_.path(), WriteMode::kRamOnly);
