@@ -14,7 +14,8 @@ bool KeyLocks::InsertIfUnchanged(const ChunkId& id, uint64_t generation,
                                  absl::FunctionRef<void()> insert) {
   Stripe& s = For(id);
   absl::MutexLock lock(&s.mu);
-  if (s.generation.load(std::memory_order_relaxed) != generation || s.far.contains(id)) {
+  if (s.generation.load(std::memory_order_relaxed) != generation || s.far.contains(id) ||
+      s.far_ns.contains(id.ns)) {
     return false;
   }
   insert();
@@ -64,6 +65,24 @@ void KeyLocks::RemovingAll(absl::FunctionRef<void()> remove) {
   }
   remove();
   for (auto it = stripes_.rbegin(); it != stripes_.rend(); ++it) it->mu.Unlock();
+}
+
+void KeyLocks::RemovingAll(uint64_t ns, absl::FunctionRef<void()> remove,
+                           absl::FunctionRef<void()> remove_far) {
+  for (Stripe& s : stripes_) {
+    s.mu.Lock();
+    s.generation.fetch_add(1, std::memory_order_release);
+  }
+  remove();
+  for (Stripe& s : stripes_) ++s.far_ns[ns];
+  for (auto it = stripes_.rbegin(); it != stripes_.rend(); ++it) it->mu.Unlock();
+  remove_far();
+  for (Stripe& s : stripes_) {
+    absl::MutexLock lock(&s.mu);
+    if (auto it = s.far_ns.find(ns); --it->second == 0) s.far_ns.erase(it);
+    // A promotion that noted the generation during remove_far read what it removed.
+    s.generation.fetch_add(1, std::memory_order_release);
+  }
 }
 
 }  // namespace kvtier

@@ -56,6 +56,11 @@ class KeyLocks {
                 absl::FunctionRef<void()> remove_far);
   // Runs `remove` under every stripe (in order), after bumping every generation.
   void RemovingAll(absl::FunctionRef<void()> remove) ABSL_NO_THREAD_SAFETY_ANALYSIS;
+  // The same for namespace `ns`, then `remove_far` without the stripes, while no insert
+  // of a chunk of `ns` runs (by the first InsertIfUnchanged); every generation is bumped
+  // again once it returns. A Clear: its local tiers, then the shared tier's copies.
+  void RemovingAll(uint64_t ns, absl::FunctionRef<void()> remove,
+                   absl::FunctionRef<void()> remove_far) ABSL_NO_THREAD_SAFETY_ANALYSIS;
 
  private:
   static constexpr size_t kStripes = 64;
@@ -64,6 +69,8 @@ class KeyLocks {
     std::atomic<uint64_t> generation{0};  // Written under mu.
     // Chunks in a Removing's remove_far (how many Removings of each).
     absl::flat_hash_map<ChunkId, uint32_t> far ABSL_GUARDED_BY(mu);
+    // Namespaces in a RemovingAll's remove_far (how many of each); in every stripe.
+    absl::flat_hash_map<uint64_t, uint32_t> far_ns ABSL_GUARDED_BY(mu);
   };
   Stripe& For(const ChunkId& id) const;
 

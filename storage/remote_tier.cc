@@ -729,6 +729,7 @@ absl::StatusOr<bool> RemoteTier::Delete(const ChunkId& id) {
 absl::StatusOr<uint64_t> RemoteTier::Clear(uint64_t ns) {
   // First: a write queued before this Clear must not bring a chunk back.
   CancelWrites([ns](const ChunkId& j) { return j.ns == ns; });
+  if (options_.after_clear_cancel) options_.after_clear_cancel(ns);
   const std::string pattern = RemoteNamespacePattern(options_.key_prefix, ns);
   // A record's key has no ':' after the namespace's; a segment's has two.
   const size_t record_colons = 2;

@@ -91,6 +91,9 @@ struct RemoteTierOptions {
   // Sync point for tests: runs once a batch of a write's segments has landed, before the
   // write checks whether a Delete or Clear cancelled it.
   std::function<void(const ChunkId&)> after_segment_batch;
+  // Sync point for tests: runs in Clear once the namespace's writes are cancelled,
+  // before it looks for its records.
+  std::function<void(uint64_t ns)> after_clear_cancel;
 
   bool enabled() const { return !cluster.seeds.empty(); }
   absl::Status Validate() const;

@@ -1324,57 +1324,61 @@ absl::StatusOr<bool> TieredStore::Delete(const ChunkId& id) {
 }
 
 absl::StatusOr<uint64_t> TieredStore::Clear(uint64_t ns) {
+  // The local tiers under every KeyLocks stripe: no promotion that read one of these
+  // chunks puts it back. The shared tier's copies after, over the network, while no
+  // promotion of the namespace may insert (one from the shared tier would read a copy
+  // about to be deleted). Shared first, a put committing meanwhile queued its shared
+  // write after the shared tier's clear had cancelled writes and passed its key, and
+  // the chunk came back from there once Clear had returned.
+  absl::StatusOr<uint64_t> local = uint64_t{0};
   uint64_t in_remote = 0;
-  if (shared_ != nullptr) {
-    auto removed = shared_->DeleteNamespace(ns);
-    if (removed.ok()) {
-      in_remote = *removed;
-    } else {
-      LogWarning("tiered store: clear namespace ", ns, " in the remote tier: ",
-                 removed.status().message());
-    }
+  const auto remove_local = [&] { local = ClearLocal(ns); };
+  if (shared_ == nullptr) {
+    key_locks_.RemovingAll(remove_local);
+  } else {
+    key_locks_.RemovingAll(ns, remove_local, [&] {
+      if (!local.ok()) return;
+      auto removed = shared_->DeleteNamespace(ns);
+      if (removed.ok()) {
+        in_remote = *removed;
+      } else {
+        LogWarning("tiered store: clear namespace ", ns, " in the remote tier: ",
+                   removed.status().message());
+      }
+    });
   }
-  auto local = ClearLocal(ns);
   if (!local.ok()) return local.status();
-  return std::max(*local, in_remote);
+  const uint64_t removed = std::max(*local, in_remote);
+  // One event for the whole namespace: a zero key.
+  if (removed > 0) Emit(ChunkEventKind::kDeleted, ChunkId{ns, ChunkKey{}}, Tier::kNone);
+  return removed;
 }
 
 absl::StatusOr<uint64_t> TieredStore::ClearLocal(uint64_t ns) {
   // A chunk in RAM and on SSD counts once: RAM's, plus SSD's that RAM did not hold.
-  // Under every KeyLocks stripe: no promotion that read one of these chunks puts it
-  // back.
   uint64_t removed = 0;
-  absl::Status status = absl::OkStatus();
-  key_locks_.RemovingAll([&] {
-    // No write-back of the namespace lands on SSD after its SSD copies are deleted.
-    ram_->FenceNamespace(ns);
-    absl::Cleanup unfence = [&] { ram_->UnfenceNamespace(ns); };
-    std::vector<ChunkId> in_ram;
-    for (StorageTier* tier : tiers_) {
-      if (tier->role() == StorageTier::Role::kShared) continue;
-      if (tier == ram_.get()) {
-        removed += ram_->RemoveNamespace(ns, &in_ram);
-        if (!in_ram.empty()) NotifyRoom();
-        continue;
-      }
-      // Counted by id: a write-back flush may index a chunk on this tier while RAM's
-      // copy is being removed, so a count of what it held before would be off by it.
-      std::vector<ChunkId> gone;
-      const bool local = tier->role() == StorageTier::Role::kLocal;
-      absl::StatusOr<uint64_t> n = tier->DeleteNamespace(ns, local ? &gone : nullptr);
-      if (!n.ok()) {
-        status = n.status();
-        return;
-      }
-      if (local) {
-        const absl::flat_hash_set<ChunkId> ram(in_ram.begin(), in_ram.end());
-        for (const ChunkId& id : gone) removed += ram.contains(id) ? 0 : 1;
-      }
+  // No write-back of the namespace lands on SSD after its SSD copies are deleted.
+  ram_->FenceNamespace(ns);
+  absl::Cleanup unfence = [&] { ram_->UnfenceNamespace(ns); };
+  std::vector<ChunkId> in_ram;
+  for (StorageTier* tier : tiers_) {
+    if (tier->role() == StorageTier::Role::kShared) continue;
+    if (tier == ram_.get()) {
+      removed += ram_->RemoveNamespace(ns, &in_ram);
+      if (!in_ram.empty()) NotifyRoom();
+      continue;
     }
-  });
-  if (!status.ok()) return status;
-  // One event for the whole namespace: a zero key.
-  if (removed > 0) Emit(ChunkEventKind::kDeleted, ChunkId{ns, ChunkKey{}}, Tier::kNone);
+    // Counted by id: a write-back flush may index a chunk on this tier while RAM's
+    // copy is being removed, so a count of what it held before would be off by it.
+    std::vector<ChunkId> gone;
+    const bool local = tier->role() == StorageTier::Role::kLocal;
+    absl::StatusOr<uint64_t> n = tier->DeleteNamespace(ns, local ? &gone : nullptr);
+    if (!n.ok()) return n.status();
+    if (local) {
+      const absl::flat_hash_set<ChunkId> ram(in_ram.begin(), in_ram.end());
+      for (const ChunkId& id : gone) removed += ram.contains(id) ? 0 : 1;
+    }
+  }
   return removed;
 }
 

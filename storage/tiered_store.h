@@ -538,7 +538,8 @@ class TieredStore {
   absl::StatusOr<ChunkView> ReadRemote(const ChunkId& id);
   // FetchRemoteAsync's job, on a read thread.
   void FetchRemote(const std::vector<ChunkId>& ids);
-  // Clear without the remote tier.
+  // Clear's removal from the local and copy tiers, run under every KeyLocks stripe;
+  // returns the chunks removed, each counted once.
   absl::StatusOr<uint64_t> ClearLocal(uint64_t ns);
   // Whether a local tier (RAM, SSD; not a copy tier) holds `id`.
   bool HeldLocally(const ChunkId& id) const;

@@ -64,5 +64,29 @@ TEST(KeyLocksTest, OverlappingFarPhasesHoldTheChunkUntilBothEnd) {
   EXPECT_TRUE(locks.InsertIfUnchanged(Id(1), locks.Generation(Id(1)), [] {}));
 }
 
+// A Clear's far phase (the shared tier's clear) holds back promotions of every chunk
+// of its namespace, and those that noted the generation then stay out after; chunks of
+// other namespaces and a put's shared write go ahead.
+TEST(KeyLocksTest, NoPromotionOfANamespaceInsertsDuringOrAfterItsClearsFarPhase) {
+  KeyLocks locks;
+  const ChunkId other_ns{2, ChunkKey{5, 5}};
+  bool removed = false, promoted_in_far = true, other_in_far = false, kept_in_far = false;
+  uint64_t noted_in_far = 0;
+  locks.RemovingAll(
+      /*ns=*/1, [&] { removed = true; },
+      [&] {
+        noted_in_far = locks.Generation(Id(3));
+        promoted_in_far = locks.InsertIfUnchanged(Id(3), noted_in_far, [] {});
+        other_in_far = locks.InsertIfUnchanged(other_ns, locks.Generation(other_ns), [] {});
+        kept_in_far = locks.InsertIfUnchanged(Id(3), noted_in_far, [] {}, [] { return false; });
+      });
+  EXPECT_TRUE(removed);
+  EXPECT_FALSE(promoted_in_far);
+  EXPECT_TRUE(other_in_far);
+  EXPECT_TRUE(kept_in_far);
+  EXPECT_FALSE(locks.InsertIfUnchanged(Id(3), noted_in_far, [] {}));
+  EXPECT_TRUE(locks.InsertIfUnchanged(Id(3), locks.Generation(Id(3)), [] {}));
+}
+
 }  // namespace
 }  // namespace kvtier

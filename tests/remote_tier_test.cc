@@ -284,6 +284,39 @@ TEST_F(RemoteTierTest, AChunkLargerThanThePendingBoundIsSharedAlone) {
   EXPECT_EQ(ReadAll(*view), Payload(Id(1), kMiB));
 }
 
+// A put that commits while a Clear clears the shared tier leaves the chunk where a
+// put after the Clear would: held locally (and shared). The Clear once cleared the
+// shared tier first: such a put's shared write was queued after the Clear had
+// cancelled writes and landed after it had looked, and the local clear then removed
+// the local copy, so the chunk came back from the shared tier alone.
+TEST_F(RemoteTierTest, APutDuringAClearIsNeverLeftInTheSharedTierAlone) {
+  TieredStoreOptions o = Options(dir_a_.path(), WriteMode::kWriteBack);
+  absl::Notification cleared;
+  bool put_ok = false;
+  o.remote.before_commit = [&](const ChunkId& id) {
+    if (id == Id(7)) cleared.WaitForNotification();  // Lands once Clear has returned.
+  };
+  o.remote.after_clear_cancel = [&](uint64_t) {
+    if (!put_ok) put_ok = Put(a_.get(), Id(7)).ok();
+  };
+  a_ = Open(o);
+  ASSERT_NE(a_, nullptr);
+  ASSERT_TRUE(Put(a_.get(), Id(1)).ok());
+  a_->WaitForRemoteWrites();
+  auto n = a_->Clear(kNs);
+  cleared.Notify();
+  ASSERT_TRUE(n.ok()) << n.status();
+  EXPECT_GE(*n, 1u);
+  ASSERT_TRUE(put_ok);
+  a_->WaitForRemoteWrites();
+  const ChunkId ids[] = {Id(1), Id(7)};
+  EXPECT_EQ(a_->LocateMany(ids)[0], Tier::kNone);
+  EXPECT_NE(a_->Locate(Id(7)), Tier::kNone) << "in the shared tier alone";
+  auto view = a_->Read(Id(7));
+  ASSERT_TRUE(view.ok()) << view.status();
+  EXPECT_EQ(ReadAll(*view), Payload(Id(7), kMiB));
+}
+
 TEST_F(RemoteTierTest, AGetsMissingChunksAreFetchedTogetherAhead) {
   a_ = Open(Options(dir_a_.path(), WriteMode::kWriteBack));
   TieredStoreOptions ob = Options(dir_b_.path(), WriteMode::kRamOnly);
