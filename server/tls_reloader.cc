@@ -54,9 +54,14 @@ absl::Status Bad(const char* option, const std::string& path, absl::string_view 
 
 // The whole file. Errors: InvalidArgument naming the option.
 absl::StatusOr<std::string> ReadWhole(const char* option, const std::string& path) {
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // Not blocking: a FIFO put at the path would hang start-up (or the reload thread,
+  // and shutdown with it) until something wrote to it.
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) return Bad(option, path, absl::StrCat("cannot open: ", std::strerror(errno)));
   absl::Cleanup close_fd = [fd] { close(fd); };
+  if (struct stat st {}; fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    return Bad(option, path, "is not a regular file");
+  }
   std::string out;
   char buf[16 << 10];
   while (true) {

@@ -8,12 +8,14 @@
 #include "storage/redis/redis_cluster.h"
 
 #include <hiredis/hiredis.h>
+#include <sys/stat.h>
 
 #include <set>
 #include <string>
 #include <vector>
 
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 
 #include "absl/strings/match.h"
@@ -578,7 +580,11 @@ TEST(RedisTlsContextTest, NamesTheFileItCannotUse) {
       // Another certificate's key.
       {&RedisTls::key_file, dir + "/server.key", "key_file: '" + dir + "/server.key': "},
       {&RedisTls::key_file, "", "key_file: missing"},
+      // Opening a FIFO blocked until something wrote to it.
+      {&RedisTls::key_file, dir + "/fifo", "key_file: '" + dir + "/fifo': is not a regular file"},
   };
+  std::filesystem::remove(dir + "/fifo");
+  ASSERT_EQ(mkfifo((dir + "/fifo").c_str(), 0600), 0);
   for (const Case& c : cases) {
     RedisTls bad = tls;
     bad.*c.field = c.path;

@@ -217,6 +217,19 @@ TEST_F(TlsReloaderTest, BadFilesStopCreateNamingTheOption) {
   EXPECT_FALSE(fs::exists(dir_ + "/stage")) << "nothing is written before the files pass";
 }
 
+// A FIFO (or anything but a regular file) at a path is refused at once; opening it
+// blocked until something wrote to it, so start-up (or a reload, and shutdown with it)
+// hung.
+TEST_F(TlsReloaderTest, AFifoIsRefusedNotWaitedOn) {
+  fs::remove(key_);
+  ASSERT_EQ(mkfifo(key_.c_str(), 0600), 0) << std::strerror(errno);
+  auto r = TlsReloader::Create(Options());
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("option tls_key_file"), std::string::npos) << r.status();
+  EXPECT_NE(r.status().message().find("not a regular file"), std::string::npos) << r.status();
+}
+
 TEST_F(TlsReloaderTest, AValidRotationIsStagedAsANewGenerationWithLaterMtimes) {
   Create(/*mutual=*/true);
   const int64_t key_mtime1 = MtimeSeconds(reloader_->staged_key_file());

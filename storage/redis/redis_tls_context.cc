@@ -1,9 +1,12 @@
 #include "storage/redis/redis_tls_context.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 #include <openssl/x509v3.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
@@ -35,11 +38,14 @@ absl::Status Bad(absl::string_view field, absl::string_view path, absl::string_v
 }
 
 // A clear message for the most common mistake (a wrong path) before OpenSSL's own.
+// Not blocking, and a regular file: OpenSSL's read of a FIFO would hang start-up.
 absl::Status CheckReadable(absl::string_view field, const std::string& path) {
-  FILE* f = std::fopen(path.c_str(), "rb");
-  if (f == nullptr) return Bad(field, path, absl::StrCat("cannot read: ", std::strerror(errno)));
-  std::fclose(f);
-  return absl::OkStatus();
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) return Bad(field, path, absl::StrCat("cannot read: ", std::strerror(errno)));
+  struct stat st {};
+  const bool regular = fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
+  close(fd);
+  return regular ? absl::OkStatus() : Bad(field, path, "is not a regular file");
 }
 
 // An encrypted private key fails to load instead of prompting on the terminal.
