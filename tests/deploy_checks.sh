@@ -261,6 +261,8 @@ deb_purge_if_ours() {
     log "cleanup: purging kvtier"
     DEBIAN_FRONTEND=noninteractive dpkg -P kvtier </dev/null >&2
   fi
+  # A run that failed between its `systemctl enable` and the purge's check.
+  rm -f /etc/systemd/system/multi-user.target.wants/kvtierd.service
   rm -f "$MARKER"
 }
 
@@ -352,7 +354,12 @@ deb_test() {
   DEBIAN_FRONTEND=noninteractive dpkg -i "$deb" </dev/null
   grep -qx '# local edit' /etc/kvtier/kvtierd.toml || fail "reinstall lost the conffile edit"
 
-  # 5. Remove: binaries and unit go; config, data and user stay.
+  # 5. Remove: binaries and unit go; config, data, user and enablement stay. The
+  # operator enabled the service (systemctl works on the files without a running systemd).
+  wants=/etc/systemd/system/multi-user.target.wants/kvtierd.service
+  systemctl enable kvtierd.service
+  [ -L "$wants" ] || fail "systemctl enable made no $wants link"
+  DEBIAN_FRONTEND=noninteractive dpkg -i "$deb" </dev/null  # Records the enablement.
   DEBIAN_FRONTEND=noninteractive dpkg -r kvtier </dev/null
   [ "$(deb_status)" = rc ] || fail "after dpkg -r the status is '$(deb_status)', not rc"
   for f in /usr/bin/kvtierd /usr/bin/kvtier /lib/systemd/system/kvtierd.service; do
@@ -369,6 +376,9 @@ deb_test() {
   for f in /etc/kvtier /var/lib/kvtier /usr/share/kvtier; do
     [ ! -e "$f" ] || fail "$f is still there after dpkg -P"
   done
+  # Disabled: a later install would otherwise start at the next boot.
+  [ ! -L "$wants" ] || fail "dpkg -P left $wants (the service stays enabled)"
+  [ ! -L /etc/systemd/system/kvtierd.service ] || fail "dpkg -P left kvtierd masked"
   ! getent passwd kvtier >/dev/null || fail "dpkg -P left user kvtier"
   ! getent group kvtier >/dev/null || fail "dpkg -P left group kvtier"
   log "OK: package built, installed, served, upgraded, removed and purged"
