@@ -306,6 +306,15 @@ deb_test() {
   dpkg-deb --ctrl-tarfile "$deb" | tar -xO ./conffiles | grep -qx /etc/kvtier/kvtierd.toml ||
     fail "/etc/kvtier/kvtierd.toml is not a conffile"
 
+  # 1b. An install whose binaries would not be where the unit runs them is refused.
+  if DESTDIR="$DEB_WORK/local" cmake --install "$build" --prefix /usr/local \
+       >"$DEB_WORK/local.log" 2>&1; then
+    fail "cmake --install --prefix /usr/local installed a unit that runs /usr/bin/kvtierd"
+  fi
+  grep -q -- "--prefix /usr" "$DEB_WORK/local.log" || fail "the refusal does not say what to do"
+  [ ! -e "$DEB_WORK/local/lib/systemd/system/kvtierd.service" ] ||
+    fail "a unit was installed for binaries under /usr/local"
+
   # 2. Install.
   DEBIAN_FRONTEND=noninteractive dpkg -i "$deb" </dev/null
   [ "$(deb_status)" = ii ] || fail "kvtier is not installed after dpkg -i: $(deb_status)"
