@@ -486,12 +486,12 @@ absl::Status PrefillSession::OnFrame(v1::PrefillChunkFrame& frame) {
       assembling_ = std::string();
     }
     if (options_.on_chunk_in_place) options_.on_chunk_in_place(index, assembling_tier_);
-    return absl::OkStatus();
+    return options_.callback_status ? options_.callback_status() : absl::OkStatus();
   }
   std::string data_out = std::move(assembling_);
   assembling_ = std::string();
   if (options_.on_chunk) options_.on_chunk(index, std::move(data_out), assembling_tier_);
-  return absl::OkStatus();
+  return options_.callback_status ? options_.callback_status() : absl::OkStatus();
 }
 
 absl::Status PrefillSession::OnDone(const v1::PrefillDone& done) {

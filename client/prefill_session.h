@@ -113,6 +113,12 @@ struct PrefillOptions {
   };
   std::optional<DeviceInto> into_device;
   std::function<void(uint32_t index, v1::Tier tier)> on_chunk_in_place;
+  // Asked on the reader thread after each on_chunk or on_chunk_in_place returns (may be
+  // empty): a non-Ok status is the callback's failure, which ends the session with it.
+  // The call is cancelled, no callback runs again, and Finish returns that status (the
+  // worker holds nothing from the session). For bindings whose callbacks raise rather
+  // than return a status.
+  std::function<absl::Status()> callback_status;
   // Sent in Open so the daemon's forecast (and its decision to stop before a chunk the
   // worker would compute sooner) uses this worker's real speed. Absent: the daemon uses
   // its running fit.

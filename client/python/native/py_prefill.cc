@@ -61,6 +61,11 @@ PyPrefillSession::PyPrefillSession(PyClient& client, uint64_t namespace_id,
       };
     }
   }
+  // A callback that raised ends the session (no chunk is handed over after it).
+  options.callback_status = [this] {
+    absl::MutexLock lock(&mu_);
+    return chunk_error_;
+  };
   if (!compute_estimate.is_none()) {
     auto ab = compute_estimate.cast<std::pair<double, double>>();
     options.compute_estimate = ComputeEstimate{ab.first, ab.second};

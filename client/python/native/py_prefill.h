@@ -7,10 +7,11 @@
 //  - `dest`: a writable C-contiguous buffer of at least len(keys) * chunk_bytes bytes
 //    (smaller: start raises InvalidArgument); chunk i lands at [i * chunk_bytes,
 //    (i + 1) * chunk_bytes), written by the daemon when dest is client.shared_buffer()
-//    memory (same host), else by the session's reader thread as frames arrive, without
-//    the GIL (PrefillOptions::into).
+//    memory (same host), else by the session's reader thread once the chunk's frames
+//    are all in and its CRC32C checked, without the GIL (PrefillOptions::into).
 //  - `on_chunk(index, data: bytes, tier: int)`: called on the reader thread with the GIL
-//    taken. An exception it raises fails the session (finish raises Internal naming it).
+//    taken. An exception it raises ends the session at once: the call is cancelled, no
+//    callback runs again, and finish raises Internal naming it.
 //  - `device_dest`: (region_id, token, region_bytes, offset) of GPU memory this process
 //    registered (Client.register_device_memory): the daemon copies chunk i to offset +
 //    i * chunk_bytes on its CUDA streams (PrefillOptions::into_device), and

@@ -159,13 +159,20 @@ def test_a_session_never_closed_in_a_cycle_is_collected(client, cached):
 
 def test_on_chunk_that_raises_fails_the_session(client, cached):
     lay, ns, keys, data = cached
+    calls = []
 
     def boom(i, b, t):
+        calls.append(i)
         raise RuntimeError("worker could not take chunk")
 
     with client.prefill(ns, keys, on_chunk=boom, compute_estimate=(10.0, 0.0)) as s:
         with pytest.raises(kvtier.InternalError, match="worker could not take chunk"):
             s.finish()
+        # The session ended at the first failure: no chunk after it was streamed to a
+        # callback that cannot take it (it once went on with every cached chunk), and
+        # the worker computes them all.
+        assert len(calls) == 1, calls
+        assert all(s.should_compute(i) for i in range(len(keys)))
 
 
 _DROPPED_INSIDE_ITS_CALLBACK = r"""
