@@ -34,7 +34,9 @@ recomputation) is stored then.
 Leases: get_num_new_matched_tokens asks Lookup for a lease (``lease_seconds``), so the
 matched chunks that are in the daemon's RAM cannot be evicted before start_load_kv's Get,
 which names the lease and so ends it. A request that never loads releases it in
-get_finished (or when it is asked about again), and so does a load that fails to start.
+get_finished (or when it is asked about again), and so does a load that fails to start,
+fails or is cancelled (finish_load, get_finished): its Get may never have reached the
+daemon (refused at admission, the daemon unreachable), and a refused Get ends no lease.
 A hit the lease does not cover (on SSD, or no lease granted because the daemon is at its
 lease bounds) can still be gone by the Get: it shows up as a partial load (``found``
 false), reported through get_failed_loads, and the engine recomputes it.
@@ -100,6 +102,7 @@ class _Request:
     keys: List[bytes]
     matched_chunks: int = 0          # Chunks the engine will load.
     lease: int = 0                   # Lookup lease on the match; 0: none.
+    load_lease: int = 0              # The lease the load's Get names (_release_load_lease).
     lookup_error: Optional[BaseException] = None  # The Lookup failed: nothing matched.
     load_buf: Optional[torch.Tensor] = None
     handle: Optional[kvtier.LoadHandle] = None
@@ -243,13 +246,13 @@ class KvTierConnector:
             self.update_state_after_alloc(req_id)
         req.timings["load_start"] = time.perf_counter()
         keys = req.keys[:req.matched_chunks]
-        lease, req.lease = req.lease, 0  # The Get ends it.
+        req.load_lease, req.lease = req.lease, 0  # The Get ends it.
         try:
             req.handle = self.call(self.client.start_get_into, self.ns, keys, req.load_buf,
-                                   order=order, lease=lease)
+                                   order=order, lease=req.load_lease)
         except kvtier.KvTierError as e:  # Reported as a failed load: nothing loaded.
             self._load_failed(req, e)
-            self._release_lease(lease)  # No Get ran to end it.
+            self._release_load_lease(req)  # No Get ran to end it.
             req.recv_done = True
             with self._lock:
                 self._finished_recving.add(req_id)
@@ -272,8 +275,9 @@ class KvTierConnector:
 
     def finish_load(self, req_id: str) -> int:
         """Waits for the whole load and its checksums; returns the leading chunks loaded.
-        A failed or partial load is recorded for get_failed_loads, not raised. The first
-        call puts the request in finished_recving, however the load ended."""
+        A failed or partial load is recorded for get_failed_loads, not raised; a failed one
+        releases its lease. The first call puts the request in finished_recving, however
+        the load ended."""
         req = self._req(req_id)
         if req.handle is None or req.recv_done:
             return req.loaded_chunks
@@ -286,6 +290,7 @@ class KvTierConnector:
                 req.timings["load"] = time.perf_counter() - req.timings["load_start"]
         except BaseException as e:  # Reported through get_failed_loads.
             self._load_failed(req, e)
+            self._release_load_lease(req)
         with self._lock:
             if req.loaded_chunks < req.matched_chunks:
                 self._failed[req_id] = req.loaded_chunks
@@ -405,7 +410,7 @@ class KvTierConnector:
         """(finished_sending, finished_recving) since the last call. Requests named in
         ``finished_req_ids`` are forgotten: a load still running is cancelled and joined
         first, so once this returns nothing writes into their buffers; a lease never
-        used by a load is released."""
+        used by a load, or named by one that failed or was cancelled, is released."""
         with self._lock:
             sending, self._finished_sending = self._finished_sending, set()
             recving, self._finished_recving = self._finished_recving, set()
@@ -424,12 +429,21 @@ class KvTierConnector:
                 req.handle.wait()  # Joins it: the load writes nothing after this.
             except BaseException:
                 # Cancelled or failed: the request is over, so how its load ended no
-                # longer matters (a failure finish_load saw is in get_failed_loads).
-                pass
+                # longer matters (a failure finish_load saw is in get_failed_loads), but
+                # its Get may have left the lease held.
+                self._release_load_lease(req)
         if req.lease:
             # Matched but never loaded: give the held chunks back now, not at expiry.
             self._release_lease(req.lease)
             req.lease = 0
+
+    def _release_load_lease(self, req: _Request) -> None:
+        """After a load that failed or was cancelled: its Get may never have reached the
+        daemon (refused at admission or by the client's checks, the daemon unreachable,
+        cancelled before it was sent), and a Get refused before it starts leaves the lease
+        it names held. Releasing a lease the Get did end just answers False."""
+        lease, req.load_lease = req.load_lease, 0
+        self._release_lease(lease)
 
     def _release_lease(self, lease: int) -> None:
         if not lease:

@@ -286,3 +286,53 @@ def test_the_worker_registers_again_when_the_daemon_restarts_empty(tmp_path):
             assert r.fallback == "" and r.reused_chunks == 3
     finally:
         d.close()
+
+
+def test_a_load_the_daemon_refuses_releases_its_lease(tmp_path):
+    # start_load_kv handed the Lookup lease to the Get and forgot it; a Get refused at
+    # admission (here: past max_streams) ends no lease, so the lease and its chunks
+    # stayed held until expiry, whether finish_load or get_finished ended the request.
+    import threading
+    from kvtier.testing import Daemon
+    model = small_model()
+    # The daemon's one stream is taken by a Get whose reader stalls in on_layer: on the
+    # gRPC stream (no shared memory), 64 MiB cannot all be sent ahead of the reader.
+    big = kvtier.Layout(model_id="refused-holder", dtype="float32", num_layers=4,
+                        num_kv_heads=8, head_dim=128, tokens_per_chunk=256)  # 8 MiB chunks.
+    with Daemon(str(tmp_path), args=["--ram-capacity=256MiB", "--write-mode=ram-only",
+                                     "--max-streams=1", "--shm-socket=off"]) as d, \
+            kvtier.Client(d.target, rpc_deadline=60) as client, \
+            kvtier.Client(d.target, rpc_deadline=60, receive_window_bytes=1 << 20) as other:
+        conn = KvTierConnector(client, layout("refused"))
+        prompt = random_tokens(100, 88)
+        cache_prompt(client, conn, model, prompt)
+        ns = other.register_layout(big).namespace_id
+        held = [bytes([i]) * 16 for i in range(8)]
+        other.put(ns, held, [bytearray(big.chunk_bytes)] * 8)
+        streaming, release = threading.Event(), threading.Event()
+
+        def stall(layer):
+            streaming.set()
+            release.wait()
+
+        holder = threading.Thread(target=other.get_into, args=(
+            ns, held, bytearray(8 * big.chunk_bytes)), kwargs=dict(order="layer",
+                                                                   on_layer=stall))
+        holder.start()
+        try:
+            assert streaming.wait(60)
+            base = client.stats().leases
+            for req in ("r", "s"):                      # s: ended without finish_load.
+                assert conn.get_num_new_matched_tokens(req, prompt) == (96, True)
+                assert client.stats().leases == base + 1
+                conn.start_load_kv(req)
+                if req == "r":
+                    assert conn.finish_load("r") == 0
+                    assert isinstance(conn._req("r").load_error, kvtier.ResourceExhaustedError)
+                    assert conn.get_failed_loads() == {"r": 0}
+                    assert client.stats().leases == base
+                conn.get_finished([req])
+                assert client.stats().leases == base
+        finally:
+            release.set()
+            holder.join()
