@@ -5,6 +5,7 @@ from __future__ import annotations
 import operator
 import os
 import threading
+import weakref
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -230,7 +231,10 @@ class Client:
         self._native = _Native(native)
         self._layouts: Dict[int, Layout] = {}
         self._lock = threading.Lock()
-        self._handles: List["LoadHandle"] = []
+        # Background loads, for close(). Weak, so that a finished handle the caller
+        # dropped goes at once, and with it its reference to this client (a running
+        # load's thread holds its handle).
+        self._handles: "weakref.WeakSet[LoadHandle]" = weakref.WeakSet()
 
     @property
     def data_path(self) -> str:
@@ -331,7 +335,7 @@ class Client:
     def close(self) -> None:
         """Cancels background loads still running and waits for them."""
         with self._lock:
-            handles, self._handles = self._handles, []
+            handles, self._handles = list(self._handles), weakref.WeakSet()
         for h in handles:
             h.cancel()
             h._thread.join()
@@ -547,7 +551,7 @@ class Client:
             # not started (joining it would raise, and the handles after it would be left
             # running), nor miss it.
             handle._thread.start()
-            self._handles = [h for h in self._handles if not h.done()] + [handle]
+            self._handles.add(handle)
         return handle
 
     # -- Prefill (Cake) --------------------------------------------------------------
@@ -580,7 +584,8 @@ class LoadHandle:
     order; in chunk order it waits for the whole load); wait() returns the GetResult.
     Both raise the load's error if it failed. Landed layers are usable for compute at
     once, but whole-chunk checksums are verified only as each chunk's last layer
-    arrives: commit nothing computed from the load until wait() has returned.
+    arrives: commit nothing computed from the load until wait() has returned. The
+    handle holds the output buffers only while the load runs.
     """
 
     def __init__(self, client: Client, namespace_id, keys, outs, layers, order, first, end,
@@ -604,12 +609,8 @@ class LoadHandle:
             self._cond.notify_all()
 
     def _run(self) -> None:
-        ns, keys, outs, layers, order = self._args
         try:
-            result = self._client.get_into(
-                ns, keys, outs, layers, order,
-                on_layer=self._on_layer if order == "layer" else None,
-                lease=self._lease, _canceller=self._canceller)
+            result = self._load()
         except BaseException as e:  # Handed to whoever waits.
             with self._cond:
                 self._error = e
@@ -622,6 +623,19 @@ class LoadHandle:
             if self._end is not None:
                 self._layers_done = self._end
             self._cond.notify_all()
+
+    def _load(self) -> GetResult:
+        ns, keys, outs, layers, order = self._args
+        try:
+            return self._client.get_into(
+                ns, keys, outs, layers, order,
+                on_layer=self._on_layer if order == "layer" else None,
+                lease=self._lease, _canceller=self._canceller)
+        finally:
+            # The caller's buffers are held only while the load runs: once waiters hear
+            # it ended, the handle no longer holds them (a failed load's error, through
+            # its traceback, may until the handle goes).
+            self._args = None
 
     def done(self) -> bool:
         with self._cond:

@@ -281,6 +281,37 @@ def test_background_load_and_cancel(client, ns, layout):
         assert np.array_equal(out2, out)
 
 
+def test_a_finished_background_load_holds_neither_its_buffers_nor_its_client(daemon, layout):
+    """A LoadHandle kept the caller's buffers after its load ended, and finished handles
+    stayed listed on the client until the next start_get_into or close(): a bytearray
+    loaded into could not be resized (BufferError), and a dropped client lived on in a
+    cycle (client -> handle -> client) until the cyclic GC ran."""
+    import gc
+    import weakref
+    c = kvtier.Client(daemon.target, connect_timeout=30)
+    ns = c.register_layout(layout).namespace_id
+    keys = keys_of(ns, 2, layout, seed=14)
+    data = payloads(layout, 2, seed=14)
+    c.put(ns, keys, data)
+    for order in ("chunk", "layer"):
+        ba = bytearray(2 * layout.chunk_bytes)
+        h = c.start_get_into(ns, keys, ba, order=order)
+        assert h.wait().found == [True, True]
+        assert ba == b"".join(d.tobytes() for d in data)
+        ba.extend(b"x")                            # The handle, still alive, lets go.
+        del h
+    ref = weakref.ref(c)
+    gc.disable()
+    try:
+        h = c.start_get_into(ns, keys, bytearray(2 * layout.chunk_bytes), order="chunk")
+        h.wait()
+        h._thread.join()                           # Its thread holds it until it ends.
+        del h, c
+        assert ref() is None                       # Freed by reference counting alone.
+    finally:
+        gc.enable()
+
+
 def test_layer_major_get_into_lands_every_layer_in_order(client, ns, layout):
     keys = keys_of(ns, 4, layout, seed=20)
     data = payloads(layout, 4, seed=20)
