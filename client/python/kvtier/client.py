@@ -193,6 +193,19 @@ def _keys(keys: Sequence[bytes], name: str = "keys") -> List[bytes]:
             f"{name}: expected a sequence of 16-byte keys, got {type(keys).__name__}") from e
 
 
+def _checked_keys(keys: Sequence[bytes]) -> List[bytes]:
+    """_keys, each checked as the native layer checks it (bytes, 16 of them), for a call
+    that would otherwise meet a bad key only on its own thread."""
+    keys = _keys(keys)
+    for i, k in enumerate(keys):
+        if not isinstance(k, bytes):
+            raise InvalidArgumentError(
+                f"keys[{i}]: expected bytes (a 16-byte chunk key), got {type(k).__name__}")
+        if len(k) != 16:
+            raise InvalidArgumentError(f"keys[{i}]: key must be 16 bytes, got {len(k)}")
+    return keys
+
+
 class Client:
     """A connection to kvtierd. Thread-safe; every call releases the GIL while it waits.
 
@@ -534,7 +547,9 @@ class Client:
                        order: str = "layer", *, lease: int = 0) -> "LoadHandle":
         """Starts get_into on a background thread; returns a handle to wait on per layer
         (layer-major) or for the whole load. Arguments are checked before it starts."""
-        keys = _keys(keys)
+        namespace_id = _whole("namespace_id", namespace_id, 2**64 - 1)
+        keys = _checked_keys(keys)
+        lease = _whole("lease", lease, 2**64 - 1)
         layers = _layers(layers)
         _order(order)
         outs = self._outs(namespace_id, keys, out, layers)
@@ -648,7 +663,13 @@ class LoadHandle:
         self._canceller.cancel()
 
     def wait_layer(self, layer: int, timeout: Optional[float] = None) -> None:
-        """Blocks until ``layer`` has landed. Raises the load's error, or TimeoutError."""
+        """Blocks until ``layer`` has landed. Raises InvalidArgumentError for a layer the
+        load does not fetch (outside its layer range, or the layout's layers), the load's
+        error, or TimeoutError."""
+        layer = _whole("layer", layer)
+        if layer < self._first or (self._end is not None and layer >= self._end):
+            raise InvalidArgumentError(
+                f"layer: {layer} is not among the load's layers [{self._first}, {self._end})")
         with self._cond:
             ok = self._cond.wait_for(
                 lambda: self._error is not None or self._finished or self._layers_done > layer,

@@ -312,6 +312,35 @@ def test_a_finished_background_load_holds_neither_its_buffers_nor_its_client(dae
         gc.enable()
 
 
+def test_start_get_into_checks_arguments_first_and_wait_layer_its_range(client, ns, layout):
+    """start_get_into checked key lengths and the lease only on the load's thread, so a
+    bad one started a load that failed later, though its arguments are said to be checked
+    before it starts. wait_layer took layers the load does not fetch: below its range it
+    returned at once, above it it returned success once the load ended."""
+    keys = keys_of(ns, 2, layout, seed=15)
+    client.put(ns, keys, payloads(layout, 2, seed=15))
+    out = bytearray(2 * layout.chunk_bytes)
+    for bad_keys, lease, match in (([keys[0], keys[1][:15]], 0, r"keys\[1\]: key must be 16"),
+                                   ([keys[0], "k" * 16], 0, r"keys\[1\]: expected bytes"),
+                                   (keys, -1, "lease")):
+        with pytest.raises(kvtier.InvalidArgumentError, match=match):
+            client.start_get_into(ns, bad_keys, out, lease=lease)
+    lb = layout.layer_bytes
+    h = client.start_get_into(ns, keys, bytearray(2 * 2 * lb), layers=(1, 3))
+    for layer in (-1, 0, 3):
+        with pytest.raises(kvtier.InvalidArgumentError, match="layer"):
+            h.wait_layer(layer)
+    h.wait_layer(2)
+    assert h.wait().found == [True, True]
+    with pytest.raises(kvtier.InvalidArgumentError, match=r"layers \[1, 3\)"):
+        h.wait_layer(3)
+    h = client.start_get_into(ns, keys, out, order="chunk")   # The layout's layers.
+    assert h.wait().found == [True, True]
+    h.wait_layer(layout.num_layers - 1)
+    with pytest.raises(kvtier.InvalidArgumentError, match="layer"):
+        h.wait_layer(layout.num_layers)
+
+
 def test_layer_major_get_into_lands_every_layer_in_order(client, ns, layout):
     keys = keys_of(ns, 4, layout, seed=20)
     data = payloads(layout, 4, seed=20)
