@@ -23,13 +23,13 @@ worker side
                                         recomputes the rest (vLLM's
                                         get_block_ids_with_load_errors)
 
-Commit rule (kvtier.LoadHandle): landed layers may be computed on at once, but whole-chunk
-checksums are verified only when each chunk's last layer lands, so ``finish_load``
-(wait()) must succeed before anything computed from the load is kept or stored. The
-worker calls it before returning logits; the Put of a save waits for it. The rule holds
-for every save of a request that matched chunks, whether or not its load started: a
-load that failed to start verified nothing, so only KV computed from token 0 (a full
-recomputation) is stored then.
+Commit rule (kvtier.LoadHandle): landed layers may be computed on at once, but
+whole-chunk checksums are verified only once whole chunks are in (in a layer-major load,
+every chunk's when the stream ends), so ``finish_load`` (wait()) must succeed before
+anything computed from the load is kept or stored. The worker calls it before returning
+logits; the Put of a save waits for it. The rule holds for every save of a request that
+matched chunks, whether or not its load started: a load that failed to start verified
+nothing, so only KV computed from token 0 (a full recomputation) is stored then.
 
 Leases: get_num_new_matched_tokens asks Lookup for a lease (``lease_seconds``), so the
 matched chunks that are in the daemon's RAM cannot be evicted before start_load_kv's Get,

@@ -598,9 +598,10 @@ class LoadHandle:
     wait_layer(l) returns once layer l of every found chunk has landed (layer-major
     order; in chunk order it waits for the whole load); wait() returns the GetResult.
     Both raise the load's error if it failed. Landed layers are usable for compute at
-    once, but whole-chunk checksums are verified only as each chunk's last layer
-    arrives: commit nothing computed from the load until wait() has returned. The
-    handle holds the output buffers only while the load runs.
+    once, but whole-chunk checksums are verified only once whole chunks are in (in
+    layer-major order, every chunk's when the stream ends): commit nothing computed
+    from the load until wait() has returned. The handle holds the output buffers only
+    while the load runs.
     """
 
     def __init__(self, client: Client, namespace_id, keys, outs, layers, order, first, end,
