@@ -16,14 +16,24 @@ bool TokenBucket::Acquire(uint64_t bytes, absl::FunctionRef<bool()> cancelled) {
   absl::Time start;
   {
     absl::MutexLock lock(&mu_);
+    const absl::Time now = clock_.now();
+    // A clock that stepped back (an injected one) moves the reservations back with it,
+    // rather than holding every caller back by the step.
+    if (now < last_now_) next_ -= last_now_ - now;
+    last_now_ = now;
     // An idle bucket does not bank more than `burst` of credit.
-    next_ = std::max(next_, clock_.now() - burst_);
+    next_ = std::max(next_, now - burst_);
     start = next_;
     next_ += cost;
   }
   while (true) {
-    const absl::Duration wait = start - clock_.now();
-    if (wait <= absl::ZeroDuration()) return true;
+    const absl::Time now = clock_.now();
+    const absl::Duration wait = start - now;
+    if (wait <= absl::ZeroDuration()) {
+      absl::MutexLock lock(&mu_);
+      last_now_ = std::max(last_now_, now);  // Time the wait saw pass.
+      return true;
+    }
     if (cancelled()) {
       // Hand back what we did not use, if nobody reserved after us.
       absl::MutexLock lock(&mu_);

@@ -7,6 +7,7 @@
 #ifndef KVTIER_SCHEDULER_TOKEN_BUCKET_H_
 #define KVTIER_SCHEDULER_TOKEN_BUCKET_H_
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 
@@ -19,10 +20,13 @@
 
 namespace kvtier {
 
-// The time a TokenBucket paces by: the real clock unless a test injects its own (a sleep
-// that advances a fake clock, so pacing is checked without waiting for it).
+// The time a TokenBucket paces by: a monotonic clock unless a test injects its own (a
+// sleep that advances a fake clock, so pacing is checked without waiting for it). The
+// wall clock stepped back (NTP, a VM resumed) held every reservation back by the step.
 struct PacingClock {
-  std::function<absl::Time()> now = [] { return absl::Now(); };
+  std::function<absl::Time()> now = [] {
+    return absl::UnixEpoch() + absl::FromChrono(std::chrono::steady_clock::now().time_since_epoch());
+  };
   std::function<void(absl::Duration)> sleep = [](absl::Duration d) { absl::SleepFor(d); };
 };
 
@@ -44,6 +48,7 @@ class TokenBucket {
   const PacingClock clock_;
   absl::Mutex mu_;
   absl::Time next_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  absl::Time last_now_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();  // The clock, last read.
 };
 
 }  // namespace kvtier

@@ -182,6 +182,26 @@ TEST(TokenBucketTest, AnIdleBucketBanksNoMoreThanTheBurst) {
   EXPECT_NEAR(pacing.ElapsedMs(), 95.0, 1e-3);  // Not at once: only 5 ms were banked.
 }
 
+// A clock stepped back by an hour held every reservation back by the hour: sessions
+// sharing the daemon-wide limit streamed nothing meanwhile. The reservations move back
+// with the clock; and the default clock is a monotonic one.
+TEST(TokenBucketTest, AClockSteppedBackDoesNotHoldReservationsBack) {
+  FakePacing pacing;
+  TokenBucket bucket(1 << 20, absl::Milliseconds(5), pacing.Clock());  // 1 MiB/s.
+  ASSERT_TRUE(bucket.Acquire(1 << 20, [] { return false; }));
+  ASSERT_TRUE(bucket.Acquire(1 << 20, [] { return false; }));
+  pacing.clock.Advance(-absl::Hours(1));
+  pacing.start = pacing.clock.Now();
+  // The next MiB waits for what was reserved before the step (under a second), not an
+  // hour: cancelled (false) only if it would sleep past 5000 polls (5 s).
+  EXPECT_TRUE(bucket.Acquire(1 << 10, [&] { return pacing.sleeps.load() > 5000; }));
+  EXPECT_LE(pacing.ElapsedMs(), 1000.0);
+
+  const absl::Time a = PacingClock{}.now();
+  const absl::Time b = PacingClock{}.now();
+  EXPECT_LE(a, b);
+}
+
 TEST(TokenBucketTest, CancelledWaitReturnsFalseAndHandsItsReservationBack) {
   FakePacing pacing;
   TokenBucket bucket(1.0, absl::Milliseconds(5), pacing.Clock());  // One byte per second.
