@@ -394,7 +394,6 @@ absl::Status Session::SendChunk(uint32_t j, const ChunkView& view, bool* aborted
   *aborted = false;
   const uint64_t size = view.meta().size;
   v1::PrefillServerMessage msg;
-  const auto copy_start = Clock::now();
   // The worker computing chunk j meanwhile makes the rest of it useless.
   auto overtaken = [this, j] {
     absl::MutexLock lock(&mu_);
@@ -487,16 +486,20 @@ absl::Status Session::SendChunk(uint32_t j, const ChunkView& view, bool* aborted
     }
     if (!from.ok()) return from.status();
     // The GPU's pace: the copy alone, not this session's rate limits nor its client's
-    // reading, which are not the device's and would slow every session's forecast.
-    connection_->Record(size, SecondsSince(device_start));
+    // reading, which are not the device's and would slow every session's forecast; nor
+    // an SSD read before the copy, which would slow the forecast of RAM and staged ones.
+    if (*from != Tier::kSsd) connection_->Record(size, SecondsSince(device_start));
     if (runner_->metrics()) runner_->metrics()->Streamed(size);
-    return AnnounceLanded(j, view.meta(), *from, copy_start);
+    return AnnounceLanded(j, view.meta(), *from, device_start);
   }
   if (target_) {
     if (overtaken()) {  // Computed by the worker while the limits paced it.
       *aborted = true;
       return absl::OkStatus();
     }
+    // The copy's pace: not the rate limits' waits above, which would be recorded as the
+    // connection's speed (and the daemon's, which new connections start from).
+    const auto region_copy_start = Clock::now();
     uint32_t crc = 0;  // Of the pool's (or the SSD's) bytes, as they are copied.
     char* out = target_->dest[j];
     for (uint64_t off = 0; off < size;) {
@@ -521,7 +524,7 @@ absl::Status Session::SendChunk(uint32_t j, const ChunkView& view, bool* aborted
     }
     if (crc != view.meta().crc32c) return store_->DropCorrupt(ids_[j], view);
     if (runner_->metrics()) runner_->metrics()->Streamed(size);
-    return AnnounceLanded(j, view.meta(), view.tier(), copy_start);
+    return AnnounceLanded(j, view.meta(), view.tier(), region_copy_start);
   }
   return absl::OkStatus();
 }

@@ -448,6 +448,50 @@ TEST_F(ShmTest, PrefillCopiesStreamedChunksIntoTheRegion) {
   EXPECT_EQ(done.reason(), v1::PrefillDone::ALL_STREAMED);
 }
 
+// A session into a region paced by its own max_bytes_per_second records its copies'
+// speed, not the pacing's: the next session on the connection is planned at the copy's
+// pace. The pacing's waits were recorded as the connection's (and the daemon's) speed,
+// so later sessions forecast the limit and streamed little or nothing.
+TEST_F(ShmTest, APacedRegionSessionDoesNotTeachTheDaemonItsLimit) {
+  StartDaemon();
+  constexpr int kChunks = 4;
+  for (uint64_t i = 0; i < kChunks; ++i) PutChunk(i);
+  std::shared_ptr<RegionChannel> channel = Channel();
+  ASSERT_NE(channel, nullptr);
+  auto buf = SharedBuffer::Create(channel, kChunks * 4 * kMiB);
+  ASSERT_TRUE(buf.ok()) << buf.status();
+  const auto session = [&](uint64_t limit) {
+    grpc::ClientContext ctx;
+    client_->PrepareContext(&ctx);
+    auto stream = client_->stub()->Prefill(&ctx);
+    v1::PrefillClientMessage open;
+    open.mutable_open()->set_namespace_id(ns_);
+    for (uint64_t i = 0; i < kChunks; ++i) {
+      open.mutable_open()->add_keys(KeyOf(i).ToByteString());
+      open.mutable_open()->mutable_target()->add_offsets(i * 4 * kMiB);
+    }
+    open.mutable_open()->mutable_compute_estimate()->set_a_seconds(100);  // Stream all.
+    open.mutable_open()->set_max_bytes_per_second(limit);
+    open.mutable_open()->mutable_target()->set_region_id((*buf)->region_id());
+    open.mutable_open()->mutable_target()->set_token((*buf)->token());
+    EXPECT_TRUE(stream->Write(open));
+    v1::PrefillServerMessage msg;
+    v1::PrefillPlan plan;
+    while (stream->Read(&msg)) {
+      if (msg.has_plan()) plan = msg.plan();
+      if (msg.has_done()) stream->WritesDone();
+    }
+    EXPECT_TRUE(stream->Finish().ok());
+    return plan;
+  };
+  // 16 MiB at 32 MiB/s: half a second of pacing, a copy of a few milliseconds.
+  const v1::PrefillPlan first = session(32 * kMiB);
+  EXPECT_GT(first.stream_bytes_per_second(), 0);
+  const v1::PrefillPlan second = session(0);
+  // Recorded as paced, 16 MiB would have brought the estimate under 210 MB/s.
+  EXPECT_GT(second.stream_bytes_per_second(), 400e6);
+}
+
 // A remove answered OK means the daemon will not write into the region again: while a
 // Prefill session still writes into it, the remove is refused (FAILED_PRECONDITION)
 // and the region stays registered; once the session is over, it goes.
