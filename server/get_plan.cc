@@ -59,7 +59,16 @@ absl::StatusOr<GetPlan> MakeGetPlan(const v1::GetRequest& req, const LayoutSpec&
   }
   const uint32_t n = static_cast<uint32_t>(plan.ids.size());
   if (plan.layer_major) {
-    plan.items.reserve(size_t{n} * (plan.end_layer - plan.first_layer));
+    const uint64_t items = uint64_t{n} * (plan.end_layer - plan.first_layer);
+    if (items > GetPlan::kMaxItems) {
+      // Each (key, layer) is a piece of the stream: a layout of 2^20 layers made 4096
+      // keys 4e9 pieces, allocated before anything was read.
+      return absl::InvalidArgumentError(absl::StrCat(
+          "order: layer-major over ", n, " keys and ", plan.end_layer - plan.first_layer,
+          " layers is ", items, " pieces, more than the ", GetPlan::kMaxItems,
+          " one Get may stream; ask for fewer keys or a layer_range, or chunk-major"));
+    }
+    plan.items.reserve(items);
     for (uint32_t l = plan.first_layer; l < plan.end_layer; ++l) {
       for (uint32_t k = 0; k < n; ++k) plan.items.push_back(GetPlan::Item{k, l, l + 1});
     }

@@ -26,6 +26,10 @@ struct GetPlan {
     uint32_t key = 0;
     uint32_t begin = 0, end = 0;
   };
+  // Most items one Get may stream (12 bytes each, planned up front): a layer-major Get
+  // of many keys over a layout of very many layers is refused past it.
+  static constexpr uint64_t kMaxItems = uint64_t{1} << 20;
+
   std::vector<ChunkId> ids;
   std::vector<Item> items;
   bool layer_major = false;
