@@ -116,7 +116,10 @@ bool LeaseTable::Release(uint64_t ns, uint64_t id) {
   ExpireLocked(dropped);
   auto it = leases_.find(id);
   if (it == leases_.end() || it->second.ns != ns) return false;
-  dropped = EraseLocked(it);
+  // Appended: assigned, the expired leases' views would be released here, under mu_.
+  std::vector<ChunkView> erased = EraseLocked(it);
+  dropped.insert(dropped.end(), std::make_move_iterator(erased.begin()),
+                 std::make_move_iterator(erased.end()));
   ++stats_.released;
   return true;
 }
