@@ -50,7 +50,10 @@ ChosenCost ChooseComputeCost(const ComputeModel& model, const ComputeCost* estim
   out.known = estimate != nullptr;
   if (model.samples() < kTrustedFitSamples) return out;
   const ComputeCost fit = model.Estimate();
-  if (estimate != nullptr && fit.Range(0, chunks) < 0.5 * estimate->Range(0, chunks)) {
+  // Over the chunks the fit saw at least: with none cached (chunks 0) both ranges were
+  // 0, and a burst's fit passed as the worker's pace.
+  const uint32_t horizon = std::max(chunks, model.samples());
+  if (estimate != nullptr && fit.Range(0, horizon) < 0.5 * estimate->Range(0, horizon)) {
     return out;  // A burst, not the worker's pace.
   }
   out.cost = fit;

@@ -1,5 +1,7 @@
 #include "scheduler/prefill_estimators.h"
 
+#include <algorithm>
+
 namespace kvtier {
 
 PrefillEstimators::PrefillEstimators(PrefillEstimatorOptions options)
@@ -32,8 +34,14 @@ ComputeCost PrefillEstimators::ComputePrior() const {
 
 void PrefillEstimators::RecordComputeFit(const ComputeCost& fit) {
   absl::MutexLock lock(&mu_);
-  compute_prior_.a = 0.75 * compute_prior_.a + 0.25 * fit.a;
-  compute_prior_.b = 0.75 * compute_prior_.b + 0.25 * fit.b;
+  // Within a factor of 4 of the prior: one session (any tenant's, timed by itself: a
+  // worker that reports slowly on purpose) moves every later session's plan by at most
+  // that much, however far off its fit is.
+  const double a = compute_prior_.a, b = compute_prior_.b;
+  const double fit_a = a > 0 ? std::clamp(fit.a, a / 4, a * 4) : std::max(0.0, fit.a);
+  const double fit_b = std::clamp(fit.b, 0.0, 4 * std::max(a, b));
+  compute_prior_.a = 0.75 * a + 0.25 * fit_a;
+  compute_prior_.b = 0.75 * b + 0.25 * fit_b;
 }
 
 }  // namespace kvtier

@@ -85,6 +85,16 @@ TEST(ChooseComputeCostTest, ABurstOfProgressDoesNotMakeChunksLookFree) {
   EXPECT_NEAR(c.cost.Range(0, 64), 64 * 0.07, 1e-9);
 }
 
+// With nothing cached (h = 0) the burst check compared two empty ranges and passed a
+// burst's fit, which the session then folded into the daemon-wide prior.
+TEST(ChooseComputeCostTest, ABurstIsCaughtWithNothingCachedToo) {
+  const ComputeCost estimate{0.1, 0.01};
+  ComputeModel burst(estimate);
+  for (uint32_t i = 0; i < kTrustedFitSamples; ++i) burst.AddSample(i, 1e-6);
+  EXPECT_FALSE(ChooseComputeCost(burst, &estimate, estimate, /*chunks=*/0).from_fit);
+  EXPECT_FALSE(ChooseComputeCost(burst, &estimate, estimate, /*chunks=*/1).from_fit);
+}
+
 TEST(ChooseComputeCostTest, WithoutAnEstimateTheFitIsTrustedOnceItHasEnoughSamples) {
   const ComputeCost none{0, 0};
   ComputeModel m(ComputeCost{0.025, 0.0027});
@@ -274,7 +284,22 @@ TEST(PrefillEstimatorsTest, ConnectionsAreBoundedAndPriorMoves) {
   e.Connection("ipv4:127.0.0.1:3");  // Evicts :1, the least recently used.
   EXPECT_NE(e.Connection("ipv4:127.0.0.1:1"), a);
   e.RecordComputeFit({0.0, 0.0});
-  EXPECT_NEAR(e.ComputePrior().a, 0.75, 1e-12);
+  // A fit of nothing moves the prior a quarter of the way to a quarter of it.
+  EXPECT_NEAR(e.ComputePrior().a, 0.75 + 0.25 * 0.25, 1e-12);
+}
+
+// One session's fit moves the daemon-wide prior (every tenant's plans) by a bounded
+// step: a worker that reported 100 s a chunk once moved it to 25 s from 0.025.
+TEST(PrefillEstimatorsTest, OneSessionsFitMovesThePriorABoundedStep) {
+  PrefillEstimatorOptions o;
+  o.compute_prior = {0.025, 0.0};
+  PrefillEstimators e(o);
+  e.RecordComputeFit({1000.0, 50.0});
+  EXPECT_LE(e.ComputePrior().a, 0.75 * 0.025 + 0.25 * 4 * 0.025 + 1e-12);
+  EXPECT_LE(e.ComputePrior().b, 0.25 * 4 * 0.025 + 1e-12);
+  e.RecordComputeFit({-5.0, -5.0});  // Nonsense below: no negative cost either.
+  EXPECT_GT(e.ComputePrior().a, 0.0);
+  EXPECT_GE(e.ComputePrior().b, 0.0);
 }
 
 }  // namespace
