@@ -12,10 +12,21 @@ PrefillEstimators::PrefillEstimators(PrefillEstimatorOptions options)
       compute_prior_(options.compute_prior) {}
 
 std::shared_ptr<BandwidthEstimator> PrefillEstimators::Connection(const std::string& peer) {
+  const absl::Time now = options_.now();
   absl::MutexLock lock(&mu_);
   if (auto it = connections_.find(peer); it != connections_.end()) {
-    lru_.splice(lru_.begin(), lru_, it->second.second);
-    return it->second.first;
+    Known& k = it->second;
+    lru_.splice(lru_.begin(), lru_, k.lru);
+    if (const uint64_t samples = k.estimator->samples(); samples != k.samples) {
+      k.samples = samples;
+      k.sampled_at = now;
+    } else if (now - k.sampled_at > options_.connection_stale_after) {
+      // Sessions this estimate kept from streaming taught it nothing since.
+      k.estimator = std::make_shared<BandwidthEstimator>(send_.BytesPerSecond());
+      k.samples = 0;
+      k.sampled_at = now;
+    }
+    return k.estimator;
   }
   if (connections_.size() >= options_.max_connections && !lru_.empty()) {
     connections_.erase(lru_.back());
@@ -23,7 +34,7 @@ std::shared_ptr<BandwidthEstimator> PrefillEstimators::Connection(const std::str
   }
   lru_.push_front(peer);
   auto estimator = std::make_shared<BandwidthEstimator>(send_.BytesPerSecond());
-  connections_[peer] = {estimator, lru_.begin()};
+  connections_[peer] = Known{estimator, lru_.begin(), 0, now};
   return estimator;
 }
 

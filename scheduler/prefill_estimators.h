@@ -8,6 +8,7 @@
 #ifndef KVTIER_SCHEDULER_PREFILL_ESTIMATORS_H_
 #define KVTIER_SCHEDULER_PREFILL_ESTIMATORS_H_
 
+#include <functional>
 #include <list>
 #include <memory>
 #include <string>
@@ -15,6 +16,8 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "scheduler/bandwidth_estimator.h"
 #include "scheduler/compute_model.h"
 
@@ -29,6 +32,11 @@ struct PrefillEstimatorOptions {
   double device_prior = 20.0e9;
   ComputeCost compute_prior{0.025, 0.0027};  // A 7B model on an A100, 512-token chunks.
   size_t max_connections = 1024;
+  // A connection's estimate with no new sample for this long starts again from the
+  // daemon-wide one: the daemon records only what it streams, so an estimate too low
+  // to stream anything would otherwise never be corrected.
+  absl::Duration connection_stale_after = absl::Minutes(5);
+  std::function<absl::Time()> now = [] { return absl::Now(); };  // Tests inject one.
 };
 
 class PrefillEstimators {
@@ -36,7 +44,8 @@ class PrefillEstimators {
   explicit PrefillEstimators(PrefillEstimatorOptions options = {});
 
   BandwidthEstimator& ssd_read() { return ssd_read_; }
-  // The estimator of one connection; created from the daemon-wide send average.
+  // The estimator of one connection; created from the daemon-wide send average, and
+  // again once it has had no new sample for connection_stale_after.
   std::shared_ptr<BandwidthEstimator> Connection(const std::string& peer);
   // Daemon-wide send bandwidth (all connections).
   BandwidthEstimator& send() { return send_; }
@@ -55,9 +64,13 @@ class PrefillEstimators {
   const std::shared_ptr<BandwidthEstimator> device_;
   mutable absl::Mutex mu_;
   std::list<std::string> lru_ ABSL_GUARDED_BY(mu_);  // Front: most recent.
-  absl::flat_hash_map<std::string, std::pair<std::shared_ptr<BandwidthEstimator>,
-                                             std::list<std::string>::iterator>>
-      connections_ ABSL_GUARDED_BY(mu_);
+  struct Known {
+    std::shared_ptr<BandwidthEstimator> estimator;
+    std::list<std::string>::iterator lru;
+    uint64_t samples = 0;         // Its samples when last looked at...
+    absl::Time sampled_at;        // ...and when that count last changed.
+  };
+  absl::flat_hash_map<std::string, Known> connections_ ABSL_GUARDED_BY(mu_);
   ComputeCost compute_prior_ ABSL_GUARDED_BY(mu_);
 };
 

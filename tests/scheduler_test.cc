@@ -288,6 +288,30 @@ TEST(PrefillEstimatorsTest, ConnectionsAreBoundedAndPriorMoves) {
   EXPECT_NEAR(e.ComputePrior().a, 0.75 + 0.25 * 0.25, 1e-12);
 }
 
+// A connection whose estimate fell too low to stream anything records no sample again:
+// once it has had none for connection_stale_after it starts from the daemon-wide one.
+TEST(PrefillEstimatorsTest, AConnectionsEstimateWithNoNewSampleStartsAgain) {
+  testing::FakeClock clock;
+  PrefillEstimatorOptions o;
+  o.now = clock.AsFunction();
+  PrefillEstimators e(o);
+  e.send().Record(1 << 30, 1.0);  // The daemon streams at 1 GiB/s.
+  auto a = e.Connection("ipv4:127.0.0.1:1");
+  a->Record(4 << 20, 1.0);  // One stalled transfer: 4 MiB/s.
+  ASSERT_LT(a->BytesPerSecond(), 5e6);
+  clock.Advance(absl::Minutes(4));
+  EXPECT_EQ(e.Connection("ipv4:127.0.0.1:1"), a) << "a new sample 4 minutes ago";
+  clock.Advance(absl::Minutes(4));
+  EXPECT_EQ(e.Connection("ipv4:127.0.0.1:1"), a) << "the sample was new at the last look";
+  clock.Advance(absl::Minutes(6));
+  auto fresh = e.Connection("ipv4:127.0.0.1:1");
+  EXPECT_NE(fresh, a);
+  EXPECT_NEAR(fresh->BytesPerSecond(), e.send().BytesPerSecond(), 1.0);
+  fresh->Record(1 << 20, 0.001);  // Streaming again: kept while it records.
+  clock.Advance(absl::Minutes(6));
+  EXPECT_EQ(e.Connection("ipv4:127.0.0.1:1"), fresh);
+}
+
 // One session's fit moves the daemon-wide prior (every tenant's plans) by a bounded
 // step: a worker that reported 100 s a chunk once moved it to 25 s from 0.025.
 TEST(PrefillEstimatorsTest, OneSessionsFitMovesThePriorABoundedStep) {
