@@ -13,6 +13,15 @@ void FairGate::Enter() {
   ++inside_;
 }
 
+bool FairGate::TryEnter() {
+  absl::MutexLock lock(&mu_);
+  if (next_ticket_ != serving_ || inside_ >= capacity_) return false;
+  ++next_ticket_;
+  ++serving_;
+  ++inside_;
+  return true;
+}
+
 void FairGate::Leave() {
   absl::MutexLock lock(&mu_);
   --inside_;

@@ -19,6 +19,8 @@ class FairGate {
  public:
   explicit FairGate(int capacity) : capacity_(capacity) {}
   void Enter();
+  // Enter, only if that needs no wait (a place free and nobody waiting for one).
+  bool TryEnter();
   void Leave();
   // Callers blocked in Enter now (tests: a named point to wait for instead of a sleep).
   uint64_t waiting() const;

@@ -607,7 +607,7 @@ absl::StatusOr<ChunkView> TieredStore::Read(const ChunkId& id, bool stream,
     return view;
   }
   if (!has_ssd()) {
-    if (shared_ != nullptr) return ReadRemote(id);
+    if (shared_ != nullptr) return ReadRemote(id, /*wait_for_buffer=*/!stream);
     return absl::NotFoundError("chunk not cached");
   }
   // Without room in RAM: streamed, nothing read yet (the caller reads a frame at a time
@@ -627,7 +627,9 @@ absl::StatusOr<ChunkView> TieredStore::Read(const ChunkId& id, bool stream,
     return &*buffer_sink;
   });
   if (!below.meta.has_value()) {
-    if (absl::IsNotFound(below.status) && shared_ != nullptr) return ReadRemote(id);
+    if (absl::IsNotFound(below.status) && shared_ != nullptr) {
+      return ReadRemote(id, /*wait_for_buffer=*/!stream);
+    }
     return below.status;
   }
   view.meta_ = *below.meta;
@@ -647,7 +649,7 @@ absl::StatusOr<ChunkView> TieredStore::Read(const ChunkId& id, bool stream,
   return view;
 }
 
-absl::StatusOr<ChunkView> TieredStore::ReadRemote(const ChunkId& id) {
+absl::StatusOr<ChunkView> TieredStore::ReadRemote(const ChunkId& id, bool wait_for_buffer) {
   if (!layouts_->Find(id.ns).ok()) return absl::NotFoundError("chunk not cached");
   // One fetch per chunk: if another reader (or a Get's batched fetch) has it in hand,
   // wait for it; it is in RAM afterwards unless that fetch missed.
@@ -676,7 +678,16 @@ absl::StatusOr<ChunkView> TieredStore::ReadRemote(const ChunkId& id) {
       room = *std::move(r);
       return &room_sink.emplace(room.get());
     }
-    buffer = NewBufferedRead(m.size);
+    if (wait_for_buffer) {
+      buffer = NewBufferedRead(m.size);
+    } else if (buffered_reads_->TryEnter()) {
+      buffer = BufferedRead(m.size);
+    } else {
+      // A streaming reader (a Get) may hold buffers already and keep them until it has
+      // read more (layer-major holds each key's chunk across passes): waiting here, it
+      // could wait on itself, on a read thread, forever. A miss instead.
+      return nullptr;
+    }
     return &buffer_sink.emplace(buffer.get());
   });
   // Unreachable, degraded, foreign or corrupt: all a miss to the caller, who computes
@@ -996,9 +1007,13 @@ absl::Status TieredStore::DropCorrupt(const ChunkId& id, const ChunkMeta& meta) 
 }
 
 std::shared_ptr<std::string> TieredStore::NewBufferedRead(uint64_t size) {
+  buffered_reads_->Enter();
+  return BufferedRead(size);
+}
+
+std::shared_ptr<std::string> TieredStore::BufferedRead(uint64_t size) {
   // Leaves the gate when its last holder drops it; the gate is shared with the buffer,
   // which a view may keep past the store.
-  buffered_reads_->Enter();
   return std::shared_ptr<std::string>(new std::string(size, '\0'),
                                       [gate = buffered_reads_](std::string* b) {
                                         delete b;

@@ -535,7 +535,9 @@ class TieredStore {
   // A local miss read through the remote tier: into RAM when there is room (kept
   // there, clean), else into a whole-chunk buffer (max_buffered_reads). NotFound for
   // anything short of a verified chunk.
-  absl::StatusOr<ChunkView> ReadRemote(const ChunkId& id);
+  // `wait_for_buffer` false (a streaming reader, which may hold buffers already): no
+  // buffer free at once is a miss rather than a wait.
+  absl::StatusOr<ChunkView> ReadRemote(const ChunkId& id, bool wait_for_buffer);
   // FetchRemoteAsync's job, on a read thread.
   void FetchRemote(const std::vector<ChunkId>& ids);
   // Clear's removal from the local and copy tiers, run under every KeyLocks stripe;
@@ -551,6 +553,8 @@ class TieredStore {
   // A heap buffer of `size` bytes for a read RAM has no room for, counted in
   // max_buffered_reads (waits for a place) until its last holder drops it.
   std::shared_ptr<std::string> NewBufferedRead(uint64_t size);
+  // The same for a caller already in the gate (TryEnter).
+  std::shared_ptr<std::string> BufferedRead(uint64_t size);
   // The tier of that kind among tiers_, or null.
   StorageTier* TierOf(Tier tier) const;
   // Frame buffers of streamed reads: recycled, so steady streaming does not map, fault

@@ -317,6 +317,58 @@ TEST_F(RemoteTierTest, APutDuringAClearIsNeverLeftInTheSharedTierAlone) {
   EXPECT_EQ(ReadAll(*view), Payload(Id(7), kMiB));
 }
 
+// A streaming reader (a Get; layer-major keeps each key's chunk until its last pass)
+// holding the only buffer for shared-tier reads RAM has no room for is not made to wait
+// for another: it would wait on itself, on a read thread, forever, and every buffered
+// read of every tenant behind it. Its next such read is a miss instead; a plain read
+// still waits its turn.
+TEST_F(RemoteTierTest, AStreamingReaderHoldingTheOnlyBufferIsNotMadeToWaitForAnother) {
+  a_ = Open(Options(dir_a_.path(), WriteMode::kWriteBack));
+  ASSERT_NE(a_, nullptr);
+  for (uint64_t i = 1; i <= 2; ++i) ASSERT_TRUE(Put(a_.get(), Id(i)).ok());
+  a_->WaitForRemoteWrites();
+  TieredStoreOptions o = Options(dir_b_.path(), WriteMode::kRamOnly);
+  o.ram.arena.capacity_bytes = kMiB;  // One chunk...
+  o.max_buffered_reads = 1;
+  b_ = Open(o);
+  ASSERT_NE(b_, nullptr);
+  ASSERT_TRUE(Put(b_.get(), Id(9)).ok());
+  auto held = b_->Read(Id(9));  // ...held by a reader: no room for a promotion.
+  ASSERT_TRUE(held.ok()) << held.status();
+  struct Call {
+    absl::Notification done;
+    absl::StatusOr<ChunkView> out = absl::UnknownError("not called");
+  };
+  const auto read_for_stream = [&](const ChunkId& id) {
+    auto call = std::make_shared<Call>();
+    b_->ReadForStreamAsync(id, [call](absl::StatusOr<ChunkView> v) {
+      call->out = std::move(v);
+      call->done.Notify();
+    });
+    // Ends, or waits for a buffer (the defect): then the test lets the first go.
+    while (!call->done.HasBeenNotified() && b_->buffered_read_waiters() == 0) {
+      call->done.WaitForNotificationWithTimeout(absl::Milliseconds(1));
+    }
+    return call;
+  };
+  std::shared_ptr<Call> first = read_for_stream(Id(1));
+  ASSERT_TRUE(first->done.HasBeenNotified());
+  ASSERT_TRUE(first->out.ok()) << first->out.status();
+  EXPECT_EQ(first->out->tier(), Tier::kRemote);
+  EXPECT_EQ(ReadAll(*first->out), Payload(Id(1), kMiB));
+  std::shared_ptr<Call> second = read_for_stream(Id(2));
+  const bool second_done = second->done.HasBeenNotified();
+  EXPECT_TRUE(second_done) << "a streaming read waited for the buffer its caller holds";
+  first->out = absl::UnknownError("dropped");  // Lets a waiting read (the defect) go.
+  held = absl::UnknownError("dropped");
+  second->done.WaitForNotification();
+  if (second_done) EXPECT_EQ(second->out.status().code(), absl::StatusCode::kNotFound);
+  // A plain read (it holds nothing yet) still waits its turn and is served.
+  auto plain = b_->Read(Id(2));
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(ReadAll(*plain), Payload(Id(2), kMiB));
+}
+
 TEST_F(RemoteTierTest, AGetsMissingChunksAreFetchedTogetherAhead) {
   a_ = Open(Options(dir_a_.path(), WriteMode::kWriteBack));
   TieredStoreOptions ob = Options(dir_b_.path(), WriteMode::kRamOnly);
