@@ -50,6 +50,15 @@ void EventsReactor::Next() {
                           "events: kvtierd is shutting down; resubscribe after it restarts"));
       return;
     }
+    // Before waiting as before sending: woken by any namespace's event, an idle
+    // subscription of credentials the tenants file no longer admits ends then, rather
+    // than hold its place until its own namespace changes.
+    if (still_admitted_) {
+      if (absl::Status s = still_admitted_(); !s.ok()) {
+        Finish(ToGrpcStatus(s));
+        return;
+      }
+    }
     if (r.events.empty() && !r.gap) {
       {
         absl::MutexLock lock(&mu_);
@@ -64,12 +73,6 @@ void EventsReactor::Next() {
       absl::MutexLock lock(&mu_);
       wake_handle_ = handle;
       return;
-    }
-    if (still_admitted_) {
-      if (absl::Status s = still_admitted_(); !s.ok()) {
-        Finish(ToGrpcStatus(s));
-        return;
-      }
     }
     {
       // Decided in one critical section with OnCancel: a write starts only on a call

@@ -7,6 +7,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
+#include <chrono>
 #include <fstream>
 #include <map>
 #include <optional>
@@ -21,6 +22,7 @@
 #include "server/kv_cache_service.h"
 #include "server/send_turns.h"
 #include "server/tenant_quotas.h"
+#include "storage/event_log.h"
 #include "storage/crc32c.h"
 #include "tests/support/daemon_process.h"
 #include "tests/support/fake_clock.h"
@@ -57,6 +59,7 @@ class RevokedCredentialsTest : public ::testing::Test {
     o.write_mode = WriteMode::kRamOnly;
     o.ram.arena.capacity_bytes = 4 * kChunks * kChunk;
     o.max_chunk_bytes = kChunk;
+    o.events = &events_;  // Events answered (InProcessService serves the store's log).
     // One send turn: a Get that reads nothing holds it, which shows it mid-chunk.
     SendTurnsOptions t;
     t.turns = 1;
@@ -141,6 +144,7 @@ class RevokedCredentialsTest : public ::testing::Test {
   }
 
   testing::TempDir dir_{"kvtier-revoked"};
+  EventLog events_{1024};  // Outlives the store and service: declared before them.
   std::string tenants_;
   testing::FakeClock clock_;
   std::unique_ptr<Authenticator> auth_;
@@ -176,6 +180,39 @@ TEST_F(RevokedCredentialsTest, AGetEndsBeforeItsNextChunk) {
   auto got = rotated->Get(ns_, {KeyOf(kChunks - 1)});
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_TRUE((*got)[0].found);
+}
+
+// An Events subscription whose namespace stays idle ends once credentials it was
+// admitted with are revoked, at the next event anywhere (which wakes it): it once
+// checked only before sending, and held its subscriber place until its own namespace
+// changed.
+TEST_F(RevokedCredentialsTest, AnIdleEventsSubscriptionEndsAtTheNextEventAnywhere) {
+  auto stub = v1::KvCache::NewStub(
+      grpc::CreateChannel(target_, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.AddMetadata("authorization", "Bearer token-a");
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));  // Hang guard.
+  v1::EventsRequest req;
+  req.set_namespace_id(ns_);
+  req.set_after_sequence(events_.last_sequence());  // Only what comes from now on.
+  auto reader = stub->Events(&ctx, req);
+  // Admitted and under way: an event of its namespace reaches it.
+  ASSERT_TRUE(client_->Delete(ns_, {KeyOf(0)}).ok());
+  v1::EventBatch batch;
+  ASSERT_TRUE(reader->Read(&batch));
+  ASSERT_GT(batch.events_size(), 0);
+  Revoke();
+  // An event of another namespace (the tenant's, under its new token).
+  auto rotated = Connect("token-a2");
+  auto other = rotated->RegisterLayout(testing::LayoutOfMiB(kChunkMiB, "another-model"));
+  ASSERT_TRUE(other.ok()) << other.status();
+  const std::string data = PatternBytes(99, kChunk);
+  ChunkToPut chunk{KeyOf(99), data};
+  ASSERT_TRUE(rotated->Put(other->namespace_id, {&chunk, 1}).ok());
+  while (reader->Read(&batch)) {
+  }
+  const grpc::Status s = reader->Finish();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED) << s.error_message();
 }
 
 TEST_F(RevokedCredentialsTest, APutEndsBeforeItsNextChunkKeepingTheOnesStored) {

@@ -33,9 +33,10 @@ class InProcessService {
     s->store_ = *std::move(store);
     s->prefill_ = std::make_unique<PrefillRunner>(PrefillRunnerOptions{}, nullptr);
     s->leases_ = std::make_unique<LeaseTable>(LeaseTableOptions{});
+    // Events answer from the store's event log, when it keeps one.
     s->service_ = std::make_unique<KvCacheService>(ServiceLimits{}, "test", nullptr,
                                                    s->prefill_.get(), s->leases_.get(),
-                                                   DataPlaneInfo{}, /*events=*/nullptr, guards);
+                                                   DataPlaneInfo{}, store_options.events, guards);
     if (!starting_up) s->service_->SetStore(s->store_.get());
     grpc::ServerBuilder builder;
     int port = 0;
