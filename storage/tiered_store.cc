@@ -514,12 +514,14 @@ bool TieredStore::FlushOne(bool demotion) {
   // line a second says so (the counters count them all).
   if (demotion) {
     // The room is needed now and the SSD will not take the chunk: a cache may lose it.
+    // (Not one pinned while it was written: it stays, dirty, to be written later.)
     demotion_failures_.fetch_add(1, std::memory_order_relaxed);
+    const bool dropped = ram_->DropFlushing(*d, /*even_if_pinned=*/false);
     if (std::optional<uint64_t> held = write_failure_log_.Allow(options_.now())) {
-      LogWarning("tiered store: demotion of ", d->id.DebugString(),
-                 " failed, dropping it from RAM: ", s.message(), HeldBack(*held));
+      LogWarning("tiered store: demotion of ", d->id.DebugString(), " failed, ",
+                 dropped ? "dropped from RAM: " : "kept in RAM (pinned meanwhile): ",
+                 s.message(), HeldBack(*held));
     }
-    ram_->DropFlushing(*d, /*even_if_pinned=*/false);
     return true;
   }
   if (std::optional<uint64_t> held = write_failure_log_.Allow(options_.now())) {
