@@ -124,10 +124,9 @@ absl::StatusOr<StreamLimiter::Ticket> KvCacheService::TakeStreamPlace(
 }
 
 template <typename Impl>
-grpc::Status KvCacheService::Serve(grpc::ServerContextBase* ctx, RpcMethod method,
-                                   const TenantScope& tenant, Impl impl) {
+grpc::Status KvCacheService::Serve(RpcMethod method, const TenantScope& tenant, Impl impl) {
   return ServeChecked(
-      ctx, method, tenant, [](const TenantScope&) { return absl::OkStatus(); }, impl);
+      method, tenant, [](const TenantScope&) { return absl::OkStatus(); }, impl);
 }
 
 void KvCacheService::UnpinRevokedTenants(TieredStore* store) {
@@ -145,8 +144,8 @@ void KvCacheService::UnpinRevokedTenants(TieredStore* store) {
 }
 
 template <typename Check, typename Impl>
-grpc::Status KvCacheService::ServeChecked(grpc::ServerContextBase*, RpcMethod method,
-                                          const TenantScope& tenant, Check check, Impl impl) {
+grpc::Status KvCacheService::ServeChecked(RpcMethod method, const TenantScope& tenant,
+                                          Check check, Impl impl) {
   RpcMetrics::Scope scope(metrics_, method);
   if (absl::Status c = check(tenant); !c.ok()) return scope.Done(ToGrpcStatus(c));
   TieredStore* store = store_.load(std::memory_order_acquire);
@@ -158,11 +157,10 @@ grpc::Status KvCacheService::ServeChecked(grpc::ServerContextBase*, RpcMethod me
   return scope.Done(impl(store, tenant));
 }
 
-grpc::Status KvCacheService::RegisterLayoutCall(grpc::ServerContextBase* ctx, const TenantScope& tenant,
-      const v1::RegisterLayoutRequest* req,
+grpc::Status KvCacheService::RegisterLayoutCall(const TenantScope& tenant, const v1::RegisterLayoutRequest* req,
                                             v1::RegisterLayoutResponse* resp) {
   return ServeChecked(
-      ctx, RpcMethod::kRegisterLayout, tenant,
+      RpcMethod::kRegisterLayout, tenant,
       [&](const TenantScope&) {
         if (!req->has_layout()) return absl::InvalidArgumentError("layout: required");
         return LayoutFromProto(req->layout()).status();
@@ -171,10 +169,9 @@ grpc::Status KvCacheService::RegisterLayoutCall(grpc::ServerContextBase* ctx, co
         return RegisterLayoutImpl(store, t, req, resp);
       });
 }
-grpc::Status KvCacheService::LookupCall(grpc::ServerContextBase* ctx, const TenantScope& tenant,
-      const v1::LookupRequest* req,
+grpc::Status KvCacheService::LookupCall(const TenantScope& tenant, const v1::LookupRequest* req,
                                     v1::LookupResponse* resp) {
-  return Serve(ctx, RpcMethod::kLookup, tenant, [&](TieredStore* store, const TenantScope& t) {
+  return Serve(RpcMethod::kLookup, tenant, [&](TieredStore* store, const TenantScope& t) {
     return LookupImpl(store, t, t.Internal(req->namespace_id()), req, resp);
   });
 }
@@ -245,8 +242,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* KvCacheService::Get(
                         std::move(still_admitted));
 }
 
-grpc::Status KvCacheService::DataPlaneCall(grpc::ServerContextBase* ctx, const TenantScope& tenant,
-      const v1::DataPlaneRequest* req,
+grpc::Status KvCacheService::DataPlaneCall(const TenantScope& tenant, const v1::DataPlaneRequest* req,
                                        v1::DataPlaneResponse* resp) {
   RpcMetrics::Scope scope(metrics_, RpcMethod::kDataPlane);
   resp->set_max_frame_bytes(static_cast<uint32_t>(limits_.max_frame_bytes));
@@ -268,39 +264,34 @@ grpc::Status KvCacheService::DataPlaneCall(grpc::ServerContextBase* ctx, const T
   return scope.Done(grpc::Status::OK);
 }
 
-grpc::Status KvCacheService::PinCall(grpc::ServerContextBase* ctx, const TenantScope& tenant,
-      const v1::PinRequest* req,
+grpc::Status KvCacheService::PinCall(const TenantScope& tenant, const v1::PinRequest* req,
                                  v1::PinResponse* resp) {
-  return Serve(ctx, RpcMethod::kPin, tenant, [&](TieredStore* store, const TenantScope& t) {
+  return Serve(RpcMethod::kPin, tenant, [&](TieredStore* store, const TenantScope& t) {
     return PinImpl(store, t, t.Internal(req->namespace_id()), req, resp);
   });
 }
-grpc::Status KvCacheService::UnpinCall(grpc::ServerContextBase* ctx, const TenantScope& tenant,
-      const v1::UnpinRequest* req,
+grpc::Status KvCacheService::UnpinCall(const TenantScope& tenant, const v1::UnpinRequest* req,
                                  v1::UnpinResponse* resp) {
-  return Serve(ctx, RpcMethod::kUnpin, tenant, [&](TieredStore* store, const TenantScope& t) {
+  return Serve(RpcMethod::kUnpin, tenant, [&](TieredStore* store, const TenantScope& t) {
     return UnpinImpl(store, t.Internal(req->namespace_id()), req, resp);
   });
 }
-grpc::Status KvCacheService::DeleteCall(grpc::ServerContextBase* ctx, const TenantScope& tenant,
-      const v1::DeleteRequest* req,
+grpc::Status KvCacheService::DeleteCall(const TenantScope& tenant, const v1::DeleteRequest* req,
                                  v1::DeleteResponse* resp) {
-  return Serve(ctx, RpcMethod::kDelete, tenant, [&](TieredStore* store, const TenantScope& t) {
+  return Serve(RpcMethod::kDelete, tenant, [&](TieredStore* store, const TenantScope& t) {
     return DeleteImpl(store, t.Internal(req->namespace_id()), req, resp);
   });
 }
-grpc::Status KvCacheService::ClearCall(grpc::ServerContextBase* ctx, const TenantScope& tenant,
-      const v1::ClearRequest* req,
+grpc::Status KvCacheService::ClearCall(const TenantScope& tenant, const v1::ClearRequest* req,
                                  v1::ClearResponse* resp) {
-  return Serve(ctx, RpcMethod::kClear, tenant, [&](TieredStore* store, const TenantScope& t) {
+  return Serve(RpcMethod::kClear, tenant, [&](TieredStore* store, const TenantScope& t) {
     return ClearImpl(store, t.Internal(req->namespace_id()), req, resp);
   });
 }
-grpc::Status KvCacheService::StatsCall(grpc::ServerContextBase* ctx, const TenantScope& tenant,
-      const v1::StatsRequest*,
+grpc::Status KvCacheService::StatsCall(const TenantScope& tenant, const v1::StatsRequest*,
                                    v1::StatsResponse* resp) {
   return ServeChecked(
-      ctx, RpcMethod::kStats, tenant,
+      RpcMethod::kStats, tenant,
       [&](const TenantScope& t) {
         if (t.admin()) return absl::OkStatus();
         // Daemon-wide figures describe every tenant's use.
@@ -310,10 +301,9 @@ grpc::Status KvCacheService::StatsCall(grpc::ServerContextBase* ctx, const Tenan
       },
       [&](TieredStore* store, const TenantScope&) { return StatsImpl(store, resp); });
 }
-grpc::Status KvCacheService::ReleaseLeaseCall(grpc::ServerContextBase* ctx, const TenantScope& tenant,
-      const v1::ReleaseLeaseRequest* req,
+grpc::Status KvCacheService::ReleaseLeaseCall(const TenantScope& tenant, const v1::ReleaseLeaseRequest* req,
                                           v1::ReleaseLeaseResponse* resp) {
-  return Serve(ctx, RpcMethod::kReleaseLease, tenant, [&](TieredStore* store, const TenantScope& t) {
+  return Serve(RpcMethod::kReleaseLease, tenant, [&](TieredStore* store, const TenantScope& t) {
     const uint64_t ns = t.Internal(req->namespace_id());
     if (auto l = RequireNamespace(store, ns); !l.ok()) {
       return ToGrpcStatus(l.status());
@@ -322,11 +312,10 @@ grpc::Status KvCacheService::ReleaseLeaseCall(grpc::ServerContextBase* ctx, cons
     return grpc::Status::OK;
   });
 }
-grpc::Status KvCacheService::HintCall(grpc::ServerContextBase* ctx, const TenantScope& tenant,
-      const v1::HintRequest* req,
+grpc::Status KvCacheService::HintCall(const TenantScope& tenant, const v1::HintRequest* req,
                                   v1::HintResponse* resp) {
   return ServeChecked(
-      ctx, RpcMethod::kHint, tenant,
+      RpcMethod::kHint, tenant,
       [&](const TenantScope&) {
         if (req->client_id().empty() || req->client_id().size() > 128) {
           return absl::InvalidArgumentError(absl::StrCat(
@@ -459,68 +448,68 @@ grpc::ServerUnaryReactor* KvCacheService::Unary(
 grpc::ServerUnaryReactor* KvCacheService::RegisterLayout(grpc::CallbackServerContext* ctx,
     const v1::RegisterLayoutRequest* req, v1::RegisterLayoutResponse* resp) {
   return Unary(ctx, RpcMethod::kRegisterLayout,
-               [this, ctx, req, resp](const TenantScope& t) { return RegisterLayoutCall(ctx, t, req, resp); });
+               [this, req, resp](const TenantScope& t) { return RegisterLayoutCall(t, req, resp); });
 }
 
 grpc::ServerUnaryReactor* KvCacheService::Lookup(grpc::CallbackServerContext* ctx,
     const v1::LookupRequest* req, v1::LookupResponse* resp) {
   return Unary(ctx, RpcMethod::kLookup,
-               [this, ctx, req, resp](const TenantScope& t) { return LookupCall(ctx, t, req, resp); });
+               [this, req, resp](const TenantScope& t) { return LookupCall(t, req, resp); });
 }
 
 grpc::ServerUnaryReactor* KvCacheService::Pin(grpc::CallbackServerContext* ctx,
     const v1::PinRequest* req, v1::PinResponse* resp) {
   return Unary(ctx, RpcMethod::kPin,
-               [this, ctx, req, resp](const TenantScope& t) { return PinCall(ctx, t, req, resp); });
+               [this, req, resp](const TenantScope& t) { return PinCall(t, req, resp); });
 }
 
 grpc::ServerUnaryReactor* KvCacheService::Unpin(grpc::CallbackServerContext* ctx,
     const v1::UnpinRequest* req, v1::UnpinResponse* resp) {
   return Unary(ctx, RpcMethod::kUnpin,
-               [this, ctx, req, resp](const TenantScope& t) { return UnpinCall(ctx, t, req, resp); });
+               [this, req, resp](const TenantScope& t) { return UnpinCall(t, req, resp); });
 }
 
 grpc::ServerUnaryReactor* KvCacheService::Delete(grpc::CallbackServerContext* ctx,
     const v1::DeleteRequest* req, v1::DeleteResponse* resp) {
   return Unary(ctx, RpcMethod::kDelete,
-               [this, ctx, req, resp](const TenantScope& t) { return DeleteCall(ctx, t, req, resp); });
+               [this, req, resp](const TenantScope& t) { return DeleteCall(t, req, resp); });
 }
 
 grpc::ServerUnaryReactor* KvCacheService::Clear(grpc::CallbackServerContext* ctx,
     const v1::ClearRequest* req, v1::ClearResponse* resp) {
   return Unary(ctx, RpcMethod::kClear,
-               [this, ctx, req, resp](const TenantScope& t) { return ClearCall(ctx, t, req, resp); });
+               [this, req, resp](const TenantScope& t) { return ClearCall(t, req, resp); });
 }
 
 grpc::ServerUnaryReactor* KvCacheService::Stats(grpc::CallbackServerContext* ctx,
     const v1::StatsRequest* req, v1::StatsResponse* resp) {
   return Unary(ctx, RpcMethod::kStats,
-               [this, ctx, req, resp](const TenantScope& t) { return StatsCall(ctx, t, req, resp); });
+               [this, req, resp](const TenantScope& t) { return StatsCall(t, req, resp); });
 }
 
 grpc::ServerUnaryReactor* KvCacheService::ReleaseLease(grpc::CallbackServerContext* ctx,
     const v1::ReleaseLeaseRequest* req, v1::ReleaseLeaseResponse* resp) {
   return Unary(ctx, RpcMethod::kReleaseLease,
-               [this, ctx, req, resp](const TenantScope& t) { return ReleaseLeaseCall(ctx, t, req, resp); });
+               [this, req, resp](const TenantScope& t) { return ReleaseLeaseCall(t, req, resp); });
 }
 
 grpc::ServerUnaryReactor* KvCacheService::DataPlane(grpc::CallbackServerContext* ctx,
     const v1::DataPlaneRequest* req, v1::DataPlaneResponse* resp) {
   return Unary(ctx, RpcMethod::kDataPlane,
-               [this, ctx, req, resp](const TenantScope& t) { return DataPlaneCall(ctx, t, req, resp); });
+               [this, req, resp](const TenantScope& t) { return DataPlaneCall(t, req, resp); });
 }
 
 grpc::ServerUnaryReactor* KvCacheService::Hint(grpc::CallbackServerContext* ctx,
     const v1::HintRequest* req, v1::HintResponse* resp) {
   return Unary(ctx, RpcMethod::kHint,
-               [this, ctx, req, resp](const TenantScope& t) { return HintCall(ctx, t, req, resp); });
+               [this, req, resp](const TenantScope& t) { return HintCall(t, req, resp); });
 }
 
 grpc::Status KvCacheService::Prefill(grpc::ServerContext* ctx, PrefillStream* stream) {
   StillAdmitted still_admitted;
   absl::StatusOr<TenantScope> tenant = Admit(ctx, &still_admitted);
   if (!tenant.ok()) return Refuse(RpcMethod::kPrefill, tenant.status());
-  return Serve(ctx, RpcMethod::kPrefill, *tenant, [&](TieredStore* store, const TenantScope& t) {
+  return Serve(RpcMethod::kPrefill, *tenant, [&](TieredStore* store, const TenantScope& t) {
     // A tenant's sessions count in its max_streams below.
     absl::StatusOr<StreamLimiter::Ticket> session =
         TakePlace(ctx, guards_.prefill_sessions, t, /*tenant_max=*/0);

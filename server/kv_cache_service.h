@@ -151,35 +151,25 @@ class KvCacheService final : public internal::KvCacheBase {
 
  private:
   // The unary methods' bodies, run by Unary on the service's pool.
-  grpc::Status RegisterLayoutCall(grpc::ServerContextBase* ctx, const TenantScope& tenant,
-      const v1::RegisterLayoutRequest* req,
+  grpc::Status RegisterLayoutCall(const TenantScope& tenant, const v1::RegisterLayoutRequest* req,
       v1::RegisterLayoutResponse* resp);
-  grpc::Status LookupCall(grpc::ServerContextBase* ctx, const TenantScope& tenant,
-      const v1::LookupRequest* req,
+  grpc::Status LookupCall(const TenantScope& tenant, const v1::LookupRequest* req,
       v1::LookupResponse* resp);
-  grpc::Status PinCall(grpc::ServerContextBase* ctx, const TenantScope& tenant,
-      const v1::PinRequest* req,
+  grpc::Status PinCall(const TenantScope& tenant, const v1::PinRequest* req,
       v1::PinResponse* resp);
-  grpc::Status UnpinCall(grpc::ServerContextBase* ctx, const TenantScope& tenant,
-      const v1::UnpinRequest* req,
+  grpc::Status UnpinCall(const TenantScope& tenant, const v1::UnpinRequest* req,
       v1::UnpinResponse* resp);
-  grpc::Status DeleteCall(grpc::ServerContextBase* ctx, const TenantScope& tenant,
-      const v1::DeleteRequest* req,
+  grpc::Status DeleteCall(const TenantScope& tenant, const v1::DeleteRequest* req,
       v1::DeleteResponse* resp);
-  grpc::Status ClearCall(grpc::ServerContextBase* ctx, const TenantScope& tenant,
-      const v1::ClearRequest* req,
+  grpc::Status ClearCall(const TenantScope& tenant, const v1::ClearRequest* req,
       v1::ClearResponse* resp);
-  grpc::Status StatsCall(grpc::ServerContextBase* ctx, const TenantScope& tenant,
-      const v1::StatsRequest* req,
+  grpc::Status StatsCall(const TenantScope& tenant, const v1::StatsRequest* req,
       v1::StatsResponse* resp);
-  grpc::Status ReleaseLeaseCall(grpc::ServerContextBase* ctx, const TenantScope& tenant,
-      const v1::ReleaseLeaseRequest* req,
+  grpc::Status ReleaseLeaseCall(const TenantScope& tenant, const v1::ReleaseLeaseRequest* req,
       v1::ReleaseLeaseResponse* resp);
-  grpc::Status DataPlaneCall(grpc::ServerContextBase* ctx, const TenantScope& tenant,
-      const v1::DataPlaneRequest* req,
+  grpc::Status DataPlaneCall(const TenantScope& tenant, const v1::DataPlaneRequest* req,
       v1::DataPlaneResponse* resp);
-  grpc::Status HintCall(grpc::ServerContextBase* ctx, const TenantScope& tenant,
-      const v1::HintRequest* req,
+  grpc::Status HintCall(const TenantScope& tenant, const v1::HintRequest* req,
       v1::HintResponse* resp);
   // Admits the caller, then runs `call(tenant)` for a unary method on guards_.unary (the
   // service's own pool without one) and finishes the call with its status; a refused
@@ -225,14 +215,13 @@ class KvCacheService final : public internal::KvCacheBase {
   // Runs `impl(store, tenant)` for an admitted caller under a metrics scope;
   // UNAVAILABLE before SetStore.
   template <typename Impl>
-  grpc::Status Serve(grpc::ServerContextBase* ctx, RpcMethod method, const TenantScope& tenant,
-                     Impl impl);
+  grpc::Status Serve(RpcMethod method, const TenantScope& tenant, Impl impl);
   // Serve, with `check(tenant)` (an absl::Status) first, before the store is needed: a
   // request that can never succeed (a role it lacks, malformed fields) is told so while
   // the daemon is starting up too, not UNAVAILABLE ("retry").
   template <typename Check, typename Impl>
-  grpc::Status ServeChecked(grpc::ServerContextBase* ctx, RpcMethod method,
-                            const TenantScope& tenant, Check check, Impl impl);
+  grpc::Status ServeChecked(RpcMethod method, const TenantScope& tenant, Check check,
+                            Impl impl);
   // `why` as the call's status, counted under `method`.
   grpc::Status Refuse(RpcMethod method, const absl::Status& why);
 
