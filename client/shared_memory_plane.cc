@@ -30,8 +30,12 @@ std::shared_ptr<SharedBuffer> SharedMemoryPlane::Find(const void* p, uint64_t n)
 }
 
 std::shared_ptr<SharedBuffer> SharedMemoryPlane::AcquireStaging(uint64_t bytes) {
+  if (bytes > staging_bytes_) return nullptr;
   uint64_t size = 4ull << 20;
   while (size < bytes) size *= 2;
+  // Buffers given up to make room. Each unregisters (a round trip to the daemon) as it
+  // is destroyed, which happens after the lock is released.
+  std::vector<std::shared_ptr<SharedBuffer>> dropped;
   {
     absl::MutexLock lock(&mu_);
     // The smallest free buffer that fits.
@@ -46,16 +50,31 @@ std::shared_ptr<SharedBuffer> SharedMemoryPlane::AcquireStaging(uint64_t bytes) 
       free_staging_.erase(best);
       return b;
     }
-    // Make room by dropping free buffers, largest first.
+    // Room comes from free buffers, largest first, then from discarded ones (a failed
+    // call's, which otherwise wait for a call that succeeds: without this, one failure
+    // that left too little room would stop staging for good). Nothing is given up when
+    // even all of them would not make room.
+    uint64_t reclaimable = 0;
+    for (const auto& b : free_staging_) reclaimable += b->size();
+    for (const auto& b : discarded_) reclaimable += b->size();
+    if (staging_total_ - reclaimable + size > staging_bytes_) return nullptr;
     std::sort(free_staging_.begin(), free_staging_.end(),
               [](const auto& a, const auto& b) { return a->size() < b->size(); });
     while (staging_total_ + size > staging_bytes_ && !free_staging_.empty()) {
       staging_total_ -= free_staging_.back()->size();
+      dropped.push_back(std::move(free_staging_.back()));
       free_staging_.pop_back();
     }
-    if (staging_total_ + size > staging_bytes_) return nullptr;
+    if (staging_total_ + size > staging_bytes_) {
+      for (auto& b : discarded_) {
+        staging_total_ -= b->size();
+        dropped.push_back(std::move(b));
+      }
+      discarded_.clear();
+    }
     staging_total_ += size;
   }
+  dropped.clear();  // Unregistered before the new one registers.
   auto b = SharedBuffer::Create(channel_, size);
   if (!b.ok()) {
     absl::MutexLock lock(&mu_);

@@ -45,8 +45,8 @@ class SharedMemoryPlane {
   void ReleaseStaging(std::shared_ptr<SharedBuffer> buffer);
   // Gives back a staging buffer that a failed or cancelled transfer used: the daemon may
   // still be finishing a copy into it, so it is never reused, and unregistered at the
-  // next ReleaseStaging (without waiting on the daemon now); its bytes count against
-  // staging_bytes until then.
+  // next ReleaseStaging, or by an AcquireStaging that needs its room (without waiting on
+  // the daemon now); its bytes count against staging_bytes until then.
   void DiscardStaging(std::shared_ptr<SharedBuffer> buffer);
   // Unmaps the staging buffers not lent out (free and discarded): for a plane whose
   // daemon has gone.

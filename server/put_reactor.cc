@@ -269,10 +269,8 @@ absl::Status PutReactor::FrameBytes() {
   if (!region.ok()) return region.status();
   auto src = (*region)->Range(ref.offset(), ref.length(), "region");
   if (!src.ok()) return src.status();
-  if (absl::Status s = (*region)->Populate(*src, ref.length(), MappedRegion::Access::kRead);
-      !s.ok()) {
-    return s;
-  }
+  // Faulted in by Consume, once the length is known to fit the chunk: a range of a
+  // sparse region faulted in first would allocate its holes, however large.
   // The reference keeps the mapping for the copy even if the owner goes away meanwhile.
   region_ = *std::move(region);
   region_bytes_ = absl::string_view(*src, ref.length());
@@ -363,6 +361,14 @@ void PutReactor::Consume() {
                                     Consumed();
                                   });
     return;
+  }
+  if (writer_ && region_) {
+    if (absl::Status s = region_->Populate(region_bytes_.data(), region_bytes_.size(),
+                                           MappedRegion::Access::kRead);
+        !s.ok()) {
+      Fail(s);
+      return;
+    }
   }
   if (writer_) {
     for (absl::string_view piece : data_) {
