@@ -932,13 +932,55 @@ std::vector<ChunkId> SsdTier::Restore(std::vector<std::pair<ChunkId, IndexEntry>
   return restored;
 }
 
+void SsdTier::AwaitUnrowedLocked(const ChunkId& id) {
+  if (!unrowing_.contains(id)) return;
+  if (options_.delete_waits_for_row_delete) {
+    mu_.Unlock();
+    options_.delete_waits_for_row_delete(id);
+    mu_.Lock();
+  }
+  struct Waiting {
+    const absl::flat_hash_map<ChunkId, uint32_t>* unrowing;
+    const ChunkId* id;
+  } waiting{&unrowing_, &id};
+  mu_.Await(absl::Condition(
+      +[](Waiting* w) { return !w->unrowing->contains(*w->id); }, &waiting));
+}
+
+void SsdTier::AwaitNamespaceUnrowedLocked(uint64_t ns) {
+  if (options_.delete_waits_for_row_delete) {
+    std::optional<ChunkId> unrowing;
+    for (const auto& [id, n] : unrowing_) {
+      if (id.ns == ns) unrowing = id;
+    }
+    if (unrowing) {
+      mu_.Unlock();
+      options_.delete_waits_for_row_delete(*unrowing);
+      mu_.Lock();
+    }
+  }
+  struct Waiting {
+    const absl::flat_hash_map<ChunkId, uint32_t>* unrowing;
+    uint64_t ns;
+  } waiting{&unrowing_, ns};
+  mu_.Await(absl::Condition(
+      +[](Waiting* w) {
+        for (const auto& [id, n] : *w->unrowing) {
+          if (id.ns == w->ns) return false;
+        }
+        return true;
+      },
+      &waiting));
+}
+
 absl::Status SsdTier::DeleteChunk(const ChunkId& id) {
   std::optional<IndexEntry> e;
   {
     absl::MutexLock lock(&mu_);
+    AwaitUnrowedLocked(id);
     e = ForgetLocked(id);
-    // Gone already: whoever took it out deletes its row. Deleting it here too could
-    // land after a put of the chunk stored afresh, and delete that put's row.
+    // Gone already (and its row with it: the wait above). Deleting the row here too
+    // could land after a put of the chunk stored afresh, and delete that put's row.
     if (!e) return absl::OkStatus();
     BeginUnrowLocked(id);
   }
@@ -1001,6 +1043,7 @@ absl::StatusOr<bool> SsdTier::Delete(const ChunkId& id) {
   bool present;
   {
     absl::MutexLock lock(&mu_);
+    AwaitUnrowedLocked(id);
     present = index_.contains(id);
   }
   if (!present) return false;
@@ -1068,6 +1111,7 @@ absl::StatusOr<uint64_t> SsdTier::DeleteNamespace(uint64_t ns, std::vector<Chunk
   std::vector<std::pair<ChunkId, IndexEntry>> gone;
   {
     absl::MutexLock lock(&mu_);
+    AwaitNamespaceUnrowedLocked(ns);  // As AwaitUnrowedLocked, for each of its chunks.
     std::vector<ChunkId> ids;
     for (const auto& [id, e] : index_) {
       if (id.ns == ns) ids.push_back(id);

@@ -109,10 +109,11 @@ struct SsdTierOptions {
   // GC move, DropCorrupt), and by whichever of several readers deleted it.
   std::function<void(const ChunkId&)> on_corrupt;
   // Tests only (sync points): called once a chunk has left the index and before its
-  // row is deleted (a delete, an eviction, a corrupt copy dropped), and when a put of a
-  // chunk finds it in that state and waits for the row to go first.
+  // row is deleted (a delete, an eviction, a corrupt copy dropped), and when a put or a
+  // delete of a chunk finds it in that state and waits for the row to go first.
   std::function<void(const ChunkId&)> before_row_delete;
   std::function<void(const ChunkId&)> put_waits_for_row_delete;
+  std::function<void(const ChunkId&)> delete_waits_for_row_delete;
 
   absl::Status Validate() const;
   // file_bytes, or its default for this capacity.
@@ -330,6 +331,11 @@ class SsdTier final : public StorageTier {
   // leave a chunk the next start-up has lost.
   absl::flat_hash_map<ChunkId, uint32_t> unrowing_ ABSL_GUARDED_BY(mu_);
   void BeginUnrowLocked(const ChunkId& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A delete of a chunk whose row another thread is deleting (an eviction) waits for
+  // it: should that deletion fail, the chunk goes back into the index, and a delete
+  // that had found it gone and answered "done" would have been undone.
+  void AwaitUnrowedLocked(const ChunkId& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AwaitNamespaceUnrowedLocked(uint64_t ns) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Runs before_row_delete for each, if set. Without the tier's locks.
   void BeforeRowDelete(absl::Span<const ChunkId> ids) ABSL_LOCKS_EXCLUDED(mu_);
   void EndUnrow(absl::Span<const ChunkId> ids) ABSL_LOCKS_EXCLUDED(mu_);

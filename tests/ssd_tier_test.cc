@@ -1067,6 +1067,75 @@ TEST_F(SsdTierFaultTest, AFailedPutOverAnExpiredCopyLeavesItToTheSweep) {
   EXPECT_LT(s.disk_bytes, kMiB) << "a payload file of dead chunks was kept";
 }
 
+// An eviction takes a chunk out of the index, then fails to delete its row (a full
+// disk) and puts it back. A client's delete of the chunk in between once found it gone
+// and answered "done", and the chunk was served again, and after a restart too. The
+// delete now waits for the eviction's outcome: here it runs after the eviction failed,
+// with the disk still full, fails too and says so. Either way a delete answered OK
+// leaves no chunk.
+class SsdTierDeleteRaceTest : public SsdTierFaultTest,
+                              public ::testing::WithParamInterface<bool> {
+ protected:
+  // Delete(Id(1)), or (the parameter) a Clear of its namespace.
+  absl::StatusOr<bool> DeleteIt() {
+    if (!GetParam()) return tier_->Delete(Id(1));
+    absl::StatusOr<uint64_t> n = tier_->DeleteNamespace(Id(1).ns, nullptr);
+    if (!n.ok()) return n.status();
+    return *n > 0;
+  }
+};
+
+TEST_P(SsdTierDeleteRaceTest, ADeleteDuringAFailedEvictionIsNotUndone) {
+  options_.capacity_bytes = 2 * kMiB;
+  absl::Mutex mu;
+  bool waiting = false, done = false;
+  absl::StatusOr<bool> deleted = absl::UnknownError("never ran");
+  std::thread deleter;
+  options_.before_row_delete = [&](const ChunkId& id) {
+    if (id != Id(1) || deleter.joinable()) return;
+    fs_->SetNoSpace(true);  // The eviction's row deletion fails.
+    deleter = std::thread([&] {
+      absl::StatusOr<bool> r = DeleteIt();
+      absl::MutexLock lock(&mu);
+      deleted = std::move(r);
+      done = true;
+    });
+    absl::MutexLock lock(&mu);
+    struct Flags {
+      bool* waiting;
+      bool* done;
+    } flags{&waiting, &done};
+    mu.Await(absl::Condition(+[](Flags* f) { return *f->waiting || *f->done; }, &flags));
+  };
+  options_.delete_waits_for_row_delete = [&](const ChunkId&) {
+    absl::MutexLock lock(&mu);
+    waiting = true;
+  };
+  Open();
+  PutOk(Id(1), kMiB);
+  PutOk(Id(2, /*ns=*/0x2222), kMiB);  // Not in Id(1)'s namespace: a Clear finds none.
+  EXPECT_EQ(Put(Id(3), Payload(Id(3), kMiB)).code(), absl::StatusCode::kResourceExhausted);
+  ASSERT_TRUE(deleter.joinable()) << "the eviction never reached its row deletion";
+  deleter.join();
+  EXPECT_TRUE(!deleted.ok() || !tier_->Contains(Id(1)))
+      << "a delete answered " << *deleted << " and the chunk is still served";
+  EXPECT_FALSE(deleted.ok());
+  EXPECT_TRUE(tier_->Contains(Id(1)));  // Its row is there: so is it.
+  // Room again, and a restart: the chunk is still there, and a delete now deletes it.
+  options_.before_row_delete = nullptr;
+  fs_->SetNoSpace(false);
+  Open();
+  EXPECT_TRUE(tier_->Contains(Id(1)));
+  absl::StatusOr<bool> again = DeleteIt();
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(*again);
+  Open();
+  EXPECT_FALSE(tier_->Contains(Id(1)));
+}
+
+INSTANTIATE_TEST_SUITE_P(DeleteOrClear, SsdTierDeleteRaceTest, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "Clear" : "Delete"; });
+
 // A corrupt copy whose row cannot be deleted (a full disk) stays hidden: it was once put
 // back in the index as it was, served again (DATA_LOSS each time), and a put of the
 // chunk, seeing it present, was acknowledged without storing anything. A put now
