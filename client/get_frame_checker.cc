@@ -49,6 +49,13 @@ absl::Status GetFrameChecker::CheckBytes(const v1::GetFrame& frame,
                                          absl::Span<const absl::string_view> data,
                                          uint64_t n) {
   const uint32_t index = frame.key_index();
+  // Every frame of a found key's piece says found: callers act on found() frame by frame
+  // (GetInto and the Python binding skip absent keys' frames), so bytes under found =
+  // false after the piece's first frame would be counted here, yet never land.
+  if (!frame.found()) {
+    return Violation(absl::StrCat("found = false for key_index ", index, " at offset ",
+                                  frame.offset(), " of a piece it began found"));
+  }
   if (frame.offset() != received_) {
     return Violation(absl::StrCat("offset ", frame.offset(), " for key_index ", index,
                                   ", expected ", received_));

@@ -194,6 +194,33 @@ TEST_F(ClientProtocolTest, GetIntoRefusesHalfChunksThatWouldLeaveZerosReportedFo
   ExpectViolation(r.status(), "total_bytes");
 }
 
+// Key 0's second half comes in a frame that says found = false, the chunk's CRC32C
+// right over both halves: GetInto skipped that frame's copy yet reported key 0 found,
+// with whatever `out` held before in its second half.
+TEST_F(ClientProtocolTest, GetIntoRefusesAChunkWhoseLaterFrameSaysNotFound) {
+  const std::string chunk = Chunk(0);
+  const uint64_t half = kChunkBytes / 2;
+  daemon_.get = [&](const v1::GetRequest&, grpc::ServerWriter<v1::GetFrame>* w) {
+    v1::GetFrame a = Found(0, chunk.substr(0, half), kChunkBytes, crc32c::Value(chunk));
+    ASSERT_FALSE(a.last());
+    w->Write(a);
+    v1::GetFrame b;
+    b.set_key_index(0);
+    b.set_found(false);
+    b.set_offset(half);
+    b.set_data(chunk.substr(half));
+    b.set_last(true);
+    w->Write(b);
+    v1::GetFrame absent;
+    absent.set_key_index(1);
+    absent.set_last(true);
+    w->Write(absent);
+  };
+  std::string out(2 * kChunkBytes, '\x5a');
+  auto r = client_->GetInto(kNamespace, keys_, absl::MakeSpan(out));
+  ExpectViolation(r.status(), "found = false");
+}
+
 TEST_F(ClientProtocolTest, LayerMajorPassesOutsideTheLayoutsLayersAreRefused) {
   // Layer-major passes at layers 1000-1003 of a 4-layer layout: each would land
   // 1000 layers past its key's place in `out`.

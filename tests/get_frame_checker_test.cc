@@ -239,6 +239,44 @@ TEST_F(CheckerTest, LayerMajorProtocolViolationsAreInternal) {
   violates(cut);
 }
 
+// A frame after a piece's first one says found = false: the bytes it carries belong to a
+// key the caller was told is found, and a caller that skips absent keys' frames (GetInto,
+// the Python binding) would drop them and leave stale bytes reported found. Each order,
+// with and without the layout's sizes (the CRC32C of the whole chunk right, so nothing
+// but this check stops it).
+TEST_F(CheckerTest, AFrameSayingFoundFalseInsideAPieceIsAViolation) {
+  const GetFrameChecker::Shape shape{kLayer * kLayers, kLayer, kLayers};
+  auto violates = [](const absl::Status& s) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << s;
+    EXPECT_NE(s.message().find("found = false"), std::string::npos) << s;
+    EXPECT_NE(s.message().find("protocol violation"), std::string::npos) << s;
+  };
+  for (const bool with_shape : {false, true}) {
+    const std::optional<GetFrameChecker::Shape> s =
+        with_shape ? std::optional<GetFrameChecker::Shape>(shape) : std::nullopt;
+    // Chunk-major: key 0 in two halves, the second marked absent.
+    std::vector<F> chunk_major;
+    AppendPiece(chunk_major, 0, Chunk(0), 0, kLayer * kLayers, kLayer * kLayers / 2, {});
+    ASSERT_EQ(chunk_major.size(), 2u);
+    chunk_major[1].header.set_found(false);
+    for (uint32_t k = 1; k < 4; ++k) chunk_major.push_back(Absent(k));
+    GetFrameChecker cm(keys_, /*layer_major=*/false, std::nullopt, std::nullopt, true, s);
+    violates(Run(cm, chunk_major));
+
+    // Layer-major: the second frame of key 0's layer-0 piece (first pass), then of key
+    // 2's layer-1 piece (a later pass).
+    const std::vector<bool> found = {true, false, true, true};
+    const size_t pass0 = 3 * 3 + 1;  // Three found keys of three frames, one absent.
+    for (const size_t at : {size_t{1}, pass0 + 3 + 1}) {
+      std::vector<F> layer_major = LayerMajor(4, found, 0, kLayers);
+      ASSERT_TRUE(layer_major[at].header.found() && layer_major[at].header.offset() != 0);
+      layer_major[at].header.set_found(false);
+      GetFrameChecker lm(keys_, /*layer_major=*/true, std::nullopt, std::nullopt, true, s);
+      violates(Run(lm, layer_major));
+    }
+  }
+}
+
 // Given the layout's sizes, a stream consistent in itself but not with the layout is a
 // violation: a chunk or piece of another size, a pass outside the layout's layers, a
 // whole-chunk stream that stops before the last layer.
