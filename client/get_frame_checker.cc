@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "client/kvtier_client.h"  // kMaxAcceptedChunkBytes
 #include "storage/crc32c.h"
 
 namespace kvtier {
@@ -42,6 +43,13 @@ GetFrameChecker::GetFrameChecker(absl::Span<const ChunkKey> keys, bool layer_maj
 
 absl::Status GetFrameChecker::Check(const v1::GetFrame& frame,
                                     absl::Span<const absl::string_view> data, uint64_t n) {
+  // Callers size buffers from total_bytes before the bytes arrive; without a Shape
+  // nothing else bounds it.
+  if (frame.total_bytes() > kMaxAcceptedChunkBytes) {
+    return Violation(absl::StrCat("key_index ", frame.key_index(), " has total_bytes ",
+                                  frame.total_bytes(), ", past the largest chunk accepted (",
+                                  kMaxAcceptedChunkBytes, ")"));
+  }
   return layer_major_ ? CheckLayerMajor(frame, data, n) : CheckChunkMajor(frame, data, n);
 }
 

@@ -36,8 +36,12 @@
 namespace kvtier {
 namespace {
 
-// The largest chunk a DataPlane answer may give (1 TiB: past any host's memory).
-constexpr uint64_t kMaxAnsweredChunkBytes = uint64_t{1} << 40;
+// The most of a chunk's bytes a Get reserves before they arrive. Without the layout
+// (DataPlane unanswered) total_bytes is the server's word alone, up to
+// kMaxAcceptedChunkBytes, more than a host may grant: past this much the buffer grows
+// with the bytes that do arrive. 1 GiB is twice the daemon's default max_chunk_size, so
+// chunks of a default layout are reserved whole.
+constexpr uint64_t kMaxUpFrontReserveBytes = uint64_t{1} << 30;
 
 // gRPC fails every call of a channel whose client key is encrypted or belongs to another
 // certificate with "empty address list", naming neither file: say which, and why.
@@ -464,14 +468,14 @@ absl::StatusOr<std::pair<uint64_t, uint64_t>> KvTierClient::ItemSizes(
           " is not registered (register its layout first)"));
     }
     // Sizes every buffer and bound below is computed from: a layout's chunk is whole
-    // layers, and no daemon stores a chunk past kMaxAnsweredChunkBytes. Anything else is
+    // layers, and no daemon stores a chunk past kMaxAcceptedChunkBytes. Anything else is
     // not a daemon's answer, and trusting it would size buffers wrong (or divide by 0).
     if (info->chunk_bytes() % info->num_layers() != 0 ||
-        info->chunk_bytes() > kMaxAnsweredChunkBytes) {
+        info->chunk_bytes() > kMaxAcceptedChunkBytes) {
       return absl::InternalError(absl::StrCat(
           "DataPlane: the daemon answered chunk_bytes ", info->chunk_bytes(), " for ",
           info->num_layers(), " layers of namespace ", absl::Hex(namespace_id, absl::kZeroPad16),
-          ": not a layout's (whole layers, at most ", kMaxAnsweredChunkBytes, " bytes)"));
+          ": not a layout's (whole layers, at most ", kMaxAcceptedChunkBytes, " bytes)"));
     }
     chunk_bytes = info->chunk_bytes();
     num_layers = info->num_layers();
@@ -1004,8 +1008,12 @@ absl::StatusOr<std::vector<GotChunk>> KvTierClient::Get(uint64_t namespace_id,
               }
             }
             // The checker has bounded this frame's data by total_bytes, not yet the
-            // whole key's; a lying server costs at most this one reservation.
-            got.data.reserve(frame.total_bytes() * (layer_major ? std::max<uint64_t>(passes, 1) : 1));
+            // whole key's, and total_bytes by the layout only when the client knows it:
+            // reserve no more than kMaxUpFrontReserveBytes of what it announces (the
+            // division keeps the product from wrapping).
+            const uint64_t times = layer_major ? std::max<uint64_t>(passes, 1) : 1;
+            got.data.reserve(std::min(frame.total_bytes(), kMaxUpFrontReserveBytes / times) *
+                             times);
           }
         }
         // A missing key shrinks the estimated total, so report it too: the last call

@@ -196,6 +196,11 @@ struct HintedRequest {
   std::vector<ChunkKey> keys;
 };
 
+// The largest chunk this client accepts from a daemon (1 TiB: past any host's memory).
+// A daemon's answer naming a larger one (DataPlane's chunk_bytes, a Get frame's
+// total_bytes, a Prefill Plan's chunk_bytes) is a protocol violation (Internal).
+inline constexpr uint64_t kMaxAcceptedChunkBytes = uint64_t{1} << 40;
+
 // A half-open layer range [begin, end), end exclusive.
 struct LayerRange {
   uint32_t begin = 0;

@@ -18,6 +18,10 @@ namespace {
 // kvtier_client.cc (the same limit on the client's received message size applies).
 constexpr int64_t kFrameOverheadBytes = 4096;
 
+// The most of a chunk's bytes reserved before they arrive, as Get's in kvtier_client.cc:
+// without the layout, Plan.chunk_bytes is the daemon's word alone.
+constexpr uint64_t kMaxUpFrontReserveBytes = uint64_t{1} << 30;
+
 absl::Status Violation(absl::string_view what) {
   return absl::InternalError(absl::StrCat("Prefill: server protocol violation: ", what));
 }
@@ -175,6 +179,10 @@ absl::StatusOr<std::unique_ptr<PrefillSession>> PrefillSession::Start(
                                           " tiers for cached_prefix ", h));
     } else if (h > 0 && s.plan_.chunk_bytes() == 0) {
       plan_error = Violation("Plan.chunk_bytes is 0");
+    } else if (h > 0 && s.plan_.chunk_bytes() > kMaxAcceptedChunkBytes) {
+      plan_error = Violation(absl::StrCat("Plan.chunk_bytes ", s.plan_.chunk_bytes(),
+                                          " is past the largest chunk accepted (",
+                                          kMaxAcceptedChunkBytes, ")"));
     } else if (h > 0 && layout_chunk_bytes.has_value() &&
                s.plan_.chunk_bytes() != *layout_chunk_bytes) {
       plan_error = Violation(absl::StrCat("Plan.chunk_bytes ", s.plan_.chunk_bytes(),
@@ -410,7 +418,8 @@ absl::Status PrefillSession::OnFrame(v1::PrefillChunkFrame& frame) {
     assembling_tier_ = frame.tier();
     assembling_.clear();
     assembled_ = 0;
-    if (!frame.last()) assembling_.reserve(chunk_bytes);
+    // On the reader thread, where an allocation's exception would end the process.
+    if (!frame.last()) assembling_.reserve(std::min(chunk_bytes, kMaxUpFrontReserveBytes));
     absl::MutexLock l(&mu_);
     lowest_started_ = index;
   } else if (index != assembling_index_) {

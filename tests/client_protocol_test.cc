@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "client/kvtier_client.h"
+#include "client/prefill_session.h"
 #include "gtest/gtest.h"
 #include "kvtier/v1/kvtier.grpc.pb.h"
 #include "storage/crc32c.h"
@@ -43,10 +44,17 @@ class LyingDaemon final : public v1::KvCache::Service {
   uint64_t chunk_bytes = kChunkBytes;  // What DataPlane answers.
   uint32_t num_layers = kLayers;
   std::function<void()> on_data_plane;  // Runs first in every DataPlane call, if set.
+  // Not Ok: DataPlane answers it instead (an older daemon's UNIMPLEMENTED, say), so the
+  // client knows no layout.
+  grpc::Status data_plane_status;
+  using PrefillScript = std::function<void(
+      grpc::ServerReaderWriter<v1::PrefillServerMessage, v1::PrefillClientMessage>*)>;
+  PrefillScript prefill;
 
   grpc::Status DataPlane(grpc::ServerContext*, const v1::DataPlaneRequest* req,
                          v1::DataPlaneResponse* resp) override {
     if (on_data_plane) on_data_plane();
+    if (!data_plane_status.ok()) return data_plane_status;
     if (req->namespace_id() == kNamespace) {
       resp->set_chunk_bytes(chunk_bytes);
       resp->set_num_layers(num_layers);
@@ -56,6 +64,12 @@ class LyingDaemon final : public v1::KvCache::Service {
   grpc::Status Get(grpc::ServerContext*, const v1::GetRequest* req,
                    grpc::ServerWriter<v1::GetFrame>* writer) override {
     get(*req, writer);
+    return grpc::Status::OK;
+  }
+  grpc::Status Prefill(grpc::ServerContext*,
+                       grpc::ServerReaderWriter<v1::PrefillServerMessage,
+                                                v1::PrefillClientMessage>* stream) override {
+    prefill(stream);
     return grpc::Status::OK;
   }
   grpc::Status Lookup(grpc::ServerContext*, const v1::LookupRequest*,
@@ -275,6 +289,64 @@ TEST_F(ClientProtocolTest, GetRefusesChunksOfTheWrongSize) {
   ASSERT_TRUE(ok.ok()) << ok.status();
   EXPECT_TRUE((*ok)[0].crc_verified);
   EXPECT_TRUE((*ok)[0].data == Chunk(0));
+}
+
+// Without the layout (DataPlane unanswered: an older daemon, or one under load) a Get
+// has only the server's word for a chunk's size. It was reserved whole before a byte
+// arrived: 2^62 threw length_error out of a Status API, and 2^40 (the largest chunk the
+// client accepts) bad_alloc. Now a size past that largest chunk is a violation, and
+// one within it is reserved only in part: the lie is caught when the bytes run short.
+TEST_F(ClientProtocolTest, GetWithoutTheLayoutReservesNoChunkSizeTheServerMakesUp) {
+  daemon_.data_plane_status = grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "old daemon");
+  const std::string some = Chunk(0).substr(0, kLayerBytes);
+  for (const uint64_t total : {uint64_t{1} << 62, kMaxAcceptedChunkBytes}) {
+    daemon_.get = [&](const v1::GetRequest&, grpc::ServerWriter<v1::GetFrame>* w) {
+      w->Write(Found(0, some, total, crc32c::Value(some)));
+      v1::GetFrame end;  // Ends the chunk there, far short of `total`.
+      end.set_key_index(0);
+      end.set_found(true);
+      end.set_offset(some.size());
+      end.set_data(some);
+      end.set_last(true);
+      w->Write(end);
+    };
+    for (const v1::GetOrder order : {v1::GET_ORDER_CHUNK_MAJOR, v1::GET_ORDER_LAYER_MAJOR}) {
+      auto r = client_->Get(kNamespace, {keys_.data(), 1}, std::nullopt, nullptr, order);
+      ExpectViolation(r.status(), total > kMaxAcceptedChunkBytes ? "total_bytes" : "last frame");
+    }
+  }
+}
+
+// The same for a Prefill session: its Plan's chunk_bytes was reserved on the reader
+// thread, where the exception ended the process.
+TEST_F(ClientProtocolTest, PrefillWithoutTheLayoutReservesNoChunkSizeTheServerMakesUp) {
+  daemon_.data_plane_status = grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "old daemon");
+  const std::string some = Chunk(0).substr(0, kLayerBytes);
+  for (const uint64_t chunk_bytes : {uint64_t{1} << 62, kMaxAcceptedChunkBytes}) {
+    daemon_.prefill = [&](grpc::ServerReaderWriter<v1::PrefillServerMessage,
+                                                   v1::PrefillClientMessage>* stream) {
+      v1::PrefillServerMessage plan;
+      plan.mutable_plan()->set_cached_prefix(1);
+      plan.mutable_plan()->add_tiers(v1::TIER_RAM);
+      plan.mutable_plan()->set_chunk_bytes(chunk_bytes);
+      stream->Write(plan);
+      for (const bool last : {false, true}) {  // Ends chunk 0 far short of chunk_bytes.
+        v1::PrefillServerMessage frame;
+        frame.mutable_chunk()->set_index(0);
+        frame.mutable_chunk()->set_offset(last ? some.size() : 0);
+        frame.mutable_chunk()->set_data(some);
+        frame.mutable_chunk()->set_last(last);
+        stream->Write(frame);
+      }
+    };
+    auto session = PrefillSession::Start(*client_, kNamespace, {keys_[0]}, PrefillOptions{});
+    if (chunk_bytes > kMaxAcceptedChunkBytes) {
+      ExpectViolation(session.status(), "Plan.chunk_bytes");
+      continue;
+    }
+    ASSERT_TRUE(session.ok()) << session.status();
+    ExpectViolation((*session)->Finish().status(), "last frame of chunk 0");
+  }
 }
 
 TEST_F(ClientProtocolTest, LookupRefusesAPrefixHitCountTheTiersDoNotBearOut) {
