@@ -123,7 +123,7 @@ void GpuStagingTier::FreeIfIdleLocked(Entry& e) {
 
 void GpuStagingTier::Stage(const ChunkId& id, const ChunkMeta& meta,
                            std::vector<absl::string_view> pieces,
-                           std::shared_ptr<const void> keep_alive, Done done) {
+                           std::shared_ptr<const void> keep_alive, Done done, Verify verify) {
   uint64_t total = 0;
   for (absl::string_view p : pieces) total += p.size();
   auto refuse = [&](absl::Status s) {
@@ -177,37 +177,51 @@ void GpuStagingTier::Stage(const ChunkId& id, const ChunkMeta& meta,
     });
     offset += p.size();
   }
-  backend_->Submit(
-      CoalesceCopies(std::move(copies)),
-      [this, id, entry, keep_alive = std::move(keep_alive),
-       done = std::move(done)](absl::Status s) mutable {
-        {
-          absl::MutexLock lock(&mu_);
-          entry->loading = false;
-          --stats_.loading;
-          if (s.ok()) {
-            ++stats_.staged;
-            stats_.bytes_in += entry->meta.size;
-            if (!entry->removed) {
-              ++stats_.chunks;
-              stats_.chunk_bytes += entry->meta.size;
-            }
-          } else {
-            ++stats_.stage_failures;
-            if (!entry->removed) {
-              entry->removed = true;
-              policy_->OnRemove(id);
-              index_.erase(id);
-            }
-          }
-          FreeIfIdleLocked(*entry);
-          keep_alive.reset();  // The host bytes are no longer needed.
-          --in_flight_;
+  // Published (loading false) once the copy has landed and, with `verify`, the host
+  // bytes it was made from passed their check.
+  auto finish = [this, id, entry, keep_alive = std::move(keep_alive),
+                 done = std::move(done)](absl::Status s) mutable {
+    {
+      absl::MutexLock lock(&mu_);
+      entry->loading = false;
+      --stats_.loading;
+      if (s.ok()) {
+        ++stats_.staged;
+        stats_.bytes_in += entry->meta.size;
+        if (!entry->removed) {
+          ++stats_.chunks;
+          stats_.chunk_bytes += entry->meta.size;
         }
-        done(s.ok() ? s
-                    : absl::Status(s.code(),
-                                   absl::StrCat("copy to GPU staging failed: ", s.message())));
-      });
+      } else {
+        ++stats_.stage_failures;
+        if (!entry->removed) {
+          entry->removed = true;
+          policy_->OnRemove(id);
+          index_.erase(id);
+        }
+      }
+      FreeIfIdleLocked(*entry);
+      keep_alive.reset();  // The host bytes are no longer needed.
+      --in_flight_;
+    }
+    done(s.ok() || absl::IsDataLoss(s)
+             ? s
+             : absl::Status(s.code(), absl::StrCat("copy to GPU staging failed: ", s.message())));
+  };
+  backend_->Submit(CoalesceCopies(std::move(copies)),
+                   [id, verify = std::move(verify),
+                    finish = std::move(finish)](absl::Status s) mutable {
+                     if (!s.ok() || !verify) {
+                       finish(std::move(s));
+                       return;
+                     }
+                     verify([id, finish = std::move(finish)](bool ok) mutable {
+                       finish(ok ? absl::OkStatus()
+                                 : absl::DataLossError(absl::StrCat(
+                                       "staging ", id.DebugString(),
+                                       ": the host bytes failed their CRC32C; not staged")));
+                     });
+                   });
 }
 
 std::optional<ChunkMeta> GpuStagingTier::Find(const ChunkId& id) const {

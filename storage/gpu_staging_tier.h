@@ -86,10 +86,14 @@ class GpuStagingTier {
   // has run. Evicts evictable chunks for room (nothing, if that is not enough).
   // `done`: Ok (staged, or already staged or loading), InvalidArgument (pieces do not
   // add up to meta.size, or larger than the tier), ResourceExhausted (no room: the rest
-  // is loading or being read), or the backend's error (the copy failed; nothing
-  // staged).
+  // is loading or being read), the backend's error (the copy failed; nothing staged),
+  // or DataLoss (`verify` said the host bytes are not the chunk's; nothing staged).
+  // `verify` (may be empty) runs once the copy has landed, on a completion thread, and
+  // answers whether the host bytes are sound; the chunk is served only after it said
+  // so. It must keep what it reads alive itself.
+  using Verify = std::function<void(std::function<void(bool)>)>;
   void Stage(const ChunkId& id, const ChunkMeta& meta, std::vector<absl::string_view> pieces,
-             std::shared_ptr<const void> keep_alive, Done done);
+             std::shared_ptr<const void> keep_alive, Done done, Verify verify = nullptr);
 
   // A ready chunk's meta, without counting a hit or touching recency.
   std::optional<ChunkMeta> Find(const ChunkId& id) const;

@@ -295,11 +295,21 @@ void GpuTier::Write(const ChunkId& id, const ChunkMeta& meta, ChunkBytes bytes,
     ++stats_.stage_requests;
   }
   Begin();
+  // The pool's bytes are checked (after the copy, off the caller's thread: a Lookup
+  // stages its hits) before the staged copy is served: they passed the check when they
+  // were put, but a deliver from RAM checks them again, and a staged copy of bytes that
+  // changed since would be served as sound for as long as it stays staged.
+  GpuStagingTier::Verify verify = [this, pieces = bytes.pieces, expected = meta.crc32c,
+                                   keep_alive = bytes.keep_alive](
+                                      std::function<void(bool)> ok) mutable {
+    CheckOnCpu(std::move(pieces), expected, std::move(keep_alive), std::move(ok));
+  };
   staging_->Stage(id, meta, std::move(bytes.pieces), std::move(bytes.keep_alive),
                   [this, done = std::move(done)](absl::Status s) {
                     done(std::move(s));
                     End();
-                  });
+                  },
+                  std::move(verify));
 }
 
 void GpuTier::Read(const ChunkId& id, SinkFor sink_for, ReadDone done) {

@@ -16,9 +16,10 @@
 // copy, over the bytes that landed; otherwise the CPU checks the source while the DMA
 // runs (in parallel parts for chunks of several MiB, see ParallelCrc). A
 // caller that checked the same chunk earlier in one request, and held it since, may
-// skip the check for its later ranges (a layer-major Get's later layers). Staged copies were made from host bytes that had passed the same
-// check when they entered the pool and live in ECC-protected device memory; they are
-// not checked again (a GPU kernel would be needed to).
+// skip the check for its later ranges (a layer-major Get's later layers). A chunk is
+// staged from RAM only if the pool's bytes pass the same check (on the CPU, once the
+// copy has landed); the staged copy lives in ECC-protected device memory and is not
+// checked again on its way to a worker's buffer (a GPU kernel would be needed to).
 //
 // Thread-safety: thread-safe. `done` callbacks run on the backend's completion threads,
 // except DeliverFromHost's, which runs on the caller's thread or a CRC32C thread when
@@ -77,7 +78,7 @@ class GpuTier final : public StorageTier {
 
   // StorageTier: the staging buffers (capacity 0 and every call refused with
   // FailedPrecondition when staging is off). Write stages a chunk and reports how the
-  // copy went; Read copies a staged chunk back to the host and checks its CRC32C;
+  // copy went (DataLoss: the bytes given failed the chunk's CRC32C); Read copies a staged chunk back to the host and checks its CRC32C;
   // `done` runs on the backend's completion thread.
   Tier tier() const override { return Tier::kGpu; }
   Role role() const override { return Role::kCopy; }

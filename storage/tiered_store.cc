@@ -1189,8 +1189,12 @@ void TieredStore::StageAsync(const ChunkId& id) {
   if (gpu_ == nullptr || gpu_->capacity_bytes() == 0 || gpu_->Contains(id)) return;
   std::optional<HostPool::Hit> hit = ram_->Peek(id);
   if (!hit) return;
-  // Failures are counted by the staging tier (stage_failures, no_room).
-  gpu_->Write(id, hit->meta, ChunkBytes::Of(hit->data), [](absl::Status) {});
+  // Failures are counted by the staging tier (stage_failures, no_room). Pool bytes that
+  // fail their check are corrupt: dropped, as a delivery from RAM that found them would.
+  gpu_->Write(id, hit->meta, ChunkBytes::Of(hit->data),
+              [this, id, chunk = std::shared_ptr<const void>(hit->data)](absl::Status s) {
+                if (absl::IsDataLoss(s)) DropCorruptInRam(id, chunk);
+              });
   // A Delete (or a Delete and a new put) between the Peek and the Stage would leave a
   // staged copy of bytes the store no longer has: Delete removes from staging before
   // RAM, so checking that RAM still holds the very chunk staged closes the gap.

@@ -439,6 +439,33 @@ TEST_F(TieredStoreGpuTest, CorruptPoolBytesAreDataLossNotDelivered) {
   EXPECT_EQ(std::string(device_->HostView(dst), kChunk), Payload(3));
 }
 
+// Pool bytes that changed since their put (a flipped bit) are not staged: staging once
+// copied them unchecked, and every delivery from the staged copy then answered OK with
+// the corrupt bytes (only a delivery from RAM checked them). The check fails, nothing is
+// staged, and the RAM copy goes as a delivery that found it would drop it.
+TEST_F(TieredStoreGpuTest, CorruptPoolBytesAreNotStaged) {
+  Open();
+  Put(3);
+  std::optional<ChunkView> view = store_->HoldInRam(Id(3));
+  ASSERT_TRUE(view.has_value());
+  view->ForEachPiece(4096, 1, [](absl::string_view p) { const_cast<char*>(p.data())[0] ^= 1; });
+  view.reset();
+  Stage(3);
+  EXPECT_EQ(store_->GetStats().gpu.staging.chunks, 0u);
+  EXPECT_EQ(store_->GetStats().gpu.staging.stage_failures, 1u);
+  EXPECT_EQ(store_->Locate(Id(3)), Tier::kNone);
+  EXPECT_EQ(store_->GetStats().checksum_failures, 1u);
+  const DevicePtr dst = WorkerBuffer(kChunk);
+  EXPECT_EQ(Deliver(3, {{0, kChunk, dst}}).status().code(), absl::StatusCode::kNotFound);
+  // Put again, it stages and is served from staging.
+  Put(3);
+  Stage(3);
+  absl::StatusOr<Tier> from = Deliver(3, {{0, kChunk, dst}});
+  ASSERT_TRUE(from.ok()) << from.status();
+  EXPECT_EQ(*from, Tier::kGpu);
+  EXPECT_EQ(std::string(device_->HostView(dst), kChunk), Payload(3));
+}
+
 TEST_F(TieredStoreGpuTest, DeviceErrorMidCopyIsUnavailableAndRamStillServes) {
   Open();
   Put(4);
