@@ -43,6 +43,7 @@ kvtier_test(allocator_tuning_test LIBS kvtier_client)
 # The CUDA device backend on a real GPU: label `gpu`; each test skips without one.
 if(KVTIER_HAVE_CUDA)
   kvtier_test(cuda_device_backend_test LABELS gpu LIBS kvtier_cuda)
+  kvtier_test(cuda_raii_test LIBS kvtier_cuda CUDA::cudart_static)
 endif()
 
 # Server internals.

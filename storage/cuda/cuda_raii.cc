@@ -17,9 +17,14 @@ absl::Status CudaError(cudaError_t err, absl::string_view what) {
     case cudaErrorMapBufferObjectFailed:
     case cudaErrorHostMemoryAlreadyRegistered:
       return absl::InvalidArgumentError(message);
+    // No device this process can use: none, or a driver that cannot drive it (a stub
+    // library, one older than the runtime, a mismatch with the kernel module).
     case cudaErrorNoDevice:
     case cudaErrorInsufficientDriver:
     case cudaErrorInvalidDevice:
+    case cudaErrorStubLibrary:
+    case cudaErrorSystemDriverMismatch:
+    case cudaErrorCompatNotSupportedOnDevice:
       return absl::NotFoundError(message);
     // Sticky errors: the CUDA context is unusable until the process restarts, so no
     // retry against this daemon can succeed.
@@ -30,6 +35,13 @@ absl::Status CudaError(cudaError_t err, absl::string_view what) {
     case cudaErrorHardwareStackError:
     case cudaErrorLaunchFailure:
     case cudaErrorECCUncorrectable:
+    case cudaErrorLaunchTimeout:
+    case cudaErrorAssert:
+    case cudaErrorInvalidAddressSpace:
+    case cudaErrorTensorMemoryLeak:
+    case cudaErrorContained:  // E.g. a bad access to a peer GPU's memory over NVLink.
+    case cudaErrorNvlinkUncorrectable:
+    case cudaErrorMpsClientTerminated:
       return absl::FailedPreconditionError(absl::StrCat(
           message, "; the GPU context is unusable until kvtierd restarts (gpu=off serves "
           "from RAM and SSD meanwhile)"));

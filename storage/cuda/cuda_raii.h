@@ -23,8 +23,9 @@ namespace kvtier {
 
 // Maps a CUDA error to the status code that tells the caller what to do:
 // out of memory -> ResourceExhausted; a bad pointer, handle or value -> InvalidArgument;
-// no device or driver -> NotFound; a sticky error (the context is unusable until the
-// process restarts: an illegal address, an uncorrectable ECC error) ->
+// no usable device or driver -> NotFound; a sticky error (the context is unusable until
+// the process restarts: an illegal address, an uncorrectable ECC error, a contained
+// NVLink fault) ->
 // FailedPrecondition; anything else -> Unavailable. The message names the call, the error and CUDA's description.
 absl::Status CudaError(cudaError_t err, absl::string_view what);
 
