@@ -7,7 +7,6 @@
 #ifndef KVTIER_SCHEDULER_TOKEN_BUCKET_H_
 #define KVTIER_SCHEDULER_TOKEN_BUCKET_H_
 
-#include <chrono>
 #include <cstdint>
 #include <functional>
 
@@ -17,6 +16,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "storage/fair_gate.h"  // FairGate, used beside TokenBucket.
+#include "storage/steady_now.h"
 
 namespace kvtier {
 
@@ -24,9 +24,7 @@ namespace kvtier {
 // sleep that advances a fake clock, so pacing is checked without waiting for it). The
 // wall clock stepped back (NTP, a VM resumed) held every reservation back by the step.
 struct PacingClock {
-  std::function<absl::Time()> now = [] {
-    return absl::UnixEpoch() + absl::FromChrono(std::chrono::steady_clock::now().time_since_epoch());
-  };
+  std::function<absl::Time()> now = SteadyNow;
   std::function<void(absl::Duration)> sleep = [](absl::Duration d) { absl::SleepFor(d); };
 };
 

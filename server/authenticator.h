@@ -19,7 +19,6 @@
 #ifndef KVTIER_SERVER_AUTHENTICATOR_H_
 #define KVTIER_SERVER_AUTHENTICATOR_H_
 
-#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -34,6 +33,7 @@
 #include "absl/time/time.h"
 #include "server/tenant_scope.h"
 #include "server/tenant_table.h"
+#include "storage/steady_now.h"
 
 namespace prometheus {
 class Registry;
@@ -64,9 +64,7 @@ struct AuthenticatorOptions {
   // Times request rates and reload checks. Monotonic: a wall clock stepped back (NTP)
   // would empty rate buckets and postpone reloads (revocations) by the step. A clock
   // that steps back anyway is tolerated: no negative refill, and a check comes due.
-  std::function<absl::Time()> clock = [] {
-    return absl::UnixEpoch() + absl::FromChrono(std::chrono::steady_clock::now().time_since_epoch());
-  };
+  std::function<absl::Time()> clock = SteadyNow;
 };
 
 class Authenticator {

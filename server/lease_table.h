@@ -34,6 +34,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "storage/tiered_store.h"
+#include "storage/steady_now.h"
 
 namespace kvtier {
 
@@ -41,7 +42,7 @@ struct LeaseTableOptions {
   uint32_t max_leases = 65536;                  // Live leases at once.
   uint64_t max_held_bytes = 512ull << 20;       // Chunk bytes held by all leases.
   absl::Duration max_ttl = absl::Minutes(5);    // Longer requests are cut to this.
-  std::function<absl::Time()> now = [] { return absl::Now(); };
+  std::function<absl::Time()> now = SteadyNow;  // Monotonic (see SteadyNow).
 
   absl::Status Validate() const;
 };

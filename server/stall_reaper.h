@@ -38,6 +38,7 @@
 #include "absl/time/time.h"
 #include "prometheus/counter.h"
 #include "prometheus/registry.h"
+#include "storage/steady_now.h"
 
 namespace kvtier {
 
@@ -53,7 +54,7 @@ struct StallReaperOptions {
   uint64_t full_frame_bytes = 4ull << 20;
   absl::Duration period = absl::Seconds(1);  // How often the thread sweeps.
   bool run_thread = true;  // False: only Sweep() (tests, with a fake clock).
-  std::function<absl::Time()> clock = [] { return absl::Now(); };
+  std::function<absl::Time()> clock = SteadyNow;  // Monotonic (see SteadyNow).
   // Where kvtier_client_stalls_cancelled_total and kvtier_put_places_reclaimed_total go;
   // may be null.
   prometheus::Registry* registry = nullptr;

@@ -36,6 +36,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "storage/steady_now.h"
 
 namespace prometheus {
 class Registry;
@@ -61,7 +62,7 @@ struct StreamLimiterNaming {
 struct StreamLineOptions {
   uint32_t max_waiting = 0;  // 0: no line (TryAcquireOrWait refuses as TryAcquire does).
   absl::Duration max_wait = absl::Seconds(5);  // A waiter is refused after this long.
-  std::function<absl::Time()> clock = [] { return absl::Now(); };
+  std::function<absl::Time()> clock = SteadyNow;  // Monotonic (see SteadyNow).
   bool run_thread = true;  // False: waits expire only through ExpireWaits (tests).
 };
 

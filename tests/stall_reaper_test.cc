@@ -4,6 +4,12 @@
 // but only while others wait for such a place.
 #include "server/stall_reaper.h"
 
+#include "scheduler/token_bucket.h"
+#include "server/authenticator.h"
+#include "server/lease_table.h"
+#include "server/stream_limiter.h"
+#include "storage/steady_now.h"
+
 #include <gtest/gtest.h>
 
 #include "tests/support/fake_clock.h"
@@ -255,6 +261,21 @@ TEST(StallReaperTest, AStalledHolderReapedByIdleCountsAsAPlaceOnItsWay) {
   EXPECT_EQ(reaper.reclaimed(), 0u);
   reaper.Unwatch(a);
   reaper.Unwatch(b);
+}
+
+// The clocks that time idleness, waits and leases default to a monotonic one: on the
+// wall clock, a step (NTP, a VM resumed) reaped every healthy stream at once, or held
+// stalled ones, their places and their leases, for the step. Their defaults read the
+// steady clock (time since boot here), decades from the wall clock's reading.
+TEST(StallReaperTest, DeadlineClocksDefaultToTheMonotonicClock) {
+  const auto near_steady = [](absl::Time t) {
+    return absl::AbsDuration(t - SteadyNow()) < absl::Hours(1);
+  };
+  EXPECT_TRUE(near_steady(StallReaperOptions().clock()));
+  EXPECT_TRUE(near_steady(StreamLineOptions().clock()));
+  EXPECT_TRUE(near_steady(LeaseTableOptions().now()));
+  EXPECT_TRUE(near_steady(AuthenticatorOptions().clock()));
+  EXPECT_TRUE(near_steady(PacingClock().now()));
 }
 
 }  // namespace
