@@ -463,7 +463,8 @@ absl::StatusOr<std::pair<uint64_t, uint64_t>> KvTierClient::ItemSizes(
     if (!info.ok()) return info.status();  // Unavailable and the like: retry.
     NoteDaemonLimits(*info);
     if (info->num_layers() == 0 || info->chunk_bytes() == 0) {
-      return absl::FailedPreconditionError(absl::StrCat(
+      // The daemon's code for the same request (kvtier.proto, "Errors").
+      return absl::NotFoundError(absl::StrCat(
           "namespace ", absl::Hex(namespace_id, absl::kZeroPad16),
           " is not registered (register its layout first)"));
     }
@@ -486,7 +487,7 @@ absl::StatusOr<std::pair<uint64_t, uint64_t>> KvTierClient::ItemSizes(
   const uint64_t layer_bytes = chunk_bytes / num_layers;
   if (!layers.has_value()) return std::make_pair(chunk_bytes, layer_bytes);
   if (layers->end <= layers->begin || layers->end > num_layers) {
-    return absl::FailedPreconditionError(absl::StrCat(
+    return absl::InvalidArgumentError(absl::StrCat(
         "layers [", layers->begin, ", ", layers->end, ") are not a range of namespace ",
         absl::Hex(namespace_id, absl::kZeroPad16), "'s ", num_layers, " layers"));
   }

@@ -383,8 +383,8 @@ class KvTierClient {
   // The namespace's layout sizes `out` (known from RegisterLayout, else asked of the
   // daemon). If GetInto fails, bytes of keys it did not report may still be landing in
   // registered memory for a moment (the daemon finishes the copy it is in).
-  // Returns: as Get, plus FailedPrecondition (namespace unknown, or layers outside it)
-  // and InvalidArgument (`out` the wrong size).
+  // Returns: as Get (NotFound: namespace unknown; InvalidArgument: layers outside it,
+  // or `out` the wrong size).
   absl::StatusOr<GetIntoResult> GetInto(uint64_t namespace_id, absl::Span<const ChunkKey> keys,
                                         absl::Span<char> out,
                                         std::optional<LayerRange> layers = std::nullopt,
@@ -410,9 +410,10 @@ class KvTierClient {
   // each chunk from the region into its pool on its CUDA streams (no byte crosses the
   // socket) and checks it against the chunk's CRC32C before it becomes visible. Each
   // chunk is the namespace's chunk_bytes.
-  // Returns: as Put, plus FailedPrecondition (namespace unknown; no GPU on the daemon,
-  // or the region unknown; like GetIntoDevice) and InvalidArgument (a chunk outside the
-  // region, a CRC32C that does not match the bytes: nothing of that chunk is stored).
+  // Returns: as Put (NotFound: namespace unknown), plus FailedPrecondition (no GPU on
+  // the daemon, or the region unknown; like GetIntoDevice) and InvalidArgument (a chunk
+  // outside the region, a CRC32C that does not match the bytes: nothing of that chunk
+  // is stored).
   absl::StatusOr<PutResult> PutFromDevice(uint64_t namespace_id,
                                           absl::Span<const DeviceChunkToPut> chunks,
                                           const RegionChannel::Registration& region);
@@ -506,8 +507,9 @@ class KvTierClient {
                             uint64_t layer_bytes, const GetFrameRawCallback& on_frame,
                             bool record_events = false);
   // Key bytes and layer bytes of a namespace this client registered.
-  // Returns: Ok, FailedPrecondition (namespace unknown, layers outside it), or the
-  // status of asking the daemon (Unavailable and the like).
+  // Returns: Ok, NotFound (namespace unknown), InvalidArgument (layers outside it): the
+  // daemon's codes for the same request; Internal (a DataPlane answer no layout has);
+  // or the status of asking the daemon (Unavailable and the like).
   absl::StatusOr<std::pair<uint64_t, uint64_t>> ItemSizes(uint64_t namespace_id,
                                                          std::optional<LayerRange> layers);
 

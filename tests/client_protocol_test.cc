@@ -349,6 +349,31 @@ TEST_F(ClientProtocolTest, PrefillWithoutTheLayoutReservesNoChunkSizeTheServerMa
   }
 }
 
+// The calls that size their transfer from the layout answer as the daemon does for the
+// same mistakes (kvtier.proto, "Errors"): NOT_FOUND for a namespace nobody registered,
+// INVALID_ARGUMENT for a layer range outside the layout. They said FAILED_PRECONDITION,
+// which asks the caller to fix server state, while Get said the contract's codes.
+TEST_F(ClientProtocolTest, LayoutSizedCallsAnswerTheContractsCodes) {
+  const uint64_t unknown = kNamespace + 1;  // DataPlane knows no layout of it.
+  std::string out(kChunkBytes, '\0');
+  const RegionChannel::Registration region{/*region_id=*/1, /*token=*/2, kChunkBytes};
+  const DeviceChunkToPut chunk{keys_[0], 0, crc32c::Value(Chunk(0)), 0};
+  const std::vector<ChunkKey> one = {keys_[0]};
+
+  auto into = client_->GetInto(unknown, one, absl::MakeSpan(out));
+  EXPECT_EQ(into.status().code(), absl::StatusCode::kNotFound) << into.status();
+  auto device = client_->GetIntoDevice(unknown, one, region, 0);
+  EXPECT_EQ(device.status().code(), absl::StatusCode::kNotFound) << device.status();
+  auto put = client_->PutFromDevice(unknown, {&chunk, 1}, region);
+  EXPECT_EQ(put.status().code(), absl::StatusCode::kNotFound) << put.status();
+
+  const LayerRange past{0, kLayers + 1};
+  into = client_->GetInto(kNamespace, one, absl::MakeSpan(out), past);
+  EXPECT_EQ(into.status().code(), absl::StatusCode::kInvalidArgument) << into.status();
+  device = client_->GetIntoDevice(kNamespace, one, region, 0, past);
+  EXPECT_EQ(device.status().code(), absl::StatusCode::kInvalidArgument) << device.status();
+}
+
 TEST_F(ClientProtocolTest, LookupRefusesAPrefixHitCountTheTiersDoNotBearOut) {
   daemon_.lookup.add_tiers(v1::TIER_RAM);
   daemon_.lookup.add_tiers(v1::TIER_UNSPECIFIED);
