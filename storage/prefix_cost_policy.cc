@@ -1,11 +1,18 @@
 #include "storage/prefix_cost_policy.h"
 
+#include <algorithm>
+
 namespace kvtier {
+
+bool PrefixCostPolicy::IsLeaf(const ChunkId& id) const {
+  auto it = kids_.find(id);
+  return it == kids_.end() || it->second.empty();
+}
 
 void PrefixCostPolicy::Touch(const ChunkId& id, Entry& e) {
   const Rank old = e.rank();
   all_.erase(old);
-  const bool leaf = e.children == 0;
+  const bool leaf = IsLeaf(id);
   if (leaf) leaves_.erase(old);
   e.seq = ++tick_;
   e.priority = static_cast<double>(e.seq) + e.cost_bonus;
@@ -19,23 +26,25 @@ void PrefixCostPolicy::OnInsert(const ChunkId& id, const ChunkLineage& lineage) 
     return;
   }
   Entry e;
-  e.generation = ++generations_;
   if (lineage.position != ChunkLineage::kUnknownPosition) {
-    e.cost_bonus = options_.cost_weight * options_.cost_slope * lineage.position;
+    e.cost_bonus = options_.cost_weight * options_.cost_slope *
+                   std::min<uint32_t>(lineage.position, kMaxPosition);
   }
-  if (lineage.has_parent) {
-    const ChunkId parent{id.ns, lineage.parent};
-    // `id` itself is not tracked yet, so a chunk naming itself finds no parent.
-    if (auto p = entries_.find(parent); p != entries_.end()) {
-      Entry& pe = p->second;
-      if (pe.children++ == 0) leaves_.erase(pe.rank());
-      e.linked = true;
-      e.parent = parent;
-      e.parent_generation = pe.generation;
+  if (lineage.has_parent && lineage.parent != id.key) {
+    e.has_parent = true;
+    e.parent = ChunkId{id.ns, lineage.parent};
+    absl::flat_hash_set<ChunkId>& siblings = kids_[e.parent];
+    siblings.insert(id);
+    // The parent's first cached child: the parent is no longer a leaf.
+    if (siblings.size() == 1) {
+      if (auto p = entries_.find(e.parent); p != entries_.end()) {
+        leaves_.erase(p->second.rank());
+      }
     }
   }
   Entry& placed = entries_.emplace(id, e).first->second;
-  // Not yet in either set: Touch's erase of the default rank finds nothing.
+  // Not yet in either set: Touch's erase of the default rank finds nothing. Children
+  // inserted before it (kids_[id]) make it an inner chunk at once.
   placed.seq = 0;
   placed.priority = -1;
   Touch(id, placed);
@@ -51,12 +60,16 @@ void PrefixCostPolicy::OnRemove(const ChunkId& id) {
   const Entry e = it->second;
   entries_.erase(it);
   all_.erase(e.rank());
-  if (e.children == 0) leaves_.erase(e.rank());
-  if (!e.linked) return;
-  auto p = entries_.find(e.parent);
-  if (p == entries_.end() || p->second.generation != e.parent_generation) return;
-  Entry& pe = p->second;
-  if (--pe.children == 0) leaves_.insert({pe.priority, pe.seq, e.parent});
+  if (IsLeaf(id)) leaves_.erase(e.rank());
+  // Its own children stay under kids_[id], for the chunk put back.
+  if (!e.has_parent) return;
+  auto k = kids_.find(e.parent);
+  k->second.erase(id);
+  if (!k->second.empty()) return;
+  kids_.erase(k);
+  if (auto p = entries_.find(e.parent); p != entries_.end()) {
+    leaves_.insert({p->second.priority, p->second.seq, e.parent});
+  }
 }
 
 std::optional<ChunkId> PrefixCostPolicy::PickVictim(
@@ -73,8 +86,9 @@ std::optional<ChunkId> PrefixCostPolicy::PickVictim(
 }
 
 uint32_t PrefixCostPolicy::children(const ChunkId& id) const {
-  auto it = entries_.find(id);
-  return it == entries_.end() ? 0 : it->second.children;
+  if (!entries_.contains(id)) return 0;
+  auto it = kids_.find(id);
+  return it == kids_.end() ? 0 : static_cast<uint32_t>(it->second.size());
 }
 
 }  // namespace kvtier

@@ -15,12 +15,18 @@
 // (expensive to recompute) outlives a shallow one touched a little later. A chunk put
 // without lineage counts as a root at position 0.
 //
-// Links form when the parent is present at the child's insert (the normal order: a
-// prefix is put before its suffix); they point only to chunks inserted earlier, so
-// they never form a cycle. A link dies with either end: each child records its parent's
-// insert generation, so a parent evicted and put again is not miscounted.
+// A chunk counts as its parent's child whether it was inserted before or after the
+// parent, and again after the parent was evicted and put back: the store's own traffic
+// inserts chains out of order (write-back demotes a chain tail first, the SSD index is
+// rebuilt oldest row first, a Get promotes in parallel), and a chain whose children were
+// inserted first would otherwise be eaten from its head. A chunk naming itself has no
+// parent; chunks naming each other in a cycle are simply not leaves.
 //
-// Cost: O(log n) per insert, access and removal; about 200 bytes per tracked chunk.
+// The recompute-cost bonus is bounded: positions past kMaxPosition (a 1M-token context
+// in 16-token chunks) count as kMaxPosition, so a chunk_index claimed by a client buys
+// at most what the deepest real chunk earns, not near-immortality.
+//
+// Cost: O(log n) per insert, access and removal; about 250 bytes per tracked chunk.
 // Thread-safety: not thread-safe (see EvictionPolicy).
 #ifndef KVTIER_STORAGE_PREFIX_COST_POLICY_H_
 #define KVTIER_STORAGE_PREFIX_COST_POLICY_H_
@@ -29,6 +35,7 @@
 #include <set>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "storage/eviction_policy.h"
 
 namespace kvtier {
@@ -57,6 +64,8 @@ class PrefixCostPolicy final : public EvictionPolicy {
   // For tests: cached children of `id` (0 if untracked).
   uint32_t children(const ChunkId& id) const;
 
+  static constexpr uint32_t kMaxPosition = 1u << 16;
+
  private:
   struct Rank {
     double priority;
@@ -69,23 +78,23 @@ class PrefixCostPolicy final : public EvictionPolicy {
   struct Entry {
     double priority = 0;
     uint64_t seq = 0;
-    uint64_t generation = 0;  // Insert counter value at this chunk's insert.
-    double cost_bonus = 0;    // cost_weight * cost_slope * position.
-    uint32_t children = 0;    // Cached chunks linked to this one as their parent.
-    bool linked = false;      // Whether `parent` counts this chunk as a child.
-    ChunkId parent;
-    uint64_t parent_generation = 0;
+    double cost_bonus = 0;  // cost_weight * cost_slope * min(position, kMaxPosition).
+    bool has_parent = false;
+    ChunkId parent;  // When has_parent; tracked or not.
     Rank rank() const { return {priority, seq, {}}; }
   };
 
   void Touch(const ChunkId& id, Entry& e);
+  bool IsLeaf(const ChunkId& id) const;
 
   const PrefixCostOptions options_;
   uint64_t tick_ = 0;
-  uint64_t generations_ = 0;
   absl::flat_hash_map<ChunkId, Entry> entries_;
+  // Tracked chunks by the parent they name (tracked or not): a chunk is a leaf when its
+  // set is empty or absent. One element per tracked chunk with a parent.
+  absl::flat_hash_map<ChunkId, absl::flat_hash_set<ChunkId>> kids_;
   std::set<Rank> all_;     // Every tracked chunk.
-  std::set<Rank> leaves_;  // Tracked chunks with no linked children.
+  std::set<Rank> leaves_;  // Tracked chunks no tracked chunk names as its parent.
 };
 
 }  // namespace kvtier

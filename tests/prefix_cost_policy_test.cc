@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <random>
 
@@ -80,30 +81,75 @@ TEST(PrefixCostPolicy, CostWeightKeepsDeepChunksLongerButNotForever) {
   EXPECT_EQ(q.PickVictim(Any), Id(1));
 }
 
-TEST(PrefixCostPolicy, LinksFormOnlyToAPresentParentAndWithinTheNamespace) {
+TEST(PrefixCostPolicy, AChildInsertedBeforeItsParentCountsAndLinksStayInTheNamespace) {
   PrefixCostPolicy p(NoCost());
-  p.OnInsert(Id(2), Child(1, 1));  // Parent 1 absent: no link.
+  p.OnInsert(Id(2), Child(1, 1));  // Parent 1 not here yet.
   p.OnInsert(Id(1), Root());
-  EXPECT_EQ(p.children(Id(1)), 0u);
+  EXPECT_EQ(p.children(Id(1)), 1u);
   EXPECT_EQ(p.PickVictim(Any), Id(2));
   // Same key bytes in another namespace are another chunk.
   p.OnInsert(Id(3, /*ns=*/2), Child(1, 1));
-  EXPECT_EQ(p.children(Id(1)), 0u);
+  EXPECT_EQ(p.children(Id(1)), 1u);
+  // A chunk naming itself is no child of its own.
+  p.OnInsert(Id(4), Child(4, 1));
+  EXPECT_EQ(p.children(Id(4)), 0u);
 }
 
-TEST(PrefixCostPolicy, AReinsertedParentIsNotMiscountedByItsOldChildren) {
+// Write-back demotes a dirty chain A(0) <- B(1) <- C(2) tail first (the RAM policy offers
+// leaves first), so the SSD tier's policy saw C, then B, then A. Links once formed only
+// to a parent already present: the three were unlinked leaves, and A, the oldest with
+// the smallest cost bonus, went first, stranding B and C.
+TEST(PrefixCostPolicy, AChainInsertedTailFirstIsStillEatenFromItsTail) {
+  PrefixCostPolicy p(PrefixCostOptions{0.1154, 16});
+  p.OnInsert(Id(3), Child(2, 2));
+  p.OnInsert(Id(2), Child(1, 1));
+  p.OnInsert(Id(1), Root());
+  EXPECT_EQ(p.PickVictim(Any), Id(3));
+  p.OnRemove(Id(3));
+  EXPECT_EQ(p.PickVictim(Any), Id(2));
+  p.OnRemove(Id(2));
+  EXPECT_EQ(p.PickVictim(Any), Id(1));
+}
+
+TEST(PrefixCostPolicy, AReinsertedParentCountsTheChildrenStillCached) {
   PrefixCostPolicy p(NoCost());
   p.OnInsert(Id(1), Root());
   p.OnInsert(Id(2), Child(1, 1));
   p.OnRemove(Id(1));  // Deleted (or evicted by fallback) with its child still here.
-  p.OnInsert(Id(1), Root());
-  p.OnInsert(Id(3), Child(1, 1));  // A new child of the new 1.
+  EXPECT_EQ(p.children(Id(1)), 0u);  // Untracked.
+  p.OnInsert(Id(1), Root());  // Put back: 2 is its child again.
   EXPECT_EQ(p.children(Id(1)), 1u);
-  p.OnRemove(Id(2));  // The old child: its link was to the old 1.
+  p.OnInsert(Id(3), Child(1, 1));
+  EXPECT_EQ(p.children(Id(1)), 2u);
+  p.OnRemove(Id(2));
   EXPECT_EQ(p.children(Id(1)), 1u);
+  EXPECT_EQ(p.PickVictim(Any), Id(3));
   p.OnRemove(Id(3));
   EXPECT_EQ(p.children(Id(1)), 0u);
   EXPECT_EQ(p.PickVictim(Any), Id(1));
+}
+
+// A client's chunk_index is not trusted with an unbounded bonus: one put at index 4e9
+// once outranked every other chunk for billions of operations without being read. It
+// buys at most kMaxPosition's bonus, and LRU churn then evicts it.
+TEST(PrefixCostPolicy, AClaimedPositionBuysABoundedBonus) {
+  PrefixCostPolicy p(PrefixCostOptions{1, 1});  // Bonus = position, in ticks.
+  p.OnInsert(Id(0), ChunkLineage{4'000'000'000u, false, {}});
+  constexpr int kResident = 4;
+  bool evicted = false;
+  uint64_t inserts = 0;
+  for (uint64_t n = 1; !evicted && n < 2 * PrefixCostPolicy::kMaxPosition; ++n) {
+    p.OnInsert(Id(n), Root());
+    ++inserts;
+    if (p.size() > kResident) {
+      const std::optional<ChunkId> victim = p.PickVictim(Any);
+      ASSERT_TRUE(victim.has_value());
+      evicted = *victim == Id(0);
+      p.OnRemove(*victim);
+    }
+  }
+  EXPECT_TRUE(evicted);
+  EXPECT_LE(inserts, PrefixCostPolicy::kMaxPosition + kResident + 1);
 }
 
 TEST(EvictionPolicies, NamesParseAndBuildTheirPolicies) {
@@ -141,15 +187,13 @@ class ModelPolicy {
     if (auto it = e_.find(Key(id)); it != e_.end()) return Touch(it->second);
     E e;
     e.id = id;
-    e.gen = ++gens_;
-    e.bonus = l.position == ChunkLineage::kUnknownPosition ? 0
-                                                            : o_.cost_weight * o_.cost_slope * l.position;
+    e.bonus = l.position == ChunkLineage::kUnknownPosition
+                  ? 0
+                  : o_.cost_weight * o_.cost_slope *
+                        std::min<uint32_t>(l.position, PrefixCostPolicy::kMaxPosition);
     if (l.has_parent) {
       const ChunkId parent{id.ns, l.parent};
-      if (auto p = e_.find(Key(parent)); p != e_.end() && !(parent == id)) {
-        e.parent = Key(parent);
-        e.parent_gen = p->second.gen;
-      }
+      if (!(parent == id)) e.parent = Key(parent);
     }
     Touch(e_[Key(id)] = e);
   }
@@ -161,7 +205,7 @@ class ModelPolicy {
     for (bool leaves_only : {true, false}) {
       const E* best = nullptr;
       for (const auto& [k, e] : e_) {
-        if (leaves_only && HasChild(k, e.gen)) continue;
+        if (leaves_only && HasChild(k)) continue;
         if (!ok(e.id)) continue;
         if (best == nullptr || e.prio < best->prio || (e.prio == best->prio && e.seq < best->seq)) {
           best = &e;
@@ -176,23 +220,24 @@ class ModelPolicy {
   using K = std::pair<uint64_t, uint64_t>;
   struct E {
     ChunkId id;
-    uint64_t gen = 0, seq = 0, parent_gen = 0;
+    uint64_t seq = 0;
     double bonus = 0, prio = 0;
-    std::optional<K> parent;
+    std::optional<K> parent;  // Whether tracked or not.
   };
   static K Key(const ChunkId& id) { return {id.ns, id.key.hi}; }
   void Touch(E& e) {
     e.seq = ++tick_;
     e.prio = static_cast<double>(e.seq) + e.bonus;
   }
-  bool HasChild(const K& k, uint64_t gen) const {
+  // A leaf has no tracked chunk naming it as its parent.
+  bool HasChild(const K& k) const {
     for (const auto& [ck, c] : e_) {
-      if (c.parent == k && c.parent_gen == gen) return true;
+      if (c.parent == k) return true;
     }
     return false;
   }
   PrefixCostOptions o_;
-  uint64_t tick_ = 0, gens_ = 0;
+  uint64_t tick_ = 0;
   std::map<K, E> e_;
 };
 
