@@ -11,6 +11,7 @@
 #include <charconv>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -64,9 +65,10 @@ Commands:
       Store each FILE under KEYHEX. A FILE holds exactly one chunk: chunk size bytes,
       as printed by `register`.
   get --namespace NS [--layers B:E] KEYHEX=OUTFILE...
-      Fetch chunks (or only layers [B, E) of each) into files. A missing chunk is
-      reported and makes the exit status 1; the other files are still written.
-      OUTFILE /dev/stdout writes the chunk there (the report then goes to stderr).
+      Fetch chunks (or only layers [B, E) of each) into files, one chunk per file. A
+      missing chunk is reported and makes the exit status 1; the other files are still
+      written. OUTFILE /dev/stdout writes the chunk there (the report then goes to
+      stderr); several keys may name it, or a device or FIFO: their chunks follow in turn.
   lookup --namespace NS KEYHEX...
       Show the tier holding each key, and the prefix hit length.
   pin --namespace NS [--ttl SECONDS] KEYHEX...
@@ -559,6 +561,32 @@ class PartialFile {
   PartialFile& operator=(const PartialFile&) = delete;
   ~PartialFile() { Abandon(); }
 
+  // Whether `path` is written in place (several keys' chunks then follow one another
+  // there) rather than replaced by a rename (where a later key's chunk replaces an
+  // earlier one's).
+  static bool WrittenInPlace(const std::string& path) {
+    struct stat st {};
+    return ::stat(path.c_str(), &st) == 0 &&  // Follows symlinks.
+           (!S_ISREG(st.st_mode) || absl::StartsWith(path, "/dev/") ||
+            absl::StartsWith(path, "/proc/"));
+  }
+
+  // The file a rename onto `path` replaces, resolved as Open resolves it when the chunk
+  // lands: by then an earlier key's chunk may have created the target of a symlink that
+  // dangles now, so links are followed whether their target exists or not.
+  static std::string RenameTarget(const std::string& path) {
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    fs::path p = path;
+    for (int hops = 0; hops < 40 && fs::is_symlink(p, ec); ++hops) {  // ELOOP's bound.
+      const fs::path to = fs::read_symlink(p, ec);
+      if (ec) break;
+      p = to.is_absolute() ? to : p.parent_path() / to;
+    }
+    const fs::path resolved = fs::weakly_canonical(p, ec);
+    return ec ? path : resolved.string();
+  }
+
   absl::Status Open() {
     // This process's own descriptors: written through a duplicate, so a redirection's
     // offset and O_APPEND hold (opening /proc/self/fd/1 anew would start at offset 0).
@@ -579,23 +607,19 @@ class PartialFile {
       if (fd_ < 0) return absl::ErrnoToStatus(errno, absl::StrCat("cannot write ", path_));
       return absl::OkStatus();
     }
-    struct stat st {};
-    if (::stat(path_.c_str(), &st) == 0) {  // Follows symlinks.
-      // /dev/stdout redirected to a file is a regular file behind /proc/self/fd: written
-      // in place too, so that `>>` appends and several keys all arrive.
-      if (!S_ISREG(st.st_mode) || absl::StartsWith(path_, "/dev/") ||
-          absl::StartsWith(path_, "/proc/")) {
-        in_place_ = true;
-        tmp_ = path_;
-        fd_ = ::open(path_.c_str(), O_WRONLY | O_CLOEXEC);
-        if (fd_ < 0) return absl::ErrnoToStatus(errno, absl::StrCat("cannot open ", path_));
-        return absl::OkStatus();
-      }
-      if (char* real = ::realpath(path_.c_str(), nullptr); real != nullptr) {
-        path_ = real;
-        std::free(real);
-        tmp_ = path_ + ".partial";
-      }
+    // /dev/stdout redirected to a file is a regular file behind /proc/self/fd: written
+    // in place too, so that `>>` appends and several keys all arrive.
+    if (WrittenInPlace(path_)) {
+      in_place_ = true;
+      tmp_ = path_;
+      fd_ = ::open(path_.c_str(), O_WRONLY | O_CLOEXEC);
+      if (fd_ < 0) return absl::ErrnoToStatus(errno, absl::StrCat("cannot open ", path_));
+      return absl::OkStatus();
+    }
+    if (char* real = ::realpath(path_.c_str(), nullptr); real != nullptr) {  // It exists.
+      path_ = real;
+      std::free(real);
+      tmp_ = path_ + ".partial";
     }
     fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd_ < 0) return absl::ErrnoToStatus(errno, absl::StrCat("cannot create ", tmp_));
@@ -668,6 +692,19 @@ Result RunGet(const Args& args, KvTierClient& client) {
     KVTIER_ASSIGN_OR_USAGE(end, ParseU32("--layers end", parts[1]));
     if (end <= begin) return UsageError{"--layers B:E needs B < E (E is exclusive)"};
     layers = LayerRange{begin, end};
+  }
+  // Two keys renamed onto one file would leave only the later chunk, reported as got:
+  // refused before anything is fetched. Names of one file count as one (a symlink, "./").
+  std::map<std::string, size_t> renamed_to;  // Resolved path -> first item writing it.
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (PartialFile::WrittenInPlace(items[i].path)) continue;
+    auto [first, inserted] = renamed_to.emplace(PartialFile::RenameTarget(items[i].path), i);
+    if (!inserted) {
+      return UsageError{absl::StrCat("OUTFILE ", items[i].path, " is also ",
+                                     items[first->second].path, ", the OUTFILE of ",
+                                     items[first->second].key.ToHex(),
+                                     ": one file holds one chunk")};
+    }
   }
   std::vector<ChunkKey> keys;
   for (const KeyAndPath& item : items) keys.push_back(item.key);
