@@ -101,8 +101,8 @@ void HostPool::EraseLocked(const ChunkId& id) {
   index_.erase(it);
 }
 
-absl::StatusOr<std::shared_ptr<PoolChunk>> HostPool::Allocate(uint64_t size,
-                                                             DirtyVictim dirty) {
+absl::StatusOr<std::shared_ptr<PoolChunk>> HostPool::Allocate(
+    uint64_t size, DirtyVictim dirty, absl::FunctionRef<bool(const ChunkId&)> spare) {
   const size_t need = arena_->SlotsFor(size);
   if (need > arena_->num_slots()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -126,7 +126,7 @@ absl::StatusOr<std::shared_ptr<PoolChunk>> HostPool::Allocate(uint64_t size,
       std::optional<ChunkId> victim = policy_->PickVictim([&](const ChunkId& id) {
         mu_.AssertHeld();
         auto it = index_.find(id);
-        if (it == index_.end() || chosen_set.contains(id)) return false;
+        if (it == index_.end() || chosen_set.contains(id) || spare(id)) return false;
         const Entry& e = it->second;
         if (dirty == DirtyVictim::kSkip) return Reclaimable(e) && !e.dirty;
         return WriteFirstCandidate(e);

@@ -20,6 +20,7 @@
 #include "absl/container/btree_map.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -77,8 +78,11 @@ class HostPool final : public StorageTier {
   // nothing is evicted. The space is not indexed until Insert. Returns: Ok,
   // ResourceExhausted (what is left is pinned, dirty or being read), InvalidArgument
   // (larger than the whole pool).
-  absl::StatusOr<std::shared_ptr<PoolChunk>> Allocate(uint64_t size,
-                                                      DirtyVictim dirty = DirtyVictim::kSkip);
+  // `spare(id)` true: `id` is not evicted for this allocation (a hinted prefetch spares
+  // the hinted chunks needed no later than the one it fetches).
+  absl::StatusOr<std::shared_ptr<PoolChunk>> Allocate(
+      uint64_t size, DirtyVictim dirty = DirtyVictim::kSkip,
+      absl::FunctionRef<bool(const ChunkId&)> spare = [](const ChunkId&) { return false; });
 
   // Indexes a filled chunk. Returns false (and leaves the index alone) if `id` is
   // already present: puts are idempotent.

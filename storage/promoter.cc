@@ -14,7 +14,8 @@ Promoter::Promoter(HostPool* ram, StorageTier* below,
       locks_(locks) {}
 
 Promoter::Result Promoter::Read(const ChunkId& id,
-                                absl::FunctionRef<ChunkSink*(const ChunkMeta&)> no_room) {
+                                absl::FunctionRef<ChunkSink*(const ChunkMeta&)> no_room,
+                                absl::FunctionRef<bool(const ChunkId&)> spare) {
   Result out;
   const uint64_t generation = locks_ != nullptr ? locks_->Generation(id) : 0;
   std::optional<PoolSink> pool_sink;
@@ -24,7 +25,8 @@ Promoter::Result Promoter::Read(const ChunkId& id,
         if (admit_ && !admit_(id, m.size)) return no_room(m);
         // A chunk larger than the pool (from a run with a bigger ram_capacity) is no
         // room too.
-        absl::StatusOr<std::shared_ptr<PoolChunk>> room = ram_->Allocate(m.size);
+        absl::StatusOr<std::shared_ptr<PoolChunk>> room =
+            ram_->Allocate(m.size, HostPool::DirtyVictim::kSkip, spare);
         if (!room.ok()) return no_room(m);
         out.room = *std::move(room);
         pool_sink.emplace(out.room.get());

@@ -43,9 +43,13 @@ class Promoter {
     std::optional<ChunkMeta> meta;   // Set once the tier below found the chunk.
     std::shared_ptr<PoolChunk> room;  // Set when it was promoted (status Ok).
   };
-  // Reads `id` from the tier below: into RAM when there is room, else where
-  // `no_room(meta)` says (null: nowhere; the read stops at its meta).
-  Result Read(const ChunkId& id, absl::FunctionRef<ChunkSink*(const ChunkMeta&)> no_room);
+  // Reads `id` from the tier below: into RAM when there is room (evicting nothing
+  // `spare` names: HostPool::Allocate), else where `no_room(meta)` says (null: nowhere;
+  // the read stops at its meta).
+  Result Read(const ChunkId& id, absl::FunctionRef<ChunkSink*(const ChunkMeta&)> no_room,
+              absl::FunctionRef<bool(const ChunkId&)> spare = [](const ChunkId&) {
+                return false;
+              });
 
   uint64_t promotions() const { return promotions_.load(std::memory_order_relaxed); }
 

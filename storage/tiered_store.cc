@@ -900,7 +900,18 @@ void TieredStore::Prefetch(const ChunkId& id) {
   if (stopping_.load(std::memory_order_acquire) || ram_->Contains(id)) return;
   // Gone meanwhile, no room now, or the read failed (the SSD tier deletes and counts a
   // corrupt chunk): nothing to do.
-  Promoter::Result below = promoter_->Read(id, [](const ChunkMeta&) -> ChunkSink* { return nullptr; });
+  // Room is never made by evicting a hinted chunk needed no later than this one (the
+  // window's fallback victim is its farthest chunk, whatever this one's rank): each
+  // Hint would fetch what the last one evicted, and the next Get miss RAM.
+  const std::shared_ptr<const HintWindow::Snapshot> hints = hints_->snapshot();
+  const auto at = hints->position.find(id);
+  const uint32_t rank = at == hints->position.end() ? UINT32_MAX : at->second;
+  Promoter::Result below = promoter_->Read(
+      id, [](const ChunkMeta&) -> ChunkSink* { return nullptr; },
+      [&](const ChunkId& other) {
+        const auto p = hints->position.find(other);
+        return p != hints->position.end() && p->second <= rank;
+      });
   if (!below.status.ok() || below.room == nullptr) return;
   ssd_bytes_out_.fetch_add(below.meta->size, std::memory_order_relaxed);
   // Staged, if near enough, by the next Hint: now in RAM, it is counted there.

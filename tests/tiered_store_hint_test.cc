@@ -105,6 +105,33 @@ TEST_F(TieredStoreHintTest, HintPrefetchesTheWindowsSsdChunksNearestFirstWithinI
   EXPECT_EQ(view->tier(), Tier::kRam);
 }
 
+// When only hinted chunks can make room (every other one pinned), a prefetch evicts
+// none needed no later than the chunk it fetches. It once took the window's farthest
+// chunk in RAM whatever the fetched one's rank: here 6 (rank 1) for 1 (rank 2), and the
+// next Hint fetched 6 back by evicting 1, each Hint a wasted SSD read.
+TEST_F(TieredStoreHintTest, APrefetchEvictsNoHintedChunkNeededSooner) {
+  TieredStoreOptions o = Options(WriteMode::kWriteThrough);
+  o.hints.max_bytes = 4 * kChunk;
+  Open(o);
+  for (uint64_t n = 1; n <= 6; ++n) Put(n);  // RAM keeps 3..6; 1 and 2 only on SSD.
+  ASSERT_EQ(store_->Locate(Id(1)), Tier::kSsd);
+  ASSERT_TRUE(store_->Pin(Id(3), absl::Minutes(5)).ok());
+  ASSERT_TRUE(store_->Pin(Id(4), absl::Minutes(5)).ok());
+  auto r = store_->Hint("sched", {{ns_, {Id(5).key, Id(6).key, Id(1).key}}});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->prefetching, 1u);
+  store_->WaitForPrefetch();
+  EXPECT_EQ(store_->Locate(Id(5)), Tier::kRam);
+  EXPECT_EQ(store_->Locate(Id(6)), Tier::kRam);
+  EXPECT_EQ(store_->Locate(Id(1)), Tier::kSsd);  // No room that may be taken: not fetched.
+  // Its rank ahead of 6: it may take 6's room now.
+  ASSERT_TRUE(store_->Hint("sched", {{ns_, {Id(1).key, Id(5).key, Id(6).key}}}).ok());
+  store_->WaitForPrefetch();
+  EXPECT_EQ(store_->Locate(Id(1)), Tier::kRam);
+  EXPECT_EQ(store_->Locate(Id(5)), Tier::kRam);
+  EXPECT_EQ(store_->Locate(Id(6)), Tier::kSsd);
+}
+
 TEST_F(TieredStoreHintTest, UnknownNamespaceChangesNothing) {
   Open(Options(WriteMode::kWriteThrough));
   Put(1);
