@@ -107,6 +107,9 @@ std::vector<MetricFamily> StoreCollector::Collect() const {
     f.push_back(Family("kvtier_gpu_delivery_failures_total",
                        "Deliveries into GPU memory that failed (device error, bad checksum)", C,
                        {{{}, double(s.gpu.delivery_failures)}}));
+    f.push_back(Family("kvtier_gpu_stage_crc_checked_bytes_total",
+                       "Pool bytes whose CRC32C was checked on the CPU before they were staged",
+                       C, {{{}, double(s.gpu.stage_crc_checked_bytes)}}));
     f.push_back(Family("kvtier_gpu_staging_failures_total",
                        "Copies into the staging buffers that failed, or found no room", C,
                        {{{{"reason", "error"}}, double(g.stage_failures)},

@@ -256,12 +256,13 @@ void GpuTier::DeliverFromHost(const ChunkMeta& meta, std::vector<absl::string_vi
 }
 
 void GpuTier::CheckOnCpu(std::vector<absl::string_view> pieces, uint32_t expected,
-                         std::shared_ptr<const void> keep_alive, std::function<void(bool)> done) {
+                         std::shared_ptr<const void> keep_alive, std::function<void(bool)> done,
+                         uint64_t GpuTierStats::*checked) {
   uint64_t bytes = 0;
   for (absl::string_view p : pieces) bytes += p.size();
   {
     absl::MutexLock lock(&mu_);
-    stats_.crc_checked_bytes += bytes;
+    stats_.*checked += bytes;
   }
   // The pieces stay alive until the last part is checked, whichever thread that is.
   crc_.Compute(std::move(pieces), [expected, keep_alive = std::move(keep_alive),
@@ -302,7 +303,8 @@ void GpuTier::Write(const ChunkId& id, const ChunkMeta& meta, ChunkBytes bytes,
   GpuStagingTier::Verify verify = [this, pieces = bytes.pieces, expected = meta.crc32c,
                                    keep_alive = bytes.keep_alive](
                                       std::function<void(bool)> ok) mutable {
-    CheckOnCpu(std::move(pieces), expected, std::move(keep_alive), std::move(ok));
+    CheckOnCpu(std::move(pieces), expected, std::move(keep_alive), std::move(ok),
+               &GpuTierStats::stage_crc_checked_bytes);
   };
   staging_->Stage(id, meta, std::move(bytes.pieces), std::move(bytes.keep_alive),
                   [this, done = std::move(done)](absl::Status s) {

@@ -60,6 +60,7 @@ struct GpuTierStats {
   // (staging.staged counts the copies in that completed).
   uint64_t stage_requests = 0;
   uint64_t crc_checked_bytes = 0;  // Host bytes whose CRC32C a delivery checked on the CPU.
+  uint64_t stage_crc_checked_bytes = 0;  // Pool bytes checked on the CPU before staging.
   // Bytes a delivery checked on the GPU, where they landed (DeviceBackend::ChecksCrc32c).
   uint64_t device_crc_checked_bytes = 0;
 };
@@ -130,9 +131,10 @@ class GpuTier final : public StorageTier {
   GpuTier(DeviceBackend* device, void* pinned, std::unique_ptr<GpuStagingTier> staging,
           int crc_threads);
   // The CRC32C of `pieces` (alive while `keep_alive` is held) against `expected`, on the
-  // CPU (ParallelCrc).
+  // CPU (ParallelCrc); the bytes count in `*checked` (a GpuTierStats field).
   void CheckOnCpu(std::vector<absl::string_view> pieces, uint32_t expected,
-                  std::shared_ptr<const void> keep_alive, std::function<void(bool)> done);
+                  std::shared_ptr<const void> keep_alive, std::function<void(bool)> done,
+                  uint64_t GpuTierStats::*checked = &GpuTierStats::crc_checked_bytes);
   void Begin();
   void End();
 

@@ -453,6 +453,8 @@ TEST_F(TieredStoreGpuTest, CorruptPoolBytesAreNotStaged) {
   Stage(3);
   EXPECT_EQ(store_->GetStats().gpu.staging.chunks, 0u);
   EXPECT_EQ(store_->GetStats().gpu.staging.stage_failures, 1u);
+  EXPECT_EQ(store_->GetStats().gpu.stage_crc_checked_bytes, kChunk);
+  EXPECT_EQ(store_->GetStats().gpu.crc_checked_bytes, 0u);  // No delivery checked any.
   EXPECT_EQ(store_->Locate(Id(3)), Tier::kNone);
   EXPECT_EQ(store_->GetStats().checksum_failures, 1u);
   const DevicePtr dst = WorkerBuffer(kChunk);
