@@ -533,13 +533,17 @@ grpc::Status KvCacheService::RegisterLayoutImpl(TieredStore* store, const Tenant
   // it); the store holds it under the tenant's id for it.
   const uint64_t public_ns = spec->NamespaceId();
   bool bound_here = false;
-  if (guards_.quotas != nullptr && !tenant.implicit()) {
+  // A layout registered already (in this run or an earlier one) takes no more of the
+  // share: it is bound below.
+  if (guards_.quotas != nullptr && !tenant.implicit() &&
+      !store->FindLayout(tenant.Internal(public_ns)).ok()) {
     // A tenant's share of the layouts, so that no one tenant can use up max_layouts.
     const TenantQuota& q = tenant.quota();
     const uint32_t share =
         q.layouts != 0 ? q.layouts : std::max<uint32_t>(1, limits_.max_layouts / std::max(1u, q.tenants));
     absl::StatusOr<bool> admitted =
-        guards_.quotas->AdmitLayout(tenant, tenant.Internal(public_ns), share);
+        guards_.quotas->AdmitLayout(tenant, tenant.Internal(public_ns), share,
+                                    [store] { return store->Layouts(); });
     if (!admitted.ok()) return ToGrpcStatus(admitted.status());
     bound_here = *admitted;
   }

@@ -65,14 +65,33 @@ void TenantQuotas::BindWith(const TenantScope& t, const TenantQuota& q, uint64_t
   owners_[ns] = t.tenant();
 }
 
-absl::StatusOr<bool> TenantQuotas::AdmitLayout(const TenantScope& t, uint64_t ns,
-                                               uint32_t max) {
+absl::StatusOr<bool> TenantQuotas::AdmitLayout(
+    const TenantScope& t, uint64_t ns, uint32_t max,
+    absl::FunctionRef<std::vector<std::pair<uint64_t, LayoutSpec>>()> registered) {
   if (t.implicit()) return false;
   const TenantQuota q = QuotaOf(t);
+  bool read;
+  {
+    absl::MutexLock lock(&mu_);
+    read = accounts_[t.tenant()].layouts_read;
+  }
+  std::vector<uint64_t> owned;  // The tenant's among the store's (one hash each).
+  if (!read) {
+    for (const auto& [internal, spec] : registered()) {
+      if (t.Internal(spec.NamespaceId()) == internal) owned.push_back(internal);
+    }
+  }
   {
     absl::MutexLock lock(&mu_);
     Account& a = accounts_[t.tenant()];
     a.quota = q;
+    if (!read && !a.layouts_read) {
+      for (uint64_t n : owned) {
+        a.namespaces.insert(n);
+        owners_[n] = t.tenant();
+      }
+      a.layouts_read = true;
+    }
     if (a.namespaces.contains(ns)) return false;
     if (a.namespaces.size() < max) {
       a.namespaces.insert(ns);

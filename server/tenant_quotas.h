@@ -38,6 +38,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -76,12 +77,15 @@ class TenantQuotas final : public prometheus::Collectable {
   // implicit tenant).
   void Bind(const TenantScope& t, uint64_t ns) ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Before tenant `t` registers namespace `ns`: binds it if the tenant has named fewer
-  // than `max` namespaces since start-up (or named this one already). Returns whether
-  // this call bound it (for UnbindLayout if the registration then fails), or
-  // FailedPrecondition (at its share: layouts are never unregistered, so retrying
-  // cannot help).
-  absl::StatusOr<bool> AdmitLayout(const TenantScope& t, uint64_t ns, uint32_t max);
+  // Before tenant `t` registers namespace `ns`: binds it if the tenant holds fewer than
+  // `max` namespaces (or this one already). The first time in this process, the
+  // tenant's namespaces are first read from `registered` (the layouts the store holds,
+  // kept from earlier runs: layouts are never unregistered, so a restart must not reset
+  // the count). Returns whether this call bound it (for UnbindLayout if the registration
+  // then fails), or FailedPrecondition (at its share: retrying cannot help).
+  absl::StatusOr<bool> AdmitLayout(
+      const TenantScope& t, uint64_t ns, uint32_t max,
+      absl::FunctionRef<std::vector<std::pair<uint64_t, LayoutSpec>>()> registered);
   // Undoes an AdmitLayout that bound `ns` for a registration that failed, so that
   // refused layouts do not use up the tenant's share.
   void UnbindLayout(const TenantScope& t, uint64_t ns);
@@ -116,6 +120,7 @@ class TenantQuotas final : public prometheus::Collectable {
  private:
   struct Account {
     absl::flat_hash_set<uint64_t> namespaces;
+    bool layouts_read = false;  // The store's layouts of this tenant are in `namespaces`.
     TenantQuota quota;  // As of the tenant's latest request.
   };
   // The quota in force for `t` (source_, else its scope's). Takes no lock of this object.

@@ -91,4 +91,9 @@ size_t LayoutRegistry::size() const {
   return layouts_.size();
 }
 
+std::vector<std::pair<uint64_t, LayoutSpec>> LayoutRegistry::All() const {
+  absl::MutexLock lock(&mu_);
+  return {layouts_.begin(), layouts_.end()};
+}
+
 }  // namespace kvtier

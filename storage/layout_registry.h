@@ -8,6 +8,8 @@
 #define KVTIER_STORAGE_LAYOUT_REGISTRY_H_
 
 #include <cstdint>
+#include <utility>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
@@ -50,6 +52,8 @@ class LayoutRegistry {
   // Returns: Ok, NotFound.
   absl::StatusOr<LayoutSpec> Find(uint64_t ns) const;
   size_t size() const;
+  // Every registered layout and the namespace it is registered under. O(layouts).
+  std::vector<std::pair<uint64_t, LayoutSpec>> All() const;
 
  private:
   SsdTier* const ssd_;

@@ -293,6 +293,7 @@ class TieredStore {
   }
   // Returns: Ok, NotFound.
   absl::StatusOr<LayoutSpec> FindLayout(uint64_t ns) const { return layouts_->Find(ns); }
+  std::vector<std::pair<uint64_t, LayoutSpec>> Layouts() const { return layouts_->All(); }
   // FailedPrecondition when this daemon can no longer store `layout`'s chunks (it was
   // registered under larger limits): asked before anything waits or evicts for a put.
   absl::Status CheckPuttable(const LayoutSpec& layout) const {

@@ -243,6 +243,25 @@ TEST_F(TenantQuotaTest, ATenantRegistersItsShareOfLayoutsAndNoMore) {
   EXPECT_EQ(Metric(R"(kvtier_tenant_quota_refusals_total{quota="layouts",tenant="small"})"), 1);
 }
 
+// Layouts outlive the daemon (the SSD tier keeps them), and so does a tenant's share of
+// them: the count once started from zero at each start, so every restart let a tenant
+// register max_layouts more, until max_layouts was full for everyone. Re-registering a
+// layout it holds takes none of the share, whatever the run it was registered in.
+TEST_F(TenantQuotaTest, ATenantsShareOfLayoutsCountsThoseOfEarlierRuns) {
+  Start("write-through");  // small has registered one layout (ns_); its max_layouts is 3.
+  ASSERT_NE(Register(*small_, 2), 0u);
+  ASSERT_NE(Register(*small_, 3), 0u);
+  ASSERT_NO_FATAL_FAILURE(Restart());
+  auto fourth = small_->RegisterLayout(LayoutOfMiB(4));
+  EXPECT_EQ(fourth.status().code(), absl::StatusCode::kFailedPrecondition) << fourth.status();
+  for (uint32_t mib : {1, 2, 3}) {
+    auto again = small_->RegisterLayout(LayoutOfMiB(mib));
+    ASSERT_TRUE(again.ok()) << mib << ": " << again.status();
+    EXPECT_TRUE(again->already_registered);
+  }
+  EXPECT_EQ(Register(*big_, 4), LayoutOfMiB(4).NamespaceId()) << "big has a share of its own";
+}
+
 // Without a pinned_quota of its own, a tenant's pins are bounded by its ram_quota: a pin
 // brings a chunk from SSD into RAM without any put's eviction, and a pinned chunk stays.
 TEST_F(TenantQuotaTest, WithoutAPinnedQuotaPinsStopAtTheRamQuota) {
