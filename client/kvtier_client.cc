@@ -24,6 +24,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "client/allocator_tuning.h"
 #include "client/call_cancellation.h"
@@ -928,7 +929,18 @@ absl::StatusOr<PutResult> KvTierClient::Put(uint64_t namespace_id,
       // doubling with jitter as refusals repeat, and open the stream again.
       if (std::optional<absl::Duration> wait =
               RefusalBackoff(options_.retry_refused_puts, ctx, status, attempt, deadline)) {
-        absl::SleepFor(*wait);
+        if (options_.before_put_backoff) options_.before_put_backoff();
+        // Cancel() ends the wait at once (as it ends a call waiting on the daemon).
+        absl::Notification cancelled;
+        {
+          CallCancellation::Hook hook([&cancelled] {
+            if (!cancelled.HasBeenNotified()) cancelled.Notify();
+          });
+          cancelled.WaitForNotificationWithTimeout(*wait);
+        }
+        if (cancelled.HasBeenNotified()) {
+          return absl::CancelledError("Put: cancelled while backing off a refusal");
+        }
         continue;
       }
       return FromGrpcStatus(status);

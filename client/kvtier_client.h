@@ -66,6 +66,8 @@ struct ClientOptions {
   // is opened again after the hinted wait, doubled with jitter as refusals repeat,
   // until rpc_deadline; then the refusal is returned. False: returned at once.
   bool retry_refused_puts = true;
+  // Tests only (a sync point): runs as a refused Put starts to back off, before it waits.
+  std::function<void()> before_put_backoff;
   // When a Put sends its first frame. kAdaptive: at once while the daemon's last Put
   // answer to this client said its Put places were free (trailer kvtier-put-places),
   // else after the daemon's headers, so that a Put waiting in the daemon's line or

@@ -4,6 +4,7 @@
 // write past `out`, a short chunk reported found, or the caller's fault.
 #include <grpcpp/grpcpp.h>
 
+#include <atomic>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -13,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "client/call_cancellation.h"
 #include "client/kvtier_client.h"
 #include "client/prefill_session.h"
 #include "gtest/gtest.h"
@@ -50,6 +52,8 @@ class LyingDaemon final : public v1::KvCache::Service {
   using PrefillScript = std::function<void(
       grpc::ServerReaderWriter<v1::PrefillServerMessage, v1::PrefillClientMessage>*)>;
   PrefillScript prefill;
+  // Answers each Put stream (its frames unread).
+  std::function<grpc::Status(grpc::ServerContext*)> put;
 
   grpc::Status DataPlane(grpc::ServerContext*, const v1::DataPlaneRequest* req,
                          v1::DataPlaneResponse* resp) override {
@@ -71,6 +75,10 @@ class LyingDaemon final : public v1::KvCache::Service {
                                                 v1::PrefillClientMessage>* stream) override {
     prefill(stream);
     return grpc::Status::OK;
+  }
+  grpc::Status Put(grpc::ServerContext* ctx, grpc::ServerReader<v1::PutFrame>*,
+                   v1::PutResponse*) override {
+    return put(ctx);
   }
   grpc::Status Lookup(grpc::ServerContext*, const v1::LookupRequest*,
                       v1::LookupResponse* resp) override {
@@ -105,7 +113,8 @@ class ClientProtocolTest : public ::testing::Test {
     ASSERT_NE(server_, nullptr);
     ClientOptions o;
     o.data_plane = ClientOptions::DataPlane::kStream;
-    auto c = KvTierClient::Connect(absl::StrCat("127.0.0.1:", port), o);
+    target_ = absl::StrCat("127.0.0.1:", port);
+    auto c = KvTierClient::Connect(target_, o);
     ASSERT_TRUE(c.ok()) << c.status();
     client_ = *std::move(c);
     for (uint32_t k = 0; k < 2; ++k) keys_.push_back(KeyOf(k));
@@ -123,6 +132,7 @@ class ClientProtocolTest : public ::testing::Test {
 
   LyingDaemon daemon_;
   std::unique_ptr<grpc::Server> server_;
+  std::string target_;
   std::unique_ptr<KvTierClient> client_;
   std::vector<ChunkKey> keys_;
 };
@@ -372,6 +382,42 @@ TEST_F(ClientProtocolTest, LayoutSizedCallsAnswerTheContractsCodes) {
   EXPECT_EQ(into.status().code(), absl::StatusCode::kInvalidArgument) << into.status();
   device = client_->GetIntoDevice(kNamespace, one, region, 0, past);
   EXPECT_EQ(device.status().code(), absl::StatusCode::kInvalidArgument) << device.status();
+}
+
+// A Put refused with a retry hint backs off before it tries again; Cancel() ends that
+// wait at once, as it ends an RPC. It once slept the whole back-off (here 20-30 s) and
+// only then saw the cancellation.
+TEST_F(ClientProtocolTest, ACancelledPutStopsBackingOffAtOnce) {
+  std::atomic<int> attempts{0};
+  daemon_.put = [&](grpc::ServerContext* ctx) {
+    ctx->AddTrailingMetadata("kvtier-retry-after-ms", "20000");
+    attempts.fetch_add(1);
+    return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "put buffer full; retry");
+  };
+  absl::Notification backing_off;
+  ClientOptions o;
+  o.data_plane = ClientOptions::DataPlane::kStream;
+  o.before_put_backoff = [&] { backing_off.Notify(); };
+  auto client = KvTierClient::Connect(target_, o);
+  ASSERT_TRUE(client.ok()) << client.status();
+  CallCancellation cancel;
+  absl::Notification done;
+  absl::Status result;
+  std::thread putter([&] {
+    CallCancellation::Scope scope(&cancel);
+    const std::string data = Chunk(0);
+    ChunkToPut c{keys_[0], data, 16};
+    result = (*client)->Put(kNamespace, absl::MakeConstSpan(&c, 1)).status();
+    done.Notify();
+  });
+  backing_off.WaitForNotification();
+  cancel.Cancel();
+  // A bound far below the back-off, not a measure of speed.
+  EXPECT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(10)))
+      << "the back-off did not end when the call was cancelled";
+  putter.join();
+  EXPECT_EQ(result.code(), absl::StatusCode::kCancelled) << result;
+  EXPECT_EQ(attempts.load(), 1);
 }
 
 TEST_F(ClientProtocolTest, LookupRefusesAPrefixHitCountTheTiersDoNotBearOut) {
