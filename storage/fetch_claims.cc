@@ -47,8 +47,9 @@ void FetchClaims::JobDone() {
 
 void FetchClaims::WaitForJobs() {
   absl::MutexLock l(&mu_);
-  mu_.Await(absl::Condition(
-      +[](int* jobs) { return *jobs == 0; }, &jobs_));
+  constexpr auto kNoneOut = +[](int* jobs) { return *jobs == 0; };
+  if (!kNoneOut(&jobs_) && before_jobs_wait_) before_jobs_wait_();
+  mu_.Await(absl::Condition(kNoneOut, &jobs_));
 }
 
 }  // namespace kvtier

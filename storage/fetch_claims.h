@@ -7,6 +7,8 @@
 #ifndef KVTIER_STORAGE_FETCH_CLAIMS_H_
 #define KVTIER_STORAGE_FETCH_CLAIMS_H_
 
+#include <functional>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -31,11 +33,17 @@ class FetchClaims {
   void JobQueued();
   void JobDone();
   void WaitForJobs();
+  // Tests only: called by WaitForJobs when it is about to wait for jobs still out (a
+  // sync point), under the lock: it must not call this object. Set before any use.
+  void set_before_jobs_wait_for_testing(std::function<void()> hook) {
+    before_jobs_wait_ = std::move(hook);
+  }
 
  private:
   mutable absl::Mutex mu_;
   absl::flat_hash_set<ChunkId> held_ ABSL_GUARDED_BY(mu_);
   int jobs_ ABSL_GUARDED_BY(mu_) = 0;
+  std::function<void()> before_jobs_wait_;
 };
 
 }  // namespace kvtier

@@ -45,16 +45,27 @@ TEST(FetchClaimsTest, AWaiterGetsTheClaimOnlyAfterItsRelease) {
 
 TEST(FetchClaimsTest, WaitForJobsReturnsOnceEveryJobIsDone) {
   FetchClaims claims;
-  claims.WaitForJobs();  // None: returns at once.
+  // Notified on the waiter's thread when WaitForJobs is about to wait for jobs still out
+  // (the sync point) or, had it not waited, when it returned: whichever is first.
+  absl::Notification waits_or_returned;
+  const auto waits_or_returned_now = [&] {
+    if (!waits_or_returned.HasBeenNotified()) waits_or_returned.Notify();
+  };
+  claims.set_before_jobs_wait_for_testing(waits_or_returned_now);
+  claims.WaitForJobs();  // None: returns at once, without waiting.
+  EXPECT_FALSE(waits_or_returned.HasBeenNotified());
   claims.JobQueued();
   claims.JobQueued();
+  claims.JobDone();  // One job is still out.
   absl::Notification done;
   std::thread waiter([&] {
     claims.WaitForJobs();
     done.Notify();
+    waits_or_returned_now();
   });
-  claims.JobDone();
-  EXPECT_FALSE(done.HasBeenNotified());  // One job is still out.
+  waits_or_returned.WaitForNotification();
+  // Only this thread can end the last job, so a WaitForJobs that waits for it still is.
+  EXPECT_FALSE(done.HasBeenNotified()) << "WaitForJobs returned with a job still out";
   claims.JobDone();
   done.WaitForNotification();
   waiter.join();

@@ -55,12 +55,15 @@ class HostPoolTest : public ::testing::Test {
  protected:
   void SetUp() override { pool_ = MakePool(0.5); }
 
-  std::unique_ptr<HostPool> MakePool(double max_pinned_fraction, uint64_t slots = kSlots) {
+  std::unique_ptr<HostPool> MakePool(
+      double max_pinned_fraction, uint64_t slots = kSlots,
+      std::function<void(const ChunkId&)> before_fence_wait = nullptr) {
     HostPoolOptions o;
     o.arena.capacity_bytes = slots * kSlot;
     o.arena.slot_bytes = kSlot;
     o.max_pinned_fraction = max_pinned_fraction;
     o.now = clock_.AsFunction();
+    o.before_fence_wait = std::move(before_fence_wait);
     auto pool = HostPool::Create(o, std::make_unique<LruPolicy>());
     EXPECT_TRUE(pool.ok()) << pool.status();
     return pool.ok() ? *std::move(pool) : nullptr;
@@ -773,6 +776,14 @@ TEST_F(HostPoolTest, AFailedDemotionKeepsAChunkPinnedDuringItsWrite) {
 // A fence (a Delete's) waits for the write in flight and hands out no write of the
 // chunk until it is lifted; the chunks held back are written after.
 TEST_F(HostPoolTest, AFenceHoldsBackWritesOfItsChunkUntilLifted) {
+  // Notified by the deleter below when its Fence is about to wait for the write in
+  // flight (the sync point) or, had it not waited, when Fence returned: whichever is
+  // first. Both happen on the deleter's thread, one after the other.
+  absl::Notification fence_waits_or_returned;
+  const auto fence_waits_or_returned_now = [&] {
+    if (!fence_waits_or_returned.HasBeenNotified()) fence_waits_or_returned.Notify();
+  };
+  pool_ = MakePool(0.5, kSlots, [&](const ChunkId&) { fence_waits_or_returned_now(); });
   Put(Id(1), kChunk, /*dirty=*/true);
   Put(Id(2, 2), kChunk, /*dirty=*/true);
   pool_->Fence(Id(1));  // No write in flight: at once.
@@ -793,9 +804,11 @@ TEST_F(HostPoolTest, AFenceHoldsBackWritesOfItsChunkUntilLifted) {
   std::thread deleter([&] {
     pool_->Fence(Id(1));
     fenced.Notify();
+    fence_waits_or_returned_now();
   });
-  EXPECT_FALSE(fenced.WaitForNotificationWithTimeout(absl::Milliseconds(50)))
-      << "a fence while the write is in flight";
+  fence_waits_or_returned.WaitForNotification();
+  // Only this thread can end the write, so a Fence that waits for it is still waiting.
+  EXPECT_FALSE(fenced.HasBeenNotified()) << "a fence returned while the write was in flight";
   d->data.reset();
   EXPECT_EQ(pool_->FinishFlush(*d, /*written=*/true), HostPool::FlushEnd::kFinished);
   fenced.WaitForNotification();
