@@ -403,8 +403,17 @@ absl::Status Session::SendChunk(uint32_t j, const ChunkView& view, bool* aborted
   for (uint64_t off = 0; off < size;) {
     const uint64_t n = std::min(frame_bytes_, size - off);
     auto stop = [&] { return Cancelled() || overtaken() || runner_->shutting_down(); };
-    if ((session_limit_ && !session_limit_->Acquire(n, stop)) ||
-        !runner_->bandwidth_limit().Acquire(n, stop) || overtaken()) {
+    // The session's own limit is its client's choice: a wait on it is a wait on the
+    // client, so the stall reaper ends a session paced slower than a frame per
+    // client_idle_timeout (at 1 byte/s one frame once took weeks, and the session held
+    // its place, three threads and its prefetched chunks for all of them).
+    bool paced = true;
+    if (session_limit_) {
+      stall_.WaitingOnClient(true);
+      paced = session_limit_->Acquire(n, stop);
+      stall_.WaitingOnClient(false);
+    }
+    if (!paced || !runner_->bandwidth_limit().Acquire(n, stop) || overtaken()) {
       if (Cancelled()) return absl::CancelledError("client went away");
       *aborted = true;
       return absl::OkStatus();

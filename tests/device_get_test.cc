@@ -429,7 +429,13 @@ TEST_F(DeviceGetTest, PrefillStagesTheChunksItStreamsFirst) {
   ASSERT_TRUE(reg.ok()) << reg.status();
   grpc::ClientContext ctx;
   auto stream = stub_->Prefill(&ctx);
-  ASSERT_TRUE(stream->Write(AllStreamedOpen(4, *reg)));
+  v1::PrefillClientMessage open = AllStreamedOpen(4, *reg);
+  // Paced to a standstill, so that no delivery is queued: only the staging copies are
+  // when the test runs them. (Under load the session's first deliveries were queued
+  // too, and the staging each asks for evicted chunk 3 for chunk 1.)
+  open.mutable_open()->set_max_bytes_per_second(1);
+  open.mutable_open()->mutable_compute_estimate()->set_a_seconds(1e8);
+  ASSERT_TRUE(stream->Write(open));
   v1::PrefillServerMessage msg;
   ASSERT_TRUE(stream->Read(&msg));
   ASSERT_TRUE(msg.has_plan());

@@ -84,6 +84,11 @@ class PrefillTest : public ::testing::Test {
     return stream;
   }
 
+  double SessionsOpen() {
+    auto m = testing::HttpGet(daemon_->metrics_port(), "/metrics");
+    return m.ok() ? testing::SeriesValue(m->body, "kvtier_prefill_sessions_open") : -1;
+  }
+
   static bool Progress(Stream* s, uint32_t computed) {
     v1::PrefillClientMessage m;
     m.mutable_progress()->set_computed(computed);
@@ -297,14 +302,44 @@ TEST_F(PrefillTest, ClientDisconnectMidChunkLeaksNothing) {
     ctx.TryCancel();
     s->Finish().IgnoreError();
   }
-  // The session notices, stops its threads and drops its chunk views.
-  for (int i = 0; i < 100 && used() != before; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  // The session notices, stops its threads and drops its chunk views: once it is gone,
+  // deleting the chunks frees all their slots (a view it still held would keep its
+  // chunk's; the chunks stay in RAM either way, so comparing before and after the
+  // session alone could not tell).
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (SessionsOpen() != 0 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(10));
+  ASSERT_EQ(SessionsOpen(), 0);
+  std::vector<ChunkKey> keys;
+  for (uint32_t i = 0; i < kCached; ++i) keys.push_back(KeyOf(i));
+  ASSERT_TRUE(client_->Delete(ns_, keys).ok());
+  EXPECT_EQ(used(), before - kCached * kChunk);
+  for (uint32_t i = 0; i < kCached; ++i) {  // The chunks again, for the contract check.
+    const std::string data = PatternBytes(i, kChunk);
+    ChunkToPut c{KeyOf(i), data, 256};
+    ASSERT_TRUE(client_->Put(ns_, {&c, 1}).ok());
   }
-  EXPECT_EQ(used(), before);
   grpc::ClientContext ctx;
   auto s = Open(&ctx, 0);
   ExpectContract(Drain(s.get()));
+}
+
+// A session paced by its own max_bytes_per_second waits on its client's choice: past
+// client_idle_timeout on one frame it is reaped like a client that stopped reading. At
+// 1 byte/s it once ran for weeks, holding its place, threads and prefetched chunks.
+TEST_F(PrefillTest, ASessionPacedSlowerThanTheIdleTimeoutIsReaped) {
+  Start({"--client-idle-timeout=1s"});
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  // Compute costs far more than streaming even at 1 byte/s: the plan streams.
+  auto s = Open(&ctx, /*bytes_per_second=*/1, std::make_pair(1e8, 0.0));
+  const Seen seen = Drain(s.get());
+  EXPECT_EQ(seen.status.error_code(), grpc::StatusCode::CANCELLED)
+      << seen.status.error_message() << " done: " << (seen.done ? seen.done->DebugString() : "-")
+      << " plan: " << seen.plan.DebugString() << " whole: " << seen.whole.size();
+  EXPECT_TRUE(seen.whole.empty());
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (SessionsOpen() != 0 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(10));
+  EXPECT_EQ(SessionsOpen(), 0);
 }
 
 // Each session holds one of gRPC's handler threads (max_rpc_threads) while it runs.
