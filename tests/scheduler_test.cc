@@ -2,10 +2,14 @@
 // the token bucket and the fair gate.
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <thread>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "gtest/gtest.h"
 #include "scheduler/bandwidth_estimator.h"
 #include "scheduler/cake_planner.h"
@@ -250,7 +254,8 @@ TEST(TokenBucketTest, SessionsSharingABucketAlternate) {
   EXPECT_LE(worst, 2);
 }
 
-TEST(FairGateTest, BoundsHoldersAndAdmitsInOrder) {
+// Many callers at once: never more than `capacity` inside.
+TEST(FairGateTest, BoundsHoldersUnderContention) {
   FairGate gate(2);
   std::atomic<int> inside{0}, peak{0};
   std::vector<std::thread> threads;
@@ -262,14 +267,81 @@ TEST(FairGateTest, BoundsHoldersAndAdmitsInOrder) {
         int p = peak.load();
         while (now > p && !peak.compare_exchange_weak(p, now)) {
         }
-        std::this_thread::sleep_for(std::chrono::microseconds(200));
         --inside;
         gate.Leave();
       }
     });
   }
   for (auto& t : threads) t.join();
-  EXPECT_EQ(peak.load(), 2);
+  EXPECT_GE(peak.load(), 1);
+  EXPECT_LE(peak.load(), 2);
+}
+
+// Polls `cond` until it holds, for up to 30 s: for a state another thread reaches.
+bool PollUntil(const std::function<bool()>& cond) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (!cond()) {
+    if (absl::Now() > deadline) return false;
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  return true;
+}
+
+// With both places held, two callers that arrive one after the other wait; a place
+// freed goes to the first to arrive, and TryEnter never takes a place ahead of them.
+TEST(FairGateTest, AdmitsWaitersInArrivalOrderAndTryEnterDoesNotJumpTheLine) {
+  FairGate gate(2);
+  EXPECT_TRUE(gate.TryEnter());  // A place free, nobody waiting: at once.
+  gate.Enter();
+  EXPECT_FALSE(gate.TryEnter());  // Both places held.
+
+  absl::Mutex mu;
+  std::vector<int> entered;  // Waiters, in the order they got in.
+  absl::Notification go_out;
+  const auto waiter = [&](int id) {
+    gate.Enter();
+    {
+      absl::MutexLock lock(&mu);
+      entered.push_back(id);
+    }
+    go_out.WaitForNotification();  // Holds its place until the test is done.
+    gate.Leave();
+  };
+  const auto entered_now = [&] {
+    absl::MutexLock lock(&mu);
+    return entered;
+  };
+  std::thread first(waiter, 1);
+  ASSERT_TRUE(PollUntil([&] { return gate.waiting() == 1; })) << "the first never waited";
+  std::thread second(waiter, 2);
+  ASSERT_TRUE(PollUntil([&] { return gate.waiting() == 2; })) << "the second never waited";
+  EXPECT_TRUE(entered_now().empty()) << "entered with both places held";
+  EXPECT_FALSE(gate.TryEnter());  // Full, and two waiting.
+
+  gate.Leave();  // One place: the first to arrive's.
+  // Whether or not the first has taken it yet, it is not TryEnter's.
+  EXPECT_FALSE(gate.TryEnter()) << "took the place freed for the first waiter";
+  EXPECT_TRUE(PollUntil([&] { return !entered_now().empty(); })) << "nobody got the place";
+  EXPECT_EQ(entered_now(), std::vector<int>{1}) << "the place went to a later arrival";
+  // The second still waits: both places are held again (the first's and one here).
+  EXPECT_EQ(gate.waiting(), 1u);
+  EXPECT_FALSE(gate.TryEnter());
+
+  gate.Leave();  // Now the second's turn.
+  EXPECT_TRUE(PollUntil([&] { return entered_now().size() == 2; })) << "the second never got in";
+  EXPECT_EQ(entered_now(), (std::vector<int>{1, 2}));
+  EXPECT_EQ(gate.waiting(), 0u);
+  EXPECT_FALSE(gate.TryEnter());  // The two waiters hold both places.
+
+  go_out.Notify();
+  first.join();
+  second.join();
+  // Nobody inside, nobody waiting: TryEnter takes both places, and no third.
+  EXPECT_TRUE(gate.TryEnter());
+  EXPECT_TRUE(gate.TryEnter());
+  EXPECT_FALSE(gate.TryEnter());
+  gate.Leave();
+  gate.Leave();
 }
 
 TEST(PrefillEstimatorsTest, ConnectionsAreBoundedAndPriorMoves) {
