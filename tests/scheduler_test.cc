@@ -4,6 +4,7 @@
 #include <chrono>
 #include <functional>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
@@ -229,29 +230,109 @@ TEST(TokenBucketTest, CancelledWaitReturnsFalseAndHandsItsReservationBack) {
   EXPECT_NEAR(pacing.ElapsedMs(), 995.0, 1e-3);
 }
 
-// On the real clock: each reservation's 20 ms wait is what lets the other session,
-// started at the same time, reserve before this one reserves again.
+// A pacing clock the test steps, for sessions on several threads: a sleep waits until
+// the test moves the clock on by 1 ms, and the test moves it only once every session
+// is asleep (waiting for its reservation) or finished. So which session reserves when
+// is set by the fake clock, not by how the threads happen to run.
+class SteppedPacing {
+ public:
+  PacingClock Clock() {
+    return {clock_.AsFunction(), [this](absl::Duration d) {
+              absl::MutexLock lock(&mu_);
+              if (free_running_) {
+                clock_.Advance(d);
+                return;
+              }
+              const uint64_t step = step_;
+              ++asleep_;
+              const auto stepped = [this, step]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+                return step_ != step || free_running_;
+              };
+              mu_.Await(absl::Condition(&stepped));
+            }};
+  }
+  absl::Time Now() const { return clock_.Now(); }
+  // Before a session's thread starts, and as its last act.
+  void SessionStarts() {
+    absl::MutexLock lock(&mu_);
+    ++running_;
+  }
+  void SessionEnds() {
+    absl::MutexLock lock(&mu_);
+    --running_;
+  }
+  int running() const {
+    absl::MutexLock lock(&mu_);
+    return running_;
+  }
+  // Waits (bounded) until every running session is asleep on this step.
+  bool WaitUntilAllAsleep() {
+    absl::MutexLock lock(&mu_);
+    const auto all = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return asleep_ == running_;
+    };
+    return mu_.AwaitWithTimeout(absl::Condition(&all), absl::Seconds(30));
+  }
+  void Step() {
+    absl::MutexLock lock(&mu_);
+    clock_.Advance(absl::Milliseconds(1));
+    ++step_;
+    asleep_ = 0;
+  }
+  // Lets sleeps advance the clock themselves, so sessions finish whatever happened.
+  void RunFree() {
+    absl::MutexLock lock(&mu_);
+    free_running_ = true;
+  }
+
+ private:
+  testing::FakeClock clock_;
+  mutable absl::Mutex mu_;
+  uint64_t step_ ABSL_GUARDED_BY(mu_) = 0;
+  int asleep_ ABSL_GUARDED_BY(mu_) = 0;  // Sessions asleep since the last step.
+  int running_ ABSL_GUARDED_BY(mu_) = 0;
+  bool free_running_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+// Reservations are granted in call order, so two sessions sharing a bucket, each with
+// one reservation outstanding, alternate frame by frame. Session 0 sends its first
+// frame (on the burst credit) and reserves its second; only then does session 1 start
+// and reserve its first, behind it. From there each reserves again when its frame's
+// turn comes, behind the other's reservation: 20 ms apart at 50 MiB/s for 1 MiB.
 TEST(TokenBucketTest, SessionsSharingABucketAlternate) {
-  TokenBucket bucket(50.0 * (1 << 20));
+  SteppedPacing pacing;
+  const absl::Time t0 = pacing.Now();
+  TokenBucket bucket(50.0 * (1 << 20), absl::Milliseconds(5), pacing.Clock());
   absl::Mutex mu;
-  std::vector<int> order;
+  std::vector<std::pair<int, int64_t>> sent;  // (session, ms after t0), in order.
   auto session = [&](int id) {
     for (int i = 0; i < 6; ++i) {
-      bucket.Acquire(1 << 20, [] { return false; });
+      EXPECT_TRUE(bucket.Acquire(1 << 20, [] { return false; }));
       absl::MutexLock lock(&mu);
-      order.push_back(id);
+      sent.emplace_back(id, absl::ToInt64Milliseconds(pacing.Now() - t0));
     }
+    pacing.SessionEnds();
   };
-  std::thread a(session, 0), b(session, 1);
+  pacing.SessionStarts();
+  std::thread a(session, 0);
+  EXPECT_TRUE(pacing.WaitUntilAllAsleep());  // 0 sent one frame, waits for its second.
+  pacing.SessionStarts();
+  std::thread b(session, 1);
+  EXPECT_TRUE(pacing.WaitUntilAllAsleep());  // 1 reserved behind 0's second, waits.
+  for (int step = 0; step < 1000 && pacing.running() > 0; ++step) {
+    pacing.Step();
+    if (!pacing.WaitUntilAllAsleep()) {
+      ADD_FAILURE() << "a session neither slept nor finished after step " << step;
+      break;
+    }
+  }
+  pacing.RunFree();  // Lets the sessions end if the steps did not.
   a.join();
   b.join();
-  // Neither session runs more than two frames ahead of the other.
-  int lead = 0, worst = 0;
-  for (int id : order) {
-    lead += id == 0 ? 1 : -1;
-    worst = std::max(worst, std::abs(lead));
-  }
-  EXPECT_LE(worst, 2);
+  const std::vector<std::pair<int, int64_t>> expected = {
+      {0, 0},   {0, 15},  {1, 35},  {0, 55},  {1, 75},  {0, 95},
+      {1, 115}, {0, 135}, {1, 155}, {0, 175}, {1, 195}, {1, 215}};
+  EXPECT_EQ(sent, expected);
 }
 
 // Many callers at once: never more than `capacity` inside.
