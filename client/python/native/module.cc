@@ -47,7 +47,11 @@ PYBIND11_MODULE(_native, m) {
   py::class_<PyCanceller>(m, "Canceller")
       .def(py::init<>())
       .def("cancel", &PyCanceller::Cancel)
-      .def_property_readonly("cancelled", &PyCanceller::cancelled);
+      .def_property_readonly("cancelled", &PyCanceller::cancelled)
+      // Tests only (a sync point): whether a call with this canceller is waiting now on
+      // an RPC or region request that cancel() would end, so a test cancels it mid-wait.
+      .def_property_readonly("watching",
+                             [](PyCanceller& c) { return c.cancellation()->watching(); });
 
   // Memory shared with a same-host daemon: a writable buffer (memoryview, numpy.frombuffer,
   // torch.frombuffer) that puts and gets move through with one copy, the daemon's.

@@ -1,6 +1,8 @@
 """kvtier.aio against a real daemon, including a task cancelled mid-get."""
 
 import asyncio
+import os
+import signal
 
 import numpy as np
 import pytest
@@ -8,7 +10,8 @@ import pytest
 import kvtier
 import kvtier.aio
 from conftest import small_layout
-from test_client import keys_of, payloads
+from kvtier.testing import Daemon
+from test_client import keys_of, payloads, stop_daemon, until_in_flight
 
 
 def run(coro):
@@ -44,26 +47,43 @@ def test_every_call_as_a_coroutine(daemon):
     run(main())
 
 
-def test_cancelled_task_mid_get_lets_go_of_the_buffer(daemon):
+def test_cancelled_task_mid_get_lets_go_of_the_buffer(tmp_path):
+    """A task cancelled while its get waits on the daemon (stopped here, so the get
+    cannot finish by itself) ends with CancelledError at once, and afterwards nothing
+    writes into its buffer, even once the daemon goes on."""
     big = small_layout(model_id="pytest-aio-big", num_layers=8, num_kv_heads=8, head_dim=128,
                        tokens_per_chunk=256, dtype="bfloat16")  # 8 MiB chunks.
+    d = Daemon(str(tmp_path), args=["--ram-capacity=256MiB", "--write-mode=ram-only"])
 
     async def main():
-        async with kvtier.aio.Client(daemon.target, max_frame_bytes=256 << 10) as c:
+        # No deadline: only the cancellation can end the get while the daemon is stopped.
+        async with kvtier.aio.Client(d.target, max_frame_bytes=256 << 10,
+                                     rpc_deadline=0) as c:
             ns = (await c.register_layout(big)).namespace_id
             keys = keys_of(ns, 8, big, seed=41)
             src = np.arange(big.chunk_bytes, dtype=np.uint8)
             await c.put(ns, keys, [src] * 8)
             out = np.zeros(8 * big.chunk_bytes, np.uint8)
-            task = asyncio.ensure_future(c.get_into(ns, keys, out))
-            await asyncio.sleep(0)  # Let it start on the executor.
-            task.cancel()
-            with pytest.raises(asyncio.CancelledError):
-                await task
-            # The native call has ended: the buffer is no longer written. Take a snapshot
-            # and check it stays the same while the client goes on serving.
-            snapshot = out.copy()
+            stop_daemon(d.proc.pid)
+            try:
+                task = asyncio.ensure_future(c.get_into(ns, keys, out))
+                await until_in_flight(c, task)  # The native get waits on the daemon.
+                task.cancel()
+                # Not wait_for: it would wait for a task that ignored the cancel for ever.
+                done, _ = await asyncio.wait({task}, timeout=120)
+                assert task in done, "the cancelled get did not end while the daemon was stopped"
+                with pytest.raises(asyncio.CancelledError):
+                    task.result()
+                # The native call has ended: the buffer is no longer written. Take a
+                # snapshot and check it stays the same once the daemon goes on and the
+                # client goes on serving.
+                snapshot = out.copy()
+            finally:
+                os.kill(d.proc.pid, signal.SIGCONT)
             r = await c.get_into(ns, keys[:1], np.zeros(big.chunk_bytes, np.uint8))
             assert r.found == [True]
             assert np.array_equal(out, snapshot)
-    run(main())
+    try:
+        run(main())
+    finally:
+        d.close()

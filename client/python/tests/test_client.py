@@ -762,6 +762,31 @@ def _all_threads_stopped(pid):
     return True
 
 
+def stop_daemon(pid):
+    """SIGSTOPs the daemon `pid` and polls (bounded) until every thread of it is stopped."""
+    import signal
+    import time
+    os.kill(pid, signal.SIGSTOP)
+    for _ in range(6000):
+        if _all_threads_stopped(pid):
+            return
+        time.sleep(0.01)  # Polls a condition.
+    pytest.fail(f"daemon {pid} did not stop")
+
+
+async def until_in_flight(ac, task):
+    """Polls (bounded) until a transfer of the kvtier.aio client `ac` is in flight: its
+    native call waits on an RPC its canceller would end (Canceller.watching), not merely
+    queued for the executor. Fails if `task` ends first."""
+    import asyncio
+    for _ in range(6000):
+        if any(canceller.watching for canceller in list(ac._transfers)):
+            return
+        assert not task.done(), f"the transfer ended before it was seen in flight: {task}"
+        await asyncio.sleep(0.01)  # Polls a condition.
+    pytest.fail("no transfer of the client was seen in flight")
+
+
 def test_cancel_and_close_end_loads_waiting_on_a_stopped_daemon(tmp_path, layout):
     """LoadHandle.cancel(), Client.close() and cancelling an aio task end a load that
     waits on a daemon that does not answer (stopped here) at once, with CancelledError;
@@ -778,6 +803,11 @@ def test_cancel_and_close_end_loads_waiting_on_a_stopped_daemon(tmp_path, layout
         c.put(ns, keys, payloads(layout, 2, seed=47))
         out = [bytearray(layout.chunk_bytes) for _ in keys]
         assert c.get_into(ns, keys, out).prefix_found == 2
+        # Connected before the daemon stops: a client that still had to connect would see
+        # its get end by itself (the HTTP/2 handshake times out after 20 s), which would
+        # hide a cancel that did nothing.
+        connected = kvtier.aio.Client(d.target, rpc_deadline=0)
+        assert connected.sync.lookup(ns, keys).prefix_hits == 2
         os.kill(d.proc.pid, signal.SIGSTOP)
         for _ in range(2000):
             if _all_threads_stopped(d.proc.pid):
@@ -795,13 +825,17 @@ def test_cancel_and_close_end_loads_waiting_on_a_stopped_daemon(tmp_path, layout
 
             async def cancelled_task():
                 import asyncio
-                async with kvtier.aio.Client(d.target, rpc_deadline=0) as ac:
+                async with connected as ac:
                     task = asyncio.ensure_future(
                         ac.get_into(ns, keys, [bytearray(layout.chunk_bytes) for _ in keys]))
-                    await asyncio.sleep(0)
+                    await until_in_flight(ac, task)  # Waiting on the stopped daemon.
                     task.cancel()
+                    # Not wait_for: it would wait for a task that ignored the cancel for
+                    # ever (this client's close() then ends the get).
+                    done, _ = await asyncio.wait({task}, timeout=120)
+                    assert task in done, "the cancelled task did not end"
                     with pytest.raises(asyncio.CancelledError):
-                        await asyncio.wait_for(task, 120)
+                        task.result()
 
             async def closed_client():
                 # close() cancels the transfers in flight and waits off the loop: it once
