@@ -624,33 +624,53 @@ TEST_F(DaemonTest, KillNineMidBatchShowsNothingTornInEitherMode) {
     std::atomic<bool> stop{false};
     std::mutex mu;
     std::vector<uint64_t> acked_ids, begun_ids;
+    std::atomic<int> writers_ended{0};
+    std::string writer_error;  // Guarded by mu: the first writer's reason to stop.
     std::vector<std::thread> writers;
     for (int w = 0; w < 3; ++w) {
       writers.emplace_back([&, w] {
-        auto c = KvTierClient::Connect(daemon_->target());
-        if (!c.ok()) return;
-        for (uint64_t i = w * 100000; !stop.load(); i += kBatch) {
-          std::vector<std::string> data;
-          std::vector<ChunkToPut> batch;
-          {
+        const absl::Status ended = [&]() -> absl::Status {
+          auto c = KvTierClient::Connect(daemon_->target());
+          if (!c.ok()) return c.status();
+          for (uint64_t i = w * 100000; !stop.load(); i += kBatch) {
+            std::vector<std::string> data;
+            std::vector<ChunkToPut> batch;
+            {
+              std::lock_guard<std::mutex> lock(mu);
+              for (int j = 0; j < kBatch; ++j) begun_ids.push_back(i + j);
+            }
+            for (int j = 0; j < kBatch; ++j) data.push_back(PatternBytes(i + j, kChunkBytes));
+            for (int j = 0; j < kBatch; ++j) {
+              batch.push_back(ChunkToPut{KeyOf(i + j), data[j], 256});
+            }
+            auto put = (*c)->Put(ns, batch);
+            if (!put.ok()) return put.status();  // The daemon died mid-batch.
             std::lock_guard<std::mutex> lock(mu);
-            for (int j = 0; j < kBatch; ++j) begun_ids.push_back(i + j);
+            for (int j = 0; j < kBatch; ++j) acked_ids.push_back(i + j);
+            acked.fetch_add(kBatch);
           }
-          for (int j = 0; j < kBatch; ++j) data.push_back(PatternBytes(i + j, kChunkBytes));
-          for (int j = 0; j < kBatch; ++j) batch.push_back(ChunkToPut{KeyOf(i + j), data[j], 256});
-          if (!(*c)->Put(ns, batch).ok()) return;  // The daemon died mid-batch.
-          std::lock_guard<std::mutex> lock(mu);
-          for (int j = 0; j < kBatch; ++j) acked_ids.push_back(i + j);
-          acked.fetch_add(kBatch);
-        }
+          return absl::OkStatus();
+        }();
+        std::lock_guard<std::mutex> lock(mu);
+        if (!ended.ok() && writer_error.empty()) writer_error = ended.ToString();
+        ++writers_ended;
       });
     }
     // Well past the pool (16 chunks): eviction and write-back are busy when it dies.
-    while (acked.load() < 48) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    // Bounded, and writers that all stopped early (a refused Put) end the wait at once.
+    testing::Eventually([&] { return acked.load() >= 48 || writers_ended.load() == 3; });
+    const uint64_t acked_before_kill = acked.load();
+    std::string why_short;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      why_short = writer_error.empty() ? "the writers were still at it after 30 s" : writer_error;
+    }
     daemon_->Kill();
     stop = true;
     for (auto& t : writers) t.join();
     daemon_.reset();
+    ASSERT_GE(acked_before_kill, 48u)
+        << "only " << acked_before_kill << " chunks acknowledged before the kill: " << why_short;
 
     StartDaemon(args);
     std::vector<ChunkKey> keys;
@@ -914,13 +934,11 @@ TEST_F(DaemonTest, SigtermFinishesInFlightPutsAndFlushes) {
   ASSERT_TRUE(writer->Write(frame(1 << 20, false)));
 
   kill(daemon_->pid(), SIGTERM);
-  bool not_serving = false;
-  for (int i = 0; i < 200 && !not_serving; ++i) {
+  // Polled (testing::Eventually: up to 30 s) for the daemon's own shutdown to begin.
+  EXPECT_TRUE(testing::Eventually([&] {
     auto h = testing::HttpGet(daemon_->metrics_port(), "/healthz");
-    not_serving = h.ok() && h->status == 503;
-    if (!not_serving) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  EXPECT_TRUE(not_serving) << "/healthz never reported 503 during shutdown";
+    return h.ok() && h->status == 503;
+  })) << "/healthz never reported 503 during shutdown";
   EXPECT_NE(check(), grpc::health::v1::HealthCheckResponse::SERVING);
   EXPECT_NE(check("kvtier.v1.KvCache"), grpc::health::v1::HealthCheckResponse::SERVING);
 
