@@ -308,7 +308,13 @@ void Session::PrefetchLoop() {
     }
     absl::StatusOr<ChunkView> view;
     if (store_->Locate(ids_[j]) == Tier::kSsd) {
-      runner_->ssd_gate().Enter();
+      // In line behind other sessions' reads: a session that ends meanwhile leaves it.
+      if (!runner_->ssd_gate().EnterUnless([this] {
+            absl::MutexLock lock(&mu_);
+            return stop_prefetch_;
+          })) {
+        return;
+      }
       const auto start = Clock::now();
       view = ReadForStream(ids_[j]);
       const double took = SecondsSince(start);

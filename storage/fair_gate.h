@@ -9,7 +9,10 @@
 #include <cstdint>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/functional/function_ref.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 
 namespace kvtier {
 
@@ -19,6 +22,12 @@ class FairGate {
  public:
   explicit FairGate(int capacity) : capacity_(capacity) {}
   void Enter();
+  // Enter, unless `cancelled()` (checked every `poll` while waiting, without this
+  // object's lock) says to give up first: then it leaves the line, its place in it goes
+  // to the next, and it returns false. A caller whose work was called off (a Prefill
+  // session that ended) does not wait behind every queued read for a read nobody needs.
+  bool EnterUnless(absl::FunctionRef<bool()> cancelled,
+                   absl::Duration poll = absl::Milliseconds(10));
   // Enter, only if that needs no wait (a place free and nobody waiting for one).
   bool TryEnter();
   void Leave();
@@ -31,6 +40,9 @@ class FairGate {
   uint64_t next_ticket_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t serving_ ABSL_GUARDED_BY(mu_) = 0;  // Tickets below this may enter.
   int inside_ ABSL_GUARDED_BY(mu_) = 0;
+  // Tickets whose holders gave up waiting (EnterUnless): skipped when their turn comes.
+  absl::flat_hash_set<uint64_t> abandoned_ ABSL_GUARDED_BY(mu_);
+  void SkipAbandonedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 };
 
 }  // namespace kvtier

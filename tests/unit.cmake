@@ -6,6 +6,7 @@ kvtier_test(chunk_key_test LIBS kvtier_chunk_key protobuf::libprotobuf)
 target_compile_definitions(chunk_key_test PRIVATE
   KVTIER_VECTORS_FILE="${CMAKE_SOURCE_DIR}/tests/vectors/chunk_keys.json")
 kvtier_test(async_gate_test LIBS kvtier_storage)
+kvtier_test(fair_gate_test LIBS kvtier_storage)
 kvtier_test(crc32c_test LIBS kvtier_storage)
 kvtier_test(parallel_copy_test LIBS kvtier_storage)
 kvtier_test(lru_policy_test LIBS kvtier_storage)
