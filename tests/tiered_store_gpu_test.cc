@@ -95,6 +95,13 @@ class TieredStoreGpuTest : public ::testing::Test {
     return result;
   }
 
+  // Flips a byte of the pool's copy of chunk n behind the store's back.
+  void FlipPoolByte(uint64_t n) {
+    std::optional<ChunkView> view = store_->HoldInRam(Id(n));
+    ASSERT_TRUE(view.has_value());
+    view->ForEachPiece(4096, 1, [](absl::string_view p) { const_cast<char*>(p.data())[0] ^= 1; });
+  }
+
   // Staging runs on the device's thread; waits for it to finish.
   void Stage(uint64_t n) {
     store_->StageAsync(Id(n));
@@ -421,11 +428,7 @@ TEST(TieredStoreGpuLargeChunkTest, CorruptBytesInAnyPartOfALargeChunkAreDataLoss
 TEST_F(TieredStoreGpuTest, CorruptPoolBytesAreDataLossNotDelivered) {
   Open();
   Put(3);
-  // Flip a byte of the pool's copy behind the store's back.
-  std::optional<ChunkView> view = store_->HoldInRam(Id(3));
-  ASSERT_TRUE(view.has_value());
-  view->ForEachPiece(4096, 1, [](absl::string_view p) { const_cast<char*>(p.data())[0] ^= 1; });
-  view.reset();
+  ASSERT_NO_FATAL_FAILURE(FlipPoolByte(3));
   const DevicePtr dst = WorkerBuffer(kChunk);
   absl::StatusOr<Tier> from = Deliver(3, {{0, kChunk, dst}});
   EXPECT_EQ(from.status().code(), absl::StatusCode::kDataLoss) << from.status();
@@ -446,10 +449,7 @@ TEST_F(TieredStoreGpuTest, CorruptPoolBytesAreDataLossNotDelivered) {
 TEST_F(TieredStoreGpuTest, CorruptPoolBytesAreNotStaged) {
   Open();
   Put(3);
-  std::optional<ChunkView> view = store_->HoldInRam(Id(3));
-  ASSERT_TRUE(view.has_value());
-  view->ForEachPiece(4096, 1, [](absl::string_view p) { const_cast<char*>(p.data())[0] ^= 1; });
-  view.reset();
+  ASSERT_NO_FATAL_FAILURE(FlipPoolByte(3));
   Stage(3);
   EXPECT_EQ(store_->GetStats().gpu.staging.chunks, 0u);
   EXPECT_EQ(store_->GetStats().gpu.staging.stage_failures, 1u);
