@@ -317,8 +317,16 @@ absl::StatusOr<SharedMemoryPlane*> KvTierClient::Plane() {
     // One resolution at a time, and none under mu_: its DataPlane call and socket
     // connect can take rpc_deadline, and every other use of mu_ (ItemSizes,
     // SharedBufferOf, the Python binding's InSharedMemory) once waited that long too.
-    mu_.Await(absl::Condition(
-        +[](bool* resolving) { return !*resolving; }, &plane_resolving_));
+    // A caller whose call is cancelled (CallCancellation) stops waiting for another's
+    // resolution: nothing of its own is in flight for Cancel() to end.
+    while (!mu_.AwaitWithTimeout(
+        absl::Condition(+[](bool* resolving) { return !*resolving; }, &plane_resolving_),
+        absl::Milliseconds(10))) {
+      if (CallCancellation::CurrentCancelled()) {
+        return absl::CancelledError(
+            "cancelled while another call was finding out how to reach the daemon");
+      }
+    }
     if (plane_resolved_ && plane_ != nullptr && !plane_->channel().broken() &&
         plane_->channel().PeerGone()) {
       // The daemon exited, or restarted on the same address: its successor knows none

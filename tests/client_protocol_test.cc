@@ -384,6 +384,40 @@ TEST_F(ClientProtocolTest, LayoutSizedCallsAnswerTheContractsCodes) {
   EXPECT_EQ(device.status().code(), absl::StatusCode::kInvalidArgument) << device.status();
 }
 
+// A call waiting for another call's data-plane resolution (a DataPlane call and a
+// socket connect, up to rpc_deadline on a daemon that does not answer) ends when it is
+// cancelled. It once waited out the other call, with nothing of its own for Cancel() to
+// end.
+TEST_F(ClientProtocolTest, ACancelledCallStopsWaitingForAnotherCallsDataPlane) {
+  absl::Notification held, release;
+  std::atomic<int> calls{0};
+  daemon_.on_data_plane = [&] {
+    if (calls.fetch_add(1) != 0) return;
+    held.Notify();
+    release.WaitForNotification();
+  };
+  auto client = KvTierClient::Connect(target_, ClientOptions());  // data_plane auto.
+  ASSERT_TRUE(client.ok()) << client.status();
+  std::thread resolver([&] { (*client)->data_path(); });
+  held.WaitForNotification();  // Resolving now: its DataPlane call is held.
+  CallCancellation cancel;
+  cancel.Cancel();
+  absl::Notification done;
+  absl::Status result;
+  std::thread waiter([&] {
+    CallCancellation::Scope scope(&cancel);
+    result = (*client)->AllocateShared(1 << 20).status();
+    done.Notify();
+  });
+  // A bound far below the resolution it would otherwise wait for (released below).
+  EXPECT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(10)))
+      << "the cancelled call waited for the other call's resolution";
+  release.Notify();
+  resolver.join();
+  waiter.join();
+  EXPECT_EQ(result.code(), absl::StatusCode::kCancelled) << result;
+}
+
 // A Put refused with a retry hint backs off before it tries again; Cancel() ends that
 // wait at once, as it ends an RPC. It once slept the whole back-off (here 20-30 s) and
 // only then saw the cancellation.
