@@ -232,6 +232,10 @@ std::vector<MetricFamily> StoreCollector::Collect() const {
     f.push_back(Family("kvtier_ssd_disk_bytes",
                        "Bytes in SSD payload files, dead bytes not yet reclaimed included", G,
                        {{{}, static_cast<double>(s.ssd.disk_bytes)}}));
+    f.push_back(Family("kvtier_ssd_limit_bytes",
+                       "The capacity the SSD tier keeps to: ssd_capacity, or less while the "
+                       "file system holding it has no room for that much",
+                       G, {{{}, static_cast<double>(s.ssd.limit_bytes)}}));
     f.push_back(Family("kvtier_ssd_written_bytes_total",
                        "Bytes written to SSD payload files (puts and garbage collection)", C,
                        {{{}, static_cast<double>(s.ssd.bytes_written)}}));

@@ -664,6 +664,23 @@ uint64_t PayloadLog::disk_bytes() const {
   return disk_bytes_;
 }
 
+absl::StatusOr<uint64_t> PayloadLog::Room() {
+  absl::MutexLock lock(&mu_);
+  struct statvfs fs {};
+  if (ops_->StatVfs(options_.dir, &fs) != 0) {
+    return IoError("checking free space on", options_.dir, errno);
+  }
+  const uint64_t free_bytes = static_cast<uint64_t>(fs.f_bavail) * fs.f_frsize;
+  // disk_bytes_ counts the reservations of writes in flight already.
+  const uint64_t room = disk_bytes_ + (free_bytes > writing_bytes_ ? free_bytes - writing_bytes_ : 0);
+  return room > options_.min_free_bytes ? room - options_.min_free_bytes : 0;
+}
+
+bool PayloadLog::Full(uint64_t footprint) {
+  absl::MutexLock lock(&mu_);
+  return absl::IsResourceExhausted(CheckFreeSpaceLocked(footprint));
+}
+
 PayloadLogStats PayloadLog::GetStats() const {
   absl::MutexLock lock(&mu_);
   return PayloadLogStats{files_.size(), disk_bytes_, live_bytes_, bytes_written_, direct_io_};

@@ -181,6 +181,13 @@ class PayloadLog {
   uint64_t piece_bytes() const { return options_.piece_bytes; }
   uint64_t io_bytes() const { return options_.io_bytes; }
   uint64_t disk_bytes() const;
+  // The bytes the payload files could take on their file system: those they take now,
+  // plus its free space less what writes in flight will take and min_free_bytes.
+  // Returns: Ok, Unavailable (statvfs failed).
+  absl::StatusOr<uint64_t> Room();
+  // Whether a payload of `footprint` bytes would be refused now for want of free space
+  // (see min_free_bytes).
+  bool Full(uint64_t footprint);
   PayloadLogStats GetStats() const;
   static std::string FileName(uint32_t file);
 

@@ -225,8 +225,8 @@ absl::StatusOr<std::unique_ptr<SsdTier>> SsdTier::OpenOnce(SsdTierOptions option
   std::unique_ptr<SsdTier> tier(new SsdTier(std::move(options), std::move(env),
                                             std::move(index_db), *std::move(log)));
   if (absl::Status r = tier->RebuildIndex(old_format_rows); !r.ok()) return r;
-  // A capacity the disk cannot hold is an operator's mistake worth a line: puts to the
-  // SSD would start failing "disk full" before the tier ever evicts.
+  // A capacity the disk cannot hold is an operator's mistake worth a line; the tier
+  // keeps to what fits from the start, rather than find out when a put fails.
   if (struct statvfs fs {}; statvfs(tier->options_.path.c_str(), &fs) == 0) {
     const uint64_t room = static_cast<uint64_t>(fs.f_bavail) * fs.f_frsize +
                           tier->log_->GetStats().disk_bytes;
@@ -236,9 +236,10 @@ absl::StatusOr<std::unique_ptr<SsdTier>> SsdTier::OpenOnce(SsdTierOptions option
                  " MiB, but the file system holding ", o.path, " has room for ", room >> 20,
                  " MiB; the payload files take up to ssd_capacity x 17/16 plus one ",
                  o.FileBytes() >> 20, " MiB file being filled, and ", o.MinFreeBytes() >> 20,
-                 " MiB must stay free for the index: puts to SSD will fail 'disk full' "
-                 "before the tier fills; lower ssd_capacity to at most ",
+                 " MiB must stay free for the index: the tier will hold only what fits and "
+                 "evict to stay there; lower ssd_capacity to at most ",
                  o.LargestCapacityFor(room) >> 20, " MiB");
+      tier->SetLimit(tier->DiskFit());
     }
   }
   return tier;
@@ -251,7 +252,9 @@ SsdTier::SsdTier(SsdTierOptions options, std::unique_ptr<rocksdb::Env> env,
       db_(std::move(db)),
       log_(std::move(log)),
       policy_(MakeEvictionPolicy(options_.eviction)),
-      readers_(std::make_unique<IoPool>(options_.read_threads)) {}
+      readers_(std::make_unique<IoPool>(options_.read_threads)) {
+  limit_bytes_ = options_.capacity_bytes;
+}
 
 SsdTier::~SsdTier() {
   readers_.reset();  // No read may run past the database.
@@ -401,8 +404,37 @@ absl::Status SsdTier::MapWriteError(const rocksdb::Status& s, absl::string_view 
   return Unavailable(what, s);
 }
 
+uint64_t SsdTier::DiskFit() {
+  absl::StatusOr<uint64_t> room = log_->Room();
+  if (!room.ok()) return options_.capacity_bytes;
+  return std::min(options_.capacity_bytes,
+                  options_.LargestCapacityFor(*room + options_.MinFreeBytes()));
+}
+
+void SsdTier::SetLimit(uint64_t bytes) {
+  uint64_t was;
+  {
+    absl::MutexLock lock(&mu_);
+    was = limit_bytes_;
+    limit_bytes_ = bytes;
+  }
+  if (was == options_.capacity_bytes && bytes < was) {
+    LogWarning("SSD tier: the file system holding ", options_.path,
+               " is full: the tier now keeps to ", bytes >> 20, " MiB of its ",
+               options_.capacity_bytes >> 20,
+               " MiB ssd_capacity, evicting to stay there, until space comes back");
+  } else if (was < options_.capacity_bytes && bytes == options_.capacity_bytes) {
+    LogInfo("SSD tier: the file system holding ", options_.path,
+            " has room for the whole ssd_capacity again");
+  }
+}
+
 void SsdTier::MakeRoom(uint64_t incoming) {
-  const uint64_t limit = options_.capacity_bytes + options_.capacity_bytes / 16;
+  uint64_t limit;
+  {
+    absl::MutexLock lock(&mu_);
+    limit = limit_bytes_ + limit_bytes_ / 16;
+  }
   if (log_->disk_bytes() + incoming <= limit) return;
   absl::MutexLock gc(&gc_mu_);
   log_->RetryDeletes();
@@ -475,6 +507,42 @@ void SsdTier::Relocate(uint32_t file) {
 
 absl::Status SsdTier::Put(const ChunkId& id, const ChunkMeta& meta,
                           absl::Span<const absl::string_view> parts) {
+  bool limited;
+  {
+    absl::MutexLock lock(&mu_);
+    limited = limit_bytes_ < options_.capacity_bytes;
+  }
+  if (limited) SetLimit(DiskFit());  // Room may have come back, or gone.
+  absl::Status s = PutOnce(id, meta, parts);
+  // The file system filled before the tier did (a capacity larger than the disk, or
+  // someone else's files). A cache yields rather than refuse every put until an
+  // operator acts: the tier keeps to what fits, and below what it holds now, so that
+  // each retry evicts (in the policy's order) until a file's worth is dead and goes.
+  // Later puts keep the limit up to date until the disk has room for the whole
+  // capacity again.
+  const uint64_t footprint = PayloadExtent{0, 0, meta.size}.footprint();
+  uint64_t last_held = UINT64_MAX;
+  while (absl::IsResourceExhausted(s)) {
+    // Not for want of free space (a write that failed ENOSPC all the same): nothing
+    // eviction can cure. Nor is a chunk an emptied tier would have no room for.
+    if (!log_->Full(footprint)) return s;
+    const uint64_t fit = DiskFit();
+    if (footprint > fit) return s;
+    uint64_t held;
+    {
+      absl::MutexLock lock(&mu_);
+      held = used_bytes_ + reserved_bytes_;
+    }
+    if (held == 0 || held >= last_held) return s;  // Nothing (more) to evict.
+    last_held = held;
+    SetLimit(std::max(footprint, std::min(fit, held - std::min(held, footprint))));
+    s = PutOnce(id, meta, parts);
+  }
+  return s;
+}
+
+absl::Status SsdTier::PutOnce(const ChunkId& id, const ChunkMeta& meta,
+                              absl::Span<const absl::string_view> parts) {
   const PayloadExtent shape{0, 0, meta.size};
   const uint64_t footprint = shape.footprint();
   std::vector<std::pair<ChunkId, IndexEntry>> victims;
@@ -508,6 +576,12 @@ absl::Status SsdTier::Put(const ChunkId& id, const ChunkMeta& meta,
           "chunk of ", meta.size, " bytes exceeds ssd_capacity (", options_.capacity_bytes,
           ")"));
     }
+    if (footprint > limit_bytes_) {  // Evicting every chunk would not make room for it.
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "SSD tier: disk full: the file system holding ", options_.path,
+          " has room for ", limit_bytes_ >> 20, " MiB of chunks now, less than this chunk's ",
+          meta.size, " bytes; free space under data_dir or lower ssd_capacity"));
+    }
     if (it != index_.end()) {
       // Past its TTL, or found corrupt, and its row not deleted yet: this put replaces
       // it, so the chunk is stored afresh rather than acknowledged and then hidden. Its
@@ -517,7 +591,7 @@ absl::Status SsdTier::Put(const ChunkId& id, const ChunkMeta& meta,
       replaces_expired = !it->second.corrupt;
       victims.emplace_back(id, *ForgetLocked(id));
     }
-    while (used_bytes_ + reserved_bytes_ + footprint > options_.capacity_bytes) {
+    while (used_bytes_ + reserved_bytes_ + footprint > limit_bytes_) {
       auto victim = policy_->PickVictim([&](const ChunkId& c) {
         mu_.AssertHeld();
         return index_.contains(c);
@@ -1234,6 +1308,7 @@ SsdTierStats SsdTier::GetStats() const {
   absl::MutexLock lock(&mu_);
   SsdTierStats s = counters_;
   s.capacity_bytes = options_.capacity_bytes;
+  s.limit_bytes = limit_bytes_;
   s.used_bytes = used_bytes_;
   s.payload_bytes = payload_bytes_;
   s.disk_bytes = log.disk_bytes;

@@ -146,6 +146,9 @@ struct SsdTierStats {
   uint64_t expirations = 0;
   uint64_t checksum_failures = 0;
   uint64_t write_errors = 0;  // Failed write attempts (a chunk tried again counts again).
+  // The capacity the tier keeps to: capacity_bytes, or less while the file system
+  // holding it has no room for that much (SsdTierOptions::LargestCapacityFor its room).
+  uint64_t limit_bytes = 0;
 };
 
 class SsdTier final : public StorageTier {
@@ -160,7 +163,9 @@ class SsdTier final : public StorageTier {
   // Stores a chunk whose payload is the concatenation of `parts`; idempotent (a present
   // chunk is left as is). Returns: Ok, InvalidArgument (larger than the capacity),
   // DataLoss (the bytes do not match meta.crc32c: nothing stored), ResourceExhausted
-  // (the disk is full), Unavailable (other I/O error).
+  // (the disk is full, even with every other chunk evicted), Unavailable (other I/O
+  // error). A file system that fills before the tier does holds the tier to what fits
+  // (SsdTierStats::limit_bytes): the put evicts, in the policy's order, and tries again.
   absl::Status Put(const ChunkId& id, const ChunkMeta& meta,
                    absl::Span<const absl::string_view> parts);
 
@@ -288,6 +293,15 @@ class SsdTier final : public StorageTier {
   // Garbage collection: moves live chunks out of the files with the most dead bytes
   // until `incoming` more bytes fit under the disk limit (or nothing more is freed).
   void MakeRoom(uint64_t incoming) ABSL_LOCKS_EXCLUDED(mu_);
+  // Put, without the retry after a full file system.
+  absl::Status PutOnce(const ChunkId& id, const ChunkMeta& meta,
+                       absl::Span<const absl::string_view> parts) ABSL_LOCKS_EXCLUDED(mu_);
+  // The capacity the file system holding the payload files has room for now, at most
+  // capacity_bytes (capacity_bytes if it cannot be read).
+  uint64_t DiskFit() ABSL_LOCKS_EXCLUDED(mu_);
+  // Sets limit_bytes_, saying so when the tier starts or stops being held below its
+  // capacity.
+  void SetLimit(uint64_t bytes) ABSL_LOCKS_EXCLUDED(mu_);
   void Relocate(uint32_t file) ABSL_EXCLUSIVE_LOCKS_REQUIRED(gc_mu_);
   absl::Status MapWriteError(const rocksdb::Status& s, absl::string_view what);
   // Deletes a chunk that failed verification, counts it, and says so (DataLoss); of
@@ -351,6 +365,9 @@ class SsdTier final : public StorageTier {
   absl::flat_hash_map<uint64_t, uint64_t> ns_bytes_ ABSL_GUARDED_BY(mu_);
   // Bytes reserved by puts in flight, so concurrent puts do not overshoot capacity.
   uint64_t reserved_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  // The capacity puts evict to: options_.capacity_bytes, or less while the disk is full
+  // (SsdTierStats::limit_bytes).
+  uint64_t limit_bytes_ ABSL_GUARDED_BY(mu_);
   SsdTierStats counters_ ABSL_GUARDED_BY(mu_);
   // Last: its threads read through log_ and must stop first.
   std::unique_ptr<IoPool> readers_;

@@ -1046,6 +1046,45 @@ class SsdTierFaultTest : public SsdTierTest {
   std::shared_ptr<FaultyPayloadOps> ops_;
 };
 
+// A file system smaller than ssd_capacity (a capacity set too large, or someone else's
+// files). Once every put past its room failed "disk full", for good: nothing evicted,
+// because the tier was not full. Now the tier keeps to what the disk holds, evicting
+// the least recently used, and goes back to its capacity once the disk has room.
+TEST_F(SsdTierFaultTest, AFullFileSystemHoldsTheTierToWhatFits) {
+  UseSmallFiles();
+  options_.capacity_bytes = 64 * kMiB;
+  options_.min_free_bytes = kMiB;
+  ops_->SetDiskOf(options_.path, 12 * kMiB);  // The index's files count too.
+  Open();
+  constexpr uint64_t kChunk = 256 * 1024;
+  constexpr int kChunks = 64;  // 16 MiB through a 12 MiB disk.
+  for (int i = 1; i <= kChunks; ++i) PutOk(Id(i), kChunk);
+  SsdTierStats s = tier_->GetStats();
+  EXPECT_LT(s.limit_bytes, 12 * kMiB);
+  EXPECT_EQ(s.capacity_bytes, 64 * kMiB);
+  EXPECT_GT(s.evictions, 0u);
+  EXPECT_LE(s.used_bytes, s.limit_bytes);
+  EXPECT_LE(s.disk_bytes, 11 * kMiB) << "the payload files ate into the index's reserve";
+  EXPECT_FALSE(tier_->Contains(Id(1))) << "the least recently used chunk was kept";
+  for (int i = kChunks - 7; i <= kChunks; ++i) ExpectStored(Id(i), kChunk);
+
+  // A chunk the disk cannot hold even with the tier emptied fails, and evicts nothing.
+  const uint64_t held = s.chunks;
+  const std::string big = Payload(Id(100), 16 * kMiB);
+  const absl::Status refused = Put(Id(100), big);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  EXPECT_TRUE(absl::StrContains(refused.message(), "disk full")) << refused;
+  EXPECT_FALSE(tier_->Contains(Id(100)));
+  EXPECT_EQ(tier_->GetStats().chunks, held);
+
+  // Room again: the next put finds it and the tier keeps to its capacity once more.
+  ops_->SetDiskOf(options_.path, 1024 * kMiB);
+  PutOk(Id(kChunks + 1), kChunk);
+  s = tier_->GetStats();
+  EXPECT_EQ(s.limit_bytes, 64 * kMiB);
+  EXPECT_EQ(s.chunks, held + 1);
+}
+
 // A put that replaces an expired copy (not swept yet) and then fails stores nothing:
 // the expired copy, whose row still points at its bytes, goes back for the sweep. It
 // once left the index with its bytes counted live for ever, so its payload file could

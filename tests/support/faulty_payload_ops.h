@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <atomic>
 #include <cstdint>
+#include <filesystem>
 #include <functional>
 #include <optional>
 #include <string>
@@ -57,6 +58,13 @@ class FaultyPayloadOps : public PayloadFileOps {
   void SetFreeBytes(std::optional<uint64_t> bytes) {
     absl::MutexLock lock(&hook_mu_);
     free_bytes_ = bytes;
+  }
+  // StatVfs reports a file system of `bytes` holding only the files under `dir` (their
+  // real sizes, summed at each call): a small disk the store fills itself. nullopt: off.
+  void SetDiskOf(const std::string& dir, std::optional<uint64_t> bytes) {
+    absl::MutexLock lock(&hook_mu_);
+    disk_dir_ = dir;
+    disk_bytes_ = bytes;
   }
   uint64_t dir_syncs() const { return dir_syncs_.load(); }
   uint64_t no_space_errors() const { return no_space_errors_.load(); }
@@ -153,6 +161,20 @@ class FaultyPayloadOps : public PayloadFileOps {
       out->f_frsize = 4096;
       out->f_bavail = *free_bytes_ / 4096;
     }
+    if (r == 0 && disk_bytes_.has_value()) {
+      uint64_t used = 0;
+      std::error_code ec;
+      for (auto it = std::filesystem::recursive_directory_iterator(disk_dir_, ec);
+           !ec && it != std::filesystem::recursive_directory_iterator(); it.increment(ec)) {
+        std::error_code size_ec;  // A file deleted meanwhile counts nothing.
+        if (it->is_regular_file(size_ec)) {
+          const uintmax_t n = it->file_size(size_ec);
+          if (!size_ec) used += n;
+        }
+      }
+      out->f_frsize = 1;
+      out->f_bavail = *disk_bytes_ > used ? *disk_bytes_ - used : 0;
+    }
     return r;
   }
 
@@ -162,6 +184,8 @@ class FaultyPayloadOps : public PayloadFileOps {
   std::function<void()> next_read_hook_ ABSL_GUARDED_BY(hook_mu_);
   std::function<void()> next_write_hook_ ABSL_GUARDED_BY(hook_mu_);
   std::optional<uint64_t> free_bytes_ ABSL_GUARDED_BY(hook_mu_);
+  std::string disk_dir_ ABSL_GUARDED_BY(hook_mu_);
+  std::optional<uint64_t> disk_bytes_ ABSL_GUARDED_BY(hook_mu_);
   absl::Mutex hold_mu_;
   bool hold_ ABSL_GUARDED_BY(hold_mu_) = false;
   uint64_t held_ ABSL_GUARDED_BY(hold_mu_) = 0;
