@@ -57,16 +57,22 @@ class Client:
     async def _transfer(self, fn, *args, **kwargs):
         """Runs a cancellable transfer: on task cancellation, cancels the native call
         and waits for it to end before re-raising."""
-        loop = asyncio.get_running_loop()
         canceller = _native.Canceller()
-        fut = loop.run_in_executor(
-            self._executor, functools.partial(fn, *args, _canceller=canceller, **kwargs))
+        # The concurrent future, not run_in_executor's wrapper: only it can take a call
+        # that still waits for a free thread back out of the executor's queue.
+        cf = self._executor.submit(functools.partial(fn, *args, _canceller=canceller, **kwargs))
+        fut = asyncio.wrap_future(cf)
         self._transfers.add(canceller)
         fut.add_done_callback(lambda _: self._transfers.discard(canceller))
         try:
             return await asyncio.shield(fut)
         except asyncio.CancelledError:
             canceller.cancel()
+            if cf.cancel():
+                # Still queued: the call never ran and never will, so nothing touches the
+                # buffers. Waiting would mean waiting for a thread that other calls (on a
+                # stopped daemon, up to their rpc_deadline or for ever) may hold.
+                raise
             while not fut.done():
                 try:
                     await asyncio.shield(fut)

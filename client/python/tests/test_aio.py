@@ -87,3 +87,48 @@ def test_cancelled_task_mid_get_lets_go_of_the_buffer(tmp_path):
         run(main())
     finally:
         d.close()
+
+
+def test_cancelled_task_still_queued_for_a_thread_ends_at_once(tmp_path):
+    """A transfer cancelled while it still waits in the executor's queue (every thread
+    held by a get on a stopped daemon, with no deadline) ends at once: it never ran, so
+    it holds no buffer. It once waited for a free thread, here for ever."""
+    lay = small_layout(model_id="pytest-aio-queued")
+    d = Daemon(str(tmp_path), args=["--ram-capacity=64MiB", "--write-mode=ram-only"])
+
+    async def main():
+        c = kvtier.aio.Client(d.target, max_workers=1, rpc_deadline=0)
+        ns = (await c.register_layout(lay)).namespace_id
+        keys = keys_of(ns, 2, lay, seed=43)
+        await c.put(ns, keys, payloads(lay, 2, seed=43), chain_start=0)
+        stop_daemon(d.proc.pid)
+        try:
+            holder = asyncio.ensure_future(c.get_into(ns, keys, np.zeros(2 * lay.chunk_bytes,
+                                                                         np.uint8)))
+            await until_in_flight(c, holder)  # The executor's only thread waits on the daemon.
+            queued_out = np.zeros(2 * lay.chunk_bytes, np.uint8)
+            queued = asyncio.ensure_future(c.get_into(ns, keys, queued_out))
+            for _ in range(100):  # Until the queued call is submitted to the executor.
+                if len(c._transfers) == 2:
+                    break
+                await asyncio.sleep(0)
+            assert len(c._transfers) == 2 and not queued.done()
+            queued.cancel()
+            for _ in range(100):  # Loop turns only: the holder cannot end by itself.
+                if queued.done():
+                    break
+                await asyncio.sleep(0)
+            assert queued.done(), "the cancelled queued get waited for the busy thread"
+            assert queued.cancelled()
+            assert not holder.done()
+            assert not queued_out.any()
+            holder.cancel()
+            done, _ = await asyncio.wait({holder}, timeout=120)
+            assert holder in done, "the cancelled in-flight get did not end"
+        finally:
+            os.kill(d.proc.pid, signal.SIGCONT)
+        await c.close()
+    try:
+        run(main())
+    finally:
+        d.close()
