@@ -21,8 +21,12 @@ std::shared_ptr<BandwidthEstimator> PrefillEstimators::Connection(const std::str
       k.samples = samples;
       k.sampled_at = now;
     } else if (now - k.sampled_at > options_.connection_stale_after) {
-      // Sessions this estimate kept from streaming taught it nothing since.
-      k.estimator = std::make_shared<BandwidthEstimator>(send_.BytesPerSecond());
+      // Sessions this estimate kept from streaming taught it nothing since. It starts
+      // again no lower than the prior: the daemon-wide figure took the same samples as
+      // this one (every send records into both), so on a daemon with one connection it
+      // is the same stalled figure, and starting there would change nothing.
+      k.estimator = std::make_shared<BandwidthEstimator>(
+          std::max(options_.send_prior, send_.BytesPerSecond()));
       k.samples = 0;
       k.sampled_at = now;
     }

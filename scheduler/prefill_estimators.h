@@ -33,8 +33,9 @@ struct PrefillEstimatorOptions {
   ComputeCost compute_prior{0.025, 0.0027};  // A 7B model on an A100, 512-token chunks.
   size_t max_connections = 1024;
   // A connection's estimate with no new sample for this long starts again from the
-  // daemon-wide one: the daemon records only what it streams, so an estimate too low
-  // to stream anything would otherwise never be corrected.
+  // daemon-wide one, or send_prior if that is higher: the daemon records only what it
+  // streams, so an estimate too low to stream anything would otherwise never be
+  // corrected.
   absl::Duration connection_stale_after = absl::Minutes(5);
   std::function<absl::Time()> now = [] { return absl::Now(); };  // Tests inject one.
 };
@@ -45,7 +46,8 @@ class PrefillEstimators {
 
   BandwidthEstimator& ssd_read() { return ssd_read_; }
   // The estimator of one connection; created from the daemon-wide send average, and
-  // again once it has had no new sample for connection_stale_after.
+  // again (no lower than send_prior) once it has had no new sample for
+  // connection_stale_after.
   std::shared_ptr<BandwidthEstimator> Connection(const std::string& peer);
   // Daemon-wide send bandwidth (all connections).
   BandwidthEstimator& send() { return send_; }

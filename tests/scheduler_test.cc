@@ -465,6 +465,31 @@ TEST(PrefillEstimatorsTest, AConnectionsEstimateWithNoNewSampleStartsAgain) {
   EXPECT_EQ(e.Connection("ipv4:127.0.0.1:1"), fresh);
 }
 
+// As the runner records: every send into its connection's estimate and the daemon's.
+// One stall on the only connection pulled both down; at the stale reset the
+// connection started again from the daemon's figure, the same stalled one, so a daemon
+// whose estimate was too low to stream anything stayed compute-only for good. It now
+// starts again no lower than the prior, and streams (and measures) again.
+TEST(PrefillEstimatorsTest, AStaleConnectionStartsAgainNoLowerThanThePrior) {
+  testing::FakeClock clock;
+  PrefillEstimatorOptions o;
+  o.now = clock.AsFunction();
+  PrefillEstimators e(o);
+  auto a = e.Connection("unix:");
+  for (int i = 0; i < 8; ++i) {
+    a->Record(4 << 20, 0.004);
+    e.send().Record(4 << 20, 0.004);
+  }
+  a->Record(4 << 20, 1.0);  // One stalled write: a GC pause.
+  e.send().Record(4 << 20, 1.0);
+  ASSERT_LT(e.send().BytesPerSecond(), 0.2 * o.send_prior);
+  ASSERT_EQ(e.Connection("unix:"), a);  // Looked at: its samples are new.
+  clock.Advance(absl::Minutes(6));
+  auto fresh = e.Connection("unix:");
+  ASSERT_NE(fresh, a);
+  EXPECT_GE(fresh->BytesPerSecond(), o.send_prior * 0.999);
+}
+
 // One session's fit moves the daemon-wide prior (every tenant's plans) by a bounded
 // step: a worker that reported 100 s a chunk once moved it to 25 s from 0.025.
 TEST(PrefillEstimatorsTest, OneSessionsFitMovesThePriorABoundedStep) {
