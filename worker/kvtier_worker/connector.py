@@ -46,7 +46,11 @@ of its own, with its own chunks and Put. A pass begins when save_kv_layer sees a
 token other than the current pass's, or a layer the current pass already has; the
 previous pass's Put is joined first. A pass that never got every layer had no Put and is
 dropped (the engine abandoned that forward pass). wait_for_save reports every pass that
-ended since the last call, once.
+ended since the last call, once. A chunk that straddles two passes (a pass ending
+mid-chunk, the next starting where it ended) is stored by the later pass: each complete
+pass keeps its trailing partial chunk's KV (one chunk's worth per layer at most) and the
+next pass prepends it when it starts at that token. The kept tail is dropped when the
+next pass starts anywhere else, by restart_save, and when the request is forgotten.
 
 Registration: the constructor registers the layout if it can; if it cannot (the daemon
 is down) the connector is built anyway and registers before the first call that needs
@@ -86,8 +90,16 @@ log = logging.getLogger(__name__)
 class _SavePass:
     """One forward pass's save: the full chunks among its tokens, and their Put."""
     start_token: int                 # Token index of the pass's first new token.
+    end_token: int                   # One past its last new token.
     first: int                       # First chunk index the buffer holds.
     buf: torch.Tensor                # [chunks, layers, 2, heads, C, head_dim].
+    # The previous pass's tail, KV of tokens [head_start, start_token) per layer (a chunk
+    # straddling both passes), prepended to this pass's KV; None when there is none.
+    head: Optional[Dict[int, KV]] = None
+    head_start: int = 0              # Token index of the head's (else the pass's) first.
+    # KV of this pass's trailing partial chunk, [end_token // C * C, end_token), per layer,
+    # for the next pass to prepend; left empty when no stored chunk could use it.
+    tail: Dict[int, KV] = field(default_factory=dict)
     layers: Set[int] = field(default_factory=set)  # Layers copied in so far.
     thread: Optional[threading.Thread] = None      # The Put, once every layer is in.
     result: Optional[kvtier.PutResult] = None      # Written by the Put thread only.
@@ -319,23 +331,35 @@ class KvTierConnector:
     def save_kv_layer(self, req_id: str, layer: int, k: torch.Tensor, v: torch.Tensor,
                       start_token: int) -> None:
         """The KV of one layer for the request's tokens [start_token, start_token + T).
-        Full chunks among them are copied into the pass's save buffer; after the pass's
-        last layer its Put starts in the background. A new start token, or a layer the
+        Full chunks among them (with the previous pass's tail, a chunk that straddles
+        both) are copied into the pass's save buffer; after the pass's last layer its Put
+        starts in the background. A new start token, or a layer the
         pass already has, begins a new pass (see "Save passes")."""
         req = self._req(req_id)
         sp = req.save
         if sp is None or sp.start_token != start_token or layer in sp.layers:
             sp = self._begin_save_pass(req, start_token, k.shape[1])
+        if sp.head is not None:  # The straddling chunk's first part, from the last pass.
+            hk, hv = sp.head[layer]
+            k, v = torch.cat((hk, k), 1), torch.cat((hv, v), 1)
+        C = self.C
         n = sp.buf.shape[0]
         if n:
-            C = self.C
             H, _, d = self.chunks.block_shape
-            off = sp.first * C - start_token
+            off = sp.first * C - sp.head_start
             for j, t in enumerate((k, v)):
                 src = t[:, off:off + n * C].reshape(H, n, C, d).transpose(0, 1)
                 sp.buf[:, layer, j].copy_(src)
+        tail_start = sp.end_token // C * C
+        # Kept only if this pass has the chunk's KV from its first token (from the pass
+        # or its head) and the chunk is one a pass stores (a full chunk of the prompt).
+        if (sp.head_start <= tail_start < sp.end_token
+                and tail_start // C < len(req.tokens) // C):
+            off = tail_start - sp.head_start
+            sp.tail[layer] = (k[:, off:].clone(), v[:, off:].clone())
         sp.layers.add(layer)
         if len(sp.layers) == self.layout.num_layers:
+            sp.head = None  # Copied into every layer's chunks and tail: not needed now.
             sp.thread = threading.Thread(target=self._put, args=(req, sp),
                                          name="kvtier-save", daemon=True)
             sp.thread.start()
@@ -346,9 +370,20 @@ class KvTierConnector:
             # and its outcome reaches wait_for_save. An incomplete pass had no Put.
             self._settle(req, req.save)
         C = self.C
-        first = -(-start_token // C)
-        end = min((start_token + num_tokens) // C, len(req.tokens) // C)
-        req.save = _SavePass(start_token, first, self.chunks.alloc(max(0, end - first)))
+        prev = req.save
+        head, head_start = None, start_token
+        if (prev is not None and prev.end_token == start_token and prev.tail
+                and len(prev.layers) == self.layout.num_layers):
+            # The previous pass ended mid-chunk where this one starts: the chunk that
+            # straddles them is this pass's to store, with the previous pass's part.
+            head, head_start = prev.tail, start_token // C * C
+        first = -(-head_start // C)
+        end_token = start_token + num_tokens
+        end = min(end_token // C, len(req.tokens) // C)
+        req.save = _SavePass(start_token, end_token, first,
+                             self.chunks.alloc(max(0, end - first)), head, head_start)
+        if prev is not None:
+            prev.tail = {}  # Handed on, or of no use to a pass that starts elsewhere.
         return req.save
 
     def _settle(self, req: _Request, sp: _SavePass) -> None:
@@ -421,7 +456,11 @@ class KvTierConnector:
         return sending, recving
 
     def _retire(self, req: _Request) -> None:
-        """Ends a request the connector forgets: its load stopped, its lease released."""
+        """Ends a request the connector forgets: its load stopped, its lease released, a
+        kept tail (see "Save passes") dropped."""
+        if req.save is not None:
+            # A running Put still holds the request; the tail KV need not live as long.
+            req.save.tail, req.save.head = {}, None
         if req.handle is not None and not req.handle.done():
             req.handle.cancel()
         if req.handle is not None:

@@ -179,6 +179,58 @@ def test_each_forward_pass_saves_its_own_chunks(client):
     conn.get_finished(["r", "s"])
 
 
+def test_a_chunk_straddling_two_passes_is_stored_by_the_later_one(client):
+    # Chunked prefill over [0, 40) then [40, 70): chunk 2 (tokens 32-47) has KV in both
+    # passes. Each pass once stored only the chunks wholly among its own new tokens, so
+    # chunk 2 was never stored and every later lookup stopped at 2 chunks.
+    model = small_model()
+    conn = KvTierConnector(client, layout("straddle"))
+    t = random_tokens(70, 83)
+    keys = kvtier.chunk_keys(conn.ns, t.numpy(), C)
+    conn.get_num_new_matched_tokens("r", t, lookup=False)
+    req = conn._req("r")
+
+    def saver(start):
+        return lambda l, k, v: conn.save_kv_layer("r", l, k, v, start)
+
+    _, kv1 = model.prefill(t[:40], 0, None, on_layer_kv=saver(0))
+    assert conn.wait_for_save("r").stored == 2
+    _, kv2 = model.prefill(t[40:70], 40, kv1, on_layer_kv=saver(40))
+    assert conn.wait_for_save("r").stored == 2    # Chunks 2 and 3.
+    assert client.lookup(conn.ns, keys[:4]).prefix_hits == 4
+    whole = [(torch.cat([a[0], b[0]], 1), torch.cat([a[1], b[1]], 1))
+             for a, b in zip(kv1, kv2)]
+    got = conn.chunks.alloc(4)
+    assert client.get_into(conn.ns, keys[:4], got).prefix_found == 4
+    assert torch.equal(got[2], conn.chunks.pack([(k[:, 32:48], v[:, 32:48])
+                                                 for k, v in whole])[0])
+    assert torch.equal(got, conn.chunks.pack(whole))
+    # The second pass's own tail (tokens 64-69) is no full chunk's: nothing is kept.
+    assert req.save.tail == {}
+    # A pass that ends mid-chunk keeps its tail until the request is forgotten; the next
+    # pass, if it does not start where that one ended, gets none of it.
+    reqs = {}
+    for r, seed in (("s", 84), ("q", 85)):
+        u = random_tokens(70, seed)
+        conn.get_num_new_matched_tokens(r, u, lookup=False)
+        reqs[r] = conn._req(r)
+        model.prefill(u[:40], 0, None,
+                      on_layer_kv=lambda l, k, v, r=r: conn.save_kv_layer(r, l, k, v, 0))
+        assert conn.wait_for_save(r).stored == 2
+        assert sorted(reqs[r].save.tail) == list(range(SMALL.num_layers))
+        assert reqs[r].save.tail[0][0].shape[1] == 8  # Tokens 32-39.
+    g = torch.Generator().manual_seed(2)
+    for l in range(SMALL.num_layers):            # Tokens [48, 64): chunk 3 only.
+        k, v = (torch.randn(SMALL.num_kv_heads, 16, SMALL.head_dim, generator=g)
+                for _ in range(2))
+        conn.save_kv_layer("q", l, k, v, 48)
+    assert conn.wait_for_save("q").stored == 1
+    qkeys = kvtier.chunk_keys(conn.ns, reqs["q"].tokens.numpy(), C)
+    assert present(client, conn.ns, qkeys[:4]) == [True, True, False, True]
+    conn.get_finished(["r", "s", "q"])
+    assert reqs["s"].save.tail == {}
+
+
 def test_ending_a_request_stops_its_load_before_returning(client):
     # get_finished([req]) once forgot a request whose load was still running: the Get
     # went on and overwrote the buffer after the engine had given it to another request.
