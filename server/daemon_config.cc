@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <limits>
@@ -679,6 +680,15 @@ absl::Status DaemonConfig::Validate() const {
   }
   if (shm_socket.size() > 107) {
     return absl::InvalidArgumentError("option shm_socket: longer than a Unix socket name (107 bytes)");
+  }
+  if (!listen_unix.empty() && shm_socket[0] == '/' &&
+      std::filesystem::path(listen_unix).lexically_normal() ==
+          std::filesystem::path(shm_socket).lexically_normal()) {
+    // One socket file cannot be both: the region socket (SOCK_SEQPACKET) and the gRPC
+    // listener (SOCK_STREAM) would each find the other's socket there.
+    return absl::InvalidArgumentError(absl::StrCat(
+        "options listen_unix and shm_socket: both are '", listen_unix,
+        "'; they must be different paths"));
   }
   if (shm_max_regions == 0) {
     return absl::InvalidArgumentError("option shm_max_regions: must be at least 1");

@@ -308,6 +308,16 @@ TEST(DaemonConfigTest, SharedMemoryOptions) {
   }
   c.shm_socket = "/" + std::string(120, 'x');
   EXPECT_EQ(c.Validate().code(), absl::StatusCode::kInvalidArgument);
+  // One path for both sockets: refused, naming both options (the gRPC listener would
+  // otherwise find the region socket on its path).
+  c.shm_socket = "/run/kvtier/kvtierd.sock";
+  c.listen_unix = "/run/kvtier//kvtierd.sock";
+  const absl::Status same = c.Validate();
+  EXPECT_EQ(same.code(), absl::StatusCode::kInvalidArgument) << same;
+  EXPECT_NE(same.message().find("listen_unix and shm_socket"), std::string::npos) << same;
+  c.listen_unix = "/run/kvtier/kvtierd-grpc.sock";
+  EXPECT_TRUE(c.Validate().ok());
+  c.listen_unix.clear();
   c.shm_socket = "auto";
   c.shm_max_regions = 0;
   EXPECT_EQ(c.Validate().code(), absl::StatusCode::kInvalidArgument);

@@ -50,5 +50,6 @@ endif()
 # Server internals.
 kvtier_test(tls_reloader_test LIBS kvtier_server)
 kvtier_test(get_plan_test LIBS kvtier_server)
+kvtier_test(unix_socket_path_test LIBS kvtier_server)
 target_compile_definitions(tls_reloader_test PRIVATE
   KVTIER_CERT_SCRIPT="${CMAKE_SOURCE_DIR}/tests/tls/make_test_certs.sh")
