@@ -22,11 +22,26 @@ absl::StatusOr<std::shared_ptr<SharedBuffer>> SharedMemoryPlane::Allocate(uint64
 }
 
 std::shared_ptr<SharedBuffer> SharedMemoryPlane::Find(const void* p, uint64_t n) {
+  // The buffers looked at, kept until after the lock is released (declared before it):
+  // a lock() may take what became the last reference (its owner dropped its own in the
+  // meantime), and ~SharedBuffer unregisters the buffer, a round trip to the daemon
+  // that must hold neither mu_ nor, for the Python binding, the GIL.
+  std::vector<std::shared_ptr<SharedBuffer>> seen;
   absl::MutexLock lock(&mu_);
+  seen.reserve(allocated_.size());
   for (const auto& w : allocated_) {
-    if (auto b = w.lock(); b && b->Contains(p, n)) return b;
+    std::shared_ptr<SharedBuffer> b = w.lock();
+    if (b == nullptr) continue;
+    if (find_hook_) find_hook_(*b);
+    if (b->Contains(p, n)) return b;
+    seen.push_back(std::move(b));
   }
   return nullptr;
+}
+
+void SharedMemoryPlane::SetFindHookForTest(std::function<void(const SharedBuffer&)> hook) {
+  absl::MutexLock lock(&mu_);
+  find_hook_ = std::move(hook);
 }
 
 std::shared_ptr<SharedBuffer> SharedMemoryPlane::AcquireStaging(uint64_t bytes) {

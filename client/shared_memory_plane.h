@@ -12,6 +12,7 @@
 #define KVTIER_CLIENT_SHARED_MEMORY_PLANE_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -36,8 +37,13 @@ class SharedMemoryPlane {
   // A registered buffer of at least `bytes`, remembered (weakly) so that Put and Get
   // recognise spans inside it.
   absl::StatusOr<std::shared_ptr<SharedBuffer>> Allocate(uint64_t bytes);
-  // The allocated buffer holding [p, p + n), or null.
+  // The allocated buffer holding [p, p + n), or null. Every buffer it looks at is
+  // destroyed, if its reference was the last, after mu_ is released (~SharedBuffer
+  // unregisters: a round trip to the daemon).
   std::shared_ptr<SharedBuffer> Find(const void* p, uint64_t n);
+  // For tests: `hook` runs under mu_ with each live buffer Find looks at, before it is
+  // compared (a test drops its own reference there, leaving Find's the last).
+  void SetFindHookForTest(std::function<void(const SharedBuffer&)> hook);
 
   // A staging buffer of at least `bytes`, or null when the staging budget cannot hold
   // it (or registering one failed): the caller streams. Give it back with Release.
@@ -65,6 +71,7 @@ class SharedMemoryPlane {
   const uint64_t staging_bytes_;
   absl::Mutex mu_;
   std::vector<std::weak_ptr<SharedBuffer>> allocated_ ABSL_GUARDED_BY(mu_);
+  std::function<void(const SharedBuffer&)> find_hook_ ABSL_GUARDED_BY(mu_);
   std::vector<std::shared_ptr<SharedBuffer>> free_staging_ ABSL_GUARDED_BY(mu_);
   std::vector<std::shared_ptr<SharedBuffer>> discarded_ ABSL_GUARDED_BY(mu_);
   uint64_t staging_total_ ABSL_GUARDED_BY(mu_) = 0;  // Free and lent staging bytes.

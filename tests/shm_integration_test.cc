@@ -654,6 +654,41 @@ TEST_F(ShmTest, StagingRoomComesBackFromDiscardedBuffersAndIsNotGivenUpInVain) {
   EXPECT_EQ(again->region_id(), kept) << "a free buffer was given up for a request that did not fit";
 }
 
+// Find locks each allocated buffer's weak_ptr under the plane's mutex. For a buffer whose
+// owner let go of it in the meantime, Find's reference is the last, and it was dropped
+// inside the loop: ~SharedBuffer (an unregistering round trip to the daemon) ran with
+// the mutex held, and from the Python binding with the GIL held too. Find now drops
+// the buffers it looked at after it releases the mutex.
+TEST_F(ShmTest, FindDestroysABufferItHeldLastOnlyAfterReleasingThePlane) {
+  StartDaemon();
+  auto plane = SharedMemoryPlane::Open(DataPlane(), 16 * kMiB, absl::Seconds(30));
+  ASSERT_TRUE(plane.ok()) << plane.status();
+  auto let_go = (*plane)->Allocate(4096);  // Looked at first (allocation order).
+  ASSERT_TRUE(let_go.ok()) << let_go.status();
+  auto wanted = (*plane)->Allocate(4096);
+  ASSERT_TRUE(wanted.ok()) << wanted.status();
+  ASSERT_TRUE(WaitForRegions(2));
+  const SharedBuffer* let_go_raw = let_go->get();
+  std::weak_ptr<SharedBuffer> let_go_weak = *let_go;
+  bool saw_wanted = false;
+  bool destroyed_under_lock = false;
+  (*plane)->SetFindHookForTest([&](const SharedBuffer& b) {
+    if (&b == let_go_raw) {
+      let_go->reset();  // Its owner lets go while Find holds it: Find's is the last.
+    } else if (&b == wanted->get()) {
+      saw_wanted = true;  // Still under the mutex: was the other one destroyed already?
+      destroyed_under_lock = let_go_weak.expired();
+    }
+  });
+  EXPECT_EQ((*plane)->Find((*wanted)->data(), 16), *wanted);
+  (*plane)->SetFindHookForTest(nullptr);
+  EXPECT_TRUE(saw_wanted);
+  EXPECT_FALSE(destroyed_under_lock)
+      << "a buffer Find held last was destroyed (and unregistered) under the plane's mutex";
+  EXPECT_TRUE(let_go_weak.expired()) << "Find kept a buffer after it returned";
+  EXPECT_TRUE(WaitForRegions(1)) << "the buffer Find held last was not unregistered";
+}
+
 // A daemon restarted on the same address knows none of the old one's regions. The
 // client once kept the dead region socket: AllocateShared failed "Broken pipe" for good,
 // and a GetInto through a staging buffer registered with the old daemon failed

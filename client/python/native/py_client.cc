@@ -380,8 +380,15 @@ py::tuple PyClient::GetInto(uint64_t namespace_id, const py::list& keys, const p
   }
   std::optional<LayerRange> range = LayersFromObject(layers);
   std::vector<BufferRef> refs = AcquireAll(outs, /*writable=*/true);
-  if (IsOneSpan(refs) &&
-      client_->InSharedMemory(refs[0].data(), refs.size() * refs[0].size())) {
+  bool in_shared_memory = false;
+  if (IsOneSpan(refs)) {
+    // Without the GIL: the look-up may hold the last reference to a buffer another
+    // thread just let go of, and destroying it unregisters it, a round trip to the
+    // daemon (SharedMemoryPlane::Find).
+    py::gil_scoped_release nogil;
+    in_shared_memory = client_->InSharedMemory(refs[0].data(), refs.size() * refs[0].size());
+  }
+  if (in_shared_memory) {
     // One span of a shared_buffer() (usually: one buffer split per key): the daemon
     // writes the bytes there directly.
     return GetIntoSpan(namespace_id, k,
