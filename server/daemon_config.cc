@@ -892,19 +892,40 @@ std::string DaemonConfig::RegionSocketName(uint64_t instance_id) const {
   return shm_socket;
 }
 
+absl::StatusOr<gid_t> LookUpGroupId(const std::string& name, absl::string_view option,
+                                    const GetGroupByName& getgrnam) {
+  group grp;
+  group* found = nullptr;
+  // 16KiB holds an ordinary group; each ERANGE doubles it, up to the bound.
+  for (size_t size = size_t{16} << 10;; size *= 2) {
+    std::vector<char> buf(size);
+    const int err = getgrnam(name.c_str(), &grp, buf.data(), buf.size(), &found);
+    if (err == 0 && found != nullptr) return found->gr_gid;
+    if (err == 0 || err == ENOENT || err == ESRCH || err == EBADF || err == EPERM) {
+      // No entry: getgrnam_r's "not found" is 0 with no result, and some NSS modules say
+      // it with one of these errnos.
+      return absl::InvalidArgumentError(
+          absl::StrCat("option ", option, ": no group named '", name, "'"));
+    }
+    if (err != ERANGE) {
+      return absl::UnavailableError(absl::StrCat("option ", option, ": cannot look up group '",
+                                                 name, "': ", std::strerror(err)));
+    }
+    if (size >= kMaxGroupEntryBytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "option ", option, ": the entry of group '", name, "' is larger than ",
+          kMaxGroupEntryBytes >> 20, "MiB; give its gid instead"));
+    }
+  }
+}
+
 absl::StatusOr<std::optional<gid_t>> DaemonConfig::AllowedGid() const {
   if (shm_allowed_group.empty()) return std::nullopt;
   uint32_t gid = 0;
   if (absl::SimpleAtoi(shm_allowed_group, &gid)) return static_cast<gid_t>(gid);
-  group grp;
-  group* found = nullptr;
-  std::vector<char> buf(16384);
-  if (getgrnam_r(shm_allowed_group.c_str(), &grp, buf.data(), buf.size(), &found) != 0 ||
-      found == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "option shm_allowed_group: no group named '", shm_allowed_group, "'"));
-  }
-  return found->gr_gid;
+  absl::StatusOr<gid_t> found = LookUpGroupId(shm_allowed_group, "shm_allowed_group", getgrnam_r);
+  if (!found.ok()) return found.status();
+  return *found;
 }
 
 absl::StatusOr<ParsedArgs> ParseDaemonArgs(const std::vector<std::string>& args) {

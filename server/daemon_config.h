@@ -8,9 +8,12 @@
 #ifndef KVTIER_SERVER_DAEMON_CONFIG_H_
 #define KVTIER_SERVER_DAEMON_CONFIG_H_
 
+#include <grp.h>
 #include <sys/types.h>
 
+#include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -224,8 +227,9 @@ struct DaemonConfig {
   absl::StatusOr<TieredStoreOptions> ToStoreOptions() const;
   // The region socket's name for a daemon with this instance id; "" when off.
   std::string RegionSocketName(uint64_t instance_id) const;
-  // shm_allowed_group as a gid (nullopt when unset). Returns InvalidArgument (no such
-  // group).
+  // shm_allowed_group as a gid (nullopt when unset), a number or a group's name
+  // (LookUpGroupId). Returns InvalidArgument (no such group), Unavailable (the lookup
+  // failed). Each call asks NSS again: resolve it once and keep the answer.
   absl::StatusOr<std::optional<gid_t>> AllowedGid() const;
   // Whether the listen host is a loopback address.
   bool ListenIsLoopback() const;
@@ -235,6 +239,18 @@ struct DaemonConfig {
   // The GPU device to open: nullopt for "off", else the ordinal ("auto": 0).
   std::optional<int> GpuDevice() const;
 };
+
+// getgrnam_r's signature: LookUpGroupId takes it so that tests can answer as NSS does.
+using GetGroupByName = std::function<int(const char*, group*, char*, size_t, group**)>;
+
+// The gid of the group `name`, asking `getgrnam` (getgrnam_r in the daemon) with a
+// buffer that grows on ERANGE, up to kMaxGroupEntryBytes: a group of thousands of members
+// (LDAP, sssd) does not fit a fixed one, and is not "missing" for that. `option` is named
+// in errors. Returns: InvalidArgument (no such group, or an entry larger than the
+// bound), Unavailable (the lookup failed otherwise, e.g. the directory did not answer).
+inline constexpr size_t kMaxGroupEntryBytes = size_t{16} << 20;
+absl::StatusOr<gid_t> LookUpGroupId(const std::string& name, absl::string_view option,
+                                    const GetGroupByName& getgrnam);
 
 // Parses argv (without argv[0]). Returns InvalidArgument naming the bad flag, option or
 // value. `--help` and `--version` are reported through `help_requested` /

@@ -192,6 +192,14 @@ int Run(const DaemonConfig& config, const sigset_t& signals) {
     LogError(store_options.status().message());
     return 2;
   }
+  // shm_allowed_group, looked up once for the region socket and listen_unix alike.
+  // Validate() looked it up too, but a directory (LDAP, sssd) may answer differently, or
+  // not at all, the second time.
+  const absl::StatusOr<std::optional<gid_t>> allowed_gid = config.AllowedGid();
+  if (!allowed_gid.ok()) {
+    LogError(allowed_gid.status().message());
+    return 2;
+  }
   absl::StatusOr<int> data_dir_lock = LockDataDir(config.data_dir);
   if (!data_dir_lock.ok()) {
     LogError(data_dir_lock.status().message());
@@ -277,7 +285,7 @@ int Run(const DaemonConfig& config, const sigset_t& signals) {
     RegionSocketOptions socket_options;
     socket_options.name = name;
     socket_options.instance_id = instance_id;
-    socket_options.allowed_gid = *config.AllowedGid();  // Checked by Validate().
+    socket_options.allowed_gid = *allowed_gid;
     socket_options.device = gpu.get();  // Null without a GPU: add_device is refused.
     auto socket = RegionSocket::Start(std::move(socket_options), &regions);
     if (!socket.ok()) {
@@ -313,7 +321,7 @@ int Run(const DaemonConfig& config, const sigset_t& signals) {
     // region socket admits: the daemon's user, root and shm_allowed_group.
     const bool tenants = (*auth)->enabled();
     const uid_t self = getuid();
-    const std::optional<gid_t> gid = *config.AllowedGid();
+    const std::optional<gid_t> gid = *allowed_gid;
     auto listener = UnixListener::Bind(
         config.listen_unix, 0666, [tenants, self, gid](const PeerCredentials& peer) -> absl::Status {
           if (tenants || peer.uid == self || peer.uid == 0 || (gid && peer.InGroup(*gid))) {

@@ -3,6 +3,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstdint>
 #include <cstdlib>
 #include <filesystem>
 #include <algorithm>
@@ -10,6 +12,7 @@
 #include <functional>
 #include <map>
 #include <sstream>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
@@ -338,6 +341,52 @@ TEST(DaemonConfigTest, SharedMemoryOptions) {
   EXPECT_EQ(**c.AllowedGid(), 0u);
   c.shm_allowed_group = "no-such-group-kvtier";
   EXPECT_EQ(c.Validate().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// A group whose entry (thousands of members from LDAP or sssd) needs a buffer of
+// `needed` bytes: getgrnam_r answers ERANGE below that.
+struct LargeGroup {
+  size_t needed;
+  std::vector<size_t>* sizes;  // Every buffer size asked with.
+  int operator()(const char* name, group* grp, char* buf, size_t len, group** result) const {
+    sizes->push_back(len);
+    *result = nullptr;
+    if (std::string(name) != "big") return 0;
+    if (len < needed) return ERANGE;
+    grp->gr_name = buf;
+    grp->gr_gid = 31337;
+    *result = grp;
+    return 0;
+  }
+};
+
+// A large group was once reported missing ("no group named"): ERANGE on a fixed 16KiB
+// buffer counted as not found, and the daemon exited 2.
+TEST(DaemonConfigTest, AGroupLargerThanTheFirstBufferStillResolves) {
+  std::vector<size_t> sizes;
+  auto gid = LookUpGroupId("big", "shm_allowed_group", LargeGroup{size_t{1} << 20, &sizes});
+  ASSERT_TRUE(gid.ok()) << gid.status();
+  EXPECT_EQ(*gid, 31337u);
+  ASSERT_GE(sizes.size(), 2u);
+  EXPECT_GE(sizes.back(), size_t{1} << 20);
+  // A missing group is still InvalidArgument, naming it.
+  auto missing = LookUpGroupId("small", "shm_allowed_group", LargeGroup{0, &sizes});
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(missing.status().message().find("no group named 'small'"), std::string::npos)
+      << missing.status();
+  // An entry that never fits stops at the bound, and does not say the group is missing.
+  sizes.clear();
+  auto huge = LookUpGroupId("big", "shm_allowed_group", LargeGroup{SIZE_MAX, &sizes});
+  EXPECT_EQ(huge.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(huge.status().message().find("no group named"), std::string::npos) << huge.status();
+  EXPECT_LE(sizes.back(), kMaxGroupEntryBytes);
+  // A directory that does not answer is Unavailable, not a missing group.
+  auto down = LookUpGroupId("big", "shm_allowed_group",
+                            [](const char*, group*, char*, size_t, group** result) {
+                              *result = nullptr;
+                              return EIO;
+                            });
+  EXPECT_EQ(down.status().code(), absl::StatusCode::kUnavailable) << down.status();
 }
 
 TEST(DaemonConfigTest, MaxLayoutsParsesReachesTheStoreAndMustBePositive) {
