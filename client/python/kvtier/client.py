@@ -65,6 +65,9 @@ class _Native:
         return self._n
 
     def __getattr__(self, name):
+        # Before getattr: a native property may itself call the daemon (data_path
+        # decides the data plane, a DataPlane RPC), which hangs in a forked child.
+        _check_process(name)
         attr = getattr(self._n, name)
         if not callable(attr):
             return attr
