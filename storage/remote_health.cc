@@ -11,13 +11,20 @@ RemoteHealth::RemoteHealth(absl::Duration min_backoff, absl::Duration max_backof
     : min_backoff_(min_backoff), max_backoff_(max_backoff), now_(std::move(now)),
       backoff_(min_backoff) {}
 
-bool RemoteHealth::Allow() {
-  absl::MutexLock l(&mu_);
-  if (!degraded_) return true;
-  const absl::Time now = now_();
-  if (now < next_probe_) return false;
-  next_probe_ = now + backoff_;
-  probing_ = true;
+bool RemoteHealth::Allow(absl::FunctionRef<absl::Status()> probe) {
+  {
+    absl::MutexLock l(&mu_);
+    if (!degraded_) return true;
+    const absl::Time now = now_();
+    if (now < next_probe_) return false;
+    next_probe_ = now + backoff_;
+    probing_ = true;
+  }
+  if (absl::Status s = probe(); !s.ok()) {
+    Failed(s);
+    return false;
+  }
+  Succeeded();
   return true;
 }
 

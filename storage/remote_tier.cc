@@ -251,13 +251,17 @@ void RemoteTier::Observe(const absl::Status& s) const {
   if (absl::IsUnavailable(s)) health_.Failed(s);
 }
 
+bool RemoteTier::Admit() const {
+  return health_.Allow([this] { return cluster_->PingMasters(); });
+}
+
 absl::Status RemoteTier::Write(const Job& job) {
   auto cancelled = [&] {
     writes_cancelled_.fetch_add(1, std::memory_order_relaxed);
     return absl::AbortedError("remote write cancelled: the chunk was deleted");
   };
   if (Cancelled(job)) return cancelled();
-  if (!health_.Allow()) {
+  if (!Admit()) {
     writes_dropped_.fetch_add(1, std::memory_order_relaxed);
     return absl::UnavailableError("remote tier degraded: write dropped");
   }
@@ -271,7 +275,6 @@ absl::Status RemoteTier::Write(const Job& job) {
       write_failures_.fetch_add(1, std::memory_order_relaxed);
       return exists.status();
     }
-    health_.Succeeded();
     if ((*exists)->type == REDIS_REPLY_INTEGER && (*exists)->integer == 1) {
       writes_present_.fetch_add(1, std::memory_order_relaxed);
       return absl::OkStatus();
@@ -465,7 +468,7 @@ std::vector<absl::StatusOr<RemoteRecord>> RemoteTier::ReadRecords(
     absl::Span<const ChunkId> ids, const RemoteLayout& layout) {
   std::vector<absl::StatusOr<RemoteRecord>> out;
   out.reserve(ids.size());
-  if (!health_.Allow()) {
+  if (!Admit()) {
     misses_.fetch_add(ids.size(), std::memory_order_relaxed);
     out.assign(ids.size(), absl::NotFoundError("remote tier degraded"));
     return out;
@@ -473,17 +476,14 @@ std::vector<absl::StatusOr<RemoteRecord>> RemoteTier::ReadRecords(
   const std::vector<std::string> keys = RecordKeys(options_.key_prefix, ids);
   const std::vector<RedisCommand> commands = OnePerKey("GET", keys);
   auto replies = cluster_->Execute(commands);
-  bool reached = false, unreachable = false;
   for (size_t i = 0; i < ids.size(); ++i) {
     auto& reply = replies[i];
     if (!reply.ok()) {
       Observe(reply.status());
-      unreachable = true;
       read_failures_.fetch_add(1, std::memory_order_relaxed);
       out.push_back(reply.status());
       continue;
     }
-    reached = true;
     const redisReply& r = **reply;
     if (IsNilReply(r)) {
       misses_.fetch_add(1, std::memory_order_relaxed);
@@ -493,7 +493,6 @@ std::vector<absl::StatusOr<RemoteRecord>> RemoteTier::ReadRecords(
     if (r.type != REDIS_REPLY_STRING) {
       absl::Status failed = FailedRead(r);
       Observe(failed);
-      unreachable = true;
       read_failures_.fetch_add(1, std::memory_order_relaxed);
       out.push_back(std::move(failed));
       continue;
@@ -523,9 +522,8 @@ std::vector<absl::StatusOr<RemoteRecord>> RemoteTier::ReadRecords(
     }
     out.push_back(*std::move(record));
   }
-  // A node that failed keeps the tier degraded even if others answered: clearing it
-  // here would flap healthy/degraded on every batch while one node is down.
-  if (reached && !unreachable) health_.Succeeded();
+  // Nodes answering clear nothing (only a probe does, Admit): with one master down the
+  // others answer every batch.
   return out;
 }
 
@@ -564,7 +562,7 @@ std::vector<absl::Status> RemoteTier::ReadPayloads(absl::Span<const ChunkId> ids
     for (uint32_t i = 0; i < records[c]->segments(); ++i) parts.push_back({c, i});
   }
   std::vector<uint32_t> landed(ids.size(), 0);
-  bool reached = false, unreachable = false;
+  bool unreachable = false;
   for (size_t first = 0; first < parts.size();) {
     if (unreachable) {
       // A node did not answer (after remote_timeout): every chunk has segments on every
@@ -606,7 +604,6 @@ std::vector<absl::Status> RemoteTier::ReadPayloads(absl::Span<const ChunkId> ids
         out[p.chunk] = reply.status();
         continue;
       }
-      reached = true;
       if (IsNilReply(**reply)) {
         torn_.fetch_add(1, std::memory_order_relaxed);
         torn_records.push_back(to_remove(p.chunk));
@@ -658,7 +655,6 @@ std::vector<absl::Status> RemoteTier::ReadPayloads(absl::Span<const ChunkId> ids
   if (!unreachable) {
     torn_removed_.fetch_add(RemoveRecords(torn_records), std::memory_order_relaxed);
   }
-  if (reached && !unreachable) health_.Succeeded();
   return out;
 }
 
@@ -666,26 +662,21 @@ std::vector<bool> RemoteTier::ContainsMany(absl::Span<const ChunkId> ids) const 
   // A round trip; what it touches (the cluster's connections, health) is synchronised
   // inside, as for every other read of this tier.
   std::vector<bool> out(ids.size(), false);
-  if (ids.empty() || !health_.Allow()) return out;
+  if (ids.empty() || !Admit()) return out;
   const std::vector<std::string> keys = RecordKeys(options_.key_prefix, ids);
   const std::vector<RedisCommand> commands = OnePerKey("EXISTS", keys);
   auto replies = cluster_->Execute(commands);
-  bool reached = false, unreachable = false;
   for (size_t i = 0; i < replies.size(); ++i) {
     if (!replies[i].ok()) {
       Observe(replies[i].status());
-      unreachable = true;
       continue;
     }
     if (IsErrorReply(**replies[i])) {  // Not known either way: as on a timeout.
       Observe(FailedRead(**replies[i]));
-      unreachable = true;
       continue;
     }
-    reached = true;
     out[i] = (*replies[i])->type == REDIS_REPLY_INTEGER && (*replies[i])->integer == 1;
   }
-  if (reached && !unreachable) health_.Succeeded();
   return out;
 }
 

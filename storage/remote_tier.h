@@ -19,7 +19,8 @@
 //    before its commit or, committed as the Delete ran, removes its own record.
 //  - Never failing because the cluster is full or gone: an OOM reply drops the write
 //    (counted as full); an unreachable cluster marks the tier degraded (RemoteHealth:
-//    log and metric, probes with backoff) and reads miss at once.
+//    log and metric, probes with backoff) and reads miss at once. Only a probe that
+//    reaches every master (PING) ends it, not one node answering a read.
 //  - Expiry by Redis TTLs: records live `ttl`, segments a minute longer, so a record
 //    never outlives its segments by expiry. Capacity is the cluster's (its maxmemory
 //    and eviction policy); a record whose segments were evicted reads as a miss.
@@ -246,6 +247,10 @@ class RemoteTier final : public StorageTier {
   void DeleteSegments(const ChunkId& id, uint64_t generation, uint32_t n);
   // Counts `s` against health when it says the cluster was unreachable.
   void Observe(const absl::Status& s) const;
+  // Whether an operation may go to the cluster: healthy, or degraded with a probe due
+  // that finds every master of the slot map answering (RedisCluster::PingMasters),
+  // which ends the degraded state. False: refused at once.
+  bool Admit() const;
 
   const RemoteTierOptions options_;
   std::unique_ptr<RedisCluster> cluster_;

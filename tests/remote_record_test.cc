@@ -112,37 +112,48 @@ TEST(RemoteRecordTest, KeysSpreadSegmentsOverSlots) {
 TEST(RemoteHealthTest, DegradesBacksOffAndRecovers) {
   absl::Time now = absl::UnixEpoch();
   RemoteHealth h(absl::Milliseconds(100), absl::Milliseconds(400), [&] { return now; });
-  EXPECT_TRUE(h.Allow());
+  int probes = 0;
+  absl::Status cluster = absl::UnavailableError("still down");
+  auto probe = [&] {
+    ++probes;
+    return cluster;
+  };
+  EXPECT_TRUE(h.Allow(probe));
+  EXPECT_EQ(probes, 0);  // Healthy: nothing to probe.
   EXPECT_FALSE(h.degraded());
   h.Failed(absl::UnavailableError("down"));
   EXPECT_TRUE(h.degraded());
   EXPECT_EQ(h.degradations(), 1u);
-  EXPECT_FALSE(h.Allow());  // Within the backoff: refused at once.
+  EXPECT_FALSE(h.Allow(probe));  // Within the backoff: refused at once.
   EXPECT_FALSE(h.ProbeDue());
+  EXPECT_EQ(probes, 0);
   now += absl::Milliseconds(100);
   EXPECT_TRUE(h.ProbeDue());
   EXPECT_TRUE(h.ProbeDue());  // Asking takes nothing...
-  EXPECT_TRUE(h.Allow());   // One probe...
-  EXPECT_FALSE(h.Allow());  // ...and only one.
+  EXPECT_FALSE(h.Allow(probe));  // One probe, which fails...
+  EXPECT_EQ(probes, 1);
+  EXPECT_FALSE(h.Allow(probe));  // ...and only one.
+  EXPECT_EQ(probes, 1);
+  EXPECT_EQ(h.backoff(), absl::Milliseconds(200));
+  // More failed replies of operations begun before double nothing more.
+  h.Failed(absl::UnavailableError("still down"));
   h.Failed(absl::UnavailableError("still down"));
   EXPECT_EQ(h.backoff(), absl::Milliseconds(200));
-  // More failed replies of that probe (a batch has many) double nothing more.
-  h.Failed(absl::UnavailableError("still down"));
-  h.Failed(absl::UnavailableError("still down"));
-  EXPECT_EQ(h.backoff(), absl::Milliseconds(200));
-  for (int probe = 0; probe < 3; ++probe) {
+  for (int i = 0; i < 3; ++i) {
     now += h.backoff();
-    ASSERT_TRUE(h.Allow());
-    h.Failed(absl::UnavailableError("still down"));
+    ASSERT_FALSE(h.Allow(probe));
   }
+  EXPECT_EQ(probes, 4);
   EXPECT_EQ(h.backoff(), absl::Milliseconds(400));  // Capped.
   EXPECT_EQ(h.degradations(), 1u);
   now += absl::Milliseconds(400);
-  EXPECT_TRUE(h.Allow());
-  h.Succeeded();
+  cluster = absl::OkStatus();
+  EXPECT_TRUE(h.Allow(probe));  // The probe reached the cluster: healthy again.
+  EXPECT_EQ(probes, 5);
   EXPECT_FALSE(h.degraded());
-  EXPECT_TRUE(h.Allow());
-  EXPECT_TRUE(h.Allow());
+  EXPECT_TRUE(h.Allow(probe));
+  EXPECT_TRUE(h.Allow(probe));
+  EXPECT_EQ(probes, 5);
   h.Failed(absl::UnavailableError("again"));
   EXPECT_EQ(h.degradations(), 2u);
   EXPECT_EQ(h.backoff(), absl::Milliseconds(100));  // Starts over.
@@ -157,8 +168,7 @@ TEST(RemoteHealthTest, ManyFailedRepliesOfOneBlipBackOffOnce) {
   EXPECT_TRUE(h.degraded());
   EXPECT_EQ(h.backoff(), absl::Milliseconds(100));
   now += absl::Milliseconds(100);
-  EXPECT_TRUE(h.Allow());
-  h.Succeeded();
+  EXPECT_TRUE(h.Allow([] { return absl::OkStatus(); }));
   EXPECT_FALSE(h.degraded());
 }
 

@@ -1038,6 +1038,67 @@ TEST_F(RemoteTierFaultTest, ANodeDownKeepsTheTierDegradedThoughOthersAnswer) {
   EXPECT_EQ(b_->GetStats().remote.degradations, 1u);
 }
 
+// With one master down (no replica to take over, and the others serving on without
+// full coverage), a probe that reaches a live node only does not end degraded mode:
+// every chunk has segments on every master, so each read would wait on the dead one
+// again. The probe PINGs every master; it fails, and the backoff grows.
+TEST_F(RemoteTierFaultTest, OneLiveNodeAnsweringDoesNotEndDegradedMode) {
+  RedisClusterSpec spec;
+  spec.replicas_per_master = 0;
+  spec.extra_args = {"--cluster-require-full-coverage", "no"};
+  StartCluster(spec);
+  OpenBoth();
+  uint64_t on_dead = 0, on_live = 0;
+  for (uint64_t n = 1; n < 200 && (on_dead == 0 || on_live == 0); ++n) {
+    auto m = cluster_->MasterOf(RedisHashSlot(RemoteRecordKey("kvt", Id(n))));
+    ASSERT_TRUE(m.ok());
+    if (*m == 0 && on_dead == 0) on_dead = n;
+    if (*m > 0 && on_live == 0) on_live = n;
+  }
+  ASSERT_NE(on_dead, 0u);
+  ASSERT_NE(on_live, 0u);
+  ASSERT_TRUE(Put(a_.get(), Id(on_dead)).ok());
+  ASSERT_TRUE(Put(a_.get(), Id(on_live)).ok());
+  a_->WaitForRemoteWrites();
+  cluster_->Kill(0);
+
+  const ChunkId both[] = {Id(on_dead), Id(on_live)};
+  (void)b_->LocateMany(both);
+  ASSERT_TRUE(b_->GetStats().remote.degraded);
+  ASSERT_EQ(b_->GetStats().remote.degradations, 1u);
+
+  // The backoff passes: the next call probes. Its own key lives on a live master, which
+  // would answer; the dead one does not, so the tier stays degraded.
+  clock_.Advance(absl::Milliseconds(100));
+  const ChunkId live[] = {Id(on_live)};
+  EXPECT_EQ(b_->LocateMany(live), std::vector<Tier>{Tier::kNone});
+  RemoteTierStats s = b_->GetStats().remote;
+  EXPECT_TRUE(s.degraded);
+  EXPECT_EQ(s.degradations, 1u);
+
+  // So a read of that chunk misses at once rather than fetching segments from the dead
+  // node; and the failed probe doubled the backoff (200 ms), so none is due yet.
+  const uint64_t io_failures = s.cluster.io_failures;
+  const uint64_t read_failures = s.read_failures;
+  clock_.Advance(absl::Milliseconds(100));
+  EXPECT_EQ(b_->Read(Id(on_live)).status().code(), absl::StatusCode::kNotFound);
+  (void)b_->LocateMany(live);
+  s = b_->GetStats().remote;
+  EXPECT_TRUE(s.degraded);
+  EXPECT_EQ(s.degradations, 1u);
+  EXPECT_EQ(s.read_failures, read_failures);
+  EXPECT_EQ(s.cluster.io_failures, io_failures) << "a probe ran within the doubled backoff";
+
+  // Past it, with the node back (empty: persistence is off), the probe reaches every
+  // master and the record on the live one is found.
+  ASSERT_TRUE(cluster_->Restart(0).ok());
+  ASSERT_TRUE(cluster_->WaitHealthy().ok());
+  clock_.Advance(absl::Milliseconds(100));
+  EXPECT_EQ(b_->LocateMany(live), std::vector<Tier>{Tier::kRemote});
+  EXPECT_FALSE(b_->GetStats().remote.degraded);
+  EXPECT_EQ(b_->GetStats().remote.degradations, 1u);
+}
+
 // A node that fails mid-fetch: the groups after the one that met it miss at once
 // instead of each waiting out remote_timeout on it (every chunk has segments on every
 // master), and a Delete while degraded leaves the remote copy to expire instead of

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <functional>
 #include <optional>
+#include <tuple>
+#include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -409,7 +411,11 @@ absl::StatusOr<std::vector<RedisEndpoint>> RedisCluster::Masters() {
 
 absl::StatusOr<RedisReplyPtr> RedisCluster::CallOn(const RedisEndpoint& node,
                                                    absl::Span<const absl::string_view> argv) {
-  RedisNodePool* pool = PoolFor(node);
+  return CallPool(PoolFor(node), argv);
+}
+
+absl::StatusOr<RedisReplyPtr> RedisCluster::CallPool(RedisNodePool* pool,
+                                                     absl::Span<const absl::string_view> argv) {
   auto conn = pool->Acquire();
   if (!conn.ok()) {
     if (!absl::IsResourceExhausted(conn.status())) {
@@ -424,6 +430,45 @@ absl::StatusOr<RedisReplyPtr> RedisCluster::CallOn(const RedisEndpoint& node,
   }
   pool->Release(*std::move(conn));
   return reply;
+}
+
+absl::Status RedisCluster::PingMasters() {
+  auto masters = [this] {
+    std::vector<RedisNodePool*> out;
+    int covered = 0;
+    absl::ReaderMutexLock l(&mu_);
+    for (RedisNodePool* p : slots_) {
+      if (p == nullptr) continue;
+      ++covered;
+      if (std::find(out.begin(), out.end(), p) == out.end()) out.push_back(p);
+    }
+    return std::make_pair(std::move(out), covered);
+  };
+  auto [pools, covered] = masters();
+  if (covered < kRedisClusterSlots) {
+    if (absl::Status s = Refresh(); !s.ok()) return s;
+    std::tie(pools, covered) = masters();
+    if (covered < kRedisClusterSlots) {
+      return absl::UnavailableError(absl::StrCat("redis cluster: ", kRedisClusterSlots - covered,
+                                                 " slots have no master"));
+    }
+  }
+  for (RedisNodePool* pool : pools) {
+    auto reply = CallPool(pool, {"PING"});
+    absl::Status failed;
+    if (!reply.ok()) {
+      failed = reply.status();
+    } else if ((*reply)->type != REDIS_REPLY_STATUS || ReplyString(**reply) != "PONG") {
+      failed = absl::UnavailableError(absl::StrCat("redis ", pool->endpoint().ToString(),
+                                                   ": PING: ", ReplyString(**reply)));
+    }
+    if (!failed.ok()) {
+      RedisNodePool* const failed_pools[] = {pool};
+      MaybeRefresh(failed_pools);
+      return failed;
+    }
+  }
+  return absl::OkStatus();
 }
 
 RedisClusterStats RedisCluster::stats() const {

@@ -107,6 +107,13 @@ class RedisCluster {
   // An error reply is a reply. Returns: Ok, Unavailable.
   absl::StatusOr<RedisReplyPtr> CallOn(const RedisEndpoint& node,
                                        absl::Span<const absl::string_view> argv);
+  // Whether every node the slot map routes to answers: PING to each master of the
+  // cached map (read afresh first when it leaves slots without a master), in turn,
+  // stopping at the first that fails (which refreshes the map, as a failed command
+  // does, so a failover is seen by the next call). A health probe: one node answering
+  // says nothing of the others. Returns: Ok, Unavailable (a slot with no master, or a
+  // master that did not answer PONG: named).
+  absl::Status PingMasters();
 
   RedisClusterStats stats() const;
 
@@ -122,6 +129,11 @@ class RedisCluster {
   void MaybeRefresh(absl::Span<RedisNodePool* const> failed = {});
   absl::Status RefreshExcept(absl::Span<RedisNodePool* const> failed);
   absl::Status RefreshFrom(RedisNodePool* pool);
+  // One command on `pool`'s node, counting a broken connection as an I/O failure (and
+  // dropping the pool's idle connections). Returns: Ok, Unavailable, ResourceExhausted
+  // (every connection busy: not counted).
+  absl::StatusOr<RedisReplyPtr> CallPool(RedisNodePool* pool,
+                                         absl::Span<const absl::string_view> argv);
 
   const RedisClusterOptions options_;
   RedisNodePoolOptions pool_options_;
