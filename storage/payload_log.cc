@@ -645,6 +645,24 @@ std::optional<PayloadLog::Candidate> PayloadLog::MostGarbage() const {
   return best;
 }
 
+std::optional<uint32_t> PayloadLog::SealLeastLive() {
+  absl::MutexLock lock(&mu_);
+  std::optional<uint32_t> best;
+  uint64_t best_live = 0;
+  for (const auto& [number, file] : files_) {
+    if (file->writing != 0 || file->live == 0) continue;
+    if (!best || file->live < best_live) {
+      best = number;
+      best_live = file->live;
+    }
+  }
+  if (best && active_ && active_->number == *best) {
+    active_->sealed = true;
+    active_ = nullptr;
+  }
+  return best;
+}
+
 absl::Status PayloadLog::SyncAll() {
   std::vector<std::shared_ptr<File>> files;
   {

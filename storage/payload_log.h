@@ -174,6 +174,11 @@ class PayloadLog {
     uint64_t garbage_bytes;
   };
   std::optional<Candidate> MostGarbage() const;
+  // The file with the fewest live bytes (some) and no write in flight: the one whose
+  // deletion costs the fewest chunks, for a full disk. The file being filled counts too,
+  // and is sealed if chosen, so that it is deleted once its extents are released (on a
+  // disk smaller than two files it is the only one). nullopt if there is none.
+  std::optional<uint32_t> SealLeastLive();
 
   // fdatasync every file. Returns: Ok, Unavailable.
   absl::Status SyncAll();

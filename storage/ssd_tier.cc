@@ -18,6 +18,7 @@
 #include "storage/log_limiter.h"
 #include "storage/rocksdb_logger.h"
 #include "storage/ssd_row.h"
+#include "storage/steady_now.h"
 
 namespace kvtier {
 namespace {
@@ -239,7 +240,9 @@ absl::StatusOr<std::unique_ptr<SsdTier>> SsdTier::OpenOnce(SsdTierOptions option
                  " MiB must stay free for the index: the tier will hold only what fits and "
                  "evict to stay there; lower ssd_capacity to at most ",
                  o.LargestCapacityFor(room) >> 20, " MiB");
-      tier->SetLimit(tier->DiskFit());
+      const uint64_t fit = tier->DiskFit();
+      absl::MutexLock lock(&tier->mu_);
+      tier->limit_bytes_ = fit;
     }
   }
   return tier;
@@ -407,8 +410,10 @@ absl::Status SsdTier::MapWriteError(const rocksdb::Status& s, absl::string_view 
 uint64_t SsdTier::DiskFit() {
   absl::StatusOr<uint64_t> room = log_->Room();
   if (!room.ok()) return options_.capacity_bytes;
-  return std::min(options_.capacity_bytes,
-                  options_.LargestCapacityFor(*room + options_.MinFreeBytes()));
+  // As SsdTierOptions::LargestCapacityFor, but a disk with less room than two payload
+  // files still holds half of it: a full disk costs a put a file's worth of eviction.
+  const uint64_t filling = std::min(options_.FileBytes(), *room / 2);
+  return std::min(options_.capacity_bytes, (*room - filling) / 17 * 16);
 }
 
 void SsdTier::SetLimit(uint64_t bytes) {
@@ -466,8 +471,12 @@ void SsdTier::Relocate(uint32_t file) {
       continue;
     }
     if (!moved.ok()) {
-      LogWarning("SSD tier: garbage collection of ", PayloadLog::FileName(file),
-                 " stopped: ", moved.status().message());
+      // A line a second: on a full disk every put tries, and fails the same way.
+      static LogLimiter limiter(absl::Seconds(1));
+      if (auto held = limiter.Allow(SteadyNow())) {
+        LogWarning("SSD tier: garbage collection of ", PayloadLog::FileName(file),
+                   " stopped: ", moved.status().message(), " (", *held, " more like it)");
+      }
       return;
     }
     bool committed = false;
@@ -516,26 +525,23 @@ absl::Status SsdTier::Put(const ChunkId& id, const ChunkMeta& meta,
   absl::Status s = PutOnce(id, meta, parts);
   // The file system filled before the tier did (a capacity larger than the disk, or
   // someone else's files). A cache yields rather than refuse every put until an
-  // operator acts: the tier keeps to what fits, and below what it holds now, so that
-  // each retry evicts (in the policy's order) until a file's worth is dead and goes.
-  // Later puts keep the limit up to date until the disk has room for the whole
-  // capacity again.
+  // operator acts. The tier keeps to what the disk holds now (later puts evict to it in
+  // the policy's order, and keep it up to date until the disk has room for the whole
+  // capacity again); and for this put, a file's worth of chunks is evicted, the file
+  // with the fewest live bytes, until the put fits: the policy's victims may lie in
+  // every file and free nothing, and garbage collection needs the room that is missing.
   const uint64_t footprint = PayloadExtent{0, 0, meta.size}.footprint();
-  uint64_t last_held = UINT64_MAX;
-  while (absl::IsResourceExhausted(s)) {
-    // Not for want of free space (a write that failed ENOSPC all the same): nothing
-    // eviction can cure. Nor is a chunk an emptied tier would have no room for.
+  for (int pass = 0; absl::IsResourceExhausted(s) && pass < 64; ++pass) {
+    // Not for want of free space (a write that failed ENOSPC all the same, or room that
+    // came back meanwhile): not for this put to evict.
     if (!log_->Full(footprint)) return s;
     const uint64_t fit = DiskFit();
+    // A chunk an emptied tier would have no room for evicts nothing for nothing.
     if (footprint > fit) return s;
-    uint64_t held;
-    {
-      absl::MutexLock lock(&mu_);
-      held = used_bytes_ + reserved_bytes_;
-    }
-    if (held == 0 || held >= last_held) return s;  // Nothing (more) to evict.
-    last_held = held;
-    SetLimit(std::max(footprint, std::min(fit, held - std::min(held, footprint))));
+    SetLimit(fit);
+    absl::StatusOr<bool> evicted = EvictLeastLiveFile();
+    if (!evicted.ok()) return evicted.status();
+    if (!*evicted) return s;  // Nothing left to free.
     s = PutOnce(id, meta, parts);
   }
   return s;
@@ -1157,6 +1163,16 @@ absl::StatusOr<uint64_t> SsdTier::ShrinkNamespaces(const absl::flat_hash_set<uin
     }
   }
   if (gone.empty()) return held;
+  if (absl::Status s = DeleteEvictedRows(std::move(gone), "evicting chunks over a tenant's "
+                                                          "ssd_quota");
+      !s.ok()) {
+    return s;
+  }
+  return held;
+}
+
+absl::Status SsdTier::DeleteEvictedRows(std::vector<std::pair<ChunkId, IndexEntry>> gone,
+                                        absl::string_view what) {
   std::vector<ChunkId> ids;
   for (const auto& [id, e] : gone) ids.push_back(id);
   BeforeRowDelete(ids);
@@ -1171,14 +1187,37 @@ absl::StatusOr<uint64_t> SsdTier::ShrinkNamespaces(const absl::flat_hash_set<uin
     EndUnrow(ids);
     absl::MutexLock lock(&mu_);
     counters_.evictions -= restored;
-    return MapWriteError(s, "evicting chunks over a tenant's ssd_quota");
+    return MapWriteError(s, what);
   }
   for (const auto& [id, e] : gone) log_->Release(e.extent);
   EndUnrow(ids);
   for (const ChunkId& id : ids) {
     if (options_.on_evict) options_.on_evict(id);
   }
-  return held;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> SsdTier::EvictLeastLiveFile() {
+  const std::optional<uint32_t> file = log_->SealLeastLive();
+  if (!file) return false;
+  std::vector<std::pair<ChunkId, IndexEntry>> gone;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = by_file_.find(*file);
+    if (it == by_file_.end()) return false;
+    const std::vector<ChunkId> ids(it->second.begin(), it->second.end());
+    for (const ChunkId& id : ids) {
+      gone.emplace_back(id, *ForgetLocked(id));
+      BeginUnrowLocked(id);
+      ++counters_.evictions;
+    }
+  }
+  if (gone.empty()) return false;
+  if (absl::Status s = DeleteEvictedRows(std::move(gone), "evicting chunks from a full disk");
+      !s.ok()) {
+    return s;
+  }
+  return true;
 }
 
 absl::StatusOr<uint64_t> SsdTier::DeleteNamespace(uint64_t ns, std::vector<ChunkId>* removed) {

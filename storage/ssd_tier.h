@@ -302,6 +302,15 @@ class SsdTier final : public StorageTier {
   // Sets limit_bytes_, saying so when the tier starts or stops being held below its
   // capacity.
   void SetLimit(uint64_t bytes) ABSL_LOCKS_EXCLUDED(mu_);
+  // Evicts the chunks of the payload file with the fewest live bytes, so that the file
+  // dies and is deleted: on a full disk the policy's victims may lie in every file and
+  // free nothing. Returns whether it evicted any (Ok), or why not.
+  absl::StatusOr<bool> EvictLeastLiveFile() ABSL_LOCKS_EXCLUDED(mu_);
+  // The rows of chunks just taken out of the index (BeginUnrowLocked, counted as
+  // evictions): deletes them and frees their bytes, or, should the deletion fail, puts
+  // them back. `what` names the eviction in an error.
+  absl::Status DeleteEvictedRows(std::vector<std::pair<ChunkId, IndexEntry>> gone,
+                                 absl::string_view what) ABSL_LOCKS_EXCLUDED(mu_);
   void Relocate(uint32_t file) ABSL_EXCLUSIVE_LOCKS_REQUIRED(gc_mu_);
   absl::Status MapWriteError(const rocksdb::Status& s, absl::string_view what);
   // Deletes a chunk that failed verification, counts it, and says so (DataLoss); of

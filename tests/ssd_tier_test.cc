@@ -1066,6 +1066,8 @@ TEST_F(SsdTierFaultTest, AFullFileSystemHoldsTheTierToWhatFits) {
   EXPECT_LE(s.used_bytes, s.limit_bytes);
   EXPECT_LE(s.disk_bytes, 11 * kMiB) << "the payload files ate into the index's reserve";
   EXPECT_FALSE(tier_->Contains(Id(1))) << "the least recently used chunk was kept";
+  // It keeps what fits, less a file's worth at most, rather than emptying itself.
+  EXPECT_GE(s.used_bytes + kMiB + kChunk, s.limit_bytes);
   for (int i = kChunks - 7; i <= kChunks; ++i) ExpectStored(Id(i), kChunk);
 
   // A chunk the disk cannot hold even with the tier emptied fails, and evicts nothing.
@@ -1083,6 +1085,53 @@ TEST_F(SsdTierFaultTest, AFullFileSystemHoldsTheTierToWhatFits) {
   s = tier_->GetStats();
   EXPECT_EQ(s.limit_bytes, 64 * kMiB);
   EXPECT_EQ(s.chunks, held + 1);
+}
+
+// A full disk whose least recently used chunks lie in every payload file (each file
+// holds one chunk read since): evicting in the policy's order frees no file until it
+// has evicted nearly everything, and garbage collection needs the room that is
+// missing. A put once emptied the tier that way, a chunk at a time. It now evicts the
+// file with the fewest live bytes, and the tier keeps the rest of what fits.
+TEST_F(SsdTierFaultTest, AFullDiskCostsAPutAFilesWorthNotTheTier) {
+  UseSmallFiles();  // Four 256 KiB chunks a file.
+  options_.capacity_bytes = 64 * kMiB;
+  options_.min_free_bytes = kMiB;
+  Open();
+  constexpr uint64_t kChunk = 256 * 1024;
+  for (int i = 1; i <= 32; ++i) PutOk(Id(i), kChunk);
+  for (int i = 1; i <= 32; i += 4) ExpectStored(Id(i), kChunk);  // One read per file.
+  // A disk with just less room than the next put needs: full, at what the tier holds.
+  uint64_t used = 0;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(options_.path)) {
+    if (e.is_regular_file()) used += e.file_size();
+  }
+  ops_->SetDiskOf(options_.path, used + options_.min_free_bytes + kChunk / 2);
+  PutOk(Id(33), kChunk);
+  const SsdTierStats s = tier_->GetStats();
+  EXPECT_LT(s.limit_bytes, 64 * kMiB);
+  EXPECT_GE(s.used_bytes + kMiB + kChunk, s.limit_bytes)
+      << "evicted " << s.evictions << " chunks for one";
+  EXPECT_GE(s.chunks, 20u) << "evicted " << s.evictions << " chunks for one";
+  ExpectStored(Id(33), kChunk);
+}
+
+// A disk with less room than two payload files: the file being filled is the only one,
+// and on a full disk it is sealed and its chunks evicted so that it goes. Once such a
+// disk left the tier no room at all (its limit 0), and every put failed.
+TEST_F(SsdTierFaultTest, ADiskSmallerThanTwoPayloadFilesStillCaches) {
+  options_.capacity_bytes = 64 * kMiB;
+  options_.file_bytes = 8 * kMiB;
+  options_.io_bytes = 256 * 1024;
+  options_.piece_bytes = 64 * 1024;
+  options_.min_free_bytes = kMiB;
+  ops_->SetDiskOf(options_.path, 6 * kMiB);
+  Open();
+  constexpr uint64_t kChunk = 256 * 1024;
+  for (int i = 1; i <= 64; ++i) PutOk(Id(i), kChunk);  // 16 MiB through a 6 MiB disk.
+  const SsdTierStats s = tier_->GetStats();
+  EXPECT_GT(s.chunks, 0u);
+  EXPECT_LE(s.disk_bytes, 5 * kMiB);
+  ExpectStored(Id(64), kChunk);
 }
 
 // A put that replaces an expired copy (not swept yet) and then fails stores nothing:
