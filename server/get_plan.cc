@@ -15,20 +15,46 @@ uint64_t FrameBytesFor(uint32_t requested, uint64_t max_frame_bytes) {
   return std::min<uint64_t>(max_frame_bytes, wanted);
 }
 
-absl::StatusOr<GetPlan> MakeGetPlan(const v1::GetRequest& req, const LayoutSpec& layout,
-                                    uint64_t max_frame_bytes, uint32_t max_keys) {
-  GetPlan plan;
+namespace {
+
+// Whether `order` streams layer-major. Returns: InvalidArgument (not a GetOrder this
+// daemon knows).
+absl::StatusOr<bool> LayerMajor(int order) {
+  switch (order) {
+    case v1::GET_ORDER_UNSPECIFIED:
+    case v1::GET_ORDER_CHUNK_MAJOR:
+      return false;
+    case v1::GET_ORDER_LAYER_MAJOR:
+      return true;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          "order: ", order, " is not a GetOrder this daemon knows (chunk-major 1, layer-major 2)"));
+  }
+}
+
+}  // namespace
+
+absl::Status CheckGetRequest(const v1::GetRequest& req, uint32_t max_keys) {
   if (req.keys_size() > static_cast<int>(max_keys)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "keys: ", req.keys_size(), " keys in one request, more than max_keys_per_request (",
         max_keys, "); split the request"));
   }
   for (int i = 0; i < req.keys_size(); ++i) {
-    auto key = ChunkKey::FromBytes(req.keys(i));
-    if (!key.ok()) {
+    if (auto key = ChunkKey::FromBytes(req.keys(i)); !key.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("keys[", i, "]: ", key.status().message()));
     }
-    plan.ids.push_back(ChunkId{req.namespace_id(), *key});
+  }
+  return LayerMajor(req.order()).status();
+}
+
+absl::StatusOr<GetPlan> MakeGetPlan(const v1::GetRequest& req, const LayoutSpec& layout,
+                                    uint64_t max_frame_bytes, uint32_t max_keys) {
+  GetPlan plan;
+  if (absl::Status s = CheckGetRequest(req, max_keys); !s.ok()) return s;
+  plan.ids.reserve(req.keys_size());
+  for (int i = 0; i < req.keys_size(); ++i) {
+    plan.ids.push_back(ChunkId{req.namespace_id(), *ChunkKey::FromBytes(req.keys(i))});
   }
   plan.num_layers = layout.num_layers;
   plan.layer_bytes = layout.ChunkBytes() / layout.num_layers;
@@ -44,19 +70,7 @@ absl::StatusOr<GetPlan> MakeGetPlan(const v1::GetRequest& req, const LayoutSpec&
     }
   }
   plan.frame_bytes = FrameBytesFor(req.max_frame_bytes(), max_frame_bytes);
-  switch (req.order()) {
-    case v1::GET_ORDER_UNSPECIFIED:
-    case v1::GET_ORDER_CHUNK_MAJOR:
-      plan.layer_major = false;
-      break;
-    case v1::GET_ORDER_LAYER_MAJOR:
-      plan.layer_major = true;
-      break;
-    default:
-      return absl::InvalidArgumentError(absl::StrCat(
-          "order: ", static_cast<int>(req.order()),
-          " is not a GetOrder this daemon knows (chunk-major 1, layer-major 2)"));
-  }
+  plan.layer_major = *LayerMajor(req.order());  // Checked by CheckGetRequest.
   const uint32_t n = static_cast<uint32_t>(plan.ids.size());
   if (plan.layer_major) {
     const uint64_t items = uint64_t{n} * (plan.end_layer - plan.first_layer);
@@ -84,6 +98,8 @@ absl::StatusOr<GetPlan> MakeGetPlan(const v1::GetRequest& req, const LayoutSpec&
 absl::StatusOr<GetPlan> StartGet(TieredStore* store, const v1::GetRequest* req,
                                  uint64_t max_frame_bytes, uint32_t max_keys) {
   if (req == nullptr) return absl::InvalidArgumentError("request: not a GetRequest");
+  // Before the store: a malformed request is InvalidArgument while starting up too.
+  if (absl::Status s = CheckGetRequest(*req, max_keys); !s.ok()) return s;
   if (store == nullptr) {
     return absl::UnavailableError(
         "kvtierd is starting up (recovering the SSD tier's index); retry shortly");
@@ -102,7 +118,8 @@ void TakeLease(LeaseTable* leases, const v1::GetRequest& req, std::vector<ChunkV
 absl::Status CheckGet(TieredStore* store, const v1::GetRequest* req, uint64_t max_frame_bytes,
                       uint32_t max_keys) {
   if (req == nullptr) return absl::InvalidArgumentError("request: not a GetRequest");
-  if (store == nullptr) return absl::OkStatus();
+  if (absl::Status s = CheckGetRequest(*req, max_keys); !s.ok()) return s;
+  if (store == nullptr) return absl::OkStatus();  // Its namespace and layout: not known yet.
   auto layout = store->FindLayout(req->namespace_id());
   if (!layout.ok()) return layout.status();
   return MakeGetPlan(*req, *layout, max_frame_bytes, max_keys).status();

@@ -54,6 +54,11 @@ inline constexpr uint64_t kStockFrameBytes = (4u << 20) - (256u << 10);
 inline constexpr uint64_t kMinFrameBytes = 4u << 10;
 uint64_t FrameBytesFor(uint32_t requested, uint64_t max_frame_bytes);
 
+// What of `req` is wrong whatever the store holds, so checked before the store is asked
+// (or known: starting up). Returns: Ok, InvalidArgument (naming the field: too many keys,
+// a malformed key, an order this daemon does not know).
+absl::Status CheckGetRequest(const v1::GetRequest& req, uint32_t max_keys);
+
 // `req` for namespace layout `layout`. Returns: Ok, InvalidArgument (naming the field:
 // too many keys, a malformed key, a bad layer range or order).
 absl::StatusOr<GetPlan> MakeGetPlan(const v1::GetRequest& req, const LayoutSpec& layout,
@@ -72,7 +77,8 @@ void TakeLease(LeaseTable* leases, const v1::GetRequest& req, std::vector<ChunkV
 
 // What of StartGet can fail for good, without its side effects: asked before a Get
 // takes a stream place, so that a request that can never succeed is not told to retry
-// (RESOURCE_EXHAUSTED) first. Ok while `store` is null (starting up: not known yet).
+// (RESOURCE_EXHAUSTED) first. While `store` is null (starting up) only CheckGetRequest's
+// part: the namespace and its layout are not known yet.
 // Returns: Ok, InvalidArgument, NotFound (namespace).
 absl::Status CheckGet(TieredStore* store, const v1::GetRequest* req, uint64_t max_frame_bytes,
                       uint32_t max_keys);

@@ -20,23 +20,30 @@ namespace {
 
 using google::protobuf::RepeatedPtrField;
 
-// Parses and bounds a request's keys. Errors: InvalidArgument naming the bad key.
-absl::StatusOr<std::vector<ChunkId>> ParseKeys(uint64_t ns, const RepeatedPtrField<std::string>& keys,
-                                               uint32_t max_keys) {
+// Bounds a request's keys and checks each is a key: what needs no store, so asked
+// before the store is (while starting up a malformed request is InvalidArgument, not
+// "retry shortly"). Errors: InvalidArgument naming the bad key.
+absl::Status CheckKeys(const RepeatedPtrField<std::string>& keys, uint32_t max_keys) {
   if (keys.size() > static_cast<int>(max_keys)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "keys: ", keys.size(), " keys in one request, more than max_keys_per_request (",
         max_keys, "); split the request"));
   }
-  std::vector<ChunkId> ids;
-  ids.reserve(keys.size());
   for (int i = 0; i < keys.size(); ++i) {
-    auto key = ChunkKey::FromBytes(keys[i]);
-    if (!key.ok()) {
+    if (auto key = ChunkKey::FromBytes(keys[i]); !key.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("keys[", i, "]: ", key.status().message()));
     }
-    ids.push_back(ChunkId{ns, *key});
   }
+  return absl::OkStatus();
+}
+
+// Parses and bounds a request's keys. Errors: InvalidArgument naming the bad key.
+absl::StatusOr<std::vector<ChunkId>> ParseKeys(uint64_t ns, const RepeatedPtrField<std::string>& keys,
+                                               uint32_t max_keys) {
+  if (absl::Status s = CheckKeys(keys, max_keys); !s.ok()) return s;
+  std::vector<ChunkId> ids;
+  ids.reserve(keys.size());
+  for (const std::string& key : keys) ids.push_back(ChunkId{ns, *ChunkKey::FromBytes(key)});
   return ids;
 }
 
@@ -171,9 +178,12 @@ grpc::Status KvCacheService::RegisterLayoutCall(const TenantScope& tenant, const
 }
 grpc::Status KvCacheService::LookupCall(const TenantScope& tenant, const v1::LookupRequest* req,
                                     v1::LookupResponse* resp) {
-  return Serve(RpcMethod::kLookup, tenant, [&](TieredStore* store, const TenantScope& t) {
-    return LookupImpl(store, t, t.Internal(req->namespace_id()), req, resp);
-  });
+  return ServeChecked(
+      RpcMethod::kLookup, tenant,
+      [&](const TenantScope&) { return CheckKeys(req->keys(), limits_.max_keys_per_request); },
+      [&](TieredStore* store, const TenantScope& t) {
+        return LookupImpl(store, t, t.Internal(req->namespace_id()), req, resp);
+      });
 }
 grpc::ServerReadReactor<grpc::ByteBuffer>* KvCacheService::Put(
     grpc::CallbackServerContext* ctx, grpc::ByteBuffer* response) {
@@ -266,21 +276,30 @@ grpc::Status KvCacheService::DataPlaneCall(const TenantScope& tenant, const v1::
 
 grpc::Status KvCacheService::PinCall(const TenantScope& tenant, const v1::PinRequest* req,
                                  v1::PinResponse* resp) {
-  return Serve(RpcMethod::kPin, tenant, [&](TieredStore* store, const TenantScope& t) {
-    return PinImpl(store, t, t.Internal(req->namespace_id()), req, resp);
-  });
+  return ServeChecked(
+      RpcMethod::kPin, tenant,
+      [&](const TenantScope&) { return CheckKeys(req->keys(), limits_.max_keys_per_request); },
+      [&](TieredStore* store, const TenantScope& t) {
+        return PinImpl(store, t, t.Internal(req->namespace_id()), req, resp);
+      });
 }
 grpc::Status KvCacheService::UnpinCall(const TenantScope& tenant, const v1::UnpinRequest* req,
                                  v1::UnpinResponse* resp) {
-  return Serve(RpcMethod::kUnpin, tenant, [&](TieredStore* store, const TenantScope& t) {
-    return UnpinImpl(store, t.Internal(req->namespace_id()), req, resp);
-  });
+  return ServeChecked(
+      RpcMethod::kUnpin, tenant,
+      [&](const TenantScope&) { return CheckKeys(req->keys(), limits_.max_keys_per_request); },
+      [&](TieredStore* store, const TenantScope& t) {
+        return UnpinImpl(store, t.Internal(req->namespace_id()), req, resp);
+      });
 }
 grpc::Status KvCacheService::DeleteCall(const TenantScope& tenant, const v1::DeleteRequest* req,
                                  v1::DeleteResponse* resp) {
-  return Serve(RpcMethod::kDelete, tenant, [&](TieredStore* store, const TenantScope& t) {
-    return DeleteImpl(store, t.Internal(req->namespace_id()), req, resp);
-  });
+  return ServeChecked(
+      RpcMethod::kDelete, tenant,
+      [&](const TenantScope&) { return CheckKeys(req->keys(), limits_.max_keys_per_request); },
+      [&](TieredStore* store, const TenantScope& t) {
+        return DeleteImpl(store, t.Internal(req->namespace_id()), req, resp);
+      });
 }
 grpc::Status KvCacheService::ClearCall(const TenantScope& tenant, const v1::ClearRequest* req,
                                  v1::ClearResponse* resp) {
@@ -320,6 +339,12 @@ grpc::Status KvCacheService::HintCall(const TenantScope& tenant, const v1::HintR
         if (req->client_id().empty() || req->client_id().size() > 128) {
           return absl::InvalidArgumentError(absl::StrCat(
               "client_id: ", req->client_id().size(), " bytes; must be 1 to 128"));
+        }
+        for (int i = 0; i < req->requests_size(); ++i) {
+          if (absl::Status k = CheckKeys(req->requests(i).keys(), limits_.max_keys_per_request);
+              !k.ok()) {
+            return absl::InvalidArgumentError(absl::StrCat("requests[", i, "].", k.message()));
+          }
         }
         return absl::OkStatus();
       },

@@ -313,7 +313,9 @@ TEST_F(RevokedCredentialsTest, APrefillSessionEndsBeforeItsNextChunk) {
 
 // While the daemon starts up (its store not yet served), a request that can never
 // succeed is told so, not UNAVAILABLE ("retry shortly"): Stats from a tenant without the
-// admin role, a RegisterLayout without a layout, a Hint without a client_id.
+// admin role, a RegisterLayout without a layout, a Hint without a client_id, and
+// malformed keys (a 15-byte key in a Lookup, Delete or Hint; a Get of more keys than
+// max_keys_per_request, or in an unknown order), whose checks once ran after the store's.
 TEST(StartingUpTest, RequestsThatCanNeverSucceedAreNotToldToRetry) {
   SetMinLogLevel(LogLevel::kError);
   testing::TempDir dir;
@@ -347,6 +349,38 @@ TEST(StartingUpTest, RequestsThatCanNeverSucceedAreNotToldToRetry) {
               grpc::StatusCode::INVALID_ARGUMENT);
     EXPECT_EQ(call(&v1::KvCache::Stub::Hint, v1::HintRequest(), &hinted),
               grpc::StatusCode::INVALID_ARGUMENT);
+    v1::LookupRequest short_key;
+    short_key.add_keys(std::string(15, 'k'));
+    EXPECT_EQ(call(&v1::KvCache::Stub::Lookup, short_key, &looked),
+              grpc::StatusCode::INVALID_ARGUMENT);
+    v1::DeleteRequest short_delete;
+    short_delete.add_keys(std::string(15, 'k'));
+    v1::DeleteResponse deleted;
+    EXPECT_EQ(call(&v1::KvCache::Stub::Delete, short_delete, &deleted),
+              grpc::StatusCode::INVALID_ARGUMENT);
+    v1::HintRequest short_hint;
+    short_hint.set_client_id("worker-0");
+    short_hint.add_requests()->add_keys(std::string(15, 'k'));
+    EXPECT_EQ(call(&v1::KvCache::Stub::Hint, short_hint, &hinted),
+              grpc::StatusCode::INVALID_ARGUMENT);
+    const auto get = [&](const v1::GetRequest& req) {
+      grpc::ClientContext ctx;
+      ctx.AddMetadata("authorization", "Bearer token-a");
+      auto reader = stub->Get(&ctx, req);
+      v1::GetFrame frame;
+      while (reader->Read(&frame)) {
+      }
+      return reader->Finish().error_code();
+    };
+    v1::GetRequest too_many;
+    for (uint32_t i = 0; i <= ServiceLimits{}.max_keys_per_request; ++i) {
+      too_many.add_keys(KeyOf(i).ToByteString());
+    }
+    EXPECT_EQ(get(too_many), grpc::StatusCode::INVALID_ARGUMENT);
+    v1::GetRequest unknown_order;
+    unknown_order.add_keys(KeyOf(1).ToByteString());
+    unknown_order.set_order(static_cast<v1::GetOrder>(7));
+    EXPECT_EQ(get(unknown_order), grpc::StatusCode::INVALID_ARGUMENT);
     // A request that may well succeed once the store is up is still told to retry.
     EXPECT_EQ(call(&v1::KvCache::Stub::Lookup, v1::LookupRequest(), &looked),
               starting_up_lookup);
