@@ -52,6 +52,75 @@ void SetThenGet(RedisCluster& client, const std::vector<std::string>& keys,
   }
 }
 
+// Closes every client connection of every live node but the one asking, the way a
+// server's `timeout` closes idle clients: a pooled connection's next command meets EOF.
+void CloseClientConnections(RedisClusterProcess& cluster) {
+  for (int i = 0; i < cluster.size(); ++i) {
+    if (!cluster.alive(i)) continue;
+    auto r = cluster.Call(i, {"CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"});
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_EQ((*r)->type, REDIS_REPLY_INTEGER) << ReplyString(**r);
+  }
+}
+
+// Idle pooled connections the servers closed: every call that meets one sends its
+// commands again on a new connection, once, instead of failing (a pipeline, one
+// command on a node, a topology read).
+void ClosedIdleConnectionsAreReplaced(RedisClusterProcess& cluster, RedisCluster& client,
+                                      absl::string_view prefix) {
+  std::vector<std::string> keys, values;
+  for (int i = 0; i < 100; ++i) {
+    keys.push_back(absl::StrCat(prefix, i));
+    values.push_back(std::string(100 + i, static_cast<char>('a' + i % 26)));
+  }
+  ASSERT_NO_FATAL_FAILURE(SetThenGet(client, keys, values));  // Every master's pool.
+  ASSERT_NO_FATAL_FAILURE(CloseClientConnections(cluster));
+  ASSERT_NO_FATAL_FAILURE(SetThenGet(client, keys, values));
+  ASSERT_NO_FATAL_FAILURE(CloseClientConnections(cluster));
+  for (int slot : {0, 8000, 16383}) {
+    auto m = cluster.MasterOf(slot);
+    ASSERT_TRUE(m.ok());
+    auto pong = client.CallOn(cluster.endpoint(*m), {"PING"});
+    ASSERT_TRUE(pong.ok()) << pong.status();
+    EXPECT_EQ(ReplyString(**pong), "PONG");
+  }
+  ASSERT_NO_FATAL_FAILURE(CloseClientConnections(cluster));
+  EXPECT_TRUE(client.Refresh().ok());
+  ASSERT_NO_FATAL_FAILURE(CloseClientConnections(cluster));
+  EXPECT_TRUE(client.PingMasters().ok());
+  const RedisClusterStats s = client.stats();
+  EXPECT_EQ(s.io_failures, 0u);
+  EXPECT_EQ(s.refresh_node_failures, 0u);
+}
+
+// What makes a pooled connection's commands go again: a server that closed it is told
+// from a silent one (a hung node is not asked twice, each time waiting out the
+// timeout), and no byte came back. `tls` null: plaintext.
+void ClosedIsToldFromSilent(RedisClusterProcess& cluster, const RedisTlsContext* tls) {
+  auto closed = RedisConnection::Connect(cluster.endpoint(0), {}, absl::Seconds(1),
+                                         absl::Seconds(5), tls);
+  ASSERT_TRUE(closed.ok()) << closed.status();
+  ASSERT_TRUE((*closed)->Call({"PING"}).ok());
+  const uint64_t received = (*closed)->bytes_received();
+  EXPECT_GT(received, 0u);
+  EXPECT_FALSE((*closed)->timed_out());
+  ASSERT_NO_FATAL_FAILURE(CloseClientConnections(cluster));
+  EXPECT_FALSE((*closed)->Call({"PING"}).ok());
+  EXPECT_TRUE((*closed)->broken());
+  EXPECT_FALSE((*closed)->timed_out());
+  EXPECT_EQ((*closed)->bytes_received(), received);
+
+  auto silent = RedisConnection::Connect(cluster.endpoint(0), {}, absl::Seconds(1),
+                                         absl::Milliseconds(200), tls);
+  ASSERT_TRUE(silent.ok()) << silent.status();
+  cluster.Pause(0);
+  auto r = (*silent)->Call({"PING"});
+  cluster.Resume(0);
+  EXPECT_FALSE(r.ok());
+  EXPECT_TRUE((*silent)->broken());
+  EXPECT_TRUE((*silent)->timed_out());
+}
+
 class RedisClusterTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -111,6 +180,15 @@ TEST_F(RedisClusterTest, PipelinesOverEveryMaster) {
   }
   EXPECT_EQ(masters.size(), 3u);
   EXPECT_EQ(client->stats().moved, 0u);
+}
+
+TEST_F(RedisClusterTest, AConnectionTheServerClosedWhileIdleIsReplaced) {
+  auto client = Client();
+  ClosedIdleConnectionsAreReplaced(*cluster_, *client, "idle-key-");
+}
+
+TEST_F(RedisClusterTest, AConnectionTellsAServerThatClosedItFromASilentOne) {
+  ClosedIsToldFromSilent(*cluster_, nullptr);
 }
 
 TEST_F(RedisClusterTest, FollowsMovedAfterASlotMoves) {
@@ -450,6 +528,18 @@ TEST_F(RedisClusterTlsTest, PipelinesOverEveryMasterThroughMutualTls) {
   EXPECT_EQ(masters.size(), 3u);
   EXPECT_EQ(client->stats().moved, 0u);
   EXPECT_EQ(client->stats().io_failures, 0u);
+}
+
+TEST_F(RedisClusterTlsTest, AConnectionTheServerClosedWhileIdleIsReplaced) {
+  auto client = Client(cluster_->ClientTls());
+  ASSERT_NE(client, nullptr);
+  ClosedIdleConnectionsAreReplaced(*cluster_, *client, "tls-idle-key-");
+}
+
+TEST_F(RedisClusterTlsTest, AConnectionTellsAServerThatClosedItFromASilentOne) {
+  auto tls = RedisTlsContext::Create(cluster_->ClientTls());
+  ASSERT_TRUE(tls.ok()) << tls.status();
+  ClosedIsToldFromSilent(*cluster_, tls->get());
 }
 
 TEST_F(RedisClusterTlsTest, AClientWithoutACertificateIsRefused) {

@@ -149,6 +149,15 @@ class RemoteTierTest : public ::testing::Test {
     EXPECT_TRUE(r.ok()) << r.status();
     return r.ok() ? *std::move(r) : nullptr;
   }
+  // Closes every client connection of every live node (CLIENT KILL, from a connection
+  // of its own), as a server's `timeout` closes idle clients.
+  void CloseClientConnections() {
+    for (int i = 0; i < cluster_->size(); ++i) {
+      if (!cluster_->alive(i)) continue;
+      auto r = cluster_->Call(i, {"CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"});
+      ASSERT_TRUE(r.ok()) << r.status();
+    }
+  }
   bool RecordExists(const ChunkId& id) {
     const std::string key = RemoteRecordKey("kvt", id);
     return OnOwner(key, {"EXISTS", key})->integer == 1;
@@ -607,6 +616,33 @@ TEST_F(RemoteTierTest, AnErrorReplyIsAFailedReadNotCorruption) {
 // removed by the reader that finds it torn, so the chunk can be shared again: before,
 // every Lookup still said TIER_REMOTE, every read missed, and a writer skipped the chunk
 // as present until the record expired (remote_ttl).
+// Redis closes idle clients (its `timeout`, a cloud proxy's idle close, a restart): a
+// pooled connection's next command meets EOF before any reply. That is no failure of
+// the node: the commands go again on a new connection, and the tier stays healthy.
+TEST_F(RemoteTierTest, ConnectionsClosedWhileIdleDoNotFailReadsOrWrites) {
+  auto tier = OpenTier();
+  ASSERT_NE(tier, nullptr);
+  ASSERT_TRUE(WriteChunk(*tier, Id(1)).ok());
+  ASSERT_TRUE(tier->ReadRecord(Id(1), RemoteLayout{kFingerprint, 0}).ok());
+  ASSERT_NO_FATAL_FAILURE(CloseClientConnections());
+  auto record = tier->ReadRecord(Id(1), RemoteLayout{kFingerprint, 0});
+  ASSERT_TRUE(record.ok()) << record.status();
+  EXPECT_FALSE(tier->degraded());
+  ASSERT_NO_FATAL_FAILURE(CloseClientConnections());
+  auto read = ReadChunk(*tier, Id(1));
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_TRUE(*read == Payload(Id(1), kMiB));
+  ASSERT_NO_FATAL_FAILURE(CloseClientConnections());
+  EXPECT_TRUE(WriteChunk(*tier, Id(2)).ok());
+  const RemoteTierStats s = tier->GetStats();
+  EXPECT_FALSE(s.degraded);
+  EXPECT_EQ(s.degradations, 0u);
+  EXPECT_EQ(s.read_failures, 0u);
+  EXPECT_EQ(s.write_failures, 0u);
+  EXPECT_EQ(s.writes, 2u);
+  EXPECT_EQ(s.cluster.io_failures, 0u);
+}
+
 TEST_F(RemoteTierTest, ATornRecordIsRemovedSoTheChunkCanBeSharedAgain) {
   OpenBoth();
   const ChunkId id = Id(8);

@@ -46,6 +46,41 @@ std::optional<Redirect> ParseRedirect(absl::string_view error) {
   return r;
 }
 
+// Whether `conn`, taken idle from its pool (`reused`) when it had received `received`
+// bytes, broke the way a connection the server closed while it sat idle does (the
+// server's `timeout`, a proxy's idle close, a restart, CLIENT KILL): the stream closed
+// or reset rather than silent past a timeout, before a byte of any reply to this use.
+// Its commands are then sent once more on a new connection. The server read none of
+// them unless it closed the connection between running one and answering it (a crash,
+// CLIENT KILL at that moment); every command this client sends bears running twice:
+// reads (GET, EXISTS, SCAN, PING, CLUSTER SLOTS), SET of a segment (the same bytes),
+// DEL, and the guarded ones, which answer a second run as done already: SET NX of a
+// commit record (nil: its writer takes it for another's and deletes its own segments,
+// so the record reads torn, a miss its first reader removes) and the compare-and-delete
+// EVAL (0: its segments are left to their TTL).
+bool ClosedWhileIdle(const RedisConnection& conn, bool reused, uint64_t received) {
+  return reused && conn.broken() && !conn.timed_out() && conn.bytes_received() == received;
+}
+
+// One command on a connection of `pool`, sent once more on a new connection when the
+// idle one taken had been closed by the server (ClosedWhileIdle). A connection that
+// broke drops the pool's idle ones: the node failed, or closed them all. Returns: Ok,
+// and Acquire's or Read's errors.
+absl::StatusOr<RedisReplyPtr> CallOnPool(RedisNodePool& pool,
+                                         absl::Span<const absl::string_view> argv) {
+  for (int attempt = 0;; ++attempt) {
+    bool reused = false;
+    auto conn = pool.Acquire(&reused);
+    if (!conn.ok()) return conn.status();
+    const uint64_t received = (*conn)->bytes_received();
+    auto reply = (*conn)->Call(argv);
+    const bool closed_while_idle = ClosedWhileIdle(**conn, reused, received);
+    if ((*conn)->broken()) pool.DropIdle();
+    pool.Release(*std::move(conn));
+    if (!closed_while_idle || attempt > 0) return reply;
+  }
+}
+
 // Errors that say "not now" rather than "never": the command is retried.
 bool IsRetryable(absl::string_view error) {
   return absl::StartsWith(error, "TRYAGAIN") || absl::StartsWith(error, "CLUSTERDOWN") ||
@@ -185,11 +220,8 @@ absl::Status RedisCluster::RefreshExcept(absl::Span<RedisNodePool* const> failed
 }
 
 absl::Status RedisCluster::RefreshFrom(RedisNodePool* pool) {
-  auto conn = pool->Acquire();
-  if (!conn.ok()) return conn.status();
-  auto reply = (*conn)->Call({"CLUSTER", "SLOTS"});
+  auto reply = CallOnPool(*pool, {"CLUSTER", "SLOTS"});
   const RedisEndpoint asked = pool->endpoint();
-  pool->Release(*std::move(conn));
   if (!reply.ok()) return reply.status();
   const redisReply& r = **reply;
   if (r.type != REDIS_REPLY_ARRAY) {
@@ -247,6 +279,7 @@ std::vector<absl::StatusOr<RedisReplyPtr>> RedisCluster::Execute(
   struct Pending {
     size_t index;
     RedisNodePool* ask = nullptr;  // Set after an ASK: send there, after ASKING.
+    bool resent = false;  // Sent again after an idle connection turned out closed.
   };
   std::vector<Pending> todo;
   todo.reserve(commands.size());
@@ -260,12 +293,17 @@ std::vector<absl::StatusOr<RedisReplyPtr>> RedisCluster::Execute(
   if (!mapped) MaybeRefresh();
 
   absl::Duration backoff = options_.retry_backoff;
-  for (int attempt = 0; attempt <= options_.max_redirects && !todo.empty(); ++attempt) {
+  // Rounds: the first and one per redirection or retry allowed, and another when the
+  // last sends commands again after a connection closed while idle (not a redirection).
+  int rounds = options_.max_redirects + 1;
+  for (int attempt = 0; attempt < rounds && !todo.empty(); ++attempt) {
     // Group by node, keeping each node's commands in order.
     struct Group {
       RedisNodePool* pool;
       std::vector<Pending> items;
       std::unique_ptr<RedisConnection> conn;
+      bool reused = false;    // conn was idle in the pool.
+      uint64_t received = 0;  // conn->bytes_received() when taken.
     };
     std::vector<Group> groups;
     for (const Pending& p : todo) {
@@ -296,13 +334,29 @@ std::vector<absl::StatusOr<RedisReplyPtr>> RedisCluster::Execute(
     std::vector<RedisNodePool*> failed;  // Nodes that did not answer: not asked again.
     auto fail_group = [&](Group& g, size_t from, const absl::Status& s) {
       for (size_t k = from; k < g.items.size(); ++k) results[g.items[k].index] = s;
+      // A connection the server closed while it sat idle: not a failure of the node.
+      // Its commands (none answered) go again, once, on a new connection (the pool's
+      // other idle ones are dropped with it: they are likely closed too).
+      const bool resend =
+          ClosedWhileIdle(*g.conn, g.reused, g.received) &&
+          std::none_of(g.items.begin() + from, g.items.end(),
+                       [](const Pending& p) { return p.resent; });
+      if (resend) {
+        for (size_t k = from; k < g.items.size(); ++k) {
+          Pending p = g.items[k];
+          p.resent = true;
+          next.push_back(p);
+        }
+        rounds = std::max(rounds, attempt + 2);
+        return;
+      }
       io_failures_.fetch_add(g.items.size() - from, std::memory_order_relaxed);
       refresh = true;
       failed.push_back(g.pool);
     };
     // Send every group before reading any reply: the nodes work in parallel.
     for (Group& g : groups) {
-      auto conn = g.pool->Acquire();
+      auto conn = g.pool->Acquire(&g.reused);
       if (absl::IsResourceExhausted(conn.status())) {
         // Every connection to the node busy with this daemon's other calls: the node did
         // not fail, and the map is not in question.
@@ -310,10 +364,14 @@ std::vector<absl::StatusOr<RedisReplyPtr>> RedisCluster::Execute(
         continue;
       }
       if (!conn.ok()) {
-        fail_group(g, 0, conn.status());
+        for (const Pending& p : g.items) results[p.index] = conn.status();
+        io_failures_.fetch_add(g.items.size(), std::memory_order_relaxed);
+        refresh = true;
+        failed.push_back(g.pool);
         continue;
       }
       g.conn = *std::move(conn);
+      g.received = g.conn->bytes_received();
       for (const Pending& p : g.items) {
         if (p.ask != nullptr) g.conn->Append({"ASKING"});
         g.conn->Append(commands[p.index].argv);
@@ -350,12 +408,12 @@ std::vector<absl::StatusOr<RedisReplyPtr>> RedisCluster::Execute(
           if (auto redirect = ParseRedirect(error)) {
             if (redirect->ask) {
               ask_.fetch_add(1, std::memory_order_relaxed);
-              next.push_back({p.index, PoolFor(redirect->to)});
+              next.push_back({p.index, PoolFor(redirect->to), p.resent});
             } else {
               moved_.fetch_add(1, std::memory_order_relaxed);
               SetSlot(redirect->slot, redirect->to);
               refresh = true;
-              next.push_back({p.index});
+              next.push_back({p.index, nullptr, p.resent});
             }
             results[p.index] = absl::UnavailableError(absl::StrCat(
                 "redis cluster: slot ", slot_of[p.index], ": too many redirections (", error, ")"));
@@ -364,7 +422,7 @@ std::vector<absl::StatusOr<RedisReplyPtr>> RedisCluster::Execute(
           if (IsRetryable(error)) {
             retried_.fetch_add(1, std::memory_order_relaxed);
             wait = true;
-            next.push_back({p.index});
+            next.push_back({p.index, nullptr, p.resent});
             results[p.index] = absl::UnavailableError(absl::StrCat("redis cluster: ", error));
             continue;
           }
@@ -378,7 +436,7 @@ std::vector<absl::StatusOr<RedisReplyPtr>> RedisCluster::Execute(
       g.pool->Release(std::move(g.conn));
     }
     if (refresh) MaybeRefresh(failed);
-    if (wait && !next.empty() && attempt < options_.max_redirects) {
+    if (wait && !next.empty() && attempt + 1 < rounds) {
       absl::SleepFor(backoff);  // The cluster said "not now": a failover or a migration.
       backoff = std::min(backoff * 2, absl::Milliseconds(200));
     }
@@ -416,19 +474,10 @@ absl::StatusOr<RedisReplyPtr> RedisCluster::CallOn(const RedisEndpoint& node,
 
 absl::StatusOr<RedisReplyPtr> RedisCluster::CallPool(RedisNodePool* pool,
                                                      absl::Span<const absl::string_view> argv) {
-  auto conn = pool->Acquire();
-  if (!conn.ok()) {
-    if (!absl::IsResourceExhausted(conn.status())) {
-      io_failures_.fetch_add(1, std::memory_order_relaxed);
-    }
-    return conn.status();
-  }
-  auto reply = (*conn)->Call(argv);
-  if ((*conn)->broken()) {
+  auto reply = CallOnPool(*pool, argv);
+  if (!reply.ok() && !absl::IsResourceExhausted(reply.status())) {
     io_failures_.fetch_add(1, std::memory_order_relaxed);
-    pool->DropIdle();  // The node failed: reconnect afresh.
   }
-  pool->Release(*std::move(conn));
   return reply;
 }
 

@@ -13,6 +13,12 @@
 // Reads and writes go to masters. Replicas take over through the cluster's own
 // failover; a refresh after an I/O error finds the new master.
 //
+// A pooled connection the server closed while it sat idle (its `timeout`, a proxy's
+// idle close, a restart, CLIENT KILL) fails at once, before any reply: its commands are
+// sent again, once, on a new connection, and the pool's other idle connections are
+// dropped. That is no failure of the node. (A timeout is: a silent node is not asked
+// twice.)
+//
 // Thread-safety: thread-safe. Execute runs its I/O without the client's lock.
 #ifndef KVTIER_STORAGE_REDIS_REDIS_CLUSTER_H_
 #define KVTIER_STORAGE_REDIS_REDIS_CLUSTER_H_
@@ -129,9 +135,9 @@ class RedisCluster {
   void MaybeRefresh(absl::Span<RedisNodePool* const> failed = {});
   absl::Status RefreshExcept(absl::Span<RedisNodePool* const> failed);
   absl::Status RefreshFrom(RedisNodePool* pool);
-  // One command on `pool`'s node, counting a broken connection as an I/O failure (and
-  // dropping the pool's idle connections). Returns: Ok, Unavailable, ResourceExhausted
-  // (every connection busy: not counted).
+  // One command on `pool`'s node (sent again on a new connection when the idle one
+  // taken had been closed by the server), counting a failure as an I/O failure.
+  // Returns: Ok, Unavailable, ResourceExhausted (every connection busy: not counted).
   absl::StatusOr<RedisReplyPtr> CallPool(RedisNodePool* pool,
                                          absl::Span<const absl::string_view> argv);
 

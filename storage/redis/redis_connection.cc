@@ -139,7 +139,10 @@ absl::Status RedisConnection::Flush() {
   if (broken_) return Broken("write", "broken");
   if (out_.empty()) return absl::OkStatus();
   absl::Status s = socket_->WriteAll(out_, io_timeout_);
-  if (!s.ok()) return Broken("write", s.message());
+  if (!s.ok()) {
+    timed_out_ = socket_->timed_out();
+    return Broken("write", s.message());
+  }
   if (out_.capacity() > kKeepOutBytes) {
     std::string().swap(out_);
   } else {
@@ -160,7 +163,11 @@ absl::StatusOr<RedisReplyPtr> RedisConnection::Read(std::optional<absl::Duration
     if (reply != nullptr) return RedisReplyPtr(static_cast<redisReply*>(reply));
     if (in_begin_ == in_end_) {
       absl::StatusOr<size_t> n = socket_->ReadSome(in_.get(), kReadChunk, wait);
-      if (!n.ok()) return Broken("read", n.status().message());
+      if (!n.ok()) {
+        timed_out_ = socket_->timed_out();
+        return Broken("read", n.status().message());
+      }
+      bytes_received_ += *n;
       wait = io_timeout_;  // Once bytes flow, each wait is for progress.
       in_begin_ = 0;
       in_end_ = *n;
@@ -173,6 +180,8 @@ absl::StatusOr<RedisReplyPtr> RedisConnection::Read(std::optional<absl::Duration
     feed = std::min(feed * 2, kReadChunk);
   }
 }
+
+bool RedisConnection::timed_out() const { return broken_ && timed_out_; }
 
 absl::StatusOr<RedisReplyPtr> RedisConnection::Call(absl::Span<const absl::string_view> argv) {
   Append(argv);

@@ -10,6 +10,7 @@
 #ifndef KVTIER_STORAGE_REDIS_REDIS_CONNECTION_H_
 #define KVTIER_STORAGE_REDIS_REDIS_CONNECTION_H_
 
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
@@ -97,6 +98,11 @@ class RedisConnection {
   absl::StatusOr<RedisReplyPtr> Call(absl::Span<const absl::string_view> argv);
 
   bool broken() const { return broken_; }
+  // Whether it broke because the server went silent past a timeout, rather than closing
+  // or resetting the stream, or a protocol error.
+  bool timed_out() const;
+  // Bytes read from the server since the connection opened (AUTH's reply included).
+  uint64_t bytes_received() const { return bytes_received_; }
   const RedisEndpoint& endpoint() const { return endpoint_; }
 
  private:
@@ -118,7 +124,9 @@ class RedisConnection {
   size_t in_begin_ = 0;
   size_t in_end_ = 0;
   bool broken_ = false;
+  bool timed_out_ = false;  // The failure that broke it was a timeout.
   std::string broken_why_;
+  uint64_t bytes_received_ = 0;
 };
 
 }  // namespace kvtier

@@ -7,7 +7,8 @@ namespace kvtier {
 RedisNodePool::RedisNodePool(RedisEndpoint endpoint, RedisNodePoolOptions options)
     : endpoint_(std::move(endpoint)), options_(std::move(options)) {}
 
-absl::StatusOr<std::unique_ptr<RedisConnection>> RedisNodePool::Acquire() {
+absl::StatusOr<std::unique_ptr<RedisConnection>> RedisNodePool::Acquire(bool* reused) {
+  if (reused != nullptr) *reused = false;
   {
     absl::MutexLock l(&mu_);
     auto usable = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -24,6 +25,7 @@ absl::StatusOr<std::unique_ptr<RedisConnection>> RedisNodePool::Acquire() {
     if (!idle_.empty()) {
       std::unique_ptr<RedisConnection> conn = std::move(idle_.back());
       idle_.pop_back();
+      if (reused != nullptr) *reused = true;
       return conn;
     }
     ++open_;

@@ -36,9 +36,11 @@ class RedisNodePool {
   RedisNodePool& operator=(const RedisNodePool&) = delete;
 
   // An idle connection, or a new one while fewer than max_connections are open.
+  // `reused` (may be null): set to whether it is an idle one, which the server may have
+  // closed since (its `timeout`, a restart, CLIENT KILL) without this pool knowing.
   // Returns: Ok, Unavailable (cannot connect), ResourceExhausted (all taken for `wait`),
   // PermissionDenied.
-  absl::StatusOr<std::unique_ptr<RedisConnection>> Acquire();
+  absl::StatusOr<std::unique_ptr<RedisConnection>> Acquire(bool* reused = nullptr);
   // Gives a connection back (closing it if broken).
   void Release(std::unique_ptr<RedisConnection> conn);
   // Closes the idle connections (after the node failed: the next caller reconnects).

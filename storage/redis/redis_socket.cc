@@ -28,7 +28,8 @@ Clock::time_point DeadlineAfter(absl::Duration timeout) {
 }
 
 // Waits until `fd` is ready for `events` (or has failed: the next call says how).
-// Returns: Ok, Unavailable ("timed out after <timeout>", or poll failed).
+// Returns: Ok, DeadlineExceeded ("timed out after <timeout>"), Unavailable (poll failed).
+// Callers outside this file see Unavailable either way (RedisSocket::WaitFailed).
 absl::Status WaitFor(int fd, short events, Clock::time_point deadline, absl::Duration timeout) {
   for (;;) {
     const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now());
@@ -36,7 +37,8 @@ absl::Status WaitFor(int fd, short events, Clock::time_point deadline, absl::Dur
     const int n = poll(&p, 1, static_cast<int>(std::max<int64_t>(0, left.count())));
     if (n > 0) return absl::OkStatus();
     if (n == 0) {
-      return absl::UnavailableError(absl::StrCat("timed out after ", absl::FormatDuration(timeout)));
+      return absl::DeadlineExceededError(
+          absl::StrCat("timed out after ", absl::FormatDuration(timeout)));
     }
     if (errno != EINTR) return absl::UnavailableError(absl::StrCat("poll: ", std::strerror(errno)));
   }
@@ -174,7 +176,7 @@ absl::StatusOr<int> ConnectTcp(const RedisEndpoint& endpoint, absl::Duration tim
         absl::Status ready = WaitFor(s, POLLOUT, deadline, timeout);
         if (!ready.ok()) {
           close(s);
-          why = std::string(ready.message());
+          why = std::string(ready.message());  // Unavailable, below, whatever its code.
           break;  // The deadline covers every address.
         }
         socklen_t len = sizeof err;
@@ -286,11 +288,15 @@ absl::Status RedisSocket::WriteAll(absl::string_view data, absl::Duration timeou
         return absl::UnavailableError(absl::StrCat("TLS: ", TlsWhy(error, saved_errno)));
       }
     }
-    if (absl::Status s = WaitFor(fd_, events, deadline, timeout); !s.ok()) {
-      return ssl_ == nullptr ? s : absl::UnavailableError(absl::StrCat("TLS: ", s.message()));
-    }
+    if (absl::Status s = WaitFor(fd_, events, deadline, timeout); !s.ok()) return WaitFailed(s);
   }
   return absl::OkStatus();
+}
+
+absl::Status RedisSocket::WaitFailed(const absl::Status& s) {
+  timed_out_ = absl::IsDeadlineExceeded(s);
+  return absl::UnavailableError(ssl_ == nullptr ? std::string(s.message())
+                                                : absl::StrCat("TLS: ", s.message()));
 }
 
 absl::StatusOr<size_t> RedisSocket::ReadSome(char* buf, size_t size, absl::Duration timeout) {
@@ -327,9 +333,7 @@ absl::StatusOr<size_t> RedisSocket::ReadSome(char* buf, size_t size, absl::Durat
         return absl::UnavailableError(absl::StrCat("TLS: ", TlsWhy(error, saved_errno)));
       }
     }
-    if (absl::Status s = WaitFor(fd_, events, deadline, timeout); !s.ok()) {
-      return ssl_ == nullptr ? s : absl::UnavailableError(absl::StrCat("TLS: ", s.message()));
-    }
+    if (absl::Status s = WaitFor(fd_, events, deadline, timeout); !s.ok()) return WaitFailed(s);
   }
   return got;
 }

@@ -44,13 +44,19 @@ class RedisSocket {
   absl::StatusOr<size_t> ReadSome(char* buf, size_t size, absl::Duration timeout);
 
   bool tls() const { return ssl_ != nullptr; }
+  // Whether the last WriteAll or ReadSome that failed did so because its timeout ran
+  // out (the server silent), rather than the server closing or resetting the stream.
+  bool timed_out() const { return timed_out_; }
 
  private:
   RedisSocket(int fd, ssl_st* ssl) : fd_(fd), ssl_(ssl) {}
   absl::Status Handshake(absl::Duration timeout);
+  // A failed wait of WriteAll or ReadSome: notes whether it timed out; Unavailable.
+  absl::Status WaitFailed(const absl::Status& s);
 
   const int fd_;
   ssl_st* const ssl_;  // Null for plaintext. Owned.
+  bool timed_out_ = false;
 };
 
 }  // namespace kvtier
