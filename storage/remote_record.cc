@@ -95,7 +95,11 @@ absl::StatusOr<RemoteRecord> DecodeRemoteRecord(absl::string_view bytes) {
   RemoteRecord r;
   uint32_t version = 0, has_parent = 0, segments = 0;
   if (!in.U32(&version)) return Corrupt("truncated");
-  if (version != kVersion) return Corrupt(absl::StrCat("unknown version ", version));
+  if (version != kVersion) {
+    // Whole and CRC-valid: another release wrote it (a rolling upgrade runs both).
+    return absl::UnimplementedError(absl::StrCat("remote commit record: version ", version,
+                                                 " (this release reads ", kVersion, ")"));
+  }
   if (!in.U64(&r.meta.size) || !in.U32(&r.meta.crc32c) || !in.U32(&r.meta.token_count) ||
       !in.U32(&r.meta.codec) || !in.U32(&r.meta.lineage.position) || !in.U32(&has_parent) ||
       !in.U64(&r.meta.lineage.parent.hi) || !in.U64(&r.meta.lineage.parent.lo) ||

@@ -42,8 +42,9 @@ struct RemoteRecord {
 uint32_t RemoteSegmentCount(uint64_t size, uint32_t segment_bytes);
 
 std::string EncodeRemoteRecord(const RemoteRecord& record);
-// Returns: Ok, DataLoss (wrong magic or version, truncated, its CRC32C fails, or fields
-// that contradict each other).
+// Returns: Ok, DataLoss (wrong magic, truncated, its CRC32C fails, or fields that
+// contradict each other), Unimplemented (whole, its CRC32C holds, but another version:
+// another release's record, not corrupt).
 absl::StatusOr<RemoteRecord> DecodeRemoteRecord(absl::string_view bytes);
 
 std::string RemoteRecordKey(absl::string_view prefix, const ChunkId& id);

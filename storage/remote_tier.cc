@@ -498,6 +498,12 @@ std::vector<absl::StatusOr<RemoteRecord>> RemoteTier::ReadRecords(
       continue;
     }
     absl::StatusOr<RemoteRecord> record = DecodeRemoteRecord(ReplyString(r));
+    if (absl::IsUnimplemented(record.status())) {
+      // Another release's (a rolling upgrade): foreign, not corrupt; it stays for them.
+      foreign_.fetch_add(1, std::memory_order_relaxed);
+      out.push_back(absl::NotFoundError(record.status().message()));
+      continue;
+    }
     if (record.ok() && record->layout_fingerprint == layout.fingerprint &&
         layout.chunk_bytes != 0 && record->meta.size != layout.chunk_bytes) {
       // Its CRC holds, so a writer made it so: its size must not reach an allocation.

@@ -117,7 +117,7 @@ struct RemoteTierStats {
   uint64_t checksum_failures = 0;    // Corrupt records or segments (deleted).
   uint64_t torn = 0;                 // A record whose segments are not all there.
   uint64_t torn_removed = 0;         // Such records removed by the reader that found them.
-  uint64_t foreign = 0;              // A record of another layout.
+  uint64_t foreign = 0;              // A record of another layout, or another version.
   uint64_t eval_refusals = 0;        // Compare-deletes the cluster refused (DEL instead).
   uint64_t pending_bytes = 0;        // Queued or being written now.
   RedisClusterStats cluster;

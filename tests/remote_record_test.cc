@@ -5,6 +5,7 @@
 #include <string>
 
 #include "gtest/gtest.h"
+#include "storage/crc32c.h"
 #include "storage/redis/hash_slot.h"
 #include "storage/redis/redis_connection.h"
 #include "storage/remote_health.h"
@@ -85,6 +86,18 @@ TEST(RemoteRecordTest, EveryDamagedByteIsRejected) {
         << n;
   }
   EXPECT_FALSE(DecodeRemoteRecord(good + "x").ok());
+}
+
+// A whole record of another version (another release's, mid rolling upgrade) is not
+// corrupt: Unimplemented, which the tier reads as foreign and leaves alone.
+TEST(RemoteRecordTest, AnotherVersionIsNotCorruption) {
+  std::string next = EncodeRemoteRecord(SampleRecord());
+  next[4] = static_cast<char>(next[4] + 1);  // The version, after the magic.
+  const uint32_t crc = crc32c::Value(absl::string_view(next).substr(0, next.size() - 4));
+  for (int i = 0; i < 4; ++i) next[next.size() - 4 + i] = static_cast<char>(crc >> (8 * i));
+  EXPECT_EQ(DecodeRemoteRecord(next).status().code(), absl::StatusCode::kUnimplemented);
+  next[10] ^= 1;  // The same with a damaged byte: corrupt.
+  EXPECT_EQ(DecodeRemoteRecord(next).status().code(), absl::StatusCode::kDataLoss);
 }
 
 TEST(RemoteRecordTest, SegmentCountMustMatchTheSize) {

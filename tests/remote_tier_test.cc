@@ -483,6 +483,30 @@ TEST_F(RemoteTierTest, ADamagedRecordIsAMissAndIsDeleted) {
   EXPECT_FALSE(RecordExists(id));
 }
 
+// A record of another version whose CRC holds was written by another release (a
+// rolling upgrade runs old and new daemons on one cluster): a miss counted as foreign,
+// not corruption, and left in place. Deleting it once made each release delete the
+// other's entries.
+TEST_F(RemoteTierTest, ARecordOfAnotherVersionIsAMissAndIsKept) {
+  auto tier = OpenTier();
+  ASSERT_NE(tier, nullptr);
+  ASSERT_TRUE(WriteChunk(*tier, Id(30)).ok());
+  const std::string rkey = RemoteRecordKey("kvt", Id(30));
+  std::string rec(ReplyString(*OnOwner(rkey, {"GET", rkey})));
+  rec[4] = static_cast<char>(rec[4] + 1);  // The version, after the magic.
+  const uint32_t crc = crc32c::Value(absl::string_view(rec).substr(0, rec.size() - 4));
+  for (int i = 0; i < 4; ++i) rec[rec.size() - 4 + i] = static_cast<char>(crc >> (8 * i));
+  ASSERT_EQ(ReplyString(*OnOwner(rkey, {"SET", rkey, rec})), "OK");
+
+  auto record = tier->ReadRecord(Id(30), RemoteLayout{kFingerprint, 0});
+  EXPECT_EQ(record.status().code(), absl::StatusCode::kNotFound) << record.status();
+  EXPECT_TRUE(ReplyString(*OnOwner(rkey, {"GET", rkey})) == rec) << "the record was changed";
+  const RemoteTierStats s = tier->GetStats();
+  EXPECT_EQ(s.foreign, 1u);
+  EXPECT_EQ(s.checksum_failures, 0u);
+  EXPECT_FALSE(s.degraded);
+}
+
 // A record whose CRC holds but whose size is not the layout's chunk size (a buggy or
 // hostile writer re-encoded it) is corrupt: a miss, counted and deleted, and its size
 // never reaches an allocation. A 1 TiB size once aborted the reader (std::bad_alloc),
