@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "server/region_target.h"
 
 namespace kvtier {
 
@@ -115,14 +116,30 @@ void TakeLease(LeaseTable* leases, const v1::GetRequest& req, std::vector<ChunkV
   if (held.ok()) *hold = *std::move(held);
 }
 
-absl::Status CheckGet(TieredStore* store, const v1::GetRequest* req, uint64_t max_frame_bytes,
-                      uint32_t max_keys) {
+absl::Status CheckGet(TieredStore* store, RegionTable* regions, const v1::GetRequest* req,
+                      uint64_t max_frame_bytes, uint32_t max_keys) {
   if (req == nullptr) return absl::InvalidArgumentError("request: not a GetRequest");
   if (absl::Status s = CheckGetRequest(*req, max_keys); !s.ok()) return s;
+  // A target in host memory: ResolveRegionTarget's checks, but for Populate (a device
+  // region is the device path's to check).
+  std::shared_ptr<const MappedRegion> region;
+  const bool host_target =
+      req->has_target() && (regions == nullptr || !regions->IsDevice(req->target().region_id()));
+  if (host_target) {
+    auto found = FindTargetRegion(regions, req->target());
+    if (!found.ok()) return found.status();
+    region = *std::move(found);
+  }
   if (store == nullptr) return absl::OkStatus();  // Its namespace and layout: not known yet.
   auto layout = store->FindLayout(req->namespace_id());
   if (!layout.ok()) return layout.status();
-  return MakeGetPlan(*req, *layout, max_frame_bytes, max_keys).status();
+  auto plan = MakeGetPlan(*req, *layout, max_frame_bytes, max_keys);
+  if (!plan.ok()) return plan.status();
+  if (region != nullptr) {
+    return TargetOffsets(req->target(), plan->ids.size(), plan->KeyBytes(), region->size())
+        .status();
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace kvtier

@@ -14,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "kvtier/v1/kvtier.pb.h"
 #include "server/lease_table.h"
+#include "server/region_table.h"
 #include "storage/chunk_id.h"
 #include "storage/layout_spec.h"
 #include "storage/tiered_store.h"
@@ -75,13 +76,15 @@ absl::StatusOr<GetPlan> StartGet(TieredStore* store, const v1::GetRequest* req,
 // must not have used up its lease. `leases` may be null.
 void TakeLease(LeaseTable* leases, const v1::GetRequest& req, std::vector<ChunkView>* hold);
 
-// What of StartGet can fail for good, without its side effects: asked before a Get
-// takes a stream place, so that a request that can never succeed is not told to retry
-// (RESOURCE_EXHAUSTED) first. While `store` is null (starting up) only CheckGetRequest's
-// part: the namespace and its layout are not known yet.
-// Returns: Ok, InvalidArgument, NotFound (namespace).
-absl::Status CheckGet(TieredStore* store, const v1::GetRequest* req, uint64_t max_frame_bytes,
-                      uint32_t max_keys);
+// What of StartGet, and of ResolveRegionTarget for a target in host memory (`regions`
+// null: no data plane), can fail for good, without their side effects: asked before a
+// Get takes a stream place, so that a request that can never succeed is not told to
+// retry (RESOURCE_EXHAUSTED) first. While `store` is null (starting up) the namespace,
+// its layout and so the target's offsets are not known yet, and not checked.
+// Returns: Ok, InvalidArgument, NotFound (namespace), FailedPrecondition (no data plane,
+// unknown region), PermissionDenied (the region's token).
+absl::Status CheckGet(TieredStore* store, RegionTable* regions, const v1::GetRequest* req,
+                      uint64_t max_frame_bytes, uint32_t max_keys);
 
 }  // namespace kvtier
 

@@ -225,8 +225,8 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* KvCacheService::Get(
   if (parsed) req.set_namespace_id(tenant->Internal(req.namespace_id()));
   TieredStore* const store = store_.load(std::memory_order_acquire);
   // A request that can never succeed is refused as such before it waits for a place.
-  if (absl::Status s = CheckGet(store, parsed ? &req : nullptr, limits_.max_frame_bytes,
-                                limits_.max_keys_per_request);
+  if (absl::Status s = CheckGet(store, data_plane_.regions, parsed ? &req : nullptr,
+                                limits_.max_frame_bytes, limits_.max_keys_per_request);
       !s.ok()) {
     return new RefusedWriter<grpc::ByteBuffer>(metrics_, RpcMethod::kGet, ToGrpcStatus(s));
   }

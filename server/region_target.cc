@@ -51,9 +51,8 @@ absl::StatusOr<std::vector<uint64_t>> TargetOffsets(const v1::RegionTarget& targ
   return offsets;
 }
 
-absl::StatusOr<ResolvedTarget> ResolveRegionTarget(RegionTable* regions,
-                                                   const v1::RegionTarget& target,
-                                                   size_t keys, uint64_t key_bytes) {
+absl::StatusOr<std::shared_ptr<const MappedRegion>> FindTargetRegion(
+    RegionTable* regions, const v1::RegionTarget& target) {
   if (regions == nullptr) {
     return absl::FailedPreconditionError(
         "target: this daemon serves no registered memory (shm_socket is off); use the stream");
@@ -64,7 +63,13 @@ absl::StatusOr<ResolvedTarget> ResolveRegionTarget(RegionTable* regions,
         " is not GPU memory registered with this daemon; only a Get into a registered GPU "
         "region records events"));
   }
-  auto region = regions->Find(target.region_id(), target.token());
+  return regions->Find(target.region_id(), target.token());
+}
+
+absl::StatusOr<ResolvedTarget> ResolveRegionTarget(RegionTable* regions,
+                                                   const v1::RegionTarget& target,
+                                                   size_t keys, uint64_t key_bytes) {
+  auto region = FindTargetRegion(regions, target);
   if (!region.ok()) return region.status();
   ResolvedTarget out;
   out.region = *std::move(region);

@@ -28,6 +28,13 @@ absl::StatusOr<ResolvedTarget> ResolveRegionTarget(RegionTable* regions,
                                                    const v1::RegionTarget& target,
                                                    size_t keys, uint64_t key_bytes);
 
+// What of ResolveRegionTarget needs no key size and has no side effect (nothing is
+// populated): a data plane, no record_events, and the region `target` names, returned.
+// Returns: Ok, FailedPrecondition, InvalidArgument, PermissionDenied, as
+// ResolveRegionTarget.
+absl::StatusOr<std::shared_ptr<const MappedRegion>> FindTargetRegion(
+    RegionTable* regions, const v1::RegionTarget& target);
+
 // The same for a worker's GPU memory (a region registered with RegionAddDevice).
 struct ResolvedDeviceTarget {
   std::shared_ptr<const DeviceRegion> region;  // Held for the call.

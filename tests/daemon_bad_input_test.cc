@@ -3,6 +3,9 @@
 // keeps serving.
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/impl/codegen/client_unary_call.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <filesystem>
@@ -14,6 +17,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "client/kvtier_client.h"
+#include "client/region_channel.h"
 #include "gtest/gtest.h"
 #include "storage/crc32c.h"
 #include "tests/support/daemon_process.h"
@@ -639,7 +643,9 @@ TEST(AdmissionTest, ReflectionIsServedUnlessTurnedOff) {
 }
 
 TEST(AdmissionTest, StreamsPastMaxStreamsAreRefusedAndUnaryCallsStillAnswer) {
-  auto d = DaemonProcess::Start(MakeTempDir("kvtierd-admission"), {"--max-streams=2"});
+  // With a data plane, for Gets naming registered memory.
+  auto d = DaemonProcess::Start(MakeTempDir("kvtierd-admission"),
+                                {"--max-streams=2", "--shm-socket=auto"});
   ASSERT_TRUE(d.ok()) << d.status();
   auto client = KvTierClient::Connect(d->target());
   ASSERT_TRUE(client.ok());
@@ -692,6 +698,41 @@ TEST(AdmissionTest, StreamsPastMaxStreamsAreRefusedAndUnaryCallsStillAnswer) {
     EXPECT_EQ(final_status.error_code(), unknown_namespace ? grpc::StatusCode::NOT_FOUND
                                                            : grpc::StatusCode::INVALID_ARGUMENT)
         << final_status.error_message();
+  }
+  // Nor is a Get whose target can never work: events recorded into host memory, a
+  // destination outside the region, a region the daemon does not know. Their checks once
+  // ran only after the Get had a place.
+  v1::DataPlaneResponse plane;
+  {
+    grpc::ClientContext plane_ctx;
+    ASSERT_TRUE((*client)->stub()->DataPlane(&plane_ctx, v1::DataPlaneRequest(), &plane).ok());
+  }
+  auto channel = RegionChannel::Connect(plane.region_socket(), plane.instance_id());
+  ASSERT_TRUE(channel.ok()) << channel.status();
+  const int memfd = memfd_create("admission-test", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  ASSERT_GE(memfd, 0);
+  ASSERT_EQ(ftruncate(memfd, 1 << 20), 0);  // One chunk.
+  ASSERT_EQ(fcntl(memfd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW), 0);
+  auto region = (*channel)->Add(memfd, 1 << 20);
+  close(memfd);
+  ASSERT_TRUE(region.ok()) << region.status();
+  enum class Target { kRecordEvents, kOutsideTheRegion, kUnknownRegion };
+  for (const Target t :
+       {Target::kRecordEvents, Target::kOutsideTheRegion, Target::kUnknownRegion}) {
+    grpc::ClientContext bad_ctx;
+    v1::GetRequest bad = get;
+    v1::RegionTarget* target = bad.mutable_target();
+    target->set_region_id(region->region_id + (t == Target::kUnknownRegion ? 1000 : 0));
+    target->set_token(region->token);
+    target->add_offsets(t == Target::kOutsideTheRegion ? 4096 : 0);
+    if (t == Target::kRecordEvents) target->set_record_events(true);
+    auto bad_reader = (*client)->stub()->Get(&bad_ctx, bad);
+    EXPECT_FALSE(bad_reader->Read(&frame));
+    const grpc::Status final_status = bad_reader->Finish();
+    EXPECT_EQ(final_status.error_code(), t == Target::kUnknownRegion
+                                             ? grpc::StatusCode::FAILED_PRECONDITION
+                                             : grpc::StatusCode::INVALID_ARGUMENT)
+        << static_cast<int>(t) << ": " << final_status.error_message();
   }
   // Unary calls are not streams.
   auto lookup = (*client)->Lookup(ns->namespace_id, {KeyOf(1)});
