@@ -383,8 +383,9 @@ absl::StatusOr<bool> TieredStore::Commit(std::unique_ptr<ChunkWriter> writer, ui
     // The client's bytes and its checksum disagree: a bad request, not a stored chunk
     // gone bad (DATA_LOSS is kept for those).
     return absl::InvalidArgumentError(absl::StrFormat(
-        "crc32c: chunk %s: the payload's CRC32C is %08x but the frame says %08x; nothing "
-        "stored, resend the chunk",
+        "crc32c: chunk %s: the payload's CRC32C is %08x but the frame says %08x: the bytes "
+        "do not match the crc32c sent; nothing stored (fix the client's checksum or its "
+        "bytes)",
         writer->id_.key.ToHex(), writer->crc_, crc32c));
   }
   ChunkMeta meta{writer->size(), crc32c, writer->token_count_, 0, writer->lineage_};

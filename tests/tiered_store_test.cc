@@ -483,6 +483,9 @@ TEST_P(TieredStoreModeTest, CrcMismatchIsInvalidArgumentAndStoresNothing) {
   ASSERT_TRUE((*w)->Append(data).ok());
   const absl::Status s = store_->CommitPut(*std::move(w), crc32c::Value(data) ^ 1);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  // The message agrees with the code (do not retry): it once said "resend the chunk".
+  EXPECT_NE(s.message().find("do not match the crc32c sent"), std::string::npos) << s;
+  EXPECT_EQ(s.message().find("resend"), std::string::npos) << s;
   EXPECT_EQ(store_->Locate(Id(1)), Tier::kNone);
   EXPECT_EQ(store_->Read(Id(1)).status().code(), absl::StatusCode::kNotFound);
   TieredStoreStats stats = store_->GetStats();
@@ -491,7 +494,7 @@ TEST_P(TieredStoreModeTest, CrcMismatchIsInvalidArgumentAndStoresNothing) {
   EXPECT_EQ(stats.ram.used_bytes, 0u) << "the rejected chunk's RAM is free again";
   EXPECT_EQ(stats.ram.chunks, 0u);
   EXPECT_EQ(stats.ssd.chunks, 0u);
-  // Resending it correctly works.
+  // Sending the right bytes and checksum works.
   PutOk(Id(1));
   ExpectReadable(Id(1));
 }
