@@ -57,9 +57,9 @@ uint64_t RemoteRecord::SegmentSize(uint32_t i) const {
   return std::min<uint64_t>(segment_bytes, meta.size - begin);
 }
 
-uint32_t RemoteSegmentCount(uint64_t size, uint32_t segment_bytes) {
+uint64_t RemoteSegmentCount(uint64_t size, uint32_t segment_bytes) {
   if (size == 0) return 1;
-  return static_cast<uint32_t>((size + segment_bytes - 1) / segment_bytes);
+  return size / segment_bytes + (size % segment_bytes != 0 ? 1 : 0);  // No overflow.
 }
 
 std::string EncodeRemoteRecord(const RemoteRecord& r) {
@@ -108,6 +108,7 @@ absl::StatusOr<RemoteRecord> DecodeRemoteRecord(absl::string_view bytes) {
     return Corrupt("truncated");
   }
   r.meta.lineage.has_parent = has_parent != 0;
+  // The count the size implies is compared in 64 bits: 2^32 + 1 must not pass as 1.
   if (r.segment_bytes == 0 || segments == 0 || segments > kMaxSegments ||
       segments != RemoteSegmentCount(r.meta.size, r.segment_bytes) ||
       in.left() != static_cast<size_t>(segments) * 4) {

@@ -38,8 +38,9 @@ struct RemoteRecord {
   uint64_t SegmentSize(uint32_t i) const;
 };
 
-// Segments a chunk of `size` bytes takes at `segment_bytes` each (at least 1).
-uint32_t RemoteSegmentCount(uint64_t size, uint32_t segment_bytes);
+// Segments a chunk of `size` bytes takes at `segment_bytes` (> 0) each (at least 1).
+// 64 bits: a record's size field may claim anything, and its count must not wrap.
+uint64_t RemoteSegmentCount(uint64_t size, uint32_t segment_bytes);
 
 std::string EncodeRemoteRecord(const RemoteRecord& record);
 // Returns: Ok, DataLoss (wrong magic, truncated, its CRC32C fails, or fields that

@@ -285,7 +285,9 @@ absl::Status RemoteTier::Write(const Job& job) {
   record.layout_fingerprint = job.layout_fingerprint;
   record.generation = NewGeneration();
   record.segment_bytes = options_.segment_bytes;
-  const uint32_t n = RemoteSegmentCount(job.meta.size, options_.segment_bytes);
+  // A chunk is held in memory (at most max_chunk_bytes): far fewer than 2^32 segments.
+  const uint32_t n =
+      static_cast<uint32_t>(RemoteSegmentCount(job.meta.size, options_.segment_bytes));
   record.segment_crc32c.resize(n);
   const std::string segment_ttl =
       std::to_string(absl::ToInt64Milliseconds(options_.ttl + kSegmentTtlMargin));

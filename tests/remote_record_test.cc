@@ -108,6 +108,19 @@ TEST(RemoteRecordTest, SegmentCountMustMatchTheSize) {
   EXPECT_EQ(RemoteSegmentCount(0, 4096), 1u);
   EXPECT_EQ(RemoteSegmentCount(4096, 4096), 1u);
   EXPECT_EQ(RemoteSegmentCount(4097, 4096), 2u);
+  EXPECT_EQ(RemoteSegmentCount(~uint64_t{0}, 4096), uint64_t{1} << 52);  // No wrap.
+}
+
+// A size of 2^44 + 4096 at 4 KiB segments is 2^32 + 1 segments, which a 32-bit count
+// wrapped to 1: a record of one segment claiming that size decoded as whole.
+TEST(RemoteRecordTest, ASegmentCountPast32BitsIsRejected) {
+  RemoteRecord r = SampleRecord();
+  r.meta.size = (uint64_t{1} << 44) + 4096;
+  r.segment_bytes = 4096;
+  r.segment_crc32c = {1};
+  EXPECT_EQ(RemoteSegmentCount(r.meta.size, r.segment_bytes), (uint64_t{1} << 32) + 1);
+  EXPECT_EQ(DecodeRemoteRecord(EncodeRemoteRecord(r)).status().code(),
+            absl::StatusCode::kDataLoss);
 }
 
 TEST(RemoteRecordTest, KeysSpreadSegmentsOverSlots) {
