@@ -91,12 +91,18 @@ LogLevel ParseLogLevel(const std::string& s) {
 
 absl::Status WritePortFile(const std::string& path, int grpc_port, int metrics_port) {
   const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << grpc_port << "\n" << metrics_port << "\n";
-    if (!out.good()) return absl::UnavailableError(absl::StrCat("port_file: cannot write ", tmp));
-  }
+  std::ofstream out(tmp, std::ios::trunc);
+  out << grpc_port << "\n" << metrics_port << "\n";
+  // The bytes reach the file only as the stream is flushed, at close: a full disk fails
+  // there, and an empty port file must not be renamed in.
+  out.close();
   std::error_code ec;
+  if (out.fail()) {
+    const int err = errno;
+    std::filesystem::remove(tmp, ec);  // What is left of it, if anything.
+    return absl::UnavailableError(
+        absl::StrCat("port_file: cannot write ", tmp, ": ", std::strerror(err)));
+  }
   std::filesystem::rename(tmp, path, ec);
   if (ec) return absl::UnavailableError(absl::StrCat("port_file: ", ec.message()));
   return absl::OkStatus();

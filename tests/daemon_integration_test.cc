@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -982,6 +983,24 @@ TEST(DaemonConfigTest, BadOptionStopsStartupNamingIt) {
   auto r4 = testing::RunCommand({KVTIERD_PATH, "--listen=127.0.0.1:0", "--ram-slot-size=1000"});
   EXPECT_EQ(r4.exit_code, 2);
   EXPECT_NE(r4.output.find("ram_slot_size"), std::string::npos) << r4.output;
+}
+
+// A port file whose bytes cannot be written (a full disk: here its temporary name links
+// to /dev/full, which takes the open and fails the flush at close) stops the daemon,
+// naming it. The check once came before the close: the write error went unnoticed and
+// an empty port file was renamed in for a supervisor to read.
+TEST(PortFileTest, AFailedWriteStopsTheDaemon) {
+  const std::string dir = MakeTempDir("kvtierd-port-file");
+  const std::string port_file = dir + "/port";
+  ASSERT_EQ(symlink("/dev/full", (port_file + ".tmp").c_str()), 0) << std::strerror(errno);
+  auto d = DaemonProcess::Start(MakeTempDir("kvtierd-port-file-data"),
+                                {"--port-file=" + port_file});
+  ASSERT_FALSE(d.ok()) << "started, with no port file to show for it";
+  EXPECT_NE(d.status().message().find("port_file: cannot write " + port_file + ".tmp: "),
+            std::string::npos)
+      << d.status();
+  struct stat st {};
+  EXPECT_NE(lstat(port_file.c_str(), &st), 0) << "nothing was renamed into its place";
 }
 
 }  // namespace
