@@ -30,8 +30,9 @@ TenantQuotas::TenantQuotas(prometheus::Registry* registry) {
                    .Register(*registry);
   evicted_ = &prometheus::BuildCounter()
                   .Name("kvtier_tenant_quota_evicted_bytes_total")
-                  .Help("Payload bytes of a tenant's chunks evicted from a tier to keep "
-                        "its own puts, and reads into RAM, within its quota, by tier")
+                  .Help("Bytes of a tenant's chunks evicted from a tier to keep its own "
+                        "puts, and reads into RAM, within its quota, by tier (ram: the pool "
+                        "slots they took; ssd: payload bytes)")
                   .Register(*registry);
 }
 
@@ -122,7 +123,8 @@ absl::Status TenantQuotas::Fit(TieredStore* store, const TenantScope& t,
   if (bytes > quota) {
     Refused(t.tenant(), name);
     return absl::InvalidArgumentError(absl::StrCat(
-        "a ", bytes, "-byte chunk can never fit tenant ", t.tenant(), "'s ", name,
+        "a chunk taking ", bytes, " bytes", tier == Tier::kRam ? " of pool slots" : "",
+        " can never fit tenant ", t.tenant(), "'s ", name,
         "_quota (", quota, " bytes)"));
   }
   auto after = MakeRoom(store, t.tenant(), ns, tier, quota, bytes);
@@ -181,10 +183,13 @@ absl::Status TenantQuotas::AdmitPut(TieredStore* store, const TenantScope& t, ui
     return absl::OkStatus();
   }
   const absl::flat_hash_set<uint64_t> namespaces = BindAndList(t, q, ns);
+  // RAM counts the pool slots a chunk takes: chunks smaller than a slot would otherwise
+  // take the pool far past the quota, evicting other tenants' chunks.
+  const uint64_t ram_bytes = store->RamFootprint(bytes);
   // A chunk larger than the RAM quota can never be stored: refused (Fit evicts nothing
   // then) before the SSD quota makes room for it.
-  if (q.ram_bytes != 0 && bytes > q.ram_bytes) {
-    return Fit(store, t, namespaces, Tier::kRam, q.ram_bytes, bytes);
+  if (q.ram_bytes != 0 && ram_bytes > q.ram_bytes) {
+    return Fit(store, t, namespaces, Tier::kRam, q.ram_bytes, ram_bytes);
   }
   // SSD first: what RAM then evicts stays on SSD.
   if (q.ssd_bytes != 0 && store->has_ssd_tier()) {
@@ -193,7 +198,7 @@ absl::Status TenantQuotas::AdmitPut(TieredStore* store, const TenantScope& t, ui
     }
   }
   if (q.ram_bytes != 0) {
-    return Fit(store, t, namespaces, Tier::kRam, q.ram_bytes, bytes);
+    return Fit(store, t, namespaces, Tier::kRam, q.ram_bytes, ram_bytes);
   }
   return absl::OkStatus();
 }
@@ -262,8 +267,9 @@ std::vector<MetricFamily> TenantQuotas::Collect() const {
     accounts.assign(accounts_.begin(), accounts_.end());
   }
   MetricFamily used{"kvtier_tenant_bytes",
-                    "Payload bytes of a tenant's chunks, by tier (ram, ssd) and pinned in "
-                    "RAM (tier=pinned), over the namespaces it has used since start-up",
+                    "Bytes of a tenant's chunks, by tier (ram, ssd) and pinned in RAM "
+                    "(tier=pinned), over the namespaces it has used since start-up; ram "
+                    "and pinned count the pool slots they take, ssd their payload bytes",
                     MetricType::Gauge, {}};
   MetricFamily quota{"kvtier_tenant_quota_bytes",
                      "A tenant's quota by tier (ram, ssd, pinned), where one is set",

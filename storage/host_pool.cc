@@ -51,7 +51,7 @@ void HostPool::CountPinLocked(const ChunkId& id, Entry& e) {
   pin_expiry_.emplace(e.pinned_until, id);
   pinned_slot_bytes_ += e.data->slot_count() * arena_->slot_bytes();
   pinned_payload_bytes_ += e.meta.size;
-  ns_pinned_bytes_[id.ns] += e.meta.size;
+  ns_pinned_bytes_[id.ns] += e.data->slot_count() * arena_->slot_bytes();
 }
 
 void HostPool::SubtractPinLocked(const ChunkId& id, const Entry& e) const {
@@ -59,7 +59,7 @@ void HostPool::SubtractPinLocked(const ChunkId& id, const Entry& e) const {
   pinned_slot_bytes_ -= e.data->slot_count() * arena_->slot_bytes();
   pinned_payload_bytes_ -= e.meta.size;
   if (auto n = ns_pinned_bytes_.find(id.ns); n != ns_pinned_bytes_.end()) {
-    n->second -= e.meta.size;
+    n->second -= e.data->slot_count() * arena_->slot_bytes();
     if (n->second == 0) ns_pinned_bytes_.erase(n);
   }
 }
@@ -94,7 +94,7 @@ void HostPool::EraseLocked(const ChunkId& id) {
   }
   chunk_bytes_ -= it->second.meta.size;
   if (auto n = ns_bytes_.find(id.ns); n != ns_bytes_.end()) {
-    n->second -= it->second.meta.size;
+    n->second -= it->second.data->slot_count() * arena_->slot_bytes();
     if (n->second == 0) ns_bytes_.erase(n);
   }
   policy_->OnRemove(id);
@@ -176,7 +176,7 @@ bool HostPool::Insert(const ChunkId& id, std::shared_ptr<PoolChunk> data,
   it->second.dirty = dirty;
   it->second.serial = ++next_serial_;
   chunk_bytes_ += meta.size;
-  ns_bytes_[id.ns] += meta.size;
+  ns_bytes_[id.ns] += it->second.data->slot_count() * arena_->slot_bytes();
   if (dirty) {
     ++dirty_count_;
     dirty_bytes_ += meta.size;
@@ -249,20 +249,23 @@ absl::Status HostPool::Pin(const ChunkId& id, absl::Time until, const PinBudget*
         }
       }
     }
-    if (budget != nullptr && entry.meta.size > budget->max_bytes) {
+    // A tenant's pins count the slots they hold, as its ram_quota does.
+    const uint64_t chunk_slot_bytes = entry.data->slot_count() * arena_->slot_bytes();
+    if (budget != nullptr && chunk_slot_bytes > budget->max_bytes) {
       // Not even with nothing else pinned: a retry can never succeed.
       return absl::InvalidArgumentError(absl::StrCat(
-          "pinning this ", entry.meta.size, "-byte chunk cannot fit the tenant's ",
-          budget->quota, " (", budget->max_bytes, " bytes) even with nothing else pinned"));
+          "pinning this ", entry.meta.size, "-byte chunk (", chunk_slot_bytes,
+          " bytes of pool slots) cannot fit the tenant's ", budget->quota, " (",
+          budget->max_bytes, " bytes) even with nothing else pinned"));
     }
-    if (budget != nullptr && budget_pinned + it->second.meta.size > budget->max_bytes) {
+    if (budget != nullptr && budget_pinned + chunk_slot_bytes > budget->max_bytes) {
       return absl::ResourceExhaustedError(absl::StrCat(
-          "pinning this ", it->second.meta.size, "-byte chunk would exceed the tenant's ",
-          budget->quota, " (", budget->max_bytes, " bytes, ", budget_pinned,
+          "pinning this ", entry.meta.size, "-byte chunk (", chunk_slot_bytes,
+          " bytes of pool slots) would exceed the tenant's ", budget->quota, " (",
+          budget->max_bytes, " bytes, ", budget_pinned,
           " pinned now); unpin something or wait for pins to expire"));
     }
     if (absl::Status s = CheckPinCanFit({entry.meta.size}); !s.ok()) return s;
-    const uint64_t chunk_slot_bytes = it->second.data->slot_count() * arena_->slot_bytes();
     if (pinned + chunk_slot_bytes > PinLimitBytes()) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "pinning would exceed max_pinned_fraction (", options_.max_pinned_fraction,
@@ -315,7 +318,7 @@ uint64_t HostPool::ShrinkTo(const absl::flat_hash_set<uint64_t>& ns, uint64_t ke
       });
       if (!victim) break;
       Entry& e = index_.find(*victim)->second;
-      held -= e.meta.size;
+      held -= e.data->slot_count() * arena_->slot_bytes();
       // Copied: EraseLocked reads it (a pin that expired by time is still counted).
       victims.push_back(e.data);
       EraseLocked(*victim);

@@ -103,6 +103,8 @@ class HostPool final : public StorageTier {
   Tier tier() const override { return Tier::kRam; }
   Role role() const override { return Role::kLocal; }
   uint64_t capacity_bytes() const override { return arena_->capacity_bytes(); }
+  // The pool bytes a chunk of `size` payload bytes takes: whole slots.
+  uint64_t Footprint(uint64_t size) const { return arena_->SlotsFor(size) * arena_->slot_bytes(); }
   bool Contains(const ChunkId& id) const override;
   void Write(const ChunkId& id, const ChunkMeta& meta, ChunkBytes bytes,
              WriteDone done) override;
@@ -115,9 +117,9 @@ class HostPool final : public StorageTier {
   TierStats Stats() const override;
   // Contains for many chunks under one lock.
   std::vector<bool> ContainsMany(absl::Span<const ChunkId> ids) const override;
-  // A tenant's RAM quota through the StorageTier interface: BytesOf(ns).bytes, and
-  // ShrinkTo.
-  uint64_t NamespacePayloadBytes(const absl::flat_hash_set<uint64_t>& ns) const override {
+  // A tenant's RAM quota through the StorageTier interface: BytesOf(ns).bytes (slot
+  // bytes), and ShrinkTo.
+  uint64_t NamespaceQuotaBytes(const absl::flat_hash_set<uint64_t>& ns) const override {
     return BytesOf(ns).bytes;
   }
   absl::StatusOr<uint64_t> ShrinkNamespaces(const absl::flat_hash_set<uint64_t>& ns,
@@ -136,8 +138,8 @@ class HostPool final : public StorageTier {
   };
   // Pins until `until` (absl::InfiniteFuture() for no expiry). A chunk pinned already
   // only has its expiry extended. Returns: Ok, NotFound, ResourceExhausted (would exceed
-  // max_pinned_fraction, or `budget`: payload bytes of the budget's namespaces pinned
-  // now, this chunk included, checked under the same lock as the pin).
+  // max_pinned_fraction, or `budget`: slot bytes of the budget's namespaces pinned now,
+  // this chunk included, checked under the same lock as the pin).
   absl::Status Pin(const ChunkId& id, absl::Time until, const PinBudget* budget = nullptr);
   // InvalidArgument if chunks of these sizes could not be pinned together even with
   // nothing else pinned (their slots exceed max_pinned_fraction of the pool); a retry
@@ -151,15 +153,15 @@ class HostPool final : public StorageTier {
   bool Remove(const ChunkId& id);
   uint64_t RemoveNamespace(uint64_t ns, std::vector<ChunkId>* removed = nullptr);
 
-  // Payload bytes the namespaces `ns` hold in the pool, and how many of them are
-  // pinned now. O(namespaces), plus the pins that expired since the last look.
+  // Slot bytes the namespaces `ns` take in the pool, and how many of them are pinned
+  // now. O(namespaces), plus the pins that expired since the last look.
   struct NamespaceBytes {
     uint64_t bytes = 0;
     uint64_t pinned = 0;
   };
   NamespaceBytes BytesOf(const absl::flat_hash_set<uint64_t>& ns) const;
   // Evicts chunks of the namespaces `ns`, in the policy's order among their clean,
-  // unpinned chunks that nobody reads, until they hold at most `keep` payload bytes (a
+  // unpinned chunks that nobody reads, until they take at most `keep` slot bytes (a
   // tenant's RAM quota). Returns the bytes they hold afterwards (more than `keep` when
   // what is left cannot be evicted yet). Evictions count and call on_evict as usual.
   uint64_t ShrinkTo(const absl::flat_hash_set<uint64_t>& ns, uint64_t keep);
@@ -274,10 +276,11 @@ class HostPool final : public StorageTier {
   uint64_t dirty_count_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t dirty_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t chunk_bytes_ ABSL_GUARDED_BY(mu_) = 0;
-  // Payload bytes per namespace (entries removed at zero).
+  // Slot bytes per namespace (entries removed at zero): what a tenant's ram_quota
+  // counts, so that chunks smaller than a slot cannot take the pool past it.
   absl::flat_hash_map<uint64_t, uint64_t> ns_bytes_ ABSL_GUARDED_BY(mu_);
   // Counted pins by expiry, and their totals: slot bytes (max_pinned_fraction), payload
-  // bytes, and payload bytes per namespace (entries removed at zero). Mutable: taking
+  // bytes, and slot bytes per namespace (entries removed at zero). Mutable: taking
   // expired pins out changes no state a caller sees, as IsPinned says the same.
   mutable absl::btree_multimap<absl::Time, ChunkId> pin_expiry_ ABSL_GUARDED_BY(mu_);
   mutable uint64_t pinned_slot_bytes_ ABSL_GUARDED_BY(mu_) = 0;

@@ -1131,7 +1131,7 @@ absl::StatusOr<bool> SsdTier::Delete(const ChunkId& id) {
   return true;
 }
 
-uint64_t SsdTier::NamespacePayloadBytes(const absl::flat_hash_set<uint64_t>& ns) const {
+uint64_t SsdTier::NamespaceQuotaBytes(const absl::flat_hash_set<uint64_t>& ns) const {
   absl::MutexLock lock(&mu_);
   uint64_t bytes = 0;
   for (uint64_t n : ns) {

@@ -220,7 +220,7 @@ class SsdTier final : public StorageTier {
   // Contains for many chunks under one lock.
   std::vector<bool> ContainsMany(absl::Span<const ChunkId> ids) const override;
   // Payload bytes the namespaces `ns` hold on this tier. O(namespaces).
-  uint64_t NamespacePayloadBytes(const absl::flat_hash_set<uint64_t>& ns) const override;
+  uint64_t NamespaceQuotaBytes(const absl::flat_hash_set<uint64_t>& ns) const override;
   // Evicts chunks of the namespaces `ns` in the policy's order until they hold at most
   // `keep` payload bytes (a tenant's SSD quota); returns the bytes they hold afterwards.
   // Rows go before their bytes are freed, as for any eviction. Errors: Unavailable (the

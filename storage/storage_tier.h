@@ -197,11 +197,12 @@ class StorageTier {
   // shutdown). The default has nothing to do.
   virtual absl::Status Flush() { return absl::OkStatus(); }
 
-  // For tenants' quotas on this tier: the payload bytes namespaces `ns` hold here, and
+  // For tenants' quotas on this tier: the bytes namespaces `ns` take here (what their
+  // chunks take of the tier: the RAM pool's slots, SSD payload bytes), and
   // evicting their chunks in the policy's order until they hold at most `keep` (returns
   // what they hold afterwards). The defaults hold nothing and shrink nothing (a tier
   // no quota names: Unimplemented).
-  virtual uint64_t NamespacePayloadBytes(const absl::flat_hash_set<uint64_t>& ns) const {
+  virtual uint64_t NamespaceQuotaBytes(const absl::flat_hash_set<uint64_t>& ns) const {
     return 0;
   }
   virtual absl::StatusOr<uint64_t> ShrinkNamespaces(const absl::flat_hash_set<uint64_t>& ns,

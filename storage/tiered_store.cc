@@ -770,12 +770,13 @@ void TieredStore::FetchRemote(const std::vector<ChunkId>& ids) {
   shared_->ReadMany(
       claimed,
       [&](size_t i, const ChunkMeta& meta) -> ChunkSink* {
-        if (!AdmitPromotion(claimed[i], admitted + meta.size)) return nullptr;
+        const uint64_t footprint = ram_->Footprint(meta.size);
+        if (!AdmitPromotion(claimed[i], admitted + footprint)) return nullptr;
         auto room = ram_->Allocate(meta.size);
         if (!room.ok()) return nullptr;
         rooms[i] = *std::move(room);
-        admitted += meta.size;
-        admitted_bytes[i] = meta.size;
+        admitted += footprint;
+        admitted_bytes[i] = footprint;
         return &sinks[i].emplace(rooms[i].get());
       },
       [&](size_t i, absl::StatusOr<ChunkMeta> meta) {
@@ -1096,7 +1097,7 @@ absl::Status TieredStore::CheckPinsCanFit(absl::Span<const ChunkId> ids,
       it = chunk_bytes.emplace(unique[i].ns, layout->ChunkBytes()).first;
     }
     sizes.push_back(it->second);
-    total += it->second;
+    total += ram_->Footprint(it->second);  // As a tenant's pins count.
   }
   if (sizes.size() < 2) return absl::OkStatus();  // One chunk: Pin checks it.
   if (budget != nullptr && total > budget->max_bytes) {
@@ -1116,13 +1117,17 @@ TieredStore::NamespaceUsage TieredStore::Usage(const absl::flat_hash_set<uint64_
   const HostPool::NamespaceBytes ram = ram_->BytesOf(ns);
   u.ram_bytes = ram.bytes;
   u.pinned_bytes = ram.pinned;
-  if (StorageTier* ssd = TierOf(Tier::kSsd)) u.ssd_bytes = ssd->NamespacePayloadBytes(ns);
+  if (StorageTier* ssd = TierOf(Tier::kSsd)) u.ssd_bytes = ssd->NamespaceQuotaBytes(ns);
   return u;
 }
 
 bool TieredStore::AdmitPromotion(const ChunkId& id, uint64_t bytes) {
-  return !options_.admit_promotion || options_.admit_promotion(*this, id.ns, bytes);
+  // What a tenant's ram_quota counts: pool slots (a sum of footprints is its own).
+  return !options_.admit_promotion ||
+         options_.admit_promotion(*this, id.ns, ram_->Footprint(bytes));
 }
+
+uint64_t TieredStore::RamFootprint(uint64_t size) const { return ram_->Footprint(size); }
 
 absl::StatusOr<uint64_t> TieredStore::ShrinkNamespaces(const absl::flat_hash_set<uint64_t>& ns,
                                                        Tier tier, uint64_t keep) {

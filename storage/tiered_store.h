@@ -465,16 +465,19 @@ class TieredStore {
   absl::StatusOr<bool> Delete(const ChunkId& id);
   absl::StatusOr<uint64_t> Clear(uint64_t ns);
 
-  // What a group of namespaces (a tenant's) holds: payload bytes in RAM, on SSD, and
-  // pinned in RAM now.
+  // What a group of namespaces (a tenant's) holds in RAM, on SSD, and pinned in RAM
+  // now: in RAM and pinned, the pool slots its chunks take; on SSD, their payload bytes.
   struct NamespaceUsage {
     uint64_t ram_bytes = 0;
     uint64_t ssd_bytes = 0;
     uint64_t pinned_bytes = 0;
   };
   NamespaceUsage Usage(const absl::flat_hash_set<uint64_t>& ns) const;
+  // The bytes of pool slots a chunk of `size` payload bytes takes in RAM.
+  uint64_t RamFootprint(uint64_t size) const;
   // Evicts chunks of the namespaces `ns` from `tier` (kRam or kSsd), in that tier's
-  // policy order, until they hold at most `keep` payload bytes there; returns what they
+  // policy order, until they hold at most `keep` bytes there (as Usage counts them);
+  // returns what they
   // hold afterwards. RAM evicts only chunks that are clean, unpinned and unread; an SSD
   // eviction takes the chunk off the daemon unless RAM still holds it; 0 where the
   // daemon has no such tier. Errors: Unavailable (SSD rows could not be deleted),
@@ -529,7 +532,8 @@ class TieredStore {
   bool DropCorruptInRam(const ChunkId& id, const std::shared_ptr<const void>& chunk);
   // Room in RAM may have appeared: puts waiting for it retry now.
   void NotifyRoom();
-  // options_.admit_promotion for chunk `id` of `bytes` (true when unset).
+  // options_.admit_promotion for chunk `id` of `bytes` payload bytes, or for that many
+  // bytes of pool slots (true when unset).
   bool AdmitPromotion(const ChunkId& id, uint64_t bytes);
   absl::StatusOr<ChunkView> Read(const ChunkId& id, bool stream,
                                  uint64_t sent_bytes = UINT64_MAX);

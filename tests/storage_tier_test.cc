@@ -422,23 +422,23 @@ TEST_P(StorageTierTest, NamespaceBytesAndShrinkTouchOnlyTheNamespacesNamed) {
   ASSERT_TRUE(Write(Id(7, kOtherNs), size).ok());
   const absl::flat_hash_set<uint64_t> tenant = {kNs};
   if (!GetParam().quotas) {
-    EXPECT_EQ(tier_->NamespacePayloadBytes(tenant), 0u);
+    EXPECT_EQ(tier_->NamespaceQuotaBytes(tenant), 0u);
     EXPECT_EQ(tier_->ShrinkNamespaces(tenant, 0).status().code(),
               absl::StatusCode::kUnimplemented);
     EXPECT_TRUE(tier_->Contains(Id(0)));
     return;
   }
-  EXPECT_EQ(tier_->NamespacePayloadBytes(tenant), 4 * size);
-  EXPECT_EQ(tier_->NamespacePayloadBytes({kOtherNs}), size);
+  EXPECT_EQ(tier_->NamespaceQuotaBytes(tenant), 4 * size);
+  EXPECT_EQ(tier_->NamespaceQuotaBytes({kOtherNs}), size);
   auto held = tier_->ShrinkNamespaces(tenant, 2 * size);
   ASSERT_TRUE(held.ok()) << held.status();
   EXPECT_EQ(*held, 2 * size);
-  EXPECT_EQ(tier_->NamespacePayloadBytes(tenant), 2 * size);
+  EXPECT_EQ(tier_->NamespaceQuotaBytes(tenant), 2 * size);
   const ChunkId ids[] = {Id(0), Id(1), Id(2), Id(3)};
   const std::vector<bool> left = tier_->ContainsMany(ids);
   EXPECT_EQ(std::count(left.begin(), left.end(), true), 2);
   EXPECT_TRUE(tier_->Contains(Id(7, kOtherNs)));
-  EXPECT_EQ(tier_->NamespacePayloadBytes({kOtherNs}), size);
+  EXPECT_EQ(tier_->NamespaceQuotaBytes({kOtherNs}), size);
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -137,6 +137,36 @@ TEST_F(TenantQuotaTest, RamQuotaEvictsTheTenantsOwnLeastRecentlyUsedChunks) {
   EXPECT_EQ(Metric(R"(kvtier_tenant_quota_bytes{tenant="big",tier="ram"})"), -1);  // None set.
 }
 
+// A layout of tiny chunks (far smaller than a 64 KiB pool slot). The RAM quota once
+// counted their payload bytes while each took a whole slot, so a tenant could take up
+// to a slot per few hundred bytes of quota: the whole pool, evicting everyone else's
+// chunks. The quota now counts the slots its chunks take.
+TEST_F(TenantQuotaTest, TheRamQuotaCountsThePoolSlotsATenantsChunksTake) {
+  Start("ram-only");
+  auto mid = Connect("token-mid");  // ram_quota=2MiB: 32 slots.
+  LayoutSpec tiny = LayoutOfMiB(1, "tiny-model");
+  tiny.num_kv_heads = 1;
+  tiny.head_dim = 8;
+  tiny.tokens_per_chunk = 16;
+  const uint64_t chunk = tiny.ChunkBytes();
+  ASSERT_LT(chunk, 4096u);
+  auto reg = mid->RegisterLayout(tiny);
+  ASSERT_TRUE(reg.ok()) << reg.status();
+  constexpr uint64_t kChunks = 100;
+  for (uint64_t n = 1; n <= kChunks; ++n) {
+    ASSERT_TRUE(Put(*mid, reg->namespace_id, n, chunk).ok()) << n;
+  }
+  std::vector<ChunkKey> keys;
+  for (uint64_t n = 1; n <= kChunks; ++n) keys.push_back(KeyOf(n));
+  auto found = mid->Lookup(reg->namespace_id, keys);
+  ASSERT_TRUE(found.ok()) << found.status();
+  uint64_t in_ram = 0;
+  for (v1::Tier t : found->tiers) in_ram += t == v1::TIER_RAM;
+  EXPECT_EQ(in_ram, 32u) << "one 64 KiB slot each, in a 2 MiB quota";
+  EXPECT_EQ(found->tiers.back(), v1::TIER_RAM);  // The newest kept.
+  EXPECT_EQ(Metric(R"(kvtier_tenant_bytes{tenant="mid",tier="ram"})"), 2.0 * kMiB);
+}
+
 TEST_F(TenantQuotaTest, AChunkLargerThanTheQuotaIsInvalidArgumentAndStoresNothing) {
   Start("ram-only");
   const uint64_t big_ns = Register(*small_, 4);  // 4 MiB chunks; the RAM quota is 3 MiB.
