@@ -806,8 +806,12 @@ absl::StatusOr<TieredStoreOptions> DaemonConfig::ToStoreOptions() const {
     if (!remote_password_file.empty()) {
       auto password = ReadFile(remote_password_file);
       if (!password.ok()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "option remote_password_file: cannot read '", remote_password_file, "'"));
+        // The machine's state, not the option's: a file a secrets agent writes may not
+        // be there yet at boot, so not InvalidArgument (exit 2, which systemd does not
+        // restart) but a failure a restart may cure.
+        return absl::FailedPreconditionError(absl::StrCat(
+            "option remote_password_file: cannot read '", remote_password_file,
+            "': ", password.status().message()));
       }
       o.remote.cluster.auth.password = std::string(absl::StripTrailingAsciiWhitespace(*password));
     }

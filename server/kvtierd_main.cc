@@ -627,7 +627,10 @@ int main(int argc, char** argv) {
   }
   if (absl::Status s = parsed->config.Validate(); !s.ok()) {
     std::fprintf(stderr, "kvtierd: %s\n", std::string(s.message()).c_str());
-    return 2;
+    // 2, which the systemd unit does not restart, only for what the configuration
+    // says; a file or service the machine does not provide yet (a secret written at
+    // boot) may be there at the next try.
+    return absl::IsInvalidArgument(s) ? 2 : 1;
   }
   return kvtier::Run(parsed->config, signals);
 }

@@ -985,6 +985,19 @@ TEST(DaemonConfigTest, BadOptionStopsStartupNamingIt) {
   EXPECT_NE(r4.output.find("ram_slot_size"), std::string::npos) << r4.output;
 }
 
+// A file the configuration names but the machine does not provide yet (a Redis
+// password a secrets agent writes at boot) is not a configuration error: exit 1, which
+// the systemd unit restarts, not 2 (RestartPreventExitStatus), which left the daemon
+// down for good after such a boot.
+TEST(DaemonConfigTest, AMissingSecretFileIsNotAConfigurationError) {
+  const std::string dir = MakeTempDir("cfg-secret");
+  auto r = testing::RunCommand({KVTIERD_PATH, "--listen=127.0.0.1:0", "--data-dir=" + dir,
+                                "--remote-seeds=127.0.0.1:1",
+                                "--remote-password-file=" + dir + "/not-yet"});
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("remote_password_file"), std::string::npos) << r.output;
+}
+
 // A port file whose bytes cannot be written (a full disk: here its temporary name links
 // to /dev/full, which takes the open and fails the flush at close) stops the daemon,
 // naming it. The check once came before the close: the write error went unnoticed and
