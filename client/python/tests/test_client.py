@@ -902,7 +902,9 @@ def _frees_waiting_on_the_daemon(daemon, held):
     waits = _SOCKET_WAITS.get(platform.machine())
     if waits is None:
         pytest.skip(f"syscall numbers unknown for {platform.machine()}")
-    os.kill(daemon.proc.pid, signal.SIGSTOP)
+    # Every daemon thread stopped before the freeing starts: a SIGSTOP still on its way
+    # let the removals be answered, and the test failed now and then.
+    stop_daemon(daemon.proc.pid)
     tid, started = [], threading.Event()
 
     def free():
