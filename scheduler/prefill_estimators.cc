@@ -49,14 +49,19 @@ ComputeCost PrefillEstimators::ComputePrior() const {
 
 void PrefillEstimators::RecordComputeFit(const ComputeCost& fit) {
   absl::MutexLock lock(&mu_);
-  // Within a factor of 4 of the prior: one session (any tenant's, timed by itself: a
-  // worker that reports slowly on purpose) moves every later session's plan by at most
-  // that much, however far off its fit is.
+  // Within a factor of 4 of the prior, each term against its own: one session (any
+  // tenant's, timed by itself: a worker that reports slowly on purpose) moves every
+  // later session's plan by at most 1.75x, however far off its fit is. (b was once
+  // bounded by a, ten times b with the defaults.)
   const double a = compute_prior_.a, b = compute_prior_.b;
   const double fit_a = a > 0 ? std::clamp(fit.a, a / 4, a * 4) : std::max(0.0, fit.a);
-  const double fit_b = std::clamp(fit.b, 0.0, 4 * std::max(a, b));
-  compute_prior_.a = 0.75 * a + 0.25 * fit_a;
-  compute_prior_.b = 0.75 * b + 0.25 * fit_b;
+  const double fit_b = std::clamp(fit.b, 0.0, b > 0 ? 4 * b : a);
+  // And within kPriorBand of the configured prior, however many sessions push it one
+  // way: steps compound (ten sessions at 1.75x once moved it 270x).
+  const ComputeCost& base = options_.compute_prior;
+  compute_prior_.a = std::clamp(0.75 * a + 0.25 * fit_a, base.a / kPriorBand, base.a * kPriorBand);
+  compute_prior_.b = std::clamp(0.75 * b + 0.25 * fit_b, 0.0,
+                                (base.b > 0 ? base.b : base.a) * kPriorBand);
 }
 
 }  // namespace kvtier

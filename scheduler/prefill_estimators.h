@@ -56,8 +56,11 @@ class PrefillEstimators {
   std::shared_ptr<BandwidthEstimator> Device() { return device_; }
 
   ComputeCost ComputePrior() const;
-  // Folds a finished session's fit into the prior (moving average, weight 1/4).
+  // Folds a finished session's fit into the prior (moving average, weight 1/4), each
+  // term within a factor of 4 of the prior's, and the prior within kPriorBand of
+  // options.compute_prior.
   void RecordComputeFit(const ComputeCost& fit);
+  static constexpr double kPriorBand = 64;
 
  private:
   const PrefillEstimatorOptions options_;

@@ -492,6 +492,29 @@ TEST(PrefillEstimatorsTest, AStaleConnectionStartsAgainNoLowerThanThePrior) {
 
 // One session's fit moves the daemon-wide prior (every tenant's plans) by a bounded
 // step: a worker that reported 100 s a chunk once moved it to 25 s from 0.025.
+// Steps compound: sessions that each push the prior as far as one may (4x their fit)
+// once moved it without end, and b moved 10x in one session (it was bounded by a).
+// The prior now stays within kPriorBand of the configured one, and one session moves
+// each term by at most 1.75x.
+TEST(PrefillEstimatorsTest, ThePriorStaysWithinABandOfTheConfiguredOne) {
+  PrefillEstimatorOptions o;
+  PrefillEstimators e(o);
+  const ComputeCost base = o.compute_prior;
+  ComputeCost before = e.ComputePrior();
+  e.RecordComputeFit({1e6, 1e6});
+  EXPECT_LE(e.ComputePrior().a, 1.75 * before.a * (1 + 1e-12));
+  EXPECT_LE(e.ComputePrior().b, 1.75 * before.b * (1 + 1e-12));
+  for (int i = 0; i < 100; ++i) {
+    const ComputeCost p = e.ComputePrior();
+    e.RecordComputeFit({4 * p.a, 4 * p.b});
+  }
+  EXPECT_LE(e.ComputePrior().a, base.a * PrefillEstimators::kPriorBand * (1 + 1e-12));
+  EXPECT_LE(e.ComputePrior().b, base.b * PrefillEstimators::kPriorBand * (1 + 1e-12));
+  for (int i = 0; i < 200; ++i) e.RecordComputeFit({0, 0});
+  EXPECT_GE(e.ComputePrior().a, base.a / PrefillEstimators::kPriorBand * (1 - 1e-12));
+  EXPECT_GE(e.ComputePrior().b, 0.0);
+}
+
 TEST(PrefillEstimatorsTest, OneSessionsFitMovesThePriorABoundedStep) {
   PrefillEstimatorOptions o;
   o.compute_prior = {0.025, 0.0};
