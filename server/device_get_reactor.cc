@@ -43,12 +43,9 @@ absl::Status DeviceGetReactor::Start(const v1::GetRequest& req, LeaseTable* leas
   auto target = ResolveDeviceTarget(regions, req.target(), plan->ids.size(), plan->KeyBytes());
   if (!target.ok()) return target.status();
   if (req.target().record_events()) {
-    const size_t events = target->region->events().size();
-    if (plan->items.size() > events) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "target.record_events: the Get has ", plan->items.size(),
-          " items (keys, times layers in layer-major order) but region ",
-          req.target().region_id(), " registered ", events, " events"));
+    if (absl::Status s = CheckEventCount(req.target(), plan->items.size(), *target->region);
+        !s.ok()) {
+      return s;
     }
     if (!target->region->TakeEvents()) {
       return absl::AbortedError(absl::StrCat(

@@ -120,15 +120,20 @@ absl::Status CheckGet(TieredStore* store, RegionTable* regions, const v1::GetReq
                       uint64_t max_frame_bytes, uint32_t max_keys) {
   if (req == nullptr) return absl::InvalidArgumentError("request: not a GetRequest");
   if (absl::Status s = CheckGetRequest(*req, max_keys); !s.ok()) return s;
-  // A target in host memory: ResolveRegionTarget's checks, but for Populate (a device
-  // region is the device path's to check).
+  // A target in host memory: ResolveRegionTarget's checks, but for Populate. One in a
+  // worker's GPU memory: DeviceGetReactor::Start's, but for taking the region's events.
   std::shared_ptr<const MappedRegion> region;
-  const bool host_target =
-      req->has_target() && (regions == nullptr || !regions->IsDevice(req->target().region_id()));
-  if (host_target) {
-    auto found = FindTargetRegion(regions, req->target());
-    if (!found.ok()) return found.status();
-    region = *std::move(found);
+  std::shared_ptr<const DeviceRegion> device;
+  if (req->has_target()) {
+    if (regions != nullptr && regions->IsDevice(req->target().region_id())) {
+      auto found = FindDeviceTargetRegion(regions, req->target());
+      if (!found.ok()) return found.status();
+      device = *std::move(found);
+    } else {
+      auto found = FindTargetRegion(regions, req->target());
+      if (!found.ok()) return found.status();
+      region = *std::move(found);
+    }
   }
   if (store == nullptr) return absl::OkStatus();  // Its namespace and layout: not known yet.
   auto layout = store->FindLayout(req->namespace_id());
@@ -138,6 +143,17 @@ absl::Status CheckGet(TieredStore* store, RegionTable* regions, const v1::GetReq
   if (region != nullptr) {
     return TargetOffsets(req->target(), plan->ids.size(), plan->KeyBytes(), region->size())
         .status();
+  }
+  if (device != nullptr) {
+    if (!store->has_gpu()) return absl::FailedPreconditionError("target: this daemon has no GPU");
+    if (auto offsets =
+            TargetOffsets(req->target(), plan->ids.size(), plan->KeyBytes(), device->size());
+        !offsets.ok()) {
+      return offsets.status();
+    }
+    if (req->target().record_events()) {
+      return CheckEventCount(req->target(), plan->items.size(), *device);
+    }
   }
   return absl::OkStatus();
 }

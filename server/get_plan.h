@@ -77,12 +77,14 @@ absl::StatusOr<GetPlan> StartGet(TieredStore* store, const v1::GetRequest* req,
 void TakeLease(LeaseTable* leases, const v1::GetRequest& req, std::vector<ChunkView>* hold);
 
 // What of StartGet, and of ResolveRegionTarget for a target in host memory (`regions`
-// null: no data plane), can fail for good, without their side effects: asked before a
-// Get takes a stream place, so that a request that can never succeed is not told to
-// retry (RESOURCE_EXHAUSTED) first. While `store` is null (starting up) the namespace,
-// its layout and so the target's offsets are not known yet, and not checked.
+// null: no data plane) or DeviceGetReactor::Start for one in a worker's GPU memory, can
+// fail for good, without their side effects: asked before a Get takes a stream place,
+// so that a request that can never succeed is not told to retry (RESOURCE_EXHAUSTED)
+// first. While `store` is null (starting up) the namespace, its layout and so the
+// target's offsets (and a device target's event count) are not known yet, and not
+// checked.
 // Returns: Ok, InvalidArgument, NotFound (namespace), FailedPrecondition (no data plane,
-// unknown region), PermissionDenied (the region's token).
+// unknown region, a device target without a GPU), PermissionDenied (the region's token).
 absl::Status CheckGet(TieredStore* store, RegionTable* regions, const v1::GetRequest* req,
                       uint64_t max_frame_bytes, uint32_t max_keys);
 

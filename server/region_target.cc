@@ -88,14 +88,30 @@ absl::StatusOr<ResolvedTarget> ResolveRegionTarget(RegionTable* regions,
   return out;
 }
 
-absl::StatusOr<ResolvedDeviceTarget> ResolveDeviceTarget(RegionTable* regions,
-                                                         const v1::RegionTarget& target,
-                                                         size_t keys, uint64_t key_bytes) {
+absl::StatusOr<std::shared_ptr<const DeviceRegion>> FindDeviceTargetRegion(
+    RegionTable* regions, const v1::RegionTarget& target) {
   if (regions == nullptr) {
     return absl::FailedPreconditionError(
         "target: this daemon serves no registered memory (shm_socket is off); use the stream");
   }
-  auto region = regions->FindDevice(target.region_id(), target.token());
+  return regions->FindDevice(target.region_id(), target.token());
+}
+
+absl::Status CheckEventCount(const v1::RegionTarget& target, size_t items,
+                             const DeviceRegion& region) {
+  if (items > region.events().size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "target.record_events: the Get has ", items,
+        " items (keys, times layers in layer-major order) but region ", target.region_id(),
+        " registered ", region.events().size(), " events"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ResolvedDeviceTarget> ResolveDeviceTarget(RegionTable* regions,
+                                                         const v1::RegionTarget& target,
+                                                         size_t keys, uint64_t key_bytes) {
+  auto region = FindDeviceTargetRegion(regions, target);
   if (!region.ok()) return region.status();
   ResolvedDeviceTarget out;
   out.region = *std::move(region);

@@ -44,6 +44,17 @@ absl::StatusOr<ResolvedDeviceTarget> ResolveDeviceTarget(RegionTable* regions,
                                                          const v1::RegionTarget& target,
                                                          size_t keys, uint64_t key_bytes);
 
+// What of ResolveDeviceTarget needs no key size: a data plane and the device region
+// `target` names, returned. Returns: Ok, FailedPrecondition (no data plane, unknown
+// region), PermissionDenied (wrong token), as ResolveDeviceTarget.
+absl::StatusOr<std::shared_ptr<const DeviceRegion>> FindDeviceTargetRegion(
+    RegionTable* regions, const v1::RegionTarget& target);
+
+// A Get of `items` items recording events into `region`: no more items than the region
+// registered events. Returns: Ok, InvalidArgument (naming target.record_events).
+absl::Status CheckEventCount(const v1::RegionTarget& target, size_t items,
+                             const DeviceRegion& region);
+
 // Key i's offset in a region of `region_bytes` bytes. Returns: Ok, InvalidArgument
 // (wrong count, out of the region, overflowing, or overlapping).
 absl::StatusOr<std::vector<uint64_t>> TargetOffsets(const v1::RegionTarget& target,

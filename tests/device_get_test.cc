@@ -29,6 +29,7 @@
 #include "server/region_socket.h"
 #include "server/region_table.h"
 #include "server/stall_reaper.h"
+#include "server/stream_limiter.h"
 #include "storage/crc32c.h"
 #include "storage/log.h"
 #include "storage/tiered_store.h"
@@ -57,8 +58,10 @@ struct Frames {
 
 class DeviceGetTest : public ::testing::Test {
  protected:
+  // `streams` (may be null: no bound) is the service's max_streams limiter.
   void Start(FakeDeviceOptions device_options = {}, bool with_gpu = true,
-             StallReaper* stalls = nullptr, uint64_t staging_chunks = 2) {
+             StallReaper* stalls = nullptr, uint64_t staging_chunks = 2,
+             StreamLimiter* streams = nullptr) {
     SetMinLogLevel(LogLevel::kError);
     device_ = std::make_unique<FakeDeviceBackend>(device_options);
     hold_copies_ = device_options.hold_copies;
@@ -87,7 +90,7 @@ class DeviceGetTest : public ::testing::Test {
     service_ = std::make_unique<KvCacheService>(
         ServiceLimits{}, "test", nullptr, prefill_.get(), leases_.get(),
         DataPlaneInfo{.regions = regions_.get(), .socket = socket_name_, .instance_id = kInstance},
-        /*events=*/nullptr, ServiceGuards{.stalls = stalls});
+        /*events=*/nullptr, ServiceGuards{.streams = streams, .stalls = stalls});
     service_->SetStore(store_.get());
     grpc::ServerBuilder builder;
     int port = 0;
@@ -638,6 +641,54 @@ TEST_F(DeviceGetTest, BadHandlesAndTargetsGetClearStatuses) {
   // A revoked (stale) handle.
   device_->RevokeIpcMemory(handle);
   EXPECT_EQ(ch->AddDevice(handle, kChunk).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// A Get into GPU memory that can never succeed is told so with no stream place free,
+// not RESOURCE_EXHAUSTED ("retry"): keys that do not fit the region, a wrong token, more
+// items than the region's events. While the daemon starts up the region is checked too
+// (the layout, and so the fit, is not known yet), not UNAVAILABLE. These checks once ran
+// only in the device path, after the place.
+TEST_F(DeviceGetTest, ADeviceTargetThatCanNeverWorkIsRefusedBeforeAStreamPlace) {
+  StreamLimiter streams(1, nullptr);
+  Start({}, /*with_gpu=*/true, /*stalls=*/nullptr, /*staging_chunks=*/2, &streams);
+  Put(0);
+  Put(1);
+  auto ch = Channel();
+  auto [buf, handle] = WorkerBuffer(kChunk);
+  std::vector<std::string> events = WorkerEvents(1);
+  auto reg = ch->AddDevice(handle, kChunk, events);
+  ASSERT_TRUE(reg.ok()) << reg.status();
+  std::optional<StreamLimiter::Ticket> held;  // The only place.
+  {
+    absl::StatusOr<StreamLimiter::Ticket> place = streams.TryAcquire();
+    ASSERT_TRUE(place.ok()) << place.status();
+    held = *std::move(place);
+  }
+  // A Get that may well succeed is told to retry.
+  EXPECT_EQ(Get(Request({0}, reg->region_id, reg->token)).status.error_code(),
+            grpc::StatusCode::RESOURCE_EXHAUSTED);
+  const Frames too_big = Get(Request({0, 1}, reg->region_id, reg->token));
+  EXPECT_EQ(too_big.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+      << too_big.status.error_message();
+  EXPECT_EQ(Get(Request({0}, reg->region_id, reg->token + 1)).status.error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+  v1::GetRequest layer_major = Request({0}, reg->region_id, reg->token);
+  layer_major.set_order(v1::GET_ORDER_LAYER_MAJOR);  // kLayers items, one event.
+  layer_major.mutable_target()->set_record_events(true);
+  const Frames too_few_events = Get(layer_major);
+  EXPECT_EQ(too_few_events.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+      << too_few_events.status.error_message();
+  EXPECT_NE(too_few_events.status.error_message().find("1 events"), std::string::npos)
+      << too_few_events.status.error_message();
+
+  held.reset();
+  service_->SetStore(nullptr);  // As while starting up.
+  EXPECT_EQ(Get(Request({0}, reg->region_id, reg->token)).status.error_code(),
+            grpc::StatusCode::UNAVAILABLE);
+  EXPECT_EQ(Get(Request({0}, reg->region_id, reg->token + 1)).status.error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+  service_->SetStore(store_.get());
+  EXPECT_EQ(device_->submissions(), 0u);  // Nothing was copied.
 }
 
 TEST_F(DeviceGetTest, DeviceErrorMidCopyFailsTheGetAndTheDaemonGoesOn) {
