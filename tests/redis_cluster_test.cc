@@ -359,6 +359,71 @@ TEST_F(RedisClusterTest, ARefreshAfterFailuresDoesNotAskTheNodesThatFailed) {
   }));
 }
 
+// A node the client learned (here through MOVED) that then leaves the slot map keeps no
+// pool once a refresh succeeds, and a later refresh does not ask it. Pools were never
+// removed: in Kubernetes each pod back under a new address left one behind, its idle
+// connections holding their sockets and read buffers for good, and a refresh during an
+// outage tried every departed node in turn (a connect timeout each) after the masters.
+class RedisClusterNoReplicasTest : public RedisClusterTest {
+ protected:
+  // AddMaster's node has no replica, which the harness counts unhealthy beside masters
+  // that have one.
+  RedisClusterSpec Spec() override {
+    RedisClusterSpec s;
+    s.replicas_per_master = 0;
+    return s;
+  }
+};
+
+TEST_F(RedisClusterNoReplicasTest, ANodeThatLeftTheMapKeepsNoPoolAndIsNotAskedAgain) {
+  auto client = Client(absl::Milliseconds(200));
+  auto role = cluster_->Call(0, {"ROLE"});
+  ASSERT_TRUE(role.ok());
+  ASSERT_EQ(ReplyString(*(*role)->element[0]), "master");  // The seed: always pooled.
+  auto added = cluster_->AddMaster();
+  ASSERT_TRUE(added.ok()) << added.status();
+  const int joined = *added;
+  const RedisEndpoint departing = cluster_->endpoint(joined);
+  const std::string key = "departing-key";
+  const int slot = RedisHashSlot(key);
+  auto owner = cluster_->MasterOf(slot);
+  ASSERT_TRUE(owner.ok());
+  ASSERT_TRUE(cluster_->MoveEmptySlot(slot, joined).ok());
+  // The client's map still says `owner`: MOVED sends the GET to the new node.
+  auto get = client->ExecuteOne({{"GET", key}, key});
+  ASSERT_TRUE(get.ok()) << get.status();
+  EXPECT_EQ((*get)->type, REDIS_REPLY_NIL);
+  EXPECT_EQ(client->stats().moved, 1u);
+  EXPECT_EQ(client->OpenConnections(departing), 1);
+  EXPECT_EQ(client->stats().nodes, 4u);
+
+  // The slot goes back; the new node serves none and leaves the map.
+  ASSERT_TRUE(cluster_->MoveEmptySlot(slot, *owner).ok());
+  ASSERT_TRUE(client->Refresh().ok());
+  EXPECT_EQ(client->stats().masters, 3u);
+  EXPECT_EQ(client->OpenConnections(departing), 0);
+  EXPECT_EQ(client->stats().nodes, 3u);  // The masters; the seed is one.
+
+  // The node goes for good, then every master hangs: a refresh asks the three masters
+  // (each failing at the timeout) and nothing else.
+  cluster_->Kill(joined);
+  std::set<int> masters;
+  for (int s : {0, 8000, 16383}) {
+    auto m = cluster_->MasterOf(s);
+    ASSERT_TRUE(m.ok());
+    masters.insert(*m);
+  }
+  ASSERT_EQ(masters.size(), 3u);
+  const uint64_t node_failures = client->stats().refresh_node_failures;
+  for (int m : masters) cluster_->Pause(m);
+  const absl::Status refreshed = client->Refresh();
+  for (int m : masters) cluster_->Resume(m);
+  EXPECT_EQ(refreshed.code(), absl::StatusCode::kUnavailable) << refreshed;
+  EXPECT_EQ(client->stats().refresh_node_failures - node_failures, 3u)
+      << "a node that left the map was asked";
+  EXPECT_EQ(client->OpenConnections(departing), 0);
+}
+
 // Nodes read after a hung one get less than the whole timeout for their first bytes
 // (they had it already, while the hung one was waited on). Their answers are there by
 // then: each master hung in turn, the others' 4 MiB replies still read whole.

@@ -87,6 +87,12 @@ bool IsRetryable(absl::string_view error) {
          absl::StartsWith(error, "LOADING") || absl::StartsWith(error, "MASTERDOWN");
 }
 
+absl::flat_hash_set<std::string> SeedNames(const std::vector<RedisEndpoint>& seeds) {
+  absl::flat_hash_set<std::string> names;
+  for (const RedisEndpoint& seed : seeds) names.insert(seed.ToString());
+  return names;
+}
+
 }  // namespace
 
 absl::Status RedisClusterOptions::Validate() const {
@@ -138,7 +144,7 @@ absl::StatusOr<std::unique_ptr<RedisCluster>> RedisCluster::Create(RedisClusterO
 
 RedisCluster::RedisCluster(RedisClusterOptions options,
                            std::shared_ptr<const RedisTlsContext> tls)
-    : options_(std::move(options)) {
+    : options_(std::move(options)), seed_names_(SeedNames(options_.seeds)) {
   pool_options_.auth = options_.auth;
   pool_options_.tls = std::move(tls);
   pool_options_.connect_timeout = options_.connect_timeout;
@@ -149,21 +155,18 @@ RedisCluster::RedisCluster(RedisClusterOptions options,
   for (const RedisEndpoint& seed : options_.seeds) PoolForLocked(seed);
 }
 
-RedisNodePool* RedisCluster::PoolForLocked(const RedisEndpoint& endpoint) {
-  std::string name = endpoint.ToString();
-  auto it = by_endpoint_.find(name);
-  if (it != by_endpoint_.end()) return it->second;
-  pools_.push_back(std::make_unique<RedisNodePool>(endpoint, pool_options_));
-  by_endpoint_.emplace(std::move(name), pools_.back().get());
-  return pools_.back().get();
+RedisCluster::PoolPtr RedisCluster::PoolForLocked(const RedisEndpoint& endpoint) {
+  PoolPtr& pool = by_endpoint_[endpoint.ToString()];
+  if (pool == nullptr) pool = std::make_shared<RedisNodePool>(endpoint, pool_options_);
+  return pool;
 }
 
-RedisNodePool* RedisCluster::PoolFor(const RedisEndpoint& endpoint) {
+RedisCluster::PoolPtr RedisCluster::PoolFor(const RedisEndpoint& endpoint) {
   absl::MutexLock l(&mu_);
   return PoolForLocked(endpoint);
 }
 
-RedisNodePool* RedisCluster::PoolForSlot(int slot) {
+RedisCluster::PoolPtr RedisCluster::PoolForSlot(int slot) {
   absl::ReaderMutexLock l(&mu_);
   return slots_[slot];
 }
@@ -186,29 +189,28 @@ void RedisCluster::MaybeRefresh(absl::Span<RedisNodePool* const> failed) {
 absl::Status RedisCluster::Refresh() { return RefreshExcept({}); }
 
 absl::Status RedisCluster::RefreshExcept(absl::Span<RedisNodePool* const> failed) {
-  std::vector<RedisNodePool*> candidates;
+  std::vector<PoolPtr> candidates;
   {
     absl::MutexLock l(&mu_);
     last_refresh_ = options_.now();
-    // Masters in the map first (most likely alive and current), then everything else.
-    for (RedisNodePool* p : slots_) {
+    // Masters in the map first (most likely alive and current), then the seeds. Not
+    // every node ever seen: one that left the map (a pod gone, back under a new
+    // address) would cost a connect timeout per refresh, on a request's thread.
+    auto add = [&candidates](PoolPtr p) {
       if (p != nullptr && std::find(candidates.begin(), candidates.end(), p) == candidates.end()) {
-        candidates.push_back(p);
+        candidates.push_back(std::move(p));
       }
-    }
-    for (const auto& p : pools_) {
-      if (std::find(candidates.begin(), candidates.end(), p.get()) == candidates.end()) {
-        candidates.push_back(p.get());
-      }
-    }
+    };
+    for (const PoolPtr& p : slots_) add(p);
+    for (const RedisEndpoint& seed : options_.seeds) add(PoolForLocked(seed));
   }
   absl::Status last = absl::UnavailableError("redis cluster: no nodes");
-  for (RedisNodePool* pool : candidates) {
-    if (std::find(failed.begin(), failed.end(), pool) != failed.end()) {
+  for (const PoolPtr& pool : candidates) {
+    if (std::find(failed.begin(), failed.end(), pool.get()) != failed.end()) {
       last = absl::UnavailableError("redis cluster: every node asked has just failed");
       continue;
     }
-    last = RefreshFrom(pool);
+    last = RefreshFrom(pool.get());
     if (last.ok()) {
       refreshes_.fetch_add(1, std::memory_order_relaxed);
       return last;
@@ -260,12 +262,24 @@ absl::Status RedisCluster::RefreshFrom(RedisNodePool* pool) {
     return absl::UnavailableError(
         absl::StrCat("redis ", asked.ToString(), ": CLUSTER SLOTS: no slots assigned"));
   }
+  // Destroyed after the lock is released (closing their connections).
+  std::vector<PoolPtr> departed;
   absl::MutexLock l(&mu_);
   slots_.fill(nullptr);
+  absl::flat_hash_set<const RedisNodePool*> in_map;
   for (const Range& range : ranges) {
-    RedisNodePool* p = PoolForLocked(range.master);
+    PoolPtr p = PoolForLocked(range.master);
+    in_map.insert(p.get());
     for (int s = range.begin; s <= range.end; ++s) slots_[s] = p;
   }
+  // Nodes neither in the map nor seeds (a master removed, a pod replaced under a new
+  // address, a redirection's target) keep no pool: their idle connections would hold
+  // their sockets and buffers for good. A caller using one keeps it until done.
+  absl::erase_if(by_endpoint_, [&](const auto& entry) {
+    if (in_map.contains(entry.second.get()) || seed_names_.contains(entry.first)) return false;
+    departed.push_back(entry.second);
+    return true;
+  });
   return absl::OkStatus();
 }
 
@@ -278,7 +292,7 @@ std::vector<absl::StatusOr<RedisReplyPtr>> RedisCluster::Execute(
   }
   struct Pending {
     size_t index;
-    RedisNodePool* ask = nullptr;  // Set after an ASK: send there, after ASKING.
+    PoolPtr ask;  // Set after an ASK: send there, after ASKING.
     bool resent = false;  // Sent again after an idle connection turned out closed.
   };
   std::vector<Pending> todo;
@@ -299,7 +313,7 @@ std::vector<absl::StatusOr<RedisReplyPtr>> RedisCluster::Execute(
   for (int attempt = 0; attempt < rounds && !todo.empty(); ++attempt) {
     // Group by node, keeping each node's commands in order.
     struct Group {
-      RedisNodePool* pool;
+      PoolPtr pool;
       std::vector<Pending> items;
       std::unique_ptr<RedisConnection> conn;
       bool reused = false;    // conn was idle in the pool.
@@ -307,16 +321,16 @@ std::vector<absl::StatusOr<RedisReplyPtr>> RedisCluster::Execute(
     };
     std::vector<Group> groups;
     for (const Pending& p : todo) {
-      RedisNodePool* pool = p.ask != nullptr ? p.ask : PoolForSlot(slot_of[p.index]);
+      PoolPtr pool = p.ask != nullptr ? p.ask : PoolForSlot(slot_of[p.index]);
       if (pool == nullptr) {
         results[p.index] = absl::UnavailableError(
             absl::StrCat("redis cluster: no node serves slot ", slot_of[p.index]));
         continue;
       }
       auto g = std::find_if(groups.begin(), groups.end(),
-                            [pool](const Group& g) { return g.pool == pool; });
+                            [&pool](const Group& g) { return g.pool == pool; });
       if (g == groups.end()) {
-        groups.push_back({pool, {}, nullptr});
+        groups.push_back({std::move(pool), {}, nullptr});
         g = groups.end() - 1;
       }
       g->items.push_back(p);
@@ -326,12 +340,13 @@ std::vector<absl::StatusOr<RedisReplyPtr>> RedisCluster::Execute(
     // taking the same nodes in opposite orders could otherwise wait on each other
     // until the pool's timeout.
     std::sort(groups.begin(), groups.end(), [](const Group& a, const Group& b) {
-      return std::less<RedisNodePool*>()(a.pool, b.pool);
+      return std::less<RedisNodePool*>()(a.pool.get(), b.pool.get());
     });
     std::vector<Pending> next;
     bool refresh = false;
     bool wait = false;
-    std::vector<RedisNodePool*> failed;  // Nodes that did not answer: not asked again.
+    // Nodes that did not answer: not asked again. (`groups` keeps them alive.)
+    std::vector<RedisNodePool*> failed;
     auto fail_group = [&](Group& g, size_t from, const absl::Status& s) {
       for (size_t k = from; k < g.items.size(); ++k) results[g.items[k].index] = s;
       // A connection the server closed while it sat idle: not a failure of the node.
@@ -352,7 +367,7 @@ std::vector<absl::StatusOr<RedisReplyPtr>> RedisCluster::Execute(
       }
       io_failures_.fetch_add(g.items.size() - from, std::memory_order_relaxed);
       refresh = true;
-      failed.push_back(g.pool);
+      failed.push_back(g.pool.get());
     };
     // Send every group before reading any reply: the nodes work in parallel.
     for (Group& g : groups) {
@@ -367,7 +382,7 @@ std::vector<absl::StatusOr<RedisReplyPtr>> RedisCluster::Execute(
         for (const Pending& p : g.items) results[p.index] = conn.status();
         io_failures_.fetch_add(g.items.size(), std::memory_order_relaxed);
         refresh = true;
-        failed.push_back(g.pool);
+        failed.push_back(g.pool.get());
         continue;
       }
       g.conn = *std::move(conn);
@@ -452,10 +467,10 @@ absl::StatusOr<RedisReplyPtr> RedisCluster::ExecuteOne(const RedisCommand& comma
 
 absl::StatusOr<std::vector<RedisEndpoint>> RedisCluster::Masters() {
   if (absl::Status s = Refresh(); !s.ok()) return s;
-  std::vector<RedisNodePool*> masters;
+  std::vector<PoolPtr> masters;
   {
     absl::ReaderMutexLock l(&mu_);
-    for (RedisNodePool* p : slots_) {
+    for (const PoolPtr& p : slots_) {
       if (p != nullptr && std::find(masters.begin(), masters.end(), p) == masters.end()) {
         masters.push_back(p);
       }
@@ -463,13 +478,14 @@ absl::StatusOr<std::vector<RedisEndpoint>> RedisCluster::Masters() {
   }
   std::vector<RedisEndpoint> out;
   out.reserve(masters.size());
-  for (RedisNodePool* p : masters) out.push_back(p->endpoint());
+  for (const PoolPtr& p : masters) out.push_back(p->endpoint());
   return out;
 }
 
 absl::StatusOr<RedisReplyPtr> RedisCluster::CallOn(const RedisEndpoint& node,
                                                    absl::Span<const absl::string_view> argv) {
-  return CallPool(PoolFor(node), argv);
+  PoolPtr pool = PoolFor(node);
+  return CallPool(pool.get(), argv);
 }
 
 absl::StatusOr<RedisReplyPtr> RedisCluster::CallPool(RedisNodePool* pool,
@@ -483,10 +499,10 @@ absl::StatusOr<RedisReplyPtr> RedisCluster::CallPool(RedisNodePool* pool,
 
 absl::Status RedisCluster::PingMasters() {
   auto masters = [this] {
-    std::vector<RedisNodePool*> out;
+    std::vector<PoolPtr> out;
     int covered = 0;
     absl::ReaderMutexLock l(&mu_);
-    for (RedisNodePool* p : slots_) {
+    for (const PoolPtr& p : slots_) {
       if (p == nullptr) continue;
       ++covered;
       if (std::find(out.begin(), out.end(), p) == out.end()) out.push_back(p);
@@ -502,8 +518,8 @@ absl::Status RedisCluster::PingMasters() {
                                                  " slots have no master"));
     }
   }
-  for (RedisNodePool* pool : pools) {
-    auto reply = CallPool(pool, {"PING"});
+  for (const PoolPtr& pool : pools) {
+    auto reply = CallPool(pool.get(), {"PING"});
     absl::Status failed;
     if (!reply.ok()) {
       failed = reply.status();
@@ -512,7 +528,7 @@ absl::Status RedisCluster::PingMasters() {
                                                    ": PING: ", ReplyString(**reply)));
     }
     if (!failed.ok()) {
-      RedisNodePool* const failed_pools[] = {pool};
+      RedisNodePool* const failed_pools[] = {pool.get()};
       MaybeRefresh(failed_pools);
       return failed;
     }
@@ -530,14 +546,23 @@ RedisClusterStats RedisCluster::stats() const {
   s.refresh_node_failures = refresh_node_failures_.load(std::memory_order_relaxed);
   s.io_failures = io_failures_.load(std::memory_order_relaxed);
   absl::ReaderMutexLock l(&mu_);
-  std::vector<RedisNodePool*> masters;
-  for (RedisNodePool* p : slots_) {
+  std::vector<const RedisNodePool*> masters;
+  for (const PoolPtr& p : slots_) {
     if (p == nullptr) continue;
     ++s.slots_covered;
-    if (std::find(masters.begin(), masters.end(), p) == masters.end()) masters.push_back(p);
+    if (std::find(masters.begin(), masters.end(), p.get()) == masters.end()) {
+      masters.push_back(p.get());
+    }
   }
   s.masters = masters.size();
+  s.nodes = by_endpoint_.size();
   return s;
+}
+
+int RedisCluster::OpenConnections(const RedisEndpoint& node) const {
+  absl::ReaderMutexLock l(&mu_);
+  auto it = by_endpoint_.find(node.ToString());
+  return it == by_endpoint_.end() ? 0 : it->second->open();
 }
 
 }  // namespace kvtier

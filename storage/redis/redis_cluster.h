@@ -13,6 +13,12 @@
 // Reads and writes go to masters. Replicas take over through the cluster's own
 // failover; a refresh after an I/O error finds the new master.
 //
+// The client keeps a pool only for the masters of its slot map, the seeds, and nodes a
+// redirection or CallOn named since the last refresh. A successful refresh drops the
+// pools of every other node (a master removed, a pod come back under a new address), so
+// their connections close, and a refresh asks only the map's masters and the seeds: a
+// node that left is never waited on again.
+//
 // A pooled connection the server closed while it sat idle (its `timeout`, a proxy's
 // idle close, a restart, CLIENT KILL) fails at once, before any reply: its commands are
 // sent again, once, on a new connection, and the pool's other idle connections are
@@ -33,6 +39,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -75,6 +82,9 @@ struct RedisClusterStats {
   uint64_t io_failures = 0;         // Commands failed by a broken or unreachable node.
   uint64_t masters = 0;             // Nodes serving slots in the current map.
   uint64_t slots_covered = 0;       // Slots with a known master.
+  // Nodes the client keeps a connection pool for: the map's masters, the seeds, and
+  // nodes a redirection or CallOn named since the last refresh.
+  uint64_t nodes = 0;
 };
 
 // One command and the key it is routed by. Views, not copies: what they point at must
@@ -122,18 +132,24 @@ class RedisCluster {
   absl::Status PingMasters();
 
   RedisClusterStats stats() const;
+  // Connections open (idle or in use) in the client's pool for `node`; 0 when it keeps
+  // no pool for it (a node that left the slot map).
+  int OpenConnections(const RedisEndpoint& node) const;
 
  private:
   RedisCluster(RedisClusterOptions options, std::shared_ptr<const RedisTlsContext> tls);
-  RedisNodePool* PoolFor(const RedisEndpoint& endpoint) ABSL_LOCKS_EXCLUDED(mu_);
-  RedisNodePool* PoolForLocked(const RedisEndpoint& endpoint) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  RedisNodePool* PoolForSlot(int slot) ABSL_LOCKS_EXCLUDED(mu_);
+  using PoolPtr = std::shared_ptr<RedisNodePool>;
+  PoolPtr PoolFor(const RedisEndpoint& endpoint) ABSL_LOCKS_EXCLUDED(mu_);
+  PoolPtr PoolForLocked(const RedisEndpoint& endpoint) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  PoolPtr PoolForSlot(int slot) ABSL_LOCKS_EXCLUDED(mu_);
   void SetSlot(int slot, const RedisEndpoint& endpoint) ABSL_LOCKS_EXCLUDED(mu_);
   // Refresh, unless one ran within min_refresh_interval. `failed`: nodes that just
   // failed to answer, which the refresh does not ask (each would cost a full timeout
   // again, on the caller's thread).
   void MaybeRefresh(absl::Span<RedisNodePool* const> failed = {});
   absl::Status RefreshExcept(absl::Span<RedisNodePool* const> failed);
+  // Reads the slot map from `pool`'s node; on success installs it and drops the pools
+  // of nodes neither in it nor seeds.
   absl::Status RefreshFrom(RedisNodePool* pool);
   // One command on `pool`'s node (sent again on a new connection when the idle one
   // taken had been closed by the server), counting a failure as an I/O failure.
@@ -143,11 +159,14 @@ class RedisCluster {
 
   const RedisClusterOptions options_;
   RedisNodePoolOptions pool_options_;
+  const absl::flat_hash_set<std::string> seed_names_;  // Seeds' ToString(): kept pooled.
   mutable absl::Mutex mu_;
-  // Pools are never removed, so a pointer handed out stays valid.
-  std::vector<std::unique_ptr<RedisNodePool>> pools_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<std::string, RedisNodePool*> by_endpoint_ ABSL_GUARDED_BY(mu_);
-  std::array<RedisNodePool*, kRedisClusterSlots> slots_ ABSL_GUARDED_BY(mu_){};
+  // The pools, by endpoint (ToString). Shared: a caller holds its own reference while it
+  // uses one (Execute, CallOn, PingMasters, a refresh), so a pool dropped here when its
+  // node leaves the map lives until the last such caller lets go, then closes its
+  // connections.
+  absl::flat_hash_map<std::string, PoolPtr> by_endpoint_ ABSL_GUARDED_BY(mu_);
+  std::array<PoolPtr, kRedisClusterSlots> slots_ ABSL_GUARDED_BY(mu_){};
   absl::Time last_refresh_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   std::atomic<bool> refreshing_{false};  // MaybeRefresh runs one at a time.
 
