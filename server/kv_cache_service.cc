@@ -534,7 +534,15 @@ grpc::Status KvCacheService::Prefill(grpc::ServerContext* ctx, PrefillStream* st
   StillAdmitted still_admitted;
   absl::StatusOr<TenantScope> tenant = Admit(ctx, &still_admitted);
   if (!tenant.ok()) return Refuse(RpcMethod::kPrefill, tenant.status());
+  // The open first, checked as far as it can be without the store: one that can never
+  // succeed is told so, not to retry (starting up, or no place free).
+  absl::StatusOr<v1::PrefillOpen> open =
+      prefill_->ReadOpen(ctx, stream, data_plane_.regions, guards_.stalls);
+  if (!open.ok()) return Refuse(RpcMethod::kPrefill, open.status());
   return Serve(RpcMethod::kPrefill, *tenant, [&](TieredStore* store, const TenantScope& t) {
+    if (absl::Status s = prefill_->CheckOpen(store, *open, data_plane_.regions, t); !s.ok()) {
+      return ToGrpcStatus(s);
+    }
     // A tenant's sessions count in its max_streams below.
     absl::StatusOr<StreamLimiter::Ticket> session =
         TakePlace(ctx, guards_.prefill_sessions, t, /*tenant_max=*/0);
@@ -544,8 +552,8 @@ grpc::Status KvCacheService::Prefill(grpc::ServerContext* ctx, PrefillStream* st
     const std::function<void(uint64_t)> bind = [this, &t](uint64_t ns) {
       if (guards_.quotas != nullptr) guards_.quotas->Bind(t, ns);
     };
-    return prefill_->Run(store, ctx, stream, data_plane_.regions, t, guards_.stalls, bind,
-                         std::move(still_admitted));
+    return prefill_->Run(store, ctx, stream, *open, data_plane_.regions, t, guards_.stalls,
+                         bind, std::move(still_admitted));
   });
 }
 

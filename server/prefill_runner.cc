@@ -32,12 +32,14 @@ double SecondsSince(Clock::time_point t) {
 class Session {
  public:
   Session(PrefillRunner* runner, TieredStore* store, grpc::ServerContext* ctx,
-          PrefillStream* stream, RegionTable* regions, TenantScope scope, StallReaper* stalls,
+          PrefillStream* stream, const v1::PrefillOpen& open, RegionTable* regions,
+          TenantScope scope, StallReaper* stalls,
           const std::function<void(uint64_t)>& on_namespace, StillAdmitted still_admitted)
       : runner_(runner),
         store_(store),
         ctx_(ctx),
         stream_(stream),
+        open_(open),
         regions_(regions),
         scope_(std::move(scope)),
         on_namespace_(on_namespace),
@@ -89,12 +91,14 @@ class Session {
   TieredStore* const store_;
   grpc::ServerContext* const ctx_;
   PrefillStream* const stream_;
+  const v1::PrefillOpen& open_;  // The caller's, as ReadOpen returned it; outlives Run.
   RegionTable* const regions_;
   const TenantScope scope_;
   const std::function<void(uint64_t)>& on_namespace_;  // The caller's; outlives Run.
   StillAdmitted still_admitted_;  // May be empty; called on Run's thread only.
-  // Watches the Open read and each write (the reader thread's wait for Progress is the
-  // worker computing, not a stall). Declared before the threads, so reset after them.
+  // Watches each write (the reader thread's wait for Progress is the worker computing,
+  // not a stall; ReadOpen watched the Open's read). Declared before the threads, so
+  // reset after them.
   StallReaper::Watched stall_;
   // PrefillOpen.target: chunks are copied into this region instead of sent.
   std::optional<ResolvedTarget> target_;
@@ -131,58 +135,24 @@ class Session {
 };
 
 absl::Status Session::Open() {
-  v1::PrefillClientMessage first;
-  stall_.WaitingOnClient(true);
-  const bool read = stream_->Read(&first);
-  stall_.WaitingOnClient(false);
-  if (!read) {
-    if (Cancelled()) return absl::CancelledError("client went away before Open");
-    // Half-closed without an Open, or sent bytes that do not parse (gRPC ends the read
-    // the same way for both): a request that can never succeed.
-    return absl::InvalidArgumentError(
-        "open: the stream ended before a PrefillOpen, or its first message is not a "
-        "kvtier.v1.PrefillClientMessage");
-  }
-  if (!first.has_open()) {
-    return absl::InvalidArgumentError("open: the first message of a Prefill must be open");
-  }
-  const v1::PrefillOpen& open = first.open();
-  ns_ = scope_.Internal(open.namespace_id());
+  // Read and checked by ReadOpen: what is left needs the store.
+  ns_ = scope_.Internal(open_.namespace_id());
   auto layout = store_->FindLayout(ns_);
   if (!layout.ok()) return layout.status();
   if (on_namespace_) on_namespace_(ns_);
+  const v1::PrefillOpen& open = open_;
   const auto& options = runner_->options();
-  if (open.keys_size() > static_cast<int>(options.max_keys)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "open.keys: ", open.keys_size(), " keys, more than max_keys_per_request (",
-        options.max_keys, ")"));
-  }
-  for (int i = 0; i < open.keys_size(); ++i) {
-    auto key = ChunkKey::FromBytes(open.keys(i));
-    if (!key.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("open.keys[", i, "]: ", key.status().message()));
-    }
-    ids_.push_back(ChunkId{ns_, *key});
+  ids_.reserve(open.keys_size());
+  for (const std::string& key : open.keys()) {
+    ids_.push_back(ChunkId{ns_, *ChunkKey::FromBytes(key)});  // Checked by ReadOpen.
   }
   if (open.has_compute_estimate()) {
-    const auto& e = open.compute_estimate();
-    // NaN fails both comparisons; an infinite estimate would make every plan a tie
-    // between 'compute it' and 'never finishes'.
-    if (!(e.a_seconds() >= 0) || !(e.b_seconds() >= 0) || !std::isfinite(e.a_seconds()) ||
-        !std::isfinite(e.b_seconds())) {
-      return absl::InvalidArgumentError(
-          "open.compute_estimate: a and b must be finite and >= 0");
-    }
-    open_cost_ = {e.a_seconds(), e.b_seconds()};
+    open_cost_ = {open.compute_estimate().a_seconds(), open.compute_estimate().b_seconds()};
     open_cost_given_ = true;
   }
   chunk_bytes_ = layout->ChunkBytes();
   if (open.has_target() && regions_ != nullptr && regions_->IsDevice(open.target().region_id())) {
     if (!store_->has_gpu()) return absl::FailedPreconditionError("open.target: this daemon has no GPU");
-    if (open.target().record_events()) {
-      return absl::InvalidArgumentError(
-          "open.target.record_events: a Prefill session signals chunks by its frames, not events");
-    }
     auto target = ResolveDeviceTarget(regions_, open.target(), ids_.size(), chunk_bytes_);
     if (!target.ok()) {
       return absl::Status(target.status().code(),
@@ -745,12 +715,105 @@ PrefillRunner::PrefillRunner(PrefillRunnerOptions options, PrefillMetrics* metri
       limit_(options.bandwidth_limit),
       ssd_gate_(std::max(1, options.ssd_read_concurrency)) {}
 
+absl::StatusOr<v1::PrefillOpen> PrefillRunner::ReadOpen(grpc::ServerContext* ctx,
+                                                        PrefillStream* stream,
+                                                        RegionTable* regions,
+                                                        StallReaper* stalls) const {
+  v1::PrefillClientMessage first;
+  bool read = false;
+  {
+    StallReaper::Watched stall(stalls, [ctx] { ctx->TryCancel(); });
+    stall.WaitingOnClient(true);
+    read = stream->Read(&first);
+    stall.WaitingOnClient(false);
+  }
+  if (!read) {
+    if (ctx->IsCancelled()) return absl::CancelledError("client went away before Open");
+    // Half-closed without an Open, or sent bytes that do not parse (gRPC ends the read
+    // the same way for both): a request that can never succeed.
+    return absl::InvalidArgumentError(
+        "open: the stream ended before a PrefillOpen, or its first message is not a "
+        "kvtier.v1.PrefillClientMessage");
+  }
+  if (!first.has_open()) {
+    return absl::InvalidArgumentError("open: the first message of a Prefill must be open");
+  }
+  const v1::PrefillOpen& open = first.open();
+  if (open.keys_size() > static_cast<int>(options_.max_keys)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "open.keys: ", open.keys_size(), " keys, more than max_keys_per_request (",
+        options_.max_keys, ")"));
+  }
+  for (int i = 0; i < open.keys_size(); ++i) {
+    if (auto key = ChunkKey::FromBytes(open.keys(i)); !key.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("open.keys[", i, "]: ", key.status().message()));
+    }
+  }
+  if (open.has_compute_estimate()) {
+    const auto& e = open.compute_estimate();
+    // NaN fails both comparisons; an infinite estimate would make every plan a tie
+    // between 'compute it' and 'never finishes'.
+    if (!(e.a_seconds() >= 0) || !(e.b_seconds() >= 0) || !std::isfinite(e.a_seconds()) ||
+        !std::isfinite(e.b_seconds())) {
+      return absl::InvalidArgumentError(
+          "open.compute_estimate: a and b must be finite and >= 0");
+    }
+  }
+  if (open.has_target()) {
+    // The region (its offsets need the layout's chunk size: Session::Open checks them).
+    absl::Status found;
+    if (regions != nullptr && regions->IsDevice(open.target().region_id())) {
+      if (open.target().record_events()) {
+        return absl::InvalidArgumentError(
+            "open.target.record_events: a Prefill session signals chunks by its frames, not "
+            "events");
+      }
+      found = FindDeviceTargetRegion(regions, open.target()).status();
+    } else {
+      found = FindTargetRegion(regions, open.target()).status();
+    }
+    if (!found.ok()) return absl::Status(found.code(), absl::StrCat("open.", found.message()));
+  }
+  return *std::move(first.mutable_open());
+}
+
+absl::Status PrefillRunner::CheckOpen(TieredStore* store, const v1::PrefillOpen& open,
+                                      RegionTable* regions, const TenantScope& scope) const {
+  auto layout = store->FindLayout(scope.Internal(open.namespace_id()));
+  if (!layout.ok()) return layout.status();
+  if (!open.has_target()) return absl::OkStatus();
+  const auto in_open = [](const absl::Status& s) {
+    return absl::Status(s.code(), absl::StrCat("open.", s.message()));
+  };
+  uint64_t region_bytes = 0;
+  if (regions != nullptr && regions->IsDevice(open.target().region_id())) {
+    if (!store->has_gpu()) {
+      return absl::FailedPreconditionError("open.target: this daemon has no GPU");
+    }
+    auto region = FindDeviceTargetRegion(regions, open.target());
+    if (!region.ok()) return in_open(region.status());
+    region_bytes = (*region)->size();
+  } else {
+    auto region = FindTargetRegion(regions, open.target());
+    if (!region.ok()) return in_open(region.status());
+    region_bytes = (*region)->size();
+  }
+  if (auto offsets = TargetOffsets(open.target(), open.keys_size(), layout->ChunkBytes(),
+                                   region_bytes);
+      !offsets.ok()) {
+    return in_open(offsets.status());
+  }
+  return absl::OkStatus();
+}
+
 grpc::Status PrefillRunner::Run(TieredStore* store, grpc::ServerContext* ctx,
-                                PrefillStream* stream, RegionTable* regions,
-                                const TenantScope& scope, StallReaper* stalls,
+                                PrefillStream* stream, const v1::PrefillOpen& open,
+                                RegionTable* regions, const TenantScope& scope,
+                                StallReaper* stalls,
                                 const std::function<void(uint64_t)>& on_namespace,
                                 StillAdmitted still_admitted) {
-  Session session(this, store, ctx, stream, regions, scope, stalls, on_namespace,
+  Session session(this, store, ctx, stream, open, regions, scope, stalls, on_namespace,
                   std::move(still_admitted));
   return session.Run();
 }

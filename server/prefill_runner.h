@@ -58,14 +58,34 @@ class PrefillRunner {
   // `metrics` may be null.
   PrefillRunner(PrefillRunnerOptions options, PrefillMetrics* metrics);
 
-  // `regions` (may be null: no data plane) serves PrefillOpen.target; `scope` maps the
-  // session's namespace to the caller's tenant; `stalls` (may be null) cancels the
-  // session when its worker stops talking: no Open, or a message it does not read.
-  // `on_namespace` (may be empty) is told the store's namespace once the Open names it
-  // (the tenant's quotas count it from then on). `still_admitted` (may be empty) is
-  // asked before each chunk is streamed; an error ends the session with it.
+  // The session's first message, read (`stalls`, may be null, cancels the call when
+  // its worker sends none) and checked for all that needs no store: the keys, the
+  // compute estimate, and the target's region in `regions` (may be null: no data plane)
+  // but for its offsets. Asked before the session waits for the store or takes a place,
+  // so that an open that can never succeed is told so, not to retry (UNAVAILABLE while
+  // starting up, RESOURCE_EXHAUSTED past max_streams). Returns: Ok, InvalidArgument
+  // (naming the field; a stream that ends before its open), FailedPrecondition (no
+  // data plane, unknown region), PermissionDenied (the region's token), Cancelled.
+  absl::StatusOr<v1::PrefillOpen> ReadOpen(grpc::ServerContext* ctx, PrefillStream* stream,
+                                           RegionTable* regions = nullptr,
+                                           StallReaper* stalls = nullptr) const;
+
+  // What of `open` (as ReadOpen returned it) needs `store` (not null) but no side
+  // effect: its namespace (`scope`'s), and its target's offsets in its region (and, for
+  // a worker's GPU memory, a GPU). Asked before the session takes a place, for the same
+  // reason. Returns: Ok, NotFound (namespace), InvalidArgument (offsets),
+  // FailedPrecondition (no GPU, no data plane, unknown region), PermissionDenied.
+  absl::Status CheckOpen(TieredStore* store, const v1::PrefillOpen& open, RegionTable* regions,
+                         const TenantScope& scope) const;
+
+  // Serves the session `open` (as ReadOpen returned it) began. `regions` (may be null:
+  // no data plane) serves PrefillOpen.target; `scope` maps the session's namespace to
+  // the caller's tenant; `stalls` (may be null) cancels the session when its worker
+  // stops reading. `on_namespace` (may be empty) is told the store's namespace once the
+  // Open names it (the tenant's quotas count it from then on). `still_admitted` (may be
+  // empty) is asked before each chunk is streamed; an error ends the session with it.
   grpc::Status Run(TieredStore* store, grpc::ServerContext* ctx, PrefillStream* stream,
-                   RegionTable* regions = nullptr,
+                   const v1::PrefillOpen& open, RegionTable* regions = nullptr,
                    const TenantScope& scope = TenantScope::Implicit(),
                    StallReaper* stalls = nullptr,
                    const std::function<void(uint64_t)>& on_namespace = nullptr,

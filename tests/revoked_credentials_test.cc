@@ -16,11 +16,13 @@
 #include <vector>
 
 #include "client/kvtier_client.h"
+#include "client/layout_convert.h"
 #include "gtest/gtest.h"
 #include "kvtier/v1/kvtier.grpc.pb.h"
 #include "server/authenticator.h"
 #include "server/kv_cache_service.h"
 #include "server/send_turns.h"
+#include "server/stream_limiter.h"
 #include "server/tenant_quotas.h"
 #include "storage/event_log.h"
 #include "storage/crc32c.h"
@@ -316,6 +318,10 @@ TEST_F(RevokedCredentialsTest, APrefillSessionEndsBeforeItsNextChunk) {
 // admin role, a RegisterLayout without a layout, a Hint without a client_id, and
 // malformed keys (a 15-byte key in a Lookup, Delete or Hint; a Get of more keys than
 // max_keys_per_request, or in an unknown order), whose checks once ran after the store's.
+// So is a Prefill whose open can never succeed (a 15-byte key, a negative compute
+// estimate, a target with no data plane, no open at all), and with every stream place
+// taken, not RESOURCE_EXHAUSTED: the open is read and checked before the store and
+// before a place (once the store is up, its namespace too).
 TEST(StartingUpTest, RequestsThatCanNeverSucceedAreNotToldToRetry) {
   SetMinLogLevel(LogLevel::kError);
   testing::TempDir dir;
@@ -328,8 +334,9 @@ TEST(StartingUpTest, RequestsThatCanNeverSucceedAreNotToldToRetry) {
   TieredStoreOptions o;
   o.write_mode = WriteMode::kRamOnly;
   o.ram.arena.capacity_bytes = 64ull << 20;
-  auto service = testing::InProcessService::Start(o, ServiceGuards{.auth = auth->get()},
-                                                  /*starting_up=*/true);
+  StreamLimiter streams(1, nullptr);
+  auto service = testing::InProcessService::Start(
+      o, ServiceGuards{.auth = auth->get(), .streams = &streams}, /*starting_up=*/true);
   ASSERT_TRUE(service.ok()) << service.status();
   auto stub = v1::KvCache::NewStub(
       grpc::CreateChannel((*service)->target(), grpc::InsecureChannelCredentials()));
@@ -342,7 +349,9 @@ TEST(StartingUpTest, RequestsThatCanNeverSucceedAreNotToldToRetry) {
   v1::RegisterLayoutResponse registered;
   v1::HintResponse hinted;
   v1::LookupResponse looked;
-  const auto check = [&](grpc::StatusCode starting_up_lookup) {
+  uint64_t namespace_id = 0;  // Prefill's: none registered yet.
+  const auto check = [&](grpc::StatusCode starting_up_lookup,
+                         grpc::StatusCode prefill_may_succeed) {
     EXPECT_EQ(call(&v1::KvCache::Stub::Stats, v1::StatsRequest(), &stats),
               grpc::StatusCode::PERMISSION_DENIED);
     EXPECT_EQ(call(&v1::KvCache::Stub::RegisterLayout, v1::RegisterLayoutRequest(), &registered),
@@ -381,13 +390,55 @@ TEST(StartingUpTest, RequestsThatCanNeverSucceedAreNotToldToRetry) {
     unknown_order.add_keys(KeyOf(1).ToByteString());
     unknown_order.set_order(static_cast<v1::GetOrder>(7));
     EXPECT_EQ(get(unknown_order), grpc::StatusCode::INVALID_ARGUMENT);
+    // Prefill sessions, with the one stream place held (by the test).
+    const auto prefill = [&](const std::optional<v1::PrefillClientMessage>& first) {
+      grpc::ClientContext ctx;
+      ctx.AddMetadata("authorization", "Bearer token-a");
+      auto stream = stub->Prefill(&ctx);
+      if (first.has_value()) stream->Write(*first);
+      stream->WritesDone();
+      v1::PrefillServerMessage msg;
+      while (stream->Read(&msg)) {
+      }
+      const grpc::Status s = stream->Finish();
+      EXPECT_EQ(ctx.GetServerTrailingMetadata().count("kvtier-retry-after-ms"),
+                s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED ? 1u : 0u);
+      return s.error_code();
+    };
+    v1::PrefillClientMessage open;
+    open.mutable_open()->set_namespace_id(namespace_id);
+    open.mutable_open()->add_keys(KeyOf(1).ToByteString());
+    v1::PrefillClientMessage short_open = open;
+    short_open.mutable_open()->add_keys(std::string(15, 'k'));
+    EXPECT_EQ(prefill(short_open), grpc::StatusCode::INVALID_ARGUMENT);
+    v1::PrefillClientMessage negative = open;
+    negative.mutable_open()->mutable_compute_estimate()->set_b_seconds(-1);
+    EXPECT_EQ(prefill(negative), grpc::StatusCode::INVALID_ARGUMENT);
+    v1::PrefillClientMessage targeted = open;
+    targeted.mutable_open()->mutable_target()->add_offsets(0);
+    EXPECT_EQ(prefill(targeted), grpc::StatusCode::FAILED_PRECONDITION);  // No data plane.
+    v1::PrefillClientMessage progress;
+    progress.mutable_progress()->set_computed(0);
+    EXPECT_EQ(prefill(progress), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_EQ(prefill(std::nullopt), grpc::StatusCode::INVALID_ARGUMENT);
+    // A session that may well succeed: retry once started up, or once a place is free.
+    EXPECT_EQ(prefill(open), prefill_may_succeed);
     // A request that may well succeed once the store is up is still told to retry.
     EXPECT_EQ(call(&v1::KvCache::Stub::Lookup, v1::LookupRequest(), &looked),
               starting_up_lookup);
   };
-  check(grpc::StatusCode::UNAVAILABLE);
+  absl::StatusOr<StreamLimiter::Ticket> held = streams.TryAcquire();
+  ASSERT_TRUE(held.ok()) << held.status();
+  check(grpc::StatusCode::UNAVAILABLE, grpc::StatusCode::UNAVAILABLE);
   (*service)->FinishStartUp();
-  check(grpc::StatusCode::NOT_FOUND);  // The same answers once it is up.
+  // The same answers once it is up; an unregistered namespace is NOT_FOUND, a session
+  // for a registered one is refused its place.
+  check(grpc::StatusCode::NOT_FOUND, grpc::StatusCode::NOT_FOUND);
+  v1::RegisterLayoutRequest layout;
+  *layout.mutable_layout() = LayoutToProto(testing::LayoutOfMiB(1));
+  ASSERT_EQ(call(&v1::KvCache::Stub::RegisterLayout, layout, &registered), grpc::StatusCode::OK);
+  namespace_id = registered.namespace_id();
+  check(grpc::StatusCode::NOT_FOUND, grpc::StatusCode::RESOURCE_EXHAUSTED);
 }
 
 }  // namespace
