@@ -534,8 +534,16 @@ grpc::Status KvCacheService::Prefill(grpc::ServerContext* ctx, PrefillStream* st
   StillAdmitted still_admitted;
   absl::StatusOr<TenantScope> tenant = Admit(ctx, &still_admitted);
   if (!tenant.ok()) return Refuse(RpcMethod::kPrefill, tenant.status());
-  // The open first, checked as far as it can be without the store: one that can never
-  // succeed is told so, not to retry (starting up, or no place free).
+  // The places first: a client that never sends its open holds one of them (its
+  // tenant's max_streams, and prefill_sessions) until the stall reaper ends it, not a
+  // gRPC thread beyond them. A tenant's sessions count in its max_streams.
+  absl::StatusOr<StreamLimiter::Ticket> session =
+      TakePlace(ctx, guards_.prefill_sessions, *tenant, /*tenant_max=*/0);
+  if (!session.ok()) return Refuse(RpcMethod::kPrefill, session.status());
+  absl::StatusOr<StreamLimiter::Ticket> place = TakeStreamPlace(ctx, *tenant);
+  if (!place.ok()) return Refuse(RpcMethod::kPrefill, place.status());
+  // Then the open, checked as far as it can be without the store: one that can never
+  // succeed is told so while the daemon starts up, not to retry.
   absl::StatusOr<v1::PrefillOpen> open =
       prefill_->ReadOpen(ctx, stream, data_plane_.regions, guards_.stalls);
   if (!open.ok()) return Refuse(RpcMethod::kPrefill, open.status());
@@ -543,12 +551,6 @@ grpc::Status KvCacheService::Prefill(grpc::ServerContext* ctx, PrefillStream* st
     if (absl::Status s = prefill_->CheckOpen(store, *open, data_plane_.regions, t); !s.ok()) {
       return ToGrpcStatus(s);
     }
-    // A tenant's sessions count in its max_streams below.
-    absl::StatusOr<StreamLimiter::Ticket> session =
-        TakePlace(ctx, guards_.prefill_sessions, t, /*tenant_max=*/0);
-    if (!session.ok()) return ToGrpcStatus(session.status());
-    absl::StatusOr<StreamLimiter::Ticket> place = TakeStreamPlace(ctx, t);
-    if (!place.ok()) return ToGrpcStatus(place.status());
     const std::function<void(uint64_t)> bind = [this, &t](uint64_t ns) {
       if (guards_.quotas != nullptr) guards_.quotas->Bind(t, ns);
     };

@@ -647,8 +647,9 @@ TEST_F(DeviceGetTest, BadHandlesAndTargetsGetClearStatuses) {
 // not RESOURCE_EXHAUSTED ("retry"): keys that do not fit the region, a wrong token, more
 // items than the region's events. While the daemon starts up the region is checked too
 // (the layout, and so the fit, is not known yet), not UNAVAILABLE. These checks once ran
-// only in the device path, after the place. A Prefill session's target is checked
-// before its place the same way.
+// only in the device path, after the place. A Prefill session takes its places first
+// (so that one that never sends its open holds a place, not a thread beyond them), then
+// its target is checked before the store is asked.
 TEST_F(DeviceGetTest, ADeviceTargetThatCanNeverWorkIsRefusedBeforeAStreamPlace) {
   StreamLimiter streams(1, nullptr);
   Start({}, /*with_gpu=*/true, /*stalls=*/nullptr, /*staging_chunks=*/2, &streams);
@@ -682,7 +683,7 @@ TEST_F(DeviceGetTest, ADeviceTargetThatCanNeverWorkIsRefusedBeforeAStreamPlace) 
   EXPECT_NE(too_few_events.status.error_message().find("1 events"), std::string::npos)
       << too_few_events.status.error_message();
 
-  // A Prefill session into the same region: the same checks come before its place.
+  // A Prefill session into the same region.
   const auto prefill = [&](const v1::PrefillClientMessage& open) {
     grpc::ClientContext ctx;
     auto stream = stub_->Prefill(&ctx);
@@ -694,15 +695,16 @@ TEST_F(DeviceGetTest, ADeviceTargetThatCanNeverWorkIsRefusedBeforeAStreamPlace) 
     return stream->Finish();
   };
   EXPECT_EQ(prefill(AllStreamedOpen(1, *reg)).error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  v1::PrefillClientMessage wrong_token = AllStreamedOpen(1, *reg);
+  wrong_token.mutable_open()->mutable_target()->set_token(reg->token + 1);
+  EXPECT_EQ(prefill(wrong_token).error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+
+  held.reset();
   const grpc::Status prefill_too_big = prefill(AllStreamedOpen(2, *reg));
   EXPECT_EQ(prefill_too_big.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
       << prefill_too_big.error_message();
-  v1::PrefillClientMessage wrong_token = AllStreamedOpen(1, *reg);
-  wrong_token.mutable_open()->mutable_target()->set_token(reg->token + 1);
-  EXPECT_EQ(prefill(wrong_token).error_code(), grpc::StatusCode::PERMISSION_DENIED);
-
-  held.reset();
   service_->SetStore(nullptr);  // As while starting up.
+  EXPECT_EQ(prefill(wrong_token).error_code(), grpc::StatusCode::PERMISSION_DENIED);
   EXPECT_EQ(Get(Request({0}, reg->region_id, reg->token)).status.error_code(),
             grpc::StatusCode::UNAVAILABLE);
   EXPECT_EQ(Get(Request({0}, reg->region_id, reg->token + 1)).status.error_code(),

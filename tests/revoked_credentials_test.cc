@@ -319,9 +319,10 @@ TEST_F(RevokedCredentialsTest, APrefillSessionEndsBeforeItsNextChunk) {
 // malformed keys (a 15-byte key in a Lookup, Delete or Hint; a Get of more keys than
 // max_keys_per_request, or in an unknown order), whose checks once ran after the store's.
 // So is a Prefill whose open can never succeed (a 15-byte key, a negative compute
-// estimate, a target with no data plane, no open at all), and with every stream place
-// taken, not RESOURCE_EXHAUSTED: the open is read and checked before the store and
-// before a place (once the store is up, its namespace too).
+// estimate, a target with no data plane, no open at all): the open is read and checked
+// before the store (once the store is up, its namespace too). With every stream place
+// taken a Prefill is refused its place first, whatever its open: a client that sends
+// none holds a place while it waits, not a gRPC thread beyond the places.
 TEST(StartingUpTest, RequestsThatCanNeverSucceedAreNotToldToRetry) {
   SetMinLogLevel(LogLevel::kError);
   testing::TempDir dir;
@@ -350,8 +351,9 @@ TEST(StartingUpTest, RequestsThatCanNeverSucceedAreNotToldToRetry) {
   v1::HintResponse hinted;
   v1::LookupResponse looked;
   uint64_t namespace_id = 0;  // Prefill's: none registered yet.
+  // `prefill_free`: a Prefill that may succeed, with a place free (nullopt: not tried).
   const auto check = [&](grpc::StatusCode starting_up_lookup,
-                         grpc::StatusCode prefill_may_succeed) {
+                         std::optional<grpc::StatusCode> prefill_free) {
     EXPECT_EQ(call(&v1::KvCache::Stub::Stats, v1::StatsRequest(), &stats),
               grpc::StatusCode::PERMISSION_DENIED);
     EXPECT_EQ(call(&v1::KvCache::Stub::RegisterLayout, v1::RegisterLayoutRequest(), &registered),
@@ -390,7 +392,7 @@ TEST(StartingUpTest, RequestsThatCanNeverSucceedAreNotToldToRetry) {
     unknown_order.add_keys(KeyOf(1).ToByteString());
     unknown_order.set_order(static_cast<v1::GetOrder>(7));
     EXPECT_EQ(get(unknown_order), grpc::StatusCode::INVALID_ARGUMENT);
-    // Prefill sessions, with the one stream place held (by the test).
+    // Prefill sessions.
     const auto prefill = [&](const std::optional<v1::PrefillClientMessage>& first) {
       grpc::ClientContext ctx;
       ctx.AddMetadata("authorization", "Bearer token-a");
@@ -422,13 +424,17 @@ TEST(StartingUpTest, RequestsThatCanNeverSucceedAreNotToldToRetry) {
     EXPECT_EQ(prefill(progress), grpc::StatusCode::INVALID_ARGUMENT);
     EXPECT_EQ(prefill(std::nullopt), grpc::StatusCode::INVALID_ARGUMENT);
     // A session that may well succeed: retry once started up, or once a place is free.
-    EXPECT_EQ(prefill(open), prefill_may_succeed);
+    if (prefill_free.has_value()) EXPECT_EQ(prefill(open), *prefill_free);
+    {
+      absl::StatusOr<StreamLimiter::Ticket> held = streams.TryAcquire();
+      ASSERT_TRUE(held.ok()) << held.status();
+      EXPECT_EQ(prefill(open), grpc::StatusCode::RESOURCE_EXHAUSTED);
+      EXPECT_EQ(prefill(short_open), grpc::StatusCode::RESOURCE_EXHAUSTED);
+    }
     // A request that may well succeed once the store is up is still told to retry.
     EXPECT_EQ(call(&v1::KvCache::Stub::Lookup, v1::LookupRequest(), &looked),
               starting_up_lookup);
   };
-  absl::StatusOr<StreamLimiter::Ticket> held = streams.TryAcquire();
-  ASSERT_TRUE(held.ok()) << held.status();
   check(grpc::StatusCode::UNAVAILABLE, grpc::StatusCode::UNAVAILABLE);
   (*service)->FinishStartUp();
   // The same answers once it is up; an unregistered namespace is NOT_FOUND, a session
@@ -438,7 +444,7 @@ TEST(StartingUpTest, RequestsThatCanNeverSucceedAreNotToldToRetry) {
   *layout.mutable_layout() = LayoutToProto(testing::LayoutOfMiB(1));
   ASSERT_EQ(call(&v1::KvCache::Stub::RegisterLayout, layout, &registered), grpc::StatusCode::OK);
   namespace_id = registered.namespace_id();
-  check(grpc::StatusCode::NOT_FOUND, grpc::StatusCode::RESOURCE_EXHAUSTED);
+  check(grpc::StatusCode::NOT_FOUND, std::nullopt);
 }
 
 }  // namespace
