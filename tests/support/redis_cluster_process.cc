@@ -87,12 +87,8 @@ absl::StatusOr<std::unique_ptr<RedisClusterProcess>> RedisClusterProcess::Start(
   }
   const int n = c->spec_.masters * (1 + c->spec_.replicas_per_master);
   for (int i = 0; i < n; ++i) {
-    Node node;
-    node.port = FreeClusterPort();
-    if (node.port < 0) return absl::UnavailableError("no free port pair for a redis node");
-    node.dir = MakeTempDir("redis-node");
-    c->nodes_.push_back(node);
-    if (absl::Status s = c->Launch(i); !s.ok()) return s;
+    c->nodes_.emplace_back();
+    if (absl::Status s = c->LaunchOnAFreePort(i); !s.ok()) return s;
   }
   std::vector<std::string> create = {kCli};
   const std::vector<std::string> flags = c->CliFlags();
@@ -186,19 +182,28 @@ absl::Status RedisClusterProcess::Launch(int i) {
     _exit(127);
   }
   node.pid = pid;
-  // Up when it answers PING (or NOAUTH: it is up, the password comes with Call).
+  // Up when the server on its port says it is this process: the port was free when it
+  // was picked, but another test's server may have taken it since (then this one
+  // exits, failing to bind, and what answers there is the other).
+  bool exited = false;
+  const std::string ours = absl::StrCat("process_id:", pid, "\r\n");
   const bool up = WaitFor([&] {
     int status;
-    if (waitpid(pid, &status, WNOHANG) == pid) return true;
-    auto conn = RedisConnection::Connect({"127.0.0.1", node.port}, {}, absl::Seconds(1),
-                                         absl::Seconds(1), tls_.get());
-    return conn.ok();
+    if (waitpid(pid, &status, WNOHANG) == pid) {
+      exited = true;
+      return true;
+    }
+    auto info = Call(i, {"INFO", "server"});
+    return info.ok() && absl::StrContains(ReplyString(**info), ours);
   }, 30);
-  int status;
-  if (!up || waitpid(pid, &status, WNOHANG) == pid) {
+  if (!up || exited) {
+    if (!exited) {
+      kill(pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+    }
     node.pid = -1;
-    return absl::UnavailableError(absl::StrCat("redis-server on port ", node.port,
-                                               " did not start; see ", node.dir, "/redis.log"));
+    return absl::AbortedError(absl::StrCat("redis-server on port ", node.port,
+                                           " did not start; see ", node.dir, "/redis.log"));
   }
   return absl::OkStatus();
 }
@@ -245,21 +250,31 @@ absl::Status RedisClusterProcess::Restart(int i) {
   return Launch(i);
 }
 
+absl::Status RedisClusterProcess::LaunchOnAFreePort(int i) {
+  absl::Status s;
+  // A port found free can be taken by another test before the server binds it: then
+  // another port.
+  for (int attempt = 0; attempt < 5; ++attempt) {
+    nodes_[i].port = FreeClusterPort();
+    if (nodes_[i].port < 0) return absl::UnavailableError("no free port pair for a redis node");
+    nodes_[i].dir = MakeTempDir("redis-node");
+    s = Launch(i);
+    if (!absl::IsAborted(s)) return s;
+  }
+  return s;
+}
+
 absl::StatusOr<int> RedisClusterProcess::AddMaster() {
-  Node node;
-  node.port = FreeClusterPort();
-  if (node.port < 0) return absl::UnavailableError("no free port pair for a redis node");
-  node.dir = MakeTempDir("redis-node");
-  nodes_.push_back(node);
+  nodes_.emplace_back();
   const int added = size() - 1;
-  if (absl::Status s = Launch(added); !s.ok()) return s;
+  if (absl::Status s = LaunchOnAFreePort(added); !s.ok()) return s;
   int existing = -1;
   for (int i = 0; i < added && existing < 0; ++i) existing = alive(i) ? i : -1;
   if (existing < 0) return absl::UnavailableError("no live node to join");
   std::vector<std::string> add = {kCli};
   const std::vector<std::string> flags = CliFlags();
   add.insert(add.end(), flags.begin(), flags.end());
-  add.insert(add.end(), {"--cluster", "add-node", absl::StrCat("127.0.0.1:", node.port),
+  add.insert(add.end(), {"--cluster", "add-node", absl::StrCat("127.0.0.1:", nodes_[added].port),
                          absl::StrCat("127.0.0.1:", nodes_[existing].port)});
   CommandResult r = RunCommand(add);
   if (r.exit_code != 0) {

@@ -98,7 +98,11 @@ class RedisClusterProcess {
     pid_t pid = -1;
   };
   explicit RedisClusterProcess(RedisClusterSpec spec) : spec_(std::move(spec)) {}
+  // Aborted: the server did not start (its port taken, say), or what answers on its
+  // port is not it.
   absl::Status Launch(int node);
+  // Launch on a newly picked port pair, picking again (a few times) when it is Aborted.
+  absl::Status LaunchOnAFreePort(int node);
   int NodeOnPort(int port) const;
   // redis-cli's flags for reaching the nodes (TLS and password).
   std::vector<std::string> CliFlags() const;
