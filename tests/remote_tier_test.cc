@@ -1033,6 +1033,23 @@ class RemoteTierFaultTest : public RemoteTierTest {
     a_.reset();
     b_.reset();
   }
+  // Stores, through a_, one chunk whose record lives on node 0 and one whose record
+  // lives elsewhere, then kills node 0. Returns their numbers (Id(n)).
+  void PutOnTheDeadNodeAndALiveOne(uint64_t* on_dead, uint64_t* on_live) {
+    *on_dead = *on_live = 0;
+    for (uint64_t n = 1; n < 200 && (*on_dead == 0 || *on_live == 0); ++n) {
+      auto m = cluster_->MasterOf(RedisHashSlot(RemoteRecordKey("kvt", Id(n))));
+      ASSERT_TRUE(m.ok()) << m.status();
+      if (*m == 0 && *on_dead == 0) *on_dead = n;
+      if (*m > 0 && *on_live == 0) *on_live = n;
+    }
+    ASSERT_NE(*on_dead, 0u);
+    ASSERT_NE(*on_live, 0u);
+    ASSERT_TRUE(Put(a_.get(), Id(*on_dead)).ok());
+    ASSERT_TRUE(Put(a_.get(), Id(*on_live)).ok());
+    a_->WaitForRemoteWrites();
+    cluster_->Kill(0);
+  }
   std::unique_ptr<RedisClusterProcess> own_;
 };
 
@@ -1071,24 +1088,8 @@ TEST_F(RemoteTierFaultTest, ANodeDownKeepsTheTierDegradedThoughOthersAnswer) {
   spec.replicas_per_master = 0;
   StartCluster(spec);
   OpenBoth();
-  // One chunk whose record lives on node 0 and one whose record lives elsewhere.
-  auto owner = [&](uint64_t n) {
-    auto m = cluster_->MasterOf(RedisHashSlot(RemoteRecordKey("kvt", Id(n))));
-    EXPECT_TRUE(m.ok());
-    return m.ok() ? *m : -1;
-  };
-  uint64_t on_dead = 0, on_live = 0;
-  for (uint64_t n = 1; n < 200 && (on_dead == 0 || on_live == 0); ++n) {
-    const int m = owner(n);
-    if (m == 0 && on_dead == 0) on_dead = n;
-    if (m > 0 && on_live == 0) on_live = n;
-  }
-  ASSERT_NE(on_dead, 0u);
-  ASSERT_NE(on_live, 0u);
-  ASSERT_TRUE(Put(a_.get(), Id(on_dead)).ok());
-  ASSERT_TRUE(Put(a_.get(), Id(on_live)).ok());
-  a_->WaitForRemoteWrites();
-  cluster_->Kill(0);
+  uint64_t on_dead, on_live;
+  ASSERT_NO_FATAL_FAILURE(PutOnTheDeadNodeAndALiveOne(&on_dead, &on_live));
 
   // The live node answers and the dead one does not: the tier is degraded, and stays
   // so (an answer from another node in the same batch does not clear it).
@@ -1108,19 +1109,8 @@ TEST_F(RemoteTierFaultTest, OneLiveNodeAnsweringDoesNotEndDegradedMode) {
   spec.extra_args = {"--cluster-require-full-coverage", "no"};
   StartCluster(spec);
   OpenBoth();
-  uint64_t on_dead = 0, on_live = 0;
-  for (uint64_t n = 1; n < 200 && (on_dead == 0 || on_live == 0); ++n) {
-    auto m = cluster_->MasterOf(RedisHashSlot(RemoteRecordKey("kvt", Id(n))));
-    ASSERT_TRUE(m.ok());
-    if (*m == 0 && on_dead == 0) on_dead = n;
-    if (*m > 0 && on_live == 0) on_live = n;
-  }
-  ASSERT_NE(on_dead, 0u);
-  ASSERT_NE(on_live, 0u);
-  ASSERT_TRUE(Put(a_.get(), Id(on_dead)).ok());
-  ASSERT_TRUE(Put(a_.get(), Id(on_live)).ok());
-  a_->WaitForRemoteWrites();
-  cluster_->Kill(0);
+  uint64_t on_dead, on_live;
+  ASSERT_NO_FATAL_FAILURE(PutOnTheDeadNodeAndALiveOne(&on_dead, &on_live));
 
   const ChunkId both[] = {Id(on_dead), Id(on_live)};
   (void)b_->LocateMany(both);
